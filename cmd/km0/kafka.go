@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/km0/km0/transport/kafka"
+)
+
+func init() {
+	register(&command{name: "kafka", summary: "run an embedded Kafka broker (kfake) that external clients can use", run: runKafka})
+}
+
+// DomainTopics are the topics of CONTRACT.md, with their retry and DLQ topics.
+func domainTopics() []string {
+	var out []string
+	for _, s := range []string{"comandes", "inventari", "pagaments", "repartiment"} {
+		t := s + ".esdeveniments"
+		out = append(out, t, t+".retry", t+".dlq")
+	}
+	return out
+}
+
+func runKafka(ctx context.Context, args []string) error {
+	fs := newFlags("kafka", "run an embedded Kafka broker (kfake) speaking the real protocol")
+	addr := fs.String("addr", "127.0.0.1:9092", "listen address host:port")
+	dataDir := fs.String("data-dir", "", "persist the broker's data here (survives restarts)")
+	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of each created topic")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: *addr, DataDir: *dataDir, Partitions: *partitions, Topics: domainTopics()})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	fmt.Printf("km0 kafka: listening on %s (partitions %d, data dir %q); topics: %s\n",
+		strings.Join(b.Addrs(), ","), *partitions, *dataDir, strings.Join(domainTopics(), " "))
+	<-ctx.Done()
+	fmt.Println("km0 kafka: stopping")
+	return nil
+}

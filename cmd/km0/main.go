@@ -1,0 +1,75 @@
+// Command km0 runs km0: the embedded broker, migrations, the relay, consumers,
+// the Quilòmetre Zero services, the demo, DLQ tools and benchmarks.
+//
+// Each subcommand lives in its own file and registers itself in init.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+var commands = map[string]*command{}
+
+func register(c *command) {
+	if _, dup := commands[c.name]; dup {
+		panic("km0: command registered twice: " + c.name)
+	}
+	commands[c.name] = c
+}
+
+// errUsage makes main exit 2 without printing the error again.
+var errUsage = errors.New("usage")
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: km0 <command> [flags]   (km0 <command> --help for its flags)")
+	fmt.Fprintln(os.Stderr, "\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+	}
+}
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage()
+		if len(os.Args) < 2 {
+			os.Exit(2)
+		}
+		return
+	}
+	c, ok := commands[os.Args[1]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "km0: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := c.run(ctx, os.Args[2:])
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	default:
+		fmt.Fprintf(os.Stderr, "km0 %s: %v\n", c.name, err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,49 @@
+// Package consumer is km0's Kafka consumer: a consumer-group member that runs a
+// Handler for each event of the tipus it handles, records the idempotency key
+// in the same transaction as the effect (package inbox), commits offsets only
+// after that transaction (at-least-once; AtMostOnce is explicit), and moves
+// failures off the partition: transient ones to <topic>.retry with backoff,
+// permanent ones (and exhausted transients) to <topic>.dlq.
+package consumer
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/transport"
+)
+
+// Message is one delivered event as a Handler sees it.
+type Message struct {
+	*transport.Message           // topic, key, raw value, headers
+	Partition          int32     // source partition
+	Offset             int64     // source offset
+	Envelope           *envelope.Envelope // decoded (and upcast) envelope
+	Attempt            int       // 1 for the first delivery, 2 for the first retry...
+	FirstFailure       time.Time // zero on the first attempt
+}
+
+// Handler applies the effect of one event inside tx, the transaction in which
+// the consumer also records (id_esdeveniment, consumidor). It returns nil on
+// success; outcome.Permanent(err) to dead-letter now; outcome.Transient(err)
+// or outcome.RetryAfter(d, err) to retry later; any other error is classified
+// by Config.Classifier (default: transient). A panic is recovered, logged with
+// its stack and counted as a transient failure of that attempt.
+// When the handler returns an error, everything it did in tx is rolled back,
+// and so is the key: nothing of a failed attempt persists.
+type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// Mode says where the offset commit goes relative to the effect.
+type Mode int
+
+const (
+	// AtLeastOnce (default): commit the offset after the effect's transaction.
+	// A crash in between redelivers; the inbox absorbs the duplicate.
+	AtLeastOnce Mode = iota
+	// AtMostOnce: commit the offset before processing. A crash loses the
+	// message. Only for data the next message replaces (analitica, telemetry).
+	AtMostOnce
+)

@@ -1,0 +1,162 @@
+// Package inbox is the idempotent consumer of the seed's section 2: it records
+// the idempotency key (id_missatge, consumidor) in missatges_processats and runs
+// the effect in the same database transaction. Either both persist or neither
+// does, so a redelivered message is recognised as a duplicate and changes
+// nothing, and a crash mid-transaction leaves no key behind to swallow the retry.
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/migrate"
+)
+
+// Result says what Process did.
+type Result int
+
+const (
+	// Processed: the key was new and the effect committed with it.
+	Processed Result = iota + 1
+	// Duplicate: the key was already recorded; the effect did not run.
+	Duplicate
+)
+
+func (r Result) String() string {
+	switch r {
+	case Processed:
+		return "processat"
+	case Duplicate:
+		return "duplicat"
+	default:
+		return "?"
+	}
+}
+
+// RetentionDefault is how long keys are kept: the default topic retention.
+// Past it no redelivery can arrive, so a key can go.
+const RetentionDefault = 14 * 24 * time.Hour
+
+// Beginner starts transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx
+// (which then nests through a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Config configures an Inbox. The zero value uses CONTRACT.md's names.
+type Config struct {
+	Names migrate.Names // schema and table; default public.missatges_processats
+	// Retention is the age past which Purge deletes keys. Default RetentionDefault.
+	Retention time.Duration
+}
+
+// Inbox records processed messages. It is safe for concurrent use.
+type Inbox struct {
+	retention time.Duration
+	insert    string
+	purge     string
+	table     string
+}
+
+// New returns an Inbox for cfg.
+func New(cfg Config) *Inbox {
+	cfg.Names = cfg.Names.WithDefaults()
+	if cfg.Retention <= 0 {
+		cfg.Retention = RetentionDefault
+	}
+	table := pgx.Identifier{cfg.Names.Schema, cfg.Names.Processats}.Sanitize()
+	return &Inbox{
+		retention: cfg.Retention,
+		table:     table,
+		insert: "INSERT INTO " + table + " (id_missatge, consumidor) VALUES ($1, $2) " +
+			"ON CONFLICT DO NOTHING RETURNING true",
+		purge: "DELETE FROM " + table + " WHERE processat_en < now() - $1::interval",
+	}
+}
+
+// Table returns the quoted, qualified table name.
+func (i *Inbox) Table() string { return i.table }
+
+// Retention returns the configured retention.
+func (i *Inbox) Retention() time.Duration { return i.retention }
+
+// ErrEmptyKey is returned for an empty consumer or message id.
+var ErrEmptyKey = errors.New("inbox: empty consumidor or id_missatge")
+
+var defaultInbox = New(Config{})
+
+// Process is Inbox.Process with CONTRACT.md's names (public.missatges_processats).
+func Process(ctx context.Context, db Beginner, consumer, messageID string, effect func(tx pgx.Tx) error) (Result, error) {
+	return defaultInbox.Process(ctx, db, consumer, messageID, effect)
+}
+
+// Process runs effect at most once per (messageID, consumer): in one
+// transaction it records the key and, if the key was new, runs effect and
+// commits. If the key exists it returns Duplicate without running effect.
+// If effect (or the commit) fails, the key and the effect both roll back and
+// the error is returned as it is, so its outcome classification survives.
+func (i *Inbox) Process(ctx context.Context, db Beginner, consumer, messageID string, effect func(tx pgx.Tx) error) (Result, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: begin: %w", err)
+	}
+	res, err := i.ProcessTx(ctx, tx, consumer, messageID, effect)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("inbox: commit: %w", err)
+	}
+	return res, nil
+}
+
+// ProcessTx is Process inside a transaction the caller owns and commits. On an
+// error the caller must roll back (or roll back to a savepoint taken before).
+func (i *Inbox) ProcessTx(ctx context.Context, tx pgx.Tx, consumer, messageID string, effect func(tx pgx.Tx) error) (Result, error) {
+	if consumer == "" || messageID == "" {
+		return 0, ErrEmptyKey
+	}
+	var inserted bool
+	err := tx.QueryRow(ctx, i.insert, messageID, consumer).Scan(&inserted)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Duplicate, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("inbox: record key: %w", err)
+	}
+	if err := effect(tx); err != nil {
+		return 0, err
+	}
+	return Processed, nil
+}
+
+// Seen reports whether (messageID, consumer) is recorded.
+func (i *Inbox) Seen(ctx context.Context, db pgx.Tx, consumer, messageID string) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+i.table+" WHERE id_missatge = $1 AND consumidor = $2)", messageID, consumer).Scan(&ok)
+	return ok, err
+}
+
+// Purge deletes keys older than the retention and returns how many it deleted.
+func (i *Inbox) Purge(ctx context.Context, db Beginner) (int64, error) {
+	return i.PurgeOlderThan(ctx, db, i.retention)
+}
+
+// PurgeOlderThan deletes keys older than age.
+func (i *Inbox) PurgeOlderThan(ctx context.Context, db Beginner, age time.Duration) (int64, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	tag, err := tx.Exec(ctx, i.purge, fmt.Sprintf("%d microseconds", age.Microseconds()))
+	if err != nil {
+		return 0, fmt.Errorf("inbox: purge: %w", err)
+	}
+	return tag.RowsAffected(), tx.Commit(ctx)
+}

@@ -1,0 +1,64 @@
+// Package kafkatest starts an in-process kfake broker per test and reads
+// topics back for assertions.
+package kafkatest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/transport/kafka"
+)
+
+// New starts an embedded broker with topics (6 partitions each), closed at cleanup.
+func New(t testing.TB, topics ...string) *kafka.Embedded {
+	t.Helper()
+	return NewWith(t, kafka.EmbeddedConfig{Topics: topics})
+}
+
+// NewWith starts an embedded broker with cfg, closed at cleanup.
+func NewWith(t testing.TB, cfg kafka.EmbeddedConfig) *kafka.Embedded {
+	t.Helper()
+	b, err := kafka.StartEmbedded(cfg)
+	if err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+	t.Cleanup(b.Close)
+	return b
+}
+
+// Client returns a client for b, closed at cleanup.
+func Client(t testing.TB, b *kafka.Embedded, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kafka.NewClient(b.Addrs(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// ReadAll reads topic from the start until it has n records or timeout passes,
+// and returns what it read, in partition order (order within a partition kept).
+func ReadAll(t testing.TB, b *kafka.Embedded, topic string, n int, timeout time.Duration) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < n {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	}
+	return out
+}

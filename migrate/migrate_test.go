@@ -1,0 +1,95 @@
+package migrate_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/migrate"
+)
+
+func TestUpIsIdempotentAndConcurrent(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	counts := make([]int, 4)
+	errs := make([]error, 4)
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			counts[i], errs[i] = migrate.Up(ctx, s.Pool, s.Names(), migrate.Outbox, migrate.Inbox)
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i := range 4 {
+		if errs[i] != nil {
+			t.Fatalf("concurrent migrate %d: %v", i, errs[i])
+		}
+		total += counts[i]
+	}
+	var files int
+	if err := s.Pool.QueryRow(ctx, "SELECT count(*) FROM km0_migracions").Scan(&files); err != nil {
+		t.Fatal(err)
+	}
+	if total != files || files != 3 {
+		t.Fatalf("applied %d in all, %d recorded; want 3 and 3", total, files)
+	}
+	n, err := migrate.Up(ctx, s.Pool, s.Names(), migrate.Outbox, migrate.Inbox)
+	if err != nil || n != 0 {
+		t.Fatalf("second run applied %d (%v), want 0", n, err)
+	}
+}
+
+func TestTablesMatchTheContract(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewMigratedSchema(t)
+	ctx := context.Background()
+	want := map[string]string{
+		"outbox":               "id uuid NO,agregat text NO,agregat_id text NO,tipus text NO,versio integer NO,carrega jsonb NO,creat_en timestamp with time zone NO,publicat_en timestamp with time zone YES",
+		"missatges_processats": "id_missatge text NO,consumidor text NO,processat_en timestamp with time zone NO",
+	}
+	for table, cols := range want {
+		var got string
+		err := s.Pool.QueryRow(ctx, `SELECT string_agg(column_name || ' ' || data_type || ' ' || is_nullable, ',' ORDER BY ordinal_position)
+			FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2`, s.Name, table).Scan(&got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != cols {
+			t.Fatalf("%s columns:\n got %s\nwant %s", table, got, cols)
+		}
+	}
+	var idx string
+	if err := s.Pool.QueryRow(ctx, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'outbox_pendents'`, s.Name).Scan(&idx); err != nil {
+		t.Fatalf("outbox_pendents index: %v", err)
+	}
+	if want := "WHERE (publicat_en IS NULL)"; !contains(idx, want) {
+		t.Fatalf("outbox_pendents is %q, want a partial index %s", idx, want)
+	}
+}
+
+func TestConfiguredNamesAreQuoted(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	names := migrate.Names{Schema: s.Name, Outbox: `sortida "rara"`, Processats: "Processats; DROP TABLE x"}
+	if _, err := migrate.Up(context.Background(), s.Pool, names, migrate.Outbox, migrate.Inbox); err != nil {
+		t.Fatalf("migrate with odd names: %v", err)
+	}
+	var n int
+	if err := s.Pool.QueryRow(context.Background(), `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name IN ('sortida "rara"', 'Processats; DROP TABLE x')`, s.Name).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("odd table names: %d (%v)", n, err)
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,222 @@
+// Package outbox writes events into the transactional outbox of CONTRACT.md,
+// inside the caller's own database transaction. Nothing here talks to a broker:
+// the relay (package relay) publishes committed rows later.
+//
+// The event id is generated once, here, when the row is written (a UUIDv7, so
+// ids of one process sort in write order). It becomes the id_esdeveniment and is
+// never regenerated: every republication of the row carries the same id, which
+// is what lets idempotent consumers absorb duplicates.
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/migrate"
+)
+
+// Event is one event to enqueue.
+type Event struct {
+	// ID is the id_esdeveniment. Leave it zero: Enqueue sets a new UUIDv7.
+	// Set it only to re-enqueue an event that already has an id.
+	ID          uuid.UUID
+	Aggregate   string // agregat, e.g. "comanda"; required
+	AggregateID string // agregat_id, the partition key; required
+	Type        string // tipus, e.g. "comanda.creada"; required
+	Version     int    // versio; 0 means 1
+	// Payload is the dades object: a json.RawMessage / []byte holding a JSON
+	// object, or any value json.Marshal turns into one.
+	Payload any
+}
+
+// DBTX is the part of pgx.Tx (or a pool or connection) Enqueue needs. Pass the
+// transaction of the business write so that state and event commit together.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// ErrInvalid is wrapped by every error about an event that cannot be written.
+var ErrInvalid = errors.New("outbox: invalid event")
+
+// Validator checks an event's payload before it is written; see package schema.
+// A non-nil error refuses the write.
+type Validator func(tipus string, versio int, carrega []byte) error
+
+// Config configures an Outbox. The zero value is usable.
+type Config struct {
+	// Names are the schema and table names; defaults are CONTRACT.md's
+	// (public.outbox).
+	Names migrate.Names
+	// Validate, if set, is run on every event before it is written.
+	Validate Validator
+	// MaxPayloadBytes refuses payloads larger than this. Default
+	// envelope.DefaultMaxBytes minus room for the envelope members.
+	MaxPayloadBytes int
+}
+
+// MaxPayloadBytesDefault leaves 4 KiB of the 1 MiB envelope limit for the
+// envelope's own members.
+const MaxPayloadBytesDefault = envelope.DefaultMaxBytes - 4096
+
+// Outbox writes events. It is safe for concurrent use.
+type Outbox struct {
+	cfg         Config
+	insertOne   string
+	insertBatch string
+}
+
+// New returns an Outbox for cfg.
+func New(cfg Config) *Outbox {
+	cfg.Names = cfg.Names.WithDefaults()
+	if cfg.MaxPayloadBytes <= 0 {
+		cfg.MaxPayloadBytes = MaxPayloadBytesDefault
+	}
+	table := pgx.Identifier{cfg.Names.Schema, cfg.Names.Outbox}.Sanitize()
+	return &Outbox{
+		cfg: cfg,
+		insertOne: "INSERT INTO " + table + " (id, agregat, agregat_id, tipus, versio, carrega) " +
+			"VALUES ($1, $2, $3, $4, $5, $6)",
+		insertBatch: "INSERT INTO " + table + " (id, agregat, agregat_id, tipus, versio, carrega) " +
+			"SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::jsonb[])",
+	}
+}
+
+// Enqueue writes e inside tx and sets e.ID. It returns an error wrapping
+// ErrInvalid (naming the field) for an event that cannot be written, and the
+// database error otherwise; either way nothing is written by this call.
+func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, e *Event) error {
+	payload, err := o.prepare(e)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, o.insertOne, e.ID, e.Aggregate, e.AggregateID, e.Type, e.Version, string(payload)); err != nil {
+		return fmt.Errorf("outbox: insert %s: %w", e.Type, err)
+	}
+	return nil
+}
+
+// EnqueueBatch writes events inside tx in one statement and sets their IDs.
+// Events of one aggregate keep their relative order; rows are inserted sorted
+// by agregat_id so that concurrent batches take the per-aggregate locks in the
+// same order and cannot deadlock each other. If any event is invalid, nothing
+// is written.
+func (o *Outbox) EnqueueBatch(ctx context.Context, tx DBTX, events []*Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	if len(events) == 1 {
+		return o.Enqueue(ctx, tx, events[0])
+	}
+	sorted := slices.Clone(events)
+	slices.SortStableFunc(sorted, func(a, b *Event) int { return strings.Compare(a.AggregateID, b.AggregateID) })
+	n := len(sorted)
+	ids, aggs, aggIDs, types := make([]uuid.UUID, n), make([]string, n), make([]string, n), make([]string, n)
+	versions, payloads := make([]int32, n), make([]string, n)
+	for i, e := range sorted {
+		p, err := o.prepare(e)
+		if err != nil {
+			return fmt.Errorf("event %d: %w", i, err)
+		}
+		ids[i], aggs[i], aggIDs[i], types[i], versions[i], payloads[i] = e.ID, e.Aggregate, e.AggregateID, e.Type, int32(e.Version), string(p)
+	}
+	if _, err := tx.Exec(ctx, o.insertBatch, ids, aggs, aggIDs, types, versions, payloads); err != nil {
+		return fmt.Errorf("outbox: insert batch of %d: %w", n, err)
+	}
+	return nil
+}
+
+func (o *Outbox) prepare(e *Event) ([]byte, error) {
+	switch {
+	case e == nil:
+		return nil, fmt.Errorf("%w: nil event", ErrInvalid)
+	case e.Aggregate == "":
+		return nil, fmt.Errorf("%w: agregat is empty", ErrInvalid)
+	case e.AggregateID == "":
+		return nil, fmt.Errorf("%w: agregat_id is empty", ErrInvalid)
+	case e.Type == "":
+		return nil, fmt.Errorf("%w: tipus is empty", ErrInvalid)
+	case e.Version < 0:
+		return nil, fmt.Errorf("%w: versio %d is not positive", ErrInvalid, e.Version)
+	}
+	if e.Version == 0 {
+		e.Version = 1
+	}
+	payload, err := marshalPayload(e.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s carrega: %v", ErrInvalid, e.Type, err)
+	}
+	if len(payload) > o.cfg.MaxPayloadBytes {
+		return nil, fmt.Errorf("%w: %s carrega is %d bytes, over the limit of %d", ErrInvalid, e.Type, len(payload), o.cfg.MaxPayloadBytes)
+	}
+	if o.cfg.Validate != nil {
+		if err := o.cfg.Validate(e.Type, e.Version, payload); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+	}
+	if e.ID == uuid.Nil {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("outbox: new id: %w", err)
+		}
+		e.ID = id
+	}
+	return payload, nil
+}
+
+func marshalPayload(p any) ([]byte, error) {
+	var b []byte
+	switch v := p.(type) {
+	case nil:
+		return nil, errors.New("missing")
+	case json.RawMessage:
+		b = v
+	case []byte:
+		b = v
+	default:
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			return nil, err
+		}
+	}
+	if !json.Valid(b) {
+		return nil, errors.New("not valid JSON")
+	}
+	if t := strings.TrimLeft(string(b[:min(len(b), 64)]), " \t\r\n"); t == "" || t[0] != '{' {
+		return nil, errors.New("must be a JSON object")
+	}
+	return b, nil
+}
+
+// Row is one outbox row as the relay reads it.
+type Row struct {
+	ID          uuid.UUID
+	Aggregate   string
+	AggregateID string
+	Type        string
+	Version     int
+	Payload     []byte // carrega, JSON
+	CreatedAt   time.Time
+}
+
+// Envelope returns the wire envelope of the row: id_esdeveniment = row id,
+// data_ms = creat_en, origen = origin, dades = carrega.
+func (r *Row) Envelope(origin string) *envelope.Envelope {
+	return &envelope.Envelope{
+		ID:      r.ID.String(),
+		Type:    r.Type,
+		Version: r.Version,
+		TimeMS:  r.CreatedAt.UnixMilli(),
+		Origin:  origin,
+		Data:    r.Payload,
+	}
+}

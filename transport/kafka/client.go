@@ -1,0 +1,89 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// PartitionsDefault is the partition count of km0's topics (CONTRACT.md).
+const PartitionsDefault = 6
+
+// ProducerOpts are the producer settings km0 relies on: acks=all and the
+// idempotent producer (franz-go's defaults, stated here so they cannot drift),
+// a short linger for latency, and murmur2 key hashing like the Java client and
+// librdkafka, so other programs agree on key → partition.
+func ProducerOpts() []kgo.Opt {
+	return []kgo.Opt{
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(0),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.ProducerBatchMaxBytes(1 << 20),
+		kgo.MaxBufferedRecords(100_000),
+	}
+}
+
+// NewClient returns a producer-ready client for brokers (comma separated or a
+// list) with ProducerOpts and then extra.
+func NewClient(brokers []string, extra ...kgo.Opt) (*kgo.Client, error) {
+	if len(brokers) == 0 {
+		return nil, errors.New("kafka: no brokers")
+	}
+	opts := append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, ProducerOpts()...)
+	opts = append(opts, extra...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: client: %w", err)
+	}
+	return cl, nil
+}
+
+// SplitBrokers splits "a:9092,b:9092".
+func SplitBrokers(s string) []string {
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// EnsureTopics creates the topics that do not exist yet with partitions
+// partitions (replication factor -1: the broker's default). Existing topics are
+// left as they are.
+func EnsureTopics(ctx context.Context, cl *kgo.Client, partitions int32, topics ...string) error {
+	if partitions <= 0 {
+		partitions = PartitionsDefault
+	}
+	adm := kadm.NewClient(cl)
+	var lastErr error
+	for attempt := 0; attempt < 20; attempt++ {
+		resp, err := adm.CreateTopics(ctx, partitions, -1, nil, topics...)
+		if err == nil {
+			lastErr = nil
+			for _, r := range resp.Sorted() {
+				if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+					lastErr = fmt.Errorf("kafka: create topic %s: %w", r.Topic, r.Err)
+				}
+			}
+			if lastErr == nil {
+				return nil
+			}
+		} else {
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), lastErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return lastErr
+}

@@ -1,0 +1,66 @@
+package kafka_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/kafka"
+)
+
+func TestPublishConfirmsEveryRecordAndKeepsKeyOrder(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.New(t, "t.esdeveniments")
+	pub := kafka.NewPublisher(kafkatest.Client(t, b))
+	var msgs []*transport.Message
+	for i := range 300 {
+		key := []string{"A", "B", "C"}[i%3]
+		msgs = append(msgs, &transport.Message{Topic: "t.esdeveniments", Key: []byte(key),
+			Value: []byte{byte(i / 3)}, Headers: []transport.Header{{Key: "tipus", Value: "x"}}})
+	}
+	if err := pub.Publish(context.Background(), msgs); err != nil {
+		t.Fatal(err)
+	}
+	recs := kafkatest.ReadAll(t, b, "t.esdeveniments", 300, 10*time.Second)
+	if len(recs) != 300 {
+		t.Fatalf("read %d records, want 300", len(recs))
+	}
+	next := map[string]byte{}
+	for _, r := range recs {
+		if r.Value[0] != next[string(r.Key)] {
+			t.Fatalf("key %s: got %d, want %d", r.Key, r.Value[0], next[string(r.Key)])
+		}
+		next[string(r.Key)]++
+	}
+}
+
+func TestPublishReportsRecordsRejectedForGood(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"t"}, MaxMessageBytes: 10_000})
+	pub := kafka.NewPublisher(kafkatest.Client(t, b))
+	msgs := []*transport.Message{
+		{Topic: "t", Key: []byte("a"), Value: []byte("small")},
+		{Topic: "t", Key: []byte("b"), Value: incompressible(50_000)},
+		{Topic: "t", Key: []byte("c"), Value: []byte("small too")},
+	}
+	err := pub.Publish(context.Background(), msgs)
+	var rej *transport.RejectedError
+	if !errors.As(err, &rej) || len(rej.Index) != 1 || rej.Index[0] != 1 {
+		t.Fatalf("want record 1 rejected for good, got %v", err)
+	}
+	if recs := kafkatest.ReadAll(t, b, "t", 2, 5*time.Second); len(recs) != 2 {
+		t.Fatalf("the 2 good records were not published: %d", len(recs))
+	}
+}
+
+// incompressible returns n random bytes: a repeated byte would compress under
+// the broker's limit.
+func incompressible(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
+}

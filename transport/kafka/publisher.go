@@ -1,0 +1,106 @@
+// Package kafka is km0's Kafka transport, on franz-go: a confirmed Publisher,
+// the client options km0 relies on, topic management, and the embedded broker
+// (kfake) used by tests, `km0 kafka` and `km0 demo`.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/transport"
+)
+
+// Publisher publishes to Kafka and waits for every record's acknowledgement
+// (acks=all, idempotent producer: both are franz-go's defaults and ClientOpts
+// keeps them).
+type Publisher struct {
+	cl *kgo.Client
+}
+
+// NewPublisher wraps a client. The caller keeps ownership of cl.
+func NewPublisher(cl *kgo.Client) *Publisher { return &Publisher{cl: cl} }
+
+// Client returns the underlying client.
+func (p *Publisher) Client() *kgo.Client { return p.cl }
+
+// Publish implements transport.Publisher. Records of one key keep their order
+// (same partition, idempotent producer, in-order retries).
+func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		rejected *transport.RejectedError
+		firstErr error
+	)
+	wg.Add(len(msgs))
+	for i, m := range msgs {
+		r := toRecord(m)
+		p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			defer wg.Done()
+			if err == nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if IsRejectedForGood(err) {
+				if rejected == nil {
+					rejected = &transport.RejectedError{}
+				}
+				rejected.Index = append(rejected.Index, i)
+				rejected.Errs = append(rejected.Errs, err)
+				return
+			}
+			if firstErr == nil {
+				firstErr = err
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	if rejected != nil {
+		return rejected
+	}
+	return nil
+}
+
+// toRecord converts without copying the byte slices.
+func toRecord(m *transport.Message) *kgo.Record {
+	r := &kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value}
+	if len(m.Headers) > 0 {
+		r.Headers = make([]kgo.RecordHeader, len(m.Headers))
+		for i, h := range m.Headers {
+			r.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)}
+		}
+	}
+	return r
+}
+
+// FromRecord converts a fetched record to a transport.Message (sharing bytes).
+func FromRecord(r *kgo.Record) *transport.Message {
+	m := &transport.Message{Topic: r.Topic, Key: r.Key, Value: r.Value}
+	if len(r.Headers) > 0 {
+		m.Headers = make([]transport.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			m.Headers[i] = transport.Header{Key: h.Key, Value: string(h.Value)}
+		}
+	}
+	return m
+}
+
+// IsRejectedForGood reports whether a produce error can never succeed for this
+// record, however often it is retried: the record itself is the problem.
+func IsRejectedForGood(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) ||
+		errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord) ||
+		errors.Is(err, kerr.CorruptMessage)
+}
