@@ -18,12 +18,12 @@ import (
 
 // Message is one delivered event as a Handler sees it.
 type Message struct {
-	*transport.Message           // topic, key, raw value, headers
-	Partition          int32     // source partition
-	Offset             int64     // source offset
+	*transport.Message                    // topic, key, raw value, headers
+	Partition          int32              // source partition
+	Offset             int64              // source offset
 	Envelope           *envelope.Envelope // decoded (and upcast) envelope
-	Attempt            int       // 1 for the first delivery, 2 for the first retry...
-	FirstFailure       time.Time // zero on the first attempt
+	Attempt            int                // 1 for the first delivery, 2 for the first retry...
+	FirstFailure       time.Time          // zero on the first attempt
 }
 
 // Handler applies the effect of one event inside tx, the transaction in which
