@@ -37,9 +37,11 @@ const (
 	// RebalanceIntervalDefault is how often a worker recounts the relay
 	// instances and gives up or takes shards.
 	RebalanceIntervalDefault = time.Second
-	// MaxRecordBytesDefault is the largest record the relay hands to the
-	// broker: the consumers' envelope limit. Larger rows are parked unsent.
-	MaxRecordBytesDefault = envelope.DefaultMaxBytes
+	// MaxRecordBytesDefault is the largest record (key + value + headers) the
+	// relay hands to the broker: the consumers' 1 MiB envelope limit less 1 KiB,
+	// so that with Kafka's framing it stays under the producer's batch limit
+	// (1 MiB in transport/kafka). Larger rows are parked unsent.
+	MaxRecordBytesDefault = envelope.DefaultMaxBytes - 1024
 	// ApplicationNameDefault is the application_name of the relay's sessions.
 	ApplicationNameDefault = "km0-relay"
 )
@@ -102,7 +104,11 @@ type Config struct {
 	// RebalanceIntervalDefault.
 	RebalanceInterval time.Duration
 	// MaxRecordBytes parks rows whose record (key + value + headers) is
-	// larger, without sending them. Default MaxRecordBytesDefault.
+	// larger, without sending them, so no later row of their aggregate goes
+	// out ahead of them. Keep it below the producer's batch limit and the
+	// topic's max.message.bytes: a record the broker refuses after it was
+	// sent is parked too, but a later row of its aggregate in the same batch
+	// has then already been confirmed. Default MaxRecordBytesDefault.
 	MaxRecordBytes int
 	// ApplicationName is the application_name of the relay's sessions.
 	// Default ApplicationNameDefault.
