@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outbox"
@@ -48,7 +49,7 @@ func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 	if len(w.owned) == 0 {
 		return res, nil
 	}
-	rows, err := w.claim(ctx)
+	rows, tids, err := w.claim(ctx)
 	if err != nil {
 		w.drop()
 		return res, err
@@ -74,7 +75,7 @@ func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 		}
 		return res, fmt.Errorf("relay: publish %d records: %w", len(msgs), pubErr)
 	}
-	done := w.confirmedRows(rows, parked, held)
+	done := confirmedRows(tids, parked, held)
 	if h := w.r.cfg.Hooks.AfterPublish; h != nil {
 		if err := h(len(done)); err != nil {
 			// The process "dies" here: after the broker confirmed, before
@@ -107,7 +108,7 @@ func (w *worker) exec(ctx context.Context, sql string) error {
 
 // claim begins the transaction and claims up to BatchSize rows of the owned
 // shards, in creat_en order, in one round trip.
-func (w *worker) claim(ctx context.Context) ([]outbox.Row, error) {
+func (w *worker) claim(ctx context.Context) ([]outbox.Row, []pgtype.TID, error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	if len(w.owned) == ShardCount {
@@ -118,25 +119,28 @@ func (w *worker) claim(ctx context.Context) ([]outbox.Row, error) {
 	br := w.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("relay: begin: %w", err)
+		return nil, nil, fmt.Errorf("relay: begin: %w", err)
 	}
 	q, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("relay: claim: %w", err)
+		return nil, nil, fmt.Errorf("relay: claim: %w", err)
 	}
 	out := make([]outbox.Row, 0, w.r.cfg.BatchSize)
+	tids := make([]pgtype.TID, 0, w.r.cfg.BatchSize)
 	for q.Next() {
 		var r outbox.Row
-		if err := q.Scan(&r.ID, &r.Aggregate, &r.AggregateID, &r.Type, &r.Version, &r.Payload, &r.CreatedAt); err != nil {
+		var tid pgtype.TID
+		if err := q.Scan(&r.ID, &r.Aggregate, &r.AggregateID, &r.Type, &r.Version, &r.Payload, &r.CreatedAt, &tid); err != nil {
 			q.Close()
-			return nil, fmt.Errorf("relay: claim: %w", err)
+			return nil, nil, fmt.Errorf("relay: claim: %w", err)
 		}
 		out = append(out, r)
+		tids = append(tids, tid)
 	}
 	if err := q.Err(); err != nil {
-		return nil, fmt.Errorf("relay: claim: %w", err)
+		return nil, nil, fmt.Errorf("relay: claim: %w", err)
 	}
-	return out, br.Close()
+	return out, tids, br.Close()
 }
 
 // build encodes the records. owner[i] is the row of msgs[i]. A row whose
@@ -245,24 +249,24 @@ func (w *worker) rejected(rows []outbox.Row, msgs []*transport.Message, owner []
 	return parked
 }
 
-// confirmedRows lists the ids of the rows to mark: every row that is neither
+// confirmedRows lists the row versions to mark: every row that is neither
 // parked nor held back.
-func (w *worker) confirmedRows(rows []outbox.Row, parked []parking, held []bool) []uuid.UUID {
+func confirmedRows(tids []pgtype.TID, parked []parking, held []bool) []pgtype.TID {
 	skip := held
 	for _, p := range parked {
 		skip[p.row] = true
 	}
-	ids := make([]uuid.UUID, 0, len(rows))
-	for i := range rows {
+	done := make([]pgtype.TID, 0, len(tids))
+	for i := range tids {
 		if !skip[i] {
-			ids = append(ids, rows[i].ID)
+			done = append(done, tids[i])
 		}
 	}
-	return ids
+	return done
 }
 
 // mark sets publicat_en on done, parks parked and commits, in one round trip.
-func (w *worker) mark(ctx context.Context, rows []outbox.Row, done []uuid.UUID, parked []parking) error {
+func (w *worker) mark(ctx context.Context, rows []outbox.Row, done []pgtype.TID, parked []parking) error {
 	b := &pgx.Batch{}
 	if len(done) > 0 {
 		b.Queue(w.r.q.mark, done)

@@ -35,12 +35,12 @@ type bundle struct {
 	ob  *outbox.Outbox
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t testing.TB) *bundle {
 	t.Helper()
 	return setupWith(t, kafka.EmbeddedConfig{Topics: []string{topic}})
 }
 
-func setupWith(t *testing.T, kcfg kafka.EmbeddedConfig, opts ...kgo.Opt) *bundle {
+func setupWith(t testing.TB, kcfg kafka.EmbeddedConfig, opts ...kgo.Opt) *bundle {
 	t.Helper()
 	s := pgtest.NewMigratedSchema(t)
 	b := kafkatest.NewWith(t, kcfg)
@@ -66,7 +66,7 @@ func (b *bundle) config() relay.Config {
 	}
 }
 
-func (b *bundle) newRelay(t *testing.T, cfg relay.Config) *relay.Relay {
+func (b *bundle) newRelay(t testing.TB, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	r, err := relay.New(cfg)
 	if err != nil {
@@ -78,7 +78,7 @@ func (b *bundle) newRelay(t *testing.T, cfg relay.Config) *relay.Relay {
 
 // start runs r in the background; the returned stop cancels it and returns
 // Run's error. Cleanup stops it too.
-func start(t *testing.T, r *relay.Relay) (stop func() error) {
+func start(t testing.TB, r *relay.Relay) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -105,7 +105,7 @@ func start(t *testing.T, r *relay.Relay) (stop func() error) {
 }
 
 // enqueue writes one event for aggregate agg in its own transaction.
-func (b *bundle) enqueue(t *testing.T, agg string, payload any) uuid.UUID {
+func (b *bundle) enqueue(t testing.TB, agg string, payload any) uuid.UUID {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := b.s.Pool.Begin(ctx)
@@ -123,7 +123,7 @@ func (b *bundle) enqueue(t *testing.T, agg string, payload any) uuid.UUID {
 	return e.ID
 }
 
-func (b *bundle) count(t *testing.T, sql string, args ...any) int {
+func (b *bundle) count(t testing.TB, sql string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := b.s.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
@@ -132,13 +132,13 @@ func (b *bundle) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-func (b *bundle) pending(t *testing.T) int {
+func (b *bundle) pending(t testing.TB) int {
 	t.Helper()
 	return b.count(t, "SELECT count(*) FROM outbox WHERE publicat_en IS NULL")
 }
 
 // waitFor polls cond every 10 ms until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool) {
+func waitFor(t testing.TB, what string, deadline time.Duration, cond func() bool) {
 	t.Helper()
 	end := time.Now().Add(deadline)
 	for !cond() {
@@ -150,7 +150,7 @@ func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool
 }
 
 // drainOnce runs r.RunOnce until nothing is pending (at most 100 passes).
-func (b *bundle) drainOnce(t *testing.T, r *relay.Relay) int {
+func (b *bundle) drainOnce(t testing.TB, r *relay.Relay) int {
 	t.Helper()
 	total := 0
 	for range 100 {
@@ -168,7 +168,7 @@ func (b *bundle) drainOnce(t *testing.T, r *relay.Relay) int {
 }
 
 // read returns the topic's records (in partition order), waiting for n.
-func (b *bundle) read(t *testing.T, n int) []*kgo.Record {
+func (b *bundle) read(t testing.TB, n int) []*kgo.Record {
 	t.Helper()
 	recs := kafkatest.ReadAll(t, b.b, topic, n, 20*time.Second)
 	if len(recs) < n {
@@ -186,7 +186,7 @@ type seqPayload struct {
 // firstSeqs decodes the records and returns, per key, the seq of each event
 // id at its first occurrence, in topic order; and the number of records per
 // id.
-func firstSeqs(t *testing.T, recs []*kgo.Record) (map[string][]int, map[string]int) {
+func firstSeqs(t testing.TB, recs []*kgo.Record) (map[string][]int, map[string]int) {
 	t.Helper()
 	perKey := map[string][]int{}
 	copies := map[string]int{}
@@ -210,7 +210,7 @@ func firstSeqs(t *testing.T, recs []*kgo.Record) (map[string][]int, map[string]i
 
 // checkCommitOrder asserts that every aggregate's events arrived, by first
 // occurrence, as 1, 2, ..., want[agg]: nothing missing, commit order kept.
-func checkCommitOrder(t *testing.T, perKey map[string][]int, want map[string]int) {
+func checkCommitOrder(t testing.TB, perKey map[string][]int, want map[string]int) {
 	t.Helper()
 	bad := 0
 	for agg, n := range want {
@@ -250,7 +250,7 @@ type writers struct {
 	aggs []string
 }
 
-func newWriters(t *testing.T, b *bundle, aggs int) *writers {
+func newWriters(t testing.TB, b *bundle, aggs int) *writers {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := b.s.Pool.Exec(ctx, "CREATE TABLE comptadors (agregat_id TEXT PRIMARY KEY, n INT NOT NULL DEFAULT 0)"); err != nil {
@@ -312,7 +312,7 @@ func (w *writers) one(ctx context.Context, aggs ...string) error {
 }
 
 // counts returns each aggregate's final counter (events written).
-func (w *writers) counts(t *testing.T) map[string]int {
+func (w *writers) counts(t testing.TB) map[string]int {
 	t.Helper()
 	rows, err := w.b.s.Pool.Query(context.Background(), "SELECT agregat_id, n FROM comptadors WHERE n > 0")
 	if err != nil {
