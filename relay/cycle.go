@@ -129,11 +129,13 @@ func (w *worker) claim(ctx context.Context) ([]outbox.Row, []pgtype.TID, error) 
 	tids := make([]pgtype.TID, 0, w.r.cfg.BatchSize)
 	for q.Next() {
 		var r outbox.Row
+		var id pgtype.UUID // pgx's binary fast path (uuid.UUID goes through text)
 		var tid pgtype.TID
-		if err := q.Scan(&r.ID, &r.Aggregate, &r.AggregateID, &r.Type, &r.Version, &r.Payload, &r.CreatedAt, &tid); err != nil {
+		if err := q.Scan(&id, &r.Aggregate, &r.AggregateID, &r.Type, &r.Version, &r.Payload, &r.CreatedAt, &tid); err != nil {
 			q.Close()
 			return nil, nil, fmt.Errorf("relay: claim: %w", err)
 		}
+		r.ID = id.Bytes
 		out = append(out, r)
 		tids = append(tids, tid)
 	}

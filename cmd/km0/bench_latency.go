@@ -44,9 +44,13 @@ func benchLatency(ctx context.Context, args []string) error {
 	}
 	defer env.close()
 	n := int(float64(*rate) * *seconds)
-	res, err := env.latency(ctx, "latency", *rate, n, func(ctx context.Context, names migrate.Names, topic string) error {
+	res, err := env.latency(ctx, "latency", *rate, n, func(ctx context.Context, names migrate.Names, topic string, picked func(id string)) error {
 		r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: kafka.NewPublisher(env.cl),
-			Topic: topic, Origin: "comandes", Workers: *workers, Logger: env.log})
+			Topic: topic, Origin: "comandes", Workers: *workers, Logger: env.log,
+			Transform: func(_ *outbox.Row, e *envelope.Envelope) ([]*envelope.Envelope, error) {
+				picked(e.ID)
+				return []*envelope.Envelope{e}, nil
+			}})
 		if err != nil {
 			return err
 		}
@@ -57,7 +61,7 @@ func benchLatency(ctx context.Context, args []string) error {
 	}
 	emit(res)
 	if *baseline {
-		res, err := env.latency(ctx, "latency_baseline", *rate, n, func(ctx context.Context, names migrate.Names, topic string) error {
+		res, err := env.latency(ctx, "latency_baseline", *rate, n, func(ctx context.Context, names migrate.Names, topic string, _ func(string)) error {
 			return runPort(ctx, env, names, topic, false)
 		})
 		if err != nil {
@@ -74,13 +78,13 @@ func benchLatency(ctx context.Context, args []string) error {
 // time from the writer's COMMIT returning to the consumer's offset commit
 // returning.
 func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
-	runRelay func(ctx context.Context, names migrate.Names, topic string) error) (map[string]any, error) {
+	runRelay func(ctx context.Context, names migrate.Names, topic string, picked func(id string)) error) (map[string]any, error) {
 	s, err := newBenchSchema(ctx, e.pool, migrate.Outbox, migrate.Inbox)
 	if err != nil {
 		return nil, err
 	}
 	defer s.drop()
-	topic := "bench." + bench
+	topic := "bench." + s.Names.Schema
 	dropTopic, err := e.topic(ctx, topic)
 	if err != nil {
 		return nil, err
@@ -92,12 +96,21 @@ func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	relayErr := make(chan error, 1)
-	wg.Go(func() { relayErr <- runRelay(ctx, s.Names, topic) })
-
 	var mu sync.Mutex
 	committed := map[string]time.Time{}
 	consumed := map[string]time.Time{}
+	pickedAt := map[string]time.Time{} // when the relay built the record (km0 only)
+	picked := func(id string) {
+		now := time.Now()
+		mu.Lock()
+		if _, dup := pickedAt[id]; !dup {
+			pickedAt[id] = now
+		}
+		mu.Unlock()
+	}
+	relayErr := make(chan error, 1)
+	wg.Go(func() { relayErr <- runRelay(ctx, s.Names, topic, picked) })
+
 	progress := make(chan struct{}, 1)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.broker.Addrs()...), kgo.ConsumerGroup(s.Names.Schema),
 		kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
@@ -152,6 +165,7 @@ func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	mu.Lock()
 	clear(committed)
 	clear(consumed)
+	clear(pickedAt)
 	mu.Unlock()
 
 	m := startMeter()
@@ -190,26 +204,39 @@ func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	_, cpu, rss := m.stop()
 
 	mu.Lock()
-	lat := make([]float64, 0, n)
+	lat, pick := make([]float64, 0, n), make([]float64, 0, n)
 	for id, c := range committed {
 		if d, ok := consumed[id]; ok {
 			lat = append(lat, float64(d.Sub(c).Microseconds())/1000)
+		}
+		if p, ok := pickedAt[id]; ok {
+			pick = append(pick, float64(p.Sub(c).Microseconds())/1000)
 		}
 	}
 	mu.Unlock()
 	if len(lat) < n {
 		return nil, fmt.Errorf("only %d of %d events measured", len(lat), n)
 	}
-	slices.Sort(lat)
-	pct := func(p float64) float64 { return round2(lat[min(len(lat)-1, int(p*float64(len(lat))))]) }
-	return map[string]any{"bench": bench, "rate": rate, "events": n,
+	res := map[string]any{"bench": bench, "rate": rate, "events": n,
 		"events_per_s": round2(float64(n) / writeSpan.Seconds()),
-		"p50_ms":       pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99), "max_ms": round2(lat[len(lat)-1]),
-		"rss_mb": round2(rss), "cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n))}, nil
+		"p50_ms":       pct(lat, 0.50), "p90_ms": pct(lat, 0.90), "p99_ms": pct(lat, 0.99), "max_ms": pct(lat, 1),
+		"rss_mb": round2(rss), "cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n))}
+	if len(pick) > 0 { // commit → the relay has claimed and encoded the event
+		res["relay_pickup_p50_ms"], res["relay_pickup_p99_ms"] = pct(pick, 0.50), pct(pick, 0.99)
+	}
+	return res, nil
 }
 
-// consume is the benchmark's consumer: for each record, inbox.Process in a
-// transaction, then the offset commit; the time after the commit is recorded.
+// pct returns the p-quantile of xs (sorting xs).
+func pct(xs []float64, p float64) float64 {
+	slices.Sort(xs)
+	return round2(xs[min(len(xs)-1, int(p*float64(len(xs))))])
+}
+
+// consume is the benchmark's consumer: each partition of a fetch is worked
+// in its own goroutine (order per key kept), each record recorded with
+// inbox.Process in its own transaction; then the offsets are committed and
+// the time after the commit is recorded for each record.
 func consume(ctx context.Context, cl *kgo.Client, db inbox.Beginner, in *inbox.Inbox, mu *sync.Mutex,
 	consumed map[string]time.Time, progress chan struct{}) error {
 	for {
@@ -220,25 +247,32 @@ func consume(ctx context.Context, cl *kgo.Client, db inbox.Beginner, in *inbox.I
 		if err := fetches.Err0(); err != nil {
 			return err
 		}
-		var recs []*kgo.Record
-		var ids []string
-		var failed error
-		fetches.EachRecord(func(r *kgo.Record) {
-			if failed != nil {
-				return
-			}
-			env, err := envelope.Decode(r.Value)
-			if err != nil {
-				failed = err
-				return
-			}
-			if _, err := in.Process(ctx, db, "bench.latencia", env.ID, func(pgx.Tx) error { return nil }); err != nil {
-				failed = err
-				return
-			}
-			recs = append(recs, r)
-			ids = append(ids, env.ID)
+		var (
+			wg     sync.WaitGroup
+			rmu    sync.Mutex
+			recs   []*kgo.Record
+			ids    []string
+			failed error
+		)
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			wg.Go(func() {
+				for _, r := range p.Records {
+					env, err := envelope.Decode(r.Value)
+					if err == nil {
+						_, err = in.Process(ctx, db, "bench.latencia", env.ID, func(pgx.Tx) error { return nil })
+					}
+					rmu.Lock()
+					if err != nil {
+						failed = errors.Join(failed, err)
+						rmu.Unlock()
+						return
+					}
+					recs, ids = append(recs, r), append(ids, env.ID)
+					rmu.Unlock()
+				}
+			})
 		})
+		wg.Wait()
 		if failed != nil {
 			return failed
 		}
