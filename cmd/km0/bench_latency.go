@@ -233,64 +233,81 @@ func pct(xs []float64, p float64) float64 {
 	return round2(xs[min(len(xs)-1, int(p*float64(len(xs))))])
 }
 
-// consume is the benchmark's consumer: each partition of a fetch is worked
-// in its own goroutine (order per key kept), each record recorded with
-// inbox.Process in its own transaction; then the offsets are committed and
-// the time after the commit is recorded for each record.
+// consume is the benchmark's consumer: one goroutine per partition records
+// each of its records with inbox.Process in its own transaction, in offset
+// order, then commits their offsets; the time after that commit is the
+// record's end.
 func consume(ctx context.Context, cl *kgo.Client, db inbox.Beginner, in *inbox.Inbox, mu *sync.Mutex,
 	consumed map[string]time.Time, progress chan struct{}) error {
+	errc := make(chan error, 1)
+	fail := func(err error) {
+		select {
+		case errc <- err:
+		default:
+		}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	parts := map[int32]chan []*kgo.Record{}
+	defer func() {
+		for _, ch := range parts {
+			close(ch)
+		}
+	}()
+	work := func(ch chan []*kgo.Record) {
+		for recs := range ch {
+			ids := make([]string, 0, len(recs))
+			for _, r := range recs {
+				env, err := envelope.Decode(r.Value)
+				if err == nil {
+					_, err = in.Process(ctx, db, "bench.latencia", env.ID, func(pgx.Tx) error { return nil })
+				}
+				if err != nil {
+					fail(err)
+					return
+				}
+				ids = append(ids, env.ID)
+			}
+			if err := cl.CommitRecords(ctx, recs...); err != nil {
+				fail(err)
+				return
+			}
+			now := time.Now()
+			mu.Lock()
+			for _, id := range ids {
+				consumed[id] = now
+			}
+			mu.Unlock()
+			select {
+			case progress <- struct{}{}:
+			default:
+			}
+		}
+	}
 	for {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
+		select {
+		case err := <-errc:
+			return err
+		default:
+		}
 		if err := fetches.Err0(); err != nil {
 			return err
 		}
-		var (
-			wg     sync.WaitGroup
-			rmu    sync.Mutex
-			recs   []*kgo.Record
-			ids    []string
-			failed error
-		)
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			wg.Go(func() {
-				for _, r := range p.Records {
-					env, err := envelope.Decode(r.Value)
-					if err == nil {
-						_, err = in.Process(ctx, db, "bench.latencia", env.ID, func(pgx.Tx) error { return nil })
-					}
-					rmu.Lock()
-					if err != nil {
-						failed = errors.Join(failed, err)
-						rmu.Unlock()
-						return
-					}
-					recs, ids = append(recs, r), append(ids, env.ID)
-					rmu.Unlock()
-				}
-			})
+			if len(p.Records) == 0 {
+				return
+			}
+			ch, ok := parts[p.Partition]
+			if !ok {
+				ch = make(chan []*kgo.Record, 1024)
+				parts[p.Partition] = ch
+				wg.Go(func() { work(ch) })
+			}
+			ch <- p.Records
 		})
-		wg.Wait()
-		if failed != nil {
-			return failed
-		}
-		if len(recs) == 0 {
-			continue
-		}
-		if err := cl.CommitRecords(ctx, recs...); err != nil {
-			return err
-		}
-		now := time.Now()
-		mu.Lock()
-		for _, id := range ids {
-			consumed[id] = now
-		}
-		mu.Unlock()
-		select {
-		case progress <- struct{}{}:
-		default:
-		}
 	}
 }
