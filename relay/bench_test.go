@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,8 +20,10 @@ func BenchmarkRelay(b *testing.B) {
 	const rows = 20_000
 	bd := setup(b)
 	cfg := bd.config()
-	cfg.BatchSize, cfg.Workers = 1000, 2
+	cfg.BatchSize, cfg.Workers = 1000, relay.WorkersDefault
 	cfg.PollInterval, cfg.RebalanceInterval = relay.PollIntervalDefault, relay.RebalanceIntervalDefault
+	var published atomic.Int64
+	cfg.Hooks.AfterPublish = func(rows int) error { published.Add(int64(rows)); return nil }
 	r := bd.newRelay(b, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -32,8 +35,11 @@ func BenchmarkRelay(b *testing.B) {
 		fillOutbox(b, bd, rows, 4000)
 		b.StartTimer()
 		t0 := time.Now()
-		for bd.pending(b) > 0 {
-			time.Sleep(time.Millisecond) // polling the outcome, not waiting for work
+		for published.Load() < int64(rows*(i+1)) {
+			time.Sleep(100 * time.Microsecond) // polling the outcome, not waiting for work
+		}
+		for bd.pending(b) > 0 { // the last mark commits just after its AfterPublish
+			time.Sleep(100 * time.Microsecond)
 		}
 		moved += time.Since(t0)
 	}
