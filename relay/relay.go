@@ -34,7 +34,8 @@ import (
 // as if its process died at that point (see Hooks.AfterPublish).
 var ErrCrashed = errors.New("relay: crashed (fault injection)")
 
-// ErrRunning is returned by Run or RunOnce while another Run is active.
+// ErrRunning is returned by Run or RunOnce while another Run or RunOnce is
+// active on the same Relay.
 var ErrRunning = errors.New("relay: already running")
 
 // Relay moves outbox rows to the broker. Create it with New.
@@ -47,8 +48,8 @@ type Relay struct {
 	space   uint32
 	m       *metrics
 	workers []*worker
-	running atomic.Bool
-	mu      sync.Mutex // serialises RunOnce and Close
+	running atomic.Bool // set while Run or RunOnce runs
+	mu      sync.Mutex  // serialises RunOnce and Close
 }
 
 // New checks cfg and returns a Relay. It opens no connection yet. The error
@@ -122,9 +123,10 @@ func (r *Relay) Run(ctx context.Context) error {
 // published. Sessions stay open (and shards owned) until Close. An error
 // leaves the failed worker's rows pending; the next call retries them.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	if r.running.Load() {
+	if !r.running.CompareAndSwap(false, true) {
 		return 0, ErrRunning
 	}
+	defer r.running.Store(false)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, w := range r.workers {

@@ -1,6 +1,8 @@
 package relay_test
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -55,6 +57,9 @@ func TestShardsAreRebalancedWhenInstancesComeAndGo(t *testing.T) {
 	}
 	stopA := start(t, a)
 	waitFor(t, "A to own every shard", 20*time.Second, func() bool { return a.OwnedShards() == relay.ShardCount })
+	if _, err := a.RunOnce(context.Background()); !errors.Is(err, relay.ErrRunning) {
+		t.Fatalf("RunOnce during Run: %v, want ErrRunning", err)
+	}
 	start(t, c)
 	waitFor(t, "A and C to own 32 each", 20*time.Second, func() bool { return a.OwnedShards() == 32 && c.OwnedShards() == 32 })
 	if h := held(); h != relay.ShardCount {
