@@ -38,13 +38,17 @@ type parking struct {
 // cycle claims a batch from the owned shards, publishes it and marks it, all
 // in one transaction of the worker's session:
 //
-//	BEGIN; SELECT ... FOR UPDATE SKIP LOCKED   (one round trip)
-//	publish every record, wait for every confirmation
-//	UPDATE publicat_en; INSERT parked; COMMIT  (one round trip)
+//	BEGIN; SELECT ... FOR UPDATE SKIP LOCKED     (one round trip)
+//	for each chunk of the batch, in order:
+//	    publish its records, wait for every confirmation;
+//	    meanwhile UPDATE publicat_en of the previous, confirmed chunk
+//	UPDATE the last chunk; INSERT parked; COMMIT  (one round trip)
 //
-// A broker failure rolls back (rows stay pending, session kept). A database
-// failure closes the session. A hook error closes the session without marking
-// and comes back as a *crashError.
+// A row's publicat_en is set only after its records were confirmed, and
+// nothing commits before every record of the batch was. A broker failure
+// rolls back (rows stay pending, session kept). A database failure closes
+// the session. A hook error closes the session without committing and comes
+// back as a *crashError.
 func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 	if len(w.owned) == 0 {
 		return res, nil
@@ -62,43 +66,76 @@ func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 		}
 		return res, nil
 	}
-	msgs, owner, parked, held := w.build(rows)
-	pubErr := w.publish(ctx, msgs)
-	var rej *transport.RejectedError
-	switch {
-	case pubErr == nil:
-	case errors.As(pubErr, &rej):
-		parked = w.rejected(rows, msgs, owner, rej, parked)
-	default:
-		if err := w.exec(ctx, "ROLLBACK"); err != nil {
+	b := &batch{rows: rows, state: make([]rowState, len(rows))}
+	var toMark []pgtype.TID // confirmed rows whose UPDATE is not sent yet
+	for start := 0; start < len(rows); start += w.chunkRows() {
+		end := min(start+w.chunkRows(), len(rows))
+		msgs, owner := w.build(b, start, end)
+		pubErr, updErr := w.publishWhileMarking(ctx, msgs, toMark)
+		if updErr != nil {
 			w.drop()
+			return res, updErr
 		}
-		return res, fmt.Errorf("relay: publish %d records: %w", len(msgs), pubErr)
+		toMark = toMark[:0]
+		var rej *transport.RejectedError
+		switch {
+		case pubErr == nil:
+		case errors.As(pubErr, &rej):
+			w.rejected(b, msgs, owner, rej)
+		default:
+			if err := w.exec(ctx, "ROLLBACK"); err != nil {
+				w.drop()
+			}
+			return res, fmt.Errorf("relay: publish %d records: %w", len(msgs), pubErr)
+		}
+		for i := start; i < end; i++ {
+			if b.state[i] == sent {
+				toMark = append(toMark, tids[i])
+				res.published++
+			}
+		}
 	}
-	done := confirmedRows(tids, parked, held)
 	if h := w.r.cfg.Hooks.AfterPublish; h != nil {
-		if err := h(len(done)); err != nil {
+		if err := h(res.published); err != nil {
 			// The process "dies" here: after the broker confirmed, before
-			// the mark. Closing the session rolls the claim back.
+			// the mark commits. Closing the session rolls the claim back.
 			w.drop()
 			return res, &crashError{err}
 		}
 	}
-	if err := w.mark(ctx, rows, done, parked); err != nil {
+	if err := w.mark(ctx, rows, toMark, b.parked); err != nil {
 		w.drop()
 		return res, err
 	}
-	res.published, res.parked = len(done), len(parked)
-	w.r.m.published.Add(float64(len(done)))
-	if len(parked) > 0 {
-		w.r.m.parked.Add(float64(len(parked)))
-		for _, p := range parked {
+	res.parked = len(b.parked)
+	w.r.m.published.Add(float64(res.published))
+	if len(b.parked) > 0 {
+		w.r.m.parked.Add(float64(len(b.parked)))
+		for _, p := range b.parked {
 			w.r.cfg.Logger.Error("relay: row parked: its aggregate waits until it is released",
 				"relay", w.r.q.payload, "id", rows[p.row].ID, "agregat_id", rows[p.row].AggregateID,
 				"tipus", rows[p.row].Type, "motiu", p.reason)
 		}
 	}
 	return res, nil
+}
+
+// chunkRows is the size of the chunks a batch is published in: a quarter of
+// the batch, at least 100 rows (smaller batches go in one piece).
+func (w *worker) chunkRows() int { return max(100, w.r.cfg.BatchSize/4) }
+
+// publishWhileMarking publishes msgs and, at the same time, sends the UPDATE
+// of the rows in toMark (already confirmed) on the worker's session.
+func (w *worker) publishWhileMarking(ctx context.Context, msgs []*transport.Message, toMark []pgtype.TID) (pubErr, updErr error) {
+	if len(toMark) == 0 {
+		return w.publish(ctx, msgs), nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.publish(ctx, msgs) }()
+	if _, err := w.conn.Exec(ctx, w.r.q.mark, toMark); err != nil {
+		updErr = fmt.Errorf("relay: mark: %w", err)
+	}
+	return <-done, updErr
 }
 
 func (w *worker) exec(ctx context.Context, sql string) error {
@@ -145,36 +182,59 @@ func (w *worker) claim(ctx context.Context) ([]outbox.Row, []pgtype.TID, error) 
 	return out, tids, br.Close()
 }
 
-// build encodes the records. owner[i] is the row of msgs[i]. A row whose
-// envelope cannot be built or is over MaxRecordBytes is parked unsent, and
-// the later rows of its aggregate in this batch are held back (held[row]):
-// they stay pending behind the parked row.
-func (w *worker) build(rows []outbox.Row) (msgs []*transport.Message, owner []int, parked []parking, held []bool) {
-	msgs = make([]*transport.Message, 0, len(rows))
-	owner = make([]int, 0, len(rows))
-	held = make([]bool, len(rows))
-	var blocked map[string]bool
-	for i := range rows {
-		row := &rows[i]
-		if blocked[row.AggregateID] {
-			held[i] = true
+// rowState is what happened to a claimed row in this cycle.
+type rowState uint8
+
+const (
+	unsent rowState = iota // not handed to the broker (yet)
+	sent                   // every record confirmed
+	parked                 // refused for good: parked
+	held                   // behind a parked row of its aggregate: stays pending
+)
+
+// batch is the claimed rows and what happened to each.
+type batch struct {
+	rows    []outbox.Row
+	state   []rowState
+	parked  []parking
+	blocked map[string]bool // aggregates with a parked row in this batch
+}
+
+func (b *batch) park(row int, reason string) {
+	b.state[row] = parked
+	b.parked = append(b.parked, parking{row: row, reason: reason})
+	if b.blocked == nil {
+		b.blocked = map[string]bool{}
+	}
+	b.blocked[b.rows[row].AggregateID] = true
+}
+
+// build encodes the records of rows [start, end) of b; owner[i] is the row of
+// msgs[i]. A row whose envelope cannot be built or is over MaxRecordBytes is
+// parked unsent; a row of an aggregate with a parked row earlier in the batch
+// is held back (it stays pending behind it). The rows returned are marked
+// sent: the caller corrects those the broker refuses.
+func (w *worker) build(b *batch, start, end int) (msgs []*transport.Message, owner []int) {
+	msgs = make([]*transport.Message, 0, end-start)
+	owner = make([]int, 0, end-start)
+	for i := start; i < end; i++ {
+		row := &b.rows[i]
+		if b.blocked[row.AggregateID] {
+			b.state[i] = held
 			continue
 		}
 		recs, reason := w.records(row)
 		if reason != "" {
-			parked = append(parked, parking{row: i, reason: reason})
-			if blocked == nil {
-				blocked = map[string]bool{}
-			}
-			blocked[row.AggregateID] = true
+			b.park(i, reason)
 			continue
 		}
+		b.state[i] = sent
 		for _, m := range recs {
 			msgs = append(msgs, m)
 			owner = append(owner, i)
 		}
 	}
-	return msgs, owner, parked, held
+	return msgs, owner
 }
 
 // records returns the records of one row, or the reason to park it.
@@ -223,48 +283,30 @@ func (w *worker) publish(ctx context.Context, msgs []*transport.Message) error {
 	return w.r.cfg.Publisher.Publish(ctx, msgs)
 }
 
-// rejected parks the rows with a record the broker refused for good. Their
-// other records, and the later rows of their aggregates in this batch, were
-// confirmed (the broker already has them), so they are marked published: a
-// record refused by the broker itself can thus be overtaken within one batch,
-// which MaxRecordBytes, checked before sending, avoids for oversized rows.
-func (w *worker) rejected(rows []outbox.Row, msgs []*transport.Message, owner []int, rej *transport.RejectedError, parked []parking) []parking {
-	seen := map[int]bool{}
+// rejected parks the rows with a record the broker refused for good; the
+// rows of their aggregates in later chunks are then held back. Their other
+// records, and the later rows of their aggregates in the same chunk, were
+// confirmed (the broker has them) and are marked: a record refused by the
+// broker itself can be overtaken within its chunk, which MaxRecordBytes,
+// checked before sending, avoids for oversized rows.
+func (w *worker) rejected(b *batch, msgs []*transport.Message, owner []int, rej *transport.RejectedError) {
 	for k, idx := range rej.Index {
-		if idx < 0 || idx >= len(msgs) || seen[owner[idx]] {
+		if idx < 0 || idx >= len(msgs) || b.state[owner[idx]] == parked {
 			continue
 		}
 		row := owner[idx]
-		seen[row] = true
-		var reason error = errors.New("unknown")
-		if k < len(rej.Errs) {
-			reason = rej.Errs[k]
+		reason := "unknown"
+		if k < len(rej.Errs) && rej.Errs[k] != nil {
+			reason = rej.Errs[k].Error()
 		}
-		parked = append(parked, parking{row: row, reason: clip("broker: " + reason.Error())})
-		for j := row + 1; j < len(rows); j++ {
-			if rows[j].AggregateID == rows[row].AggregateID {
-				w.r.cfg.Logger.Warn("relay: a later event of an aggregate went out in the same batch as its parked row",
-					"relay", w.r.q.payload, "parked", rows[row].ID, "later", rows[j].ID)
+		b.park(row, clip("broker: "+reason))
+		for j, later := range owner {
+			if later > row && (j == 0 || owner[j-1] != later) && b.rows[later].AggregateID == b.rows[row].AggregateID {
+				w.r.cfg.Logger.Warn("relay: a later event of an aggregate went out in the same chunk as its parked row",
+					"relay", w.r.q.payload, "parked", b.rows[row].ID, "later", b.rows[later].ID)
 			}
 		}
 	}
-	return parked
-}
-
-// confirmedRows lists the row versions to mark: every row that is neither
-// parked nor held back.
-func confirmedRows(tids []pgtype.TID, parked []parking, held []bool) []pgtype.TID {
-	skip := held
-	for _, p := range parked {
-		skip[p.row] = true
-	}
-	done := make([]pgtype.TID, 0, len(tids))
-	for i := range tids {
-		if !skip[i] {
-			done = append(done, tids[i])
-		}
-	}
-	return done
 }
 
 // mark sets publicat_en on done, parks parked and commits, in one round trip.

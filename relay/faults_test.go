@@ -22,6 +22,7 @@ func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
 	w := newWriters(t, b, 100)
 	cfg := b.config()
 	cfg.PublishTimeout = 300 * time.Millisecond
+	cfg.BatchSize = 400 // chunks of 100: a failure after a chunk's UPDATE was sent
 	reg := prometheus.NewRegistry()
 	cfg.Metrics = reg
 	r := b.newRelay(t, cfg)

@@ -7,10 +7,12 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -89,17 +91,31 @@ func TestOversizedRowIsParkedAndItsAggregateWaits(t *testing.T) {
 
 // The broker (here the producer's own batch limit, MESSAGE_TOO_LARGE) refuses
 // a record for good after it was sent: the row is parked with the broker's
-// reason and the other records of the batch are confirmed and marked.
+// reason, the other records of the batch are confirmed and marked, and the
+// later row of its aggregate, in a later chunk of the same batch, is held
+// back unsent.
 func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
 	t.Parallel()
 	b := setupWith(t, kafka.EmbeddedConfig{Topics: []string{topic}}, kgo.ProducerBatchMaxBytes(5000))
 	ctx := context.Background()
-	r := b.newRelay(t, b.config())
+	cfg := b.config()
+	cfg.BatchSize = 400 // chunks of 100 rows
+	r := b.newRelay(t, cfg)
 	b.enqueue(t, "X", seqPayload{Seq: 1})
 	x2 := b.enqueue(t, "X", big(2, 8000))
-	b.enqueue(t, "Y", seqPayload{Seq: 1})
-	if n := b.drainOnce(t, r); n != 2 {
-		t.Fatalf("published %d, want 2", n)
+	ys := make([]*outbox.Event, 150)
+	for i := range ys {
+		ys[i] = &outbox.Event{Aggregate: "comanda", AggregateID: "Y", Type: "comanda.creada", Payload: seqPayload{Seq: i + 1}}
+	}
+	if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.EnqueueBatch(ctx, tx, ys) }); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(t, "X", seqPayload{Seq: 3}) // row 153: second chunk
+	if n := b.drainOnce(t, r); n != 151 {
+		t.Fatalf("published %d, want 151 (X1 and Y1..Y150)", n)
+	}
+	if p := b.pending(t); p != 2 {
+		t.Fatalf("%d pending, want 2 (X2 parked, X3 held behind it)", p)
 	}
 	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
 	if err != nil {
@@ -108,7 +124,7 @@ func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
 	if len(parked) != 1 || parked[0].ID != x2 || !strings.Contains(parked[0].Reason, "MESSAGE_TOO_LARGE") {
 		t.Fatalf("parked: %+v", parked)
 	}
-	b.enqueue(t, "X", seqPayload{Seq: 3})
+	b.enqueue(t, "X", seqPayload{Seq: 4})
 	if n := b.drainOnce(t, r); n != 0 {
 		t.Fatalf("published %d while X2 is parked, want 0", n)
 	}
@@ -117,11 +133,11 @@ func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
 	if n, err := relay.ReleaseAll(ctx, b.s.Pool, b.s.Names()); err != nil || n != 1 {
 		t.Fatalf("release all: %d, %v", n, err)
 	}
-	cfg := b.config()
+	cfg = b.config()
 	cfg.Publisher = kafka.NewPublisher(kafkatest.Client(t, b.b))
-	if n := b.drainOnce(t, b.newRelay(t, cfg)); n != 2 {
-		t.Fatalf("with a producer that accepts it published %d, want 2", n)
+	if n := b.drainOnce(t, b.newRelay(t, cfg)); n != 3 {
+		t.Fatalf("with a producer that accepts it published %d, want 3", n)
 	}
-	perKey, _ := firstSeqs(t, b.read(t, 4))
-	checkCommitOrder(t, perKey, map[string]int{"X": 3, "Y": 1})
+	perKey, _ := firstSeqs(t, b.read(t, 154))
+	checkCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 150})
 }

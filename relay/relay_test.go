@@ -80,9 +80,17 @@ func TestPublishesEnvelopeWithKeyAndHeadersThenMarks(t *testing.T) {
 func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	const events = 200
-	for i := range events {
-		b.enqueue(t, "P-"+string(rune('A'+i%20)), seqPayload{Seq: i/20 + 1})
+	const events = 400 // two chunks of 250 and 150: the first chunk's UPDATE is sent before the crash
+	ctx := context.Background()
+	evs := make([]*outbox.Event, events)
+	for i := range evs {
+		evs[i] = &outbox.Event{Aggregate: "comanda", AggregateID: "P-" + string(rune('A'+i%20)), Type: "comanda.creada",
+			Payload: seqPayload{Seq: i/20 + 1}}
+	}
+	for i := 0; i < events; i += 20 { // one transaction per round of the 20 aggregates
+		if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.EnqueueBatch(ctx, tx, evs[i:i+20]) }); err != nil {
+			t.Fatal(err)
+		}
 	}
 	crashCfg := b.config()
 	crashCfg.BatchSize = 1000
@@ -97,6 +105,9 @@ func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	}
 	if n := b.drainOnce(t, b.newRelay(t, b.config())); n != events {
 		t.Fatalf("second relay published %d, want %d", n, events)
+	}
+	if p := b.pending(t); p != 0 {
+		t.Fatalf("%d rows still pending", p)
 	}
 	recs := b.read(t, 2*events)
 	perKey, copies := firstSeqs(t, recs)
@@ -117,7 +128,6 @@ func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	checkCommitOrder(t, perKey, want)
 
 	// An idempotent consumer absorbs the duplicates: one effect per event.
-	ctx := context.Background()
 	if _, err := b.s.Pool.Exec(ctx, "CREATE TABLE efectes (id TEXT PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,12 @@ func newQueries(n migrate.Names) queries {
 	claim := func(shardFilter, limit string) string {
 		return "SELECT o.id, o.agregat, o.agregat_id, o.tipus, o.versio, o.carrega, o.creat_en, o.ctid FROM " + table + " o" +
 			" WHERE o.publicat_en IS NULL" + shardFilter +
-			" AND NOT EXISTS (SELECT 1 FROM " + parked + " p WHERE p.agregat_id = o.agregat_id)" +
+			// Skip aggregates with a parked row. Written as an OR so that
+			// PostgreSQL hashes the (small) parking table once instead of
+			// probing its index for every row, and skips even that when it
+			// is empty.
+			" AND (NOT EXISTS (SELECT 1 FROM " + parked + ")" +
+			" OR NOT EXISTS (SELECT 1 FROM " + parked + " p WHERE p.agregat_id = o.agregat_id))" +
 			" ORDER BY o.creat_en, o.id LIMIT " + limit + " FOR UPDATE OF o SKIP LOCKED"
 	}
 	return queries{
