@@ -65,9 +65,10 @@ type Transform func(row *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelo
 // Hooks are fault-injection and observation points. All are optional.
 type Hooks struct {
 	// AfterPublish runs after the broker confirmed every record of a batch and
-	// before the rows are marked. A non-nil error (use ErrCrashed) makes the
-	// relay act as if its process died right there: the worker's connection is
-	// closed without marking, so the rows stay pending, and Run/RunOnce return
+	// before the mark commits (the UPDATEs of earlier chunks may have been
+	// sent, uncommitted). A non-nil error (use ErrCrashed) makes the relay act
+	// as if its process died right there: the worker's connection is closed
+	// without committing, so the rows stay pending, and Run/RunOnce return
 	// the error.
 	AfterPublish func(rows int) error
 	// Listening runs each time the LISTEN session is (re)established.
@@ -110,8 +111,9 @@ type Config struct {
 	// larger, without sending them, so no later row of their aggregate goes
 	// out ahead of them. Keep it below the producer's batch limit and the
 	// topic's max.message.bytes: a record the broker refuses after it was
-	// sent is parked too, but a later row of its aggregate in the same batch
-	// has then already been confirmed. Default MaxRecordBytesDefault.
+	// sent is parked too, but a later row of its aggregate in the same chunk
+	// of the batch has then already been confirmed. Default
+	// MaxRecordBytesDefault.
 	MaxRecordBytes int
 	// ApplicationName is the application_name of the relay's sessions.
 	// Default ApplicationNameDefault.
