@@ -179,7 +179,9 @@ func TestIdempotencyKeyReplaysTheFirstAnswerAndCreatesNothing(t *testing.T) {
 
 type authFunc func(ctx context.Context, id string, cents int64) error
 
-func (f authFunc) Authorize(ctx context.Context, id string, cents int64) error { return f(ctx, id, cents) }
+func (f authFunc) Authorize(ctx context.Context, id string, cents int64) error {
+	return f(ctx, id, cents)
+}
 
 func TestAuthorisationRefusedIs402AndUnavailableIs503(t *testing.T) {
 	var mu sync.Mutex
