@@ -30,7 +30,7 @@ import (
 
 // Names of CONTRACT.md.
 const (
-	Name  = "inventari"              // origen of its events; database km0_inventari
+	Name  = "inventari"               // origen of its events; database km0_inventari
 	Topic = "inventari.esdeveniments" // where it publishes
 	// TypeStockUpdated is published for every change of a product's stock.
 	TypeStockUpdated = "estoc.actualitzat"
