@@ -26,7 +26,7 @@ import (
 
 // Names of CONTRACT.md.
 const (
-	Name  = "pagaments"              // origen of its events; database km0_pagaments
+	Name  = "pagaments"               // origen of its events; database km0_pagaments
 	Topic = "pagaments.esdeveniments" // where it publishes
 	// TypeConfirmed is published when an order has been charged.
 	TypeConfirmed = "pagament.confirmat"
