@@ -98,14 +98,5 @@ func (s *Service) Counters(ctx context.Context) (*Counters, error) {
 
 // Handler returns GET /analitica.
 func (s *Service) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /analitica", func(w http.ResponseWriter, r *http.Request) {
-		c, err := s.Counters(r.Context())
-		if err != nil {
-			svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'han pogut llegir els comptadors")
-			return
-		}
-		svc.WriteJSON(w, http.StatusOK, c)
-	})
-	return mux
+	return svc.GetJSON("/analitica", "no s'han pogut llegir els comptadors", func(ctx context.Context) (any, error) { return s.Counters(ctx) })
 }

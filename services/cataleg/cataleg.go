@@ -86,14 +86,5 @@ func (s *Service) Flags(ctx context.Context) ([]Flag, error) {
 
 // Handler returns GET /cataleg.
 func (s *Service) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /cataleg", func(w http.ResponseWriter, r *http.Request) {
-		f, err := s.Flags(r.Context())
-		if err != nil {
-			svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut llegir el catàleg")
-			return
-		}
-		svc.WriteJSON(w, http.StatusOK, f)
-	})
-	return mux
+	return svc.GetJSON("/cataleg", "no s'ha pogut llegir el catàleg", func(ctx context.Context) (any, error) { return s.Flags(ctx) })
 }

@@ -280,14 +280,12 @@ func (s *Service) Stock(ctx context.Context) (map[string]int, error) {
 	return out, err
 }
 
-// Handler returns the HTTP API: GET /estoc → [{"producte", "unitats"}].
+// Handler returns the HTTP API: GET /estoc → [{"producte", "unitats"}], by product.
 func (s *Service) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /estoc", func(w http.ResponseWriter, r *http.Request) {
-		st, err := s.Stock(r.Context())
+	return svc.GetJSON("/estoc", "no s'ha pogut llegir l'estoc", func(ctx context.Context) (any, error) {
+		st, err := s.Stock(ctx)
 		if err != nil {
-			svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut llegir l'estoc")
-			return
+			return nil, err
 		}
 		type item struct {
 			Product string `json:"producte"`
@@ -298,7 +296,6 @@ func (s *Service) Handler() http.Handler {
 			out = append(out, item{p, n})
 		}
 		slices.SortFunc(out, func(a, b item) int { return cmp.Compare(a.Product, b.Product) })
-		svc.WriteJSON(w, http.StatusOK, out)
+		return out, nil
 	})
-	return mux
 }

@@ -328,16 +328,7 @@ func (s *Service) Summary(ctx context.Context) (map[string]int, error) {
 
 // Handler returns GET /lliuraments → {"pendent": n, "assignat": n, "rebutjat": n}.
 func (s *Service) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /lliuraments", func(w http.ResponseWriter, r *http.Request) {
-		sum, err := s.Summary(r.Context())
-		if err != nil {
-			svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'han pogut llegir els lliuraments")
-			return
-		}
-		svc.WriteJSON(w, http.StatusOK, sum)
-	})
-	return mux
+	return svc.GetJSON("/lliuraments", "no s'han pogut llegir els lliuraments", func(ctx context.Context) (any, error) { return s.Summary(ctx) })
 }
 
 func normalize(city string) string { return strings.ToLower(strings.TrimSpace(city)) }

@@ -154,3 +154,18 @@ type ErrorBody struct {
 func WriteError(w http.ResponseWriter, status int, field, msg string) {
 	WriteJSON(w, status, ErrorBody{Error: msg, Field: field})
 }
+
+// GetJSON returns a handler serving GET pattern with the JSON of read's
+// result; a read error answers 503 with failMsg (the error is not shown).
+func GetJSON(pattern, failMsg string, read func(ctx context.Context) (any, error)) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+pattern, func(w http.ResponseWriter, r *http.Request) {
+		v, err := read(r.Context())
+		if err != nil {
+			WriteError(w, http.StatusServiceUnavailable, "", failMsg)
+			return
+		}
+		WriteJSON(w, http.StatusOK, v)
+	})
+	return mux
+}
