@@ -345,20 +345,28 @@ func (s *scanner) object(f *fastSchema) bool {
 		if !s.value(sub) {
 			return false
 		}
-		s.space()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return f == nil || seen&f.required == f.required
-		default:
-			return false
+		if done, ok := s.separator('}'); !ok || done {
+			return ok && (f == nil || seen&f.required == f.required)
 		}
 	}
+}
+
+// separator consumes the ',' between members or items, or the closing
+// bracket (done). ok is false for anything else.
+func (s *scanner) separator(closing byte) (done, ok bool) {
+	s.space()
+	if s.i >= len(s.b) {
+		return false, false
+	}
+	switch s.b[s.i] {
+	case ',':
+		s.i++
+		return false, true
+	case closing:
+		s.i++
+		return true, true
+	}
+	return false, false
 }
 
 func (s *scanner) array(f *fastSchema) bool {
@@ -377,17 +385,8 @@ func (s *scanner) array(f *fastSchema) bool {
 				return false
 			}
 			n++
-			s.space()
-			if s.i >= len(s.b) {
-				return false
-			}
-			switch s.b[s.i] {
-			case ',':
-				s.i++
-			case ']':
-				s.i++
-				done = true
-			default:
+			var ok bool
+			if done, ok = s.separator(']'); !ok {
 				return false
 			}
 		}
