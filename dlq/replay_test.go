@@ -263,3 +263,22 @@ func TestPurgeNeedsConfirmationAndKeepsPendingRecords(t *testing.T) {
 		t.Fatalf("re-purge: %+v %v", rep, err)
 	}
 }
+
+// A poison letter (not a valid envelope) is refused without --force: it would
+// dead-letter again, and nothing could deduplicate it.
+func TestReplayRefusesUndecodableLetter(t *testing.T) {
+	b := setup(t)
+	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", value: []byte("{oops"), noIDHeaders: true,
+		reason: "permanent: envelope: malformed JSON"})
+	b.sync(t)
+	rep := b.replay(t, dlq.Filter{}, dlq.ReplayOptions{})
+	if rep.Refused != 1 || rep.Done != 0 || !strings.Contains(rep.Items[0].Refused, "not a valid envelope") {
+		t.Fatalf("report: %+v", rep)
+	}
+	if n := b.records(t, comandes); n != 0 {
+		t.Fatalf("%d records published", n)
+	}
+	if rep := b.replay(t, dlq.Filter{IDs: []string{id}}, dlq.ReplayOptions{Force: true}); rep.Done != 1 || b.records(t, comandes) != 1 {
+		t.Fatalf("forced: %+v", rep)
+	}
+}

@@ -174,7 +174,12 @@ func (s *Service) Get(ctx context.Context, id string) (*Letter, error) {
 // replayBatch is how many letters one transaction of Replay locks and publishes.
 const replayBatch = 500
 
-// Replay implements Source. Per batch of letters, in one transaction: it locks
+// Replay implements Source. A Filter without IDs or States selects pending
+// letters only (all states with Force); letters named by ID are selected in
+// any state, and refused unless pending or forced. A letter whose value is not
+// a valid envelope is refused unless forced: no fix in a handler makes it
+// decodable, and without an id_esdeveniment no consumer could deduplicate it.
+// Per batch of letters, in one transaction: it locks
 // the selected rows (FOR UPDATE SKIP LOCKED), refuses letters not pending or
 // older than the retention (unless Force), publishes the others to their
 // original topic with the same key, value and id_esdeveniment, waits for the
@@ -184,6 +189,11 @@ const replayBatch = 500
 func (s *Service) Replay(ctx context.Context, f Filter, o ReplayOptions) (*Report, error) {
 	if o.Retention <= 0 {
 		o.Retention = inbox.RetentionDefault
+	}
+	if len(f.States) == 0 && len(f.IDs) == 0 && !o.Force {
+		// A selection by filter means "what is still dead"; letters named by
+		// ID are selected in any state so a refusal can say why.
+		f.States = []State{StatePending}
 	}
 	rep := &Report{DryRun: o.DryRun}
 	seen := map[string]bool{}
@@ -277,6 +287,10 @@ func refuse(l *Letter, o ReplayOptions, now time.Time) string {
 	case StatePurged:
 		return "purged (use --force to replay it anyway)"
 	}
+	if _, err := l.Envelope(); err != nil {
+		return "the value is not a valid envelope (" + err.Error() + "): replayed as it is, it would " +
+			"dead-letter again (use --force to replay it anyway)"
+	}
 	if age := now.Sub(l.Oldest()); age > o.Retention {
 		return fmt.Sprintf("older than the idempotency retention (%s > %s): a duplicate could no longer "+
 			"be recognised (use --force if the effect is known not to have been applied)",
@@ -299,7 +313,8 @@ func (f Filter) excluding(seen map[string]bool) Filter {
 }
 
 // Purge implements Source. It marks the letters f selects that are not yet
-// purged as purged, in one transaction. Kafka cannot delete a single record:
+// purged as purged, in one transaction (a Filter without IDs or States
+// selects pending and replayed letters). Kafka cannot delete a single record:
 // the records stay on the topic until its retention removes them, unless
 // DeleteRecords asks the backend to delete, per partition, every record
 // before the lowest still-pending offset (see Store.DeletableBefore).
@@ -313,6 +328,9 @@ func (s *Service) Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report,
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	f.Limit = 0
+	if len(f.States) == 0 && len(f.IDs) == 0 {
+		f.States = []State{StatePending, StateReplayed}
+	}
 	letters, err := s.cfg.Store.lockTx(ctx, tx, f)
 	if err != nil {
 		return nil, err
