@@ -213,19 +213,5 @@ func committed(t *testing.T, adm *kadm.Client) int64 {
 
 func failureCount(t *testing.T, reg *prometheus.Registry, cause string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "km0_dlq_webhook_failures_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == cause {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return counter(t, reg, "km0_dlq_webhook_failures_total", map[string]string{"causa": cause})
 }

@@ -49,6 +49,16 @@ func TestSyncIsIdempotent(t *testing.T) {
 	if n := b.rows(t, dlq.StateReplayed); n != 1 {
 		t.Fatalf("replayed letters after re-indexing: %d, want 1 (state must survive)", n)
 	}
+	// A named DLQ topic that does not exist yet holds no letters: not an error.
+	named, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.broker.Addrs(), Group: "named",
+		Topics: []string{"pagaments.esdeveniments.dlq", comandesDLQ}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer named.Close()
+	if res, err := named.Sync(b.ctx, b.store); err != nil || len(res.New) != 0 || res.Read != 3 {
+		t.Fatalf("sync with a missing topic: %+v %v; want 3 read, 0 new", res, err)
+	}
 	total := letterCount(t, b.reg, comandes, "permanent: esquema") + letterCount(t, b.reg, inventari, "permanent: esquema")
 	if total != 5 {
 		t.Fatalf("km0_dlq_letters_total = %v, want 5 (one alert per letter)", total)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/transport"
@@ -194,14 +195,14 @@ func (b *KafkaBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
 func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string) (map[string]map[int32]kgo.Offset, map[tp]int64, map[tp]int64, error) {
 	ends, err := b.adm.ListEndOffsets(ctx, topics...)
 	if err == nil {
-		err = ends.Error()
+		err = listedError(ends)
 	}
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("dlq: end offsets: %w", err)
 	}
 	starts, err := b.adm.ListStartOffsets(ctx, topics...)
 	if err == nil {
-		err = starts.Error()
+		err = listedError(starts)
 	}
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("dlq: start offsets: %w", err)
@@ -219,6 +220,9 @@ func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string) (map[strin
 	from := map[string]map[int32]kgo.Offset{}
 	target := map[tp]int64{}
 	ends.Each(func(e kadm.ListedOffset) {
+		if e.Err != nil { // a DLQ topic that does not exist (yet): no letters
+			return
+		}
 		k := tp{e.Topic, e.Partition}
 		at := committed[k]
 		if s, ok := starts.Lookup(e.Topic, e.Partition); ok && s.Offset > at {
@@ -234,6 +238,19 @@ func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string) (map[strin
 		target[k] = e.Offset
 	})
 	return from, target, committed, nil
+}
+
+// listedError is the first error of l other than an unknown topic: a DLQ
+// topic named in KafkaConfig.Topics that nobody has written to yet is empty,
+// not a failure.
+func listedError(l kadm.ListedOffsets) error {
+	var err error
+	l.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil && !errors.Is(o.Err, kerr.UnknownTopicOrPartition) && err == nil {
+			err = fmt.Errorf("%s/%d: %w", o.Topic, o.Partition, o.Err)
+		}
+	})
+	return err
 }
 
 // commitReached commits the offsets Sync reached, where they advance the

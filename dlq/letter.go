@@ -23,6 +23,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 )
 
@@ -149,17 +150,7 @@ func ReasonClass(motiu string) string {
 	if head == "" {
 		return strings.TrimSuffix(prefix, ":")
 	}
-	return truncate(prefix+" "+head, maxClass)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && (s[n]&0xC0) == 0x80 {
-		n--
-	}
-	return s[:n]
+	return outcome.Truncate(prefix+" "+head, maxClass)
 }
 
 // ErrBadID is returned for a letter ID that is not "<topic>/<partition>/<offset>".
@@ -289,7 +280,7 @@ func PrettyValue(v []byte, max int) (string, bool) {
 			s := buf.String()
 			suffix := ""
 			if len(s) > max {
-				s, suffix = truncate(s, max), fmt.Sprintf("\n… (%d bytes in all)", len(v))
+				s, suffix = outcome.Truncate(s, max), fmt.Sprintf("\n… (%d bytes in all)", len(v))
 			}
 			lines := strings.Split(s, "\n")
 			for i := range lines {

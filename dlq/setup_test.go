@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -180,22 +179,28 @@ func (b *bundle) records(t *testing.T, topic string) int64 {
 // letterCount reads km0_dlq_letters_total{topic, motiu} from the registry.
 func letterCount(t *testing.T, reg *prometheus.Registry, topic, class string) float64 {
 	t.Helper()
+	return counter(t, reg, "km0_dlq_letters_total", map[string]string{"topic": topic, "motiu": class})
+}
+
+// counter reads the counter name{labels} from reg; 0 if absent.
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "km0_dlq_letters_total" {
+		if mf.GetName() != name {
 			continue
 		}
+	metrics:
 		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
 			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
+				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+					continue metrics
+				}
 			}
-			if labels["topic"] == topic && labels["motiu"] == class {
-				return m.GetCounter().GetValue()
-			}
+			return m.GetCounter().GetValue()
 		}
 	}
 	return 0
@@ -267,5 +272,3 @@ func ids(rep *dlq.Report, done bool) []string {
 	}
 	return out
 }
-
-var _ = fmt.Sprintf

@@ -92,7 +92,9 @@ func (c *dlqCLI) flags(name, summary string) (*flag.FlagSet, *dlqOpts) {
 	fs := newFlags("dlq "+name, summary)
 	fs.SetOutput(c.errOut)
 	o := &dlqOpts{
-		dbURL:   databaseURLFlag(fs),
+		// Not databaseURLFlag: its default, printed by --help, would show a
+		// password held in $KM0_DATABASE_URL. open() falls back to it.
+		dbURL:   fs.String("database-url", "", "PostgreSQL URL (default $KM0_DATABASE_URL)"),
 		brokers: brokersFlag(fs),
 		schema:  fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the index table cartes_mortes"),
 		topics: fs.String("topics", "", "DLQ topics, comma separated (default: every topic matching "+
@@ -105,9 +107,11 @@ func (c *dlqCLI) flags(name, summary string) (*flag.FlagSet, *dlqOpts) {
 	return fs, o
 }
 
-// dlqEnv is an open Service and how to close it.
+// dlqEnv is an open Source and how to close it. svc is the plug point of a
+// second backend: a RabbitMQ dlq.Backend wrapped by dlq.NewService (or any
+// dlq.Source) serves every command and the admin API unchanged.
 type dlqEnv struct {
-	svc     *dlq.Service
+	svc     dlq.Source
 	store   *dlq.Store
 	backend *dlq.KafkaBackend
 	kcfg    dlq.KafkaConfig
@@ -121,7 +125,7 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 	if err != nil {
 		return nil, err
 	}
-	pool, err := openPool(ctx, *o.dbURL, 4)
+	pool, err := openPool(ctx, cmp.Or(*o.dbURL, os.Getenv("KM0_DATABASE_URL")), 4)
 	if err != nil {
 		return nil, err
 	}
@@ -153,9 +157,11 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 		closeKafka()
 	}
 	env.store = dlq.NewStore(pool, *o.schema)
-	if env.svc, err = dlq.NewService(dlq.ServiceConfig{Store: env.store, Backend: env.backend, Alerter: env.alerter, Logger: log}); err != nil {
+	svc, err := dlq.NewService(dlq.ServiceConfig{Store: env.store, Backend: env.backend, Alerter: env.alerter, Logger: log})
+	if err != nil {
 		return fail(err)
 	}
+	env.svc = svc
 	if sync {
 		res, err := env.svc.Sync(ctx)
 		if err != nil {
@@ -202,23 +208,34 @@ type listFlag []string
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
+// start parses args, builds the selection, then connects and syncs. check,
+// if not nil, validates more flags before anything is opened.
+func (c *dlqCLI) start(ctx context.Context, fs *flag.FlagSet, o *dlqOpts, ff *filterFlags, args []string,
+	check func(*dlq.Filter) error) (dlq.Filter, *dlqEnv, error) {
+	if err := parse(fs, args); err != nil {
+		return dlq.Filter{}, nil, err
+	}
+	f, err := ff.filter(c.now())
+	if err == nil && check != nil {
+		err = check(&f)
+	}
+	if err != nil {
+		return f, nil, err
+	}
+	env, err := c.open(ctx, o, nil, true)
+	return f, env, err
+}
+
 func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 	fs, o := c.flags("ls", "list dead letters grouped by topic and motiu (counts), then the rows")
 	ff := addFilterFlags(fs)
 	state := fs.String("estat", "pendent", "pendent, reproduida, purgada or totes")
 	limit := fs.Int("limit", 200, "rows to print at most (0 = all); the counts always cover every letter")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	f, err := ff.filter(c.now())
-	if err == nil {
+	f, env, err := c.start(ctx, fs, o, ff, args, func(f *dlq.Filter) (err error) {
+		f.Limit = *limit
 		f.States, err = dlq.ParseState(*state)
-	}
-	if err != nil {
 		return err
-	}
-	f.Limit = *limit
-	env, err := c.open(ctx, o, nil, true)
+	})
 	if err != nil {
 		return err
 	}
@@ -322,14 +339,7 @@ func (c *dlqCLI) replay(ctx context.Context, args []string) error {
 	dry := fs.Bool("dry-run", false, "say what would be replayed; publish and mark nothing")
 	force := fs.Bool("force", false, "also replay letters already replayed or purged, or older than --retention")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: older letters are refused without --force")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	f, err := ff.filter(c.now())
-	if err != nil {
-		return err
-	}
-	env, err := c.open(ctx, o, nil, true)
+	f, env, err := c.start(ctx, fs, o, ff, args, nil)
 	if err != nil {
 		return err
 	}
@@ -367,14 +377,7 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 	ff := addFilterFlags(fs)
 	yes := fs.Bool("yes", false, "confirm without asking (needed when stdin is not a terminal)")
 	del := fs.Bool("delete-records", false, "also delete the records on the DLQ topic, per partition up to the lowest offset still pending")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	f, err := ff.filter(c.now())
-	if err != nil {
-		return err
-	}
-	env, err := c.open(ctx, o, nil, true)
+	f, env, err := c.start(ctx, fs, o, ff, args, nil)
 	if err != nil {
 		return err
 	}
@@ -400,8 +403,12 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 			fmt.Fprint(c.out, " and their records deleted where no pending letter precedes them")
 		}
 		fmt.Fprint(c.out, ". [y/N] ")
-		answer, _ := bufio.NewReader(c.in).ReadString('\n')
+		answer, rerr := bufio.NewReader(c.in).ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" && a != "s" && a != "si" && a != "sí" {
+			fmt.Fprintln(c.out)
+			if rerr != nil && answer == "" { // e.g. /dev/null, which looks like a terminal
+				return errors.New("purge refused: no confirmation on stdin; pass --yes")
+			}
 			return errors.New("purge cancelled")
 		}
 	}

@@ -90,6 +90,9 @@ func TestDLQCommands(t *testing.T) {
 	if _, err := h.run("", false, "purge", "--id", poison); err == nil || !strings.Contains(err.Error(), "--yes") {
 		t.Fatalf("purge without --yes off a terminal: %v", err)
 	}
+	if _, err := h.run("", true, "purge", "--id", poison); err == nil || !strings.Contains(err.Error(), "--yes") {
+		t.Fatalf("purge on a terminal-like stdin that is empty (/dev/null): %v", err)
+	}
 	if _, err := h.run("n\n", true, "purge", "--id", poison); err == nil || !strings.Contains(err.Error(), "cancelled") {
 		t.Fatalf("purge answered n: %v", err)
 	}
