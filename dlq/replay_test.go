@@ -134,6 +134,10 @@ func TestReplayTwiceNeedsForce(t *testing.T) {
 	if n := b.records(t, comandes); n != 1 {
 		t.Fatalf("%d records after a refused replay, want 1", n)
 	}
+	rep = b.replay(t, dlq.Filter{IDs: []string{comandesDLQ + "/0/999"}}, dlq.ReplayOptions{})
+	if rep.Selected != 1 || rep.Refused != 1 || !strings.Contains(rep.Items[0].Refused, "not in the index") {
+		t.Fatalf("unknown id: %+v", rep)
+	}
 	if rep := b.replay(t, dlq.Filter{IDs: []string{id}}, dlq.ReplayOptions{Force: true}); rep.Done != 1 {
 		t.Fatalf("forced replay: %+v", rep)
 	}
@@ -280,5 +284,31 @@ func TestReplayRefusesUndecodableLetter(t *testing.T) {
 	}
 	if rep := b.replay(t, dlq.Filter{IDs: []string{id}}, dlq.ReplayOptions{Force: true}); rep.Done != 1 || b.records(t, comandes) != 1 {
 		t.Fatalf("forced: %+v", rep)
+	}
+}
+
+// Letters of one key are republished in their DLQ order (offset order), even
+// when their timestamps disagree (clocks of different consumer instances).
+func TestReplayKeepsDLQOrderPerKey(t *testing.T) {
+	b := setup(t)
+	now := time.Now()
+	var want []string
+	for i := range 3 {
+		_, eid := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x",
+			deadAt: now.Add(-time.Duration(i) * time.Minute)}) // later offsets, earlier timestamps
+		want = append(want, eid)
+	}
+	b.sync(t)
+	if rep := b.replay(t, dlq.Filter{}, dlq.ReplayOptions{}); rep.Done != 3 {
+		t.Fatalf("replay: %+v", rep)
+	}
+	recs := kafkatest.ReadAll(t, b.broker, comandes, 3, 10*time.Second)
+	if len(recs) != 3 {
+		t.Fatalf("read %d records, want 3", len(recs))
+	}
+	for i, r := range recs {
+		if got, _ := kafka.FromRecord(r).Header("id_esdeveniment"); got != want[i] {
+			t.Fatalf("record %d is %s, want %s (DLQ order)", i, got, want[i])
+		}
 	}
 }

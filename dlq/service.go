@@ -199,8 +199,24 @@ func (s *Service) Replay(ctx context.Context, f Filter, o ReplayOptions) (*Repor
 	seen := map[string]bool{}
 	for {
 		n, err := s.replayBatch(ctx, f, o, rep, seen)
-		if err != nil || n < replayBatch {
+		if err != nil {
 			return rep, err
+		}
+		if n < replayBatch {
+			reportMissing(rep, f.IDs, seen)
+			return rep, nil
+		}
+	}
+}
+
+// reportMissing refuses the requested IDs no selection returned: unknown
+// letters, or letters another operator holds locked right now.
+func reportMissing(rep *Report, ids []string, seen map[string]bool) {
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			rep.Selected++
+			rep.add(Item{ID: id, Refused: "not in the index (or being replayed or purged by someone else)"})
 		}
 	}
 }
@@ -338,7 +354,9 @@ func (s *Service) Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report,
 	rep := &Report{}
 	var ids []string
 	var purged []*Letter
+	seen := map[string]bool{}
 	for _, l := range letters {
+		seen[l.ID] = true
 		rep.Selected++
 		it := Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID}
 		if l.State == StatePurged {
@@ -351,6 +369,7 @@ func (s *Service) Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report,
 		ids = append(ids, l.ID)
 		purged = append(purged, l)
 	}
+	reportMissing(rep, f.IDs, seen)
 	if err := s.cfg.Store.markPurgedTx(ctx, tx, ids); err != nil {
 		return nil, err
 	}

@@ -202,13 +202,19 @@ func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*
 
 // List returns the letters f selects, oldest dead first.
 func (s *Store) List(ctx context.Context, f Filter) ([]*Letter, error) {
-	return s.list(ctx, s.db, f, "")
+	return s.list(ctx, s.db, f, byDeadTime, "")
 }
 
-func (s *Store) list(ctx context.Context, q querier, f Filter, suffix string) ([]*Letter, error) {
+// Orders of list: by dead time for people; by position for Replay, so the
+// letters of one key (one DLQ partition) are republished in their DLQ order.
+const (
+	byDeadTime = " ORDER BY morta_en, topic, particio, offset_dlq"
+	byPosition = " ORDER BY topic, particio, offset_dlq"
+)
+
+func (s *Store) list(ctx context.Context, q querier, f Filter, order, suffix string) ([]*Letter, error) {
 	var args []any
-	sql := "SELECT " + columns + " FROM " + s.table + " " + f.where(&args) +
-		" ORDER BY morta_en, topic, particio, offset_dlq"
+	sql := "SELECT " + columns + " FROM " + s.table + " " + f.where(&args) + order
 	if f.Limit > 0 {
 		sql += " LIMIT " + strconv.Itoa(f.Limit)
 	}
@@ -225,7 +231,7 @@ func (s *Store) list(ctx context.Context, q querier, f Filter, suffix string) ([
 
 // Get returns one letter, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (*Letter, error) {
-	out, err := s.list(ctx, s.db, Filter{IDs: []string{id}}, "")
+	out, err := s.list(ctx, s.db, Filter{IDs: []string{id}}, byDeadTime, "")
 	if err != nil {
 		return nil, err
 	}
@@ -265,10 +271,11 @@ func (s *Store) Summary(ctx context.Context, f Filter) ([]Group, error) {
 	return out, nil
 }
 
-// lockTx selects the letters of f in tx with FOR UPDATE SKIP LOCKED, so two
-// operators replaying or purging at once never act on the same letter.
+// lockTx selects the letters of f in tx, in DLQ order, with FOR UPDATE SKIP
+// LOCKED, so two operators replaying or purging at once never act on the
+// same letter.
 func (s *Store) lockTx(ctx context.Context, tx pgx.Tx, f Filter) ([]*Letter, error) {
-	return s.list(ctx, tx, f, " FOR UPDATE SKIP LOCKED")
+	return s.list(ctx, tx, f, byPosition, " FOR UPDATE SKIP LOCKED")
 }
 
 // markReplayedTx records a replay of ids.

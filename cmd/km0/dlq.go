@@ -420,7 +420,12 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 		return err
 	}
 	if rep != nil {
-		fmt.Fprintf(c.out, "%d letter(s) marked purged in the index (%d already purged)\n", rep.Done, rep.Refused)
+		for _, it := range rep.Items {
+			if !it.Done {
+				fmt.Fprintf(c.out, "refused %s: %s\n", it.ID, it.Refused)
+			}
+		}
+		fmt.Fprintf(c.out, "%d letter(s) marked purged in the index, %d refused\n", rep.Done, rep.Refused)
 		for _, p := range rep.Deleted {
 			fmt.Fprintf(c.out, "deleted the records of %s/%d before offset %d\n", p.Topic, p.Partition, p.Offset)
 		}
