@@ -29,7 +29,7 @@ type bundle struct {
 func setup(t *testing.T, auth comandes.Authorizer) *bundle {
 	t.Helper()
 	pool, _ := svctest.DB(t, migrate.Outbox, migrate.Inbox, comandes.Migrations)
-	s, err := comandes.New(comandes.Config{Pool: pool, Authorizer: auth})
+	s, err := comandes.New(comandes.Config{Pool: pool, Authorizer: auth, Outbox: svctest.Outbox(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestPaymentConfirmedMarksPaidAndEmitsComandaPagadaOnce(t *testing.T) {
 	if err := b.pool.QueryRow(context.Background(), `SELECT versio, carrega FROM outbox WHERE tipus = 'comanda.pagada'`).Scan(&versio, &carrega); err != nil {
 		t.Fatalf("exactly one comanda.pagada expected: %v", err)
 	}
-	if versio != 2 || !bytes.Contains(carrega, []byte(`"ciutat": "Girona"`)) {
+	if versio != 1 || !bytes.Contains(carrega, []byte(`"ciutat": "Girona"`)) || !bytes.Contains(carrega, []byte(`"comanda_id": "P-2026-000123"`)) {
 		t.Fatalf("comanda.pagada v%d %s", versio, carrega)
 	}
 	unknown := svctest.Message(t, "pagaments.esdeveniments", comandes.TypePaymentConfirmed, 1, comandes.PaymentConfirmed{OrderID: "P-2026-000999"})

@@ -73,8 +73,8 @@ func (o *Order) Total() int64 {
 	return t
 }
 
-// Version is the versio of the comanda.creada / comanda.pagada this order
-// produces: 2 with a delivery address, 1 for legacy clients without one.
+// Version is the versio of the comanda.creada this order produces: 2 with a
+// delivery address, 1 for legacy clients without one.
 func (o *Order) Version() int {
 	if o.Address != nil {
 		return 2
@@ -82,9 +82,10 @@ func (o *Order) Version() int {
 	return 1
 }
 
-// Paid is the dades of comanda.pagada.
+// Paid is the dades of comanda.pagada (versio 1; schemas/comanda.pagada/v1.json):
+// the address is there when the order has one.
 type Paid struct {
-	ID         string   `json:"id"`
+	ID         string   `json:"comanda_id"`
 	Client     string   `json:"client"`
 	Market     string   `json:"mercat"`
 	TotalCents int64    `json:"import_centims"`

@@ -246,12 +246,10 @@ func (s *Service) HandlePaymentConfirmed(ctx context.Context, tx pgx.Tx, m *cons
 	if err != nil {
 		return err
 	}
-	version := 1
 	if city != nil {
 		paid.Address = &Address{City: *city, PostalCode: deref(postal)}
-		version = 2
 	}
-	return s.cfg.Outbox.Enqueue(ctx, tx, &outbox.Event{Aggregate: Aggregate, AggregateID: p.OrderID, Type: TypePaid, Version: version, Payload: paid})
+	return s.cfg.Outbox.Enqueue(ctx, tx, &outbox.Event{Aggregate: Aggregate, AggregateID: p.OrderID, Type: TypePaid, Version: 1, Payload: paid})
 }
 
 func deref(s *string) string {

@@ -22,7 +22,7 @@ import (
 func setup(t *testing.T) (*pgxpool.Pool, *inventari.Service) {
 	t.Helper()
 	pool, _ := svctest.DB(t, migrate.Outbox, migrate.Inbox, inventari.Migrations)
-	s, err := inventari.New(inventari.Config{Pool: pool})
+	s, err := inventari.New(inventari.Config{Pool: pool, Outbox: svctest.Outbox(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

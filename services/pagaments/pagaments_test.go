@@ -45,7 +45,7 @@ func setup(t *testing.T, faults passarella.Faults) *bundle {
 
 func (b *bundle) service(t *testing.T, timeout time.Duration, hooks pagaments.Hooks) *pagaments.Service {
 	t.Helper()
-	s, err := pagaments.New(pagaments.Config{Pool: b.pool, Gateway: &passarella.Client{BaseURL: b.url, Timeout: timeout}, Hooks: hooks})
+	s, err := pagaments.New(pagaments.Config{Pool: b.pool, Outbox: svctest.Outbox(t), Gateway: &passarella.Client{BaseURL: b.url, Timeout: timeout}, Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)
 	}

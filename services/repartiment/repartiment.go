@@ -119,8 +119,9 @@ type address struct {
 	PostalCode string `json:"codi_postal"`
 }
 
+// orderPaid is the part of comanda.pagada (schemas/comanda.pagada/v1.json) repartiment reads.
 type orderPaid struct {
-	ID      string   `json:"id"`
+	ID      string   `json:"comanda_id"`
 	Address *address `json:"adreca_lliurament"`
 }
 
@@ -145,7 +146,7 @@ type Rejected struct {
 func (s *Service) HandleOrderPaid(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	var o orderPaid
 	if err := json.Unmarshal(m.Envelope.Data, &o); err != nil || o.ID == "" {
-		return s.schemaFailure(ctx, m, fmt.Sprintf("comanda.pagada il·legible o sense id: %v", err))
+		return s.schemaFailure(ctx, m, fmt.Sprintf("comanda.pagada il·legible o sense comanda_id: %v", err))
 	}
 	if o.Address == nil || strings.TrimSpace(o.Address.City) == "" {
 		return s.schemaFailure(ctx, m, fmt.Sprintf("adreca_lliurament absent a comanda.pagada versio %d (%s)", m.Envelope.Version, o.ID))

@@ -29,7 +29,7 @@ func setup(t *testing.T, fail func(string, int) bool, side *pgxpool.Pool) *bundl
 	maps := &repartiment.MapsServer{Fail: fail}
 	srv := httptest.NewServer(maps.Handler())
 	t.Cleanup(srv.Close)
-	s, err := repartiment.New(repartiment.Config{Pool: pool, SidePool: side, Maps: &repartiment.MapsClient{BaseURL: srv.URL},
+	s, err := repartiment.New(repartiment.Config{Pool: pool, SidePool: side, Outbox: svctest.Outbox(t), Maps: &repartiment.MapsClient{BaseURL: srv.URL},
 		DeliveryTime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +38,7 @@ func setup(t *testing.T, fail func(string, int) bool, side *pgxpool.Pool) *bundl
 }
 
 func paid(id, city string) map[string]any {
-	o := map[string]any{"id": id, "client": "anna", "mercat": "girona", "import_centims": 100}
+	o := map[string]any{"comanda_id": id, "client": "anna", "mercat": "girona", "import_centims": 100}
 	if city != "" {
 		o["adreca_lliurament"] = map[string]string{"ciutat": city, "codi_postal": "17001"}
 	}
@@ -59,7 +59,7 @@ func events(t *testing.T, b *bundle, tipus string) int {
 // Row 1: the maps service answers 503 → transient (retry with backoff, then DLQ).
 func TestRowMaps503IsTransient(t *testing.T) {
 	b := setup(t, func(_ string, attempt int) bool { return attempt == 1 }, nil)
-	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 2, paid("P-2026-000001", "Girona"))
+	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid("P-2026-000001", "Girona"))
 	err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, m)
 	if k, _ := outcome.Classify(err, repartiment.Classifier); k != outcome.KindTransient || !errors.Is(err, repartiment.ErrMapsUnavailable) {
 		t.Fatalf("503: %v (kind %v), want transient", err, k)
@@ -79,7 +79,7 @@ func TestRowMaps503IsTransient(t *testing.T) {
 // repartiment.rebutjat committed, once, although the message is dead-lettered.
 func TestRowCityNotCoveredRejectsOnceAndDeadLetters(t *testing.T) {
 	b := setup(t, nil, nil)
-	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 2, paid("P-2026-000002", "Perpinyà"))
+	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid("P-2026-000002", "Perpinyà"))
 	for i := range 2 { // the second delivery: the process died before the DLQ copy
 		err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, m)
 		if !outcome.IsPermanent(err) || outcome.Reason(outcome.KindPermanent, err)[:len("permanent: ciutat_no_coberta")] != "permanent: ciutat_no_coberta" {
@@ -123,7 +123,7 @@ func TestRowDatabaseRefusingConnectionsIsTransient(t *testing.T) {
 		t.Fatalf("refused connection classified %v", k)
 	}
 	b := setup(t, nil, down)
-	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 2, paid("P-2026-000004", "Andorra"))
+	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid("P-2026-000004", "Andorra"))
 	err = svctest.Run(t, b.pool, b.svc.HandleOrderPaid, m)
 	if k, _ := outcome.Classify(err, repartiment.Classifier); k != outcome.KindTransient {
 		t.Fatalf("uncovered city with the database down: %v (%v), want transient", err, k)
@@ -139,7 +139,7 @@ func TestRowNoCourierFreeIsPendingThenAssigned(t *testing.T) {
 	b := setup(t, nil, nil)
 	// vic has one courier: the first order takes it, the second waits.
 	for _, id := range []string{"P-2026-000005", "P-2026-000006"} {
-		if err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 2, paid(id, "Vic"))); err != nil {
+		if err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid(id, "Vic"))); err != nil {
 			t.Fatalf("%s: %v (must ack)", id, err)
 		}
 	}
@@ -160,7 +160,7 @@ func TestRowNoCourierFreeIsPendingThenAssigned(t *testing.T) {
 		t.Fatalf("after assigner: %q, %d assignat", st, events(t, b, "repartiment.assignat"))
 	}
 	// A redelivered comanda.pagada (new event id) changes nothing.
-	if err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, svctest.Message(t, "c", "comanda.pagada", 2, paid("P-2026-000006", "Vic"))); err != nil || events(t, b, "repartiment.assignat") != 2 {
+	if err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, svctest.Message(t, "c", "comanda.pagada", 1, paid("P-2026-000006", "Vic"))); err != nil || events(t, b, "repartiment.assignat") != 2 {
 		t.Fatalf("redelivery: %v", err)
 	}
 	sum, err := b.svc.Summary(context.Background())

@@ -16,6 +16,8 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/schema"
 	"github.com/km0/km0/transport"
 )
 
@@ -79,4 +81,16 @@ func Count(t testing.TB, db interface {
 		t.Fatalf("%s: %v", query, err)
 	}
 	return n
+}
+
+// Outbox returns an outbox that validates every event against the published
+// schemas (schemas/), as the running system does: a service test then also
+// proves that what the service writes matches the contract.
+func Outbox(t testing.TB) *outbox.Outbox {
+	t.Helper()
+	reg, err := schema.Default()
+	if err != nil {
+		t.Fatalf("svctest: schemas: %v", err)
+	}
+	return outbox.New(outbox.Config{Validate: reg.Validate})
 }
