@@ -19,6 +19,7 @@ import (
 // Message is one delivered event as a Handler sees it.
 type Message struct {
 	*transport.Message                    // topic, key, raw value, headers
+	OriginalTopic      string             // the domain topic: Topic, or the topic a retry copy came from
 	Partition          int32              // source partition
 	Offset             int64              // source offset
 	Envelope           *envelope.Envelope // decoded (and upcast) envelope
