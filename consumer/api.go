@@ -37,6 +37,12 @@ type Message struct {
 // and so is the key: nothing of a failed attempt persists.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
+// BatchHandler applies the effects of several messages of one partition, in
+// offset order, inside tx (see Config.HandleBatch). It must apply all of them
+// or return an error; it needs no error attribution, since on any error the
+// consumer rolls back and runs the messages one by one with the Handler.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
+
 // Mode says where the offset commit goes relative to the effect.
 type Mode int
 

@@ -53,13 +53,13 @@ func bulkInsertSQL(table string) string {
 		"ON CONFLICT DO NOTHING RETURNING id_missatge"
 }
 
-// handle finishes a batch of one partition: decode and filter outside any
-// transaction, run the rest idempotently (tryTx), then copy the failures to
-// .retry/.dlq and wait for the broker's confirmation. It returns nil when
-// every record is finished and may be committed; an error means the consumer
-// crashed or the batch was abandoned (partition revoked, shutdown timeout),
-// and nothing of the batch may be committed.
-func (c *Consumer) handle(p *partition, items []*item) error {
+// handle runs a batch of one partition: decode and filter outside any
+// transaction, then run the rest idempotently (runOptimistic). It returns the
+// failed attempts, to be copied to .retry/.dlq (route); every other record is
+// done. An error means the consumer crashed or the batch was abandoned
+// (partition revoked, shutdown timeout): nothing of the batch may be
+// committed.
+func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 	var (
 		todo    []*item
 		fails   []failure
@@ -80,6 +80,9 @@ func (c *Consumer) handle(p *partition, items []*item) error {
 			continue
 		}
 		env, err := c.cfg.Decode(it.rec.Value)
+		if err == nil && (env == nil || (env.ID == "" && !c.cfg.NoInbox)) {
+			err = errNoID
+		}
 		if err != nil {
 			// A record that does not decode never will: dead-letter it now
 			// and keep the partition moving.
@@ -111,12 +114,16 @@ func (c *Consumer) handle(p *partition, items []*item) error {
 		}
 		var err error
 		if fails, err = c.runOptimistic(p, todo[:n], fails); err != nil {
-			return err
+			return nil, err
 		}
 		todo = todo[n:]
 	}
-	return c.route(p, fails)
+	return fails, nil
 }
+
+// errNoID: a Decode hook returned no envelope or one without an id, which
+// cannot be made idempotent.
+var errNoID = errors.New("envelope: id_esdeveniment: empty (from the Decode hook)")
 
 func (c *Consumer) handles(tipus string) bool { return c.types == nil || c.types[tipus] }
 
@@ -132,10 +139,15 @@ func (c *Consumer) handles(tipus string) bool { return c.types == nil || c.types
 func (c *Consumer) runOptimistic(p *partition, msgs []*item, fails []failure) ([]failure, error) {
 	wait := 50 * time.Millisecond
 	conflicts := 0
+	whole := c.cfg.HandleBatch != nil
 	for len(msgs) > 0 {
 		end := len(msgs)
 		for {
-			failAt, ferr, err := c.tryTx(msgs[:end])
+			failAt, ferr, err := c.tryTx(msgs[:end], whole)
+			if errors.Is(err, errBatchFailed) {
+				whole = false // find the culprit one message at a time
+				continue
+			}
 			if err != nil {
 				if c.crashed.Load() {
 					return fails, c.crashErr
@@ -208,12 +220,19 @@ func messages(items []*item) []*Message {
 }
 
 // tryTx runs msgs in one transaction: their keys in one statement, then the
-// handler of each new one. It returns failAt = -1 when it committed; else
+// handler of each new one (or, with whole, HandleBatch once for all of them:
+// errBatchFailed if it fails). It returns failAt = -1 when it committed; else
 // failAt = k with the error of message k, after rolling everything back
 // (failAt may also be a split point when COMMIT itself was refused). err is an
 // infrastructure error: nothing is known about any message of msgs.
-func (c *Consumer) tryTx(msgs []*item) (failAt int, ferr, err error) {
+func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr, err error) {
 	ctx := c.workCtx
+	select { // at most Concurrency transactions at once
+	case c.sem <- struct{}{}:
+		defer func() { <-c.sem }()
+	case <-ctx.Done():
+		return 0, nil, ctx.Err()
+	}
 	tx, err := c.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return 0, nil, fmt.Errorf("begin: %w", err)
@@ -225,16 +244,31 @@ func (c *Consumer) tryTx(msgs []*item) (failAt int, ferr, err error) {
 			return 0, nil, err
 		}
 	}
-	for k, it := range msgs {
+	var todo []*Message
+	for _, it := range msgs {
 		it.dup = fresh != nil && !fresh[it.msg.Envelope.ID]
-		if it.dup {
-			continue
+		if !it.dup {
+			todo = append(todo, it.msg)
 		}
-		if herr := c.call(ctx, tx, it.msg); herr != nil {
+	}
+	if whole && len(todo) > 1 {
+		if herr := c.callBatch(ctx, tx, todo); herr != nil {
 			if ctx.Err() != nil || tx.Conn().IsClosed() {
-				return 0, nil, fmt.Errorf("handler lost its connection: %w", herr)
+				return 0, nil, fmt.Errorf("batch handler lost its connection: %w", herr)
 			}
-			return k, herr, nil
+			return 0, nil, errBatchFailed
+		}
+	} else {
+		for k, it := range msgs {
+			if it.dup {
+				continue
+			}
+			if herr := c.call(ctx, tx, it.msg); herr != nil {
+				if ctx.Err() != nil || tx.Conn().IsClosed() {
+					return 0, nil, fmt.Errorf("handler lost its connection: %w", herr)
+				}
+				return k, herr, nil
+			}
 		}
 	}
 	if h := c.cfg.Hooks.BeforeTxCommit; h != nil {
@@ -278,6 +312,21 @@ func (c *Consumer) recordKeys(ctx context.Context, tx pgx.Tx, msgs []*item) (map
 		return nil, fmt.Errorf("record keys: %w", err)
 	}
 	return fresh, nil
+}
+
+// errBatchFailed: HandleBatch failed; the batch runs again with Handle.
+var errBatchFailed = errors.New("consumer: batch handler failed")
+
+// callBatch runs HandleBatch; a panic is an error like any other (the
+// messages then run one by one with Handle, which decides their fate).
+func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+			c.log.Warn("consumer: batch handler panic", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+	}()
+	return c.cfg.HandleBatch(ctx, tx, msgs)
 }
 
 // call runs the handler, turning a panic into a transient *PanicError.

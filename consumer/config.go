@@ -93,6 +93,12 @@ type Config struct {
 	Names migrate.Names
 	// Handle applies the effect of one message. Required.
 	Handle Handler
+	// HandleBatch, if set, applies the effects of all the new messages of a
+	// transaction at once (e.g. one multi-row statement, or a pgx.Batch: one
+	// round trip instead of one per message). If it returns an error, the
+	// transaction rolls back and its messages run again one by one with
+	// Handle, which decides the fate of each. Default nil: Handle only.
+	HandleBatch BatchHandler
 	// Types are the tipus handled; others are ignored (counted, offset
 	// committed, never dead-lettered). Empty: every tipus.
 	Types []string

@@ -187,17 +187,25 @@ func (c *Consumer) poll(ctx context.Context) {
 			c.cl.AllowRebalance()
 			return
 		}
-		fs.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
-				c.log.Warn("consumer: fetch", "topic", t, "partition", p, "err", err)
+		if errs := fs.Errors(); len(errs) > 0 {
+			for _, e := range errs {
+				if !errors.Is(e.Err, context.Canceled) {
+					c.log.Warn("consumer: fetch", "topic", e.Topic, "partition", e.Partition, "err", e.Err)
+				}
 			}
-		})
+		}
 		fs.EachPartition(func(f kgo.FetchTopicPartition) {
 			if len(f.Records) > 0 {
 				c.partitionFor(f.Topic, f.Partition).push(f.Records)
 			}
 		})
 		c.cl.AllowRebalance()
+		if fs.NumRecords() == 0 && len(fs.Errors()) > 0 { // do not spin on a broker that only answers errors
+			select {
+			case <-pctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
 	}
 }
 

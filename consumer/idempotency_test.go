@@ -271,3 +271,71 @@ func TestCleanStopCommitsFinishedWork(t *testing.T) {
 		t.Fatalf("after a clean stop the next member re-read %d finished messages", st.Duplicates)
 	}
 }
+
+// inventariBatch is inventari for a whole transaction in one round trip (a
+// pgx.Batch). It fails as a whole if any line lacks stock.
+func inventariBatch(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+	b := &pgx.Batch{}
+	for _, m := range msgs {
+		var d comanda
+		if err := m.Envelope.DataAs(&d); err != nil {
+			return err
+		}
+		for _, l := range d.Linies {
+			b.Queue(`UPDATE estoc SET unitats = unitats - $1 WHERE producte = $2 AND unitats >= $1`, l.Quantitat, l.Producte)
+		}
+	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	for range b.Len() {
+		tag, err := br.Exec()
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errors.New("estoc insuficient")
+		}
+	}
+	return br.Close()
+}
+
+// With HandleBatch, a healthy batch takes one call; a batch with a failing
+// message falls back to Handle one by one, and ends as proof 7 does.
+func TestBatchHandlerFallsBackToHandleToIsolateTheFailure(t *testing.T) {
+	b := setup(t)
+	var batches, singles atomic.Int64
+	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		singles.Add(1)
+		return inventari(ctx, tx, m)
+	})
+	cfg.HandleBatch = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		batches.Add(1)
+		return inventariBatch(ctx, tx, msgs)
+	}
+	healthy := []event{order("B-1", linia{"vi-crianca", 1}), order("B-1", linia{"vi-crianca", 2}), order("B-1", linia{"carbasso", 3})}
+	b.publishEvents(healthy...)
+	r := b.run(cfg)
+	eventually(t, "the healthy batch", func() bool { return r.c.Stats().Processed == 3 })
+	if batches.Load() != 1 || singles.Load() != 0 {
+		t.Fatalf("healthy batch: %d batch calls and %d single calls, want 1 and 0", batches.Load(), singles.Load())
+	}
+
+	bad := order("B-1", linia{"tomaquet-rosa", 1}, linia{"formatge-curat", 6})
+	b.publishEvents(order("B-1", linia{"formatge-curat", 2}), bad, order("B-1", linia{"formatge-curat", 3}))
+	eventually(t, "the mixed batch", func() bool {
+		st := r.c.Stats()
+		return st.Processed == 5 && st.DeadLettered == 1
+	})
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if singles.Load() == 0 {
+		t.Fatal("the failing batch did not fall back to Handle")
+	}
+	if f, tom, v, c := b.stock("formatge-curat"), b.stock("tomaquet-rosa"), b.stock("vi-crianca"), b.stock("carbasso"); f != 0 || tom != 120 || v != 197 || c != 77 {
+		t.Fatalf("stock formatge %d tomaquet %d vi %d carbasso %d, want 0 120 197 77", f, tom, v, c)
+	}
+	if n := b.count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = $1`, bad.id); n != 0 {
+		t.Fatal("the failed order's key was not rolled back")
+	}
+}

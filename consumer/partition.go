@@ -33,6 +33,9 @@ type partition struct {
 	mark     kgo.EpochOffset // next offset to commit; Offset -1: none yet
 	last     int64           // last committed offset
 
+	routes  chan struct{}  // slots of batches being routed (process)
+	routing sync.WaitGroup // those batches
+
 	wake     chan struct{}
 	quit     chan struct{}
 	quitOnce sync.Once
@@ -59,6 +62,7 @@ func newPartition(c *Consumer, topic string, part int32) *partition {
 		finished: map[int64]bool{},
 		mark:     kgo.EpochOffset{Offset: -1, Epoch: -1},
 		last:     -1,
+		routes:   make(chan struct{}, routesPerPartition),
 		wake:     make(chan struct{}, 1),
 		quit:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -161,6 +165,7 @@ func (p *partition) stopping() bool {
 
 func (p *partition) run() {
 	defer close(p.done)
+	defer p.routing.Wait() // copies in flight are in-flight work too
 	if p.retry {
 		p.runRetry()
 		return
@@ -184,38 +189,74 @@ func (p *partition) run() {
 	}
 }
 
-// process runs one batch and marks it finished; false means the consumer is
-// crashing or the batch was abandoned (nothing of it gets committed).
+// process runs one batch: its records that are done (committed, duplicate,
+// ignored) are marked finished at once; its failures are copied to
+// .retry/.dlq in the background (route) and marked finished when the broker
+// has confirmed the copies, so the next batch does not wait for that round
+// trip. The commit mark never passes an unfinished record, so a source
+// offset is committed only after its copy is safe. process returns false
+// when the consumer is crashing or the batch was abandoned (nothing of it
+// gets committed).
 func (p *partition) process(items []*item) bool {
 	c := p.c
-	recs := make([]*kgo.Record, len(items))
-	for i, it := range items {
-		recs[i] = it.rec
-	}
 	if c.cfg.Mode == AtMostOnce {
 		// At-most-once: the offsets are committed before processing; a crash
 		// from here on loses these records.
+		recs := make([]*kgo.Record, len(items))
+		for i, it := range items {
+			recs[i] = it.rec
+		}
 		p.finish(recs)
 		if !c.commitNow(p) {
 			return false
 		}
 	}
-	select {
-	case c.sem <- struct{}{}:
-	case <-c.workCtx.Done():
-		return false
-	}
-	err := c.handle(p, items)
-	<-c.sem
+	fails, err := c.handle(p, items)
 	if err != nil {
 		return false
 	}
 	if c.cfg.Mode == AtLeastOnce {
-		p.finish(recs)
+		failed := make(map[*item]bool, len(fails))
+		for _, f := range fails {
+			failed[f.it] = true
+		}
+		done := make([]*kgo.Record, 0, len(items))
+		for _, it := range items {
+			if !failed[it] {
+				done = append(done, it.rec)
+			}
+		}
+		p.finish(done)
 		c.wakeCommitter()
 	}
+	if len(fails) == 0 {
+		return true
+	}
+	select {
+	case p.routes <- struct{}{}: // at most routesPerPartition batches in flight
+	case <-c.workCtx.Done():
+		return false
+	}
+	p.routing.Add(1)
+	go func() {
+		defer func() { <-p.routes; p.routing.Done() }()
+		if c.route(p, fails) != nil || c.cfg.Mode != AtLeastOnce {
+			return
+		}
+		recs := make([]*kgo.Record, len(fails))
+		for i, f := range fails {
+			recs[i] = f.it.rec
+		}
+		p.finish(recs)
+		c.wakeCommitter()
+	}()
 	return true
 }
+
+// routesPerPartition bounds the batches of one partition whose copies are
+// being produced at once; beyond it the worker waits (a broker outage stalls
+// the partition instead of piling up work).
+const routesPerPartition = 4
 
 // commitNow commits p's mark synchronously, retrying until it succeeds, the
 // partition is stopped or the consumer crashes.

@@ -85,7 +85,9 @@ func parseUnix(s string) (time.Time, error) {
 // <topic>.dlq (permanent, or attempts exhausted), waits until the broker
 // confirmed every copy, then runs BeforeSourceCommit. Only then may the
 // caller mark the source offsets: a crash before that redelivers the record,
-// and the inbox absorbs whichever of the two copies comes second.
+// and the inbox absorbs whichever of the two copies comes second. It returns
+// an error when the consumer crashed or the copies were abandoned (partition
+// stopped while the broker refused them): then nothing may be marked.
 func (c *Consumer) route(p *partition, fails []failure) error {
 	if len(fails) == 0 {
 		return nil
