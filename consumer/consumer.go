@@ -72,6 +72,7 @@ func New(cfg Config) (*Consumer, error) {
 		sem:        make(chan struct{}, cfg.Concurrency),
 		parts:      map[tp]*partition{},
 		commitWake: make(chan struct{}, 1),
+		counts:     newCounters(),
 		crashCh:    make(chan struct{}),
 	}
 	if len(cfg.Types) > 0 {

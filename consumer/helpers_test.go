@@ -234,6 +234,8 @@ func (b *bundle) stock(producte string) int {
 	return b.count(`SELECT unitats FROM estoc WHERE producte = $1`, producte)
 }
 
+func (b *bundle) effects() int { return b.count(`SELECT count(*) FROM efectes`) }
+
 func (b *bundle) keys() int { return b.count(`SELECT count(*) FROM missatges_processats`) }
 
 // committed returns the sum of the group's committed offsets on t.
@@ -299,4 +301,16 @@ func (b *bundle) logged(parts ...string) bool {
 		}
 	}
 	return false
+}
+
+// runUntil runs a consumer until done holds for its stats, stops it cleanly
+// and returns its final stats.
+func (b *bundle) runUntil(cfg consumer.Config, what string, done func(consumer.Stats) bool) consumer.Stats {
+	b.t.Helper()
+	r := b.run(cfg)
+	eventually(b.t, what, func() bool { return done(r.c.Stats()) })
+	if err := r.stop(); err != nil {
+		b.t.Fatal(err)
+	}
+	return r.c.Stats()
 }

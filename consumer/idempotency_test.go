@@ -35,12 +35,7 @@ func TestCrashAfterDBCommitBeforeOffsetCommitIsAbsorbedAsDuplicate(t *testing.T)
 		t.Fatalf("offset committed before the crash: %d", got)
 	}
 
-	second := b.run(b.config(inventari))
-	eventually(t, "the redelivery to be reported as a duplicate", func() bool { return second.c.Stats().Duplicates == 1 })
-	if err := second.stop(); err != nil {
-		t.Fatal(err)
-	}
-	st := second.c.Stats()
+	st := b.runUntil(b.config(inventari), "the redelivery to be reported as a duplicate", func(st consumer.Stats) bool { return st.Duplicates == 1 })
 	if st.Processed != 0 || st.Duplicates != 1 {
 		t.Fatalf("second consumer: %+v, want 0 processed and 1 duplicate", st)
 	}
@@ -82,12 +77,8 @@ func TestCrashMidTransactionLeavesNothingAndProcessesOnceLater(t *testing.T) {
 		t.Fatalf("after the crash: carbasso %d vi %d keys %d, want 80 200 0 (nothing persists)", c, v, k)
 	}
 
-	second := b.run(b.config(inventari))
-	eventually(t, "the message to be processed", func() bool { return second.c.Stats().Processed == 1 })
-	if err := second.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := second.c.Stats(); st.Processed != 1 || st.Duplicates != 0 {
+	st := b.runUntil(b.config(inventari), "the message to be processed", func(st consumer.Stats) bool { return st.Processed == 1 })
+	if st.Processed != 1 || st.Duplicates != 0 {
 		t.Fatalf("second consumer: %+v, want exactly 1 processed", st)
 	}
 	if c, v, k := b.stock("carbasso"), b.stock("vi-crianca"), b.keys(); c != 75 || v != 190 || k != 1 {
@@ -122,11 +113,7 @@ func TestEveryEventPublishedTwiceEqualsPublishedOnce(t *testing.T) {
 
 	once := setup(t)
 	once.publishEvents(evs...)
-	r1 := once.run(once.config(inventari))
-	eventually(t, "single publication processed", func() bool { return r1.c.Stats().Processed == 40 })
-	if err := r1.stop(); err != nil {
-		t.Fatal(err)
-	}
+	once.runUntil(once.config(inventari), "single publication processed", func(st consumer.Stats) bool { return st.Processed == 40 })
 
 	twice := setup(t)
 	var doubled []event
@@ -142,15 +129,8 @@ func TestEveryEventPublishedTwiceEqualsPublishedOnce(t *testing.T) {
 		}
 	}
 	twice.publishEvents(doubled...)
-	r2 := twice.run(twice.config(inventari))
-	eventually(t, "double publication consumed", func() bool {
-		st := r2.c.Stats()
-		return st.Processed+st.Duplicates == 80
-	})
-	if err := r2.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := r2.c.Stats(); st.Processed != 40 || st.Duplicates != 40 {
+	st := twice.runUntil(twice.config(inventari), "double publication consumed", func(st consumer.Stats) bool { return st.Processed+st.Duplicates == 80 })
+	if st.Processed != 40 || st.Duplicates != 40 {
 		t.Fatalf("double publication: %+v, want 40 processed and 40 duplicates", st)
 	}
 	if a, b := endState(once), endState(twice); a != b {
@@ -168,15 +148,8 @@ func TestInsufficientStockRollsBackKeyAndGoesToDLQ(t *testing.T) {
 	c := order("P-7", linia{"formatge-curat", 3})
 	b.publishEvents(a, bad, c)
 
-	r := b.run(b.config(inventari))
-	eventually(t, "the three orders to be finished", func() bool {
-		st := r.c.Stats()
-		return st.Processed+st.DeadLettered == 3
-	})
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := r.c.Stats(); st.Processed != 2 || st.DeadLettered != 1 || st.Retried != 0 {
+	st := b.runUntil(b.config(inventari), "the three orders to be finished", func(st consumer.Stats) bool { return st.Processed+st.DeadLettered == 3 })
+	if st.Processed != 2 || st.DeadLettered != 1 || st.Retried != 0 {
 		t.Fatalf("stats %+v, want 2 processed, 1 dead-lettered, 0 retried (permanent: no retry)", st)
 	}
 	if f, tom := b.stock("formatge-curat"), b.stock("tomaquet-rosa"); f != 0 || tom != 119 {
@@ -221,12 +194,8 @@ func TestAtMostOnceCommitsBeforeProcessingSoACrashLosesTheMessage(t *testing.T) 
 	b.publishEvents(marker)
 	cfg = b.config(inventari)
 	cfg.Mode = consumer.AtMostOnce
-	second := b.run(cfg)
-	eventually(t, "the marker to be processed", func() bool { return second.c.Stats().Processed == 1 })
-	if err := second.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := second.c.Stats(); st.Processed != 1 || st.Duplicates != 0 {
+	st := b.runUntil(cfg, "the marker to be processed", func(st consumer.Stats) bool { return st.Processed == 1 })
+	if st.Processed != 1 || st.Duplicates != 0 {
 		t.Fatalf("second consumer %+v: the lost message must not come back", st)
 	}
 	if c, v := b.stock("carbasso"), b.stock("vi-crianca"); c != 80 || v != 199 {

@@ -23,17 +23,24 @@ type Stats struct {
 	Panics       int64 // handler panics recovered (each is also a failed attempt)
 }
 
-type counters struct {
-	processed, duplicates, ignored, foreign, retried, deadLettered, panics atomic.Int64
+// counters are the Stats counts, by the resultat label of
+// km0_consumer_messages_total (plus panics).
+type counters map[string]*atomic.Int64
+
+func newCounters() counters {
+	c := counters{}
+	for _, k := range []string{resProcessed, resDuplicate, resIgnored, resForeign, resRetried, resDLQ, resPanic} {
+		c[k] = new(atomic.Int64)
+	}
+	return c
 }
 
 // Stats returns the counts so far. Safe to call at any time.
 func (c *Consumer) Stats() Stats {
-	s := &c.counts
+	n := func(k string) int64 { return c.counts[k].Load() }
 	return Stats{
-		Processed: s.processed.Load(), Duplicates: s.duplicates.Load(), Ignored: s.ignored.Load(),
-		Foreign: s.foreign.Load(), Retried: s.retried.Load(), DeadLettered: s.deadLettered.Load(),
-		Panics: s.panics.Load(),
+		Processed: n(resProcessed), Duplicates: n(resDuplicate), Ignored: n(resIgnored), Foreign: n(resForeign),
+		Retried: n(resRetried), DeadLettered: n(resDLQ), Panics: n(resPanic),
 	}
 }
 
@@ -108,27 +115,14 @@ const (
 	resForeign   = "alie"
 	resRetried   = "reintent"
 	resDLQ       = "dlq"
+	resPanic     = "panic" // Stats only: a panic is also counted as reintent or dlq
 )
 
 func (c *Consumer) count(topic, res string, n int64) {
 	if n == 0 {
 		return
 	}
-	s := &c.counts
-	switch res {
-	case resProcessed:
-		s.processed.Add(n)
-	case resDuplicate:
-		s.duplicates.Add(n)
-	case resIgnored:
-		s.ignored.Add(n)
-	case resForeign:
-		s.foreign.Add(n)
-	case resRetried:
-		s.retried.Add(n)
-	case resDLQ:
-		s.deadLettered.Add(n)
-	}
+	c.counts[res].Add(n)
 	c.m.messages.WithLabelValues(topic, res).Add(float64(n))
 }
 

@@ -60,15 +60,11 @@ func TestMalformedJSONIsDeadLetteredAtOnceAndThePartitionMovesOn(t *testing.T) {
 
 	cfg := b.config(effect)
 	cfg.Backoff = time.Hour
-	r := b.run(cfg)
-	eventually(t, "1,000 processed", func() bool { return r.c.Stats().Processed == 1000 })
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := r.c.Stats(); st.DeadLettered != 1 || st.Retried != 0 || st.Processed != 1000 {
+	st := b.runUntil(cfg, "1,000 processed", func(st consumer.Stats) bool { return st.Processed == 1000 })
+	if st.DeadLettered != 1 || st.Retried != 0 || st.Processed != 1000 {
 		t.Fatalf("stats %+v, want 1000 processed, 1 dead-lettered, 0 retried", st)
 	}
-	if n := b.count(`SELECT count(*) FROM efectes`); n != 1000 {
+	if n := b.effects(); n != 1000 {
 		t.Fatalf("effects %d, want 1000", n)
 	}
 	if n := b.count(`SELECT count(*) FROM (SELECT n, seq, lag(n) OVER (ORDER BY seq) AS prev FROM efectes) x WHERE n <> prev + 1`); n != 0 {
@@ -122,15 +118,11 @@ func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
 	}
 	e := seqEvent("R-2", 0)
 	b.publishEvents(e)
-	r := b.run(b.config(h))
-	eventually(t, "the third attempt to succeed", func() bool { return r.c.Stats().Processed == 1 })
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := r.c.Stats(); st.Retried != 2 || st.DeadLettered != 0 {
+	st := b.runUntil(b.config(h), "the third attempt to succeed", func(st consumer.Stats) bool { return st.Processed == 1 })
+	if st.Retried != 2 || st.DeadLettered != 0 {
 		t.Fatalf("stats %+v, want 2 retried", st)
 	}
-	if n := b.count(`SELECT count(*) FROM efectes`); n != 1 {
+	if n := b.effects(); n != 1 {
 		t.Fatalf("effect applied %d times, want once", n)
 	}
 	log.mu.Lock()
@@ -173,15 +165,11 @@ func TestTransientFailuresExhaustAttemptsAndDeadLetter(t *testing.T) {
 	}
 	e := seqEvent("R-3", 0)
 	b.publishEvents(e)
-	r := b.run(b.config(h))
-	eventually(t, "the dead letter", func() bool { return r.c.Stats().DeadLettered == 1 })
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := r.c.Stats(); st.Retried != 2 || st.Processed != 0 {
+	st := b.runUntil(b.config(h), "the dead letter", func(st consumer.Stats) bool { return st.DeadLettered == 1 })
+	if st.Retried != 2 || st.Processed != 0 {
 		t.Fatalf("stats %+v, want 2 retried, 0 processed", st)
 	}
-	if n := b.count(`SELECT count(*) FROM efectes`); n != 0 {
+	if n := b.effects(); n != 0 {
 		t.Fatalf("effect count %d, want 0", n)
 	}
 	if n := b.keys(); n != 0 {
@@ -226,18 +214,11 @@ func TestCrashAfterRetryCopyBeforeSourceCommitAppliesOnce(t *testing.T) {
 		t.Fatalf("source offset committed before the crash: %d", got)
 	}
 
-	second := b.run(b.config(effect))
-	eventually(t, "original and copy both seen", func() bool {
-		st := second.c.Stats()
-		return st.Processed+st.Duplicates == 2
-	})
-	if err := second.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := second.c.Stats(); st.Processed != 1 || st.Duplicates != 1 {
+	st := b.runUntil(b.config(effect), "original and copy both seen", func(st consumer.Stats) bool { return st.Processed+st.Duplicates == 2 })
+	if st.Processed != 1 || st.Duplicates != 1 {
 		t.Fatalf("second consumer %+v, want 1 processed and 1 duplicate", st)
 	}
-	if n := b.count(`SELECT count(*) FROM efectes`); n != 1 {
+	if n := b.effects(); n != 1 {
 		t.Fatalf("effect applied %d times, want once", n)
 	}
 }
@@ -287,7 +268,7 @@ func TestFixAndReplayAppliesOnce(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if n := b.count(`SELECT count(*) FROM efectes`); n != 1 {
+	if n := b.effects(); n != 1 {
 		t.Fatalf("effect applied %d times, want once", n)
 	}
 	replayed := b.read(topic, 3)
@@ -313,19 +294,15 @@ func TestHandlerPanicIsATransientAttempt(t *testing.T) {
 		return effect(ctx, tx, m)
 	}
 	b.publishEvents(seqEvent("R-6", 0), seqEvent("R-6", 1))
-	r := b.run(b.config(h))
-	eventually(t, "both processed on their second attempt", func() bool { return r.c.Stats().Processed == 2 })
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := r.c.Stats(); st.Panics != 2 || st.Retried != 2 || st.DeadLettered != 0 {
+	st := b.runUntil(b.config(h), "both processed on their second attempt", func(st consumer.Stats) bool { return st.Processed == 2 })
+	if st.Panics != 2 || st.Retried != 2 || st.DeadLettered != 0 {
 		t.Fatalf("stats %+v, want 2 panics, 2 retried", st)
 	}
 	logs := b.logBuf.String()
 	if !strings.Contains(logs, `msg="consumer: handler panic"`) || !strings.Contains(logs, "goroutine ") {
 		t.Fatalf("panic not logged with its stack:\n%s", logs)
 	}
-	if n := b.count(`SELECT count(*) FROM efectes`); n != 2 {
+	if n := b.effects(); n != 2 {
 		t.Fatalf("effects %d, want 2", n)
 	}
 }
@@ -337,15 +314,8 @@ func TestUnhandledTipusIsIgnoredAndCommitted(t *testing.T) {
 	other := seqEvent("I-1", 0)
 	other.tipus = "comanda.pagada"
 	b.publishEvents(other, seqEvent("I-1", 1))
-	r := b.run(b.config(effect))
-	eventually(t, "both finished", func() bool {
-		st := r.c.Stats()
-		return st.Processed == 1 && st.Ignored == 1
-	})
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := r.c.Stats(); st.DeadLettered != 0 || st.Retried != 0 {
+	st := b.runUntil(b.config(effect), "both finished", func(st consumer.Stats) bool { return st.Processed == 1 && st.Ignored == 1 })
+	if st.DeadLettered != 0 || st.Retried != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 	if got := b.committed(topic); got != 2 {

@@ -98,7 +98,7 @@ func (c *Consumer) route(p *partition, fails []failure) error {
 	for i, f := range fails {
 		var pe *PanicError
 		if errors.As(f.err, &pe) {
-			c.counts.panics.Add(1)
+			c.counts[resPanic].Add(1)
 		}
 		if f.kind == outcome.KindPermanent || f.it.attempt >= c.cfg.MaxAttempts {
 			dead[i] = outcome.Reason(f.kind, f.err)
