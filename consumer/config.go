@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // Defaults of Config.
@@ -137,7 +138,7 @@ type Config struct {
 	// MaxHeldDefault.
 	MaxHeld int
 	// TopicPartitions is the partition count used when the consumer creates a
-	// missing .retry or .dlq topic. Default 6.
+	// missing .retry or .dlq topic. Default kafka.PartitionsDefault (6).
 	TopicPartitions int32
 	// NoCreateTopics stops Run from creating missing .retry and .dlq topics.
 	NoCreateTopics bool
@@ -170,7 +171,7 @@ func (cfg Config) WithDefaults() Config {
 	cfg.CommitInterval = cmp.Or(cfg.CommitInterval, CommitIntervalDefault)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, ShutdownTimeoutDefault)
 	cfg.MaxHeld = cmp.Or(cfg.MaxHeld, MaxHeldDefault)
-	cfg.TopicPartitions = cmp.Or(cfg.TopicPartitions, 6)
+	cfg.TopicPartitions = cmp.Or(cfg.TopicPartitions, kafka.PartitionsDefault)
 	if cfg.Concurrency == 0 && cfg.Pool != nil {
 		cfg.Concurrency = int(cfg.Pool.Config().MaxConns)
 	}
