@@ -18,13 +18,18 @@ import (
 
 // Message is one delivered event as a Handler sees it.
 type Message struct {
-	*transport.Message                    // topic, key, raw value, headers
-	OriginalTopic      string             // the domain topic: Topic, or the topic a retry copy came from
-	Partition          int32              // source partition
-	Offset             int64              // source offset
-	Envelope           *envelope.Envelope // decoded (and upcast) envelope
-	Attempt            int                // 1 for the first delivery, 2 for the first retry...
-	FirstFailure       time.Time          // zero on the first attempt
+	*transport.Message        // topic, key, raw value, headers
+	OriginalTopic      string // the domain topic: Topic, or the topic a retry copy came from
+	Partition          int32  // source partition
+	Offset             int64  // source offset
+	// IdempotencyKey is what the inbox records: the envelope member
+	// "correlacio" when present (the shared id of a dual-published pair, so a
+	// consumer accepting both copies handles the pair once), else
+	// id_esdeveniment.
+	IdempotencyKey string
+	Envelope       *envelope.Envelope // decoded (and upcast) envelope
+	Attempt        int                // 1 for the first delivery, 2 for the first retry...
+	FirstFailure   time.Time          // zero on the first attempt
 }
 
 // Handler applies the effect of one event inside tx, the transaction in which

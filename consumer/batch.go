@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
@@ -83,6 +85,10 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 		if err == nil && (env == nil || (env.ID == "" && !c.cfg.NoInbox)) {
 			err = errNoID
 		}
+		if errors.Is(err, outcome.ErrIgnore) {
+			ignored++
+			continue
+		}
 		if err != nil {
 			// A record that does not decode never will: dead-letter it now
 			// and keep the partition moving.
@@ -94,6 +100,7 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 			continue
 		}
 		m.Envelope = env
+		m.IdempotencyKey = idempotencyKey(env)
 		todo = append(todo, it)
 	}
 	c.count(p.source, resIgnored, ignored)
@@ -105,11 +112,11 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 		if !c.cfg.NoInbox {
 			seen := make(map[string]bool, len(todo))
 			for i, it := range todo {
-				if seen[it.msg.Envelope.ID] {
+				if seen[it.msg.IdempotencyKey] {
 					n = i
 					break
 				}
-				seen[it.msg.Envelope.ID] = true
+				seen[it.msg.IdempotencyKey] = true
 			}
 		}
 		var err error
@@ -124,6 +131,18 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 // errNoID: a Decode hook returned no envelope or one without an id, which
 // cannot be made idempotent.
 var errNoID = errors.New("envelope: id_esdeveniment: empty (from the Decode hook)")
+
+// idempotencyKey is the envelope's "correlacio" member when it is a non-empty
+// string (see Message.IdempotencyKey), else its id_esdeveniment.
+func idempotencyKey(env *envelope.Envelope) string {
+	if raw, ok := env.Extra[transport.HeaderCorrelator]; ok {
+		var s string
+		if json.Unmarshal(raw, &s) == nil && s != "" {
+			return s
+		}
+	}
+	return env.ID
+}
 
 func (c *Consumer) handles(tipus string) bool { return c.types == nil || c.types[tipus] }
 
@@ -246,7 +265,7 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr, err error)
 	}
 	var todo []*Message
 	for _, it := range msgs {
-		it.dup = fresh != nil && !fresh[it.msg.Envelope.ID]
+		it.dup = fresh != nil && !fresh[it.msg.IdempotencyKey]
 		if !it.dup {
 			todo = append(todo, it.msg)
 		}
@@ -293,7 +312,7 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr, err error)
 func (c *Consumer) recordKeys(ctx context.Context, tx pgx.Tx, msgs []*item) (map[string]bool, error) {
 	ids := make([]string, len(msgs))
 	for i, it := range msgs {
-		ids[i] = it.msg.Envelope.ID
+		ids[i] = it.msg.IdempotencyKey
 	}
 	rows, err := tx.Query(ctx, c.insertKeys, ids, c.cfg.Name)
 	if err != nil {
