@@ -176,8 +176,11 @@ func (e *IgnoredError) Error() string {
 	return fmt.Sprintf("schema: %s ignored: a copy in v%d or older is published alongside", e.Key, e.Target)
 }
 
-// Is makes errors.Is(err, ErrIgnored) true.
-func (e *IgnoredError) Is(target error) bool { return target == ErrIgnored }
+// Is makes errors.Is(err, ErrIgnored) true,
+// and errors.Is(err, outcome.ErrIgnore), which the consumer skips.
+func (e *IgnoredError) Is(target error) bool {
+	return target == ErrIgnored || target == outcome.ErrIgnore
+}
 
 // acceptsSibling reports whether env is one copy of a dual-published pair
 // with another copy in a versio this handler accepts.

@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport/kafka"
+)
+
+func benchLatency(ctx context.Context, args []string) error {
+	fs := newFlags("bench latency", "commit → consumer commit latency at a fixed rate, each event in its own transaction")
+	dbURL := fs.String("database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
+	rate := fs.Int("rate", 1000, "events per second")
+	seconds := fs.Float64("seconds", 5, "how long to write")
+	workers := fs.Int("workers", relay.WorkersDefault, "km0 relay: claim workers")
+	baseline := fs.Bool("baseline", false, "also measure the straight Go port of the seed's relay loop")
+	profile := cpuProfileFlag(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	stopProfile, err := profile()
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
+	if *rate <= 0 || *seconds <= 0 {
+		return errors.New("--rate and --seconds must be positive")
+	}
+	env, err := newBenchEnv(ctx, *dbURL, 16)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	n := int(float64(*rate) * *seconds)
+	res, err := env.latency(ctx, "latency", *rate, n, func(ctx context.Context, names migrate.Names, topic string) error {
+		r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: kafka.NewPublisher(env.cl),
+			Topic: topic, Origin: "comandes", Workers: *workers, Logger: env.log})
+		if err != nil {
+			return err
+		}
+		return r.Run(ctx)
+	})
+	if err != nil {
+		return err
+	}
+	emit(res)
+	if *baseline {
+		res, err := env.latency(ctx, "latency_baseline", *rate, n, func(ctx context.Context, names migrate.Names, topic string) error {
+			return runPort(ctx, env, names, topic, false)
+		})
+		if err != nil {
+			return err
+		}
+		emit(res)
+	}
+	return nil
+}
+
+// latency writes n events at rate (each in its own transaction, from 8
+// writers), runs the relay given and a consumer that records each event with
+// inbox.Process and then commits its offset, and measures for each event the
+// time from the writer's COMMIT returning to the consumer's offset commit
+// returning.
+func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
+	runRelay func(ctx context.Context, names migrate.Names, topic string) error) (map[string]any, error) {
+	s, err := newBenchSchema(ctx, e.pool, migrate.Outbox, migrate.Inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer s.drop()
+	topic := "bench." + bench
+	dropTopic, err := e.topic(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	defer dropTopic()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	relayErr := make(chan error, 1)
+	wg.Go(func() { relayErr <- runRelay(ctx, s.Names, topic) })
+
+	var mu sync.Mutex
+	committed := map[string]time.Time{}
+	consumed := map[string]time.Time{}
+	progress := make(chan struct{}, 1)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.broker.Addrs()...), kgo.ConsumerGroup(s.Names.Schema),
+		kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	in := inbox.New(inbox.Config{Names: s.Names})
+	consumerErr := make(chan error, 1)
+	wg.Go(func() { consumerErr <- consume(ctx, cl, e.pool, in, &mu, consumed, progress) })
+
+	ob := outbox.New(outbox.Config{Names: s.Names})
+	write := func(ctx context.Context, i int) error {
+		ev := &outbox.Event{Aggregate: "comanda", AggregateID: fmt.Sprintf("P-2026-%06d", i%1000),
+			Type: "comanda.creada", Payload: benchPayload(i)}
+		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, ev) }); err != nil {
+			return err
+		}
+		now := time.Now()
+		mu.Lock()
+		committed[ev.ID.String()] = now
+		mu.Unlock()
+		return nil
+	}
+	waitConsumed := func(want int, limit time.Duration) error {
+		deadline := time.After(limit)
+		for {
+			mu.Lock()
+			got := len(consumed)
+			mu.Unlock()
+			if got >= want {
+				return nil
+			}
+			select {
+			case <-progress:
+			case err := <-relayErr:
+				return fmt.Errorf("relay stopped: %v", err)
+			case err := <-consumerErr:
+				return fmt.Errorf("consumer stopped: %v", err)
+			case <-deadline:
+				return fmt.Errorf("%d of %d events consumed after %v", got, want, limit)
+			}
+		}
+	}
+	// Warm up: the consumer group has joined and the relay is listening.
+	if err := write(ctx, -1); err != nil {
+		return nil, err
+	}
+	if err := waitConsumed(1, 30*time.Second); err != nil {
+		return nil, fmt.Errorf("warm-up: %w", err)
+	}
+	mu.Lock()
+	clear(committed)
+	clear(consumed)
+	mu.Unlock()
+
+	m := startMeter()
+	jobs := make(chan int, n)
+	writeErr := make(chan error, 8)
+	var writers sync.WaitGroup
+	for range 8 {
+		writers.Go(func() {
+			for i := range jobs {
+				if err := write(ctx, i); err != nil {
+					writeErr <- err
+					return
+				}
+			}
+		})
+	}
+	period := time.Second / time.Duration(rate)
+	t0 := time.Now()
+	for i := range n {
+		if d := time.Until(t0.Add(time.Duration(i) * period)); d > 0 {
+			time.Sleep(d) // pacing the writers (open loop), not waiting for work
+		}
+		jobs <- i
+	}
+	close(jobs)
+	writers.Wait()
+	writeSpan := time.Since(t0)
+	select {
+	case err := <-writeErr:
+		return nil, err
+	default:
+	}
+	if err := waitConsumed(n, 60*time.Second); err != nil {
+		return nil, err
+	}
+	_, cpu, rss := m.stop()
+
+	mu.Lock()
+	lat := make([]float64, 0, n)
+	for id, c := range committed {
+		if d, ok := consumed[id]; ok {
+			lat = append(lat, float64(d.Sub(c).Microseconds())/1000)
+		}
+	}
+	mu.Unlock()
+	if len(lat) < n {
+		return nil, fmt.Errorf("only %d of %d events measured", len(lat), n)
+	}
+	slices.Sort(lat)
+	pct := func(p float64) float64 { return round2(lat[min(len(lat)-1, int(p*float64(len(lat))))]) }
+	return map[string]any{"bench": bench, "rate": rate, "events": n,
+		"events_per_s": round2(float64(n) / writeSpan.Seconds()),
+		"p50_ms":       pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99), "max_ms": round2(lat[len(lat)-1]),
+		"rss_mb": round2(rss), "cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n))}, nil
+}
+
+// consume is the benchmark's consumer: for each record, inbox.Process in a
+// transaction, then the offset commit; the time after the commit is recorded.
+func consume(ctx context.Context, cl *kgo.Client, db inbox.Beginner, in *inbox.Inbox, mu *sync.Mutex,
+	consumed map[string]time.Time, progress chan struct{}) error {
+	for {
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := fetches.Err0(); err != nil {
+			return err
+		}
+		var recs []*kgo.Record
+		var ids []string
+		var failed error
+		fetches.EachRecord(func(r *kgo.Record) {
+			if failed != nil {
+				return
+			}
+			env, err := envelope.Decode(r.Value)
+			if err != nil {
+				failed = err
+				return
+			}
+			if _, err := in.Process(ctx, db, "bench.latencia", env.ID, func(pgx.Tx) error { return nil }); err != nil {
+				failed = err
+				return
+			}
+			recs = append(recs, r)
+			ids = append(ids, env.ID)
+		})
+		if failed != nil {
+			return failed
+		}
+		if len(recs) == 0 {
+			continue
+		}
+		if err := cl.CommitRecords(ctx, recs...); err != nil {
+			return err
+		}
+		now := time.Now()
+		mu.Lock()
+		for _, id := range ids {
+			consumed[id] = now
+		}
+		mu.Unlock()
+		select {
+		case progress <- struct{}{}:
+		default:
+		}
+	}
+}

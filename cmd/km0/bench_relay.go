@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport/kafka"
+)
+
+func init() {
+	registerBench("relay", benchRelay)
+	registerBench("latency", benchLatency)
+}
+
+// benchPayload is a comanda.creada of the seed, about 150 bytes.
+func benchPayload(i int) json.RawMessage {
+	return json.RawMessage(fmt.Sprintf(`{"id":"P-2026-%06d","client":"anna","mercat":"girona",`+
+		`"linies":[{"producte":"formatge-curat","quantitat":2,"preu_centims":1450},`+
+		`{"producte":"tomaquet-rosa","quantitat":1,"preu_centims":320}]}`, i))
+}
+
+// benchEnv is what a benchmark needs: a pool, an in-process broker and a
+// client for it.
+type benchEnv struct {
+	pool   *pgxpool.Pool
+	broker *kafka.Embedded
+	cl     *kgo.Client
+	log    *slog.Logger
+}
+
+func newBenchEnv(ctx context.Context, dbURL string, conns int32) (*benchEnv, error) {
+	pool, err := openPool(ctx, dbURL, conns)
+	if err != nil {
+		return nil, err
+	}
+	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	cl, err := kafka.NewClient(b.Addrs())
+	if err != nil {
+		b.Close()
+		pool.Close()
+		return nil, err
+	}
+	return &benchEnv{pool: pool, broker: b, cl: cl, log: logger()}, nil
+}
+
+func (e *benchEnv) close() {
+	e.cl.Close()
+	e.broker.Close()
+	e.pool.Close()
+}
+
+// topic creates a fresh topic; the returned func deletes it (freeing kfake's
+// memory between runs).
+func (e *benchEnv) topic(ctx context.Context, name string) (func(), error) {
+	if err := kafka.EnsureTopics(ctx, e.cl, kafka.PartitionsDefault, name); err != nil {
+		return nil, err
+	}
+	return func() {
+		_, _ = kadm.NewClient(e.cl).DeleteTopics(context.Background(), name)
+		runtime.GC()
+		debug.FreeOSMemory()
+	}, nil
+}
+
+// records counts the records of topic.
+func (e *benchEnv) records(ctx context.Context, topic string) (int64, error) {
+	ends, err := kadm.NewClient(e.cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return n, ends.Error()
+}
+
+// fill writes n pending rows on aggs aggregates, in transactions of 5,000.
+func fill(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, n, aggs int) error {
+	ob := outbox.New(outbox.Config{Names: names})
+	for done := 0; done < n; {
+		chunk := min(5000, n-done)
+		events := make([]*outbox.Event, chunk)
+		for i := range events {
+			k := done + i
+			events[i] = &outbox.Event{Aggregate: "comanda", AggregateID: fmt.Sprintf("P-2026-%06d", k%aggs),
+				Type: "comanda.creada", Payload: benchPayload(k)}
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.EnqueueBatch(ctx, tx, events) }); err != nil {
+			return err
+		}
+		done += chunk
+	}
+	_, err := pool.Exec(ctx, "VACUUM ANALYZE "+pgx.Identifier{names.Schema, names.Outbox}.Sanitize())
+	return err
+}
+
+func benchRelay(ctx context.Context, args []string) error {
+	fs := newFlags("bench relay", "move N pre-inserted outbox rows to an in-process Kafka (kfake); one JSON line per result")
+	dbURL := fs.String("database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
+	n := fs.Int("n", 50_000, "rows to move")
+	aggs := fs.Int("aggregates", 10_000, "distinct agregat_id values")
+	batch := fs.Int("batch", 1000, "km0 relay: rows per claim")
+	workers := fs.Int("workers", relay.WorkersDefault, "km0 relay: claim workers")
+	baseline := fs.Bool("baseline", false, "also run a straight Go port of the seed's relay loop (LOT 100) and print the ratio")
+	profile := cpuProfileFlag(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	stopProfile, err := profile()
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
+	if *n <= 0 || *aggs <= 0 {
+		return errors.New("--n and --aggregates must be positive")
+	}
+	env, err := newBenchEnv(ctx, *dbURL, 4)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	km0, err := env.moveRows(ctx, "relay", *n, *aggs, func(ctx context.Context, names migrate.Names, topic string, n int) error {
+		return runKm0Until(ctx, env, names, topic, n, *batch, *workers)
+	})
+	if err != nil {
+		return err
+	}
+	km0["batch"], km0["workers"] = *batch, *workers
+	emit(km0)
+	if !*baseline {
+		return nil
+	}
+	port, err := env.moveRows(ctx, "relay_baseline", *n, *aggs, func(ctx context.Context, names migrate.Names, topic string, _ int) error {
+		return runPort(ctx, env, names, topic, true)
+	})
+	if err != nil {
+		return err
+	}
+	port["batch"] = portBatch
+	emit(port)
+	emit(map[string]any{"bench": "relay_vs_baseline", "events_per_s": km0["events_per_s"],
+		"baseline_events_per_s": port["events_per_s"],
+		"ratio":                 round2(km0["events_per_s"].(float64) / port["events_per_s"].(float64))})
+	return nil
+}
+
+// moveRows fills a fresh schema with n rows, runs move until they are all
+// published, checks the topic holds them and returns the result line.
+func (e *benchEnv) moveRows(ctx context.Context, bench string, n, aggs int,
+	move func(ctx context.Context, names migrate.Names, topic string, n int) error) (map[string]any, error) {
+	s, err := newBenchSchema(ctx, e.pool, migrate.Outbox)
+	if err != nil {
+		return nil, err
+	}
+	defer s.drop()
+	if err := fill(ctx, e.pool, s.Names, n, aggs); err != nil {
+		return nil, fmt.Errorf("fill: %w", err)
+	}
+	topic := "bench." + bench
+	dropTopic, err := e.topic(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	defer dropTopic()
+	m := startMeter()
+	if err := move(ctx, s.Names, topic, n); err != nil {
+		return nil, fmt.Errorf("%s: %w", bench, err)
+	}
+	elapsed, cpu, rss := m.stop()
+	recs, err := e.records(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	if recs < int64(n) {
+		return nil, fmt.Errorf("%s: topic holds %d records, want %d", bench, recs, n)
+	}
+	return map[string]any{"bench": bench, "events": n, "records": recs, "seconds": round2(elapsed.Seconds()),
+		"events_per_s": round2(float64(n) / elapsed.Seconds()), "rss_mb": round2(rss),
+		"cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n))}, nil
+}
+
+// runKm0Until runs the km0 relay until n rows are marked published.
+func runKm0Until(ctx context.Context, env *benchEnv, names migrate.Names, topic string, n, batch, workers int) error {
+	var published atomic.Int64
+	r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: kafka.NewPublisher(env.cl),
+		Topic: topic, Origin: "comandes", BatchSize: batch, Workers: workers, Logger: env.log,
+		Hooks: relay.Hooks{AfterPublish: func(rows int) error { published.Add(int64(rows)); return nil }}})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for {
+		if published.Load() >= int64(n) {
+			lag, err := r.Lag(ctx)
+			if err != nil {
+				return err
+			}
+			if lag.Pending == 0 {
+				return nil
+			}
+		}
+		select {
+		case err := <-done:
+			return fmt.Errorf("relay stopped: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+}

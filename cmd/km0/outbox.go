@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/google/uuid"
+
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/relay"
+)
+
+func init() {
+	register(&command{name: "outbox", summary: "operate the outbox: parked (list rows the broker refused) | release ID|--all", run: runOutbox})
+}
+
+func runOutbox(ctx context.Context, args []string) error {
+	if len(args) == 0 || (args[0] != "parked" && args[0] != "release") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			outboxUsage()
+			return nil
+		}
+		outboxUsage()
+		return errUsage
+	}
+	sub, args := args[0], args[1:]
+	fs := newFlags("outbox "+sub, map[string]string{
+		"parked":  "list the outbox rows the relay parked (refused for good), with the rows waiting behind each",
+		"release": "release a parked row (km0 outbox release [flags] ID, or --all) so the relay retries it",
+	}[sub])
+	dbURL := databaseURLFlag(fs)
+	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
+	table := fs.String("outbox-table", migrate.OutboxDefault, "outbox table name")
+	all := false
+	if sub == "release" {
+		fs.BoolVar(&all, "all", false, "release every parked row")
+	}
+	// Accept the ID before or after the flags.
+	var id string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		id, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return parseErr(err)
+	}
+	if fs.NArg() > 0 && id == "" {
+		id = fs.Arg(0)
+	}
+	if fs.NArg() > 1 || (sub == "parked" && (id != "" || fs.NArg() > 0)) {
+		fmt.Fprintf(os.Stderr, "km0 outbox %s: unexpected arguments\n", sub)
+		return errUsage
+	}
+	names := migrate.Names{Schema: *schema, Outbox: *table}
+	pool, err := openPool(ctx, *dbURL, 1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	switch sub {
+	case "parked":
+		rows, err := relay.Parked(ctx, pool, names)
+		if err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			fmt.Println("no parked rows")
+			return nil
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tAGREGAT_ID\tTIPUS\tAPARCAT_EN\tESPERANT\tMOTIU")
+		for _, r := range rows {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.AggregateID, r.Type,
+				r.ParkedAt.Format("2006-01-02 15:04:05"), r.Waiting, r.Reason)
+		}
+		return tw.Flush()
+	default:
+		if all == (id != "") {
+			fmt.Fprintln(os.Stderr, "km0 outbox release: give either an ID or --all")
+			return errUsage
+		}
+		if all {
+			n, err := relay.ReleaseAll(ctx, pool, names)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("released %d parked row(s)\n", n)
+			return nil
+		}
+		u, err := uuid.Parse(id)
+		if err != nil {
+			return fmt.Errorf("%q is not a row id (UUID): %w", id, err)
+		}
+		if err := relay.Release(ctx, pool, names, u); err != nil {
+			return err
+		}
+		fmt.Printf("released %s: the relay will retry it\n", u)
+		return nil
+	}
+}
+
+func outboxUsage() {
+	fmt.Fprintln(os.Stderr, "usage: km0 outbox parked [flags]\n       km0 outbox release [flags] ID | --all\n(km0 outbox <sub> --help for the flags)")
+}
+
+// parseErr maps a flag error as parse does.
+func parseErr(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return errUsage
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport/kafka"
+)
+
+func init() {
+	register(&command{name: "relay", summary: "publish committed outbox rows to Kafka, in commit order per aggregate", run: runRelay})
+}
+
+func runRelay(ctx context.Context, args []string) error {
+	fs := newFlags("relay", "publish committed outbox rows to Kafka (claim, publish, wait for every ack, mark)")
+	dbURL := databaseURLFlag(fs)
+	brokers := brokersFlag(fs)
+	topic := fs.String("topic", "", "Kafka topic for the events (required), e.g. comandes.esdeveniments")
+	origin := fs.String("origin", "", "the envelope's origen (required), e.g. comandes")
+	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
+	table := fs.String("outbox-table", migrate.OutboxDefault, "outbox table name")
+	batch := fs.Int("batch", relay.BatchSizeDefault, "rows per claim")
+	workers := fs.Int("workers", relay.WorkersDefault, "claim workers (each one session and its own shards)")
+	poll := fs.Duration("poll", relay.PollIntervalDefault, "fallback poll interval when no NOTIFY arrives")
+	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of the topic if it has to be created")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default off)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *topic == "" || *origin == "" {
+		return errors.New("--topic and --origin are required")
+	}
+	bs, err := requireBrokers(*brokers)
+	if err != nil {
+		return err
+	}
+	log := logger()
+	pool, err := openPool(ctx, *dbURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	names := migrate.Names{Schema: *schema, Outbox: *table}.WithDefaults()
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+		pgx.Identifier{names.Schema, names.Outbox}.Sanitize()).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s first", names.Schema, names.Outbox, names.Schema)
+	}
+	cl, err := kafka.NewClient(bs)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	// Kafka may be down at start: wait for it (rows wait in the outbox).
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		topicCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = kafka.EnsureTopics(topicCtx, cl, int32(*partitions), *topic)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		log.Warn("km0 relay: cannot create or check the topic; retrying", "topic", *topic, "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r, err := relay.New(relay.Config{Pool: pool, Names: names, Publisher: kafka.NewPublisher(cl), Topic: *topic,
+		Origin: *origin, BatchSize: *batch, Workers: *workers, PollInterval: *poll, Logger: log, Metrics: reg})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if *metricsAddr != "" {
+		ln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		log.Info("km0 relay: metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	}
+	log.Info("km0 relay: running", "outbox", names.Schema+"."+names.Outbox, "topic", *topic, "origin", *origin,
+		"batch", *batch, "workers", *workers)
+	err = r.Run(ctx)
+	log.Info("km0 relay: stopped")
+	return err
+}

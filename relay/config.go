@@ -1,0 +1,185 @@
+package relay
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/transport"
+)
+
+// Defaults of Config.
+const (
+	// BatchSizeDefault is how many rows one claim takes (the seed's LOT).
+	BatchSizeDefault = 100
+	// BatchSizeMax bounds BatchSize: larger claims only lengthen transactions.
+	BatchSizeMax = 10_000
+	// PollIntervalDefault is the fallback poll when no notification arrives.
+	PollIntervalDefault = 200 * time.Millisecond
+	// WorkersDefault is the number of claim workers per instance, each with its
+	// own connection and its own shards.
+	WorkersDefault = 2
+	// PublishTimeoutDefault bounds one Publish call (waiting for every
+	// confirmation); past it the batch is rolled back and retried.
+	PublishTimeoutDefault = 30 * time.Second
+	// BackoffMinDefault and BackoffMaxDefault bound the exponential backoff
+	// after a failed cycle (broker or database down).
+	BackoffMinDefault = 100 * time.Millisecond
+	BackoffMaxDefault = 5 * time.Second
+	// RebalanceIntervalDefault is how often a worker recounts the relay
+	// instances and gives up or takes shards.
+	RebalanceIntervalDefault = time.Second
+	// MaxRecordBytesDefault is the largest record (key + value + headers) the
+	// relay hands to the broker: the consumers' 1 MiB envelope limit less 1 KiB,
+	// so that with Kafka's framing it stays under the producer's batch limit
+	// (1 MiB in transport/kafka). Larger rows are parked unsent.
+	MaxRecordBytesDefault = envelope.DefaultMaxBytes - 1024
+	// ApplicationNameDefault is the application_name of the relay's sessions.
+	ApplicationNameDefault = "km0-relay"
+)
+
+// ShardCount is the fixed number of shards: a row belongs to shard
+// (hashtext(agregat_id) & 2147483647) % 64. It is part of the protocol between
+// relay instances and must not change while any of them runs.
+const ShardCount = 64
+
+// ErrConfig is wrapped by every error New returns for an invalid Config.
+var ErrConfig = errors.New("relay: invalid config")
+
+// Transform turns one row (and its default envelope) into the envelopes to
+// publish for it, in order, all with the row's agregat_id as key. Returning an
+// error parks the row with the error as its reason.
+type Transform func(row *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error)
+
+// Hooks are fault-injection and observation points. All are optional.
+type Hooks struct {
+	// AfterPublish runs after the broker confirmed every record of a batch and
+	// before the rows are marked. A non-nil error (use ErrCrashed) makes the
+	// relay act as if its process died right there: the worker's connection is
+	// closed without marking, so the rows stay pending, and Run/RunOnce return
+	// the error.
+	AfterPublish func(rows int) error
+	// Listening runs each time the LISTEN session is (re)established.
+	Listening func()
+}
+
+// Config configures a Relay. Publisher, Topic and Origin are required, and
+// one of Pool or DatabaseURL.
+type Config struct {
+	// Pool supplies the connection settings (the relay opens its own dedicated
+	// sessions with Pool's ConnConfig, because it holds session advisory locks)
+	// and runs the lag queries.
+	Pool *pgxpool.Pool
+	// DatabaseURL is used when Pool is nil.
+	DatabaseURL string
+	// Names of the schema and outbox table; default public.outbox.
+	Names migrate.Names
+	// Publisher publishes with confirmation (transport/kafka.Publisher).
+	Publisher transport.Publisher
+	// Topic receives every event, e.g. "comandes.esdeveniments".
+	Topic string
+	// Origin is the envelope's origen, e.g. "comandes".
+	Origin string
+	// BatchSize is the number of rows per claim. Default BatchSizeDefault, at
+	// most BatchSizeMax.
+	BatchSize int
+	// PollInterval is the fallback poll. Default PollIntervalDefault.
+	PollInterval time.Duration
+	// Workers is the number of claim workers. Default WorkersDefault.
+	Workers int
+	// PublishTimeout bounds one Publish. Default PublishTimeoutDefault.
+	PublishTimeout time.Duration
+	// BackoffMin and BackoffMax bound the retry backoff. Defaults
+	// BackoffMinDefault and BackoffMaxDefault.
+	BackoffMin, BackoffMax time.Duration
+	// RebalanceInterval is how often shard ownership is recomputed. Default
+	// RebalanceIntervalDefault.
+	RebalanceInterval time.Duration
+	// MaxRecordBytes parks rows whose record (key + value + headers) is
+	// larger, without sending them, so no later row of their aggregate goes
+	// out ahead of them. Keep it below the producer's batch limit and the
+	// topic's max.message.bytes: a record the broker refuses after it was
+	// sent is parked too, but a later row of its aggregate in the same batch
+	// has then already been confirmed. Default MaxRecordBytesDefault.
+	MaxRecordBytes int
+	// ApplicationName is the application_name of the relay's sessions.
+	// Default ApplicationNameDefault.
+	ApplicationName string
+	// Logger receives the relay's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Metrics, if set, receives the relay's Prometheus metrics (labelled with
+	// the outbox table). Registration errors fail New.
+	Metrics prometheus.Registerer
+	// Transform, if set, replaces the default of one envelope per row.
+	Transform Transform
+	// Hooks are fault-injection points for tests.
+	Hooks Hooks
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	c.Names = c.Names.WithDefaults()
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.Workers = cmp.Or(c.Workers, WorkersDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.BackoffMin = cmp.Or(c.BackoffMin, BackoffMinDefault)
+	c.BackoffMax = cmp.Or(c.BackoffMax, BackoffMaxDefault)
+	c.RebalanceInterval = cmp.Or(c.RebalanceInterval, RebalanceIntervalDefault)
+	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault)
+	c.ApplicationName = cmp.Or(c.ApplicationName, ApplicationNameDefault)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Pool == nil && c.DatabaseURL == "" {
+		bad("Pool or DatabaseURL is required")
+	}
+	if c.Publisher == nil {
+		bad("Publisher is required")
+	}
+	if c.Topic == "" {
+		bad("Topic is required")
+	}
+	if c.Origin == "" {
+		bad("Origin is required")
+	}
+	if c.BatchSize < 1 || c.BatchSize > BatchSizeMax {
+		bad("BatchSize %d is outside 1..%d", c.BatchSize, BatchSizeMax)
+	}
+	if c.Workers < 1 || c.Workers > ShardCount {
+		bad("Workers %d is outside 1..%d", c.Workers, ShardCount)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"PollInterval", c.PollInterval}, {"PublishTimeout", c.PublishTimeout}, {"BackoffMin", c.BackoffMin},
+		{"BackoffMax", c.BackoffMax}, {"RebalanceInterval", c.RebalanceInterval}} {
+		if d.v < 0 {
+			bad("%s %v is negative", d.name, d.v)
+		}
+	}
+	if c.BackoffMax < c.BackoffMin {
+		bad("BackoffMax %v is below BackoffMin %v", c.BackoffMax, c.BackoffMin)
+	}
+	if c.MaxRecordBytes < 0 {
+		bad("MaxRecordBytes %d is negative", c.MaxRecordBytes)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}

@@ -1,0 +1,130 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/km0/km0/relay"
+)
+
+// Proof 5. Kafka refuses every produce request (NOT_ENOUGH_REPLICAS, as when
+// the cluster lost its replicas) while 4 writers keep committing; the relay
+// rolls back and backs off, rows wait in the outbox; once Kafka is back every
+// event arrives, and each aggregate's events are in commit order.
+func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
+	b := setup(t)
+	w := newWriters(t, b, 100)
+	cfg := b.config()
+	cfg.PublishTimeout = 300 * time.Millisecond
+	reg := prometheus.NewRegistry()
+	cfg.Metrics = reg
+	r := b.newRelay(t, cfg)
+	start(t, r)
+	ctx := context.Background()
+
+	if err := w.run(ctx, 4, 50, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first events published", 20*time.Second, func() bool { return b.pending(t) == 0 })
+
+	// Kafka goes away: every produce request fails until Remove.
+	outage := b.b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
+	if err := w.run(ctx, 4, 100, 2); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := outage.Wait(waitCtx, 3); err != nil {
+		t.Fatalf("the relay did not try to produce during the outage: %v", err)
+	}
+	waitFor(t, "a failed cycle to be counted", 20*time.Second, func() bool {
+		return metricValue(t, reg, relay.MetricFailures) >= 1
+	})
+	written := total(w.counts(t))
+	pendingDuring := b.pending(t)
+	if pendingDuring < 4*100 {
+		t.Fatalf("during the outage only %d rows pending; want at least the %d written during it", pendingDuring, 4*100)
+	}
+	outage.Remove()
+
+	if err := w.run(ctx, 4, 50, 3); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every row published after the outage", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	want := w.counts(t)
+	n := total(want)
+	perKey, copies := firstSeqs(t, b.read(t, n))
+	if len(copies) != n {
+		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
+	}
+	checkCommitOrder(t, perKey, want)
+	t.Logf("%d events (%d written before the outage ended, %d pending at its height), %d produce requests refused",
+		n, written, pendingDuring, outage.Hits())
+}
+
+// metricValue sums the samples of the metric name in reg (0 if absent).
+func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+	}
+	return v
+}
+
+// The relay's sessions (claim workers and LISTEN) are terminated by the
+// server three times while writers commit; the relay reconnects by itself and
+// nothing is lost or reordered.
+func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
+	b := setup(t)
+	w := newWriters(t, b, 200)
+	cfg := b.config()
+	cfg.Workers = 2
+	r := b.newRelay(t, cfg)
+	start(t, r)
+	ctx := context.Background()
+	sessions := func() int {
+		return b.count(t, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", cfg.ApplicationName)
+	}
+	killed := 0
+	for round := range 3 {
+		waitFor(t, "the relay's 3 sessions", 20*time.Second, func() bool { return sessions() == 3 })
+		if err := w.run(ctx, 4, 40, uint64(round)); err != nil {
+			t.Fatal(err)
+		}
+		killed += b.count(t, "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) k",
+			cfg.ApplicationName)
+	}
+	if killed < 9 {
+		t.Fatalf("terminated %d sessions, want 9", killed)
+	}
+	if err := w.run(ctx, 4, 40, 9); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every row published after the terminations", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	waitFor(t, "the relay's sessions back", 20*time.Second, func() bool { return sessions() == 3 })
+	want := w.counts(t)
+	n := total(want)
+	perKey, copies := firstSeqs(t, b.read(t, n))
+	if len(copies) != n {
+		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
+	}
+	checkCommitOrder(t, perKey, want)
+	if r.OwnedShards() != relay.ShardCount {
+		t.Fatalf("after reconnecting the relay owns %d shards, want %d", r.OwnedShards(), relay.ShardCount)
+	}
+}

@@ -1,0 +1,127 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport/kafka"
+)
+
+// big is a payload of about n bytes.
+func big(seq, n int) map[string]any {
+	return map[string]any{"seq": seq, "farciment": strings.Repeat("x", n)}
+}
+
+// A row over MaxRecordBytes is parked unsent with its reason; the other
+// aggregates keep flowing; the later rows of its aggregate wait behind it;
+// the operator sees it (Parked, metric) and releases it, and then the
+// aggregate goes out in commit order.
+func TestOversizedRowIsParkedAndItsAggregateWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	cfg := b.config()
+	cfg.MaxRecordBytes, cfg.Metrics = 2000, reg
+	r := b.newRelay(t, cfg)
+
+	b.enqueue(t, "X", seqPayload{Seq: 1})
+	x2 := b.enqueue(t, "X", big(2, 3000))
+	b.enqueue(t, "X", seqPayload{Seq: 3})
+	b.enqueue(t, "Y", seqPayload{Seq: 1})
+	b.enqueue(t, "Y", seqPayload{Seq: 2})
+	if n := b.drainOnce(t, r); n != 3 {
+		t.Fatalf("published %d, want 3 (X1, Y1, Y2)", n)
+	}
+	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 1 || parked[0].ID != x2 || parked[0].AggregateID != "X" || parked[0].Type != "comanda.creada" ||
+		!strings.Contains(parked[0].Reason, "over the relay's limit of 2000") || parked[0].Waiting != 1 {
+		t.Fatalf("parked: %+v", parked)
+	}
+	if v := metricValue(t, reg, relay.MetricParked); v != 1 {
+		t.Fatalf("%s = %v, want 1", relay.MetricParked, v)
+	}
+	if v := metricValue(t, reg, relay.MetricPending); v != 2 {
+		t.Fatalf("%s = %v, want 2 (X2 parked, X3 waiting)", relay.MetricPending, v)
+	}
+
+	// Later events: Y flows, X waits.
+	b.enqueue(t, "X", seqPayload{Seq: 4})
+	b.enqueue(t, "Y", seqPayload{Seq: 3})
+	if n := b.drainOnce(t, r); n != 1 {
+		t.Fatalf("published %d, want 1 (Y3)", n)
+	}
+	if p := b.pending(t); p != 3 {
+		t.Fatalf("%d pending, want 3 (X2 parked, X3 and X4 waiting)", p)
+	}
+
+	if err := relay.Release(ctx, b.s.Pool, b.s.Names(), uuid.New()); !errors.Is(err, relay.ErrNotParked) {
+		t.Fatalf("releasing an unknown id: %v", err)
+	}
+	if err := relay.Release(ctx, b.s.Pool, b.s.Names(), x2); err != nil {
+		t.Fatal(err)
+	}
+	// The operator raised the limit (to the default) and restarted the relay.
+	r.Close()
+	if n := b.drainOnce(t, b.newRelay(t, b.config())); n != 3 {
+		t.Fatalf("after release published %d, want 3", n)
+	}
+	perKey, copies := firstSeqs(t, b.read(t, 7))
+	if len(copies) != 7 {
+		t.Fatalf("%d events on the topic, want 7", len(copies))
+	}
+	checkCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 3})
+	if v := metricValue(t, reg, relay.MetricPublished); v != 4 {
+		t.Fatalf("%s = %v, want 4", relay.MetricPublished, v)
+	}
+}
+
+// The broker (here the producer's own batch limit, MESSAGE_TOO_LARGE) refuses
+// a record for good after it was sent: the row is parked with the broker's
+// reason and the other records of the batch are confirmed and marked.
+func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, kafka.EmbeddedConfig{Topics: []string{topic}}, kgo.ProducerBatchMaxBytes(5000))
+	ctx := context.Background()
+	r := b.newRelay(t, b.config())
+	b.enqueue(t, "X", seqPayload{Seq: 1})
+	x2 := b.enqueue(t, "X", big(2, 8000))
+	b.enqueue(t, "Y", seqPayload{Seq: 1})
+	if n := b.drainOnce(t, r); n != 2 {
+		t.Fatalf("published %d, want 2", n)
+	}
+	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 1 || parked[0].ID != x2 || !strings.Contains(parked[0].Reason, "MESSAGE_TOO_LARGE") {
+		t.Fatalf("parked: %+v", parked)
+	}
+	b.enqueue(t, "X", seqPayload{Seq: 3})
+	if n := b.drainOnce(t, r); n != 0 {
+		t.Fatalf("published %d while X2 is parked, want 0", n)
+	}
+	// The operator fixes the producer, restarts the relay and releases X2.
+	r.Close()
+	if n, err := relay.ReleaseAll(ctx, b.s.Pool, b.s.Names()); err != nil || n != 1 {
+		t.Fatalf("release all: %d, %v", n, err)
+	}
+	cfg := b.config()
+	cfg.Publisher = kafka.NewPublisher(kafkatest.Client(t, b.b))
+	if n := b.drainOnce(t, b.newRelay(t, cfg)); n != 2 {
+		t.Fatalf("with a producer that accepts it published %d, want 2", n)
+	}
+	perKey, _ := firstSeqs(t, b.read(t, 4))
+	checkCommitOrder(t, perKey, map[string]int{"X": 3, "Y": 1})
+}

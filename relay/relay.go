@@ -1,0 +1,265 @@
+// Package relay publishes committed outbox rows to the broker: claim, publish,
+// wait for every confirmation, then mark, in one transaction (at-least-once,
+// CONTRACT.md guarantees 4 and 7).
+//
+// Order per aggregate (guarantee 5) holds with concurrent writers and several
+// relay instances: rows are split into ShardCount shards by agregat_id, and a
+// shard is served by one worker at a time, the one holding its session
+// advisory lock on the very connection that claims and marks. Within a shard
+// rows go out in creat_en order, which the outbox trigger makes equal to commit
+// order per aggregate. docs/relay.design.md states the invariants and the
+// lines that enforce them.
+//
+// The relay wakes on LISTEN km0_outbox at once and polls as a fallback; it
+// reconnects by itself after the database or the broker went away, backing
+// off exponentially. Rows the broker refuses for good are parked in
+// <outbox>_aparcats, and their aggregate waits behind them until an operator
+// releases them (Release, `km0 outbox release`).
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrCrashed is what a fault-injection hook returns to make the relay behave
+// as if its process died at that point (see Hooks.AfterPublish).
+var ErrCrashed = errors.New("relay: crashed (fault injection)")
+
+// ErrRunning is returned by Run or RunOnce while another Run is active.
+var ErrRunning = errors.New("relay: already running")
+
+// Relay moves outbox rows to the broker. Create it with New.
+type Relay struct {
+	cfg     Config
+	connCfg *pgx.ConnConfig
+	stats   *pgxpool.Pool
+	ownPool bool
+	q       queries
+	space   uint32
+	m       *metrics
+	workers []*worker
+	running atomic.Bool
+	mu      sync.Mutex // serialises RunOnce and Close
+}
+
+// New checks cfg and returns a Relay. It opens no connection yet. The error
+// wraps ErrConfig for an invalid cfg.
+func New(cfg Config) (*Relay, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names), space: lockSpace(cfg.Names)}
+	if cfg.Pool != nil {
+		r.stats = cfg.Pool
+		r.connCfg = cfg.Pool.Config().ConnConfig.Copy()
+	} else {
+		pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+		if err != nil {
+			return nil, fmt.Errorf("%w: DatabaseURL does not parse (not shown: it may hold a password)", ErrConfig)
+		}
+		pc.MaxConns = 1
+		if r.stats, err = pgxpool.NewWithConfig(context.Background(), pc); err != nil {
+			return nil, fmt.Errorf("relay: pool: %w", err)
+		}
+		r.ownPool = true
+		r.connCfg = pc.ConnConfig.Copy()
+	}
+	r.connCfg.RuntimeParams["application_name"] = cfg.ApplicationName
+	// A lost mark only republishes rows with the same ids (at-least-once), so
+	// the relay's own commits need not wait for the WAL flush.
+	r.connCfg.RuntimeParams["synchronous_commit"] = "off"
+	var err error
+	if r.m, err = newMetrics(r); err != nil {
+		r.closePool()
+		return nil, fmt.Errorf("relay: metrics: %w", err)
+	}
+	for i := range cfg.Workers {
+		r.workers = append(r.workers, &worker{r: r, idx: i, wake: make(chan struct{}, 1)})
+	}
+	return r, nil
+}
+
+// Run relays until ctx is done, then closes its sessions (releasing its
+// shards) and returns nil. Failures of the broker or the database are logged,
+// counted and retried with backoff; Run returns early only with the error of a
+// fault-injection hook (ErrCrashed) or ErrRunning.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer r.running.Store(false)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.listen(ctx) })
+	for _, w := range r.workers {
+		wg.Go(func() {
+			if err := w.run(ctx); err != nil {
+				cancel(err)
+			}
+		})
+	}
+	wg.Wait()
+	r.closeWorkers()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+// RunOnce connects the workers if needed, rebalances shards and runs one
+// claim-publish-mark cycle per worker. It returns how many rows it marked
+// published. Sessions stay open (and shards owned) until Close. An error
+// leaves the failed worker's rows pending; the next call retries them.
+func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	if r.running.Load() {
+		return 0, ErrRunning
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range r.workers {
+		if err := w.connect(ctx); err != nil {
+			return 0, err
+		}
+	}
+	total := 0
+	for _, w := range r.workers {
+		if err := w.rebalance(ctx); err != nil {
+			w.drop()
+			return total, err
+		}
+		res, err := w.cycle(ctx)
+		total += res.published
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// Close closes the relay's sessions (releasing its shards) and, when the
+// relay opened it from DatabaseURL, its pool. Do not call it during Run.
+func (r *Relay) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closeWorkers()
+	r.closePool()
+}
+
+func (r *Relay) closeWorkers() {
+	for _, w := range r.workers {
+		w.drop()
+	}
+}
+
+func (r *Relay) closePool() {
+	if r.ownPool {
+		r.stats.Close()
+	}
+}
+
+// Lag is the seed's relay lag.
+type Lag struct {
+	Pending int64         // rows with publicat_en IS NULL, parked ones included
+	Oldest  time.Duration // age of the oldest of them; 0 when none
+}
+
+// Lag measures the pending rows and the age of the oldest one.
+func (r *Relay) Lag(ctx context.Context) (Lag, error) {
+	var l Lag
+	var secs float64
+	if err := r.stats.QueryRow(ctx, r.q.lag).Scan(&l.Pending, &secs); err != nil {
+		return Lag{}, fmt.Errorf("relay: lag: %w", err)
+	}
+	l.Oldest = time.Duration(secs * float64(time.Second))
+	return l, nil
+}
+
+// OwnedShards returns how many shards this instance's workers own now.
+func (r *Relay) OwnedShards() int {
+	n := 0
+	for _, w := range r.workers {
+		n += int(w.ownedCount.Load())
+	}
+	return n
+}
+
+func (r *Relay) wakeAll() {
+	for _, w := range r.workers {
+		w.poke()
+	}
+}
+
+// listen keeps a LISTEN session and wakes the workers on every notification
+// for this table. After (re)connecting it wakes them too: notifications sent
+// while it was away are lost, and the rows may be waiting.
+func (r *Relay) listen(ctx context.Context) {
+	log := r.cfg.Logger.With("relay", r.q.payload, "session", "listen")
+	failures := 0
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		d := backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
+		log.Warn("relay: LISTEN session lost; reconnecting", "err", err, "retry_in", d)
+		sleep(ctx, d)
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, r.connCfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		return err
+	}
+	r.wakeAll()
+	if h := r.cfg.Hooks.Listening; h != nil {
+		h()
+	}
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		if n.Payload == r.q.payload {
+			r.wakeAll()
+		}
+	}
+}
+
+// backoff is min·2^(failures-1) capped at max, with jitter in [d/2, d].
+func backoff(lo, hi time.Duration, failures int) time.Duration {
+	d := lo
+	for i := 1; i < failures && d < hi; i++ {
+		d *= 2
+	}
+	d = min(d, hi)
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

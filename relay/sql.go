@@ -1,0 +1,86 @@
+package relay
+
+import (
+	"hash/fnv"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/migrate"
+)
+
+// NotifyChannel is the channel the outbox trigger notifies at commit, with the
+// payload "<schema>.<table>" (migrate/sql/outbox/002_ordre_i_avis.sql).
+const NotifyChannel = "km0_outbox"
+
+// shardExpr maps a row to its shard. The same expression is used by every
+// relay instance; see ShardCount.
+const shardExpr = "((hashtext(o.agregat_id) & 2147483647) % 64)"
+
+// memberObjID is the low half of the advisory-lock key every worker holds in
+// shared mode while it is connected: counting its holders counts the workers.
+// Shard s uses low half s (0..63).
+const memberObjID = 1 << 16
+
+// queries are the statements of one outbox table.
+type queries struct {
+	claim    string // $1 owned shards int[], $2 limit
+	claimAll string // $1 limit; when a worker owns every shard
+	mark     string // $1 ctids tid[] of rows locked by this transaction
+	park     string // $1 ids uuid[], $2 agregat_ids text[], $3 reasons text[]
+	lag      string
+	members  string // $1 lock space (bigint), $2 member objid
+	acquire  string // $1 shards int[], $2 key of shard 0
+	release  string // $1 shards int[], $2 key of shard 0
+	join     string // $1 member key
+	payload  string // NOTIFY payload of this table
+}
+
+func newQueries(n migrate.Names) queries {
+	n = n.WithDefaults()
+	table := pgx.Identifier{n.Schema, n.Outbox}.Sanitize()
+	parked := pgx.Identifier{n.Schema, n.Outbox + "_aparcats"}.Sanitize()
+	claim := func(shardFilter, limit string) string {
+		return "SELECT o.id, o.agregat, o.agregat_id, o.tipus, o.versio, o.carrega, o.creat_en, o.ctid FROM " + table + " o" +
+			" WHERE o.publicat_en IS NULL" + shardFilter +
+			" AND NOT EXISTS (SELECT 1 FROM " + parked + " p WHERE p.agregat_id = o.agregat_id)" +
+			" ORDER BY o.creat_en, o.id LIMIT " + limit + " FOR UPDATE OF o SKIP LOCKED"
+	}
+	return queries{
+		claim:    claim(" AND "+shardExpr+" = ANY($1::int[])", "$2"),
+		claimAll: claim("", "$1"),
+		// By ctid: the claim locked these row versions FOR UPDATE in the same
+		// transaction, so their ctids cannot change before this UPDATE; a TID
+		// scan costs a quarter of 1,000 primary-key probes.
+		mark: "UPDATE " + table + " SET publicat_en = now() WHERE ctid = ANY($1::tid[])",
+		park: "INSERT INTO " + parked + " (id, agregat_id, motiu) SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])" +
+			" ON CONFLICT (id) DO UPDATE SET motiu = EXCLUDED.motiu, aparcat_en = now()",
+		lag: "SELECT count(*), coalesce(extract(epoch FROM now() - min(creat_en)), 0)::float8 FROM " + table +
+			" WHERE publicat_en IS NULL",
+		members: `SELECT count(*) FILTER (WHERE objid = $2::bigint::oid),
+			coalesce(array_agg(objid::bigint::int) FILTER (WHERE objid::bigint < ` + strconv.Itoa(ShardCount) + ` AND pid <> pg_backend_pid()), '{}')
+			FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND classid = $1::bigint::oid`,
+		acquire: "SELECT s FROM unnest($1::int[]) AS s WHERE pg_try_advisory_lock($2::bigint + s)",
+		release: "SELECT count(*) FILTER (WHERE pg_advisory_unlock($2::bigint + s)) FROM unnest($1::int[]) AS s",
+		join:    "SELECT pg_advisory_lock_shared($1::bigint)",
+		payload: n.Schema + "." + n.Outbox,
+	}
+}
+
+// lockSpace is the high half of the advisory-lock keys of one outbox table:
+// relays of different tables never contend. The single-bigint lock form
+// (objsubid 1 in pg_locks) keeps these keys apart from the per-aggregate
+// two-integer locks of the outbox trigger (objsubid 2).
+func lockSpace(n migrate.Names) uint32 {
+	n = n.WithDefaults()
+	h := fnv.New32a()
+	_, _ = h.Write([]byte("km0.relay:" + n.Schema + "." + n.Outbox))
+	return h.Sum32()
+}
+
+// lockKey is the bigint advisory-lock key of objID in space.
+func lockKey(space uint32, objID uint32) int64 {
+	return int64(uint64(space)<<32 | uint64(objID))
+}
