@@ -107,22 +107,7 @@ func startConsumer(t *testing.T, cfg amqp.ConsumerConfig) (*amqp.Consumer, func(
 	return c, stop
 }
 
-// waitFor polls cond until it holds or timeout passes (then it fails the test
-// with what).
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			t.Fatalf("timed out after %v waiting for: %s", timeout, what)
-		case <-tick.C:
-		}
-	}
-}
+var waitFor = amqptest.WaitFor
 
 // getAll drains queue with basic.get (auto-ack) and returns its messages.
 func getAll(t testing.TB, conn *amqp.Conn, queue string) []amqp091.Delivery {

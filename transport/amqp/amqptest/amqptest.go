@@ -175,3 +175,20 @@ func StartApp(t testing.TB) {
 	}
 	t.Errorf("RabbitMQ did not accept connections after start_app")
 }
+
+// WaitFor polls cond every 10 ms until it holds, or fails the test naming
+// what after timeout. It is how tests wait for asynchronous work.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			t.Fatalf("timed out after %v waiting for: %s", timeout, what)
+		case <-tick.C:
+		}
+	}
+}
