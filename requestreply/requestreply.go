@@ -14,11 +14,15 @@ package requestreply
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/km0/km0/outcome"
@@ -166,3 +170,24 @@ func DecodeReply(service, result string, body []byte) ([]byte, error) {
 	}
 	return nil, &RemoteError{Service: service, Message: eb.Error, Retryable: eb.Retryable}
 }
+
+// IDs makes correlation ids for one requester: a random prefix, drawn once,
+// and a counter. They are unique without a random draw (a syscall) per
+// request. The zero value is not usable: call NewIDs.
+type IDs struct {
+	prefix string
+	n      atomic.Uint64
+}
+
+// NewIDs returns an id source with a fresh 64-bit random prefix.
+func NewIDs() *IDs {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return &IDs{prefix: hex.EncodeToString(b) + "-"}
+}
+
+// Prefix returns the random part shared by all ids of this source.
+func (s *IDs) Prefix() string { return s.prefix[:len(s.prefix)-1] }
+
+// Next returns a new id.
+func (s *IDs) Next() string { return s.prefix + strconv.FormatUint(s.n.Add(1), 10) }

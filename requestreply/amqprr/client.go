@@ -15,8 +15,6 @@ package amqprr
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -62,15 +60,20 @@ type Client struct {
 	sess    *session      // nil while (re)connecting
 	changed chan struct{} // closed and replaced when sess changes
 
+	ids  *requestreply.IDs
 	late atomic.Int64
 }
 
 var _ requestreply.Requester = (*Client)(nil)
 
-// session is one reply queue on one channel.
+// session is one reply queue consumed on one channel, and one channel to
+// publish requests on (two channels: the broker runs each in its own
+// process, so publishing and consuming proceed in parallel).
 type session struct {
-	ch      *amqp091.Channel
+	ch      *amqp091.Channel // consumes the reply queue
+	pub     *amqp091.Channel // publishes requests; returns arrive here
 	replyTo string
+	events  sessionEvents
 
 	mu      sync.Mutex
 	pending map[string]chan reply
@@ -95,37 +98,57 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), changed: make(chan struct{})}
+	c := &Client{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), changed: make(chan struct{}), ids: requestreply.NewIDs()}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	s, deliveries, returns, err := c.open(ctx)
+	s, err := c.open(ctx)
 	if err != nil {
 		c.cancel()
 		return nil, err
 	}
 	c.install(s)
-	go c.loop(s, deliveries, returns)
+	go c.loop(s)
 	return c, nil
+}
+
+// sessionEvents are what a session's loop listens to.
+type sessionEvents struct {
+	deliveries <-chan amqp091.Delivery
+	returns    <-chan amqp091.Return
+	pubClosed  <-chan *amqp091.Error
 }
 
 // open declares a new exclusive reply queue and consumes it (no-ack: a reply
 // is only useful to this process).
-func (c *Client) open(ctx context.Context) (*session, <-chan amqp091.Delivery, <-chan amqp091.Return, error) {
+func (c *Client) open(ctx context.Context) (*session, error) {
 	ch, err := c.cfg.Conn.Channel(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
+	pub, err := c.cfg.Conn.Channel(ctx)
+	if err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	s := &session{ch: ch, pub: pub, pending: map[string]chan reply{}}
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
-		_ = ch.Close()
-		return nil, nil, nil, fmt.Errorf("amqprr: declare reply queue: %w", err)
+		s.close()
+		return nil, fmt.Errorf("amqprr: declare reply queue: %w", err)
 	}
-	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	s.replyTo = q.Name
+	s.events.deliveries, err = ch.Consume(q.Name, "", true, true, false, false, nil)
 	if err != nil {
-		_ = ch.Close()
-		return nil, nil, nil, fmt.Errorf("amqprr: consume reply queue: %w", err)
+		s.close()
+		return nil, fmt.Errorf("amqprr: consume reply queue: %w", err)
 	}
-	returns := ch.NotifyReturn(make(chan amqp091.Return, 16))
-	return &session{ch: ch, replyTo: q.Name, pending: map[string]chan reply{}}, deliveries, returns, nil
+	s.events.returns = pub.NotifyReturn(make(chan amqp091.Return, 16))
+	s.events.pubClosed = pub.NotifyClose(make(chan *amqp091.Error, 1))
+	return s, nil
+}
+
+func (s *session) close() {
+	_ = s.pub.Close()
+	_ = s.ch.Close()
 }
 
 func (c *Client) install(s *session) {
@@ -138,23 +161,23 @@ func (c *Client) install(s *session) {
 
 // loop matches replies until the session's channel dies, then fails its
 // waiting requests and opens a new session, until Close.
-func (c *Client) loop(s *session, deliveries <-chan amqp091.Delivery, returns <-chan amqp091.Return) {
+func (c *Client) loop(s *session) {
 	defer close(c.done)
 	for {
-		c.serve(s, deliveries, returns)
+		c.serve(s)
 		c.install(nil)
 		if c.ctx.Err() != nil {
 			s.fail(requestreply.ErrClosed)
 		} else {
 			s.fail(requestreply.ErrConnectionLost)
 		}
-		_ = s.ch.Close()
+		s.close()
 		for {
 			if c.ctx.Err() != nil {
 				return
 			}
 			var err error
-			s, deliveries, returns, err = c.open(c.ctx)
+			s, err = c.open(c.ctx)
 			if err == nil {
 				break
 			}
@@ -172,9 +195,12 @@ func (c *Client) loop(s *session, deliveries <-chan amqp091.Delivery, returns <-
 	}
 }
 
-func (c *Client) serve(s *session, deliveries <-chan amqp091.Delivery, returns <-chan amqp091.Return) {
+func (c *Client) serve(s *session) {
+	deliveries, returns := s.events.deliveries, s.events.returns
 	for {
 		select {
+		case <-s.events.pubClosed:
+			return
 		case d, ok := <-deliveries:
 			if !ok {
 				return
@@ -254,7 +280,7 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
 		defer cancel()
 	}
-	corr := newID()
+	corr := c.ids.Next()
 	if requestID == "" {
 		requestID = corr
 	}
@@ -274,7 +300,7 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	if c.cfg.Persistent {
 		mode = amqp091.Persistent
 	}
-	err = s.ch.PublishWithContext(ctx, "", service, true, false, amqp091.Publishing{
+	err = s.pub.PublishWithContext(ctx, "", service, true, false, amqp091.Publishing{
 		ContentType:   amqp.ContentTypeJSON,
 		DeliveryMode:  mode,
 		CorrelationId: corr,
@@ -321,10 +347,4 @@ func (c *Client) Close() error {
 	c.cancel()
 	<-c.done
 	return nil
-}
-
-func newID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

@@ -11,8 +11,6 @@ package kafkarr
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,6 +62,7 @@ type Client struct {
 	mu      sync.Mutex
 	pending map[string]chan reply
 
+	ids  *requestreply.IDs
 	late atomic.Int64
 }
 
@@ -81,7 +80,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		return nil, errors.New("kafkarr: ClientConfig.Brokers is required")
 	}
 	if cfg.ReplyTopic == "" {
-		cfg.ReplyTopic = ReplyTopicPrefix + newID()[:16]
+		cfg.ReplyTopic = ReplyTopicPrefix + requestreply.NewIDs().Prefix()
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = requestreply.TimeoutDefault
@@ -105,7 +104,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: reply consumer: %w", err)
 	}
-	c := &Client{cfg: cfg, prod: prod, cons: cons, done: make(chan struct{}), pending: map[string]chan reply{}}
+	c := &Client{cfg: cfg, prod: prod, cons: cons, done: make(chan struct{}), pending: map[string]chan reply{}, ids: requestreply.NewIDs()}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	go c.loop()
 	return c, nil
@@ -169,7 +168,7 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
 		defer cancel()
 	}
-	corr := newID()
+	corr := c.ids.Next()
 	if requestID == "" {
 		requestID = corr
 	}
@@ -232,10 +231,4 @@ func (c *Client) Close() error {
 	_, err := kadm.NewClient(c.prod).DeleteTopics(ctx, c.cfg.ReplyTopic)
 	c.prod.Close()
 	return err
-}
-
-func newID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

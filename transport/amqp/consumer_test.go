@@ -158,3 +158,35 @@ func TestDuplicateIsAbsorbedByTheInbox(t *testing.T) {
 }
 
 func (b *bundle) inbox() *inbox.Inbox { return inbox.New(inbox.Config{Names: b.db.Names()}) }
+
+// Acks are coalesced (multiple=true over settled runs of tags), yet a slow
+// message must not hold back the acks behind it until the prefetch window
+// is full: with prefetch 4 and the first message blocked, the 40 behind it
+// are all processed while it waits.
+func TestSlowMessageDoesNotStallTheMessagesBehindIt(t *testing.T) {
+	b := setup(t)
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	cfg := b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if string(m.Key) == "lent" {
+			<-release
+		}
+		return recordEffect(ctx, tx, m, 0)
+	})
+	cfg.Workers, cfg.Prefetch = 2, 4
+	c, stop := startConsumer(t, cfg)
+	t.Cleanup(free)
+	msgs := []*transport.Message{event(t, b.queue, "lent", 0)}
+	for i := range 40 {
+		msgs = append(msgs, event(t, b.queue, "rapid", i))
+	}
+	publish(t, b, msgs...)
+	waitFor(t, 20*time.Second, "the 40 fast messages processed while the slow one waits", func() bool { return c.Stats().Processed == 40 })
+	free()
+	waitFor(t, 10*time.Second, "the slow one", func() bool { return c.Stats().Processed == 41 })
+	stop() // unacked deliveries would now be requeued
+	if n := queueLen(t, b.conn, b.queue); n != 0 {
+		t.Fatalf("%d messages back in the queue: their acks never reached the broker", n)
+	}
+}

@@ -32,7 +32,8 @@ type SubscribeConfig struct {
 // Subscribe consumes cfg.Queue with manual acks until ctx ends, calling fn
 // for each delivery from cfg.Workers goroutines. fn must ack or nack the
 // delivery; what it leaves unacknowledged is requeued by the broker when the
-// channel closes. When the channel or the connection fails, Subscribe opens
+// channel closes. Acks are coalesced (see acker): d.Ack records the ack and
+// one goroutine sends basic.ack(multiple) for each run of settled tags. When the channel or the connection fails, Subscribe opens
 // a new channel (waiting for the Conn to reconnect) and consumes again: the
 // unacknowledged deliveries come back marked redelivered. On ctx end it
 // cancels the consumer, lets the workers finish the deliveries they hold, and
@@ -93,6 +94,10 @@ func (c *Conn) consumeOnce(ctx context.Context, ch *amqp.Channel, cfg SubscribeC
 		return err
 	}
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	ack := newAcker(ch, cfg.Prefetch/2)
+	ackStop, ackDone := make(chan struct{}), make(chan struct{})
+	go func() { ack.run(ackStop); close(ackDone) }()
+	defer func() { close(ackStop); <-ackDone }() // the last acks go before the channel closes
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	for range cfg.Workers {
@@ -105,6 +110,7 @@ func (c *Conn) consumeOnce(ctx context.Context, ch *amqp.Channel, cfg SubscribeC
 					if !ok {
 						return
 					}
+					d.Acknowledger = ack
 					fn(ctx, &d)
 				case <-stop:
 					return
