@@ -61,7 +61,7 @@ func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dl.Attempts != 0 || !strings.HasPrefix(dl.Reason, "permanent: rejected by "+b.queue) || dl.Origin != b.queue {
+	if dl.Attempts != 1 || !strings.HasPrefix(dl.Reason, "permanent: rejected by "+b.queue) || dl.Origin != b.queue {
 		t.Fatalf("dead letter %+v: want a native rejection at attempt 1 from %s", dl, b.queue)
 	}
 }

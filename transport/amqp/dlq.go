@@ -73,8 +73,7 @@ type DLQ struct {
 // NewDLQ returns the operations on queue's DLQ. queue is the work queue
 // ("inventari.comandes"), not the DLQ's name.
 func NewDLQ(conn *Conn, queue string) *DLQ {
-	return &DLQ{conn: conn, queue: queue, pub: &Publisher{conn: conn, cfg: PublisherConfig{ContentType: ContentTypeJSON,
-		MaxMessageBytes: MaxMessageBytesDefault, Logger: conn.log}}}
+	return &DLQ{conn: conn, queue: queue, pub: newPublisher(conn, PublisherConfig{})}
 }
 
 // Name returns the DLQ's name.
@@ -196,6 +195,7 @@ func (q *DLQ) scan(ctx context.Context, fn func(dl *DeadLetter, d *amqp.Delivery
 func (q *DLQ) deadLetter(d *amqp.Delivery) *DeadLetter {
 	dl := &DeadLetter{DLQ: q.Name(), MessageID: d.MessageId, Type: d.Type, Headers: d.Headers, Body: d.Body,
 		Attempts: int(headerInt(d.Headers, transport.HeaderAttempts))}
+	_, ownCopy := d.Headers[transport.HeaderReason]
 	dl.EventID, _ = d.Headers[transport.HeaderEventID].(string)
 	if t, ok := d.Headers[transport.HeaderType].(string); ok {
 		dl.Type = t
@@ -210,7 +210,9 @@ func (q *DLQ) deadLetter(d *amqp.Delivery) *DeadLetter {
 		if dl.Origin == "" {
 			dl.Origin = last.Queue
 		}
-		if dl.Reason == "" {
+		if !ownCopy {
+			// intents counts the attempts before the one that was rejected.
+			dl.Attempts++
 			if last.Reason == "rejected" {
 				dl.Reason = "permanent: rejected by " + last.Queue
 			} else {

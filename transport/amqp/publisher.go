@@ -70,7 +70,7 @@ type PublisherConfig struct {
 	// MaxMessageBytes: larger messages are not sent and are reported in a
 	// *transport.RejectedError. Default MaxMessageBytesDefault.
 	MaxMessageBytes int
-	// Logger. Default slog.Default().
+	// Logger. Default: the Conn's.
 	Logger *slog.Logger
 }
 
@@ -84,8 +84,8 @@ type Publisher struct {
 	conn *Conn
 	cfg  PublisherConfig
 
-	mu sync.Mutex
-	pc *pubChannel
+	sem chan struct{} // held while the channel is checked or replaced
+	pc  *pubChannel
 }
 
 var _ transport.Publisher = (*Publisher)(nil)
@@ -94,6 +94,18 @@ var _ transport.Publisher = (*Publisher)(nil)
 // registers it for redeclaration after reconnects); a declaration error is
 // returned.
 func NewPublisher(ctx context.Context, conn *Conn, cfg PublisherConfig) (*Publisher, error) {
+	p := newPublisher(conn, cfg)
+	if p.cfg.Exchange != "" {
+		t := Topology{Exchanges: []Exchange{{Name: p.cfg.Exchange, Kind: p.cfg.ExchangeKind, Durable: true}}}
+		if err := conn.Declare(ctx, t); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// newPublisher fills in cfg's defaults; it declares nothing.
+func newPublisher(conn *Conn, cfg PublisherConfig) *Publisher {
 	if cfg.ExchangeKind == "" {
 		cfg.ExchangeKind = amqp.ExchangeTopic
 	}
@@ -104,15 +116,9 @@ func NewPublisher(ctx context.Context, conn *Conn, cfg PublisherConfig) (*Publis
 		cfg.MaxMessageBytes = MaxMessageBytesDefault
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+		cfg.Logger = conn.log
 	}
-	if cfg.Exchange != "" {
-		t := Topology{Exchanges: []Exchange{{Name: cfg.Exchange, Kind: cfg.ExchangeKind, Durable: true}}}
-		if err := conn.Declare(ctx, t); err != nil {
-			return nil, err
-		}
-	}
-	return &Publisher{conn: conn, cfg: cfg}, nil
+	return &Publisher{conn: conn, cfg: cfg, sem: make(chan struct{}, 1)}
 }
 
 // Publish implements transport.Publisher: it publishes msgs to the
@@ -214,10 +220,15 @@ func (p *Publisher) publish(ctx context.Context, exchange string, keys []string,
 	return nil
 }
 
-// channel returns the live confirm channel, opening one if needed.
+// channel returns the live confirm channel, opening one if needed (waiting,
+// within ctx, for the Conn to reconnect).
 func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-p.sem }()
 	if p.pc != nil && !p.pc.isDead() {
 		return p.pc, nil
 	}
@@ -238,10 +249,10 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 // ErrChannelLost. The Conn stays open. The Publisher may be used again: a
 // later Publish opens a new channel.
 func (p *Publisher) Close() error {
-	p.mu.Lock()
+	p.sem <- struct{}{}
 	pc := p.pc
 	p.pc = nil
-	p.mu.Unlock()
+	<-p.sem
 	if pc != nil {
 		return pc.ch.Close()
 	}
