@@ -26,15 +26,7 @@ func start(t *testing.T, h requestreply.Handler) (*amqprr.Server, *amqprr.Client
 		t.Fatal(err)
 	}
 	amqptest.DeleteQueuesAtCleanup(t, srv.Queues)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("server: %v", err)
-		}
-	})
+	rrtest.Background(t, srv.Run)
 	cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn})
 	if err != nil {
 		t.Fatal(err)

@@ -74,16 +74,7 @@ type session struct {
 	pub     *amqp091.Channel // publishes requests; returns arrive here
 	replyTo string
 	events  sessionEvents
-
-	mu      sync.Mutex
-	pending map[string]chan reply
-	lost    bool
-}
-
-type reply struct {
-	body   []byte
-	result string
-	err    error
+	calls   *requestreply.Calls
 }
 
 // NewClient declares the client's reply queue and starts consuming it. An
@@ -129,7 +120,7 @@ func (c *Client) open(ctx context.Context) (*session, error) {
 		_ = ch.Close()
 		return nil, err
 	}
-	s := &session{ch: ch, pub: pub, pending: map[string]chan reply{}}
+	s := &session{ch: ch, pub: pub, calls: requestreply.NewCalls()}
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		s.close()
@@ -167,9 +158,9 @@ func (c *Client) loop(s *session) {
 		c.serve(s)
 		c.install(nil)
 		if c.ctx.Err() != nil {
-			s.fail(requestreply.ErrClosed)
+			s.calls.FailAll(requestreply.ErrClosed)
 		} else {
-			s.fail(requestreply.ErrConnectionLost)
+			s.calls.FailAll(requestreply.ErrConnectionLost)
 		}
 		s.close()
 		for {
@@ -206,7 +197,7 @@ func (c *Client) serve(s *session) {
 				return
 			}
 			result, _ := d.Headers[requestreply.HeaderResult].(string)
-			if !s.deliver(d.CorrelationId, reply{body: d.Body, result: result}) {
+			if !s.calls.Deliver(d.CorrelationId, requestreply.Reply{Body: d.Body, Result: result}) {
 				c.late.Add(1)
 				c.log.Debug("amqprr: late or unknown reply dropped", "correlation_id", d.CorrelationId)
 			}
@@ -215,32 +206,10 @@ func (c *Client) serve(s *session) {
 				returns = nil
 				continue
 			}
-			s.deliver(r.CorrelationId, reply{err: fmt.Errorf("%w: no queue %q (%d %s)", requestreply.ErrNoService, r.RoutingKey, r.ReplyCode, r.ReplyText)})
+			s.calls.Deliver(r.CorrelationId, requestreply.Reply{Err: fmt.Errorf("%w: no queue %q (%d %s)", requestreply.ErrNoService, r.RoutingKey, r.ReplyCode, r.ReplyText)})
 		case <-c.ctx.Done():
 			return
 		}
-	}
-}
-
-// deliver hands r to the request waiting for corr; false if none waits.
-func (s *session) deliver(corr string, r reply) bool {
-	s.mu.Lock()
-	ch, ok := s.pending[corr]
-	delete(s.pending, corr)
-	s.mu.Unlock()
-	if ok {
-		ch <- r // buffered 1, and each corr is delivered at most once
-	}
-	return ok
-}
-
-func (s *session) fail(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.lost = true
-	for corr, ch := range s.pending {
-		ch <- reply{err: err}
-		delete(s.pending, corr)
 	}
 }
 
@@ -275,27 +244,23 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 		return nil, errors.New("amqprr: empty service (queue) name")
 	}
 	start := time.Now()
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-		defer cancel()
-	}
+	ctx, cancel := requestreply.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
 	corr := c.ids.Next()
 	if requestID == "" {
 		requestID = corr
 	}
 	s, err := c.session(ctx)
 	if err != nil {
-		return nil, c.ctxErr(ctx, service, requestID, start, err)
+		if ctx.Err() != nil {
+			return nil, requestreply.CtxError(ctx, service, requestID, start)
+		}
+		return nil, err
 	}
-	wait := make(chan reply, 1)
-	s.mu.Lock()
-	if s.lost {
-		s.mu.Unlock()
-		return nil, requestreply.ErrConnectionLost
+	wait, err := s.calls.Add(corr)
+	if err != nil {
+		return nil, err
 	}
-	s.pending[corr] = wait
-	s.mu.Unlock()
 	mode := amqp091.Transient
 	if c.cfg.Persistent {
 		mode = amqp091.Persistent
@@ -309,32 +274,10 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 		Body:          body,
 	})
 	if err != nil {
-		s.deliver(corr, reply{}) // unregister
+		s.calls.Deliver(corr, requestreply.Reply{}) // unregister
 		return nil, fmt.Errorf("amqprr: publish request: %w", err)
 	}
-	select {
-	case r := <-wait:
-		if r.err != nil {
-			return nil, r.err
-		}
-		return requestreply.DecodeReply(service, r.result, r.body)
-	case <-ctx.Done():
-		if s.deliver(corr, reply{}) { // still pending: unregister; a later reply counts as late
-			return nil, c.ctxErr(ctx, service, requestID, start, ctx.Err())
-		}
-		r := <-wait // the reply won the race: use it
-		if r.err != nil {
-			return nil, r.err
-		}
-		return requestreply.DecodeReply(service, r.result, r.body)
-	}
-}
-
-func (c *Client) ctxErr(ctx context.Context, service, requestID string, start time.Time, err error) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return &requestreply.TimeoutError{Service: service, RequestID: requestID, After: time.Since(start)}
-	}
-	return err
+	return s.calls.Await(ctx, service, requestID, corr, start, wait)
 }
 
 // LateReplies counts replies dropped because their request had timed out

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"sync/atomic"
-	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
@@ -122,34 +121,24 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 		MessageId:     req.ID,
 		Body:          body,
 	}
-	var err error
-	for try := range 3 {
-		if try > 0 {
-			select {
-			case <-time.After(time.Duration(try) * 200 * time.Millisecond):
-			case <-ctx.Done():
-				return // unacked: redelivered
-			}
+	err := s.pub.PublishRawRetry(ctx, "", d.ReplyTo, reply)
+	switch {
+	case err == nil:
+		s.replied.Add(1)
+		if isErr {
+			s.errorReplies.Add(1)
 		}
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = s.pub.PublishRaw(pctx, "", d.ReplyTo, reply)
-		cancel()
-		switch {
-		case err == nil:
-			s.replied.Add(1)
-			if isErr {
-				s.errorReplies.Add(1)
-			}
-			_ = d.Ack(false)
-			return
-		case errors.Is(err, amqp.ErrUnroutable):
-			// The client is gone (its exclusive queue went with it). The effect,
-			// if any, is done; nobody can take the reply. Ack.
-			s.orphaned.Add(1)
-			log.Warn("amqprr: reply returned: the client's queue is gone", "reply_to", d.ReplyTo, "id_peticio", req.ID)
-			_ = d.Ack(false)
-			return
-		}
+		_ = d.Ack(false)
+		return
+	case errors.Is(err, amqp.ErrUnroutable):
+		// The client is gone (its exclusive queue went with it). The effect,
+		// if any, is done; nobody can take the reply. Ack.
+		s.orphaned.Add(1)
+		log.Warn("amqprr: reply returned: the client's queue is gone", "reply_to", d.ReplyTo, "id_peticio", req.ID)
+		_ = d.Ack(false)
+		return
+	case ctx.Err() != nil:
+		return // shutting down: unacked, redelivered
 	}
 	// The broker accepts no reply: do not loop on the request. If the channel
 	// is gone this nack fails and the broker redelivers the request; if not,

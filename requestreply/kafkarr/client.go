@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,20 +58,12 @@ type Client struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu      sync.Mutex
-	pending map[string]chan reply
-
-	ids  *requestreply.IDs
-	late atomic.Int64
+	calls *requestreply.Calls
+	ids   *requestreply.IDs
+	late  atomic.Int64
 }
 
 var _ requestreply.Requester = (*Client)(nil)
-
-type reply struct {
-	body   []byte
-	result string
-	err    error
-}
 
 // NewClient creates the reply topic and starts reading it.
 func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
@@ -104,7 +95,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: reply consumer: %w", err)
 	}
-	c := &Client{cfg: cfg, prod: prod, cons: cons, done: make(chan struct{}), pending: map[string]chan reply{}, ids: requestreply.NewIDs()}
+	c := &Client{cfg: cfg, prod: prod, cons: cons, done: make(chan struct{}), calls: requestreply.NewCalls(), ids: requestreply.NewIDs()}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	go c.loop()
 	return c, nil
@@ -130,23 +121,12 @@ func (c *Client) loop() {
 					result = string(h.Value)
 				}
 			}
-			if !c.deliver(corr, reply{body: r.Value, result: result}) {
+			if !c.calls.Deliver(corr, requestreply.Reply{Body: r.Value, Result: result}) {
 				c.late.Add(1)
 				c.cfg.Logger.Debug("kafkarr: late or unknown reply dropped", "correlacio", corr)
 			}
 		})
 	}
-}
-
-func (c *Client) deliver(corr string, r reply) bool {
-	c.mu.Lock()
-	ch, ok := c.pending[corr]
-	delete(c.pending, corr)
-	c.mu.Unlock()
-	if ok {
-		ch <- r
-	}
-	return ok
 }
 
 // Request implements requestreply.Requester: it produces the request to the
@@ -163,19 +143,16 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 		return nil, requestreply.ErrClosed
 	}
 	start := time.Now()
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-		defer cancel()
-	}
+	ctx, cancel := requestreply.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
 	corr := c.ids.Next()
 	if requestID == "" {
 		requestID = corr
 	}
-	wait := make(chan reply, 1)
-	c.mu.Lock()
-	c.pending[corr] = wait
-	c.mu.Unlock()
+	wait, err := c.calls.Add(corr)
+	if err != nil {
+		return nil, err
+	}
 	rec := &kgo.Record{Topic: service, Key: []byte(requestID), Value: body, Headers: []kgo.RecordHeader{
 		{Key: HeaderCorrelation, Value: []byte(corr)},
 		{Key: HeaderReplyTo, Value: []byte(c.cfg.ReplyTopic)},
@@ -183,28 +160,10 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	}}
 	c.prod.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 		if err != nil && ctx.Err() == nil {
-			c.deliver(corr, reply{err: fmt.Errorf("kafkarr: produce request to %s: %w", service, err)})
+			c.calls.Deliver(corr, requestreply.Reply{Err: fmt.Errorf("kafkarr: produce request to %s: %w", service, err)})
 		}
 	})
-	select {
-	case r := <-wait:
-		if r.err != nil {
-			return nil, r.err
-		}
-		return requestreply.DecodeReply(service, r.result, r.body)
-	case <-ctx.Done():
-		if c.deliver(corr, reply{}) { // still pending: unregister; a later reply counts as late
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return nil, &requestreply.TimeoutError{Service: service, RequestID: requestID, After: time.Since(start)}
-			}
-			return nil, ctx.Err()
-		}
-		r := <-wait
-		if r.err != nil {
-			return nil, r.err
-		}
-		return requestreply.DecodeReply(service, r.result, r.body)
-	}
+	return c.calls.Await(ctx, service, requestID, corr, start, wait)
 }
 
 // LateReplies counts replies dropped because their request had timed out.
@@ -219,12 +178,7 @@ func (c *Client) ReplyTopic() string { return c.cfg.ReplyTopic }
 func (c *Client) Close() error {
 	c.cancel()
 	<-c.done
-	c.mu.Lock()
-	for corr, ch := range c.pending {
-		ch <- reply{err: requestreply.ErrClosed}
-		delete(c.pending, corr)
-	}
-	c.mu.Unlock()
+	c.calls.FailAll(requestreply.ErrClosed)
 	c.cons.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

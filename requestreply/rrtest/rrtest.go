@@ -214,3 +214,18 @@ func badRequest(t *testing.T, start Transport) {
 }
 
 var waitFor = amqptest.WaitFor
+
+// Background runs run (a server's Run) until the test ends, then cancels it
+// and fails the test if it returned an error.
+func Background(t *testing.T, run func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("server: %v", err)
+		}
+	})
+}

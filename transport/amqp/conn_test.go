@@ -11,7 +11,6 @@ import (
 
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 func TestDialWithoutBrokerNamesRabbitMQAndHidesThePassword(t *testing.T) {
@@ -30,15 +29,9 @@ func TestDialWithoutBrokerNamesRabbitMQAndHidesThePassword(t *testing.T) {
 // 404, the broker closes the channel) fails that publish with
 // ErrChannelLost; the next publish opens a new channel and is confirmed.
 func TestPublisherReopensItsChannelAfterAChannelError(t *testing.T) {
-	conn := amqptest.Dial(t)
-	q := amqptest.Name("t.pub")
-	declareQueue(t, conn, q)
+	conn, q, bad := pubSetup(t, amqp.PublisherConfig{})
 	ctx := context.Background()
-	bad, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = bad.PublishRaw(ctx, "km0.no-such-exchange."+q, "x", amqp091.Publishing{Body: []byte(`{}`)})
+	err := bad.PublishRaw(ctx, "km0.no-such-exchange."+q, "x", amqp091.Publishing{Body: []byte(`{}`)})
 	if !errors.Is(err, amqp.ErrChannelLost) || !strings.Contains(err.Error(), "NOT_FOUND") {
 		t.Fatalf("want ErrChannelLost with the broker's 404, got %v", err)
 	}

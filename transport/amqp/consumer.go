@@ -421,27 +421,17 @@ func (c *Consumer) retry(ctx context.Context, d *amqp.Delivery, q consumedQueue,
 }
 
 // move publishes a copy of d with headers h, confirmed, and then acks d. If
-// the copy cannot be published after a few tries, d is rejected without
-// requeue (native DLQ) so that it never loops; if the channel is gone, d is
-// left to the broker, which redelivers it. It reports whether the copy went.
+// the copy cannot be published (PublishRawRetry), d is rejected without
+// requeue (native DLQ) so that it never loops; if the channel is gone, that
+// nack fails and the broker redelivers d. It reports whether the copy went.
 func (c *Consumer) move(ctx context.Context, d *amqp.Delivery, q consumedQueue, exchange, key string, h amqp.Table) bool {
-	pub := republish(d, h)
-	var err error
-	for try := range 3 {
-		if try > 0 {
-			select {
-			case <-time.After(time.Duration(try) * 200 * time.Millisecond):
-			case <-ctx.Done():
-				return false
-			}
-		}
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = c.pub.PublishRaw(pctx, exchange, key, pub)
-		cancel()
-		if err == nil {
-			_ = d.Ack(false)
-			return true
-		}
+	err := c.pub.PublishRawRetry(ctx, exchange, key, republish(d, h))
+	if err == nil {
+		_ = d.Ack(false)
+		return true
+	}
+	if ctx.Err() != nil {
+		return false // shutting down: left unacked, redelivered
 	}
 	c.cfg.Logger.Error("amqp: cannot move message; dead-lettering natively", "queue", q.name,
 		"message_id", d.MessageId, "to_exchange", exchange, "to_key", key, "err", err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -173,6 +174,30 @@ func (p *Publisher) PublishRaw(ctx context.Context, exchange, key string, msgs .
 		index[i] = i
 	}
 	return p.publish(ctx, exchange, keys, msgs, index)
+}
+
+// PublishRawRetry is PublishRaw of one message, tried up to 3 times (5 s
+// each, 200 and 400 ms apart) while the outcome is unknown or nacked; a
+// returned message (*ReturnedError) or the end of ctx stops it at once. It
+// returns the last error.
+func (p *Publisher) PublishRawRetry(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	var err error
+	for try := range 3 {
+		if try > 0 {
+			select {
+			case <-time.After(time.Duration(try) * 200 * time.Millisecond):
+			case <-ctx.Done():
+				return errors.Join(ctx.Err(), err)
+			}
+		}
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = p.PublishRaw(tctx, exchange, key, msg)
+		cancel()
+		if err == nil || errors.Is(err, ErrUnroutable) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
 }
 
 func (p *Publisher) publish(ctx context.Context, exchange string, keys []string, pubs []amqp.Publishing, index []int) error {

@@ -23,14 +23,21 @@ func declareQueue(t *testing.T, conn *amqp.Conn, name string) {
 	}
 }
 
-func TestPublishConfirmsEveryMessageWithContractHeaders(t *testing.T) {
+// pubSetup returns a connection, a fresh queue and a publisher with cfg.
+func pubSetup(t *testing.T, cfg amqp.PublisherConfig) (*amqp.Conn, string, *amqp.Publisher) {
+	t.Helper()
 	conn := amqptest.Dial(t)
 	q := amqptest.Name("t.pub")
 	declareQueue(t, conn, q)
-	pub, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{})
+	pub, err := amqp.NewPublisher(context.Background(), conn, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return conn, q, pub
+}
+
+func TestPublishConfirmsEveryMessageWithContractHeaders(t *testing.T) {
+	conn, q, pub := pubSetup(t, amqp.PublisherConfig{})
 	var msgs []*transport.Message
 	for i := range 300 {
 		msgs = append(msgs, event(t, q, fmt.Sprintf("K%d", i%7), i))
@@ -58,16 +65,10 @@ func TestPublishConfirmsEveryMessageWithContractHeaders(t *testing.T) {
 }
 
 func TestPublishReportsReturnedMessagesAndConfirmsTheOthers(t *testing.T) {
-	conn := amqptest.Dial(t)
-	q := amqptest.Name("t.pub")
-	declareQueue(t, conn, q)
-	pub, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, q, pub := pubSetup(t, amqp.PublisherConfig{})
 	msgs := []*transport.Message{event(t, q, "a", 0), event(t, q+".no-such-queue", "b", 1), event(t, q, "c", 2),
 		event(t, q+".no-such-queue-either", "d", 3)}
-	err = pub.Publish(context.Background(), msgs)
+	err := pub.Publish(context.Background(), msgs)
 	var ret *amqp.ReturnedError
 	if !errors.As(err, &ret) || !errors.Is(err, amqp.ErrUnroutable) {
 		t.Fatalf("want a *ReturnedError, got %v", err)
@@ -89,16 +90,10 @@ func TestPublishReportsReturnedMessagesAndConfirmsTheOthers(t *testing.T) {
 }
 
 func TestPublishRejectsOversizedMessagesForGood(t *testing.T) {
-	conn := amqptest.Dial(t)
-	q := amqptest.Name("t.pub")
-	declareQueue(t, conn, q)
-	pub, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{MaxMessageBytes: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, q, pub := pubSetup(t, amqp.PublisherConfig{MaxMessageBytes: 1000})
 	big := event(t, q, "b", 1)
 	big.Value = make([]byte, 5000)
-	err = pub.Publish(context.Background(), []*transport.Message{event(t, q, "a", 0), big, event(t, q, "c", 2)})
+	err := pub.Publish(context.Background(), []*transport.Message{event(t, q, "a", 0), big, event(t, q, "c", 2)})
 	var rejected *transport.RejectedError
 	if !errors.As(err, &rejected) || len(rejected.Index) != 1 || rejected.Index[0] != 1 {
 		t.Fatalf("want message 1 rejected for good, got %v", err)
@@ -109,13 +104,7 @@ func TestPublishRejectsOversizedMessagesForGood(t *testing.T) {
 }
 
 func TestPublishFromManyGoroutinesMatchesEveryConfirm(t *testing.T) {
-	conn := amqptest.Dial(t)
-	q := amqptest.Name("t.pub")
-	declareQueue(t, conn, q)
-	pub, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, q, pub := pubSetup(t, amqp.PublisherConfig{})
 	var wg sync.WaitGroup
 	errs := make(chan error, 40)
 	for g := range 20 {

@@ -112,28 +112,6 @@ func DeleteQueuesAtCleanup(t testing.TB, names func() []string) {
 	})
 }
 
-// DeleteExchangesAtCleanup deletes exchanges when the test ends.
-func DeleteExchangesAtCleanup(t testing.TB, names ...string) {
-	t.Helper()
-	t.Cleanup(func() {
-		conn, err := amqp091.Dial(URL())
-		if err != nil {
-			t.Errorf("amqptest: cleanup: %v", err)
-			return
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Errorf("amqptest: cleanup: %v", err)
-			return
-		}
-		defer ch.Close()
-		for _, n := range names {
-			_ = ch.ExchangeDelete(n, false, false)
-		}
-	})
-}
-
 // Rabbitmqctl runs rabbitmqctl with args and fails the test on error.
 func Rabbitmqctl(t testing.TB, args ...string) {
 	t.Helper()
