@@ -209,11 +209,11 @@ func (p *Publisher) publish(ctx context.Context, exchange string, keys []string,
 		return err
 	}
 	waits := make([]*pending, len(pubs))
-	for i := range pubs {
-		if pubs[i].MessageId == "" {
-			pubs[i].MessageId = uuid.NewString()
+	for i, m := range pubs {
+		if m.MessageId == "" {
+			m.MessageId = uuid.NewString() // basic.return frames are matched by it
 		}
-		w, err := pc.publish(ctx, exchange, keys[i], pubs[i])
+		w, err := pc.publish(ctx, exchange, keys[i], m)
 		if err != nil {
 			return fmt.Errorf("amqp: publish to exchange %q key %q: %w", exchange, keys[i], err)
 		}
