@@ -165,20 +165,12 @@ func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*
 		ON CONFLICT (id) DO NOTHING RETURNING true`
 	b := &pgx.Batch{}
 	for _, l := range letters {
-		keys := make([][]byte, len(l.Headers))
-		vals := make([][]byte, len(l.Headers))
-		for i, h := range l.Headers {
-			keys[i], vals[i] = []byte(h.Key), []byte(h.Value)
-		}
-		value := l.Value
-		if value == nil {
-			value = []byte{}
-		}
+		keys, vals := headerBytes(l.Headers)
 		b.Queue(q, l.ID, pgText(l.Topic), l.Partition, l.Offset, pgText(l.OriginalTopic),
 			nullInt(int64(l.OriginalPartition)), nullInt(l.OriginalOffset),
 			nullText(l.EventID), nullText(l.Type), pgText(l.Reason), l.Attempts,
 			nullTime(l.FirstFailure), nullTime(l.EventTime), l.DeadAt,
-			nullText(l.ConsumerGroup), l.Key, value, keys, vals, pgText(l.Class()))
+			nullText(l.ConsumerGroup), l.Key, nonNil(l.Value), keys, vals, pgText(l.Class()))
 	}
 	br := tx.SendBatch(ctx, b)
 	var added []*Letter
@@ -361,6 +353,23 @@ func scanLetter(r pgx.CollectableRow) (*Letter, error) {
 		l.Headers = append(l.Headers, transport.Header{Key: string(hkeys[i]), Value: string(hvals[i])})
 	}
 	return l, nil
+}
+
+// headerBytes returns the header keys and values as stored (capcaleres_*).
+func headerBytes(h []transport.Header) (keys, vals [][]byte) {
+	keys, vals = make([][]byte, len(h)), make([][]byte, len(h))
+	for i, x := range h {
+		keys[i], vals[i] = []byte(x.Key), []byte(x.Value)
+	}
+	return keys, vals
+}
+
+// nonNil returns v, or an empty slice for nil (valor is NOT NULL).
+func nonNil(v []byte) []byte {
+	if v == nil {
+		return []byte{}
+	}
+	return v
 }
 
 func nullInt(v int64) any {

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -22,6 +23,7 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -34,12 +36,18 @@ const dlqUsage = `usage: km0 dlq <command> [flags]   (km0 dlq <command> --help f
 Every command first syncs the PostgreSQL index of dead letters with the DLQ
 topics (reads them up to their current end), so nothing shown is stale.
 
+RabbitMQ: pass --queue Q (the work queues whose Q.dlq to operate; the URL is
+--amqp-url, else $KM0_AMQP_URL, else the local guest broker). The sync moves
+each dead letter off the broker into the index (acked only after the index
+committed it); from then on the index holds it and replay republishes from it.
+
 commands:
   ls       dead letters grouped by topic and motiu, then the rows
   show     one letter: fields, headers and the envelope (raw bytes shown safely)
   replay   republish letters to their original topic (same key and id_esdeveniment)
   purge    mark letters purged (Kafka cannot delete single records; see --delete-records)
   index    run the indexer: index every new dead letter, alert, serve /metrics and the admin API
+           (RabbitMQ: syncs every --interval)
 `
 
 // runDLQ is the `km0 dlq` command.
@@ -84,8 +92,28 @@ func (c *dlqCLI) run(ctx context.Context, args []string) error {
 // dlqOpts are the flags every dlq command shares.
 type dlqOpts struct {
 	dbURL, brokers, schema, topics, group, webhook *string
+	amqpURL                                        *string
+	queues                                         *listFlag
 	syncTimeout                                    *time.Duration
 	json                                           *bool
+	fs                                             *flag.FlagSet
+}
+
+// rabbit reports whether the RabbitMQ backend is selected: --queue given, or
+// --amqp-url set on the command line ($KM0_AMQP_URL alone does not select it).
+func (o *dlqOpts) rabbit() bool {
+	set := len(*o.queues) > 0
+	o.fs.Visit(func(f *flag.Flag) { set = set || f.Name == "amqp-url" })
+	return set
+}
+
+// queueNames splits the --queue values on commas.
+func (o *dlqOpts) queueNames() []string {
+	var out []string
+	for _, v := range *o.queues {
+		out = append(out, kafka.SplitBrokers(v)...)
+	}
+	return out
 }
 
 func (c *dlqCLI) flags(name, summary string) (*flag.FlagSet, *dlqOpts) {
@@ -103,17 +131,25 @@ func (c *dlqCLI) flags(name, summary string) (*flag.FlagSet, *dlqOpts) {
 		webhook:     fs.String("webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "URL that gets a JSON notice per new dead letter (default $KM0_DLQ_WEBHOOK)"),
 		syncTimeout: fs.Duration("sync-timeout", dlq.SyncTimeoutDefault, "how long reading the DLQ topics may take"),
 		json:        fs.Bool("json", false, "print JSON for scripts"),
+		queues:      &listFlag{},
+		fs:          fs,
 	}
+	// Registered empty and then given $KM0_AMQP_URL, so --help never prints
+	// a password (as databaseURLFlag).
+	o.amqpURL = fs.String("amqp-url", "", "RabbitMQ URL: operate the DLQ queues of --queue (default $KM0_AMQP_URL, else the local guest broker)")
+	*o.amqpURL = os.Getenv("KM0_AMQP_URL")
+	fs.Var(o.queues, "queue", "RabbitMQ work queue whose <queue>.dlq to operate (repeatable or comma separated); selects RabbitMQ")
 	return fs, o
 }
 
-// dlqEnv is an open Source and how to close it. svc is the plug point of a
-// second backend: a RabbitMQ dlq.Backend wrapped by dlq.NewService (or any
-// dlq.Source) serves every command and the admin API unchanged.
+// dlqEnv is an open Source and how to close it. svc is a dlq.Service over
+// the Kafka backend or, with --queue/--amqp-url, the RabbitMQ one; every
+// command and the admin API use it unchanged.
 type dlqEnv struct {
 	svc     dlq.Source
 	store   *dlq.Store
-	backend *dlq.KafkaBackend
+	backend *dlq.KafkaBackend // nil with RabbitMQ
+	rabbit  bool
 	kcfg    dlq.KafkaConfig
 	alerter *dlq.Alerter
 	close   func()
@@ -121,7 +157,13 @@ type dlqEnv struct {
 
 // open connects, applies the dlq migrations, and syncs the index.
 func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer, sync bool) (*dlqEnv, error) {
-	brokers, err := requireBrokers(*o.brokers)
+	var brokers []string
+	var err error
+	if !o.rabbit() {
+		brokers, err = requireBrokers(*o.brokers)
+	} else if len(o.queueNames()) == 0 {
+		err = errors.New("--amqp-url needs --queue: the work queues whose <queue>.dlq to operate")
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -135,29 +177,47 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 		return fail(err)
 	}
 	log := logger()
-	env.kcfg = dlq.KafkaConfig{Brokers: brokers, Topics: kafka.SplitBrokers(*o.topics), Group: *o.group,
-		SyncTimeout: *o.syncTimeout, Logger: log}
-	if env.backend, err = dlq.NewKafkaBackend(env.kcfg); err != nil {
-		return fail(err)
+	var backend dlq.Backend
+	if o.rabbit() {
+		env.rabbit = true
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: *o.amqpURL, Name: "km0 dlq", Logger: log})
+		if err != nil {
+			return fail(err) // names the URL without its password
+		}
+		ab, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: conn, Queues: o.queueNames(), SyncTimeout: *o.syncTimeout, Logger: log})
+		if err != nil {
+			_ = conn.Close()
+			return fail(err)
+		}
+		closePool := env.close
+		env.close = func() { _ = ab.Close(); _ = conn.Close(); closePool() }
+		backend = ab
+	} else {
+		env.kcfg = dlq.KafkaConfig{Brokers: brokers, Topics: kafka.SplitBrokers(*o.topics), Group: *o.group,
+			SyncTimeout: *o.syncTimeout, Logger: log}
+		if env.backend, err = dlq.NewKafkaBackend(env.kcfg); err != nil {
+			return fail(err)
+		}
+		closePool := env.close
+		env.close = func() { env.backend.Close(); closePool() }
+		backend = env.backend
 	}
-	closePool := env.close
-	env.close = func() { env.backend.Close(); closePool() }
 	if reg == nil {
 		reg = prometheus.NewRegistry() // a one-shot command exports no metrics
 	}
 	if env.alerter, err = dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, Logger: log, WebhookURL: *o.webhook}); err != nil {
 		return fail(err)
 	}
-	closeKafka := env.close
+	closeBroker := env.close
 	env.close = func() {
 		// Give queued webhook notices a bounded chance to go out.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 		defer cancel()
 		_ = env.alerter.Close(cctx)
-		closeKafka()
+		closeBroker()
 	}
 	env.store = dlq.NewStore(pool, *o.schema)
-	svc, err := dlq.NewService(dlq.ServiceConfig{Store: env.store, Backend: env.backend, Alerter: env.alerter, Logger: log})
+	svc, err := dlq.NewService(dlq.ServiceConfig{Store: env.store, Backend: backend, Alerter: env.alerter, Logger: log})
 	if err != nil {
 		return fail(err)
 	}
@@ -399,7 +459,7 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 			return fmt.Errorf("refusing to purge %d letter(s) without confirmation: pass --yes (stdin is not a terminal)", len(ls.Letters))
 		}
 		fmt.Fprintf(c.out, "Purge %d dead letter(s)? They are marked purged in the index", len(ls.Letters))
-		if *del {
+		if *del && !env.rabbit {
 			fmt.Fprint(c.out, " and their records deleted where no pending letter precedes them")
 		}
 		fmt.Fprint(c.out, ". [y/N] ")
@@ -429,7 +489,9 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 		for _, p := range rep.Deleted {
 			fmt.Fprintf(c.out, "deleted the records of %s/%d before offset %d\n", p.Topic, p.Partition, p.Offset)
 		}
-		if !*del && rep.Done > 0 {
+		if env.rabbit && rep.Done > 0 {
+			fmt.Fprintln(c.out, "RabbitMQ: these letters left the broker when they were indexed; the index keeps their bytes.")
+		} else if !*del && rep.Done > 0 {
 			fmt.Fprintln(c.out, "Kafka cannot delete single records: they stay on the DLQ topic until its retention "+
 				"removes them (--delete-records deletes, per partition, up to the lowest pending letter).")
 		}
@@ -440,17 +502,23 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 func (c *dlqCLI) index(ctx context.Context, args []string) error {
 	fs, o := c.flags("index", "index every new dead letter and alert on it; optionally serve /metrics and the admin API")
 	addr := fs.String("http-addr", "", "serve /metrics and the admin API (/dlq/...) here, e.g. 127.0.0.1:9464; empty: no HTTP")
+	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *interval <= 0 {
+		return errors.New("--interval must be positive")
 	}
 	env, err := c.open(ctx, o, prometheus.DefaultRegisterer, false)
 	if err != nil {
 		return err
 	}
 	defer env.close()
-	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter})
-	if err != nil {
-		return err
+	var ix *dlq.Indexer
+	if !env.rabbit {
+		if ix, err = dlq.NewIndexer(dlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter}); err != nil {
+			return err
+		}
 	}
 	if *addr != "" {
 		token := os.Getenv("KM0_DLQ_ADMIN_TOKEN")
@@ -470,8 +538,30 @@ func (c *dlqCLI) index(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(c.errOut, "km0 dlq index: http://%s/metrics and /dlq/letters; %s\n", ln.Addr(), state)
 	}
+	if env.rabbit {
+		fmt.Fprintf(c.errOut, "km0 dlq index: moving the dead letters of %s into the index every %s\n",
+			strings.Join(o.queueNames(), ", "), *interval)
+		return syncEvery(ctx, env.svc, *interval, logger())
+	}
 	fmt.Fprintf(c.errOut, "km0 dlq index: indexing DLQ topics as group %s\n", *o.group)
 	return ix.Run(ctx)
+}
+
+// syncEvery syncs src now and then every interval until ctx ends (then it
+// returns nil). A failed sync is logged and tried again at the next tick.
+func syncEvery(ctx context.Context, src dlq.Source, interval time.Duration, log *slog.Logger) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := src.Sync(ctx); err != nil && ctx.Err() == nil {
+			log.Error("km0 dlq index: sync failed; trying again", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
 }
 
 // parseInterspersed parses flags that may come after positional arguments.
