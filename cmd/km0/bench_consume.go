@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/consumer/consumerbench"
+	"github.com/km0/km0/schema"
 )
 
 func init() { registerBench("consume", benchConsume) }
@@ -31,6 +32,7 @@ func benchConsume(ctx context.Context, args []string) error {
 	conc := fs.Int("concurrency", consumerbench.ConcurrencyDefault, "transactions at once (= PostgreSQL connections)")
 	keys := fs.Int("keys", consumerbench.KeysDefault, "distinct agregat_id keys")
 	handler := fs.String("handler", "message", "message: one statement per event (Handle); batch: one per transaction (HandleBatch)")
+	validate := fs.Bool("validate", false, "also run every case with a validating schema.Decoder (JSON Schema of comanda.creada) and print the ratio")
 	dbURL := databaseURLFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -50,19 +52,50 @@ func benchConsume(ctx context.Context, args []string) error {
 	if *poison > 0 {
 		rates = []float64{0, *poison}
 	}
+	validations := []bool{false}
+	var dec *schema.Decoder
+	if *validate {
+		validations = []bool{false, true}
+		var err error
+		if dec, err = schema.NewDecoder(schema.DecoderConfig{Handles: map[string]int{"comanda.creada": 1}}); err != nil {
+			return err
+		}
+	}
 	enc := json.NewEncoder(os.Stdout)
 	healthy := map[float64][]float64{}
+	validated := map[bool][]float64{}
 	for range *runs {
 		for _, rate := range rates {
-			cfg.PoisonRate = rate
-			res, err := consumerbench.Run(ctx, cfg)
-			if err != nil {
-				return err
+			for _, v := range validations {
+				cfg.PoisonRate, cfg.Validated, cfg.Decode = rate, v, nil
+				if v {
+					cfg.Decode = dec.Decode
+				}
+				res, err := consumerbench.Run(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				if !v {
+					healthy[rate] = append(healthy[rate], res.HealthyPerS)
+				}
+				if rate == *poison {
+					validated[v] = append(validated[v], res.HealthyPerS)
+				}
+				if err := enc.Encode(res); err != nil {
+					return err
+				}
 			}
-			healthy[rate] = append(healthy[rate], res.HealthyPerS)
-			if err := enc.Encode(res); err != nil {
-				return err
-			}
+		}
+	}
+	if *validate {
+		off, on := median(validated[false]), median(validated[true])
+		ratio := math.Round(on/off*1000) / 1000
+		if err := enc.Encode(map[string]any{
+			"bench": "consume_validation", "poison_rate": *poison, "runs": *runs, "handler": *handler,
+			"events_per_s": on, "validated_healthy_per_s": on, "unvalidated_healthy_per_s": off,
+			"ratio": ratio, "target_met": ratio >= 0.90,
+		}); err != nil {
+			return err
 		}
 	}
 	if *poison == 0 {

@@ -25,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -51,6 +52,10 @@ type Config struct {
 	// Batch sets consumer.Config.HandleBatch: the effects of a transaction
 	// in one multi-row statement instead of one statement per event.
 	Batch bool
+	// Decode, if set, is consumer.Config.Decode (e.g. a validating
+	// schema.Decoder); Validated is copied to the result to label the line.
+	Decode    func([]byte) (*envelope.Envelope, error)
+	Validated bool
 }
 
 // Result is one run's figures; it marshals to the JSON line of `km0 bench`.
@@ -66,7 +71,8 @@ type Result struct {
 	BatchSize    int     `json:"batch_size"`
 	Concurrency  int     `json:"concurrency"`
 	Partitions   int     `json:"partitions"`
-	Handler      string  `json:"handler"` // "message" (one statement per event) or "batch" (HandleBatch)
+	Handler      string  `json:"handler"`   // "message" (one statement per event) or "batch" (HandleBatch)
+	Validated    bool    `json:"validated"` // events decoded by a validating schema.Decoder
 }
 
 // Run produces, consumes and checks: the effect table must hold exactly one
@@ -87,7 +93,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, errors.New("consumerbench: no database URL")
 	}
 	res := Result{Bench: "consume", N: cfg.N, PoisonRate: cfg.PoisonRate, BatchSize: cfg.BatchSize,
-		Concurrency: cfg.Concurrency, Partitions: cfg.Partitions, Handler: "message"}
+		Concurrency: cfg.Concurrency, Partitions: cfg.Partitions, Handler: "message", Validated: cfg.Validated}
 	if cfg.Batch {
 		res.Handler = "batch"
 	}
@@ -125,8 +131,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	c, err := consumer.New(consumer.Config{
-		HandleBatch: handleBatch,
-		Brokers:     broker.Addrs(), Group: "bench", Topics: []string{topic}, Name: "bench.consum",
+		HandleBatch: handleBatch, Decode: cfg.Decode,
+		Brokers: broker.Addrs(), Group: "bench", Topics: []string{topic}, Name: "bench.consum",
 		Pool: pool, Names: migrate.Names{Schema: schema}, Types: []string{tipus},
 		BatchSize: cfg.BatchSize, Concurrency: cfg.Concurrency, Logger: cfg.Logger,
 		TopicPartitions: int32(cfg.Partitions),
@@ -206,7 +212,7 @@ func produce(ctx context.Context, brokers []string, cfg Config) (int, error) {
 		} else {
 			healthy++
 			v = `{"id_esdeveniment":"` + id + `","tipus":"` + tipus + `","versio":1,"data_ms":1789000000000,"origen":"bench",` +
-				`"dades":{"id":"` + key + `","client":"anna","linies":[{"producte":"tomaquet-rosa","quantitat":2,"preu_centims":350}]}}`
+				`"dades":{"id":"` + key + `","client":"anna","mercat":"girona","linies":[{"producte":"tomaquet-rosa","quantitat":2,"preu_centims":350}]}}`
 		}
 		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(v), Headers: []kgo.RecordHeader{
 			{Key: "tipus", Value: []byte(tipus)}, {Key: "id_esdeveniment", Value: []byte(id)}}})
