@@ -18,12 +18,18 @@ import (
 
 // Message is one delivered event as a Handler sees it.
 type Message struct {
-	*transport.Message                    // topic, key, raw value, headers
-	Partition          int32              // source partition
-	Offset             int64              // source offset
-	Envelope           *envelope.Envelope // decoded (and upcast) envelope
-	Attempt            int                // 1 for the first delivery, 2 for the first retry...
-	FirstFailure       time.Time          // zero on the first attempt
+	*transport.Message        // topic, key, raw value, headers
+	OriginalTopic      string // the domain topic: Topic, or the topic a retry copy came from
+	Partition          int32  // source partition
+	Offset             int64  // source offset
+	// IdempotencyKey is what the inbox records: the envelope member
+	// "correlacio" when present (the shared id of a dual-published pair, so a
+	// consumer accepting both copies handles the pair once), else
+	// id_esdeveniment.
+	IdempotencyKey string
+	Envelope       *envelope.Envelope // decoded (and upcast) envelope
+	Attempt        int                // 1 for the first delivery, 2 for the first retry...
+	FirstFailure   time.Time          // zero on the first attempt
 }
 
 // Handler applies the effect of one event inside tx, the transaction in which
@@ -35,6 +41,12 @@ type Message struct {
 // When the handler returns an error, everything it did in tx is rolled back,
 // and so is the key: nothing of a failed attempt persists.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// BatchHandler applies the effects of several messages of one partition, in
+// offset order, inside tx (see Config.HandleBatch). It must apply all of them
+// or return an error; it needs no error attribution, since on any error the
+// consumer rolls back and runs the messages one by one with the Handler.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 
 // Mode says where the offset commit goes relative to the effect.
 type Mode int

@@ -14,6 +14,7 @@ package migrate
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -175,7 +176,7 @@ func applyOne(ctx context.Context, db DBTX, names Names, set Set, f file, repl *
 	// Simple protocol: a migration file may hold several statements.
 	if _, err := tx.Exec(ctx, repl.Replace(string(body)), pgx.QueryExecModeSimpleProtocol); err != nil {
 		var pgErr *pgconn.PgError
-		if ok := asPgErr(err, &pgErr); ok {
+		if errors.As(err, &pgErr) {
 			return false, fmt.Errorf("%s (%s)", pgErr.Message, pgErr.Code)
 		}
 		return false, err

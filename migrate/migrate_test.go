@@ -2,6 +2,7 @@ package migrate_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 
@@ -67,7 +68,7 @@ func TestTablesMatchTheContract(t *testing.T) {
 	if err := s.Pool.QueryRow(ctx, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'outbox_pendents'`, s.Name).Scan(&idx); err != nil {
 		t.Fatalf("outbox_pendents index: %v", err)
 	}
-	if want := "WHERE (publicat_en IS NULL)"; !contains(idx, want) {
+	if want := "WHERE (publicat_en IS NULL)"; !strings.Contains(idx, want) {
 		t.Fatalf("outbox_pendents is %q, want a partial index %s", idx, want)
 	}
 }
@@ -83,13 +84,4 @@ func TestConfiguredNamesAreQuoted(t *testing.T) {
 	if err := s.Pool.QueryRow(context.Background(), `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name IN ('sortida "rara"', 'Processats; DROP TABLE x')`, s.Name).Scan(&n); err != nil || n != 2 {
 		t.Fatalf("odd table names: %d (%v)", n, err)
 	}
-}
-
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
 }

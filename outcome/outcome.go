@@ -88,6 +88,13 @@ func RetryAfter(d time.Duration, err error) error {
 	return &Error{Kind: KindTransient, Delay: d, Err: err}
 }
 
+// ErrIgnore is matched (errors.Is) by an error that means "not for this
+// consumer": the message is skipped and counted like a tipus the consumer does
+// not handle, its offset committed, and it is neither retried nor
+// dead-lettered. A Decode hook returns it, e.g. for the newer copy of a
+// dual-published pair (package schema).
+var ErrIgnore = errors.New("outcome: ignore this message")
+
 // Classifier decides the Kind of an error that carries no outcome.
 type Classifier func(error) Kind
 

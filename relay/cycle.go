@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -256,12 +257,29 @@ func (w *worker) records(row *outbox.Row) ([]*transport.Message, string) {
 		}
 		m := &transport.Message{Topic: w.r.cfg.Topic, Key: key, Value: value, Headers: []transport.Header{
 			{Key: transport.HeaderType, Value: e.Type}, {Key: transport.HeaderEventID, Value: e.ID}}}
+		if c := correlation(e); c != "" {
+			m.Headers = append(m.Headers, transport.Header{Key: transport.HeaderCorrelator, Value: c})
+		}
 		if size := recordSize(m); size > w.r.cfg.MaxRecordBytes {
 			return nil, fmt.Sprintf("record of %d bytes is over the relay's limit of %d (MaxRecordBytes)", size, w.r.cfg.MaxRecordBytes)
 		}
 		out = append(out, m)
 	}
 	return out, ""
+}
+
+// correlation is the envelope's "correlacio" member (set on both copies of a
+// dual-published pair), or "".
+func correlation(e *envelope.Envelope) string {
+	raw, ok := e.Extra[transport.HeaderCorrelator]
+	if !ok {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
 }
 
 func recordSize(m *transport.Message) int {

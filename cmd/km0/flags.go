@@ -40,9 +40,12 @@ func parse(fs *flag.FlagSet, args []string) error {
 }
 
 // databaseURLFlag registers --database-url, defaulting to KM0_DATABASE_URL.
+// The environment value is applied after registration, so --help never prints
+// it: a URL may hold a password.
 func databaseURLFlag(fs *flag.FlagSet) *string {
-	return fs.String("database-url", os.Getenv("KM0_DATABASE_URL"),
-		"PostgreSQL URL (default $KM0_DATABASE_URL)")
+	v := fs.String("database-url", "", "PostgreSQL URL (default $KM0_DATABASE_URL)")
+	*v = os.Getenv("KM0_DATABASE_URL")
+	return v
 }
 
 // brokersFlag registers --brokers, defaulting to KM0_KAFKA_BROKERS.

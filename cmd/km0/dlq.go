@@ -1,0 +1,624 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/kafka"
+)
+
+func init() {
+	register(&command{name: "dlq", summary: "list, show, replay and purge dead letters; run the DLQ indexer (km0 dlq help)", run: runDLQ})
+}
+
+const dlqUsage = `usage: km0 dlq <command> [flags]   (km0 dlq <command> --help for its flags)
+
+Every command first syncs the PostgreSQL index of dead letters with the DLQ
+topics (reads them up to their current end), so nothing shown is stale.
+
+RabbitMQ: pass --queue Q (the work queues whose Q.dlq to operate; the URL is
+--amqp-url, else $KM0_AMQP_URL, else the local guest broker). The sync moves
+each dead letter off the broker into the index (acked only after the index
+committed it); from then on the index holds it and replay republishes from it.
+
+commands:
+  ls       dead letters grouped by topic and motiu, then the rows
+  show     one letter: fields, headers and the envelope (raw bytes shown safely)
+  replay   republish letters to their original topic (same key and id_esdeveniment)
+  purge    mark letters purged (Kafka cannot delete single records; see --delete-records)
+  index    run the indexer: index every new dead letter, alert, serve /metrics and the admin API
+           (RabbitMQ: syncs every --interval)
+`
+
+// runDLQ is the `km0 dlq` command.
+func runDLQ(ctx context.Context, args []string) error {
+	fi, err := os.Stdin.Stat()
+	tty := err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return (&dlqCLI{out: os.Stdout, errOut: os.Stderr, in: os.Stdin, tty: tty, now: time.Now}).run(ctx, args)
+}
+
+// dlqCLI holds the process's streams so tests can run the commands.
+type dlqCLI struct {
+	out, errOut io.Writer
+	in          io.Reader
+	tty         bool // stdin is a terminal: purge may ask for confirmation
+	now         func() time.Time
+}
+
+func (c *dlqCLI) run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(c.errOut, dlqUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "ls":
+		return c.ls(ctx, args[1:])
+	case "show":
+		return c.show(ctx, args[1:])
+	case "replay":
+		return c.replay(ctx, args[1:])
+	case "purge":
+		return c.purge(ctx, args[1:])
+	case "index":
+		return c.index(ctx, args[1:])
+	case "help", "-h", "--help":
+		fmt.Fprint(c.out, dlqUsage)
+		return nil
+	}
+	fmt.Fprintf(c.errOut, "km0 dlq: unknown command %q\n\n%s", args[0], dlqUsage)
+	return errUsage
+}
+
+// dlqOpts are the flags every dlq command shares.
+type dlqOpts struct {
+	dbURL, brokers, schema, topics, group, webhook *string
+	amqpURL                                        *string
+	queues                                         *listFlag
+	syncTimeout                                    *time.Duration
+	json                                           *bool
+	fs                                             *flag.FlagSet
+}
+
+// rabbit reports whether the RabbitMQ backend is selected: --queue given, or
+// --amqp-url set on the command line ($KM0_AMQP_URL alone does not select it).
+func (o *dlqOpts) rabbit() bool {
+	set := len(*o.queues) > 0
+	o.fs.Visit(func(f *flag.Flag) { set = set || f.Name == "amqp-url" })
+	return set
+}
+
+// queueNames splits the --queue values on commas.
+func (o *dlqOpts) queueNames() []string {
+	var out []string
+	for _, v := range *o.queues {
+		out = append(out, kafka.SplitBrokers(v)...)
+	}
+	return out
+}
+
+func (c *dlqCLI) flags(name, summary string) (*flag.FlagSet, *dlqOpts) {
+	fs := newFlags("dlq "+name, summary)
+	fs.SetOutput(c.errOut)
+	o := &dlqOpts{
+		// Not databaseURLFlag: its default, printed by --help, would show a
+		// password held in $KM0_DATABASE_URL. open() falls back to it.
+		dbURL:   fs.String("database-url", "", "PostgreSQL URL (default $KM0_DATABASE_URL)"),
+		brokers: brokersFlag(fs),
+		schema:  fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the index table cartes_mortes"),
+		topics: fs.String("topics", "", "DLQ topics, comma separated (default: every topic matching "+
+			dlq.TopicPatternDefault+")"),
+		group:       fs.String("group", dlq.GroupDefault, "consumer group whose offsets mark what is indexed"),
+		webhook:     fs.String("webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "URL that gets a JSON notice per new dead letter (default $KM0_DLQ_WEBHOOK)"),
+		syncTimeout: fs.Duration("sync-timeout", dlq.SyncTimeoutDefault, "how long reading the DLQ topics may take"),
+		json:        fs.Bool("json", false, "print JSON for scripts"),
+		queues:      &listFlag{},
+		fs:          fs,
+	}
+	// Registered empty and then given $KM0_AMQP_URL, so --help never prints
+	// a password (as databaseURLFlag).
+	o.amqpURL = fs.String("amqp-url", "", "RabbitMQ URL: operate the DLQ queues of --queue (default $KM0_AMQP_URL, else the local guest broker)")
+	*o.amqpURL = os.Getenv("KM0_AMQP_URL")
+	fs.Var(o.queues, "queue", "RabbitMQ work queue whose <queue>.dlq to operate (repeatable or comma separated); selects RabbitMQ")
+	return fs, o
+}
+
+// dlqEnv is an open Source and how to close it. svc is a dlq.Service over
+// the Kafka backend or, with --queue/--amqp-url, the RabbitMQ one; every
+// command and the admin API use it unchanged.
+type dlqEnv struct {
+	svc     dlq.Source
+	store   *dlq.Store
+	backend *dlq.KafkaBackend // nil with RabbitMQ
+	rabbit  bool
+	kcfg    dlq.KafkaConfig
+	alerter *dlq.Alerter
+	close   func()
+}
+
+// open connects, applies the dlq migrations, and syncs the index.
+func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer, sync bool) (*dlqEnv, error) {
+	var brokers []string
+	var err error
+	if !o.rabbit() {
+		brokers, err = requireBrokers(*o.brokers)
+	} else if len(o.queueNames()) == 0 {
+		err = errors.New("--amqp-url needs --queue: the work queues whose <queue>.dlq to operate")
+	}
+	if err != nil {
+		return nil, err
+	}
+	pool, err := openPool(ctx, cmp.Or(*o.dbURL, os.Getenv("KM0_DATABASE_URL")), 4)
+	if err != nil {
+		return nil, err
+	}
+	env := &dlqEnv{close: pool.Close}
+	fail := func(err error) (*dlqEnv, error) { env.close(); return nil, err }
+	if _, err := migrate.Up(ctx, pool, migrate.Names{Schema: *o.schema}, dlq.Migrations); err != nil {
+		return fail(err)
+	}
+	log := logger()
+	var backend dlq.Backend
+	if o.rabbit() {
+		env.rabbit = true
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: *o.amqpURL, Name: "km0 dlq", Logger: log})
+		if err != nil {
+			return fail(err) // names the URL without its password
+		}
+		ab, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: conn, Queues: o.queueNames(), SyncTimeout: *o.syncTimeout, Logger: log})
+		if err != nil {
+			_ = conn.Close()
+			return fail(err)
+		}
+		closePool := env.close
+		env.close = func() { _ = ab.Close(); _ = conn.Close(); closePool() }
+		backend = ab
+	} else {
+		env.kcfg = dlq.KafkaConfig{Brokers: brokers, Topics: kafka.SplitBrokers(*o.topics), Group: *o.group,
+			SyncTimeout: *o.syncTimeout, Logger: log}
+		if env.backend, err = dlq.NewKafkaBackend(env.kcfg); err != nil {
+			return fail(err)
+		}
+		closePool := env.close
+		env.close = func() { env.backend.Close(); closePool() }
+		backend = env.backend
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry() // a one-shot command exports no metrics
+	}
+	if env.alerter, err = dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, Logger: log, WebhookURL: *o.webhook}); err != nil {
+		return fail(err)
+	}
+	closeBroker := env.close
+	env.close = func() {
+		// Give queued webhook notices a bounded chance to go out.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+		defer cancel()
+		_ = env.alerter.Close(cctx)
+		closeBroker()
+	}
+	env.store = dlq.NewStore(pool, *o.schema)
+	svc, err := dlq.NewService(dlq.ServiceConfig{Store: env.store, Backend: backend, Alerter: env.alerter, Logger: log})
+	if err != nil {
+		return fail(err)
+	}
+	env.svc = svc
+	if sync {
+		res, err := env.svc.Sync(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("sync the index: %w", err))
+		}
+		if len(res.New) > 0 {
+			fmt.Fprintf(c.errOut, "km0 dlq: %d new dead letter(s) indexed\n", len(res.New))
+		}
+	}
+	return env, nil
+}
+
+// filterFlags registers the selection flags of replay and purge.
+type filterFlags struct {
+	topic, motiu, since, until *string
+	ids                        *listFlag
+}
+
+func addFilterFlags(fs *flag.FlagSet) *filterFlags {
+	f := &filterFlags{
+		topic: fs.String("topic", "", "only this topic: a DLQ topic (x.dlq) or an original topic (x)"),
+		motiu: fs.String("motiu", "", `only letters whose motiu starts with this, e.g. "permanent: esquema"`),
+		since: fs.String("since", "", "only letters dead at or after this: RFC 3339, YYYY-MM-DD, or an age (36h, 7d)"),
+		until: fs.String("until", "", "only letters dead before this (same forms as --since)"),
+		ids:   &listFlag{},
+	}
+	fs.Var(f.ids, "id", "only this letter (repeatable)")
+	return f
+}
+
+func (f *filterFlags) filter(now time.Time) (dlq.Filter, error) {
+	out := dlq.Filter{Topic: *f.topic, Reason: *f.motiu, IDs: *f.ids}
+	var err error
+	if out.Since, err = dlq.ParseTime(*f.since, now); err != nil {
+		return out, err
+	}
+	out.Until, err = dlq.ParseTime(*f.until, now)
+	return out, err
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// start parses args, builds the selection, then connects and syncs. check,
+// if not nil, validates more flags before anything is opened.
+func (c *dlqCLI) start(ctx context.Context, fs *flag.FlagSet, o *dlqOpts, ff *filterFlags, args []string,
+	check func(*dlq.Filter) error) (dlq.Filter, *dlqEnv, error) {
+	if err := parse(fs, args); err != nil {
+		return dlq.Filter{}, nil, err
+	}
+	f, err := ff.filter(c.now())
+	if err == nil && check != nil {
+		err = check(&f)
+	}
+	if err != nil {
+		return f, nil, err
+	}
+	env, err := c.open(ctx, o, nil, true)
+	return f, env, err
+}
+
+func (c *dlqCLI) ls(ctx context.Context, args []string) error {
+	fs, o := c.flags("ls", "list dead letters grouped by topic and motiu (counts), then the rows")
+	ff := addFilterFlags(fs)
+	state := fs.String("estat", "pendent", "pendent, reproduida, purgada or totes")
+	limit := fs.Int("limit", 200, "rows to print at most (0 = all); the counts always cover every letter")
+	f, env, err := c.start(ctx, fs, o, ff, args, func(f *dlq.Filter) (err error) {
+		f.Limit = *limit
+		f.States, err = dlq.ParseState(*state)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	ls, err := env.svc.List(ctx, f)
+	if err != nil {
+		return err
+	}
+	if *o.json {
+		return c.printJSON(dlq.ListingView(ls))
+	}
+	total := 0
+	for _, g := range ls.Groups {
+		total += g.Count
+	}
+	fmt.Fprintf(c.out, "%d dead letter(s) (estat %s)\n", total, cmp.Or(*state, "totes"))
+	if total == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(c.out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nTOPIC\tMOTIU\tCARTES\tPRIMERA\tDARRERA")
+	for _, g := range ls.Groups {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", g.Topic, dlq.Safe(g.Class), g.Count, stamp(g.Oldest), stamp(g.Newest))
+	}
+	fmt.Fprintln(tw, "\nID\tMORTA_EN\tINTENTS\tESTAT\tTIPUS\tID_ESDEVENIMENT\tMOTIU")
+	for _, l := range ls.Letters {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, stamp(l.DeadAt), l.Attempts, l.State,
+			orDash(dlq.Safe(l.Type)), orDash(dlq.Safe(l.EventID)), clip(dlq.Safe(l.Reason), 80))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(ls.Letters) < total {
+		fmt.Fprintf(c.out, "(%d of %d rows shown; --limit 0 shows all)\n", len(ls.Letters), total)
+	}
+	return nil
+}
+
+func (c *dlqCLI) show(ctx context.Context, args []string) error {
+	fs, o := c.flags("show", "show one dead letter: fields, headers and the envelope")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: km0 dlq show [flags] ID   (ID as printed by km0 dlq ls: <dlq topic>/<partition>/<offset>)\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	rest, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		fmt.Fprintln(c.errOut, "km0 dlq show: want exactly one letter ID")
+		fs.Usage()
+		return errUsage
+	}
+	env, err := c.open(ctx, o, nil, true)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	l, err := env.svc.Get(ctx, rest[0])
+	if err != nil {
+		return err
+	}
+	if *o.json {
+		return c.printJSON(dlq.View(l, true))
+	}
+	tw := tabwriter.NewWriter(c.out, 2, 4, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	row("id", l.ID)
+	row("estat", fmt.Sprintf("%s (reproduccions %d%s%s)", l.State, l.Replays, at(" darrera ", l.ReplayedAt), at(", purgada ", l.PurgedAt)))
+	row("topic original", fmt.Sprintf("%s (partició %s, offset %s)", l.OriginalTopic, orDash(num(int64(l.OriginalPartition))), orDash(num(l.OriginalOffset))))
+	row("motiu", dlq.Safe(l.Reason))
+	row("intents", fmt.Sprint(l.Attempts))
+	row("tipus", orDash(dlq.Safe(l.Type)))
+	row("id_esdeveniment", orDash(dlq.Safe(l.EventID)))
+	row("clau", fmt.Sprintf("%q", l.Key))
+	row("primera fallada", orDash(stamp(l.FirstFailure)))
+	row("data esdeveniment", orDash(stamp(l.EventTime)))
+	row("morta en", stamp(l.DeadAt))
+	row("grup consumidor", orDash(dlq.Safe(l.ConsumerGroup)))
+	_ = tw.Flush()
+	fmt.Fprintln(c.out, "\ncapçaleres:")
+	for _, h := range l.Headers {
+		fmt.Fprintf(c.out, "  %s: %s\n", dlq.Safe(h.Key), dlq.Safe(h.Value))
+	}
+	text, isJSON := dlq.PrettyValue(l.Value, 0)
+	_, envErr := l.Envelope()
+	switch {
+	case envErr == nil:
+		fmt.Fprintf(c.out, "\nenvolupant:\n%s\n", text)
+	case isJSON:
+		fmt.Fprintf(c.out, "\nvalor (JSON, but not a valid envelope: %s):\n%s\n", dlq.Safe(envErr.Error()), text)
+	default:
+		fmt.Fprintf(c.out, "\nvalor (%d bytes, not JSON: %s), escaped:\n%s\n", len(l.Value), dlq.Safe(envErr.Error()), text)
+	}
+	return nil
+}
+
+func (c *dlqCLI) replay(ctx context.Context, args []string) error {
+	fs, o := c.flags("replay", "republish dead letters to their original topic with the same key, value and id_esdeveniment")
+	ff := addFilterFlags(fs)
+	dry := fs.Bool("dry-run", false, "say what would be replayed; publish and mark nothing")
+	force := fs.Bool("force", false, "also replay letters already replayed or purged, or older than --retention")
+	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: older letters are refused without --force")
+	f, env, err := c.start(ctx, fs, o, ff, args, nil)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	rep, err := env.svc.Replay(ctx, f, dlq.ReplayOptions{DryRun: *dry, Force: *force, Retention: *retention})
+	if err != nil {
+		return err
+	}
+	if *o.json {
+		if err := c.printJSON(rep); err != nil {
+			return err
+		}
+	} else {
+		verb := "replayed"
+		if rep.DryRun {
+			verb = "would replay"
+		}
+		for _, it := range rep.Items {
+			if it.Done {
+				fmt.Fprintf(c.out, "%s %s -> %s (id_esdeveniment %s)\n", verb, it.ID, it.Topic, orDash(dlq.Safe(it.EventID)))
+			} else {
+				fmt.Fprintf(c.out, "refused %s: %s\n", it.ID, it.Refused)
+			}
+		}
+		fmt.Fprintf(c.out, "%d selected, %d %s, %d refused\n", rep.Selected, rep.Done, verb, rep.Refused)
+	}
+	if rep.Refused > 0 {
+		return fmt.Errorf("%d letter(s) refused", rep.Refused)
+	}
+	return nil
+}
+
+func (c *dlqCLI) purge(ctx context.Context, args []string) error {
+	fs, o := c.flags("purge", "mark dead letters purged (after a confirmation)")
+	ff := addFilterFlags(fs)
+	yes := fs.Bool("yes", false, "confirm without asking (needed when stdin is not a terminal)")
+	del := fs.Bool("delete-records", false, "also delete the records on the DLQ topic, per partition up to the lowest offset still pending")
+	f, env, err := c.start(ctx, fs, o, ff, args, nil)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	if !*yes {
+		sel := f
+		if len(sel.IDs) == 0 {
+			sel.States = []dlq.State{dlq.StatePending, dlq.StateReplayed}
+		}
+		ls, err := env.svc.List(ctx, sel)
+		if err != nil {
+			return err
+		}
+		if len(ls.Letters) == 0 {
+			fmt.Fprintln(c.out, "nothing to purge")
+			return nil
+		}
+		if !c.tty {
+			return fmt.Errorf("refusing to purge %d letter(s) without confirmation: pass --yes (stdin is not a terminal)", len(ls.Letters))
+		}
+		fmt.Fprintf(c.out, "Purge %d dead letter(s)? They are marked purged in the index", len(ls.Letters))
+		if *del && !env.rabbit {
+			fmt.Fprint(c.out, " and their records deleted where no pending letter precedes them")
+		}
+		fmt.Fprint(c.out, ". [y/N] ")
+		answer, rerr := bufio.NewReader(c.in).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" && a != "s" && a != "si" && a != "sí" {
+			fmt.Fprintln(c.out)
+			if rerr != nil && answer == "" { // e.g. /dev/null, which looks like a terminal
+				return errors.New("purge refused: no confirmation on stdin; pass --yes")
+			}
+			return errors.New("purge cancelled")
+		}
+	}
+	rep, err := env.svc.Purge(ctx, f, dlq.PurgeOptions{Confirmed: true, DeleteRecords: *del})
+	if rep != nil && *o.json {
+		if jerr := c.printJSON(rep); jerr != nil {
+			return jerr
+		}
+		return err
+	}
+	if rep != nil {
+		for _, it := range rep.Items {
+			if !it.Done {
+				fmt.Fprintf(c.out, "refused %s: %s\n", it.ID, it.Refused)
+			}
+		}
+		fmt.Fprintf(c.out, "%d letter(s) marked purged in the index, %d refused\n", rep.Done, rep.Refused)
+		for _, p := range rep.Deleted {
+			fmt.Fprintf(c.out, "deleted the records of %s/%d before offset %d\n", p.Topic, p.Partition, p.Offset)
+		}
+		if env.rabbit && rep.Done > 0 {
+			fmt.Fprintln(c.out, "RabbitMQ: these letters left the broker when they were indexed; the index keeps their bytes.")
+		} else if !*del && rep.Done > 0 {
+			fmt.Fprintln(c.out, "Kafka cannot delete single records: they stay on the DLQ topic until its retention "+
+				"removes them (--delete-records deletes, per partition, up to the lowest pending letter).")
+		}
+	}
+	return err
+}
+
+func (c *dlqCLI) index(ctx context.Context, args []string) error {
+	fs, o := c.flags("index", "index every new dead letter and alert on it; optionally serve /metrics and the admin API")
+	addr := fs.String("http-addr", "", "serve /metrics and the admin API (/dlq/...) here, e.g. 127.0.0.1:9464; empty: no HTTP")
+	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *interval <= 0 {
+		return errors.New("--interval must be positive")
+	}
+	env, err := c.open(ctx, o, prometheus.DefaultRegisterer, false)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	var ix *dlq.Indexer
+	if !env.rabbit {
+		if ix, err = dlq.NewIndexer(dlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter}); err != nil {
+			return err
+		}
+	}
+	if *addr != "" {
+		token := os.Getenv("KM0_DLQ_ADMIN_TOKEN")
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.Handler())
+		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(env.svc, dlq.HandlerConfig{Token: token, Logger: logger()})))
+		ln, err := net.Listen("tcp", *addr)
+		if err != nil {
+			return err
+		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		state := "POST /dlq/replay and /dlq/purge enabled (bearer token from KM0_DLQ_ADMIN_TOKEN)"
+		if token == "" {
+			state = "POST endpoints disabled: set KM0_DLQ_ADMIN_TOKEN to enable them"
+		}
+		fmt.Fprintf(c.errOut, "km0 dlq index: http://%s/metrics and /dlq/letters; %s\n", ln.Addr(), state)
+	}
+	if env.rabbit {
+		fmt.Fprintf(c.errOut, "km0 dlq index: moving the dead letters of %s into the index every %s\n",
+			strings.Join(o.queueNames(), ", "), *interval)
+		return syncEvery(ctx, env.svc, *interval, logger())
+	}
+	fmt.Fprintf(c.errOut, "km0 dlq index: indexing DLQ topics as group %s\n", *o.group)
+	return ix.Run(ctx)
+}
+
+// syncEvery syncs src now and then every interval until ctx ends (then it
+// returns nil). A failed sync is logged and tried again at the next tick.
+func syncEvery(ctx context.Context, src dlq.Source, interval time.Duration, log *slog.Logger) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := src.Sync(ctx); err != nil && ctx.Err() == nil {
+			log.Error("km0 dlq index: sync failed; trying again", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// parseInterspersed parses flags that may come after positional arguments.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, errUsage
+		}
+		if fs.NArg() == 0 {
+			return rest, nil
+		}
+		rest = append(rest, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func (c *dlqCLI) printJSON(v any) error {
+	enc := json.NewEncoder(c.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+func at(prefix string, t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return prefix + stamp(t)
+}
+
+func num(n int64) string {
+	if n < 0 {
+		return ""
+	}
+	return fmt.Sprint(n)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func clip(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}

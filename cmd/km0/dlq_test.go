@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/pgtest"
+)
+
+type dlqHarness struct {
+	t    *testing.T
+	base []string
+	cl   *kgo.Client
+}
+
+func newDLQHarness(t *testing.T) *dlqHarness {
+	s := pgtest.NewSchema(t)
+	b := kafkatest.New(t, "comandes.esdeveniments", "comandes.esdeveniments.dlq")
+	return &dlqHarness{t: t, cl: kafkatest.Client(t, b),
+		base: []string{"--database-url", s.URL, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ",")}}
+}
+
+// run runs `km0 dlq <args>` with the harness's connection flags and stdin.
+func (h *dlqHarness) run(stdin string, tty bool, args ...string) (string, error) {
+	var out, errOut bytes.Buffer
+	c := &dlqCLI{out: &out, errOut: &errOut, in: strings.NewReader(stdin), tty: tty, now: time.Now}
+	full := append([]string{args[0]}, h.base...)
+	full = append(full, args[1:]...)
+	err := c.run(context.Background(), full)
+	return out.String() + errOut.String(), err
+}
+
+func (h *dlqHarness) dead(key, reason string, value []byte, headers ...string) string {
+	h.t.Helper()
+	hs := []kgo.RecordHeader{{Key: "intents", Value: []byte("1")}, {Key: "motiu", Value: []byte(reason)},
+		{Key: "topic_original", Value: []byte("comandes.esdeveniments")}}
+	for i := 0; i+1 < len(headers); i += 2 {
+		hs = append(hs, kgo.RecordHeader{Key: headers[i], Value: []byte(headers[i+1])})
+	}
+	r := &kgo.Record{Topic: "comandes.esdeveniments.dlq", Key: []byte(key), Value: value, Headers: hs}
+	if err := h.cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+		h.t.Fatal(err)
+	}
+	return dlq.KafkaID(r.Topic, r.Partition, r.Offset)
+}
+
+func TestDLQCommands(t *testing.T) {
+	h := newDLQHarness(t)
+	good := `{"id_esdeveniment":"e-1","tipus":"comanda.creada","versio":1,"data_ms":` +
+		jsonNumber(time.Now().UnixMilli()) + `,"origen":"comandes","dades":{"id":"P-1"}}`
+	h.dead("P-1", "permanent: esquema: adreca_lliurament absent", []byte(good), "tipus", "comanda.creada", "id_esdeveniment", "e-1")
+	poison := h.dead("P-2", "permanent: envelope: malformed JSON", []byte("{\"x\": \x1b[2J\xff"))
+
+	out, err := h.run("", false, "ls")
+	if err != nil || !strings.Contains(out, "2 dead letter(s)") || !strings.Contains(out, "permanent: esquema") ||
+		!strings.Contains(out, "permanent: envelope") {
+		t.Fatalf("ls: %v\n%s", err, out)
+	}
+	out, err = h.run("", false, "ls", "--json", "--motiu", "permanent: esquema")
+	var ls struct {
+		Groups  []dlq.Group      `json:"grups"`
+		Letters []dlq.LetterView `json:"cartes"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &ls) != nil || len(ls.Letters) != 1 || ls.Letters[0].EventID != "e-1" {
+		t.Fatalf("ls --json: %v\n%s", err, out)
+	}
+
+	out, err = h.run("", false, "show", poison, "--json")
+	if err != nil || !strings.Contains(out, `"valor_base64"`) {
+		t.Fatalf("show --json: %v\n%s", err, out)
+	}
+	out, err = h.run("", false, "show", poison)
+	if err != nil || strings.ContainsAny(out, "\x1b\xff") || !strings.Contains(out, `\x1b[2J\xff`) ||
+		!strings.Contains(out, "not JSON") {
+		t.Fatalf("show of a poison letter is unsafe or wrong: %v\n%q", err, out)
+	}
+
+	// Purge needs a confirmation: refused without --yes off a terminal,
+	// cancelled by "n", done by "y".
+	if _, err := h.run("", false, "purge", "--id", poison); err == nil || !strings.Contains(err.Error(), "--yes") {
+		t.Fatalf("purge without --yes off a terminal: %v", err)
+	}
+	if _, err := h.run("", true, "purge", "--id", poison); err == nil || !strings.Contains(err.Error(), "--yes") {
+		t.Fatalf("purge on a terminal-like stdin that is empty (/dev/null): %v", err)
+	}
+	if _, err := h.run("n\n", true, "purge", "--id", poison); err == nil || !strings.Contains(err.Error(), "cancelled") {
+		t.Fatalf("purge answered n: %v", err)
+	}
+	out, _ = h.run("", false, "ls", "--json")
+	if json.Unmarshal([]byte(out), &ls) != nil || len(ls.Letters) != 2 {
+		t.Fatalf("a refused purge changed something:\n%s", out)
+	}
+	if out, err := h.run("y\n", true, "purge", "--id", poison); err != nil || !strings.Contains(out, "1 letter(s) marked purged") ||
+		!strings.Contains(out, "Kafka cannot delete single records") {
+		t.Fatalf("purge answered y: %v\n%s", err, out)
+	}
+
+	out, err = h.run("", false, "replay", "--dry-run")
+	if err != nil || !strings.Contains(out, "1 selected, 1 would replay, 0 refused") {
+		t.Fatalf("replay --dry-run: %v\n%s", err, out)
+	}
+	if out, err := h.run("", false, "replay", "--motiu", "permanent: esquema"); err != nil || !strings.Contains(out, "1 replayed") {
+		t.Fatalf("replay: %v\n%s", err, out)
+	}
+	if out, err := h.run("", false, "replay", "--id", poison); err == nil || !strings.Contains(out, "refused") {
+		t.Fatalf("replay of a purged letter without --force: %v\n%s", err, out)
+	}
+}
+
+func TestDLQHelpAndUsage(t *testing.T) {
+	c := &dlqCLI{out: &bytes.Buffer{}, errOut: &bytes.Buffer{}, in: strings.NewReader(""), now: time.Now}
+	for _, sub := range []string{"ls", "show", "replay", "purge", "index"} {
+		if err := c.run(context.Background(), []string{sub, "--help"}); !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("km0 dlq %s --help: %v, want flag.ErrHelp", sub, err)
+		}
+	}
+	if err := c.run(context.Background(), []string{"help"}); err != nil {
+		t.Errorf("km0 dlq help: %v", err)
+	}
+	for _, bad := range [][]string{{}, {"nope"}, {"ls", "--bogus"}, {"show", "--brokers", "x", "--database-url", "y"}} {
+		if err := c.run(context.Background(), bad); !errors.Is(err, errUsage) {
+			t.Errorf("km0 dlq %v: %v, want a usage error", bad, err)
+		}
+	}
+	err := c.run(context.Background(), []string{"ls", "--brokers", ""})
+	if err == nil || !strings.Contains(err.Error(), "KM0_KAFKA_BROKERS") {
+		t.Errorf("missing brokers: %v", err)
+	}
+}
+
+func jsonNumber(n int64) string { b, _ := json.Marshal(n); return string(b) }

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport/kafka"
+)
+
+func init() {
+	register(&command{name: "up", summary: "run all six km0 services in one process", run: func(ctx context.Context, args []string) error {
+		return runServices(ctx, "up", system.Services, args)
+	}})
+	register(&command{name: "serve", summary: "run one km0 service: km0 serve NAME (comandes, inventari, pagaments, repartiment, analitica, cataleg)", run: runServe})
+}
+
+func runServe(ctx context.Context, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprintf(os.Stderr, "usage: km0 serve NAME [flags]   NAME is one of %s\n", strings.Join(system.Services, ", "))
+		return errUsage
+	}
+	return runServices(ctx, "serve "+args[0], []string{args[0]}, args[1:])
+}
+
+func runServices(ctx context.Context, name string, services []string, args []string) error {
+	fs := newFlags(name, "run km0 services: each with its database km0_<service> (created and migrated), outbox relay, consumers and HTTP API")
+	dbURL := databaseURLFlag(fs)
+	brokers := brokersFlag(fs)
+	embedded := fs.Bool("embedded-kafka", false, "start an embedded Kafka broker in this process instead of using --brokers")
+	amqpURL := fs.String("amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply (default $KM0_AMQP_URL; empty: request/reply over Kafka)")
+	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply")
+	gateway := fs.String("gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
+	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *dbURL == "" {
+		return errors.New("no database: pass --database-url or set KM0_DATABASE_URL (an admin URL; km0_<service> databases are created on that server)")
+	}
+	var brokerList []string
+	if *embedded {
+		b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()})
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		brokerList = b.Addrs()
+	} else {
+		var err error
+		if brokerList, err = requireBrokers(*brokers); err != nil {
+			return fmt.Errorf("%w (or pass --embedded-kafka)", err)
+		}
+	}
+	addrs := map[string]string{}
+	for _, kv := range strings.Split(*httpAddrs, ",") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok {
+			addrs[k] = v
+		}
+	}
+	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, Brokers: brokerList, Services: services, AMQPURL: *amqpURL,
+		Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs, Logger: logger()})
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	fmt.Printf("km0 %s: running %s (Kafka %s)\n", name, strings.Join(services, ", "), strings.Join(brokerList, ","))
+	all := sys.Addrs()
+	keys := make([]string, 0, len(all))
+	for k := range all {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Printf("  %-12s %s\n", k, all[k])
+	}
+	<-ctx.Done()
+	fmt.Printf("km0 %s: stopping\n", name)
+	return nil
+}

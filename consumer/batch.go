@@ -1,0 +1,362 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/kafka"
+)
+
+// item is one record on its way through a batch.
+type item struct {
+	rec          *kgo.Record
+	msg          *Message
+	attempt      int       // 1 for a domain record; intents+1 for a retry copy
+	firstFailure time.Time // retry copies: primera_fallada
+	notBefore    time.Time // retry copies: no_abans
+	dup          bool      // set by tryTx: the key was already recorded
+}
+
+// failure is a failed attempt, to be copied to .retry or .dlq.
+type failure struct {
+	it   *item
+	kind outcome.Kind
+	wait time.Duration // RetryAfter's delay, 0 for the configured backoff
+	err  error
+}
+
+// PanicError is the error of a handler that panicked: a transient failure of
+// that attempt. Stack is the goroutine's stack at the panic.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+
+// bulkInsertSQL records the keys of a whole batch in one statement and returns
+// those that were new; the others are duplicates. ON CONFLICT DO NOTHING
+// waits on a key another transaction holds uncommitted, so two members that
+// both got a record (a rebalance, a zombie) are serialised on its key.
+func bulkInsertSQL(table string) string {
+	return "INSERT INTO " + table + " (id_missatge, consumidor) SELECT unnest($1::text[]), $2::text " +
+		"ON CONFLICT DO NOTHING RETURNING id_missatge"
+}
+
+// handle runs a batch of one partition: decode and filter outside any
+// transaction, then run the rest idempotently (runOptimistic). It returns the
+// failed attempts, to be copied to .retry/.dlq (route); every other record is
+// done. An error means the consumer crashed or the batch was abandoned
+// (partition revoked, shutdown timeout): nothing of the batch may be
+// committed.
+func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
+	var (
+		todo    []*item
+		fails   []failure
+		ignored int64
+	)
+	for _, it := range items {
+		m := &Message{
+			Message:       kafka.FromRecord(it.rec),
+			OriginalTopic: p.source,
+			Partition:     it.rec.Partition,
+			Offset:        it.rec.Offset,
+			Attempt:       it.attempt,
+			FirstFailure:  it.firstFailure,
+		}
+		it.msg = m
+		if t, ok := m.Header(transport.HeaderType); ok && !c.handles(t) {
+			ignored++
+			continue
+		}
+		env, err := c.cfg.Decode(it.rec.Value)
+		if err == nil && (env == nil || (env.ID == "" && !c.cfg.NoInbox)) {
+			err = errNoID
+		}
+		if errors.Is(err, outcome.ErrIgnore) {
+			ignored++
+			continue
+		}
+		if err != nil {
+			// A record that does not decode never will: dead-letter it now
+			// and keep the partition moving.
+			fails = append(fails, failure{it: it, kind: outcome.KindPermanent, err: err})
+			continue
+		}
+		if !c.handles(env.Type) {
+			ignored++
+			continue
+		}
+		m.Envelope = env
+		m.IdempotencyKey = idempotencyKey(env)
+		todo = append(todo, it)
+	}
+	c.count(p.source, resIgnored, ignored)
+	for len(todo) > 0 {
+		// A transaction never holds the same id twice (an event published
+		// twice back to back): the second copy goes to the next transaction,
+		// where it is a duplicate.
+		n := len(todo)
+		if !c.cfg.NoInbox {
+			seen := make(map[string]bool, len(todo))
+			for i, it := range todo {
+				if seen[it.msg.IdempotencyKey] {
+					n = i
+					break
+				}
+				seen[it.msg.IdempotencyKey] = true
+			}
+		}
+		var err error
+		if fails, err = c.runOptimistic(p, todo[:n], fails); err != nil {
+			return nil, err
+		}
+		todo = todo[n:]
+	}
+	return fails, nil
+}
+
+// errNoID: a Decode hook returned no envelope or one without an id, which
+// cannot be made idempotent.
+var errNoID = errors.New("envelope: id_esdeveniment: empty (from the Decode hook)")
+
+// idempotencyKey is the envelope's "correlacio" member when it is a non-empty
+// string (see Message.IdempotencyKey), else its id_esdeveniment.
+func idempotencyKey(env *envelope.Envelope) string {
+	if raw, ok := env.Extra[transport.HeaderCorrelator]; ok {
+		var s string
+		if json.Unmarshal(raw, &s) == nil && s != "" {
+			return s
+		}
+	}
+	return env.ID
+}
+
+func (c *Consumer) handles(tipus string) bool { return c.types == nil || c.types[tipus] }
+
+// runOptimistic runs msgs in as few transactions as it can. It tries them all
+// in one; if message k fails, it rolls back and commits the first k again on
+// their own, then runs message k alone (its failure is then its own), then
+// goes on with the rest. So a failing message never takes its neighbours'
+// keys or effects with it, and the messages still take effect in offset
+// order. A deadlock or serialisation failure of a message running first in
+// its transaction is retried in place (maxConflictRetries) before it counts as
+// the message's failure. Infrastructure errors (no connection, COMMIT with unknown outcome)
+// retry the same transaction after a backoff: the keys make a repeat safe.
+func (c *Consumer) runOptimistic(p *partition, msgs []*item, fails []failure) ([]failure, error) {
+	wait := 50 * time.Millisecond
+	conflicts := 0
+	whole := c.cfg.HandleBatch != nil
+	for len(msgs) > 0 {
+		end := len(msgs)
+		for {
+			failAt, ferr, err := c.tryTx(msgs[:end], whole)
+			if errors.Is(err, errBatchFailed) {
+				whole = false // find the culprit one message at a time
+				continue
+			}
+			if err != nil {
+				if c.crashed.Load() {
+					return fails, c.crashErr
+				}
+				c.log.Warn("consumer: transaction", "topic", p.topic, "partition", p.part, "err", err)
+				if !c.pause(p, &wait) {
+					return fails, fmt.Errorf("consumer: batch abandoned: %w", err)
+				}
+				continue
+			}
+			if failAt < 0 {
+				if err := c.committed(p, msgs[:end]); err != nil {
+					return fails, err
+				}
+				msgs = msgs[end:]
+				break
+			}
+			if failAt == 0 {
+				if isConflict(ferr) && conflicts < maxConflictRetries {
+					// A deadlock or serialisation failure says nothing about
+					// the message: run it again now rather than via .retry.
+					conflicts++
+					continue
+				}
+				kind, delay := outcome.Classify(ferr, c.cfg.Classifier)
+				fails = append(fails, failure{it: msgs[0], kind: kind, wait: delay, err: ferr})
+				msgs = msgs[1:]
+				break
+			}
+			end = failAt
+		}
+	}
+	return fails, nil
+}
+
+// maxConflictRetries bounds the in-place repeats of a transaction that
+// PostgreSQL rolled back for a deadlock or a serialisation failure.
+const maxConflictRetries = 3
+
+// isConflict reports a PostgreSQL "transaction rollback" error (SQLSTATE
+// class 40: serialization_failure, deadlock_detected...): the transaction lost
+// a race with another one and may simply be run again.
+func isConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "40")
+}
+
+// committed counts a committed transaction and runs the AfterCommit hook.
+func (c *Consumer) committed(p *partition, msgs []*item) error {
+	var dups int64
+	for _, it := range msgs {
+		if it.dup {
+			dups++
+		}
+	}
+	c.count(p.source, resProcessed, int64(len(msgs))-dups)
+	c.count(p.source, resDuplicate, dups)
+	if h := c.cfg.Hooks.AfterCommit; h != nil {
+		return c.hook(h(c.workCtx, messages(msgs)))
+	}
+	return nil
+}
+
+func messages(items []*item) []*Message {
+	out := make([]*Message, len(items))
+	for i, it := range items {
+		out[i] = it.msg
+	}
+	return out
+}
+
+// tryTx runs msgs in one transaction: their keys in one statement, then the
+// handler of each new one (or, with whole, HandleBatch once for all of them:
+// errBatchFailed if it fails). It returns failAt = -1 when it committed; else
+// failAt = k with the error of message k, after rolling everything back
+// (failAt may also be a split point when COMMIT itself was refused). err is an
+// infrastructure error: nothing is known about any message of msgs.
+func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr, err error) {
+	ctx := c.workCtx
+	select { // at most Concurrency transactions at once
+	case c.sem <- struct{}{}:
+		defer func() { <-c.sem }()
+	case <-ctx.Done():
+		return 0, nil, ctx.Err()
+	}
+	tx, err := c.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return 0, nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	var fresh map[string]bool
+	if !c.cfg.NoInbox {
+		if fresh, err = c.recordKeys(ctx, tx, msgs); err != nil {
+			return 0, nil, err
+		}
+	}
+	var todo []*Message
+	for _, it := range msgs {
+		it.dup = fresh != nil && !fresh[it.msg.IdempotencyKey]
+		if !it.dup {
+			todo = append(todo, it.msg)
+		}
+	}
+	if whole && len(todo) > 1 {
+		if herr := c.callBatch(ctx, tx, todo); herr != nil {
+			if ctx.Err() != nil || tx.Conn().IsClosed() {
+				return 0, nil, fmt.Errorf("batch handler lost its connection: %w", herr)
+			}
+			return 0, nil, errBatchFailed
+		}
+	} else {
+		for k, it := range msgs {
+			if it.dup {
+				continue
+			}
+			if herr := c.call(ctx, tx, it.msg); herr != nil {
+				if ctx.Err() != nil || tx.Conn().IsClosed() {
+					return 0, nil, fmt.Errorf("handler lost its connection: %w", herr)
+				}
+				return k, herr, nil
+			}
+		}
+	}
+	if h := c.cfg.Hooks.BeforeTxCommit; h != nil {
+		if err := c.hook(h(ctx, tx, messages(msgs))); err != nil {
+			return 0, nil, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) { // refused, e.g. by a deferred constraint: find whose
+			if len(msgs) == 1 {
+				return 0, err, nil
+			}
+			return len(msgs) / 2, err, nil
+		}
+		return 0, nil, fmt.Errorf("commit: %w", err)
+	}
+	return -1, nil, nil
+}
+
+// recordKeys inserts the keys of msgs and returns the ids that were new.
+func (c *Consumer) recordKeys(ctx context.Context, tx pgx.Tx, msgs []*item) (map[string]bool, error) {
+	ids := make([]string, len(msgs))
+	for i, it := range msgs {
+		ids[i] = it.msg.IdempotencyKey
+	}
+	rows, err := tx.Query(ctx, c.insertKeys, ids, c.cfg.Name)
+	if err != nil {
+		return nil, fmt.Errorf("record keys: %w", err)
+	}
+	fresh := make(map[string]bool, len(msgs))
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("record keys: %w", err)
+		}
+		fresh[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("record keys: %w", err)
+	}
+	return fresh, nil
+}
+
+// errBatchFailed: HandleBatch failed; the batch runs again with Handle.
+var errBatchFailed = errors.New("consumer: batch handler failed")
+
+// callBatch runs HandleBatch; a panic is an error like any other (the
+// messages then run one by one with Handle, which decides their fate).
+func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+			c.log.Warn("consumer: batch handler panic", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+	}()
+	return c.cfg.HandleBatch(ctx, tx, msgs)
+}
+
+// call runs the handler, turning a panic into a transient *PanicError.
+func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			pe := &PanicError{Value: r, Stack: debug.Stack()}
+			c.log.Error("consumer: handler panic", "id", m.Envelope.ID, "topic", m.Topic,
+				"partition", m.Partition, "offset", m.Offset, "panic", fmt.Sprint(r), "stack", string(pe.Stack))
+			err = outcome.Transient(pe)
+		}
+	}()
+	return c.cfg.Handle(ctx, tx, m)
+}

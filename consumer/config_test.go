@@ -1,0 +1,66 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/pgtest"
+)
+
+func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
+	pool := pgtest.NewPool(t, pgtest.URL(), 1)
+	ok := consumer.Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, Name: "n", Pool: pool,
+		Handle: func(context.Context, pgx.Tx, *consumer.Message) error { return nil }}
+	if _, err := consumer.New(ok); err != nil {
+		t.Fatalf("valid config refused: %v", err)
+	}
+	for _, tc := range []struct {
+		edit func(*consumer.Config)
+		want string
+	}{
+		{func(c *consumer.Config) { c.Brokers = nil }, "no Brokers"},
+		{func(c *consumer.Config) { c.Group = "" }, "no Group"},
+		{func(c *consumer.Config) { c.Topics = []string{"t.retry"} }, "derived"},
+		{func(c *consumer.Config) { c.Topics = []string{"t", "t"} }, "listed twice"},
+		{func(c *consumer.Config) { c.Name = "" }, "no Name"},
+		{func(c *consumer.Config) { c.Pool = nil; c.Concurrency = 1 }, "no Pool"},
+		{func(c *consumer.Config) { c.Handle = nil }, "no Handle"},
+		{func(c *consumer.Config) { c.MaxAttempts = -1 }, "MaxAttempts"},
+		{func(c *consumer.Config) { c.Backoff = -1 }, "negative Backoff"},
+		{func(c *consumer.Config) { c.Mode = 7 }, "unknown Mode"},
+	} {
+		cfg := ok
+		tc.edit(&cfg)
+		_, err := consumer.New(cfg)
+		if !errors.Is(err, consumer.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("want an ErrConfig naming %q, got %v", tc.want, err)
+		}
+	}
+	noInbox := ok
+	noInbox.Name, noInbox.NoInbox = "", true
+	if _, err := consumer.New(noInbox); err != nil {
+		t.Fatalf("NoInbox without Name refused: %v", err)
+	}
+}
+
+func TestReasonClassBoundsLabelValues(t *testing.T) {
+	for motiu, want := range map[string]string{
+		"permanent: esquema: comanda.creada v1 sense adreca_lliurament": "permanent: esquema",
+		"permanent: envelope: malformed JSON: unexpected end":           "permanent: envelope",
+		"permanent: estoc insuficient: formatge-curat":                  "permanent: estoc insuficient",
+		"permanent: Ciutat_No_Coberta: Figueres":                        "permanent: ciutat_no_coberta",
+		"transitori esgotat: mapes 503: timeout":                        "transitori esgotat",
+		"transitori esgotat: comanda P-2026-000123 sense resposta":      "transitori esgotat",
+		"permanent: " + strings.Repeat("a", 40) + ": x":                 "permanent",
+		"alguna altra cosa": "altres",
+	} {
+		if got := consumer.ReasonClass(motiu); got != want {
+			t.Errorf("ReasonClass(%q) = %q, want %q", motiu, got, want)
+		}
+	}
+}

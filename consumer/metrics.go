@@ -1,0 +1,159 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"unicode"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Stats are a Consumer's counts since New. Every delivered record ends in
+// exactly one of Processed, Duplicates, Ignored, Foreign, Retried or
+// DeadLettered (a record redelivered after a crash counts again).
+type Stats struct {
+	Processed    int64 // handler succeeded; effect and key committed
+	Duplicates   int64 // key already recorded: redelivery absorbed, effect not run
+	Ignored      int64 // tipus not in Config.Types
+	Foreign      int64 // retry copies of another consumer group, skipped
+	Retried      int64 // failed attempts copied to <topic>.retry
+	DeadLettered int64 // copied to <topic>.dlq
+	Panics       int64 // handler panics recovered (each is also a failed attempt)
+}
+
+// counters are the Stats counts, by the resultat label of
+// km0_consumer_messages_total (plus panics).
+type counters map[string]*atomic.Int64
+
+func newCounters() counters {
+	c := counters{}
+	for _, k := range []string{resProcessed, resDuplicate, resIgnored, resForeign, resRetried, resDLQ, resPanic} {
+		c[k] = new(atomic.Int64)
+	}
+	return c
+}
+
+// Stats returns the counts so far. Safe to call at any time.
+func (c *Consumer) Stats() Stats {
+	n := func(k string) int64 { return c.counts[k].Load() }
+	return Stats{
+		Processed: n(resProcessed), Duplicates: n(resDuplicate), Ignored: n(resIgnored), Foreign: n(resForeign),
+		Retried: n(resRetried), DeadLettered: n(resDLQ), Panics: n(resPanic),
+	}
+}
+
+// Metric names.
+const (
+	MetricMessages = "km0_consumer_messages_total"
+	MetricDLQ      = "km0_dlq_total"
+	MetricHeld     = "km0_consumer_retry_held"
+)
+
+// metrics are the Prometheus collectors of one consumer. They exist (and
+// count) even when Config.Metrics is nil; then nobody scrapes them.
+type metrics struct {
+	messages *prometheus.CounterVec // topic, resultat
+	dlq      *prometheus.CounterVec // topic, motiu (class)
+	held     prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
+	m := &metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricMessages,
+			Help: "Records finished by a km0 consumer, by topic and resultat (processat, duplicat, ignorat, alie, reintent, dlq).",
+		}, []string{"topic", "resultat"}),
+		dlq: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricDLQ,
+			Help: "Dead letters produced, by domain topic and motiu class (see consumer.ReasonClass).",
+		}, []string{"topic", "motiu"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: MetricHeld,
+			Help: "Retry copies held in memory until their no_abans.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"grup": cfg.Group, "consumidor": cfg.Name}, reg)
+	var err error
+	if m.messages, err = register(reg, m.messages); err != nil {
+		return nil, err
+	}
+	if m.dlq, err = register(reg, m.dlq); err != nil {
+		return nil, err
+	}
+	if m.held, err = register(reg, m.held); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers col, or returns the collector already registered under
+// the same description (a second consumer with the same group and name).
+func register[C prometheus.Collector](reg prometheus.Registerer, col C) (C, error) {
+	err := reg.Register(col)
+	if err == nil {
+		return col, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	return col, fmt.Errorf("consumer: metrics: %w", err)
+}
+
+// Result labels of km0_consumer_messages_total.
+const (
+	resProcessed = "processat"
+	resDuplicate = "duplicat"
+	resIgnored   = "ignorat"
+	resForeign   = "alie"
+	resRetried   = "reintent"
+	resDLQ       = "dlq"
+	resPanic     = "panic" // Stats only: a panic is also counted as reintent or dlq
+)
+
+func (c *Consumer) count(topic, res string, n int64) {
+	if n == 0 {
+		return
+	}
+	c.counts[res].Add(n)
+	c.m.messages.WithLabelValues(topic, res).Add(float64(n))
+}
+
+// ReasonClass maps a motiu to a label value of bounded cardinality: the
+// prefix ("permanent" or "transitori esgotat"), followed by ": " and the first
+// segment of the reason when that segment is a short word-like class such as
+// "esquema", "envelope" or "estoc insuficient" (letters, spaces, '_', '-',
+// '.', at most 32 bytes). Anything else (ids, numbers, long text) is dropped.
+// A motiu without a known prefix maps to "altres".
+//
+//	ReasonClass("permanent: esquema: falta adreca_lliurament") == "permanent: esquema"
+//	ReasonClass("transitori esgotat: timeout after 5s")         == "transitori esgotat"
+func ReasonClass(motiu string) string {
+	var prefix, rest string
+	switch {
+	case strings.HasPrefix(motiu, "permanent:"):
+		prefix, rest = "permanent", motiu[len("permanent:"):]
+	case strings.HasPrefix(motiu, "transitori esgotat:"):
+		prefix, rest = "transitori esgotat", motiu[len("transitori esgotat:"):]
+	default:
+		return "altres"
+	}
+	seg, _, found := strings.Cut(rest, ":")
+	seg = strings.TrimSpace(seg)
+	if !found || seg == "" || len(seg) > 32 {
+		return prefix
+	}
+	for _, r := range seg {
+		if !unicode.IsLetter(r) && r != ' ' && r != '_' && r != '-' && r != '.' {
+			return prefix
+		}
+	}
+	return prefix + ": " + strings.ToLower(seg)
+}

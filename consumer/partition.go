@@ -1,0 +1,371 @@
+package consumer
+
+import (
+	"cmp"
+	"container/heap"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// partition is the worker of one assigned partition. Records of a domain
+// partition are processed in offset order, BatchSize at a time; records of a
+// retry partition are held until their no_abans and processed as they come
+// due (see runRetry). Partitions run in parallel, at most Concurrency batches
+// at once.
+type partition struct {
+	c      *Consumer
+	topic  string
+	part   int32
+	source string // the domain topic (topic itself, or the topic of a .retry)
+	retry  bool
+	high   int // pause fetching above this many queued (+held) records
+	low    int // resume at or below
+
+	mu       sync.Mutex
+	queue    []*kgo.Record // fetched, not started, offset order
+	held     int           // retry copies waiting for their no_abans
+	paused   bool
+	pending  []epochOffset // dispatched, not finished, offset order
+	finished map[int64]bool
+	mark     kgo.EpochOffset // next offset to commit; Offset -1: none yet
+	last     int64           // last committed offset
+
+	routes  chan struct{}  // slots of batches being routed (process)
+	routing sync.WaitGroup // those batches
+
+	wake     chan struct{}
+	quit     chan struct{}
+	quitOnce sync.Once
+	done     chan struct{}
+}
+
+type epochOffset struct {
+	offset int64
+	epoch  int32
+}
+
+func newPartition(c *Consumer, topic string, part int32) *partition {
+	source, retry := c.retryOf[topic]
+	if !retry {
+		source = topic
+	}
+	high := max(16*c.cfg.BatchSize, 4096)
+	if retry {
+		high = c.cfg.MaxHeld
+	}
+	return &partition{
+		c: c, topic: topic, part: part, source: source, retry: retry,
+		high: high, low: high / 2,
+		finished: map[int64]bool{},
+		mark:     kgo.EpochOffset{Offset: -1, Epoch: -1},
+		last:     -1,
+		routes:   make(chan struct{}, routesPerPartition),
+		wake:     make(chan struct{}, 1),
+		quit:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+}
+
+// push queues fetched records (poll loop). It never blocks: over the high
+// water mark the partition is paused in the client instead, and the buffered
+// records of a paused partition are re-fetched after the resume.
+func (p *partition) push(recs []*kgo.Record) {
+	p.mu.Lock()
+	p.queue = append(p.queue, recs...)
+	for _, r := range recs {
+		p.pending = append(p.pending, epochOffset{r.Offset, r.LeaderEpoch})
+	}
+	if !p.paused && len(p.queue)+p.held > p.high {
+		p.paused = true
+		p.c.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.part}})
+	}
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take removes up to n queued records (n <= 0: all) and resumes fetching when
+// the queue has drained to the low water mark.
+func (p *partition) take(n int) []*kgo.Record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n <= 0 || n > len(p.queue) {
+		n = len(p.queue)
+	}
+	out := p.queue[:n:n]
+	p.queue = p.queue[n:]
+	if len(p.queue) == 0 {
+		p.queue = nil
+	}
+	p.resumeLocked()
+	return out
+}
+
+func (p *partition) resumeLocked() {
+	if p.paused && len(p.queue)+p.held <= p.low {
+		p.paused = false
+		p.c.cl.ResumeFetchPartitions(map[string][]int32{p.topic: {p.part}})
+	}
+}
+
+func (p *partition) setHeld(n int) {
+	p.mu.Lock()
+	p.held = n
+	p.resumeLocked()
+	p.mu.Unlock()
+}
+
+// finish records that recs are done (effect committed, duplicate, ignored or
+// safely copied to .retry/.dlq) and moves the commit mark over the longest
+// finished prefix of what was dispatched.
+func (p *partition) finish(recs []*kgo.Record) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range recs {
+		p.finished[r.Offset] = true
+	}
+	i := 0
+	for i < len(p.pending) && p.finished[p.pending[i].offset] {
+		delete(p.finished, p.pending[i].offset)
+		p.mark = kgo.EpochOffset{Offset: p.pending[i].offset + 1, Epoch: p.pending[i].epoch}
+		i++
+	}
+	p.pending = p.pending[i:]
+}
+
+// committable returns the commit mark if it moved since the last commit.
+func (p *partition) committable() (kgo.EpochOffset, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mark, p.mark.Offset > p.last
+}
+
+func (p *partition) committed(mark kgo.EpochOffset) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.last = max(p.last, mark.Offset)
+}
+
+// stop asks the worker to return after the batch in hand.
+func (p *partition) stop() { p.quitOnce.Do(func() { close(p.quit) }) }
+
+func (p *partition) stopping() bool {
+	select {
+	case <-p.quit:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *partition) run() {
+	defer close(p.done)
+	defer p.routing.Wait() // copies in flight are in-flight work too
+	if p.retry {
+		p.runRetry()
+		return
+	}
+	for !p.stopping() {
+		batch := p.take(p.c.cfg.BatchSize)
+		if len(batch) == 0 {
+			select {
+			case <-p.wake:
+			case <-p.quit:
+			}
+			continue
+		}
+		items := make([]*item, len(batch))
+		for i, r := range batch {
+			items[i] = &item{rec: r, attempt: 1}
+		}
+		if !p.process(items) {
+			return
+		}
+	}
+}
+
+// process runs one batch: its records that are done (committed, duplicate,
+// ignored) are marked finished at once; its failures are copied to
+// .retry/.dlq in the background (route) and marked finished when the broker
+// has confirmed the copies, so the next batch does not wait for that round
+// trip. The commit mark never passes an unfinished record, so a source
+// offset is committed only after its copy is safe. process returns false
+// when the consumer is crashing or the batch was abandoned (nothing of it
+// gets committed).
+func (p *partition) process(items []*item) bool {
+	c := p.c
+	if c.cfg.Mode == AtMostOnce {
+		// At-most-once: the offsets are committed before processing; a crash
+		// from here on loses these records.
+		recs := make([]*kgo.Record, len(items))
+		for i, it := range items {
+			recs[i] = it.rec
+		}
+		p.finish(recs)
+		if !c.commitNow(p) {
+			return false
+		}
+	}
+	fails, err := c.handle(p, items)
+	if err != nil {
+		return false
+	}
+	if c.cfg.Mode == AtLeastOnce {
+		failed := make(map[*item]bool, len(fails))
+		for _, f := range fails {
+			failed[f.it] = true
+		}
+		done := make([]*kgo.Record, 0, len(items))
+		for _, it := range items {
+			if !failed[it] {
+				done = append(done, it.rec)
+			}
+		}
+		p.finish(done)
+		c.wakeCommitter()
+	}
+	if len(fails) == 0 {
+		return true
+	}
+	select {
+	case p.routes <- struct{}{}: // at most routesPerPartition batches in flight
+	case <-c.workCtx.Done():
+		return false
+	}
+	p.routing.Add(1)
+	go func() {
+		defer func() { <-p.routes; p.routing.Done() }()
+		if c.route(p, fails) != nil || c.cfg.Mode != AtLeastOnce {
+			return
+		}
+		recs := make([]*kgo.Record, len(fails))
+		for i, f := range fails {
+			recs[i] = f.it.rec
+		}
+		p.finish(recs)
+		c.wakeCommitter()
+	}()
+	return true
+}
+
+// routesPerPartition bounds the batches of one partition whose copies are
+// being produced at once; beyond it the worker waits (a broker outage stalls
+// the partition instead of piling up work).
+const routesPerPartition = 4
+
+// commitNow commits p's mark synchronously, retrying until it succeeds, the
+// partition is stopped or the consumer crashes.
+func (c *Consumer) commitNow(p *partition) bool {
+	wait := 50 * time.Millisecond
+	for {
+		err := c.commit(c.workCtx, []*partition{p})
+		if err == nil {
+			return true
+		}
+		c.log.Warn("consumer: at-most-once commit", "topic", p.topic, "partition", p.part, "err", err)
+		if !c.pause(p, &wait) {
+			return false
+		}
+	}
+}
+
+// pause waits *wait (doubling it, up to 5 s) unless the partition stops or
+// the consumer crashes first; it reports whether to carry on.
+func (c *Consumer) pause(p *partition, wait *time.Duration) bool {
+	t := time.NewTimer(*wait)
+	defer t.Stop()
+	*wait = min(2**wait, 5*time.Second)
+	select {
+	case <-t.C:
+		return c.workCtx.Err() == nil
+	case <-p.quit:
+		return false
+	case <-c.workCtx.Done():
+		return false
+	}
+}
+
+// runRetry is the worker of a retry partition. Copies are taken off the queue
+// at once: copies of another group are finished on the spot, due ones are
+// processed, the others wait in a heap ordered by no_abans. The worker sleeps
+// on a timer set to the earliest no_abans (or a new fetch), never inside the
+// poll loop, and a copy that is due never waits behind one that is not: the
+// heap releases them by time, not by offset. The commit mark only moves over
+// finished offsets, so an unfinished copy is redelivered after a crash or a
+// rebalance.
+func (p *partition) runRetry() {
+	c := p.c
+	var waiting heldHeap
+	defer func() { c.m.held.Sub(float64(len(waiting))) }()
+	var timer *time.Timer
+	for !p.stopping() {
+		var foreign []*kgo.Record
+		for _, r := range p.take(0) {
+			it := c.retryItem(r)
+			if it == nil {
+				foreign = append(foreign, r)
+				continue
+			}
+			heap.Push(&waiting, it)
+			c.m.held.Inc()
+		}
+		if len(foreign) > 0 {
+			c.count(p.source, resForeign, int64(len(foreign)))
+			p.finish(foreign)
+			c.wakeCommitter()
+		}
+		now := time.Now()
+		var ready []*item
+		for len(waiting) > 0 && !waiting[0].notBefore.After(now) && len(ready) < c.cfg.BatchSize {
+			ready = append(ready, heap.Pop(&waiting).(*item))
+			c.m.held.Dec()
+		}
+		p.setHeld(len(waiting))
+		if len(ready) > 0 {
+			slices.SortFunc(ready, func(a, b *item) int { return cmp.Compare(a.rec.Offset, b.rec.Offset) })
+			if !p.process(ready) {
+				return
+			}
+			continue
+		}
+		var tc <-chan time.Time
+		if len(waiting) > 0 {
+			if timer == nil {
+				timer = time.NewTimer(time.Until(waiting[0].notBefore))
+			} else {
+				timer.Reset(time.Until(waiting[0].notBefore))
+			}
+			tc = timer.C
+		}
+		select {
+		case <-p.wake:
+		case <-tc:
+		case <-p.quit:
+		}
+	}
+}
+
+// heldHeap orders held retry copies by no_abans, then offset.
+type heldHeap []*item
+
+func (h heldHeap) Len() int { return len(h) }
+func (h heldHeap) Less(i, j int) bool {
+	if !h[i].notBefore.Equal(h[j].notBefore) {
+		return h[i].notBefore.Before(h[j].notBefore)
+	}
+	return h[i].rec.Offset < h[j].rec.Offset
+}
+func (h heldHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *heldHeap) Push(x any)   { *h = append(*h, x.(*item)) }
+func (h *heldHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return x
+}

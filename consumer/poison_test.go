@@ -1,0 +1,377 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/outcome"
+)
+
+func seqEvent(key string, n int) event { return newEvent(key, comanda{ID: key, N: n}) }
+
+// dlqTotalOf reads km0_dlq_total{topic, motiu} from the bundle's registry.
+func (b *bundle) dlqTotalOf(motiu string) float64 {
+	mfs, err := b.reg.Gather()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != consumer.MetricDLQ {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["topic"] == topic && labels["motiu"] == motiu {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// Proof 1 (issue 3). A malformed-JSON record goes to the DLQ at attempt 1 and
+// the 1,000 records behind it on the same partition are all processed. The
+// backoff is an hour, so had any record waited for one the test would time
+// out; none was copied to .retry.
+func TestMalformedJSONIsDeadLetteredAtOnceAndThePartitionMovesOn(t *testing.T) {
+	b := setup(t)
+	poison := &kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte(`{"id_esdeveniment": "x-1", "tipus": "comanda.creada", `),
+		Headers: []kgo.RecordHeader{{Key: "tipus", Value: []byte("comanda.creada")}, {Key: "id_esdeveniment", Value: []byte("x-1")}}}
+	recs := []*kgo.Record{poison}
+	for i := range 1000 {
+		recs = append(recs, seqEvent("K", i).record())
+	}
+	b.publish(recs...)
+
+	cfg := b.config(effect)
+	cfg.Backoff = time.Hour
+	st := b.runUntil(cfg, "1,000 processed", func(st consumer.Stats) bool { return st.Processed == 1000 })
+	if st.DeadLettered != 1 || st.Retried != 0 || st.Processed != 1000 {
+		t.Fatalf("stats %+v, want 1000 processed, 1 dead-lettered, 0 retried", st)
+	}
+	if n := b.effects(); n != 1000 {
+		t.Fatalf("effects %d, want 1000", n)
+	}
+	if n := b.count(`SELECT count(*) FROM (SELECT n, seq, lag(n) OVER (ORDER BY seq) AS prev FROM efectes) x WHERE n <> prev + 1`); n != 0 {
+		t.Fatalf("%d effects out of partition order", n)
+	}
+	d := b.read(topic+".dlq", 1)
+	if len(d) != 1 || hdr(d[0], "intents") != "1" || hdr(d[0], "id_esdeveniment") != "x-1" ||
+		!strings.HasPrefix(hdr(d[0], "motiu"), "permanent: envelope: malformed JSON") {
+		t.Fatalf("dead letter %v", d)
+	}
+	if got := b.dlqTotalOf("permanent: envelope"); got != 1 {
+		t.Fatalf("km0_dlq_total{motiu=\"permanent: envelope\"} = %v, want 1", got)
+	}
+	if !b.logged(`level=ERROR msg="consumer: dead letter"`, " id=x-1 ", `motiu="permanent: envelope: malformed JSON`) {
+		t.Fatalf("no error log line for the dead letter:\n%s", b.logBuf.String())
+	}
+}
+
+// attemptLog records when the handler saw each attempt.
+type attemptLog struct {
+	mu       sync.Mutex
+	at       []time.Time
+	attempts []int
+	intents  []string
+}
+
+func (l *attemptLog) add(m *consumer.Message) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.at = append(l.at, time.Now())
+	l.attempts = append(l.attempts, m.Attempt)
+	v, _ := m.Header("intents")
+	l.intents = append(l.intents, v)
+}
+
+// Proof 2 (issue 3). The handler fails transiently twice, then succeeds: the
+// effect is applied once, the copies carried intents 1 then 2, and each
+// attempt came at least the backoff (50 ms, then 100 ms) after the previous.
+func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
+	b := setup(t)
+	var log attemptLog
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		log.add(m)
+		if err := effect(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.Attempt < 3 {
+			return outcome.Transient(errors.New("mapes: 503"))
+		}
+		return nil
+	}
+	e := seqEvent("R-2", 0)
+	b.publishEvents(e)
+	st := b.runUntil(b.config(h), "the third attempt to succeed", func(st consumer.Stats) bool { return st.Processed == 1 })
+	if st.Retried != 2 || st.DeadLettered != 0 {
+		t.Fatalf("stats %+v, want 2 retried", st)
+	}
+	if n := b.effects(); n != 1 {
+		t.Fatalf("effect applied %d times, want once", n)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if fmt.Sprint(log.attempts) != "[1 2 3]" || fmt.Sprint(log.intents) != "[ 1 2]" {
+		t.Fatalf("attempts %v with intents headers %q, want [1 2 3] and [\"\" 1 2]", log.attempts, log.intents)
+	}
+	for i, min := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
+		if d := log.at[i+1].Sub(log.at[i]); d < min {
+			t.Fatalf("attempt %d came %v after attempt %d, want at least %v", i+2, d, i+1, min)
+		}
+	}
+	copies := b.read(topic+".retry", 2)
+	if len(copies) != 2 {
+		t.Fatalf("%d retry copies, want 2", len(copies))
+	}
+	for i, c := range copies {
+		want := strconv.Itoa(i + 1)
+		if hdr(c, "intents") != want || hdr(c, "ultim_error") != "mapes: 503" || hdr(c, "id_esdeveniment") != e.id ||
+			hdr(c, "tipus") != "comanda.creada" || hdr(c, "topic_original") != topic || hdr(c, "offset_original") != "0" ||
+			hdr(c, "grup_consumidor") != group || hdr(c, "no_abans") == "" || hdr(c, "primera_fallada") == "" {
+			t.Fatalf("retry copy %d headers: %v", i, c.Headers)
+		}
+	}
+	if hdr(copies[0], "primera_fallada") != hdr(copies[1], "primera_fallada") {
+		t.Fatal("primera_fallada changed between copies")
+	}
+}
+
+// Proof 3 (issue 3). Transient failures exhaust the attempts: the message
+// ends in the DLQ with "transitori esgotat", counted, logged at error, and the
+// effect (written before each failure) is never kept.
+func TestTransientFailuresExhaustAttemptsAndDeadLetter(t *testing.T) {
+	b := setup(t)
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := effect(ctx, tx, m); err != nil {
+			return err
+		}
+		return errors.New("base de dades: timeout") // unclassified: the default classifier says transient
+	}
+	e := seqEvent("R-3", 0)
+	b.publishEvents(e)
+	st := b.runUntil(b.config(h), "the dead letter", func(st consumer.Stats) bool { return st.DeadLettered == 1 })
+	if st.Retried != 2 || st.Processed != 0 {
+		t.Fatalf("stats %+v, want 2 retried, 0 processed", st)
+	}
+	if n := b.effects(); n != 0 {
+		t.Fatalf("effect count %d, want 0", n)
+	}
+	if n := b.keys(); n != 0 {
+		t.Fatalf("keys %d, want 0", n)
+	}
+	d := b.read(topic+".dlq", 1)
+	if len(d) != 1 || hdr(d[0], "motiu") != "transitori esgotat: base de dades: timeout" || hdr(d[0], "intents") != "3" ||
+		hdr(d[0], "id_esdeveniment") != e.id || hdr(d[0], "no_abans") != "" || hdr(d[0], "offset_original") != "0" {
+		t.Fatalf("dead letter %v", d)
+	}
+	if got := b.dlqTotalOf("transitori esgotat: base de dades"); got != 1 {
+		t.Fatalf("km0_dlq_total = %v, want 1", got)
+	}
+	if !b.logged(`level=ERROR msg="consumer: dead letter"`, " id="+e.id+" ", `motiu="transitori esgotat: base de dades: timeout"`) {
+		t.Fatalf("no error log line with the id:\n%s", b.logBuf.String())
+	}
+}
+
+// Proof 4 (issue 3). Crash point: after the broker confirmed the retry copy
+// and before the source offset was committed. The next member sees both the
+// redelivered original and the retry copy; the effect is applied once.
+func TestCrashAfterRetryCopyBeforeSourceCommitAppliesOnce(t *testing.T) {
+	b := setup(t)
+	e := seqEvent("R-4", 0)
+	b.publishEvents(e)
+	failing := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := effect(ctx, tx, m); err != nil {
+			return err
+		}
+		return outcome.Transient(errors.New("mapes: 503"))
+	}
+	cfg := b.config(failing)
+	cfg.Hooks.BeforeSourceCommit = func(context.Context, []*kgo.Record) error { return consumer.ErrCrashed }
+	first := b.run(cfg)
+	if err := first.wait(t); !errors.Is(err, consumer.ErrCrashed) {
+		t.Fatalf("first consumer: %v, want ErrCrashed", err)
+	}
+	if st := first.c.Stats(); st.Retried != 1 {
+		t.Fatalf("first consumer %+v: the retry copy was not confirmed", st)
+	}
+	if got := b.committed(topic); got != 0 {
+		t.Fatalf("source offset committed before the crash: %d", got)
+	}
+
+	st := b.runUntil(b.config(effect), "original and copy both seen", func(st consumer.Stats) bool { return st.Processed+st.Duplicates == 2 })
+	if st.Processed != 1 || st.Duplicates != 1 {
+		t.Fatalf("second consumer %+v, want 1 processed and 1 duplicate", st)
+	}
+	if n := b.effects(); n != 1 {
+		t.Fatalf("effect applied %d times, want once", n)
+	}
+}
+
+// Proof 5 (issue 3). Fix and replay: a versio-1 event without a field the
+// handler requires dead-letters with an "esquema" reason; the handler is fixed
+// to accept both versions; the dead letter is republished to the original
+// topic with the same id_esdeveniment: the effect is applied once, and a
+// second replay is a duplicate.
+func TestFixAndReplayAppliesOnce(t *testing.T) {
+	b := setup(t)
+	var fixed atomic.Bool
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var d struct {
+			Adreca *struct{ Ciutat string } `json:"adreca_lliurament"`
+		}
+		if err := m.Envelope.DataAs(&d); err != nil {
+			return err
+		}
+		if d.Adreca == nil && !fixed.Load() {
+			return outcome.Permanent(fmt.Errorf("esquema: %s v%d sense adreca_lliurament", m.Envelope.Type, m.Envelope.Version))
+		}
+		return effect(ctx, tx, m)
+	}
+	e := seqEvent("R-5", 0) // versio 1, no adreca_lliurament
+	b.publishEvents(e)
+	r := b.run(b.config(h))
+	eventually(t, "the dead letter", func() bool { return r.c.Stats().DeadLettered == 1 })
+	d := b.read(topic+".dlq", 1)
+	if len(d) != 1 || hdr(d[0], "motiu") != "permanent: esquema: comanda.creada v1 sense adreca_lliurament" {
+		t.Fatalf("dead letter %v", d)
+	}
+	if got := b.dlqTotalOf("permanent: esquema"); got != 1 {
+		t.Fatalf("km0_dlq_total{motiu=\"permanent: esquema\"} = %v, want 1", got)
+	}
+
+	fixed.Store(true)
+	for range 2 {
+		if err := consumer.Republish(context.Background(), b.pub, d[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the replay to be applied", func() bool {
+		st := r.c.Stats()
+		return st.Processed == 1 && st.Duplicates == 1
+	})
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.effects(); n != 1 {
+		t.Fatalf("effect applied %d times, want once", n)
+	}
+	replayed := b.read(topic, 3)
+	if len(replayed) != 3 {
+		t.Fatalf("topic has %d records, want the original and 2 replays", len(replayed))
+	}
+	for _, rr := range replayed[1:] {
+		if hdr(rr, "id_esdeveniment") != e.id || hdr(rr, "motiu") != "" || hdr(rr, "intents") != "" || string(rr.Key) != "R-5" {
+			t.Fatalf("replayed record: key %s headers %v", rr.Key, rr.Headers)
+		}
+	}
+}
+
+// A panic in the handler is recovered, logged with its stack and counted as a
+// transient failure of that attempt.
+func TestHandlerPanicIsATransientAttempt(t *testing.T) {
+	b := setup(t)
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.Attempt == 1 {
+			var mp map[string]int
+			mp["boom"]++ // nil map: panics
+		}
+		return effect(ctx, tx, m)
+	}
+	b.publishEvents(seqEvent("R-6", 0), seqEvent("R-6", 1))
+	st := b.runUntil(b.config(h), "both processed on their second attempt", func(st consumer.Stats) bool { return st.Processed == 2 })
+	if st.Panics != 2 || st.Retried != 2 || st.DeadLettered != 0 {
+		t.Fatalf("stats %+v, want 2 panics, 2 retried", st)
+	}
+	logs := b.logBuf.String()
+	if !strings.Contains(logs, `msg="consumer: handler panic"`) || !strings.Contains(logs, "goroutine ") {
+		t.Fatalf("panic not logged with its stack:\n%s", logs)
+	}
+	if n := b.effects(); n != 2 {
+		t.Fatalf("effects %d, want 2", n)
+	}
+}
+
+// Records of a tipus the consumer does not handle are ignored: counted,
+// committed, never dead-lettered.
+func TestUnhandledTipusIsIgnoredAndCommitted(t *testing.T) {
+	b := setup(t)
+	other := seqEvent("I-1", 0)
+	other.tipus = "comanda.pagada"
+	b.publishEvents(other, seqEvent("I-1", 1))
+	st := b.runUntil(b.config(effect), "both finished", func(st consumer.Stats) bool { return st.Processed == 1 && st.Ignored == 1 })
+	if st.DeadLettered != 0 || st.Retried != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if got := b.committed(topic); got != 2 {
+		t.Fatalf("committed %d, want 2 (the ignored record too)", got)
+	}
+}
+
+// The retry consumer releases copies by no_abans, not by offset: a copy that
+// is due is processed while an earlier copy in the same retry partition (same
+// key) still waits for its hour.
+func TestDueRetryIsNotHeldBehindALaterOne(t *testing.T) {
+	b := setup(t)
+	slow, quick := seqEvent("H-1", 0), seqEvent("H-1", 1)
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.Attempt == 1 {
+			if m.Envelope.ID == slow.id {
+				return outcome.RetryAfter(time.Hour, errors.New("torna d'aquí una hora"))
+			}
+			return outcome.Transient(errors.New("mapes: 503"))
+		}
+		return effect(ctx, tx, m)
+	}
+	b.publishEvents(slow, quick)
+	r := b.run(b.config(h))
+	eventually(t, "the quick copy to be processed", func() bool { return r.c.Stats().Processed == 1 })
+	held := b.gauge(consumer.MetricHeld)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.c.Stats(); st.Retried != 2 || st.Processed != 1 {
+		t.Fatalf("stats %+v, want 2 retried and 1 processed", st)
+	}
+	if n := b.count(`SELECT count(*) FROM efectes WHERE n = 1`); n != 1 {
+		t.Fatalf("quick effect %d, want 1", n)
+	}
+	if held != 1 {
+		t.Fatalf("%s = %v while the slow copy waits, want 1", consumer.MetricHeld, held)
+	}
+	copies := b.read(topic+".retry", 2)
+	if len(copies) != 2 || copies[0].Partition != copies[1].Partition || hdr(copies[0], "id_esdeveniment") != slow.id {
+		t.Fatalf("premise: the slow copy first, both in one retry partition: %v", copies)
+	}
+}
+
+func (b *bundle) gauge(metric string) float64 {
+	mfs, err := b.reg.Gather()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == metric {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}

@@ -1,0 +1,275 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/kafka"
+)
+
+// Headers km0 adds to retry and DLQ copies, besides CONTRACT.md's intents,
+// no_abans, ultim_error and motiu. They keep the first failure's position, so
+// an operator (and `km0 dlq`) can trace a dead letter to its source record.
+const (
+	HeaderOriginalTopic     = "topic_original"    // the domain topic
+	HeaderOriginalPartition = "particio_original" // its partition
+	HeaderOriginalOffset    = "offset_original"   // its offset
+	HeaderFirstFailure      = "primera_fallada"   // unix seconds (float) of the first failure
+	HeaderGroup             = "grup_consumidor"   // the group whose handler failed
+)
+
+// retryHeaders are the headers a copy gets from the consumer; Republish
+// strips them all.
+var retryHeaders = map[string]bool{
+	transport.HeaderAttempts: true, transport.HeaderNotBefore: true, transport.HeaderLastError: true,
+	transport.HeaderReason: true, HeaderOriginalTopic: true, HeaderOriginalPartition: true,
+	HeaderOriginalOffset: true, HeaderFirstFailure: true, HeaderGroup: true,
+}
+
+// retryItem reads the headers of a retry copy. It returns nil for a copy of
+// another consumer group (its grup_consumidor differs; a copy without the
+// header, e.g. from the seed's Python consumer, is taken).
+func (c *Consumer) retryItem(r *kgo.Record) *item {
+	h := func(k string) (string, bool) {
+		for _, x := range r.Headers {
+			if x.Key == k {
+				return string(x.Value), true
+			}
+		}
+		return "", false
+	}
+	if g, ok := h(HeaderGroup); ok && g != c.cfg.Group {
+		return nil
+	}
+	it := &item{rec: r, attempt: 2}
+	if v, ok := h(transport.HeaderAttempts); ok {
+		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 1 {
+			it.attempt = n + 1
+		}
+	}
+	if v, ok := h(transport.HeaderNotBefore); ok {
+		it.notBefore, _ = parseUnix(v)
+	}
+	if v, ok := h(HeaderFirstFailure); ok {
+		it.firstFailure, _ = parseUnix(v)
+	}
+	return it
+}
+
+// FormatUnix writes t as unix seconds with a fraction, the format of no_abans
+// and primera_fallada ("1789000000.250000").
+func FormatUnix(t time.Time) string {
+	return strconv.FormatFloat(float64(t.UnixMicro())/1e6, 'f', 6, 64)
+}
+
+// parseUnix reads FormatUnix's format (any float or integer of seconds).
+func parseUnix(s string) (time.Time, error) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return time.Time{}, fmt.Errorf("consumer: not unix seconds: %q", s)
+	}
+	sec, frac := math.Modf(f)
+	return time.Unix(int64(sec), int64(frac*1e9)), nil
+}
+
+// route copies each failure to <topic>.retry (transient, attempts left) or
+// <topic>.dlq (permanent, or attempts exhausted), waits until the broker
+// confirmed every copy, then runs BeforeSourceCommit. Only then may the
+// caller mark the source offsets: a crash before that redelivers the record,
+// and the inbox absorbs whichever of the two copies comes second. It returns
+// an error when the consumer crashed or the copies were abandoned (partition
+// stopped while the broker refused them): then nothing may be marked.
+func (c *Consumer) route(p *partition, fails []failure) error {
+	if len(fails) == 0 {
+		return nil
+	}
+	now := time.Now()
+	recs := make([]*kgo.Record, len(fails))
+	dead := make([]string, len(fails)) // motiu of dead letters, "" for retries
+	for i, f := range fails {
+		var pe *PanicError
+		if errors.As(f.err, &pe) {
+			c.counts[resPanic].Add(1)
+		}
+		if f.kind == outcome.KindPermanent || f.it.attempt >= c.cfg.MaxAttempts {
+			dead[i] = outcome.Reason(f.kind, f.err)
+			recs[i] = c.copyOf(f.it, p.source+DLQSuffix, now, map[string]string{
+				transport.HeaderAttempts: strconv.Itoa(f.it.attempt),
+				transport.HeaderReason:   dead[i],
+			})
+			continue
+		}
+		wait := f.wait
+		if wait <= 0 {
+			wait = c.cfg.Backoff << (f.it.attempt - 1)
+		}
+		recs[i] = c.copyOf(f.it, p.source+RetrySuffix, now, map[string]string{
+			transport.HeaderAttempts:  strconv.Itoa(f.it.attempt),
+			transport.HeaderNotBefore: FormatUnix(now.Add(wait)),
+			transport.HeaderLastError: outcome.Truncate(errText(f.err), 200),
+		})
+	}
+	if err := c.produceConfirmed(p, recs); err != nil {
+		return err
+	}
+	for i, f := range fails {
+		m := f.it.msg
+		if dead[i] == "" {
+			c.count(p.source, resRetried, 1)
+			c.log.Info("consumer: retry scheduled", "id", eventID(m), "topic", p.source,
+				"intents", f.it.attempt, "no_abans", header(recs[i], transport.HeaderNotBefore), "err", errText(f.err))
+			continue
+		}
+		c.count(p.source, resDLQ, 1)
+		c.m.dlq.WithLabelValues(p.source, ReasonClass(dead[i])).Inc()
+		c.log.Error("consumer: dead letter", "id", eventID(m), "motiu", dead[i], "topic", p.source,
+			"partition", header(recs[i], HeaderOriginalPartition), "offset", header(recs[i], HeaderOriginalOffset),
+			"intents", f.it.attempt, "dlq", recs[i].Topic)
+	}
+	if h := c.cfg.Hooks.BeforeSourceCommit; h != nil {
+		return c.hook(h(c.workCtx, recs))
+	}
+	return nil
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "?"
+	}
+	return err.Error()
+}
+
+// eventID is the id_esdeveniment of m: from the envelope, else the header
+// (a record that did not decode), else "?".
+func eventID(m *Message) string {
+	if m.Envelope != nil {
+		return m.Envelope.ID
+	}
+	if id, ok := m.Header(transport.HeaderEventID); ok {
+		return id
+	}
+	return "?"
+}
+
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// copyOf builds the retry or DLQ copy of it: same key, value and headers
+// (tipus, id_esdeveniment and any other), the first failure's position and
+// time kept from an earlier copy, and set on top.
+func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]string) *kgo.Record {
+	r := it.rec
+	keep := map[string]string{
+		HeaderOriginalTopic:     it.msg.OriginalTopic,
+		HeaderOriginalPartition: strconv.Itoa(int(r.Partition)),
+		HeaderOriginalOffset:    strconv.FormatInt(r.Offset, 10),
+		HeaderFirstFailure:      FormatUnix(now),
+	}
+	for k := range keep {
+		if v := header(r, k); v != "" && it.attempt > 1 {
+			keep[k] = v // a retry copy: the first failure's values stay
+		}
+	}
+	keep[HeaderGroup] = c.cfg.Group
+	for k, v := range set {
+		keep[k] = v
+	}
+	out := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value}
+	for _, h := range r.Headers {
+		if !retryHeaders[h.Key] {
+			out.Headers = append(out.Headers, h)
+		}
+	}
+	for _, k := range []string{transport.HeaderAttempts, transport.HeaderNotBefore, transport.HeaderLastError,
+		transport.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset,
+		HeaderFirstFailure, HeaderGroup} {
+		if v, ok := keep[k]; ok {
+			out.Headers = append(out.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		}
+	}
+	return out
+}
+
+// produceConfirmed produces recs and returns once the broker confirmed each
+// (acks=all). Failed records are produced again after a backoff until they
+// go through, the partition is stopped or the consumer crashes. A copy the
+// broker refuses for good (over its size limit) is logged at error and
+// dropped: it can never be stored, and holding the partition would not help.
+func (c *Consumer) produceConfirmed(p *partition, recs []*kgo.Record) error {
+	wait := 50 * time.Millisecond
+	todo := recs
+	for {
+		var again []*kgo.Record
+		for _, res := range c.cl.ProduceSync(c.workCtx, todo...) {
+			switch {
+			case res.Err == nil:
+			case kafka.IsRejectedForGood(res.Err):
+				c.log.Error("consumer: broker refused a retry/DLQ copy for good; dropped",
+					"topic", res.Record.Topic, "id", header(res.Record, transport.HeaderEventID), "err", res.Err)
+			default:
+				r := res.Record
+				again = append(again, &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers})
+			}
+		}
+		if len(again) == 0 {
+			return nil
+		}
+		if c.crashed.Load() {
+			return c.crashErr
+		}
+		c.log.Warn("consumer: producing retry/DLQ copies", "failed", len(again), "topic", again[0].Topic)
+		if !c.pause(p, &wait) {
+			return errors.New("consumer: copies not confirmed; batch abandoned")
+		}
+		todo = again
+	}
+}
+
+// ErrNoOriginalTopic is returned by Republish for a record that names no
+// original topic (no topic_original header and no .dlq/.retry suffix).
+var ErrNoOriginalTopic = errors.New("consumer: dead letter names no original topic")
+
+// Republish produces a dead letter (or retry copy) rec back to its original
+// topic, with the same key, value and id_esdeveniment, minus the retry/DLQ
+// headers, and waits for the broker's confirmation. A consumer that already
+// applied the event sees a duplicate; one that has not applies it once. Use a
+// client built with kafka.ProducerOpts so the key lands on the partition the
+// original producer chose. It returns ErrNoOriginalTopic, or the produce error.
+func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
+	topic := header(rec, HeaderOriginalTopic)
+	if topic == "" {
+		for _, suf := range []string{DLQSuffix, RetrySuffix} {
+			if t, ok := strings.CutSuffix(rec.Topic, suf); ok && t != "" {
+				topic = t
+			}
+		}
+	}
+	if topic == "" {
+		return ErrNoOriginalTopic
+	}
+	out := &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value}
+	for _, h := range rec.Headers {
+		if !retryHeaders[h.Key] {
+			out.Headers = append(out.Headers, h)
+		}
+	}
+	if err := cl.ProduceSync(ctx, out).FirstErr(); err != nil {
+		return fmt.Errorf("consumer: republish to %s: %w", topic, err)
+	}
+	return nil
+}

@@ -1,0 +1,294 @@
+package dlq
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults of AlerterConfig.
+const (
+	WebhookTimeoutDefault  = 5 * time.Second
+	WebhookAttemptsDefault = 3
+	WebhookBackoffDefault  = time.Second
+	WebhookQueueDefault    = 1024
+	MaxClassesDefault      = 32
+)
+
+// OtherClass is the motiu label used once a topic has MaxClasses classes.
+const OtherClass = "altres"
+
+// AlerterConfig configures an Alerter. The zero value counts and logs, with
+// no webhook.
+type AlerterConfig struct {
+	// Registerer receives the metrics. Default prometheus.DefaultRegisterer.
+	// Registering twice (two Alerters, one registry) shares the counters.
+	Registerer prometheus.Registerer
+	// Logger gets one error-level line per dead letter. Default slog.Default().
+	Logger *slog.Logger
+	// WebhookURL, if set, receives a JSON Notice per dead letter (POST).
+	WebhookURL string
+	// WebhookTimeout bounds each POST. Default 5 s.
+	WebhookTimeout time.Duration
+	// WebhookAttempts is how many times a notice is tried. Default 3.
+	WebhookAttempts int
+	// WebhookBackoff is the wait before the second attempt, doubled after
+	// each further one. Default 1 s.
+	WebhookBackoff time.Duration
+	// WebhookQueue is how many notices may wait for delivery; when it is full
+	// a notice is dropped (logged and counted), never waited for. Default 1024.
+	WebhookQueue int
+	// Client sends the webhook. Default a client with WebhookTimeout.
+	Client *http.Client
+	// MaxClasses bounds the distinct motiu labels per topic; further classes
+	// are counted as "altres". Default 32.
+	MaxClasses int
+}
+
+// Notice is the JSON body the webhook receives.
+type Notice struct {
+	Topic    string    `json:"topic"` // the original topic
+	ID       string    `json:"id"`    // the letter's ID (km0 dlq show ID)
+	EventID  string    `json:"id_esdeveniment"`
+	Type     string    `json:"tipus"`
+	Reason   string    `json:"motiu"`
+	Attempts int       `json:"intents"`
+	DLQTopic string    `json:"topic_dlq"`
+	DeadAt   time.Time `json:"morta_en"`
+}
+
+// Alerter makes every dead letter visible: it increments
+// km0_dlq_letters_total{topic, motiu} (motiu = the reason class), logs at
+// error level with the letter's id and reason, and, with a webhook URL, posts
+// a Notice from a background goroutine with a timeout and retries. A slow or
+// failing webhook never blocks the caller. Safe for concurrent use.
+type Alerter struct {
+	cfg      AlerterConfig
+	letters  *prometheus.CounterVec
+	failures *prometheus.CounterVec
+
+	mu      sync.Mutex
+	classes map[string]map[string]bool
+
+	queue   chan Notice
+	stop    chan struct{}
+	done    chan struct{}
+	closing sync.Once
+}
+
+// NewAlerter returns an Alerter. It fails for a webhook URL that is not an
+// absolute http(s) URL, or if the registry holds a different metric under the
+// same name.
+func NewAlerter(cfg AlerterConfig) (*Alerter, error) {
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.DefaultRegisterer
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.WebhookTimeout <= 0 {
+		cfg.WebhookTimeout = WebhookTimeoutDefault
+	}
+	if cfg.WebhookAttempts <= 0 {
+		cfg.WebhookAttempts = WebhookAttemptsDefault
+	}
+	if cfg.WebhookBackoff <= 0 {
+		cfg.WebhookBackoff = WebhookBackoffDefault
+	}
+	if cfg.WebhookQueue <= 0 {
+		cfg.WebhookQueue = WebhookQueueDefault
+	}
+	if cfg.MaxClasses <= 0 {
+		cfg.MaxClasses = MaxClassesDefault
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Timeout: cfg.WebhookTimeout}
+	}
+	if cfg.WebhookURL != "" {
+		u, err := url.Parse(cfg.WebhookURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("dlq: webhook URL must be an absolute http(s) URL")
+		}
+	}
+	a := &Alerter{cfg: cfg, classes: map[string]map[string]bool{}}
+	var err error
+	a.letters, err = registerCounter(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "km0_dlq_letters_total",
+		Help: "Dead letters seen, by original topic and reason class (motiu up to its second ':').",
+	}, []string{"topic", "motiu"}))
+	if err != nil {
+		return nil, err
+	}
+	a.failures, err = registerCounter(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "km0_dlq_webhook_failures_total",
+		Help: "Dead-letter notices the webhook never received: causa=error (all attempts failed) or cua_plena (queue full).",
+	}, []string{"causa"}))
+	if err != nil {
+		return nil, err
+	}
+	if cfg.WebhookURL != "" {
+		a.queue = make(chan Notice, cfg.WebhookQueue)
+		a.stop = make(chan struct{})
+		a.done = make(chan struct{})
+		go a.deliver()
+	}
+	return a, nil
+}
+
+func registerCounter(r prometheus.Registerer, c *prometheus.CounterVec) (*prometheus.CounterVec, error) {
+	err := r.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
+		if !ok {
+			return nil, fmt.Errorf("dlq: metric already registered with another type: %w", err)
+		}
+		return existing, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dlq: register metric: %w", err)
+	}
+	return c, nil
+}
+
+// DeadLetter raises the alerts for one new dead letter. It never blocks on the
+// webhook. Call it once per letter (the indexer does, for letters it indexes
+// for the first time).
+func (a *Alerter) DeadLetter(ctx context.Context, l *Letter) {
+	a.letters.WithLabelValues(l.OriginalTopic, a.label(l.OriginalTopic, l.Class())).Inc()
+	a.cfg.Logger.LogAttrs(ctx, slog.LevelError, "dlq: dead letter",
+		slog.String("id", l.ID), slog.String("topic", l.OriginalTopic),
+		slog.String("id_esdeveniment", l.EventID), slog.String("tipus", l.Type),
+		slog.String("motiu", l.Reason), slog.Int("intents", l.Attempts))
+	if a.queue == nil {
+		return
+	}
+	n := Notice{Topic: l.OriginalTopic, ID: l.ID, EventID: l.EventID, Type: l.Type,
+		Reason: l.Reason, Attempts: l.Attempts, DLQTopic: l.Topic, DeadAt: l.DeadAt}
+	select {
+	case <-a.stop:
+		a.failures.WithLabelValues("cua_plena").Inc()
+	default:
+		select {
+		case a.queue <- n:
+		default:
+			a.failures.WithLabelValues("cua_plena").Inc()
+			a.cfg.Logger.Warn("dlq: webhook queue full; notice dropped", "id", l.ID)
+		}
+	}
+}
+
+// label bounds the motiu label values of one topic to MaxClasses.
+func (a *Alerter) label(topic, class string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	seen := a.classes[topic]
+	if seen == nil {
+		seen = map[string]bool{}
+		a.classes[topic] = seen
+	}
+	if seen[class] {
+		return class
+	}
+	if len(seen) >= a.cfg.MaxClasses {
+		return OtherClass
+	}
+	seen[class] = true
+	return class
+}
+
+func (a *Alerter) deliver() {
+	defer close(a.done)
+	for {
+		select {
+		case n := <-a.queue:
+			a.send(n)
+		case <-a.stop:
+			// Drain what is queued, then stop.
+			for {
+				select {
+				case n := <-a.queue:
+					a.send(n)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (a *Alerter) send(n Notice) {
+	body, _ := json.Marshal(n) // a Notice always marshals
+	wait := a.cfg.WebhookBackoff
+	var lastErr error
+	for attempt := 1; attempt <= a.cfg.WebhookAttempts; attempt++ {
+		retry, err := a.post(body)
+		if err == nil {
+			return
+		}
+		lastErr = err
+		if !retry || attempt == a.cfg.WebhookAttempts {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-a.stop:
+			t.Stop()
+			// Shutting down: one last try happens on the next loop turn only
+			// if attempts remain; do not wait for the backoff.
+		}
+		wait *= 2
+	}
+	a.failures.WithLabelValues("error").Inc()
+	a.cfg.Logger.Warn("dlq: webhook did not take the notice", "id", n.ID, "err", lastErr)
+}
+
+// post sends one notice; retry says whether another attempt may help.
+func (a *Alerter) post(body []byte) (retry bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.WebhookTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.WebhookURL, bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := a.cfg.Client.Do(req)
+	if err != nil {
+		return true, err
+	}
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		return false, nil
+	case resp.StatusCode >= 500, resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusRequestTimeout:
+		return true, fmt.Errorf("webhook answered %s", resp.Status)
+	default:
+		return false, fmt.Errorf("webhook answered %s", resp.Status)
+	}
+}
+
+// Close stops the webhook goroutine after it has delivered (or given up on)
+// the queued notices, or when ctx ends, whichever comes first. Notices given
+// after Close are counted as dropped. Safe to call more than once.
+func (a *Alerter) Close(ctx context.Context) error {
+	if a.queue == nil {
+		return nil
+	}
+	a.closing.Do(func() { close(a.stop) })
+	select {
+	case <-a.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

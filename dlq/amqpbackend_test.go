@@ -1,0 +1,259 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/amqp/amqptest"
+)
+
+// rabbit is a RabbitMQ work queue with its DLQ and a migrated index.
+type rabbit struct {
+	conn  *amqp.Conn
+	store *Store
+	pool  *pgtest.Schema
+	queue string
+	dlx   *amqp.Publisher // publishes to km0.dlx: routing key = queue lands in <queue>.dlq
+}
+
+func setupRabbit(t *testing.T) *rabbit {
+	t.Helper()
+	ctx := context.Background()
+	conn := amqptest.Dial(t)
+	s := pgtest.NewSchema(t)
+	if _, err := migrate.Up(ctx, s.Pool, s.Names(), Migrations); err != nil {
+		t.Fatal(err)
+	}
+	q := amqptest.Name("t.dlqidx")
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{q, amqp.DLQName(q)} })
+	if err := conn.Declare(ctx, amqp.WorkQueueTopology("", q, q, false)); err != nil {
+		t.Fatal(err)
+	}
+	dlx, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{Exchange: amqp.DLXDefault, ExchangeKind: amqp091.ExchangeDirect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dlx.Close() })
+	return &rabbit{conn: conn, store: NewStore(s.Pool, s.Name), pool: s, queue: q, dlx: dlx}
+}
+
+func (r *rabbit) backend(t *testing.T, batch int) *AMQPBackend {
+	t.Helper()
+	b, err := NewAMQPBackend(AMQPConfig{Conn: r.conn, Queues: []string{r.queue}, Batch: batch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// exhausted puts in the DLQ what the consumer publishes when the transient
+// attempts run out.
+func (r *rabbit) exhausted(t *testing.T, id string, deadAt time.Time) {
+	t.Helper()
+	m := &transport.Message{Topic: r.queue, Key: []byte("P-1"), Value: amqpEvent(t, id, deadAt), Headers: []transport.Header{
+		{Key: transport.HeaderEventID, Value: id}, {Key: transport.HeaderType, Value: "comanda.creada"},
+		{Key: transport.HeaderAttempts, Value: "3"}, {Key: transport.HeaderReason, Value: "transitori esgotat: mapes: 503"},
+		{Key: amqp.HeaderOriginQueue, Value: r.queue}, {Key: amqp.HeaderDeadAt, Value: strconv.FormatInt(deadAt.UnixMilli(), 10)},
+		{Key: amqp.HeaderFirstFailure, Value: strconv.FormatInt(deadAt.Add(-7*time.Second).UnixMilli(), 10)}}}
+	if err := r.dlx.Publish(context.Background(), []*transport.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// native publishes an event to the work queue and rejects it without
+// requeue, as the consumer does for a permanent failure: RabbitMQ moves it
+// to the DLQ with x-death.
+func (r *rabbit) native(t *testing.T, id string) {
+	t.Helper()
+	ctx := context.Background()
+	m := &transport.Message{Topic: r.queue, Key: []byte("P-2"), Value: amqpEvent(t, id, time.Now()),
+		Headers: []transport.Header{{Key: transport.HeaderEventID, Value: id}, {Key: transport.HeaderType, Value: "comanda.creada"}}}
+	pub, err := amqp.NewPublisher(ctx, r.conn, amqp.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close() //nolint:errcheck
+	if err := pub.Publish(ctx, []*transport.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+	err = r.conn.Do(ctx, func(ch *amqp091.Channel) error {
+		d, ok, err := ch.Get(r.queue, false)
+		if err != nil || !ok {
+			return fmt.Errorf("get from the work queue: ok=%v, %w", ok, err)
+		}
+		return d.Nack(false, false)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// amqpEvent returns a valid envelope for id at t.
+func amqpEvent(t *testing.T, id string, at time.Time) []byte {
+	t.Helper()
+	e := &envelope.Envelope{ID: id, Type: "comanda.creada", Version: 1, TimeMS: at.UnixMilli(), Origin: "comandes",
+		Data: []byte(`{"id":"P-1"}`)}
+	b, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (r *rabbit) onBroker(t *testing.T) int {
+	t.Helper()
+	n, err := amqp.NewDLQ(r.conn, r.queue).Count(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (r *rabbit) indexed(t *testing.T) []*Letter {
+	t.Helper()
+	ls, err := r.store.List(context.Background(), Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ls
+}
+
+// The invariant: a RabbitMQ dead letter is acked off the broker only after
+// the index transaction that holds it committed. Crash point A: the index
+// transaction fails (its table is missing) → nothing is acked. Crash point
+// B: Sync dies after the commit and before the ack → the letters are in the
+// index and, requeued, still on the broker; the next Sync recognises the
+// redeliveries, indexes nothing twice and acks them. A third Sync finds
+// nothing. Every event id is in the index exactly once at the end.
+func TestAMQPSyncAcksOnlyAfterCommit(t *testing.T) {
+	r := setupRabbit(t)
+	ctx := context.Background()
+	deadAt := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	r.exhausted(t, "e-transitori", deadAt)
+	r.native(t, "e-permanent")
+	amqptest.WaitFor(t, 10*time.Second, "2 letters in the DLQ", func() bool { return r.onBroker(t) == 2 })
+	b := r.backend(t, 0)
+
+	// Crash point A: the index transaction fails.
+	broken := NewStore(r.pool.Pool, "no_such_schema")
+	if _, err := b.Sync(ctx, broken); err == nil {
+		t.Fatal("sync into a missing index table succeeded")
+	}
+	amqptest.WaitFor(t, 10*time.Second, "both letters back on the broker", func() bool { return r.onBroker(t) == 2 })
+	if n := len(r.indexed(t)); n != 0 {
+		t.Fatalf("%d letters indexed by a failed transaction", n)
+	}
+
+	// Crash point B: committed in the index, the ack never sent.
+	crash := errors.New("crash between the index commit and the ack")
+	b.afterCommit = func() error { return crash }
+	res, err := b.Sync(ctx, r.store)
+	if !errors.Is(err, crash) || len(res.New) != 2 {
+		t.Fatalf("sync with a crash after the commit: %d new, %v", len(res.New), err)
+	}
+	amqptest.WaitFor(t, 10*time.Second, "both letters requeued", func() bool { return r.onBroker(t) == 2 })
+	if n := len(r.indexed(t)); n != 2 {
+		t.Fatalf("%d letters indexed after the commit, want 2", n)
+	}
+
+	b.afterCommit = nil
+	res, err = b.Sync(ctx, r.store)
+	if err != nil || res.Read != 2 || len(res.New) != 0 {
+		t.Fatalf("sync of the redeliveries: read %d, new %d, %v; want 2 read, 0 new", res.Read, len(res.New), err)
+	}
+	if n := r.onBroker(t); n != 0 {
+		t.Fatalf("%d letters left on the broker after a good sync", n)
+	}
+	res, err = b.Sync(ctx, r.store)
+	if err != nil || res.Read != 0 || len(res.New) != 0 {
+		t.Fatalf("second good sync: read %d, new %d, %v; want nothing", res.Read, len(res.New), err)
+	}
+
+	ls := r.indexed(t)
+	byEvent := map[string]*Letter{}
+	for _, l := range ls {
+		byEvent[l.EventID] = l
+	}
+	if len(ls) != 2 || len(byEvent) != 2 {
+		t.Fatalf("index holds %d letters for %d events, want 2 and 2", len(ls), len(byEvent))
+	}
+	tr, pe := byEvent["e-transitori"], byEvent["e-permanent"]
+	if tr == nil || pe == nil {
+		t.Fatalf("index lacks an event: %v", byEvent)
+	}
+	if tr.Reason != "transitori esgotat: mapes: 503" || tr.Attempts != 3 || tr.OriginalTopic != r.queue ||
+		!tr.DeadAt.Equal(deadAt) || !tr.FirstFailure.Equal(deadAt.Add(-7*time.Second)) || string(tr.Key) != "P-1" {
+		t.Fatalf("exhausted letter: %+v", tr)
+	}
+	if pe.Reason != "permanent: rejected by "+r.queue || pe.Attempts != 1 || pe.OriginalTopic != r.queue ||
+		pe.Class() != "permanent: rejected by "+r.queue || !hasHeader(pe, "x-death", "rejected in "+r.queue) {
+		t.Fatalf("native letter: %+v", pe)
+	}
+	ids := []string{ls[0].ID, ls[1].ID}
+	slices.Sort(ids)
+	if want := []string{KafkaID(amqp.DLQName(r.queue), 0, 0), KafkaID(amqp.DLQName(r.queue), 0, 1)}; !slices.Equal(ids, want) {
+		t.Fatalf("ids %v, want %v", ids, want)
+	}
+}
+
+func hasHeader(l *Letter, key, prefix string) bool {
+	for _, h := range l.Headers {
+		if h.Key == key && strings.HasPrefix(h.Value, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// Two Syncs at once on one DLQ (small batches, so they interleave) number
+// every letter once: 200 letters, IDs 0..199, none lost, none twice.
+func TestAMQPConcurrentSyncsNumberEachLetterOnce(t *testing.T) {
+	r := setupRabbit(t)
+	ctx := context.Background()
+	const n = 200
+	now := time.Now()
+	for i := range n {
+		r.exhausted(t, "e-"+strconv.Itoa(i), now)
+	}
+	amqptest.WaitFor(t, 10*time.Second, "200 letters in the DLQ", func() bool { return r.onBroker(t) == n })
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range 2 {
+		b := r.backend(t, 7)
+		wg.Add(1)
+		go func() { defer wg.Done(); _, errs[i] = b.Sync(ctx, r.store) }()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	ls := r.indexed(t)
+	events, offsets := map[string]bool{}, map[int64]bool{}
+	for _, l := range ls {
+		events[l.EventID], offsets[l.Offset] = true, true
+	}
+	if len(ls) != n || len(events) != n || len(offsets) != n || r.onBroker(t) != 0 {
+		t.Fatalf("%d letters, %d events, %d offsets, %d on the broker; want %d, %d, %d, 0",
+			len(ls), len(events), len(offsets), r.onBroker(t), n, n, n)
+	}
+	for i := range int64(n) {
+		if !offsets[i] {
+			t.Fatalf("sequence has a gap at %d", i)
+		}
+	}
+}

@@ -1,0 +1,264 @@
+package dlq
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// HandlerConfig configures the admin API.
+type HandlerConfig struct {
+	// Token is the bearer token POST /replay and POST /purge require
+	// ("Authorization: Bearer <token>", compared in constant time). Empty:
+	// those endpoints answer 403, whoever asks.
+	Token string
+	// SyncOnRead syncs the index before each GET. Default false: a running
+	// Indexer keeps it current, and an open endpoint should not make anyone
+	// able to trigger broker reads. POSTs always sync first.
+	SyncOnRead bool
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock for relative times ("36h"). Default time.Now.
+	Now func() time.Time
+}
+
+// maxBody bounds a POST body.
+const maxBody = 1 << 20
+
+// Handler returns the HTTP admin API of src:
+//
+//	GET  /letters?topic=&motiu=&since=&until=&estat=&id=&limit=   groups and rows (open)
+//	GET  /letters/{id...}                                          one letter with its value (open)
+//	POST /replay  {"ids":[],"topic":"","motiu":"","since":"","until":"","dry_run":false,"force":false,"retention":"336h"}
+//	POST /purge   {"ids":[],"topic":"","motiu":"","since":"","until":"","yes":true,"delete_records":false}
+//
+// The POSTs need the bearer token (401 without it or with a wrong one; 403
+// when no token is configured). estat defaults to pendent (estat=totes for
+// all); limit defaults to 100. Errors are JSON {"error": "..."}: 400 for bad
+// input, 404 for an unknown letter, 409 for an unconfirmed purge, 500 else.
+func Handler(src Source, cfg HandlerConfig) http.Handler {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	h := &handler{src: src, cfg: cfg}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /letters", h.list)
+	mux.HandleFunc("GET /letters/{id...}", h.show)
+	mux.HandleFunc("POST /replay", h.guard(h.replay))
+	mux.HandleFunc("POST /purge", h.guard(h.purge))
+	return mux
+}
+
+type handler struct {
+	src Source
+	cfg HandlerConfig
+}
+
+// errBadRequest marks input errors (400).
+var errBadRequest = errors.New("bad request")
+
+func (h *handler) guard(next http.HandlerFunc) http.HandlerFunc {
+	want := sha256.Sum256([]byte(h.cfg.Token))
+	return func(w http.ResponseWriter, r *http.Request) {
+		if h.cfg.Token == "" {
+			writeError(w, http.StatusForbidden, "state-changing endpoints are disabled: no admin token is configured")
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sum := sha256.Sum256([]byte(got))
+		if subtle.ConstantTimeCompare(sum[:], want[:]) != 1 || !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="km0 dlq"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+			return
+		}
+		if _, err := h.src.Sync(r.Context()); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (h *handler) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f, err := filterOf(q.Get("topic"), q.Get("motiu"), q.Get("since"), q.Get("until"), q["id"], h.cfg.Now())
+	if err == nil {
+		f.States, err = ParseState(cmp.Or(q.Get("estat"), string(StatePending)))
+	}
+	if err == nil {
+		f.Limit, err = limitOf(q.Get("limit"))
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if h.cfg.SyncOnRead {
+		if _, err := h.src.Sync(r.Context()); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	ls, err := h.src.List(r.Context(), f)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ListingView(ls))
+}
+
+// ListingView is the JSON form of a Listing.
+func ListingView(ls *Listing) any {
+	rows := make([]LetterView, len(ls.Letters))
+	for i, l := range ls.Letters {
+		rows[i] = View(l, false)
+	}
+	groups := ls.Groups
+	if groups == nil {
+		groups = []Group{}
+	}
+	return struct {
+		Groups  []Group      `json:"grups"`
+		Letters []LetterView `json:"cartes"`
+	}{groups, rows}
+}
+
+func (h *handler) show(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.SyncOnRead {
+		if _, err := h.src.Sync(r.Context()); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	l, err := h.src.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, View(l, true))
+}
+
+// actionRequest is the body of POST /replay and POST /purge.
+type actionRequest struct {
+	IDs           []string `json:"ids"`
+	Topic         string   `json:"topic"`
+	Reason        string   `json:"motiu"`
+	Since         string   `json:"since"`
+	Until         string   `json:"until"`
+	DryRun        bool     `json:"dry_run"`
+	Force         bool     `json:"force"`
+	Retention     string   `json:"retention"`
+	Yes           bool     `json:"yes"`
+	DeleteRecords bool     `json:"delete_records"`
+}
+
+func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*actionRequest, Filter, bool) {
+	var req actionRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		return nil, Filter{}, false
+	}
+	f, err := filterOf(req.Topic, req.Reason, req.Since, req.Until, req.IDs, h.cfg.Now())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, Filter{}, false
+	}
+	return &req, f, true
+}
+
+func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
+	req, f, ok := h.decode(w, r)
+	if !ok {
+		return
+	}
+	o := ReplayOptions{DryRun: req.DryRun, Force: req.Force}
+	if req.Retention != "" {
+		d, err := time.ParseDuration(req.Retention)
+		if err != nil || d <= 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("retention %q: want a positive duration such as 336h", req.Retention))
+			return
+		}
+		o.Retention = d
+	}
+	rep, err := h.src.Replay(r.Context(), f, o)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
+	req, f, ok := h.decode(w, r)
+	if !ok {
+		return
+	}
+	rep, err := h.src.Purge(r.Context(), f, PurgeOptions{Confirmed: req.Yes, DeleteRecords: req.DeleteRecords})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, ErrNotConfirmed):
+		writeError(w, http.StatusConflict, `purge not confirmed: send "yes": true`)
+	case errors.Is(err, errBadRequest):
+		writeError(w, http.StatusBadRequest, err.Error())
+	default:
+		h.cfg.Logger.Error("dlq: admin API", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+// filterOf builds a Filter from textual input; errors wrap errBadRequest.
+func filterOf(topic, reason, since, until string, ids []string, now time.Time) (Filter, error) {
+	f := Filter{Topic: topic, Reason: reason, IDs: ids}
+	var err error
+	if f.Since, err = ParseTime(since, now); err != nil {
+		return f, fmt.Errorf("%w: since: %w", errBadRequest, err)
+	}
+	if f.Until, err = ParseTime(until, now); err != nil {
+		return f, fmt.Errorf("%w: until: %w", errBadRequest, err)
+	}
+	return f, nil
+}
+
+func limitOf(s string) (int, error) {
+	if s == "" {
+		return 100, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("limit %q: want a number ≥ 0 (0 = no limit)", s)
+	}
+	return n, nil
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}

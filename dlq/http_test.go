@@ -1,0 +1,112 @@
+package dlq_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/km0/km0/dlq"
+)
+
+func call(t *testing.T, method, u, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, u, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// GETs are open; POST replay and purge need the bearer token: a missing or
+// wrong token is 401 and changes nothing; the right one replays.
+func TestAdminAPIRequiresTokenForStateChanges(t *testing.T) {
+	b := setup(t)
+	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
+	b.sync(t)
+	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{Token: "s3cret-token"}))
+	defer srv.Close()
+
+	code, body := call(t, "GET", srv.URL+"/letters?motiu="+url.QueryEscape("permanent: esquema"), "", "")
+	var ls struct {
+		Groups  []dlq.Group      `json:"grups"`
+		Letters []dlq.LetterView `json:"cartes"`
+	}
+	if code != 200 || json.Unmarshal([]byte(body), &ls) != nil || len(ls.Letters) != 1 || ls.Groups[0].Count != 1 {
+		t.Fatalf("GET /letters: %d %s", code, body)
+	}
+	code, body = call(t, "GET", srv.URL+"/letters/"+id, "", "")
+	var v dlq.LetterView
+	if code != 200 || json.Unmarshal([]byte(body), &v) != nil || v.ID != id || v.Envelope == nil {
+		t.Fatalf("GET /letters/%s: %d %s", id, code, body)
+	}
+	if code, _ := call(t, "GET", srv.URL+"/letters/"+comandesDLQ+"/0/999", "", ""); code != 404 {
+		t.Fatalf("unknown letter: %d, want 404", code)
+	}
+
+	req := `{"ids":["` + id + `"]}`
+	for _, tok := range []string{"", "wrong", "s3cret-token-but-longer", "s3cret-toke"} {
+		if code, _ := call(t, "POST", srv.URL+"/replay", tok, req); code != 401 {
+			t.Fatalf("replay with token %q: %d, want 401", tok, code)
+		}
+		if code, _ := call(t, "POST", srv.URL+"/purge", tok, `{"yes":true}`); code != 401 {
+			t.Fatalf("purge with token %q: %d, want 401", tok, code)
+		}
+	}
+	if n := b.records(t, comandes); n != 0 || b.rows(t, dlq.StatePending) != 1 {
+		t.Fatalf("rejected calls changed something: %d records, %d pending", n, b.rows(t, dlq.StatePending))
+	}
+	code, body = call(t, "POST", srv.URL+"/replay", "s3cret-token", req)
+	var rep dlq.Report
+	if code != 200 || json.Unmarshal([]byte(body), &rep) != nil || rep.Done != 1 {
+		t.Fatalf("authorised replay: %d %s", code, body)
+	}
+	if n := b.records(t, comandes); n != 1 {
+		t.Fatalf("%d records after the replay, want 1", n)
+	}
+	if code, _ := call(t, "POST", srv.URL+"/purge", "s3cret-token", `{}`); code != 409 {
+		t.Fatalf("unconfirmed purge: %d, want 409", code)
+	}
+	if code, _ := call(t, "POST", srv.URL+"/replay", "s3cret-token", `{"since":"yesterday-ish"}`); code != 400 {
+		t.Fatalf("bad since: %d, want 400", code)
+	}
+	if code, _ := call(t, "POST", srv.URL+"/purge", "s3cret-token", `{"yes":true,"ids":["`+id+`"]}`); code != 200 || b.rows(t, dlq.StatePurged) != 1 {
+		t.Fatalf("authorised purge: %d, %d purged", code, b.rows(t, dlq.StatePurged))
+	}
+}
+
+// With no token configured the state-changing endpoints are disabled (403),
+// even for a request that sends some token; reads still work.
+func TestAdminAPIWithoutTokenIsReadOnly(t *testing.T) {
+	b := setup(t)
+	b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
+	b.sync(t)
+	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{}))
+	defer srv.Close()
+	for _, tok := range []string{"", "anything"} {
+		if code, _ := call(t, "POST", srv.URL+"/replay", tok, `{}`); code != 403 {
+			t.Fatalf("replay: %d, want 403", code)
+		}
+		if code, _ := call(t, "POST", srv.URL+"/purge", tok, `{"yes":true}`); code != 403 {
+			t.Fatalf("purge: %d, want 403", code)
+		}
+	}
+	if code, _ := call(t, "GET", srv.URL+"/letters", "", ""); code != 200 {
+		t.Fatalf("GET /letters: %d", code)
+	}
+	if n := b.records(t, comandes); n != 0 || b.rows(t, dlq.StatePending) != 1 {
+		t.Fatalf("a disabled endpoint changed something: %d records, %d pending", n, b.rows(t, dlq.StatePending))
+	}
+}

@@ -1,0 +1,134 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Defaults of IndexerConfig.
+const (
+	MetadataMaxAgeDefault = 10 * time.Second
+	RetryBackoffDefault   = time.Second
+	retryBackoffMax       = 30 * time.Second
+)
+
+// IndexerConfig configures an Indexer.
+type IndexerConfig struct {
+	Kafka KafkaConfig // brokers, topics or pattern, group (default km0.dlq.index)
+	Store *Store      // required
+	// Alerter gets every letter indexed for the first time; nil = no alerts
+	// (do not run an Indexer without one in production).
+	Alerter *Alerter
+	// MetadataMaxAge is how soon a new DLQ topic matching the pattern is
+	// noticed. Default 10 s.
+	MetadataMaxAge time.Duration
+	// RetryBackoff is the first wait after a database error before the same
+	// batch is indexed again (doubling, at most 30 s). Default 1 s.
+	RetryBackoff time.Duration
+}
+
+// Indexer keeps the index current: a member of its own consumer group
+// (default km0.dlq.index) on the DLQ topics that indexes each batch of
+// records in one transaction and commits the batch's offsets only after that
+// transaction committed. A crash in between re-reads the batch, and indexing
+// it again changes nothing (ON CONFLICT DO NOTHING) and alerts nothing.
+type Indexer struct {
+	cfg IndexerConfig
+	log *slog.Logger
+	cl  *kgo.Client
+}
+
+// NewIndexer returns an Indexer; Run starts it. It fails without a Store or
+// brokers, or for a bad topic pattern.
+func NewIndexer(cfg IndexerConfig) (*Indexer, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("dlq: IndexerConfig needs a Store")
+	}
+	k, _, err := cfg.Kafka.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Kafka = k
+	if cfg.MetadataMaxAge <= 0 {
+		cfg.MetadataMaxAge = MetadataMaxAgeDefault
+	}
+	if cfg.RetryBackoff <= 0 {
+		cfg.RetryBackoff = RetryBackoffDefault
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(k.Brokers...), kgo.ConsumerGroup(k.Group),
+		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.MetadataMaxAge(cfg.MetadataMaxAge),
+	}
+	if len(k.Topics) > 0 {
+		opts = append(opts, kgo.ConsumeTopics(k.Topics...))
+	} else {
+		opts = append(opts, kgo.ConsumeTopics(k.TopicPattern), kgo.ConsumeRegex())
+	}
+	cl, err := kgo.NewClient(append(opts, k.ClientOpts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: indexer client: %w", err)
+	}
+	return &Indexer{cfg: cfg, log: k.Logger, cl: cl}, nil
+}
+
+// Run indexes until ctx ends, then leaves the group and returns nil. A
+// database error does not skip letters: the batch is retried, with backoff,
+// until it is indexed (its offsets stay uncommitted meanwhile).
+func (ix *Indexer) Run(ctx context.Context) error {
+	defer ix.cl.Close()
+	for {
+		fs := ix.cl.PollFetches(ctx)
+		if ctx.Err() != nil || fs.IsClientClosed() {
+			ix.cl.AllowRebalance()
+			return nil
+		}
+		fs.EachError(func(t string, p int32, err error) {
+			ix.log.Warn("dlq: indexer fetch", "topic", t, "partition", p, "err", err)
+		})
+		recs := fs.Records()
+		if len(recs) == 0 {
+			ix.cl.AllowRebalance()
+			continue
+		}
+		added, err := ix.index(ctx, lettersOf(recs))
+		if err != nil {
+			ix.cl.AllowRebalance()
+			return nil // ctx ended while the database was down; nothing committed
+		}
+		if ix.cfg.Alerter != nil {
+			for _, l := range added {
+				ix.cfg.Alerter.DeadLetter(ctx, l)
+			}
+		}
+		if err := ix.cl.CommitRecords(ctx, recs...); err != nil {
+			ix.log.Warn("dlq: indexer commit (the batch will be read again, harmlessly)", "err", err)
+		}
+		ix.cl.AllowRebalance()
+	}
+}
+
+func (ix *Indexer) index(ctx context.Context, letters []*Letter) ([]*Letter, error) {
+	wait := ix.cfg.RetryBackoff
+	for {
+		added, err := ix.cfg.Store.Insert(ctx, letters)
+		if err == nil {
+			return added, nil
+		}
+		ix.log.Error("dlq: indexer cannot write the index; retrying the batch", "letters", len(letters), "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, retryBackoffMax)
+	}
+}

@@ -1,0 +1,389 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/transport"
+)
+
+// Source is what `km0 dlq` and Handler operate on: one dead-letter backend
+// with its index. Service implements it for any Backend.
+type Source interface {
+	// Sync brings the index up to date with what the broker holds now.
+	Sync(ctx context.Context) (SyncResult, error)
+	// List returns the letters f selects and their counts by topic and reason class.
+	List(ctx context.Context, f Filter) (*Listing, error)
+	// Get returns one letter, or an error wrapping ErrNotFound.
+	Get(ctx context.Context, id string) (*Letter, error)
+	// Replay republishes the letters f selects to their original topics.
+	Replay(ctx context.Context, f Filter, o ReplayOptions) (*Report, error)
+	// Purge marks the letters f selects purged (and may delete records).
+	Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report, error)
+}
+
+// Backend is the broker-specific part of a Source. KafkaBackend is one; a
+// RabbitMQ backend (queues <queue>.dlq) implements the same three methods and
+// gets listing, replay rules, purge, alerts and the admin API from Service.
+type Backend interface {
+	// Sync indexes into s every dead letter the broker holds now (up to the
+	// current end of each DLQ) and returns the letters that were new.
+	Sync(ctx context.Context, s *Store) (SyncResult, error)
+	// Publish republishes msgs (Topic = the original topic or routing key) and
+	// returns once the broker confirmed them, with transport.Publisher's
+	// error contract.
+	transport.Publisher
+	// DeletePurged physically removes what it can of the letters now purged
+	// and returns what it deleted. A broker that cannot returns
+	// ErrDeleteUnsupported.
+	DeletePurged(ctx context.Context, s *Store, purged []*Letter) ([]Position, error)
+}
+
+// ErrDeleteUnsupported is returned by a Backend that cannot delete records.
+var ErrDeleteUnsupported = errors.New("dlq: this backend cannot delete records")
+
+// SyncResult says what a Sync did.
+type SyncResult struct {
+	Read int       // records read from the broker
+	New  []*Letter // letters indexed for the first time
+}
+
+// Listing is the answer of List.
+type Listing struct {
+	Groups  []Group   `json:"grups"`
+	Letters []*Letter `json:"-"`
+}
+
+// ReplayOptions tune Replay.
+type ReplayOptions struct {
+	// DryRun reports what would be replayed and publishes and marks nothing.
+	DryRun bool
+	// Force replays letters that are not pending (already replayed or
+	// purged) and letters older than Retention.
+	Force bool
+	// Retention is the consumers' idempotency retention: a letter whose
+	// oldest time (Letter.Oldest) is older than this is refused, because a
+	// duplicate could no longer be recognised. Default inbox.RetentionDefault.
+	Retention time.Duration
+}
+
+// PurgeOptions tune Purge.
+type PurgeOptions struct {
+	// Confirmed must be true: without it Purge returns ErrNotConfirmed.
+	Confirmed bool
+	// DeleteRecords also asks the backend to delete the purged records on
+	// the broker (Kafka: DeleteRecords up to the lowest pending offset).
+	DeleteRecords bool
+}
+
+// ErrNotConfirmed is returned by Purge without PurgeOptions.Confirmed.
+var ErrNotConfirmed = errors.New("dlq: purge not confirmed")
+
+// Item is the fate of one letter in a Replay or Purge.
+type Item struct {
+	ID      string `json:"id"`
+	Topic   string `json:"topic_original"`
+	EventID string `json:"id_esdeveniment,omitempty"`
+	Done    bool   `json:"fet"`               // replayed/purged (in a dry run: would be)
+	Refused string `json:"refusat,omitempty"` // why not, when Done is false
+}
+
+// Report says what Replay or Purge did.
+type Report struct {
+	DryRun   bool       `json:"simulacio"`
+	Selected int        `json:"seleccionades"`
+	Done     int        `json:"fetes"`
+	Refused  int        `json:"refusades"`
+	Items    []Item     `json:"cartes"`
+	Deleted  []Position `json:"esborrat_fins_a,omitempty"` // Purge with DeleteRecords
+}
+
+func (r *Report) add(it Item) {
+	r.Items = append(r.Items, it)
+	if it.Done {
+		r.Done++
+	} else {
+		r.Refused++
+	}
+}
+
+// ServiceConfig configures a Service.
+type ServiceConfig struct {
+	Store   *Store   // required
+	Backend Backend  // required
+	Alerter *Alerter // alerts on letters Sync finds new; nil = none
+	Logger  *slog.Logger
+	// Now is the clock of the retention check. Default time.Now.
+	Now func() time.Time
+}
+
+// Service is a Source over a Backend and a Store.
+type Service struct {
+	cfg ServiceConfig
+}
+
+// NewService returns a Service. It fails if Store or Backend is missing.
+func NewService(cfg ServiceConfig) (*Service, error) {
+	if cfg.Store == nil || cfg.Backend == nil {
+		return nil, errors.New("dlq: ServiceConfig needs Store and Backend")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+var _ Source = (*Service)(nil)
+
+// Sync implements Source; new letters go to the Alerter.
+func (s *Service) Sync(ctx context.Context) (SyncResult, error) {
+	res, err := s.cfg.Backend.Sync(ctx, s.cfg.Store)
+	if s.cfg.Alerter != nil {
+		for _, l := range res.New {
+			s.cfg.Alerter.DeadLetter(ctx, l)
+		}
+	}
+	return res, err
+}
+
+// List implements Source.
+func (s *Service) List(ctx context.Context, f Filter) (*Listing, error) {
+	g, err := s.cfg.Store.Summary(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	l, err := s.cfg.Store.List(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	return &Listing{Groups: g, Letters: l}, nil
+}
+
+// Get implements Source.
+func (s *Service) Get(ctx context.Context, id string) (*Letter, error) {
+	return s.cfg.Store.Get(ctx, id)
+}
+
+// replayBatch is how many letters one transaction of Replay locks and publishes.
+const replayBatch = 500
+
+// Replay implements Source. A Filter without IDs or States selects pending
+// letters only (all states with Force); letters named by ID are selected in
+// any state, and refused unless pending or forced. A letter whose value is not
+// a valid envelope is refused unless forced: no fix in a handler makes it
+// decodable, and without an id_esdeveniment no consumer could deduplicate it.
+// Per batch of letters, in one transaction: it locks
+// the selected rows (FOR UPDATE SKIP LOCKED), refuses letters not pending or
+// older than the retention (unless Force), publishes the others to their
+// original topic with the same key, value and id_esdeveniment, waits for the
+// broker's confirmation, then marks them replayed and commits. If publishing
+// fails nothing is marked; some records may have gone out, and replaying again
+// is safe because consumers recognise the id_esdeveniment.
+func (s *Service) Replay(ctx context.Context, f Filter, o ReplayOptions) (*Report, error) {
+	if o.Retention <= 0 {
+		o.Retention = inbox.RetentionDefault
+	}
+	if len(f.States) == 0 && len(f.IDs) == 0 && !o.Force {
+		// A selection by filter means "what is still dead"; letters named by
+		// ID are selected in any state so a refusal can say why.
+		f.States = []State{StatePending}
+	}
+	rep := &Report{DryRun: o.DryRun}
+	seen := map[string]bool{}
+	for {
+		n, err := s.replayBatch(ctx, f, o, rep, seen)
+		if err != nil {
+			return rep, err
+		}
+		if n < replayBatch {
+			reportMissing(rep, f.IDs, seen)
+			return rep, nil
+		}
+	}
+}
+
+// reportMissing refuses the requested IDs no selection returned: unknown
+// letters, or letters another operator holds locked right now.
+func reportMissing(rep *Report, ids []string, seen map[string]bool) {
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			rep.Selected++
+			rep.add(Item{ID: id, Refused: "not in the index (or being replayed or purged by someone else)"})
+		}
+	}
+}
+
+func (s *Service) replayBatch(ctx context.Context, f Filter, o ReplayOptions, rep *Report, seen map[string]bool) (int, error) {
+	tx, err := s.cfg.Store.db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("dlq: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	f.Limit = replayBatch
+	f.IDs = append([]string(nil), f.IDs...)
+	letters, err := s.cfg.Store.lockTx(ctx, tx, f.excluding(seen))
+	if err != nil {
+		return 0, err
+	}
+	now := s.cfg.Now()
+	var (
+		msgs []*transport.Message
+		sent []*Letter
+	)
+	for _, l := range letters {
+		seen[l.ID] = true
+		rep.Selected++
+		it := Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID}
+		if why := refuse(l, o, now); why != "" {
+			it.Refused = why
+			rep.add(it)
+			continue
+		}
+		msgs = append(msgs, replayMessage(l))
+		sent = append(sent, l)
+	}
+	if o.DryRun || len(sent) == 0 {
+		for _, l := range sent {
+			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Done: true})
+		}
+		return len(letters), nil
+	}
+	err = s.cfg.Backend.Publish(ctx, msgs)
+	rejected := map[int]string{}
+	var rej *transport.RejectedError
+	switch {
+	case errors.As(err, &rej):
+		for i, idx := range rej.Index {
+			rejected[idx] = "the broker refused the record for good: " + rej.Errs[i].Error()
+		}
+	case err != nil:
+		return 0, fmt.Errorf("dlq: replay: publish (nothing marked; replaying again is safe): %w", err)
+	}
+	var ids []string
+	for i, l := range sent {
+		if why, bad := rejected[i]; bad {
+			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Refused: why})
+			continue
+		}
+		ids = append(ids, l.ID)
+	}
+	if err := s.cfg.Store.markReplayedTx(ctx, tx, ids); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("dlq: replay: published but not marked (replaying again is safe): %w", err)
+	}
+	for i, l := range sent {
+		if _, bad := rejected[i]; !bad {
+			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Done: true})
+			s.cfg.Logger.Info("dlq: letter replayed", "id", l.ID, "topic", l.OriginalTopic,
+				"id_esdeveniment", l.EventID, "motiu", l.Reason)
+		}
+	}
+	return len(letters), nil
+}
+
+// refuse returns why l may not be replayed under o, or "".
+func refuse(l *Letter, o ReplayOptions, now time.Time) string {
+	if o.Force {
+		return ""
+	}
+	switch l.State {
+	case StateReplayed:
+		return fmt.Sprintf("already replayed %d time(s), last at %s (use --force to replay again)",
+			l.Replays, l.ReplayedAt.Format(time.RFC3339))
+	case StatePurged:
+		return "purged (use --force to replay it anyway)"
+	}
+	if _, err := l.Envelope(); err != nil {
+		return "the value is not a valid envelope (" + err.Error() + "): replayed as it is, it would " +
+			"dead-letter again (use --force to replay it anyway)"
+	}
+	if age := now.Sub(l.Oldest()); age > o.Retention {
+		return fmt.Sprintf("older than the idempotency retention (%s > %s): a duplicate could no longer "+
+			"be recognised (use --force if the effect is known not to have been applied)",
+			age.Truncate(time.Hour), o.Retention)
+	}
+	return ""
+}
+
+// excluding returns f without the letters already handled in this run (a
+// refused letter stays pending and would be selected again).
+func (f Filter) excluding(seen map[string]bool) Filter {
+	if len(seen) == 0 {
+		return f
+	}
+	f.exclude = make([]string, 0, len(seen))
+	for id := range seen {
+		f.exclude = append(f.exclude, id)
+	}
+	return f
+}
+
+// Purge implements Source. It marks the letters f selects that are not yet
+// purged as purged, in one transaction (a Filter without IDs or States
+// selects pending and replayed letters). Kafka cannot delete a single record:
+// the records stay on the topic until its retention removes them, unless
+// DeleteRecords asks the backend to delete, per partition, every record
+// before the lowest still-pending offset (see Store.DeletableBefore).
+func (s *Service) Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report, error) {
+	if !o.Confirmed {
+		return nil, ErrNotConfirmed
+	}
+	tx, err := s.cfg.Store.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	f.Limit = 0
+	if len(f.States) == 0 && len(f.IDs) == 0 {
+		f.States = []State{StatePending, StateReplayed}
+	}
+	letters, err := s.cfg.Store.lockTx(ctx, tx, f)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{}
+	var ids []string
+	var purged []*Letter
+	seen := map[string]bool{}
+	for _, l := range letters {
+		seen[l.ID] = true
+		rep.Selected++
+		it := Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID}
+		if l.State == StatePurged {
+			it.Refused = "already purged"
+			rep.add(it)
+			continue
+		}
+		it.Done = true
+		rep.add(it)
+		ids = append(ids, l.ID)
+		purged = append(purged, l)
+	}
+	reportMissing(rep, f.IDs, seen)
+	if err := s.cfg.Store.markPurgedTx(ctx, tx, ids); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("dlq: purge: %w", err)
+	}
+	for _, l := range purged {
+		s.cfg.Logger.Info("dlq: letter purged", "id", l.ID, "id_esdeveniment", l.EventID, "motiu", l.Reason)
+	}
+	if o.DeleteRecords && len(purged) > 0 {
+		rep.Deleted, err = s.cfg.Backend.DeletePurged(ctx, s.cfg.Store, purged)
+		if err != nil {
+			return rep, fmt.Errorf("dlq: purge: letters marked purged, records not deleted: %w", err)
+		}
+	}
+	return rep, nil
+}

@@ -1,0 +1,416 @@
+package dlq
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/transport"
+)
+
+//go:embed sql/*.sql
+var sqlFS embed.FS
+
+// Migrations is the migration set that creates the index table cartes_mortes
+// (and its indexes) in the schema of the migrate.Names passed to migrate.Up.
+// Like every set it is safe to apply twice and concurrently.
+var Migrations = migrate.Set{Name: "dlq", FS: sqlFS, Dir: "sql"}
+
+// Table is the name of the index table.
+const Table = "cartes_mortes"
+
+// ErrNotFound is returned by Get for an ID the index does not hold.
+var ErrNotFound = errors.New("dlq: no such letter")
+
+// DB is what Store needs: a *pgxpool.Pool or a *pgx.Conn.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// querier is a DB or a pgx.Tx.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Store is the PostgreSQL index of dead letters (table cartes_mortes, created
+// by Migrations). It is safe for concurrent use.
+type Store struct {
+	db    DB
+	table string
+}
+
+// NewStore returns a Store on db for the table in schema ("" = "public").
+func NewStore(db DB, schema string) *Store {
+	if schema == "" {
+		schema = migrate.SchemaDefault
+	}
+	return &Store{db: db, table: pgx.Identifier{schema, Table}.Sanitize()}
+}
+
+// Filter selects letters. The zero Filter selects every letter.
+type Filter struct {
+	// Topic is a DLQ topic ("x.dlq") or an original topic ("x"); "" = all.
+	Topic string
+	// Reason keeps letters whose motiu starts with it, e.g. "permanent: esquema".
+	Reason string
+	// Since and Until bound the dead time (morta_en) to [Since, Until); zero = open.
+	Since, Until time.Time
+	// IDs, when not empty, keeps only these letters.
+	IDs []string
+	// States, when not empty, keeps only letters in these states.
+	States []State
+	// Limit caps the rows List returns; 0 = no cap. Summary ignores it.
+	Limit int
+
+	exclude []string // letters a Replay already handled
+}
+
+// Empty reports whether f selects every letter (no condition at all).
+func (f Filter) Empty() bool {
+	return f.Topic == "" && f.Reason == "" && f.Since.IsZero() && f.Until.IsZero() &&
+		len(f.IDs) == 0 && len(f.States) == 0
+}
+
+// where returns the WHERE clause of f (starting "WHERE", or "") and appends
+// its arguments to args.
+func (f Filter) where(args *[]any) string {
+	var conds []string
+	arg := func(v any) string {
+		*args = append(*args, v)
+		return "$" + strconv.Itoa(len(*args))
+	}
+	if f.Topic != "" {
+		if strings.HasSuffix(f.Topic, Suffix) {
+			conds = append(conds, "topic = "+arg(f.Topic))
+		} else {
+			conds = append(conds, "topic_original = "+arg(f.Topic))
+		}
+	}
+	if f.Reason != "" {
+		conds = append(conds, "motiu LIKE "+arg(likePrefix(f.Reason)))
+	}
+	if !f.Since.IsZero() {
+		conds = append(conds, "morta_en >= "+arg(f.Since))
+	}
+	if !f.Until.IsZero() {
+		conds = append(conds, "morta_en < "+arg(f.Until))
+	}
+	if len(f.IDs) > 0 {
+		conds = append(conds, "id = ANY("+arg(f.IDs)+")")
+	}
+	if len(f.exclude) > 0 {
+		conds = append(conds, "NOT (id = ANY("+arg(f.exclude)+"))")
+	}
+	if len(f.States) > 0 {
+		s := make([]string, len(f.States))
+		for i, st := range f.States {
+			s[i] = string(st)
+		}
+		conds = append(conds, "estat = ANY("+arg(s)+")")
+	}
+	if len(conds) == 0 {
+		return ""
+	}
+	return "WHERE " + strings.Join(conds, " AND ")
+}
+
+// likePrefix escapes the LIKE metacharacters of p and appends '%'.
+func likePrefix(p string) string {
+	r := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
+	return r.Replace(p) + "%"
+}
+
+const columns = `id, topic, particio, offset_dlq, topic_original, particio_original, offset_original,
+	id_esdeveniment, tipus, motiu, intents, primera_fallada, data_esdeveniment, morta_en,
+	grup_consumidor, clau, valor, capcaleres_claus, capcaleres_valors, estat, reproduccions,
+	reproduida_en, purgada_en`
+
+// Insert indexes letters in one transaction and returns those that were new.
+// A letter already indexed (same ID) is left as it is, state included.
+func (s *Store) Insert(ctx context.Context, letters []*Letter) ([]*Letter, error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	added, err := s.InsertTx(ctx, tx, letters)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("dlq: commit: %w", err)
+	}
+	return added, nil
+}
+
+// InsertTx is Insert inside the caller's transaction.
+func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*Letter, error) {
+	if len(letters) == 0 {
+		return nil, nil
+	}
+	q := `INSERT INTO ` + s.table + ` (` + columns + `, classe_motiu)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
+		        'pendent', 0, NULL, NULL, $20)
+		ON CONFLICT (id) DO NOTHING RETURNING true`
+	b := &pgx.Batch{}
+	for _, l := range letters {
+		keys, vals := headerBytes(l.Headers)
+		b.Queue(q, l.ID, pgText(l.Topic), l.Partition, l.Offset, pgText(l.OriginalTopic),
+			nullInt(int64(l.OriginalPartition)), nullInt(l.OriginalOffset),
+			nullText(l.EventID), nullText(l.Type), pgText(l.Reason), l.Attempts,
+			nullTime(l.FirstFailure), nullTime(l.EventTime), l.DeadAt,
+			nullText(l.ConsumerGroup), l.Key, nonNil(l.Value), keys, vals, pgText(l.Class()))
+	}
+	br := tx.SendBatch(ctx, b)
+	var added []*Letter
+	for _, l := range letters {
+		var ok bool
+		err := br.QueryRow().Scan(&ok)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			_ = br.Close()
+			return nil, fmt.Errorf("dlq: index %s: %w", l.ID, err)
+		default:
+			added = append(added, l)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("dlq: index: %w", err)
+	}
+	return added, nil
+}
+
+// List returns the letters f selects, oldest dead first.
+func (s *Store) List(ctx context.Context, f Filter) ([]*Letter, error) {
+	return s.list(ctx, s.db, f, byDeadTime, "")
+}
+
+// Orders of list: by dead time for people; by position for Replay, so the
+// letters of one key (one DLQ partition) are republished in their DLQ order.
+const (
+	byDeadTime = " ORDER BY morta_en, topic, particio, offset_dlq"
+	byPosition = " ORDER BY topic, particio, offset_dlq"
+)
+
+func (s *Store) list(ctx context.Context, q querier, f Filter, order, suffix string) ([]*Letter, error) {
+	var args []any
+	sql := "SELECT " + columns + " FROM " + s.table + " " + f.where(&args) + order
+	if f.Limit > 0 {
+		sql += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	rows, err := q.Query(ctx, sql+suffix, args...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, scanLetter)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list: %w", err)
+	}
+	return out, nil
+}
+
+// Get returns one letter, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, id string) (*Letter, error) {
+	out, err := s.list(ctx, s.db, Filter{IDs: []string{id}}, byDeadTime, "")
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return out[0], nil
+}
+
+// Group is the count of letters of one DLQ topic with one reason class.
+type Group struct {
+	Topic  string    `json:"topic"`
+	Class  string    `json:"classe_motiu"`
+	Count  int       `json:"cartes"`
+	Oldest time.Time `json:"primera"`
+	Newest time.Time `json:"darrera"`
+}
+
+// Summary counts the letters f selects by DLQ topic and reason class, largest
+// groups first.
+func (s *Store) Summary(ctx context.Context, f Filter) ([]Group, error) {
+	var args []any
+	rows, err := s.db.Query(ctx, "SELECT topic, classe_motiu, count(*), min(morta_en), max(morta_en) FROM "+
+		s.table+" "+f.where(&args)+" GROUP BY topic, classe_motiu ORDER BY count(*) DESC, topic, classe_motiu", args...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: summary: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Group, error) {
+		var g Group
+		err := r.Scan(&g.Topic, &g.Class, &g.Count, &g.Oldest, &g.Newest)
+		g.Oldest, g.Newest = g.Oldest.UTC(), g.Newest.UTC()
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dlq: summary: %w", err)
+	}
+	return out, nil
+}
+
+// lockTx selects the letters of f in tx, in DLQ order, with FOR UPDATE SKIP
+// LOCKED, so two operators replaying or purging at once never act on the
+// same letter.
+func (s *Store) lockTx(ctx context.Context, tx pgx.Tx, f Filter) ([]*Letter, error) {
+	return s.list(ctx, tx, f, byPosition, " FOR UPDATE SKIP LOCKED")
+}
+
+// markReplayedTx records a replay of ids.
+func (s *Store) markReplayedTx(ctx context.Context, tx pgx.Tx, ids []string) error {
+	_, err := tx.Exec(ctx, "UPDATE "+s.table+" SET estat = 'reproduida', reproduccions = reproduccions + 1, "+
+		"reproduida_en = clock_timestamp(), purgada_en = NULL WHERE id = ANY($1)", ids)
+	if err != nil {
+		return fmt.Errorf("dlq: mark replayed: %w", err)
+	}
+	return nil
+}
+
+// markPurgedTx marks ids purged.
+func (s *Store) markPurgedTx(ctx context.Context, tx pgx.Tx, ids []string) error {
+	_, err := tx.Exec(ctx, "UPDATE "+s.table+" SET estat = 'purgada', purgada_en = clock_timestamp() WHERE id = ANY($1)", ids)
+	if err != nil {
+		return fmt.Errorf("dlq: mark purged: %w", err)
+	}
+	return nil
+}
+
+// Position is a point in one partition of a DLQ topic.
+type Position struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"particio"`
+	Offset    int64  `json:"offset"`
+}
+
+// DeletableBefore returns, for each partition of the given DLQ topics that
+// the index holds letters of, the offset before which every record is indexed
+// and no longer pending: the lowest pending offset, or one past the highest
+// indexed offset when none is pending. Deleting records before it loses no
+// pending letter and no record the index has not seen.
+func (s *Store) DeletableBefore(ctx context.Context, topics []string) ([]Position, error) {
+	rows, err := s.db.Query(ctx, `SELECT topic, particio,
+		COALESCE(min(offset_dlq) FILTER (WHERE estat = 'pendent'), max(offset_dlq) + 1)
+		FROM `+s.table+` WHERE topic = ANY($1) GROUP BY topic, particio ORDER BY topic, particio`, topics)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: deletable: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Position, error) {
+		var p Position
+		return p, r.Scan(&p.Topic, &p.Partition, &p.Offset)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dlq: deletable: %w", err)
+	}
+	return out, nil
+}
+
+func scanLetter(r pgx.CollectableRow) (*Letter, error) {
+	l := &Letter{}
+	var (
+		op, oo              *int64
+		eid, typ, group     *string
+		ff, et, rep, pur    *time.Time
+		hkeys, hvals        [][]byte
+		state               string
+		partition, attempts int32
+		replays             int32
+	)
+	err := r.Scan(&l.ID, &l.Topic, &partition, &l.Offset, &l.OriginalTopic, &op, &oo,
+		&eid, &typ, &l.Reason, &attempts, &ff, &et, &l.DeadAt, &group, &l.Key, &l.Value,
+		&hkeys, &hvals, &state, &replays, &rep, &pur)
+	if err != nil {
+		return nil, err
+	}
+	l.Partition, l.Attempts, l.Replays, l.State = partition, int(attempts), int(replays), State(state)
+	l.OriginalPartition, l.OriginalOffset = -1, -1
+	if op != nil {
+		l.OriginalPartition = int32(*op)
+	}
+	if oo != nil {
+		l.OriginalOffset = *oo
+	}
+	l.EventID, l.Type, l.ConsumerGroup = deref(eid), deref(typ), deref(group)
+	l.FirstFailure, l.EventTime, l.ReplayedAt, l.PurgedAt = derefTime(ff), derefTime(et), derefTime(rep), derefTime(pur)
+	l.DeadAt = l.DeadAt.UTC()
+	if len(hkeys) != len(hvals) {
+		return nil, fmt.Errorf("dlq: letter %s: %d header keys, %d values", l.ID, len(hkeys), len(hvals))
+	}
+	for i := range hkeys {
+		l.Headers = append(l.Headers, transport.Header{Key: string(hkeys[i]), Value: string(hvals[i])})
+	}
+	return l, nil
+}
+
+// headerBytes returns the header keys and values as stored (capcaleres_*).
+func headerBytes(h []transport.Header) (keys, vals [][]byte) {
+	keys, vals = make([][]byte, len(h)), make([][]byte, len(h))
+	for i, x := range h {
+		keys[i], vals[i] = []byte(x.Key), []byte(x.Value)
+	}
+	return keys, vals
+}
+
+// nonNil returns v, or an empty slice for nil (valor is NOT NULL).
+func nonNil(v []byte) []byte {
+	if v == nil {
+		return []byte{}
+	}
+	return v
+}
+
+func nullInt(v int64) any {
+	if v < 0 {
+		return nil
+	}
+	return v
+}
+
+func nullText(s string) any {
+	if s == "" {
+		return nil
+	}
+	return pgText(s)
+}
+
+// pgText makes header text storable in a TEXT column: PostgreSQL refuses NUL
+// and invalid UTF-8, and a letter the index refuses would block the indexer.
+// The exact bytes stay in valor and capcaleres_*.
+func pgText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}
+
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}

@@ -1,0 +1,95 @@
+package amqprr_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/km0/km0/requestreply"
+	"github.com/km0/km0/requestreply/amqprr"
+	"github.com/km0/km0/requestreply/rrtest"
+	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/amqp/amqptest"
+)
+
+// start runs a server on a unique queue and returns it with a client.
+func start(t *testing.T, h requestreply.Handler) (*amqprr.Server, *amqprr.Client, string) {
+	t.Helper()
+	conn := amqptest.Dial(t)
+	queue := amqptest.Name("t.rr")
+	ctx := context.Background()
+	srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: conn, Queue: queue, Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	amqptest.DeleteQueuesAtCleanup(t, srv.Queues)
+	rrtest.Background(t, srv.Run)
+	cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close() })
+	return srv, cl, queue
+}
+
+// Proofs 1, 2 and 3 (and bad requests) over RabbitMQ.
+func TestConformance(t *testing.T) {
+	rrtest.Run(t, func(t *testing.T, h requestreply.Handler) rrtest.Started {
+		_, cl, queue := start(t, h)
+		return rrtest.Started{Requester: cl, Service: queue, Late: cl.LateReplies}
+	})
+}
+
+func TestRequestToAMissingQueueFailsAtOnceWithErrNoService(t *testing.T) {
+	_, cl, queue := start(t, func(context.Context, *requestreply.Request) ([]byte, error) { return nil, nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cl.Request(ctx, queue+".ningu", "x", []byte(`{}`)); !errors.Is(err, requestreply.ErrNoService) {
+		t.Fatalf("want ErrNoService, got %v", err)
+	}
+}
+
+func TestRequestWithoutReplyToIsDeadLettered(t *testing.T) {
+	srv, _, queue := start(t, func(context.Context, *requestreply.Request) ([]byte, error) { return []byte(`{}`), nil })
+	conn := amqptest.Dial(t)
+	pub, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.PublishRaw(context.Background(), "", queue, amqp091.Publishing{Body: []byte(`{}`), MessageId: "sense-resposta"}); err != nil {
+		t.Fatal(err)
+	}
+	dlq := amqp.NewDLQ(conn, queue)
+	amqptest.WaitFor(t, 10*time.Second, "the request without reply_to in the DLQ", func() bool {
+		n, _ := dlq.Count(context.Background())
+		return n == 1
+	})
+	if st := srv.Stats(); st.DeadLettered != 1 || st.Replied != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestReplyToAGoneClientIsCountedAsOrphaned(t *testing.T) {
+	release := make(chan struct{})
+	srv, _, queue := start(t, func(context.Context, *requestreply.Request) ([]byte, error) {
+		<-release
+		return []byte(`{}`), nil
+	})
+	conn := amqptest.Dial(t)
+	cl, err := amqprr.NewClient(context.Background(), amqprr.ClientConfig{Conn: conn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	_, err = cl.Request(ctx, queue, "orfe-1", []byte(`{}`))
+	cancel()
+	if !errors.Is(err, requestreply.ErrTimeout) {
+		t.Fatalf("want a timeout, got %v", err)
+	}
+	_ = cl.Close() // its exclusive reply queue goes with its channel
+	close(release)
+	amqptest.WaitFor(t, 10*time.Second, "the returned reply counted as orphaned", func() bool { return srv.Stats().Orphaned == 1 })
+}

@@ -1,0 +1,110 @@
+package requestreply
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/migrate"
+)
+
+//go:embed sql/*.sql
+var sqlFS embed.FS
+
+// Migrations is the migration set of this package: the table
+// respostes_desades(id_peticio, consumidor, resposta, desada_en) in the
+// schema of migrate.Names. Apply it with migrate.Up together with
+// migrate.Inbox.
+var Migrations = migrate.Set{Name: "requestreply", FS: sqlFS, Dir: "sql"}
+
+// ResponsesTable is the table name of stored responses.
+const ResponsesTable = "respostes_desades"
+
+// TxHandler answers one request inside tx, the transaction in which
+// Idempotent also records the request id and stores the response.
+type TxHandler func(ctx context.Context, tx pgx.Tx, req *Request) ([]byte, error)
+
+// ErrNoRequestID is the error reply of an Idempotent server to a request
+// without id (it would have nothing to be idempotent on).
+var ErrNoRequestID = errors.New("bad request: no request id (message_id / id_peticio)")
+
+// ErrResponseNotStored means the request id is recorded as processed for this
+// consumer but no response was stored (the key was written by something
+// else, or the stored response was purged).
+var ErrResponseNotStored = errors.New("requestreply: request already processed; its response is not stored")
+
+// Idempotent returns a Handler that runs h at most once per request id for
+// consumer. In one transaction on db it records (req.ID, consumer) in
+// missatges_processats (package inbox, names from names), runs h and stores
+// h's response in respostes_desades; if the key was already recorded it
+// returns the stored response instead, without running h. A concurrent
+// repeat waits for the first transaction and then reads its response. If h
+// fails, nothing persists, the error is the reply, and a repeat runs h again.
+// A request without id is a bad request (ErrNoRequestID).
+func Idempotent(db inbox.Beginner, names migrate.Names, consumer string, h TxHandler) Handler {
+	names = names.WithDefaults()
+	in := inbox.New(inbox.Config{Names: names})
+	table := pgx.Identifier{names.Schema, ResponsesTable}.Sanitize()
+	insert := "INSERT INTO " + table + " (id_peticio, consumidor, resposta) VALUES ($1, $2, $3)"
+	sel := "SELECT resposta FROM " + table + " WHERE id_peticio = $1 AND consumidor = $2"
+	return func(ctx context.Context, req *Request) ([]byte, error) {
+		if req.ID == "" {
+			return nil, BadRequest(ErrNoRequestID)
+		}
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("requestreply: begin: %w", err)
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+		var resp []byte
+		res, err := in.ProcessTx(ctx, tx, consumer, req.ID, func(tx pgx.Tx) error {
+			var err error
+			if resp, err = h(ctx, tx, req); err != nil {
+				return err
+			}
+			if resp == nil {
+				resp = []byte{}
+			}
+			_, err = tx.Exec(ctx, insert, req.ID, consumer, resp)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if res == inbox.Duplicate {
+			if err := tx.QueryRow(ctx, sel, req.ID, consumer).Scan(&resp); err != nil {
+				if errors.Is(err, pgx.ErrNoRows) {
+					return nil, fmt.Errorf("%w (id %s)", ErrResponseNotStored, req.ID)
+				}
+				return nil, fmt.Errorf("requestreply: read stored response: %w", err)
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("requestreply: commit: %w", err)
+		}
+		return resp, nil
+	}
+}
+
+// PurgeResponses deletes stored responses older than age (use the inbox
+// retention, 14 days by default: past it no retry can arrive) and returns
+// how many it deleted.
+func PurgeResponses(ctx context.Context, db inbox.Beginner, names migrate.Names, age time.Duration) (int64, error) {
+	names = names.WithDefaults()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	tag, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{names.Schema, ResponsesTable}.Sanitize()+
+		" WHERE desada_en < now() - $1::interval", fmt.Sprintf("%d microseconds", age.Microseconds()))
+	if err != nil {
+		return 0, fmt.Errorf("requestreply: purge: %w", err)
+	}
+	return tag.RowsAffected(), tx.Commit(ctx)
+}

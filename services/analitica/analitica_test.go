@@ -1,0 +1,36 @@
+package analitica_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/km0/km0/services/analitica"
+	"github.com/km0/km0/services/internal/svctest"
+)
+
+func TestCountsPerTipusAndMercat(t *testing.T) {
+	pool, _ := svctest.DB(t, analitica.Migrations)
+	s, _ := analitica.New(pool)
+	msgs := []struct {
+		tipus string
+		dades map[string]any
+	}{
+		{"comanda.creada", map[string]any{"id": "P-2026-000001", "mercat": "girona"}},
+		{"comanda.creada", map[string]any{"id": "P-2026-000002", "mercat": "vic"}},
+		{"comanda.creada", map[string]any{"id": "P-2026-000003", "mercat": "girona"}},
+		{"estoc.actualitzat", map[string]any{"producte": "carbasso", "mercat": "ignored"}},
+		{"comanda.creada", map[string]any{"id": "P-2026-000004"}},
+	}
+	for _, m := range msgs {
+		if err := svctest.Run(t, pool, s.HandleEvent, svctest.Message(t, "t", m.tipus, 1, m.dades)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := s.Counters(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PerType["comanda.creada"] != 4 || c.PerType["estoc.actualitzat"] != 1 || c.PerMarket["girona"] != 2 || c.PerMarket["vic"] != 1 || len(c.PerMarket) != 2 {
+		t.Fatalf("counters %+v", c)
+	}
+}

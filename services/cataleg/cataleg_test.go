@@ -1,0 +1,36 @@
+package cataleg_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/services/cataleg"
+	"github.com/km0/km0/services/internal/svctest"
+)
+
+func TestFlagIsIdempotentByNature(t *testing.T) {
+	pool, _ := svctest.DB(t, cataleg.Migrations)
+	s, _ := cataleg.New(pool)
+	low := svctest.Message(t, "inventari.esdeveniments", "estoc.actualitzat", 1, map[string]any{"producte": "formatge-curat", "abans": 5, "despres": 3})
+	ok := svctest.Message(t, "inventari.esdeveniments", "estoc.actualitzat", 1, map[string]any{"producte": "carbasso", "abans": 80, "despres": 79})
+	for range 2 { // the relay republished everything: same state
+		if err := svctest.Run(t, pool, s.HandleStockUpdated, low); err != nil {
+			t.Fatal(err)
+		}
+		if err := svctest.Run(t, pool, s.HandleStockUpdated, ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := s.Flags(context.Background())
+	if err != nil || len(f) != 2 || f[0] != (cataleg.Flag{Product: "carbasso", Units: 79}) || f[1] != (cataleg.Flag{Product: "formatge-curat", LowStock: true, Units: 3}) {
+		t.Fatalf("flags %+v %v", f, err)
+	}
+	if n := svctest.Count(t, pool, "SELECT count(*) FROM information_schema.tables WHERE table_name = 'missatges_processats'"); n != 0 {
+		t.Fatal("cataleg must not need an inbox table")
+	}
+	bad := svctest.Message(t, "inventari.esdeveniments", "estoc.actualitzat", 1, map[string]any{"producte": "x"})
+	if err := svctest.Run(t, pool, s.HandleStockUpdated, bad); !outcome.IsPermanent(err) {
+		t.Fatalf("no despres: %v", err)
+	}
+}

@@ -1,0 +1,254 @@
+package comandes_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/services/comandes"
+	"github.com/km0/km0/services/internal/svctest"
+)
+
+type bundle struct {
+	pool *pgxpool.Pool
+	svc  *comandes.Service
+	srv  *httptest.Server
+}
+
+func setup(t *testing.T, auth comandes.Authorizer) *bundle {
+	t.Helper()
+	pool, _ := svctest.DB(t, migrate.Outbox, migrate.Inbox, comandes.Migrations)
+	s, err := comandes.New(comandes.Config{Pool: pool, Authorizer: auth, Outbox: svctest.Outbox(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	return &bundle{pool: pool, svc: s, srv: srv}
+}
+
+func (b *bundle) post(t *testing.T, key, body string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/comandes", strings.NewReader(body))
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+const good = `{"id":"P-2026-000123","client":"anna","mercat":"girona","extra":"ignored",
+ "linies":[{"producte":"formatge-curat","quantitat":2,"preu_centims":1450},{"producte":"carbasso","quantitat":1,"preu_centims":300}],
+ "adreca_lliurament":{"ciutat":"Girona","codi_postal":"17001"}}`
+
+func TestPostRejectsBadInputNamingTheField(t *testing.T) {
+	b := setup(t, nil)
+	cases := []struct{ name, body, field string }{
+		{"malformed JSON", `{"id":`, "cos"},
+		{"not an object", `[1,2]`, "cos"},
+		{"missing id", `{"client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "id"},
+		{"malformed id", `{"id":"X-1","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "id"},
+		{"id of wrong type", `{"id":7,"client":"anna","mercat":"girona","linies":[]}`, "id"},
+		{"missing client", `{"id":"P-2026-000001","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "client"},
+		{"unknown market", `{"id":"P-2026-000001","client":"anna","mercat":"paris","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "mercat"},
+		{"empty lines", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[]}`, "linies"},
+		{"no lines", `{"id":"P-2026-000001","client":"anna","mercat":"girona"}`, "linies"},
+		{"zero quantity", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":0,"preu_centims":1}]}`, "linies[0].quantitat"},
+		{"negative quantity", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1},{"producte":"carbasso","quantitat":-2,"preu_centims":1}]}`, "linies[1].quantitat"},
+		{"fractional quantity", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1.5,"preu_centims":1}]}`, "linies.quantitat"},
+		{"negative price", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":-1}]}`, "linies[0].preu_centims"},
+		{"empty product", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"quantitat":1,"preu_centims":1}]}`, "linies[0].producte"},
+		{"bad postal code", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"ciutat":"Girona","codi_postal":"17"}}`, "adreca_lliurament.codi_postal"},
+		{"empty city", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"codi_postal":"17001"}}`, "adreca_lliurament.ciutat"},
+	}
+	for _, c := range cases {
+		status, out := b.post(t, "", c.body)
+		if status != http.StatusBadRequest || out["camp"] != c.field {
+			t.Errorf("%s: got %d %v, want 400 naming %q", c.name, status, out, c.field)
+		}
+	}
+	big := `{"id":"P-2026-000001","client":"` + strings.Repeat("a", comandes.MaxBodyBytesDefault) + `"}`
+	if status, _ := b.post(t, "", big); status != http.StatusRequestEntityTooLarge {
+		t.Errorf("body too large: got %d, want 413", status)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM comandes"); n != 0 {
+		t.Fatalf("bad input created %d orders", n)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM outbox"); n != 0 {
+		t.Fatalf("bad input wrote %d events", n)
+	}
+}
+
+func TestPostWritesOrderLinesAndEventInOneTransaction(t *testing.T) {
+	b := setup(t, nil)
+	status, out := b.post(t, "", good)
+	if status != http.StatusCreated || out["import_centims"] != float64(3200) || out["versio"] != float64(2) {
+		t.Fatalf("got %d %v", status, out)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM linies_comanda WHERE comanda_id = 'P-2026-000123'"); n != 2 {
+		t.Fatalf("lines %d", n)
+	}
+	var carrega []byte
+	var versio int
+	if err := b.pool.QueryRow(context.Background(), `SELECT versio, carrega FROM outbox WHERE agregat = 'comanda'
+		AND agregat_id = 'P-2026-000123' AND tipus = 'comanda.creada' AND id::text = $1`, out["id_esdeveniment"]).Scan(&versio, &carrega); err != nil {
+		t.Fatal(err)
+	}
+	var o comandes.Order
+	if err := json.Unmarshal(carrega, &o); err != nil || versio != 2 || o.Address == nil || o.Address.City != "Girona" || len(o.Lines) != 2 {
+		t.Fatalf("event v%d %s (%v)", versio, carrega, err)
+	}
+	// A legacy client without an address produces a versio 1 event.
+	legacy := strings.Replace(strings.Replace(good, "000123", "000124", 1), `,
+ "adreca_lliurament":{"ciutat":"Girona","codi_postal":"17001"}`, "", 1)
+	if status, out := b.post(t, "", legacy); status != http.StatusCreated || out["versio"] != float64(1) {
+		t.Fatalf("legacy: %d %v", status, out)
+	}
+	// The same id again, without a key, is a conflict and writes nothing.
+	if status, out := b.post(t, "", good); status != http.StatusConflict || out["camp"] != "id" {
+		t.Fatalf("duplicate id: %d %v", status, out)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM outbox"); n != 2 {
+		t.Fatalf("outbox rows %d, want 2", n)
+	}
+	// GET returns the order; an unknown one is 404.
+	resp, err := http.Get(b.srv.URL + "/comandes/P-2026-000123")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v comandes.OrderView
+	_ = json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || v.State != "creada" || v.TotalCents != 3200 || len(v.Lines) != 2 {
+		t.Fatalf("GET: %d %+v", resp.StatusCode, v)
+	}
+	if resp, _ := http.Get(b.srv.URL + "/comandes/P-2026-999999"); resp.StatusCode != 404 {
+		t.Fatalf("GET unknown: %d", resp.StatusCode)
+	}
+}
+
+func TestIdempotencyKeyReplaysTheFirstAnswerAndCreatesNothing(t *testing.T) {
+	b := setup(t, nil)
+	// Eight concurrent submissions of the same order with the same key.
+	var wg sync.WaitGroup
+	ids := make([]string, 8)
+	codes := make([]int, 8)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, out := b.post(t, "clau-1", good)
+			codes[i], ids[i] = status, fmt.Sprint(out["id_esdeveniment"])
+		}()
+	}
+	wg.Wait()
+	for i := range ids {
+		if codes[i] != http.StatusCreated || ids[i] != ids[0] {
+			t.Fatalf("submission %d: %d %s, want 201 %s", i, codes[i], ids[i], ids[0])
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM outbox"); n != 1 {
+		t.Fatalf("outbox rows %d, want 1", n)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM linies_comanda"); n != 2 {
+		t.Fatalf("lines %d, want 2", n)
+	}
+	// The same key with another body is refused.
+	other := strings.Replace(good, `"quantitat":2`, `"quantitat":3`, 1)
+	if status, out := b.post(t, "clau-1", other); status != http.StatusUnprocessableEntity || out["camp"] != "Idempotency-Key" {
+		t.Fatalf("reused key: %d %v", status, out)
+	}
+}
+
+type authFunc func(ctx context.Context, id string, cents int64) error
+
+func (f authFunc) Authorize(ctx context.Context, id string, cents int64) error {
+	return f(ctx, id, cents)
+}
+
+func TestAuthorisationRefusedIs402AndUnavailableIs503(t *testing.T) {
+	var mu sync.Mutex
+	answer := fmt.Errorf("targeta caducada: %w", comandes.ErrRefused)
+	b := setup(t, authFunc(func(_ context.Context, id string, cents int64) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if id != "P-2026-000123" || cents != 3200 {
+			return fmt.Errorf("unexpected request %s %d", id, cents)
+		}
+		return answer
+	}))
+	if status, out := b.post(t, "k-402", good); status != http.StatusPaymentRequired {
+		t.Fatalf("refused: %d %v", status, out)
+	}
+	mu.Lock()
+	answer = errors.New("timeout waiting for pagaments")
+	mu.Unlock()
+	if status, _ := b.post(t, "k-503", good); status != http.StatusServiceUnavailable {
+		t.Fatalf("unavailable: %d", status)
+	}
+	mu.Lock()
+	answer = nil
+	mu.Unlock()
+	// The refusal was the first answer for k-402: it is replayed.
+	if status, _ := b.post(t, "k-402", good); status != http.StatusPaymentRequired {
+		t.Fatalf("replayed refusal: %d", status)
+	}
+	// A 503 is not stored: the retry with k-503 succeeds.
+	if status, _ := b.post(t, "k-503", good); status != http.StatusCreated {
+		t.Fatalf("retry after 503: %d", status)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM comandes"); n != 1 {
+		t.Fatalf("orders %d, want 1", n)
+	}
+}
+
+func TestPaymentConfirmedMarksPaidAndEmitsComandaPagadaOnce(t *testing.T) {
+	b := setup(t, nil)
+	if status, _ := b.post(t, "", good); status != http.StatusCreated {
+		t.Fatal(status)
+	}
+	h := b.svc.HandlePaymentConfirmed
+	m := svctest.Message(t, "pagaments.esdeveniments", comandes.TypePaymentConfirmed, 1,
+		comandes.PaymentConfirmed{OrderID: "P-2026-000123", TotalCents: 3200, GatewayRef: "ch_1"})
+	for range 2 { // a second confirmation (another event id) changes nothing
+		if err := svctest.Run(t, b.pool, h, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM comandes WHERE estat = 'pagada'"); n != 1 {
+		t.Fatalf("paid %d", n)
+	}
+	var versio int
+	var carrega []byte
+	if err := b.pool.QueryRow(context.Background(), `SELECT versio, carrega FROM outbox WHERE tipus = 'comanda.pagada'`).Scan(&versio, &carrega); err != nil {
+		t.Fatalf("exactly one comanda.pagada expected: %v", err)
+	}
+	if versio != 1 || !bytes.Contains(carrega, []byte(`"ciutat": "Girona"`)) || !bytes.Contains(carrega, []byte(`"comanda_id": "P-2026-000123"`)) {
+		t.Fatalf("comanda.pagada v%d %s", versio, carrega)
+	}
+	unknown := svctest.Message(t, "pagaments.esdeveniments", comandes.TypePaymentConfirmed, 1, comandes.PaymentConfirmed{OrderID: "P-2026-000999"})
+	if err := svctest.Run(t, b.pool, h, unknown); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "comanda_desconeguda") {
+		t.Fatalf("unknown order: %v", err)
+	}
+	bad := svctest.Message(t, "pagaments.esdeveniments", comandes.TypePaymentConfirmed, 1, map[string]any{"import_centims": 1})
+	if err := svctest.Run(t, b.pool, h, bad); !outcome.IsPermanent(err) {
+		t.Fatalf("no comanda_id: %v", err)
+	}
+}

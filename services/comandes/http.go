@@ -1,0 +1,149 @@
+package comandes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/services/svc"
+)
+
+// errUnavailable: pagaments did not answer the authorisation (503).
+var errUnavailable = errors.New("pagaments no disponible")
+
+// maxKeyLen bounds the Idempotency-Key header.
+const maxKeyLen = 200
+
+// Handler returns the HTTP API:
+//
+//	POST /comandes        create an order (201, 400 naming the field, 402, 409, 413, 422, 503)
+//	GET  /comandes/{id}   read an order (200, 404)
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /comandes", s.postOrder)
+	mux.HandleFunc("GET /comandes/{id}", s.getOrder)
+	return mux
+}
+
+func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			svc.WriteError(w, http.StatusRequestEntityTooLarge, "", fmt.Sprintf("el cos supera %d bytes", s.cfg.MaxBodyBytes))
+			return
+		}
+		svc.WriteError(w, http.StatusBadRequest, "", "no s'ha pogut llegir el cos: "+err.Error())
+		return
+	}
+	o, ferr := DecodeOrder(body)
+	if ferr == nil {
+		ferr = Validate(o, s.cfg.Markets)
+	}
+	if ferr != nil {
+		var fe *svc.FieldError
+		if errors.As(ferr, &fe) {
+			svc.WriteError(w, http.StatusBadRequest, fe.Field, fe.Error())
+		} else {
+			svc.WriteError(w, http.StatusBadRequest, "", ferr.Error())
+		}
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	if len(key) > maxKeyLen {
+		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", fmt.Sprintf("més de %d caràcters", maxKeyLen))
+		return
+	}
+	a, err := s.create(r.Context(), o, key, hashBody(body))
+	switch {
+	case errors.Is(err, errDuplicateID):
+		svc.WriteError(w, http.StatusConflict, "id", "ja existeix una comanda "+o.ID)
+		return
+	case errors.Is(err, errUnavailable):
+		w.Header().Set("Retry-After", "1")
+		svc.WriteError(w, http.StatusServiceUnavailable, "", err.Error())
+		return
+	case err != nil:
+		s.cfg.Logger.Error("comandes: create", "comanda", o.ID, "err", err)
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut desar la comanda; torna-ho a provar amb la mateixa Idempotency-Key")
+		return
+	}
+	if a.Replay {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(a.Status)
+	_, _ = w.Write(a.Body)
+}
+
+// DecodeOrder parses a POST /comandes body. Unknown members are ignored; bad
+// JSON and members of the wrong type are a *svc.FieldError naming the member.
+func DecodeOrder(body []byte) (*Order, error) {
+	var o Order
+	if err := json.Unmarshal(body, &o); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return nil, fieldf(typeErr.Field, "tipus incorrecte: s'esperava %s", typeErr.Type)
+		}
+		return nil, fieldf("cos", "JSON mal format: %v", err)
+	}
+	return &o, nil
+}
+
+// OrderView is the answer of GET /comandes/{id}.
+type OrderView struct {
+	Order
+	State      string     `json:"estat"`
+	TotalCents int64      `json:"import_centims"`
+	CreatedAt  time.Time  `json:"creat_en"`
+	PaidAt     *time.Time `json:"pagada_en,omitempty"`
+}
+
+func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !idRE.MatchString(id) {
+		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q no té el format P-AAAA-NNNNNN", clip(id)))
+		return
+	}
+	v, err := s.Get(r.Context(), id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		svc.WriteError(w, http.StatusNotFound, "id", "no hi ha cap comanda "+id)
+		return
+	}
+	if err != nil {
+		s.cfg.Logger.Error("comandes: get", "comanda", id, "err", err)
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut llegir la comanda")
+		return
+	}
+	svc.WriteJSON(w, http.StatusOK, v)
+}
+
+// Get reads one order with its lines; pgx.ErrNoRows if there is none.
+func (s *Service) Get(ctx context.Context, id string) (*OrderView, error) {
+	v := &OrderView{}
+	var city, postal *string
+	err := s.cfg.Pool.QueryRow(ctx, `SELECT id, client, mercat, estat, import_centims, ciutat, codi_postal, creat_en, pagada_en
+		FROM comandes WHERE id = $1`, id).Scan(&v.ID, &v.Client, &v.Market, &v.State, &v.TotalCents, &city, &postal, &v.CreatedAt, &v.PaidAt)
+	if err != nil {
+		return nil, err
+	}
+	if city != nil {
+		v.Address = &Address{City: *city, PostalCode: deref(postal)}
+	}
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT producte, quantitat, preu_centims FROM linies_comanda WHERE comanda_id = $1 ORDER BY linia`, id)
+	if err != nil {
+		return nil, err
+	}
+	v.Lines, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Line, error) {
+		var l Line
+		err := row.Scan(&l.Product, &l.Quantity, &l.PriceCents)
+		return l, err
+	})
+	return v, err
+}

@@ -1,0 +1,260 @@
+package comandes
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/outcome"
+)
+
+// ErrRefused is wrapped by an Authorizer's error when the card was refused:
+// POST /comandes answers 402. Any other Authorizer error answers 503.
+var ErrRefused = errors.New("comandes: payment refused")
+
+// Authorizer asks pagaments to authorise the card before an order is
+// accepted (request/reply on pagaments.autoritzacions). It returns nil when
+// approved, an error wrapping ErrRefused when refused, and any other error
+// when pagaments did not answer (timeout, broker down).
+type Authorizer interface {
+	Authorize(ctx context.Context, orderID string, totalCents int64) error
+}
+
+// MaxBodyBytesDefault is the largest POST /comandes body accepted (413 above).
+const MaxBodyBytesDefault = 64 << 10
+
+// Config configures a Service.
+type Config struct {
+	Pool *pgxpool.Pool // km0_comandes, migrated; required
+	// Outbox writes events; default outbox.New(outbox.Config{}) (public.outbox).
+	Outbox *outbox.Outbox
+	// Authorizer, if set, is asked before an order is accepted.
+	Authorizer Authorizer
+	// Markets accepted in mercat; default MarketsDefault.
+	Markets []string
+	// MaxBodyBytes; default MaxBodyBytesDefault.
+	MaxBodyBytes int64
+	Logger       *slog.Logger // default slog.Default()
+}
+
+// Service is the comandes service. It is safe for concurrent use.
+type Service struct {
+	cfg Config
+}
+
+// New returns a Service. It fails without a pool.
+func New(cfg Config) (*Service, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("comandes: Config.Pool is required")
+	}
+	if cfg.Outbox == nil {
+		cfg.Outbox = outbox.New(outbox.Config{})
+	}
+	if len(cfg.Markets) == 0 {
+		cfg.Markets = MarketsDefault
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = MaxBodyBytesDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+// Created is the answer to a successful POST /comandes.
+type Created struct {
+	ID         string `json:"id"`
+	State      string `json:"estat"`
+	TotalCents int64  `json:"import_centims"`
+	EventID    string `json:"id_esdeveniment"`
+	Version    int    `json:"versio"`
+}
+
+// answer is an HTTP status and JSON body, as stored for an Idempotency-Key.
+type answer struct {
+	Status int
+	Body   json.RawMessage
+	Replay bool // served from peticions_idempotents
+}
+
+// errDuplicateID: an order with this id exists (and no Idempotency-Key matched).
+var errDuplicateID = errors.New("comandes: order id already exists")
+
+// Create stores o (already validated), its lines and comanda.creada in one
+// transaction. With a non-empty key, the answer is stored under it in the same
+// transaction, and a retry with the same key returns that answer and creates
+// nothing; a retry racing the first request waits for it. bodyHash tells a
+// reused key with another body (answered 422).
+func (s *Service) create(ctx context.Context, o *Order, key, bodyHash string) (answer, error) {
+	if key != "" {
+		if a, ok, err := s.stored(ctx, s.cfg.Pool, key, bodyHash); err != nil || ok {
+			return a, err
+		}
+	}
+	if s.cfg.Authorizer != nil {
+		if err := s.cfg.Authorizer.Authorize(ctx, o.ID, o.Total()); err != nil {
+			if errors.Is(err, ErrRefused) {
+				return s.storeOnly(ctx, key, bodyHash, 402, errorBody("targeta", "pagament refusat: "+err.Error()))
+			}
+			return answer{}, fmt.Errorf("%w: %w", errUnavailable, err)
+		}
+	}
+	tx, err := s.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return answer{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	if key != "" {
+		var inserted bool
+		err := tx.QueryRow(ctx, `INSERT INTO peticions_idempotents (clau, hash_peticio, estat_http, resposta)
+			VALUES ($1, $2, 0, 'null') ON CONFLICT DO NOTHING RETURNING true`, key, bodyHash).Scan(&inserted)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// A concurrent request with this key committed first: replay its answer.
+			_ = tx.Rollback(ctx)
+			a, ok, err := s.stored(ctx, s.cfg.Pool, key, bodyHash)
+			if err == nil && !ok {
+				err = errors.New("comandes: idempotency key vanished")
+			}
+			return a, err
+		}
+		if err != nil {
+			return answer{}, err
+		}
+	}
+	ev := &outbox.Event{Aggregate: Aggregate, AggregateID: o.ID, Type: TypeCreated, Version: o.Version(), Payload: o}
+	if err := insertOrder(ctx, tx, o); err != nil {
+		return answer{}, err
+	}
+	if err := s.cfg.Outbox.Enqueue(ctx, tx, ev); err != nil {
+		return answer{}, err
+	}
+	body, _ := json.Marshal(Created{ID: o.ID, State: "creada", TotalCents: o.Total(), EventID: ev.ID.String(), Version: ev.Version})
+	if key != "" {
+		if _, err := tx.Exec(ctx, `UPDATE peticions_idempotents SET estat_http = 201, resposta = $2 WHERE clau = $1`, key, string(body)); err != nil {
+			return answer{}, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return answer{}, err
+	}
+	return answer{Status: 201, Body: body}, nil
+}
+
+func insertOrder(ctx context.Context, tx pgx.Tx, o *Order) error {
+	var city, postal *string
+	if o.Address != nil {
+		city, postal = &o.Address.City, &o.Address.PostalCode
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO comandes (id, client, mercat, estat, import_centims, ciutat, codi_postal)
+		VALUES ($1, $2, $3, 'creada', $4, $5, $6)`, o.ID, o.Client, o.Market, o.Total(), city, postal); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			return errDuplicateID
+		}
+		return err
+	}
+	b := &pgx.Batch{}
+	for i, l := range o.Lines {
+		b.Queue(`INSERT INTO linies_comanda (comanda_id, linia, producte, quantitat, preu_centims) VALUES ($1, $2, $3, $4, $5)`,
+			o.ID, i+1, l.Product, l.Quantity, l.PriceCents)
+	}
+	return tx.SendBatch(ctx, b).Close()
+}
+
+// stored returns the answer recorded under key, if any.
+func (s *Service) stored(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, key, bodyHash string) (answer, bool, error) {
+	var (
+		status int
+		body   []byte
+		hash   string
+	)
+	err := db.QueryRow(ctx, `SELECT estat_http, resposta, hash_peticio FROM peticions_idempotents WHERE clau = $1 AND estat_http > 0`, key).Scan(&status, &body, &hash)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return answer{}, false, nil
+	}
+	if err != nil {
+		return answer{}, false, err
+	}
+	if hash != bodyHash {
+		return answer{Status: 422, Body: errorBody("Idempotency-Key", "la clau ja s'ha fet servir amb un altre cos")}, true, nil
+	}
+	return answer{Status: status, Body: body, Replay: true}, true, nil
+}
+
+// storeOnly records a final non-201 answer under key (when there is one).
+func (s *Service) storeOnly(ctx context.Context, key, bodyHash string, status int, body json.RawMessage) (answer, error) {
+	if key != "" {
+		if _, err := s.cfg.Pool.Exec(ctx, `INSERT INTO peticions_idempotents (clau, hash_peticio, estat_http, resposta)
+			VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, key, bodyHash, status, string(body)); err != nil {
+			return answer{}, err
+		}
+	}
+	return answer{Status: status, Body: body}, nil
+}
+
+func errorBody(field, msg string) json.RawMessage {
+	b, _ := json.Marshal(map[string]string{"error": msg, "camp": field})
+	return b
+}
+
+func hashBody(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// HandlePaymentConfirmed is the consumer.Handler of pagament.confirmat
+// (consumidor ConsumerPaymentConfirmed): in the consumer's transaction it sets
+// estat = 'pagada' and writes comanda.pagada (versio 2 with the delivery
+// address, 1 without) through the outbox. An order already paid changes
+// nothing; an unknown order or a payload without comanda_id is permanent.
+func (s *Service) HandlePaymentConfirmed(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	var p PaymentConfirmed
+	if err := json.Unmarshal(m.Envelope.Data, &p); err != nil {
+		return outcome.Permanentf("esquema: pagament.confirmat: %v", err)
+	}
+	if p.OrderID == "" {
+		return outcome.Permanentf("esquema: pagament.confirmat sense comanda_id")
+	}
+	paid := Paid{ID: p.OrderID}
+	var city, postal *string
+	err := tx.QueryRow(ctx, `UPDATE comandes SET estat = 'pagada', pagada_en = now()
+		WHERE id = $1 AND estat = 'creada' RETURNING client, mercat, import_centims, ciutat, codi_postal`, p.OrderID).
+		Scan(&paid.Client, &paid.Market, &paid.TotalCents, &city, &postal)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM comandes WHERE id = $1)`, p.OrderID).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			return outcome.Permanentf("comanda_desconeguda: %s", p.OrderID)
+		}
+		return nil // already paid: nothing to do
+	}
+	if err != nil {
+		return err
+	}
+	if city != nil {
+		paid.Address = &Address{City: *city, PostalCode: deref(postal)}
+	}
+	return s.cfg.Outbox.Enqueue(ctx, tx, &outbox.Event{Aggregate: Aggregate, AggregateID: p.OrderID, Type: TypePaid, Version: 1, Payload: paid})
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

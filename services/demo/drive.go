@@ -1,0 +1,174 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Submissions counts what POST /comandes answered.
+type Submissions struct {
+	Planned       int `json:"planejades"`
+	Requests      int `json:"peticions"`
+	Accepted      int `json:"acceptades"`           // first 201 of each order
+	Replayed      int `json:"duplicats_absorbits"`  // answers replayed for a repeated Idempotency-Key
+	ReplayDiffers int `json:"duplicats_diferents"`  // a replay whose id_esdeveniment differs (must be 0)
+	Invalid       int `json:"rebutjades_validacio"` // 400
+	Refused       int `json:"rebutjades_pagament"`  // 402
+	Conflict      int `json:"conflictes"`           // 409
+	Unavailable   int `json:"no_disponible_503"`    // 503 answers (then retried with the same key)
+	Other         int `json:"altres"`               // anything else (must be 0)
+	Unexpected    int `json:"resultats_inesperats"` // a status other than the plan expects (must be 0)
+
+	accepted map[string]string // order id → id_esdeveniment of its first answer
+}
+
+type answer struct {
+	status   int
+	eventID  string
+	replayed bool
+}
+
+// driver submits the plan with several concurrent clients.
+type driver struct {
+	url     string
+	client  *http.Client
+	mu      sync.Mutex
+	res     Submissions
+	sent    atomic.Int64
+	onOrder func(done int) // called after each planned order
+}
+
+func (d *driver) post(ctx context.Context, p *planned) (answer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/comandes", bytes.NewReader(p.body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", p.key)
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		EventID string `json:"id_esdeveniment"`
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(raw, &body)
+	return answer{status: resp.StatusCode, eventID: body.EventID, replayed: resp.Header.Get("Idempotent-Replayed") == "true"}, nil
+}
+
+// submit posts p until it gets a final answer: a 503 or a network error is
+// retried with the same Idempotency-Key, as a careful client does.
+func (d *driver) submit(ctx context.Context, p *planned) answer {
+	delay := 100 * time.Millisecond
+	for {
+		a, err := d.post(ctx, p)
+		d.mu.Lock()
+		d.res.Requests++
+		if err == nil && a.status == http.StatusServiceUnavailable {
+			d.res.Unavailable++
+		}
+		d.mu.Unlock()
+		if err == nil && a.status != http.StatusServiceUnavailable {
+			return a
+		}
+		select {
+		case <-ctx.Done():
+			return answer{}
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+func (d *driver) record(p *planned, a answer) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	want := http.StatusCreated
+	switch {
+	case p.invalid:
+		want = http.StatusBadRequest
+	case p.refused:
+		want = http.StatusPaymentRequired
+	}
+	if a.status != want {
+		d.res.Unexpected++
+	}
+	switch a.status {
+	case http.StatusCreated:
+		if first, seen := d.res.accepted[p.order.ID]; seen {
+			if !a.replayed {
+				d.res.Unexpected++ // a second 201 that was not a replay: created twice
+			}
+			d.res.Replayed++
+			if first != a.eventID {
+				d.res.ReplayDiffers++
+			}
+			return
+		}
+		d.res.Accepted++
+		d.res.accepted[p.order.ID] = a.eventID
+	case http.StatusBadRequest:
+		d.res.Invalid++
+	case http.StatusPaymentRequired:
+		d.res.Refused++
+	case http.StatusConflict:
+		d.res.Conflict++
+	default:
+		d.res.Other++
+	}
+}
+
+// run submits plan with clients concurrent clients; a duplicate order is
+// submitted twice at the same moment with the same key.
+func (d *driver) run(ctx context.Context, plan []*planned, clients int) Submissions {
+	d.res = Submissions{Planned: len(plan), accepted: map[string]string{}}
+	work := make(chan *planned)
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for p := range work {
+				n := 1
+				if p.duplicate {
+					n = 2
+				}
+				answers := make([]answer, n)
+				var inner sync.WaitGroup
+				for i := range n {
+					inner.Go(func() { answers[i] = d.submit(ctx, p) })
+				}
+				inner.Wait()
+				// Record the original (non-replayed) answer first.
+				if n == 2 && answers[0].replayed {
+					answers[0], answers[1] = answers[1], answers[0]
+				}
+				for _, a := range answers {
+					if ctx.Err() == nil {
+						d.record(p, a)
+					}
+				}
+				if d.onOrder != nil {
+					d.onOrder(int(d.sent.Add(1)))
+				}
+			}
+		})
+	}
+	for _, p := range plan {
+		select {
+		case work <- p:
+		case <-ctx.Done():
+		}
+	}
+	close(work)
+	wg.Wait()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.res
+}

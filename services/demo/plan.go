@@ -1,0 +1,123 @@
+package demo
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+
+	"github.com/km0/km0/services/comandes"
+	"github.com/km0/km0/services/inventari"
+)
+
+// Cheese is the product the demo orders more of than exists.
+const Cheese = "formatge-curat"
+
+// UncoveredCity is a delivery city Quilòmetre Zero does not serve.
+const UncoveredCity = "Perpinyà"
+
+var (
+	prices   = map[string]int64{"tomaquet-rosa": 350, "carbasso": 300, "formatge-fresc": 900, "vi-crianca": 1250, Cheese: 1450}
+	plentys  = []string{"carbasso", "formatge-fresc", "tomaquet-rosa", "vi-crianca"}
+	postcode = map[string]string{"girona": "17001", "barcelona": "08001", "tarragona": "43001", "lleida": "25001", "vic": "08500", "figueres": "17600"}
+)
+
+// planned is one order the scenario submits.
+type planned struct {
+	num       int
+	order     comandes.Order
+	body      []byte
+	key       string // Idempotency-Key
+	duplicate bool   // submitted twice with the same key
+	invalid   bool   // expected 400
+	refused   bool   // expected 402 (only with authorisation)
+	cheese    bool   // asks for formatge-curat
+	uncovered bool   // delivery city not covered
+	legacy    bool   // no address: comanda.creada / comanda.pagada versio 1
+}
+
+// Scenario rules, by order number.
+func isDuplicate(n int) bool { return n%10 == 5 }
+func isInvalid(n int) bool   { return n%97 == 13 }
+func isCheese(n int) bool    { return n%25 == 3 }
+func isUncovered(n int) bool { return n%40 == 7 }
+func isLegacy(n int) bool    { return n%30 == 11 && !isUncovered(n) }
+func isRefused(n int) bool   { return n%101 == 17 }
+
+// GatewayFails: the gateway answers 503 to the first charge attempt of these orders.
+func gatewayFails(n, attempt int) bool { return attempt == 1 && n%17 == 0 }
+
+// GatewayHangs: the gateway charges, then hangs past the client's timeout, on
+// the first attempt of these orders.
+func gatewayHangs(n, attempt int) bool { return attempt == 1 && n%29 == 0 && n%17 != 0 }
+
+// mapsFails: the maps service answers 503 to the first request of these orders.
+func mapsFails(n, attempt int) bool { return attempt == 1 && n%23 == 0 }
+
+// orderNum extracts N from "...P-2026-00000N".
+func orderNum(s string) int {
+	i := strings.LastIndexByte(s, '-')
+	n, _ := strconv.Atoi(s[i+1:])
+	return n
+}
+
+// makePlan builds n orders deterministically from seed.
+func makePlan(n int, seed uint64, run string, authorize bool) []*planned {
+	rng := rand.New(rand.NewPCG(seed, 0x6b6d30))
+	out := make([]*planned, 0, n)
+	for num := 1; num <= n; num++ {
+		market := comandes.MarketsDefault[num%len(comandes.MarketsDefault)]
+		p := &planned{num: num, key: fmt.Sprintf("demo-%s-%d", run, num), duplicate: isDuplicate(num)}
+		o := comandes.Order{ID: fmt.Sprintf("P-2026-%06d", num), Client: fmt.Sprintf("client-%03d", rng.IntN(300)), Market: market}
+		for _, i := range rng.Perm(len(plentys))[:1+rng.IntN(3)] {
+			prod := plentys[i]
+			o.Lines = append(o.Lines, comandes.Line{Product: prod, Quantity: 1 + rng.IntN(3), PriceCents: prices[prod]})
+		}
+		switch {
+		case isInvalid(num):
+			p.invalid = true
+			o.Lines[0].Quantity = 0
+		case authorize && isRefused(num):
+			p.refused = true
+			o.Lines = append(o.Lines, comandes.Line{Product: "vi-crianca", Quantity: 200, PriceCents: prices["vi-crianca"]})
+		case isCheese(num):
+			p.cheese = true
+			o.Lines = append(o.Lines, comandes.Line{Product: Cheese, Quantity: 2, PriceCents: prices[Cheese]})
+		}
+		switch {
+		case isUncovered(num):
+			p.uncovered = true
+			o.Address = &comandes.Address{City: UncoveredCity, PostalCode: "66000"}
+		case isLegacy(num):
+			p.legacy = true
+		default:
+			o.Address = &comandes.Address{City: strings.ToUpper(market[:1]) + market[1:], PostalCode: postcode[market]}
+		}
+		p.order = o
+		p.body, _ = json.Marshal(o)
+		out = append(out, p)
+	}
+	return out
+}
+
+// restockFor returns the units to add to each plentiful product so that the
+// expected accepted orders never run out of it: only the cheese runs out.
+func restockFor(plan []*planned) map[string]int {
+	demand := map[string]int{}
+	for _, p := range plan {
+		if p.invalid || p.refused {
+			continue
+		}
+		for _, l := range p.order.Lines {
+			demand[l.Product] += l.Quantity
+		}
+	}
+	out := map[string]int{}
+	for _, prod := range plentys {
+		if extra := demand[prod] - inventari.InitialStock[prod]; extra > 0 {
+			out[prod] = extra
+		}
+	}
+	return out
+}

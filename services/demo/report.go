@@ -1,0 +1,514 @@
+package demo
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/services/analitica"
+	"github.com/km0/km0/services/cataleg"
+	"github.com/km0/km0/services/comandes"
+	"github.com/km0/km0/services/inventari"
+	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/services/repartiment"
+	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport"
+)
+
+// Report is the reconciliation of one demo run.
+type Report struct {
+	Run          string                   `json:"execucio"`
+	Database     string                   `json:"base_de_dades"`
+	RequestReply string                   `json:"peticio_resposta"`
+	Elapsed      float64                  `json:"segons"`
+	Orders       Submissions              `json:"comandes"`
+	Events       map[string]TopicCount    `json:"esdeveniments"`
+	Consumers    map[string]ConsumerCount `json:"consumidors"`
+	DLQ          map[string]int           `json:"dlq_per_motiu"`
+	Stock        map[string]StockLine     `json:"estoc"`
+	Payments     PaymentSummary           `json:"pagaments"`
+	Deliveries   map[string]int           `json:"lliuraments"`
+	Analytics    *analitica.Counters      `json:"analitica,omitempty"`
+	Restarts     map[string]int           `json:"reinicis"`
+	Invariants   []Invariant              `json:"invariants"`
+	OK           bool                     `json:"ok"`
+}
+
+// TopicCount compares a service's outbox with its topic.
+type TopicCount struct {
+	OutboxRows  int `json:"files_outbox"`
+	Pending     int `json:"pendents"`
+	Records     int `json:"registres_al_topic"`
+	Distinct    int `json:"ids_diferents"`
+	Missing     int `json:"perduts"`     // outbox rows whose id never reached the topic
+	Republished int `json:"republicats"` // records − distinct: relay re-publications
+}
+
+// ConsumerCount is a consumer's counts over the run, restarts included.
+type ConsumerCount struct {
+	consumer.Stats
+	Restarts int `json:"reinicis"`
+}
+
+// StockLine reconciles one product.
+type StockLine struct {
+	Initial   int  `json:"inicial"`
+	Restocked int  `json:"reposat"`
+	Accepted  int  `json:"acceptat"` // units of orders inventari did not dead-letter
+	Expected  int  `json:"esperat"`  // inicial + reposat − acceptat
+	Final     int  `json:"final"`
+	Catalog   int  `json:"cataleg"`
+	LowStock  bool `json:"estoc_baix"`
+}
+
+// PaymentSummary reconciles payments with the gateway.
+type PaymentSummary struct {
+	OrdersPaid      int `json:"comandes_pagades"`
+	Payments        int `json:"pagaments"`
+	GatewayCharges  int `json:"cobraments_passarella"`
+	ChargedTwice    int `json:"cobrats_dues_vegades"`
+	WrongAmount     int `json:"import_incorrecte"`
+	Unpaid          int `json:"acceptades_sense_pagar"`
+	GatewayFailures int `json:"passarella_503"`
+	GatewayHangs    int `json:"passarella_penjada"`
+	GatewayReplays  int `json:"passarella_repeticions"`
+}
+
+// Invariant is one check of the report.
+type Invariant struct {
+	Name   string `json:"nom"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detall"`
+}
+
+func (r *Report) check(name string, ok bool, format string, args ...any) {
+	r.Invariants = append(r.Invariants, Invariant{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
+}
+
+// Failed returns the names of the invariants that do not hold.
+func (r *Report) Failed() []string {
+	var out []string
+	for _, inv := range r.Invariants {
+		if !inv.OK {
+			out = append(out, inv.Name)
+		}
+	}
+	return out
+}
+
+type deadLetter struct {
+	topic, group, motiu, orderID string
+}
+
+// reasonKey groups a motiu: "permanent: estoc_insuficient: x" → "permanent: estoc_insuficient".
+func reasonKey(m string) string {
+	parts := strings.SplitN(m, ": ", 3)
+	if len(parts) >= 2 {
+		head := strings.Fields(parts[1])
+		if len(head) > 0 {
+			return parts[0] + ": " + strings.TrimSuffix(head[0], ":")
+		}
+	}
+	return m
+}
+
+func queryMap[V any](ctx context.Context, pool *pgxpool.Pool, sql string, scan func(pgx.Rows) (string, V, error)) (map[string]V, error) {
+	rows, err := pool.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]V{}
+	for rows.Next() {
+		k, v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = v
+	}
+	return out, rows.Err()
+}
+
+func countOf(ctx context.Context, pool *pgxpool.Pool, sql string) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, sql).Scan(&n)
+	return n, err
+}
+
+// reconcile builds the report from the databases, the topics and the counters.
+func reconcile(ctx context.Context, sys *system.System, kcl *kgo.Client, brokers []string, plan []*planned, sub Submissions, restock map[string]int, r *Report) error {
+	r.Orders = sub
+	r.Restarts = sys.Restarts()
+	cp := sys.Pool(comandes.Name)
+	// 1. Orders.
+	orders, err := queryMap(ctx, cp, `SELECT id, estat, import_centims FROM comandes`, func(rows pgx.Rows) (string, [2]any, error) {
+		var id, st string
+		var total int64
+		err := rows.Scan(&id, &st, &total)
+		return id, [2]any{st, total}, err
+	})
+	if err != nil {
+		return err
+	}
+	missing := 0
+	for id := range sub.accepted {
+		if _, ok := orders[id]; !ok {
+			missing++
+		}
+	}
+	r.check("comandes acceptades = comandes desades", len(orders) == sub.Accepted && missing == 0,
+		"%d respostes 201, %d comandes a km0_comandes, %d acceptades sense fila", sub.Accepted, len(orders), missing)
+	r.check("Idempotency-Key: cap duplicat crea res", sub.ReplayDiffers == 0 && sub.Unexpected == 0 && sub.Other == 0,
+		"%d repeticions respostes amb la primera resposta, %d amb una altra, %d respostes inesperades", sub.Replayed, sub.ReplayDiffers, sub.Unexpected+sub.Other)
+
+	// 2. Outbox rows against topics.
+	r.Events = map[string]TopicCount{}
+	for _, svcName := range []string{comandes.Name, inventari.Name, pagaments.Name, repartiment.Name} {
+		topic := system.Topics[svcName]
+		ids, err := queryMap(ctx, sys.Pool(svcName), `SELECT id::text, publicat_en IS NULL FROM outbox`, func(rows pgx.Rows) (string, bool, error) {
+			var id string
+			var pending bool
+			err := rows.Scan(&id, &pending)
+			return id, pending, err
+		})
+		if err != nil {
+			return err
+		}
+		recs, err := readTopic(ctx, kcl, brokers, topic)
+		if err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for _, rec := range recs {
+			seen[header(rec, transport.HeaderEventID)] = true
+		}
+		tc := TopicCount{OutboxRows: len(ids), Records: len(recs), Distinct: len(seen), Republished: len(recs) - len(seen)}
+		for id, pending := range ids {
+			if pending {
+				tc.Pending++
+			}
+			if !seen[id] {
+				tc.Missing++
+			}
+		}
+		r.Events[topic] = tc
+		r.check("cap esdeveniment perdut: "+topic, tc.Pending == 0 && tc.Missing == 0 && tc.Distinct == tc.OutboxRows,
+			"%d files d'outbox, %d pendents, %d registres (%d ids diferents, %d republicats), %d perduts",
+			tc.OutboxRows, tc.Pending, tc.Records, tc.Distinct, tc.Republished, tc.Missing)
+	}
+
+	// 3. Dead letters.
+	var dls []deadLetter
+	for _, svcName := range []string{comandes.Name, inventari.Name, pagaments.Name, repartiment.Name} {
+		topic := system.Topics[svcName] + consumer.DLQSuffix
+		recs, err := readTopic(ctx, kcl, brokers, topic)
+		if err != nil {
+			return err
+		}
+		for _, rec := range recs {
+			dl := deadLetter{topic: topic, group: header(rec, consumer.HeaderGroup), motiu: header(rec, transport.HeaderReason)}
+			if env, err := envelope.Decode(rec.Value); err == nil {
+				var d struct {
+					ID      string `json:"id"`         // comanda.creada
+					OrderID string `json:"comanda_id"` // comanda.pagada, pagament.confirmat
+				}
+				_ = json.Unmarshal(env.Data, &d)
+				dl.orderID = cmp.Or(d.ID, d.OrderID)
+			}
+			dls = append(dls, dl)
+		}
+	}
+	r.DLQ = map[string]int{}
+	dlqBy := func(group, reason string) map[string]bool {
+		out := map[string]bool{}
+		for _, dl := range dls {
+			if dl.group == group && reasonKey(dl.motiu) == reason {
+				out[dl.orderID] = true
+			}
+		}
+		return out
+	}
+	for _, dl := range dls {
+		r.DLQ[dl.group+" · "+reasonKey(dl.motiu)]++
+	}
+	// 4. Consumers.
+	stats := sys.ConsumerStats()
+	r.Consumers = map[string]ConsumerCount{}
+	for g, st := range stats {
+		r.Consumers[g] = ConsumerCount{Stats: st, Restarts: r.Restarts["consumer "+g]}
+	}
+
+	if err := reconcileStock(ctx, sys, plan, sub, restock, dlqBy(inventari.ConsumerDecrement, "permanent: "+inventari.ErrInsufficient.Error()), dls, r); err != nil {
+		return err
+	}
+	if err := reconcilePayments(ctx, sys, orders, sub, dls, r); err != nil {
+		return err
+	}
+	if err := reconcileDeliveries(ctx, sys, plan, orders, sub, dlqBy, r); err != nil {
+		return err
+	}
+	if sys.Analitica != nil {
+		if r.Analytics, err = sys.Analitica.Counters(ctx); err != nil {
+			return err
+		}
+	}
+	crashes := r.Restarts["relay "+comandes.Name] >= 1 && r.Restarts["consumer "+inventari.ConsumerDecrement] >= 1
+	r.check("fallades injectades i recuperades", crashes && stats[inventari.ConsumerDecrement].Duplicates > 0,
+		"relay de comandes reiniciat %d cop(s), consumidor %s reiniciat %d cop(s), %d duplicats absorbits",
+		r.Restarts["relay "+comandes.Name], inventari.ConsumerDecrement, r.Restarts["consumer "+inventari.ConsumerDecrement], stats[inventari.ConsumerDecrement].Duplicates)
+	return nil
+}
+
+func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, sub Submissions, restock map[string]int, insufficient map[string]bool, dls []deadLetter, r *Report) error {
+	ip := sys.Pool(inventari.Name)
+	final, err := sys.Inventari.Stock(ctx)
+	if err != nil {
+		return err
+	}
+	accepted, err := queryMap(ctx, sys.Pool(comandes.Name), `SELECT comanda_id || '/' || producte, sum(quantitat)::int FROM linies_comanda GROUP BY 1`,
+		func(rows pgx.Rows) (string, int, error) {
+			var k string
+			var n int
+			err := rows.Scan(&k, &n)
+			return k, n, err
+		})
+	if err != nil {
+		return err
+	}
+	took := map[string]int{}
+	for k, n := range accepted {
+		id, prod, _ := strings.Cut(k, "/")
+		if !insufficient[id] {
+			took[prod] += n
+		}
+	}
+	flags := map[string]cataleg.Flag{}
+	if sys.Cataleg != nil {
+		fs, err := sys.Cataleg.Flags(ctx)
+		if err != nil {
+			return err
+		}
+		for _, f := range fs {
+			flags[f.Product] = f
+		}
+	}
+	r.Stock = map[string]StockLine{}
+	stockOK, catalogOK := true, true
+	var bad []string
+	for prod, initial := range inventari.InitialStock {
+		l := StockLine{Initial: initial, Restocked: restock[prod], Accepted: took[prod], Final: final[prod],
+			Catalog: flags[prod].Units, LowStock: flags[prod].LowStock}
+		l.Expected = l.Initial + l.Restocked - l.Accepted
+		r.Stock[prod] = l
+		if l.Expected != l.Final || l.Final < 0 {
+			stockOK = false
+			bad = append(bad, prod)
+		}
+		if _, ok := flags[prod]; ok && (l.Catalog != l.Final || l.LowStock != (l.Final < cataleg.LowStockBelow)) {
+			catalogOK = false
+		}
+	}
+	r.check("estoc final = inicial + reposat − acceptat", stockOK, "productes que no quadren: %v", bad)
+	doubled, err := countOf(ctx, ip, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE tipus = 'estoc.actualitzat' AND carrega->>'motiu' = 'comanda'
+		GROUP BY carrega->>'comanda_id', carrega->>'producte' HAVING count(*) > 1) d`)
+	if err != nil {
+		return err
+	}
+	r.check("cap comanda descomptada dues vegades", doubled == 0, "%d parells (comanda, producte) descomptats més d'un cop", doubled)
+	cheeseAccepted := 0
+	for _, p := range plan {
+		if _, ok := sub.accepted[p.order.ID]; ok && p.cheese {
+			cheeseAccepted++
+		}
+	}
+	onlyCheese := true
+	for _, dl := range dls {
+		if dl.group == inventari.ConsumerDecrement && !strings.Contains(dl.motiu, "estoc_insuficient: "+Cheese) {
+			onlyCheese = false
+		}
+	}
+	r.check("només el formatge curat s'esgota, i va a la DLQ", onlyCheese && len(insufficient) == cheeseAccepted-took[Cheese]/2 && took[Cheese] <= inventari.InitialStock[Cheese],
+		"%d comandes amb formatge curat, %d servides (%d unitats de %d), %d a la DLQ per estoc_insuficient",
+		cheeseAccepted, took[Cheese]/2, took[Cheese], inventari.InitialStock[Cheese], len(insufficient))
+	if sys.Cataleg != nil {
+		r.check("cataleg coincideix amb inventari (estoc_baix = unitats < 5)", catalogOK, "indicador de %d productes", len(flags))
+	}
+	return nil
+}
+
+func reconcilePayments(ctx context.Context, sys *system.System, orders map[string][2]any, sub Submissions, dls []deadLetter, r *Report) error {
+	payments, err := sys.Pagaments.Payments(ctx)
+	if err != nil {
+		return err
+	}
+	charges, err := sys.Gateway.Charges(ctx)
+	if err != nil {
+		return err
+	}
+	ps := PaymentSummary{Payments: len(payments), GatewayCharges: len(charges)}
+	for id, o := range orders {
+		if o[0] == "pagada" {
+			ps.OrdersPaid++
+		}
+		p, ok := payments[id]
+		if !ok {
+			ps.Unpaid++
+			continue
+		}
+		c, ok := charges[pagaments.ChargeKey(id)]
+		if !ok || c.Ref != p.GatewayRef || c.TotalCents != o[1].(int64) || p.TotalCents != o[1].(int64) {
+			ps.WrongAmount++
+		}
+	}
+	for key := range charges {
+		if _, ok := payments[strings.TrimPrefix(key, "cobrament-")]; !ok {
+			ps.ChargedTwice++ // a charge with no payment record: charged outside the books
+		}
+	}
+	st := sys.Gateway.Stats()
+	ps.GatewayFailures, ps.GatewayHangs, ps.GatewayReplays = st.Failed, st.Hung, st.Replayed
+	r.Payments = ps
+	chargeDLQ := 0
+	for _, dl := range dls {
+		if dl.group == pagaments.ConsumerCharge {
+			chargeDLQ++
+		}
+	}
+	r.check("cada comanda pagada cobrada exactament una vegada a la passarel·la",
+		ps.Payments == sub.Accepted && ps.GatewayCharges == ps.Payments && ps.OrdersPaid == ps.Payments && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
+		"%d acceptades, %d pagaments, %d cobraments a la passarel·la (una clau cobrament-<id> cadascun), %d comandes pagades, %d sense pagar, %d imports o referències incorrectes, %d cobraments sense registre; la passarel·la va fallar %d cop(s), es va penjar %d cop(s) i va repetir %d resposta(es)",
+		sub.Accepted, ps.Payments, ps.GatewayCharges, ps.OrdersPaid, ps.Unpaid, ps.WrongAmount, ps.ChargedTwice, ps.GatewayFailures, ps.GatewayHangs, ps.GatewayReplays)
+	return nil
+}
+
+func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planned, orders map[string][2]any, sub Submissions, dlqBy func(group, reason string) map[string]bool, r *Report) error {
+	sum, err := sys.Repartiment.Summary(ctx)
+	if err != nil {
+		return err
+	}
+	rp := sys.Pool(repartiment.Name)
+	notCovered := dlqBy(repartiment.ConsumerAssign, "permanent: "+repartiment.ReasonNotCovered)
+	schema := dlqBy(repartiment.ConsumerAssign, "permanent: "+repartiment.ReasonSchema)
+	alerts, err := countOf(ctx, rp, `SELECT count(*) FROM alertes`)
+	if err != nil {
+		return err
+	}
+	assignedEv, err := countOf(ctx, rp, `SELECT count(*) FROM outbox WHERE tipus = 'repartiment.assignat'`)
+	if err != nil {
+		return err
+	}
+	rejectedEv, err := countOf(ctx, rp, `SELECT count(*) FROM outbox WHERE tipus = 'repartiment.rebutjat'`)
+	if err != nil {
+		return err
+	}
+	r.Deliveries = map[string]int{
+		repartiment.StateAssigned: sum[repartiment.StateAssigned], repartiment.StatePending: sum[repartiment.StatePending],
+		repartiment.StateRejected: sum[repartiment.StateRejected], "dlq_esquema": len(schema), "alertes": alerts,
+	}
+	wantUncovered, wantLegacy := 0, 0
+	for _, p := range plan {
+		if _, ok := sub.accepted[p.order.ID]; !ok {
+			continue
+		}
+		if p.uncovered {
+			wantUncovered++
+		}
+		if p.legacy {
+			wantLegacy++
+		}
+	}
+	paid := 0
+	for _, o := range orders {
+		if o[0] == "pagada" {
+			paid++
+		}
+	}
+	a, pend, rej := sum[repartiment.StateAssigned], sum[repartiment.StatePending], sum[repartiment.StateRejected]
+	r.check("cada comanda pagada: assignada, pendent, rebutjada o a la DLQ d'esquema", a+pend+rej+len(schema) == paid,
+		"%d pagades = %d assignades + %d pendents + %d rebutjades + %d esquema", paid, a, pend, rej, len(schema))
+	r.check("ciutat no coberta: DLQ ciutat_no_coberta + repartiment.rebutjat, un per comanda", rej == wantUncovered && len(notCovered) == rej && rejectedEv == rej,
+		"%d comandes a %s, %d rebutjades, %d a la DLQ, %d esdeveniments repartiment.rebutjat", wantUncovered, UncoveredCity, rej, len(notCovered), rejectedEv)
+	r.check("versio 1 sense adreça: DLQ esquema + alerta", len(schema) == wantLegacy && alerts >= wantLegacy,
+		"%d comandes sense adreça, %d a la DLQ esquema, %d alertes", wantLegacy, len(schema), alerts)
+	r.check("repartidors assignats un cop i cap lliurament pendent", assignedEv == a && pend == 0,
+		"%d assignades, %d esdeveniments repartiment.assignat, %d pendents", a, assignedEv, pend)
+	return nil
+}
+
+// Print writes the report as text.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "\nkm0 demo · informe de conciliació (execució %s, %.1f s)\n", r.Run, r.Elapsed)
+	fmt.Fprintf(w, "PostgreSQL: %s · petició/resposta: %s\n\n", r.Database, r.RequestReply)
+	o := r.Orders
+	fmt.Fprintf(w, "Comandes: %d planejades, %d peticions HTTP · %d acceptades · %d duplicats absorbits (Idempotency-Key) · %d rebutjades per validació (400) · %d pagament refusat (402) · %d respostes 503 reintentades\n\n",
+		o.Planned, o.Requests, o.Accepted, o.Replayed, o.Invalid, o.Refused, o.Unavailable)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "Esdeveniments\tfiles outbox\tpendents\tregistres\tids diferents\trepublicats\tperduts")
+	for _, t := range sortedKeys(r.Events) {
+		c := r.Events[t]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", t, c.OutboxRows, c.Pending, c.Records, c.Distinct, c.Republished, c.Missing)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(tw, "Consumidor\tprocessats\tduplicats absorbits\tignorats\treintents\tDLQ\treinicis")
+	for _, g := range sortedKeys(r.Consumers) {
+		c := r.Consumers[g]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", g, c.Processed, c.Duplicates, c.Ignored+c.Foreign, c.Retried, c.DeadLettered, c.Restarts)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(tw, "DLQ (consumidor · motiu)\tentrades")
+	for _, k := range sortedKeys(r.DLQ) {
+		fmt.Fprintf(tw, "%s\t%d\n", k, r.DLQ[k])
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(tw, "Producte\tinicial\t+ reposat\t− acceptat\t= esperat\tfinal\tcataleg\testoc baix")
+	for _, p := range sortedKeys(r.Stock) {
+		s := r.Stock[p]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\n", p, s.Initial, s.Restocked, s.Accepted, s.Expected, s.Final, s.Catalog, s.LowStock)
+	}
+	tw.Flush()
+	p := r.Payments
+	fmt.Fprintf(w, "\nPagaments: %d comandes pagades · %d pagaments · %d cobraments a la passarel·la · %d cobrades dues vegades · passarel·la: %d errors 503, %d penjades, %d respostes repetides per Idempotency-Key\n",
+		p.OrdersPaid, p.Payments, p.GatewayCharges, p.ChargedTwice, p.GatewayFailures, p.GatewayHangs, p.GatewayReplays)
+	d := r.Deliveries
+	fmt.Fprintf(w, "Lliuraments: %d assignats · %d pendents · %d rebutjats (ciutat no coberta) · %d a la DLQ d'esquema (%d alertes)\n",
+		d[repartiment.StateAssigned], d[repartiment.StatePending], d[repartiment.StateRejected], d["dlq_esquema"], d["alertes"])
+	if r.Analytics != nil {
+		fmt.Fprintf(w, "Analitica (at-most-once): per tipus %v · per mercat %v\n", r.Analytics.PerType, r.Analytics.PerMarket)
+	}
+	fmt.Fprintf(w, "Reinicis (fallades injectades): %v\n\nInvariants:\n", r.Restarts)
+	for _, inv := range r.Invariants {
+		mark := "OK   "
+		if !inv.OK {
+			mark = "FALLA"
+		}
+		fmt.Fprintf(w, "  [%s] %s: %s\n", mark, inv.Name, inv.Detail)
+	}
+	if r.OK {
+		fmt.Fprintf(w, "\nTot quadra: %d invariants de %d.\n", len(r.Invariants), len(r.Invariants))
+	} else {
+		fmt.Fprintf(w, "\nNO QUADRA: %s\n", strings.Join(r.Failed(), "; "))
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,312 @@
+package demo
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/relay"
+	"github.com/km0/km0/services/comandes"
+	"github.com/km0/km0/services/inventari"
+	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/services/pagaments/passarella"
+	"github.com/km0/km0/services/repartiment"
+	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport/kafka"
+)
+
+// Defaults of Config.
+const (
+	OrdersDefault        = 1000
+	ClientsDefault       = 8
+	SettleTimeoutDefault = 3 * time.Minute
+)
+
+// Config configures Run.
+type Config struct {
+	Orders  int // default OrdersDefault
+	Clients int // concurrent HTTP clients; default ClientsDefault
+	// DatabaseURL, if set, is used as is; otherwise FindServer decides
+	// (KM0_DATABASE_URL, the local server, a throwaway cluster).
+	DatabaseURL string
+	// AMQPURL, if set, carries request/reply over RabbitMQ; else over the embedded Kafka.
+	AMQPURL string
+	// NoAuthorize turns off the card authorisation that comandes asks
+	// pagaments for by request/reply before accepting each order.
+	NoAuthorize bool
+	// KeepRunning leaves the services up after the report until ctx ends.
+	KeepRunning bool
+	// KeepDatabases keeps the run's databases (default: dropped at the end).
+	KeepDatabases bool
+	// SettleTimeout bounds the wait for outboxes and consumer lag to drain.
+	SettleTimeout time.Duration
+	Seed          uint64 // scenario seed; default 1
+	// OnReport, if set, receives the report before the services stop (and
+	// before KeepRunning waits).
+	OnReport func(*Report)
+	Out      io.Writer    // progress and addresses; default io.Discard
+	Logger   *slog.Logger // default: discard
+}
+
+// Run runs the whole demo and returns its report. The error is for a demo
+// that could not run (no database, a service that did not start); a run whose
+// invariants fail returns a report with OK false and no error.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.Orders = cmp.Or(cfg.Orders, OrdersDefault)
+	cfg.Clients = cmp.Or(cfg.Clients, ClientsDefault)
+	cfg.SettleTimeout = cmp.Or(cfg.SettleTimeout, SettleTimeoutDefault)
+	cfg.Seed = cmp.Or(cfg.Seed, 1)
+	if !system.RequestReplyAvailable {
+		cfg.NoAuthorize = true
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Orders < 1 || cfg.Clients < 1 {
+		return nil, fmt.Errorf("demo: --orders and clients must be positive (got %d, %d)", cfg.Orders, cfg.Clients)
+	}
+	start := time.Now()
+	say := func(format string, args ...any) {
+		fmt.Fprintf(cfg.Out, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+
+	var server *Server
+	if cfg.DatabaseURL != "" {
+		server = &Server{URL: cfg.DatabaseURL, Source: "--database-url"}
+	} else {
+		var err error
+		if server, err = FindServer(ctx, func(s string) { say("%s", s) }); err != nil {
+			return nil, err
+		}
+	}
+	defer server.Close()
+	say("PostgreSQL: %s (%s)", server.Source, svc.Redact(server.URL))
+
+	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()})
+	if err != nil {
+		return nil, err
+	}
+	defer broker.Close()
+	say("Kafka: broker embegut (kfake) a %v", broker.Addrs())
+
+	run := randomSuffix()
+	plan := makePlan(cfg.Orders, cfg.Seed, run, !cfg.NoAuthorize)
+	faults := newFaults(cfg.Orders)
+	sysCfg := system.Config{
+		DatabaseURL: server.URL, DatabaseSuffix: "demo_" + run, Brokers: broker.Addrs(), AMQPURL: cfg.AMQPURL, Authorize: !cfg.NoAuthorize,
+		GatewayFaults: passarella.Faults{
+			Fail:    func(key string, attempt int) bool { return gatewayFails(orderNum(key), attempt) },
+			Hang:    func(key string, attempt int) bool { return gatewayHangs(orderNum(key), attempt) },
+			HangFor: 1500 * time.Millisecond,
+		},
+		GatewayTimeout: 500 * time.Millisecond,
+		MapsFail:       func(id string, attempt int) bool { return mapsFails(orderNum(id), attempt) },
+		DeliveryTime:   150 * time.Millisecond,
+		AssignInterval: 100 * time.Millisecond,
+		Backoff:        200 * time.Millisecond,
+		RelayHooks:     map[string]relay.Hooks{comandes.Name: {AfterPublish: faults.relayAfterPublish}},
+		ConsumerHooks:  map[string]consumer.Hooks{inventari.ConsumerDecrement: {AfterCommit: faults.consumerAfterCommit}},
+		PaymentHooks:   pagaments.Hooks{AfterCharge: faults.afterCharge},
+		Logger:         cfg.Logger,
+	}
+	sys, err := system.Start(ctx, sysCfg)
+	if err != nil {
+		return nil, err
+	}
+	stopped := false
+	cleanup := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		sys.Close()
+		if !cfg.KeepDatabases {
+			dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			for _, name := range sys.DatabaseNames() {
+				if err := svc.DropDatabase(dropCtx, server.URL, name); err != nil {
+					cfg.Logger.Warn("demo: drop database", "name", name, "err", err)
+				}
+			}
+		}
+	}
+	defer cleanup()
+	say("serveis en marxa: %v (bases de dades km0_<servei>_demo_%s)", system.Services, run)
+
+	restock := restockFor(plan)
+	for prod, n := range restock {
+		if err := sys.Inventari.Restock(ctx, prod, n); err != nil {
+			return nil, err
+		}
+	}
+	say("reposat l'estoc de %d productes perquè només el formatge curat (5 unitats) s'esgoti", len(restock))
+
+	d := &driver{url: sys.Addrs()[comandes.Name], client: &http.Client{Timeout: 30 * time.Second}}
+	step := max(cfg.Orders/10, 1)
+	d.onOrder = func(done int) {
+		if done%step == 0 || done == cfg.Orders {
+			say("comandes enviades %d/%d", done, cfg.Orders)
+		}
+	}
+	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
+	sub := d.run(ctx, plan, cfg.Clients)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	say("enviament acabat: %d acceptades, %d duplicats absorbits; esperant que el sistema s'assenti", sub.Accepted, sub.Replayed)
+
+	kcl, err := kgo.NewClient(kgo.SeedBrokers(broker.Addrs()...))
+	if err != nil {
+		return nil, err
+	}
+	defer kcl.Close()
+	report := &Report{Run: run, Database: server.Source, RequestReply: sys.RequestReplyTransport()}
+	if cfg.NoAuthorize {
+		report.RequestReply += " (autoritzacions desactivades)"
+	}
+	settled, why := settle(ctx, sys, kcl, cfg.SettleTimeout, say)
+	report.check("sistema assentat (outbox buits, lag 0, cap lliurament pendent)", settled, "%s", why)
+	if err := reconcile(ctx, sys, kcl, broker.Addrs(), plan, sub, restock, report); err != nil {
+		return nil, fmt.Errorf("demo: reconcile: %w", err)
+	}
+	report.Elapsed = time.Since(start).Seconds()
+	report.OK = len(report.Failed()) == 0
+	if cfg.OnReport != nil {
+		cfg.OnReport(report)
+	}
+	if cfg.KeepRunning && ctx.Err() == nil {
+		addrs := sys.Addrs()
+		fmt.Fprintf(cfg.Out, "\nEls serveis continuen en marxa (Ctrl-C per aturar-los):\n")
+		for _, k := range sortedKeys(addrs) {
+			fmt.Fprintf(cfg.Out, "  %-12s %s\n", k, addrs[k])
+		}
+		fmt.Fprintf(cfg.Out, "  %-12s %v\n  proveu: curl %s/comandes/P-2026-000001 · curl %s/analitica · curl %s/cataleg\n",
+			"kafka", broker.Addrs(), addrs[comandes.Name], addrs["analitica"], addrs["cataleg"])
+		<-ctx.Done()
+	}
+	return report, nil
+}
+
+// settle waits until every outbox is drained, every consumer group has lag 0
+// and no delivery is pending, three polls in a row.
+func settle(ctx context.Context, sys *system.System, kcl *kgo.Client, timeout time.Duration, say func(string, ...any)) (bool, string) {
+	deadline := time.Now().Add(timeout)
+	groups := []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
+		repartiment.ConsumerAssign, "analitica.comptadors", "cataleg.estoc_baix"}
+	stable, last := 0, ""
+	lastSaid := time.Now()
+	for {
+		pending := 0
+		for _, s := range []string{comandes.Name, inventari.Name, pagaments.Name, repartiment.Name} {
+			n, err := countOf(ctx, sys.Pool(s), `SELECT count(*) FROM outbox WHERE publicat_en IS NULL`)
+			if err != nil {
+				return false, err.Error()
+			}
+			pending += n
+		}
+		var lag int64
+		var behind []string
+		lags, err := groupLag(ctx, kcl, groups)
+		if err != nil {
+			lag = -1
+		}
+		for _, g := range groups {
+			l, ok := lags[g]
+			if !ok {
+				lag = -1
+				break
+			}
+			lag += l
+			if l > 0 {
+				behind = append(behind, fmt.Sprintf("%s %d", g, l))
+			}
+		}
+		sum, err := sys.Repartiment.Summary(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		last = fmt.Sprintf("outbox pendents %d, lag dels grups %d %v, lliuraments pendents %d", pending, lag, behind, sum[repartiment.StatePending])
+		if pending == 0 && lag == 0 && sum[repartiment.StatePending] == 0 {
+			stable++
+			if stable >= 3 {
+				return true, last
+			}
+		} else {
+			stable = 0
+		}
+		if time.Since(lastSaid) > 2*time.Second {
+			say("assentant: %s", last)
+			lastSaid = time.Now()
+		}
+		if time.Now().After(deadline) {
+			return false, "temps esgotat: " + last
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err().Error()
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+// faults injects the crashes of the scenario, once each.
+type faults struct {
+	relayAt, consumerAt, chargeAt int64
+	published, committed          atomic.Int64
+	relayDone, consumerDone       atomic.Bool
+	chargeOnce                    sync.Once
+}
+
+func newFaults(orders int) *faults {
+	return &faults{relayAt: int64(max(orders/3, 1)), consumerAt: int64(max(orders/2, 1)), chargeAt: int64(max(orders/4, 1))}
+}
+
+// relayAfterPublish kills comandes' relay once, after the broker confirmed a
+// batch and before the rows are marked: the batch is published again.
+func (f *faults) relayAfterPublish(rows int) error {
+	if f.published.Add(int64(rows)) >= f.relayAt && f.relayDone.CompareAndSwap(false, true) {
+		return relay.ErrCrashed
+	}
+	return nil
+}
+
+// consumerAfterCommit kills inventari's consumer once, after its transaction
+// committed and before its offsets are committed: the batch is redelivered.
+func (f *faults) consumerAfterCommit(_ context.Context, msgs []*consumer.Message) error {
+	if f.committed.Add(int64(len(msgs))) >= f.consumerAt && f.consumerDone.CompareAndSwap(false, true) {
+		return consumer.ErrCrashed
+	}
+	return nil
+}
+
+// afterCharge makes one charging attempt die after the gateway charged and
+// before the payment commits: the retry must not charge twice.
+func (f *faults) afterCharge(orderID string) error {
+	var err error
+	if int64(orderNum(orderID)) >= f.chargeAt {
+		f.chargeOnce.Do(func() { err = errors.New("mort simulada entre la passarel·la i el COMMIT") })
+	}
+	return err
+}
+
+func randomSuffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,232 @@
+// Package pagaments is the payments service of Quilòmetre Zero: the card
+// authorisation server of pagaments.autoritzacions (request/reply) and the
+// charging consumer of the seed's exercise 1 (consumidor pagaments.cobrament),
+// which charges through the payment gateway with Idempotency-Key
+// cobrament-<order id>, records the payment and writes pagament.confirmat
+// through the outbox in one transaction.
+package pagaments
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/services/pagaments/passarella"
+)
+
+// Names of CONTRACT.md.
+const (
+	Name  = "pagaments"               // origen of its events; database km0_pagaments
+	Topic = "pagaments.esdeveniments" // where it publishes
+	// TypeConfirmed is published when an order has been charged.
+	TypeConfirmed = "pagament.confirmat"
+	// TypeOrderCreated is the event it consumes.
+	TypeOrderCreated = "comanda.creada"
+	// ConsumerCharge is the consumidor of the charging handler.
+	ConsumerCharge = "pagaments.cobrament"
+	// AuthQueue is the request/reply queue of card authorisations.
+	AuthQueue = "pagaments.autoritzacions"
+	// Aggregate is the outbox agregat; agregat_id is the order id.
+	Aggregate = "pagament"
+)
+
+// AuthLimitCentsDefault: authorisations above this amount are refused.
+const AuthLimitCentsDefault = 200_000
+
+//go:embed sql/*.sql
+var sqlFS embed.FS
+
+// Migrations creates pagaments and autoritzacions. Apply it with
+// migrate.Outbox and migrate.Inbox.
+var Migrations = migrate.Set{Name: "pagaments", FS: sqlFS, Dir: "sql"}
+
+// Gateway charges cards; *passarella.Client is the implementation. It must
+// deduplicate by key: that is what makes a crash after the call and before
+// the commit safe.
+type Gateway interface {
+	Charge(ctx context.Context, key, orderID string, totalCents int64) (passarella.Charge, error)
+}
+
+// Hooks are fault-injection points for tests and the demo.
+type Hooks struct {
+	// AfterCharge runs after the gateway charged and before the transaction
+	// commits. A non-nil error aborts the attempt there (the process "dies"):
+	// the transaction rolls back, the message is redelivered.
+	AfterCharge func(orderID string) error
+}
+
+// Config configures a Service.
+type Config struct {
+	Pool    *pgxpool.Pool  // km0_pagaments, migrated; required
+	Gateway Gateway        // required for HandleOrderCreated
+	Outbox  *outbox.Outbox // default outbox.New(outbox.Config{})
+	// AuthLimitCents: Authorize refuses larger amounts. Default AuthLimitCentsDefault.
+	AuthLimitCents int64
+	Hooks          Hooks
+	Logger         *slog.Logger // default slog.Default()
+}
+
+// Service is the pagaments service. It is safe for concurrent use.
+type Service struct{ cfg Config }
+
+// New returns a Service; it fails without a pool.
+func New(cfg Config) (*Service, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("pagaments: Config.Pool is required")
+	}
+	if cfg.Outbox == nil {
+		cfg.Outbox = outbox.New(outbox.Config{})
+	}
+	if cfg.AuthLimitCents <= 0 {
+		cfg.AuthLimitCents = AuthLimitCentsDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+// Confirmed is the dades of pagament.confirmat.
+type Confirmed struct {
+	OrderID    string `json:"comanda_id"`
+	TotalCents int64  `json:"import_centims"`
+	GatewayRef string `json:"ref_passarella"`
+}
+
+type orderCreated struct {
+	ID    string `json:"id"`
+	Lines []struct {
+		Quantity   int64 `json:"quantitat"`
+		PriceCents int64 `json:"preu_centims"`
+	} `json:"linies"`
+}
+
+// ChargeKey is the gateway Idempotency-Key of an order's charge.
+func ChargeKey(orderID string) string { return "cobrament-" + orderID }
+
+// HandleOrderCreated is the consumer.Handler of comanda.creada (consumidor
+// ConsumerCharge), the rewrite of the seed's exercise 1. Inside the
+// consumer's transaction, which holds the idempotency key, it charges through
+// the gateway with Idempotency-Key cobrament-<order id>, inserts the payment
+// and writes pagament.confirmat. If the process dies between the charge and
+// the commit, nothing of the attempt persists; the redelivery charges again
+// with the same key and the gateway returns the charge it already made: one
+// charge. An order already recorded (another event id for the same order) is
+// not recorded or confirmed twice. Gateway unavailable or slow → transient;
+// refused → permanent "targeta_refusada"; a malformed event → permanent "esquema".
+func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	if s.cfg.Gateway == nil {
+		return errors.New("pagaments: Config.Gateway is required to charge")
+	}
+	var o orderCreated
+	if err := json.Unmarshal(m.Envelope.Data, &o); err != nil {
+		return outcome.Permanentf("esquema: comanda.creada: %v", err)
+	}
+	if o.ID == "" || len(o.Lines) == 0 {
+		return outcome.Permanentf("esquema: comanda.creada sense id o sense linies")
+	}
+	var total int64
+	for _, l := range o.Lines {
+		total += l.Quantity * l.PriceCents
+	}
+	ch, err := s.cfg.Gateway.Charge(ctx, ChargeKey(o.ID), o.ID, total)
+	switch {
+	case errors.Is(err, passarella.ErrRefused):
+		return outcome.Permanentf("targeta_refusada: %s: %v", o.ID, err)
+	case err != nil:
+		return outcome.Transient(fmt.Errorf("passarella: %s: %w", o.ID, err))
+	}
+	if h := s.cfg.Hooks.AfterCharge; h != nil {
+		if err := h(o.ID); err != nil {
+			return err
+		}
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO pagaments (comanda_id, import_centims, ref_passarella) VALUES ($1, $2, $3)
+		ON CONFLICT (comanda_id) DO NOTHING`, o.ID, ch.TotalCents, ch.Ref)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return nil // already recorded and confirmed
+	}
+	return s.cfg.Outbox.Enqueue(ctx, tx, &outbox.Event{Aggregate: Aggregate, AggregateID: o.ID, Type: TypeConfirmed,
+		Payload: Confirmed{OrderID: o.ID, TotalCents: ch.TotalCents, GatewayRef: ch.Ref}})
+}
+
+// AuthRequest is the body of a request on pagaments.autoritzacions.
+type AuthRequest struct {
+	OrderID    string `json:"comanda_id"`
+	TotalCents int64  `json:"import_centims"`
+}
+
+// AuthResponse is the answer.
+type AuthResponse struct {
+	OrderID  string `json:"comanda_id"`
+	Approved bool   `json:"aprovada"`
+	Reason   string `json:"motiu,omitempty"`
+}
+
+// Authorize answers one authorisation request: approved up to
+// AuthLimitCents, refused above ("import_excessiu"). The decision is stored
+// per order, so a repeated request (a requester that timed out and asked
+// again) gets the same answer. A malformed body is outcome.Permanent.
+func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
+	var req AuthRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, outcome.Permanentf("esquema: autorització: %v", err)
+	}
+	if req.OrderID == "" || req.TotalCents < 0 {
+		return nil, outcome.Permanentf("esquema: autorització sense comanda_id o amb import negatiu")
+	}
+	resp := AuthResponse{OrderID: req.OrderID, Approved: req.TotalCents <= s.cfg.AuthLimitCents}
+	if !resp.Approved {
+		resp.Reason = fmt.Sprintf("import_excessiu: %d > %d", req.TotalCents, s.cfg.AuthLimitCents)
+	}
+	var reason *string
+	if resp.Reason != "" {
+		reason = &resp.Reason
+	}
+	// A conflicting insert waits for the other transaction; when it committed
+	// after this statement's snapshot the stored row is not visible yet: ask again.
+	var err error
+	for range 3 {
+		if err = s.decide(ctx, &req, &resp, reason); !errors.Is(err, pgx.ErrNoRows) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(resp)
+}
+
+func (s *Service) decide(ctx context.Context, req *AuthRequest, resp *AuthResponse, reason *string) error {
+	return s.cfg.Pool.QueryRow(ctx, `WITH nova AS (
+			INSERT INTO autoritzacions (comanda_id, import_centims, aprovada, motiu) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (comanda_id) DO NOTHING RETURNING aprovada, motiu)
+		SELECT aprovada, coalesce(motiu, '') FROM nova
+		UNION ALL SELECT aprovada, coalesce(motiu, '') FROM autoritzacions WHERE comanda_id = $1
+		LIMIT 1`, req.OrderID, req.TotalCents, resp.Approved, reason).Scan(&resp.Approved, &resp.Reason)
+}
+
+// Payments returns the recorded payments: order id → (amount, gateway ref).
+func (s *Service) Payments(ctx context.Context) (map[string]Confirmed, error) {
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT comanda_id, import_centims, ref_passarella FROM pagaments`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Confirmed{}
+	var c Confirmed
+	_, err = pgx.ForEachRow(rows, []any{&c.OrderID, &c.TotalCents, &c.GatewayRef}, func() error { out[c.OrderID] = c; return nil })
+	return out, err
+}

@@ -1,0 +1,188 @@
+package pagaments_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/services/internal/svctest"
+	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/services/pagaments/passarella"
+)
+
+type bundle struct {
+	pool *pgxpool.Pool
+	gw   *passarella.Server
+	url  string
+}
+
+func setup(t *testing.T, faults passarella.Faults) *bundle {
+	t.Helper()
+	pool, _ := svctest.DB(t, migrate.Outbox, migrate.Inbox, pagaments.Migrations)
+	if _, err := migrate.Up(context.Background(), pool, migrate.Names{Schema: passarella.SchemaDefault}, passarella.Migrations); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := passarella.New(passarella.Config{Pool: pool, Faults: faults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw.Handler())
+	t.Cleanup(srv.Close)
+	return &bundle{pool: pool, gw: gw, url: srv.URL}
+}
+
+func (b *bundle) service(t *testing.T, timeout time.Duration, hooks pagaments.Hooks) *pagaments.Service {
+	t.Helper()
+	s, err := pagaments.New(pagaments.Config{Pool: b.pool, Outbox: svctest.Outbox(t), Gateway: &passarella.Client{BaseURL: b.url, Timeout: timeout}, Hooks: hooks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+var anna = map[string]any{"id": "P-2026-000123", "client": "anna", "mercat": "girona",
+	"linies": []map[string]any{{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}}}
+
+func TestCrashBetweenGatewayCallAndCommitChargesOnce(t *testing.T) {
+	b := setup(t, passarella.Faults{})
+	var crashes atomic.Int32
+	s := b.service(t, time.Second, pagaments.Hooks{AfterCharge: func(string) error {
+		// Crash point: the gateway has charged, the transaction has not committed.
+		if crashes.Add(1) == 1 {
+			return errors.New("simulated crash after the gateway call, before COMMIT")
+		}
+		return nil
+	}})
+	m := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 2, anna)
+	ib := inbox.New(inbox.Config{})
+	run := func() (inbox.Result, error) {
+		return ib.Process(context.Background(), b.pool, pagaments.ConsumerCharge, m.Envelope.ID, func(tx pgx.Tx) error {
+			return s.HandleOrderCreated(context.Background(), tx, m)
+		})
+	}
+	if _, err := run(); err == nil {
+		t.Fatal("the first attempt should have died")
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM pagaments"); n != 0 {
+		t.Fatalf("the dead attempt left %d payments", n)
+	}
+	for i, want := range []inbox.Result{inbox.Processed, inbox.Duplicate} {
+		if res, err := run(); err != nil || res != want {
+			t.Fatalf("redelivery %d: %v %v", i, res, err)
+		}
+	}
+	// The same order in another event (a producer retry with a new id) is not paid twice either.
+	other := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 2, anna)
+	if err := svctest.Run(t, b.pool, s.HandleOrderCreated, other); err != nil {
+		t.Fatal(err)
+	}
+	charges, err := b.gw.Charges(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := charges["cobrament-P-2026-000123"]
+	if len(charges) != 1 || c.TotalCents != 2900 || c.Calls != 3 {
+		t.Fatalf("gateway charges %+v, want one of 2900 after 3 calls", charges)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM pagaments WHERE import_centims = 2900 AND ref_passarella = $1", c.Ref); n != 1 {
+		t.Fatalf("payments with the gateway ref: %d, want 1", n)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM outbox WHERE tipus = 'pagament.confirmat' AND agregat = 'pagament' AND agregat_id = 'P-2026-000123'"); n != 1 {
+		t.Fatalf("pagament.confirmat rows %d, want 1", n)
+	}
+}
+
+func TestGatewayFailureAndHangAreTransientAndNeverChargeTwice(t *testing.T) {
+	b := setup(t, passarella.Faults{
+		Fail:    func(key string, attempt int) bool { return strings.HasSuffix(key, "000001") && attempt == 1 },
+		Hang:    func(key string, attempt int) bool { return strings.HasSuffix(key, "000002") && attempt == 1 },
+		HangFor: 5 * time.Second,
+	})
+	s := b.service(t, 300*time.Millisecond, pagaments.Hooks{})
+	for _, id := range []string{"P-2026-000001", "P-2026-000002"} {
+		o := map[string]any{"id": id, "linies": []map[string]any{{"quantitat": 1, "preu_centims": 500}}}
+		m := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 1, o)
+		err := svctest.Run(t, b.pool, s.HandleOrderCreated, m)
+		if k, _ := outcome.Classify(err, nil); k != outcome.KindTransient || !errors.Is(err, passarella.ErrUnavailable) {
+			t.Fatalf("%s first attempt: %v, want transient unavailable", id, err)
+		}
+		m.Attempt = 2
+		if err := svctest.Run(t, b.pool, s.HandleOrderCreated, m); err != nil {
+			t.Fatalf("%s retry: %v", id, err)
+		}
+	}
+	st := b.gw.Stats()
+	if st.Failed != 1 || st.Hung != 1 || st.Charged != 2 || st.Replayed != 1 {
+		t.Fatalf("gateway stats %+v: want 1 failed, 1 hung (charged), 2 charges, 1 replay", st)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM pagaments"); n != 2 {
+		t.Fatalf("payments %d, want 2", n)
+	}
+}
+
+func TestGatewayRejectsMissingKeyAndReusedKey(t *testing.T) {
+	b := setup(t, passarella.Faults{})
+	resp, err := http.Post(b.url+"/cobraments", "application/json", strings.NewReader(`{"comanda_id":"P-2026-000001","import_centims":1}`))
+	if err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("no key: %v %v", resp.StatusCode, err)
+	}
+	cl := &passarella.Client{BaseURL: b.url}
+	if _, err := cl.Charge(context.Background(), "cobrament-P-2026-000001", "P-2026-000001", 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Charge(context.Background(), "cobrament-P-2026-000001", "P-2026-000001", 999); !errors.Is(err, passarella.ErrRefused) {
+		t.Fatalf("reused key with another amount: %v", err)
+	}
+	// A refusal is permanent for the charging handler.
+	s := b.service(t, time.Second, pagaments.Hooks{})
+	bad := map[string]any{"id": "P-2026-000001", "linies": []map[string]any{{"quantitat": 3, "preu_centims": 1}}}
+	if err := svctest.Run(t, b.pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, bad)); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "targeta_refusada") {
+		t.Fatalf("refused charge: %v", err)
+	}
+	if err := svctest.Run(t, b.pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, map[string]any{"id": 5})); !outcome.IsPermanent(err) {
+		t.Fatalf("malformed: %v", err)
+	}
+}
+
+func TestAuthorizeDecidesOncePerOrder(t *testing.T) {
+	b := setup(t, passarella.Faults{})
+	s := b.service(t, time.Second, pagaments.Hooks{})
+	ctx := context.Background()
+	ask := func(body string) pagaments.AuthResponse {
+		t.Helper()
+		out, err := s.Authorize(ctx, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r pagaments.AuthResponse
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := ask(`{"comanda_id":"P-2026-000001","import_centims":1000}`); !r.Approved {
+		t.Fatalf("small amount refused: %+v", r)
+	}
+	if r := ask(`{"comanda_id":"P-2026-000002","import_centims":900000}`); r.Approved || !strings.HasPrefix(r.Reason, "import_excessiu") {
+		t.Fatalf("large amount: %+v", r)
+	}
+	// The decision is stored: asking again for the same order gives the same answer.
+	if r := ask(`{"comanda_id":"P-2026-000002","import_centims":10}`); r.Approved {
+		t.Fatalf("repeat changed the answer: %+v", r)
+	}
+	if _, err := s.Authorize(ctx, []byte(`{"import_centims":"x"}`)); !outcome.IsPermanent(err) {
+		t.Fatalf("malformed: %v", err)
+	}
+}

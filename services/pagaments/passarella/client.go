@@ -1,0 +1,71 @@
+package passarella
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// Errors of Client.Charge.
+var (
+	// ErrUnavailable: the gateway answered 5xx or did not answer in time. Retrying
+	// with the same key is safe (transient).
+	ErrUnavailable = errors.New("passarella no disponible")
+	// ErrRefused: the gateway refused the request (4xx). Retrying cannot help.
+	ErrRefused = errors.New("passarella: cobrament refusat")
+)
+
+// TimeoutDefault bounds one Charge call.
+const TimeoutDefault = 2 * time.Second
+
+// Client calls a gateway.
+type Client struct {
+	BaseURL string        // e.g. http://127.0.0.1:8089
+	Timeout time.Duration // per call; default TimeoutDefault
+	HTTP    *http.Client  // default http.DefaultClient
+}
+
+// Charge asks the gateway to charge totalCents for orderID under key (the
+// Idempotency-Key) and returns the charge. A timeout or 5xx wraps
+// ErrUnavailable; a 4xx wraps ErrRefused.
+func (c *Client) Charge(ctx context.Context, key, orderID string, totalCents int64) (Charge, error) {
+	timeout := c.Timeout
+	if timeout <= 0 {
+		timeout = TimeoutDefault
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	body, _ := json.Marshal(ChargeRequest{OrderID: orderID, TotalCents: totalCents})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+"/cobraments", bytes.NewReader(body))
+	if err != nil {
+		return Charge{}, fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return Charge{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	switch {
+	case resp.StatusCode >= 500:
+		return Charge{}, fmt.Errorf("%w: HTTP %d", ErrUnavailable, resp.StatusCode)
+	case resp.StatusCode >= 400:
+		return Charge{}, fmt.Errorf("%w: HTTP %d %s", ErrRefused, resp.StatusCode, bytes.TrimSpace(raw))
+	}
+	var ch Charge
+	if err := json.Unmarshal(raw, &ch); err != nil || ch.Ref == "" {
+		return Charge{}, fmt.Errorf("%w: unreadable answer", ErrUnavailable)
+	}
+	return ch, nil
+}

@@ -1,0 +1,223 @@
+// Package passarella is a simulated payment gateway: a real HTTP server with
+// its own storage that honours the Idempotency-Key header like the external
+// gateway of the seed's exercise 1. A repeated key returns the charge already
+// made instead of charging again. It can be told to fail (503, before
+// charging) or to hang (after charging, before answering) for chosen requests,
+// which is how the demo and the tests reproduce the dangerous windows.
+package passarella
+
+import (
+	"context"
+	"crypto/rand"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/services/svc"
+)
+
+// SchemaDefault is the schema of the gateway's tables.
+const SchemaDefault = "passarella"
+
+//go:embed sql/*.sql
+var sqlFS embed.FS
+
+// Migrations creates <schema>.cobraments. Apply with migrate.Names{Schema: SchemaDefault}.
+var Migrations = migrate.Set{Name: "passarella", FS: sqlFS, Dir: "sql"}
+
+// Faults chooses the requests that fail or hang. attempt counts the requests
+// with one key seen by this server process, from 1.
+type Faults struct {
+	// Fail answers 503 without charging.
+	Fail func(key string, attempt int) bool
+	// Hang charges, then waits HangFor (or until the client gives up) before answering.
+	Hang    func(key string, attempt int) bool
+	HangFor time.Duration // default 3 s
+}
+
+// Config configures a Server.
+type Config struct {
+	Pool   *pgxpool.Pool // migrated with Migrations; required
+	Schema string        // default SchemaDefault
+	Faults Faults
+	Logger *slog.Logger
+}
+
+// Server is the gateway. It is safe for concurrent use.
+type Server struct {
+	cfg      Config
+	table    string
+	mu       sync.Mutex
+	attempts map[string]int
+	stats    Stats
+}
+
+// Stats counts the requests the server answered.
+type Stats struct {
+	Requests, Charged, Replayed, Failed, Hung int
+}
+
+// New returns a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("passarella: Config.Pool is required")
+	}
+	if cfg.Schema == "" {
+		cfg.Schema = SchemaDefault
+	}
+	if cfg.Faults.HangFor <= 0 {
+		cfg.Faults.HangFor = 3 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Server{cfg: cfg, table: pgx.Identifier{cfg.Schema, "cobraments"}.Sanitize(), attempts: map[string]int{}}, nil
+}
+
+// ChargeRequest is the body of POST /cobraments.
+type ChargeRequest struct {
+	OrderID    string `json:"comanda_id"`
+	TotalCents int64  `json:"import_centims"`
+}
+
+// Charge is a charge made by the gateway.
+type Charge struct {
+	Key        string `json:"clau"`
+	OrderID    string `json:"comanda_id"`
+	TotalCents int64  `json:"import_centims"`
+	Ref        string `json:"ref"`
+	Calls      int    `json:"crides"`
+}
+
+// Handler returns POST /cobraments (Idempotency-Key required) and GET /cobraments.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /cobraments", s.charge)
+	mux.HandleFunc("GET /cobraments", func(w http.ResponseWriter, r *http.Request) {
+		cs, err := s.Charges(r.Context())
+		if err != nil {
+			svc.WriteError(w, http.StatusServiceUnavailable, "", err.Error())
+			return
+		}
+		svc.WriteJSON(w, http.StatusOK, cs)
+	})
+	return mux
+}
+
+// Stats returns the request counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" || len(key) > 200 {
+		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "obligatòria (fins a 200 caràcters)")
+		return
+	}
+	var req ChargeRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil || req.OrderID == "" || req.TotalCents < 0 {
+		svc.WriteError(w, http.StatusBadRequest, "cos", "s'esperava {comanda_id, import_centims ≥ 0}")
+		return
+	}
+	s.mu.Lock()
+	s.attempts[key]++
+	attempt := s.attempts[key]
+	s.stats.Requests++
+	fail := s.cfg.Faults.Fail != nil && s.cfg.Faults.Fail(key, attempt)
+	hang := !fail && s.cfg.Faults.Hang != nil && s.cfg.Faults.Hang(key, attempt)
+	if fail {
+		s.stats.Failed++
+	}
+	s.mu.Unlock()
+	if fail {
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella no disponible (simulat)")
+		return
+	}
+	c, created, err := s.record(r.Context(), key, req)
+	if errors.Is(err, errMismatch) {
+		svc.WriteError(w, http.StatusUnprocessableEntity, "Idempotency-Key", err.Error())
+		return
+	}
+	if err != nil {
+		s.cfg.Logger.Error("passarella: record", "key", key, "err", err)
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella: error intern")
+		return
+	}
+	s.mu.Lock()
+	if created {
+		s.stats.Charged++
+	} else {
+		s.stats.Replayed++
+	}
+	if hang {
+		s.stats.Hung++
+	}
+	s.mu.Unlock()
+	if hang { // charged, but the answer is late: the client's timeout fires first
+		select {
+		case <-time.After(s.cfg.Faults.HangFor):
+		case <-r.Context().Done():
+			return
+		}
+	}
+	status := http.StatusCreated
+	if !created {
+		status = http.StatusOK
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	svc.WriteJSON(w, status, c)
+}
+
+var errMismatch = errors.New("la clau ja s'ha fet servir per a un altre cobrament")
+
+// record charges once per key: a repeated key returns the stored charge.
+func (s *Server) record(ctx context.Context, key string, req ChargeRequest) (Charge, bool, error) {
+	ref := newRef()
+	c := Charge{Key: key}
+	var inserted bool
+	err := s.cfg.Pool.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (clau, comanda_id, import_centims, ref) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (clau) DO UPDATE SET crides = c.crides + 1
+		RETURNING comanda_id, import_centims, ref, crides, (xmax = 0)`, key, req.OrderID, req.TotalCents, ref).
+		Scan(&c.OrderID, &c.TotalCents, &c.Ref, &c.Calls, &inserted)
+	if err != nil {
+		return Charge{}, false, err
+	}
+	if c.OrderID != req.OrderID || c.TotalCents != req.TotalCents {
+		return Charge{}, false, fmt.Errorf("%w (%s, %d)", errMismatch, c.OrderID, c.TotalCents)
+	}
+	return c, inserted, nil
+}
+
+// Charges returns every charge, by key.
+func (s *Server) Charges(ctx context.Context) (map[string]Charge, error) {
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT clau, comanda_id, import_centims, ref, crides FROM `+s.table)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Charge{}
+	var c Charge
+	_, err = pgx.ForEachRow(rows, []any{&c.Key, &c.OrderID, &c.TotalCents, &c.Ref, &c.Calls}, func() error {
+		out[c.Key] = c
+		return nil
+	})
+	return out, err
+}
+
+func newRef() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "ch_" + hex.EncodeToString(b)
+}

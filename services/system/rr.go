@@ -1,0 +1,126 @@
+package system
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/km0/km0/requestreply"
+	"github.com/km0/km0/requestreply/amqprr"
+	"github.com/km0/km0/requestreply/kafkarr"
+	"github.com/km0/km0/services/comandes"
+	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/transport/amqp"
+)
+
+// RequestReplyAvailable says whether this build carries request/reply
+// (package requestreply). It does.
+const RequestReplyAvailable = true
+
+// rrStack is the system's request/reply transport: RabbitMQ when
+// Config.AMQPURL is set (queues pagaments.autoritzacions and
+// inventari.reserves), else Kafka (topics of the same names, a reply topic per
+// requester).
+type rrStack struct {
+	s       *System
+	conn    *amqp.Conn // nil over Kafka
+	closers []func() error
+}
+
+func newRR(ctx context.Context, s *System) (*rrStack, error) {
+	r := &rrStack{s: s}
+	if s.cfg.AMQPURL != "" {
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-system", Logger: s.log})
+		if err != nil {
+			return nil, fmt.Errorf("system: request/reply over RabbitMQ: %w", err)
+		}
+		r.conn = conn
+		r.closers = append(r.closers, conn.Close)
+	}
+	return r, nil
+}
+
+// RequestReplyTransport names the request/reply transport in use.
+func (s *System) RequestReplyTransport() string {
+	if s.rr != nil && s.rr.conn != nil {
+		return "RabbitMQ"
+	}
+	return "Kafka"
+}
+
+// serve answers requests on queue (a topic over Kafka) with h, under the
+// supervisor.
+func (r *rrStack) serve(ctx context.Context, queue string, h func(ctx context.Context, body []byte) ([]byte, error)) error {
+	handler := func(ctx context.Context, req *requestreply.Request) ([]byte, error) { return h(ctx, req.Body) }
+	log := r.s.log.With("rr", queue)
+	var run func(context.Context) error
+	if r.conn != nil {
+		srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: r.conn, Handler: handler, Queue: queue, Workers: 4, Logger: log})
+		if err != nil {
+			return err
+		}
+		run = srv.Run
+	} else {
+		srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: r.s.cfg.Brokers, Handler: handler, Topic: queue, Workers: 4, Logger: log})
+		if err != nil {
+			return err
+		}
+		run = srv.Run
+	}
+	r.s.sup.run("rr "+queue, run)
+	return nil
+}
+
+// requester returns a new requester on the transport, closed with the system.
+func (r *rrStack) requester(ctx context.Context) (requestreply.Requester, error) {
+	if r.conn != nil {
+		c, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: r.conn, Logger: r.s.log})
+		if err != nil {
+			return nil, err
+		}
+		r.closers = append(r.closers, c.Close)
+		return c, nil
+	}
+	c, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: r.s.cfg.Brokers, Logger: r.s.log})
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, c.Close)
+	return c, nil
+}
+
+// authorizer asks pagaments.autoritzacions, with request id
+// "autoritzacio-<order id>" so that a retried order asks the same question.
+func (r *rrStack) authorizer(ctx context.Context) (comandes.Authorizer, error) {
+	req, err := r.requester(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return authorizerFunc(func(ctx context.Context, orderID string, totalCents int64) error {
+		body, _ := json.Marshal(pagaments.AuthRequest{OrderID: orderID, TotalCents: totalCents})
+		out, err := req.Request(ctx, pagaments.AuthQueue, "autoritzacio-"+orderID, body)
+		if err != nil {
+			return err
+		}
+		var resp pagaments.AuthResponse
+		if err := json.Unmarshal(out, &resp); err != nil {
+			return fmt.Errorf("pagaments: unreadable authorisation: %w", err)
+		}
+		if !resp.Approved {
+			return fmt.Errorf("%s: %w", resp.Reason, comandes.ErrRefused)
+		}
+		return nil
+	}), nil
+}
+
+func (r *rrStack) close() {
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		_ = r.closers[i]()
+	}
+}
+
+type authorizerFunc func(ctx context.Context, orderID string, totalCents int64) error
+
+func (f authorizerFunc) Authorize(ctx context.Context, orderID string, totalCents int64) error {
+	return f(ctx, orderID, totalCents)
+}

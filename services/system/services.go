@@ -1,0 +1,220 @@
+package system
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay"
+	"github.com/km0/km0/schema"
+	"github.com/km0/km0/services/analitica"
+	"github.com/km0/km0/services/cataleg"
+	"github.com/km0/km0/services/comandes"
+	"github.com/km0/km0/services/inventari"
+	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/services/pagaments/passarella"
+	"github.com/km0/km0/services/repartiment"
+	"github.com/km0/km0/services/svc"
+)
+
+// decoder returns the consumer Decode of a handler written against handles
+// (tipus → versio): it validates against the published schemas and upcasts
+// comanda.creada v1 to v2 (a v1 order is a v2 order without address).
+func (s *System) decoder(handles map[string]int) (func([]byte) (*envelope.Envelope, error), error) {
+	up := map[schema.Key]schema.Upcaster{}
+	if handles[comandes.TypeCreated] == 2 {
+		up[schema.Key{Type: comandes.TypeCreated, Version: 1}] = schema.Bump
+	}
+	d, err := schema.NewDecoder(schema.DecoderConfig{Registry: s.schemas, Handles: handles, Upcasters: up})
+	if err != nil {
+		return nil, err
+	}
+	return d.Decode, nil
+}
+
+// outbox returns the service's outbox writer, validating every event
+// against the published schemas before it is written.
+func (s *System) outbox() *outbox.Outbox {
+	return outbox.New(outbox.Config{Validate: s.schemas.Validate})
+}
+
+// relayFor supervises the outbox relay of a publishing service.
+func (s *System) relayFor(service string) {
+	s.sup.runRelay(service, relay.Config{
+		Pool:         s.pools[service],
+		Publisher:    s.pub,
+		Topic:        Topics[service],
+		Origin:       service,
+		Workers:      1,
+		PollInterval: 500 * time.Millisecond,
+		Logger:       s.log.With("service", service),
+		Hooks:        s.cfg.RelayHooks[service],
+	})
+}
+
+// consumerFor supervises a consumer of service whose group is its consumidor.
+func (s *System) consumerFor(service string, cfg consumer.Config) {
+	cfg.Brokers = s.cfg.Brokers
+	cfg.Group = cfg.Name
+	cfg.Pool = s.pools[service]
+	cfg.Backoff = s.cfg.Backoff
+	cfg.Concurrency = 2
+	cfg.Hooks = s.cfg.ConsumerHooks[cfg.Name]
+	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
+	s.sup.runConsumer(cfg)
+}
+
+func (s *System) startComandes(ctx context.Context) error {
+	pool, err := s.open(ctx, comandes.Name, s.cfg.MaxConns+3, migrate.Outbox, migrate.Inbox, comandes.Migrations)
+	if err != nil {
+		return err
+	}
+	cfg := comandes.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", comandes.Name)}
+	if s.cfg.Authorize {
+		if cfg.Authorizer, err = s.rr.authorizer(ctx); err != nil {
+			return err
+		}
+	}
+	if s.Comandes, err = comandes.New(cfg); err != nil {
+		return err
+	}
+	dec, err := s.decoder(map[string]int{comandes.TypePaymentConfirmed: 1})
+	if err != nil {
+		return err
+	}
+	s.relayFor(comandes.Name)
+	s.consumerFor(comandes.Name, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Topics: []string{pagaments.Topic}, Decode: dec,
+		Types: []string{comandes.TypePaymentConfirmed}, Handle: s.Comandes.HandlePaymentConfirmed})
+	return s.serve(comandes.Name, s.Comandes.Handler())
+}
+
+func (s *System) startInventari(ctx context.Context) error {
+	pool, err := s.open(ctx, inventari.Name, s.cfg.MaxConns, migrate.Outbox, migrate.Inbox, inventari.Migrations)
+	if err != nil {
+		return err
+	}
+	if s.Inventari, err = inventari.New(inventari.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", inventari.Name)}); err != nil {
+		return err
+	}
+	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2})
+	if err != nil {
+		return err
+	}
+	s.relayFor(inventari.Name)
+	s.consumerFor(inventari.Name, consumer.Config{Name: inventari.ConsumerDecrement, Topics: []string{comandes.Topic}, Decode: dec,
+		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated})
+	if err := s.rr.serve(ctx, inventari.ReserveQueue, s.Inventari.Reserve); err != nil {
+		return err
+	}
+	return s.serve(inventari.Name, s.Inventari.Handler())
+}
+
+func (s *System) startPagaments(ctx context.Context) error {
+	pool, err := s.open(ctx, pagaments.Name, s.cfg.MaxConns, migrate.Outbox, migrate.Inbox, pagaments.Migrations)
+	if err != nil {
+		return err
+	}
+	gatewayURL := s.cfg.GatewayURL
+	if gatewayURL == "" {
+		// The simulated gateway keeps its own storage: schema passarella of
+		// km0_pagaments, through a pool of its own.
+		gwPool, err := svc.OpenPool(ctx, pool.Config().ConnString(), 2)
+		if err != nil {
+			return err
+		}
+		s.pools[GatewayName] = gwPool
+		if _, err := migrate.Up(ctx, gwPool, migrate.Names{Schema: passarella.SchemaDefault}, passarella.Migrations); err != nil {
+			return fmt.Errorf("migrate passarella: %w", err)
+		}
+		if s.Gateway, err = passarella.New(passarella.Config{Pool: gwPool, Faults: s.cfg.GatewayFaults, Logger: s.log.With("service", GatewayName)}); err != nil {
+			return err
+		}
+		if err := s.serve(GatewayName, s.Gateway.Handler()); err != nil {
+			return err
+		}
+		gatewayURL = s.addrs[GatewayName]
+	}
+	s.Pagaments, err = pagaments.New(pagaments.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", pagaments.Name), Hooks: s.cfg.PaymentHooks,
+		Gateway: &passarella.Client{BaseURL: gatewayURL, Timeout: s.cfg.GatewayTimeout}})
+	if err != nil {
+		return err
+	}
+	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2})
+	if err != nil {
+		return err
+	}
+	s.relayFor(pagaments.Name)
+	// One order per transaction: each attempt calls the gateway, and a failed
+	// neighbour must not make a whole batch call it again.
+	s.consumerFor(pagaments.Name, consumer.Config{Name: pagaments.ConsumerCharge, Topics: []string{comandes.Topic}, BatchSize: 1, Decode: dec,
+		Types: []string{pagaments.TypeOrderCreated}, Handle: s.Pagaments.HandleOrderCreated})
+	return s.rr.serve(ctx, pagaments.AuthQueue, s.Pagaments.Authorize)
+}
+
+func (s *System) startRepartiment(ctx context.Context) error {
+	pool, err := s.open(ctx, repartiment.Name, s.cfg.MaxConns, migrate.Outbox, migrate.Inbox, repartiment.Migrations)
+	if err != nil {
+		return err
+	}
+	side, err := svc.OpenPool(ctx, pool.Config().ConnString(), 2)
+	if err != nil {
+		return err
+	}
+	s.pools[repartiment.Name+"-side"] = side
+	s.Maps = &repartiment.MapsServer{Fail: s.cfg.MapsFail}
+	if err := s.serve(MapsName, s.Maps.Handler()); err != nil {
+		return err
+	}
+	s.Repartiment, err = repartiment.New(repartiment.Config{Pool: pool, SidePool: side, Outbox: s.outbox(), DeliveryTime: s.cfg.DeliveryTime,
+		Maps: &repartiment.MapsClient{BaseURL: s.addrs[MapsName]}, Logger: s.log.With("service", repartiment.Name)})
+	if err != nil {
+		return err
+	}
+	// The address check stays in the handler (not a Require of the decoder):
+	// it raises the contract alert before dead-lettering.
+	dec, err := s.decoder(map[string]int{repartiment.TypeOrderPaid: 1})
+	if err != nil {
+		return err
+	}
+	s.relayFor(repartiment.Name)
+	s.consumerFor(repartiment.Name, consumer.Config{Name: repartiment.ConsumerAssign, Topics: []string{comandes.Topic}, Decode: dec,
+		Types: []string{repartiment.TypeOrderPaid}, Handle: s.Repartiment.HandleOrderPaid, Classifier: repartiment.Classifier})
+	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })
+	return s.serve(repartiment.Name, s.Repartiment.Handler())
+}
+
+func (s *System) startAnalitica(ctx context.Context) error {
+	pool, err := s.open(ctx, analitica.Name, 3, analitica.Migrations)
+	if err != nil {
+		return err
+	}
+	if s.Analitica, err = analitica.New(pool); err != nil {
+		return err
+	}
+	// At-most-once: offsets committed before processing, no inbox.
+	s.consumerFor(analitica.Name, consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
+		Topics: []string{comandes.Topic, inventari.Topic, pagaments.Topic, repartiment.Topic}, Handle: s.Analitica.HandleEvent})
+	return s.serve(analitica.Name, s.Analitica.Handler())
+}
+
+func (s *System) startCataleg(ctx context.Context) error {
+	pool, err := s.open(ctx, cataleg.Name, 3, cataleg.Migrations)
+	if err != nil {
+		return err
+	}
+	if s.Cataleg, err = cataleg.New(pool); err != nil {
+		return err
+	}
+	// Idempotent by nature: no inbox table, no key.
+	dec, err := s.decoder(map[string]int{cataleg.TypeStockUpdated: 1})
+	if err != nil {
+		return err
+	}
+	s.consumerFor(cataleg.Name, consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Topics: []string{inventari.Topic}, Decode: dec,
+		Types: []string{cataleg.TypeStockUpdated}, Handle: s.Cataleg.HandleStockUpdated})
+	return s.serve(cataleg.Name, s.Cataleg.Handler())
+}

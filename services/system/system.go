@@ -1,0 +1,232 @@
+package system
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/schema"
+	"github.com/km0/km0/services/analitica"
+	"github.com/km0/km0/services/cataleg"
+	"github.com/km0/km0/services/comandes"
+	"github.com/km0/km0/services/inventari"
+	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/services/pagaments/passarella"
+	"github.com/km0/km0/services/repartiment"
+	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/transport/kafka"
+)
+
+// Names of the auxiliary HTTP servers in Config.HTTPAddrs and System.Addrs.
+const (
+	GatewayName = "passarella"
+	MapsName    = "mapes"
+)
+
+// System is a running set of services. Its exported service fields are nil
+// for services not started.
+type System struct {
+	cfg    Config
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	pools   map[string]*pgxpool.Pool // by database name (service, or service+"-side")
+	dbNames map[string]string        // service → database name
+	kcl     *kgo.Client
+	pub     *kafka.Publisher
+	servers []*http.Server
+	addrs   map[string]string
+
+	Comandes    *comandes.Service
+	Inventari   *inventari.Service
+	Pagaments   *pagaments.Service
+	Repartiment *repartiment.Service
+	Analitica   *analitica.Service
+	Cataleg     *cataleg.Service
+	Gateway     *passarella.Server
+	Maps        *repartiment.MapsServer
+
+	sup     supervisor
+	rr      *rrStack
+	schemas *schema.Registry
+}
+
+// Start creates and migrates the databases of the chosen services, ensures
+// the topics, and starts relays, consumers, request/reply servers and HTTP
+// APIs. They run until ctx ends or Close is called. On error everything
+// started so far is stopped.
+func Start(ctx context.Context, cfg Config) (_ *System, err error) {
+	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
+		return nil, errors.New("system: Config.DatabaseURL and Config.Brokers are required")
+	}
+	if len(cfg.Services) == 0 {
+		cfg.Services = Services
+	}
+	for _, s := range cfg.Services {
+		if !slices.Contains(Services, s) {
+			return nil, fmt.Errorf("system: unknown service %q (known: %v)", s, Services)
+		}
+	}
+	cfg.MaxConns = cmp.Or(cfg.MaxConns, MaxConnsDefault)
+	cfg.AssignInterval = cmp.Or(cfg.AssignInterval, AssignIntervalDefault)
+	cfg.RestartDelay = cmp.Or(cfg.RestartDelay, 200*time.Millisecond)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s := &System{cfg: cfg, log: cfg.Logger, ctx: runCtx, cancel: cancel, pools: map[string]*pgxpool.Pool{},
+		dbNames: map[string]string{}, addrs: map[string]string{}}
+	s.sup.init(s)
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	// Stop when the caller's context ends.
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.cancel()
+		case <-runCtx.Done():
+		}
+	}()
+	if s.schemas, err = schema.Default(); err != nil {
+		return nil, err
+	}
+	if s.kcl, err = kafka.NewClient(cfg.Brokers); err != nil {
+		return nil, err
+	}
+	s.pub = kafka.NewPublisher(s.kcl)
+	if err := kafka.EnsureTopics(ctx, s.kcl, kafka.PartitionsDefault, DomainTopics()...); err != nil {
+		return nil, fmt.Errorf("system: topics: %w", err)
+	}
+	if s.rr, err = newRR(ctx, s); err != nil {
+		return nil, err
+	}
+	for _, name := range cfg.Services {
+		if err := s.startService(ctx, name); err != nil {
+			return nil, fmt.Errorf("system: %s: %w", name, err)
+		}
+	}
+	return s, nil
+}
+
+func (s *System) enabled(name string) bool { return slices.Contains(s.cfg.Services, name) }
+
+// open creates, migrates and opens the database of service.
+func (s *System) open(ctx context.Context, service string, maxConns int32, sets ...migrate.Set) (*pgxpool.Pool, error) {
+	name := svc.DatabaseName(service, s.cfg.DatabaseSuffix)
+	u, err := svc.EnsureDatabase(ctx, s.cfg.DatabaseURL, name)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := svc.OpenPool(ctx, u, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	s.pools[service] = pool
+	s.dbNames[service] = name
+	if err := svc.Migrate(ctx, pool, sets...); err != nil {
+		return nil, fmt.Errorf("migrate %s: %w", name, err)
+	}
+	return pool, nil
+}
+
+// serve starts an HTTP server for h on the configured address of name.
+func (s *System) serve(name string, h http.Handler) error {
+	addr := cmp.Or(s.cfg.HTTPAddrs[name], "127.0.0.1:0")
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s for %s: %w", addr, name, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	s.servers = append(s.servers, srv)
+	s.addrs[name] = "http://" + l.Addr().String()
+	s.wg.Go(func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("system: http server", "name", name, "err", err)
+		}
+	})
+	return nil
+}
+
+func (s *System) startService(ctx context.Context, name string) error {
+	switch name {
+	case comandes.Name:
+		return s.startComandes(ctx)
+	case inventari.Name:
+		return s.startInventari(ctx)
+	case pagaments.Name:
+		return s.startPagaments(ctx)
+	case repartiment.Name:
+		return s.startRepartiment(ctx)
+	case analitica.Name:
+		return s.startAnalitica(ctx)
+	case cataleg.Name:
+		return s.startCataleg(ctx)
+	}
+	return fmt.Errorf("unknown service %q", name)
+}
+
+// Addrs returns the base URLs of the HTTP APIs by service name, plus
+// "passarella" and "mapes" when this process runs them.
+func (s *System) Addrs() map[string]string {
+	return maps.Clone(s.addrs)
+}
+
+// Pool returns the pool of service's database, or nil.
+func (s *System) Pool(service string) *pgxpool.Pool { return s.pools[service] }
+
+// DatabaseNames returns the database of each started service.
+func (s *System) DatabaseNames() map[string]string {
+	return maps.Clone(s.dbNames)
+}
+
+// Done is closed when the system stops.
+func (s *System) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Close stops everything Start started and waits for it: at most
+// ShutdownGraceDefault for the HTTP servers to drain, and as long again for
+// the relays, consumers and servers to return; one that does not is logged by
+// name and left behind, so that Close always returns.
+func (s *System) Close() {
+	s.cancel()
+	shut, cancel := context.WithTimeout(context.Background(), ShutdownGraceDefault)
+	defer cancel()
+	for _, srv := range s.servers {
+		_ = srv.Shutdown(shut)
+	}
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(ShutdownGraceDefault):
+		s.log.Error("system: workers did not stop in time; leaving them behind", "workers", s.sup.stillRunning())
+	}
+	if s.rr != nil {
+		s.rr.close()
+	}
+	if s.kcl != nil {
+		s.kcl.Close()
+	}
+	for _, p := range s.pools {
+		p.Close()
+	}
+}

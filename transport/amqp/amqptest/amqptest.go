@@ -1,0 +1,172 @@
+// Package amqptest connects tests to the machine's real RabbitMQ, gives them
+// unique queue names and deletes those queues at cleanup. A broker that does
+// not answer is a test failure naming RabbitMQ, never a skip.
+//
+// The broker is shared, and one test (the broker-restart proof) stops it.
+// Every connection taken here holds a shared flock on RestartLock for the
+// test's lifetime; the restart test takes it exclusively (Exclusive), so it
+// waits for the others and they wait for it.
+package amqptest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/km0/km0/transport/amqp"
+)
+
+// RestartLock is the file the broker-restart test locks exclusively.
+const RestartLock = "/tmp/km0-rabbitmq-restart.lock"
+
+// URL is the broker tests use: KM0_TEST_AMQP_URL, else guest@127.0.0.1:5672.
+func URL() string {
+	if u := os.Getenv("KM0_TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return amqp.URLDefault
+}
+
+// Shared holds the restart lock in shared mode until the test ends.
+func Shared(t testing.TB) { lock(t, syscall.LOCK_SH) }
+
+// Exclusive holds the restart lock exclusively until the test ends: no other
+// test that uses amqptest runs meanwhile (in any package).
+func Exclusive(t testing.TB) { lock(t, syscall.LOCK_EX) }
+
+func lock(t testing.TB, how int) {
+	t.Helper()
+	f, err := os.OpenFile(RestartLock, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatalf("amqptest: open %s: %v", RestartLock, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		t.Fatalf("amqptest: flock %s: %v", RestartLock, err)
+	}
+	t.Cleanup(func() { f.Close() }) // closing releases the lock
+}
+
+// Dial takes the shared lock and connects; the connection closes at cleanup.
+func Dial(t testing.TB) *amqp.Conn {
+	t.Helper()
+	Shared(t)
+	return dial(t)
+}
+
+// DialUnlocked connects without taking the lock (for a test that already
+// holds it exclusively).
+func DialUnlocked(t testing.TB) *amqp.Conn {
+	t.Helper()
+	return dial(t)
+}
+
+func dial(t testing.TB) *amqp.Conn {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	c, err := amqp.Dial(ctx, amqp.Config{URL: URL(), Name: "km0-test " + t.Name(), ReconnectMax: time.Second})
+	if err != nil {
+		t.Fatalf("RabbitMQ is required and did not answer: %v (start it with: rabbitmq-server -detached)", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Name returns a queue name unique to this run: prefix + "." + random hex.
+func Name(prefix string) string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return prefix + "." + hex.EncodeToString(b)
+}
+
+// DeleteQueuesAtCleanup deletes the queues names returns, when the test ends,
+// on a fresh connection (the test's may be closed by then).
+func DeleteQueuesAtCleanup(t testing.TB, names func() []string) {
+	t.Helper()
+	t.Cleanup(func() {
+		conn, err := amqp091.Dial(URL())
+		if err != nil {
+			t.Errorf("amqptest: cleanup: %v", err)
+			return
+		}
+		defer conn.Close()
+		for _, n := range names() {
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Errorf("amqptest: cleanup: %v", err)
+				return
+			}
+			if _, err := ch.QueueDelete(n, false, false, false); err != nil && !strings.Contains(err.Error(), "NOT_FOUND") {
+				t.Errorf("amqptest: delete queue %s: %v", n, err)
+			}
+			_ = ch.Close()
+		}
+	})
+}
+
+// Rabbitmqctl runs rabbitmqctl with args and fails the test on error.
+func Rabbitmqctl(t testing.TB, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// StopAppWithRestore runs rabbitmqctl stop_app and registers a cleanup that
+// runs start_app, whatever happens to the test, and waits for the port.
+func StopAppWithRestore(t testing.TB) {
+	t.Helper()
+	t.Cleanup(func() { StartApp(t) })
+	Rabbitmqctl(t, "stop_app")
+}
+
+// StartApp runs rabbitmqctl start_app (harmless if running) and waits until
+// the broker accepts AMQP connections again.
+func StartApp(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "rabbitmqctl", "start_app").CombinedOutput(); err != nil {
+		t.Errorf("rabbitmqctl start_app: %v\n%s", err, out)
+		return
+	}
+	for ctx.Err() == nil {
+		if c, err := amqp091.Dial(URL()); err == nil {
+			_ = c.Close()
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	t.Errorf("RabbitMQ did not accept connections after start_app")
+}
+
+// WaitFor polls cond every 10 ms until it holds, or fails the test naming
+// what after timeout. It is how tests wait for asynchronous work.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			t.Fatalf("timed out after %v waiting for: %s", timeout, what)
+		case <-tick.C:
+		}
+	}
+}

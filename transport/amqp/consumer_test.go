@@ -1,0 +1,192 @@
+package amqp_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/amqp"
+)
+
+func publish(t *testing.T, b *bundle, msgs ...*transport.Message) {
+	t.Helper()
+	pub, err := amqp.NewPublisher(context.Background(), b.conn, amqp.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(context.Background(), msgs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *bundle) consumerConfig(h consumer.Handler) amqp.ConsumerConfig {
+	return amqp.ConsumerConfig{Conn: b.conn, Queue: b.queue, Pool: b.pool, Name: "prova.efecte", Inbox: b.inbox(),
+		Handler: h, BackoffBase: 100 * time.Millisecond, Workers: 1}
+}
+
+// Proof 4a and 4c: a poison message (malformed JSON) is dead-lettered
+// natively at attempt 1, and the 500 messages queued behind it are all
+// processed, none of them through a wait queue.
+func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
+	b := setup(t)
+	c, _ := startConsumer(t, b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		return recordEffect(ctx, tx, m, 0)
+	}))
+	poison := &transport.Message{Topic: b.queue, Value: []byte(`{"id_esdeveniment": "x", "tipus": `),
+		Headers: []transport.Header{{Key: transport.HeaderEventID, Value: "verinos-1"}}}
+	msgs := []*transport.Message{poison}
+	for i := range 500 {
+		msgs = append(msgs, event(t, b.queue, "k", i))
+	}
+	publish(t, b, msgs...)
+	waitFor(t, 30*time.Second, "500 effects", func() bool { n, _ := countEffects(t, b.db); return n == 500 })
+	dlq := amqp.NewDLQ(b.conn, b.queue)
+	waitFor(t, 10*time.Second, "the poison message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
+	st := c.Stats()
+	if st.Processed != 500 || st.DeadLettered != 1 || st.Retried != 0 || st.Failures != 1 {
+		t.Fatalf("stats %+v, want 500 processed, 1 dead-lettered, 0 retried, 1 failure", st)
+	}
+	dl, err := dlq.Show(context.Background(), "verinos-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dl.Attempts != 1 || !strings.HasPrefix(dl.Reason, "permanent: rejected by "+b.queue) || dl.Origin != b.queue {
+		t.Fatalf("dead letter %+v: want a native rejection at attempt 1 from %s", dl, b.queue)
+	}
+}
+
+// Proof 4b: a transient failure is tried 3 times, with growing delays
+// (100 ms then 200 ms, the TTLs of two wait queues), then lands in the DLQ
+// with intents 3 and motiu "transitori esgotat: …"; no effect persists.
+func TestTransientFailureIsRetriedWithGrowingDelaysThenDeadLettered(t *testing.T) {
+	b := setup(t)
+	var mu sync.Mutex
+	var attempts []int
+	var at []time.Time
+	c, _ := startConsumer(t, b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := recordEffect(ctx, tx, m, 0); err != nil {
+			return err
+		}
+		mu.Lock()
+		attempts = append(attempts, m.Attempt)
+		at = append(at, time.Now())
+		mu.Unlock()
+		return outcome.Transient(errors.New("mapes: 503 Service Unavailable"))
+	}))
+	ev := event(t, b.queue, "k", 1)
+	publish(t, b, ev)
+	dlq := amqp.NewDLQ(b.conn, b.queue)
+	waitFor(t, 20*time.Second, "the message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(attempts) != 3 || attempts[0] != 1 || attempts[1] != 2 || attempts[2] != 3 {
+		t.Fatalf("attempts %v, want [1 2 3]", attempts)
+	}
+	// A TTL never fires early, so these lower bounds hold on any machine.
+	if d1, d2 := at[1].Sub(at[0]), at[2].Sub(at[1]); d1 < 100*time.Millisecond || d2 < 200*time.Millisecond {
+		t.Fatalf("delays %v and %v, want at least 100ms and 200ms", d1, d2)
+	}
+	id, _ := ev.Header(transport.HeaderEventID)
+	dl, err := dlq.Show(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dl.Attempts != 3 || dl.Reason != "transitori esgotat: mapes: 503 Service Unavailable" || dl.Origin != b.queue {
+		t.Fatalf("dead letter %+v", dl)
+	}
+	if n, _ := countEffects(t, b.db); n != 0 {
+		t.Fatalf("%d effects persisted from failed attempts, want 0", n)
+	}
+	if st := c.Stats(); st.Retried != 2 || st.DeadLettered != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	wantQueues := []string{amqp.WaitQueueName(b.queue, 100*time.Millisecond), amqp.WaitQueueName(b.queue, 200*time.Millisecond)}
+	for _, w := range wantQueues {
+		found := false
+		for _, q := range c.Queues() {
+			found = found || q == w
+		}
+		if !found {
+			t.Fatalf("wait queue %s not used; queues %v", w, c.Queues())
+		}
+	}
+}
+
+// Two transient failures and then success: the effect is applied once.
+func TestTransientFailureThenSuccessAppliesTheEffectOnce(t *testing.T) {
+	b := setup(t)
+	var calls atomic.Int32
+	c, _ := startConsumer(t, b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := recordEffect(ctx, tx, m, 0); err != nil {
+			return err
+		}
+		if calls.Add(1) <= 2 {
+			return errors.New("base de dades reiniciant") // unclassified: transient by default
+		}
+		return nil
+	}))
+	publish(t, b, event(t, b.queue, "k", 1))
+	waitFor(t, 20*time.Second, "one effect", func() bool { n, _ := countEffects(t, b.db); return n == 1 })
+	if st := c.Stats(); st.Processed != 1 || st.Retried != 2 || st.DeadLettered != 0 || calls.Load() != 3 {
+		t.Fatalf("stats %+v after %d calls", st, calls.Load())
+	}
+}
+
+// A redelivered message whose key is recorded is acked as a duplicate.
+func TestDuplicateIsAbsorbedByTheInbox(t *testing.T) {
+	b := setup(t)
+	c, _ := startConsumer(t, b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		return recordEffect(ctx, tx, m, 0)
+	}))
+	ev := event(t, b.queue, "k", 1)
+	publish(t, b, ev, ev, ev)
+	waitFor(t, 10*time.Second, "3 deliveries handled", func() bool { st := c.Stats(); return st.Processed+st.Duplicates == 3 })
+	if rows, _ := countEffects(t, b.db); rows != 1 || c.Stats().Duplicates != 2 {
+		t.Fatalf("%d effects, stats %+v; want 1 effect and 2 duplicates", rows, c.Stats())
+	}
+}
+
+func (b *bundle) inbox() *inbox.Inbox { return inbox.New(inbox.Config{Names: b.db.Names()}) }
+
+// Acks are coalesced (multiple=true over settled runs of tags), yet a slow
+// message must not hold back the acks behind it until the prefetch window
+// is full: with prefetch 4 and the first message blocked, the 40 behind it
+// are all processed while it waits.
+func TestSlowMessageDoesNotStallTheMessagesBehindIt(t *testing.T) {
+	b := setup(t)
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	cfg := b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if string(m.Key) == "lent" {
+			<-release
+		}
+		return recordEffect(ctx, tx, m, 0)
+	})
+	cfg.Workers, cfg.Prefetch = 2, 4
+	c, stop := startConsumer(t, cfg)
+	t.Cleanup(free)
+	msgs := []*transport.Message{event(t, b.queue, "lent", 0)}
+	for i := range 40 {
+		msgs = append(msgs, event(t, b.queue, "rapid", i))
+	}
+	publish(t, b, msgs...)
+	waitFor(t, 20*time.Second, "the 40 fast messages processed while the slow one waits", func() bool { return c.Stats().Processed == 40 })
+	free()
+	waitFor(t, 10*time.Second, "the slow one", func() bool { return c.Stats().Processed == 41 })
+	stop() // unacked deliveries would now be requeued
+	if n := queueLen(t, b.conn, b.queue); n != 0 {
+		t.Fatalf("%d messages back in the queue: their acks never reached the broker", n)
+	}
+}

@@ -1,0 +1,143 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Defaults of SubscribeConfig.
+const (
+	PrefetchDefault = 32
+	WorkersDefault  = 1
+)
+
+// SubscribeConfig configures Conn.Subscribe.
+type SubscribeConfig struct {
+	Queue string // required
+	// Prefetch is the channel's basic.qos: unacknowledged deliveries the
+	// broker may push. Default 32.
+	Prefetch int
+	// Workers is how many deliveries are handled at once. Default 1, which
+	// keeps the queue's order (with x-single-active-consumer, per queue).
+	Workers int
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Subscribe consumes cfg.Queue with manual acks until ctx ends, calling fn
+// for each delivery from cfg.Workers goroutines. fn must ack or nack the
+// delivery; what it leaves unacknowledged is requeued by the broker when the
+// channel closes. Acks are coalesced (see acker): d.Ack records the ack and
+// one goroutine sends basic.ack(multiple) for each run of settled tags. When the channel or the connection fails, Subscribe opens
+// a new channel (waiting for the Conn to reconnect) and consumes again: the
+// unacknowledged deliveries come back marked redelivered. On ctx end it
+// cancels the consumer, lets the workers finish the deliveries they hold, and
+// returns nil. It returns ErrConnClosed if the Conn is closed.
+func (c *Conn) Subscribe(ctx context.Context, cfg SubscribeConfig, fn func(ctx context.Context, d *amqp.Delivery)) error {
+	if cfg.Queue == "" {
+		return errors.New("amqp: Subscribe: empty queue name")
+	}
+	if cfg.Prefetch <= 0 {
+		cfg.Prefetch = PrefetchDefault
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = WorkersDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = c.log
+	}
+	wait := c.cfg.ReconnectMin
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		ch, err := c.Channel(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		err = c.consumeOnce(ctx, ch, cfg, fn)
+		_ = ch.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			cfg.Logger.Warn("amqp: consumer interrupted; subscribing again", "queue", cfg.Queue, "err", err)
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return nil
+			}
+			wait = min(wait*2, c.cfg.ReconnectMax)
+			continue
+		}
+		wait = c.cfg.ReconnectMin
+	}
+}
+
+// consumeOnce consumes on ch until the deliveries stop (channel closed,
+// consumer cancelled) or ctx ends.
+func (c *Conn) consumeOnce(ctx context.Context, ch *amqp.Channel, cfg SubscribeConfig, fn func(context.Context, *amqp.Delivery)) error {
+	if err := ch.Qos(cfg.Prefetch, 0, false); err != nil {
+		return err
+	}
+	tag := "km0-" + randomTag()
+	deliveries, err := ch.Consume(cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	ack := newAcker(ch, cfg.Prefetch/2)
+	ackStop, ackDone := make(chan struct{}), make(chan struct{})
+	go func() { ack.run(ackStop); close(ackDone) }()
+	defer func() { close(ackStop); <-ackDone }() // the last acks go before the channel closes
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case d, ok := <-deliveries:
+					if !ok {
+						return
+					}
+					d.Acknowledger = ack
+					fn(ctx, &d)
+				case <-stop:
+					return
+				}
+			}
+		}()
+	}
+	workersDone := make(chan struct{})
+	go func() { wg.Wait(); close(workersDone) }()
+	var cause error
+	select {
+	case <-ctx.Done():
+		// Stop taking new deliveries; the workers finish the one they hold.
+		_ = ch.Cancel(tag, false)
+		close(stop)
+		<-workersDone
+		return nil
+	case e := <-closes:
+		if e != nil {
+			cause = e
+		} else {
+			cause = ErrChannelLost
+		}
+	case <-workersDone:
+		cause = errors.New("amqp: consumer cancelled by the broker (queue deleted?)")
+	}
+	close(stop)
+	<-workersDone
+	return cause
+}
