@@ -15,6 +15,7 @@ import (
 
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/tracing"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -100,7 +101,7 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 			continue
 		}
 		m.Envelope = env
-		m.IdempotencyKey = idempotencyKey(env)
+		m.IdempotencyKey = IdempotencyKey(env)
 		todo = append(todo, it)
 	}
 	c.count(p.source, resIgnored, ignored)
@@ -132,9 +133,10 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 // cannot be made idempotent.
 var errNoID = errors.New("envelope: id_esdeveniment: empty (from the Decode hook)")
 
-// idempotencyKey is the envelope's "correlacio" member when it is a non-empty
-// string (see Message.IdempotencyKey), else its id_esdeveniment.
-func idempotencyKey(env *envelope.Envelope) string {
+// IdempotencyKey is what an idempotent consumer records for env: its
+// "correlacio" member when that is a non-empty string (the shared id of a
+// dual-published pair; see Message.IdempotencyKey), else its id_esdeveniment.
+func IdempotencyKey(env *envelope.Envelope) string {
 	if raw, ok := env.Extra[transport.HeaderCorrelator]; ok {
 		var s string
 		if json.Unmarshal(raw, &s) == nil && s != "" {
@@ -358,5 +360,5 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) 
 			err = outcome.Transient(pe)
 		}
 	}()
-	return c.cfg.Handle(ctx, tx, m)
+	return c.cfg.Handle(tracing.Extract(ctx, m.Message), tx, m)
 }

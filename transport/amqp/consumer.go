@@ -21,6 +21,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/tracing"
 	"github.com/km0/km0/transport"
 )
 
@@ -295,6 +296,11 @@ func (c *Consumer) handle(ctx context.Context, q consumedQueue, d *amqp.Delivery
 	log := c.cfg.Logger
 	attempt := int(headerInt(d.Headers, transport.HeaderAttempts)) + 1
 	env, err := c.cfg.Decoder.Decode(d.Body)
+	if errors.Is(err, outcome.ErrIgnore) {
+		c.ignored.Add(1)
+		_ = d.Ack(false)
+		return
+	}
 	if err != nil {
 		c.failures.Add(1)
 		c.deadLetterNative(d, q, err)
@@ -305,14 +311,15 @@ func (c *Consumer) handle(ctx context.Context, q consumedQueue, d *amqp.Delivery
 		_ = d.Ack(false)
 		return
 	}
-	m := &consumer.Message{Message: FromDelivery(d), Partition: int32(q.shard), Offset: -1, Envelope: env, Attempt: attempt}
+	m := &consumer.Message{Message: FromDelivery(d), Partition: int32(q.shard), Offset: -1, Envelope: env, Attempt: attempt,
+		IdempotencyKey: consumer.IdempotencyKey(env)}
 	if ms := headerInt(d.Headers, HeaderFirstFailure); ms > 0 {
 		m.FirstFailure = time.UnixMilli(ms)
 	}
 	if c.cfg.Mode == consumer.AtMostOnce {
 		// Ack first: a crash from here on loses the message, by choice.
 		_ = d.Ack(false)
-		if _, err := c.cfg.Inbox.Process(ctx, c.cfg.Pool, c.cfg.Name, env.ID, func(tx pgx.Tx) error { return c.run(ctx, tx, m) }); err != nil {
+		if _, err := c.cfg.Inbox.Process(ctx, c.cfg.Pool, c.cfg.Name, m.IdempotencyKey, func(tx pgx.Tx) error { return c.run(ctx, tx, m) }); err != nil {
 			c.failures.Add(1)
 			log.Warn("amqp: at-most-once message failed and is dropped", "queue", q.name, "id_esdeveniment", env.ID, "err", err)
 		} else {
@@ -320,7 +327,7 @@ func (c *Consumer) handle(ctx context.Context, q consumedQueue, d *amqp.Delivery
 		}
 		return
 	}
-	res, err := c.cfg.Inbox.Process(ctx, c.cfg.Pool, c.cfg.Name, env.ID, func(tx pgx.Tx) error { return c.run(ctx, tx, m) })
+	res, err := c.cfg.Inbox.Process(ctx, c.cfg.Pool, c.cfg.Name, m.IdempotencyKey, func(tx pgx.Tx) error { return c.run(ctx, tx, m) })
 	if err == nil {
 		// The effect is committed: ack now. A lost ack redelivers the
 		// message, and the recorded key turns it into a duplicate.
@@ -361,7 +368,7 @@ func (c *Consumer) run(ctx context.Context, tx pgx.Tx, m *consumer.Message) (err
 			err = outcome.Transient(fmt.Errorf("panic: %v", r))
 		}
 	}()
-	return c.cfg.Handler(ctx, tx, m)
+	return c.cfg.Handler(tracing.Extract(ctx, m.Message), tx, m)
 }
 
 // backoff is base × 2^(attempt−1), capped.

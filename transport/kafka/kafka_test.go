@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/tracing"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -63,4 +66,29 @@ func incompressible(n int) []byte {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return b
+}
+
+func TestPublishCarriesTheCallersTrace(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.New(t, "t")
+	pub := kafka.NewPublisher(kafkatest.Client(t, b))
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	ctx := trace.ContextWithSpanContext(context.Background(),
+		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled}))
+	m := &transport.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")}
+	if err := pub.Publish(ctx, []*transport.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Headers) != 0 {
+		t.Fatalf("Publish wrote into the caller's message: %v", m.Headers)
+	}
+	recs := kafkatest.ReadAll(t, b, "t", 1, 5*time.Second)
+	if len(recs) != 1 {
+		t.Fatalf("read %d records", len(recs))
+	}
+	got := trace.SpanContextFromContext(tracing.Extract(context.Background(), kafka.FromRecord(recs[0])))
+	if got.TraceID() != tid {
+		t.Fatalf("consumer side trace %v, want %v", got.TraceID(), tid)
+	}
 }

@@ -6,11 +6,14 @@ package kafka
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/km0/km0/tracing"
 	"github.com/km0/km0/transport"
 )
 
@@ -39,8 +42,17 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 		rejected *transport.RejectedError
 		firstErr error
 	)
+	traced := trace.SpanContextFromContext(ctx).IsValid()
 	wg.Add(len(msgs))
 	for i, m := range msgs {
+		if traced {
+			// Carry the caller's trace to the consumer, without writing
+			// into the caller's message.
+			c := *m
+			c.Headers = slices.Clone(m.Headers)
+			tracing.Inject(ctx, &c)
+			m = &c
+		}
 		r := toRecord(m)
 		p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
 			defer wg.Done()
