@@ -21,7 +21,7 @@ import (
 
 func benchLatency(ctx context.Context, args []string) error {
 	fs := newFlags("bench latency", "commit → consumer commit latency at a fixed rate, each event in its own transaction")
-	dbURL := fs.String("database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
+	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
 	rate := fs.Int("rate", 1000, "events per second")
 	seconds := fs.Float64("seconds", 5, "how long to write")
 	workers := fs.Int("workers", relay.WorkersDefault, "km0 relay: claim workers")

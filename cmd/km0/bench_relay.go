@@ -116,7 +116,7 @@ func fill(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, n, aggs 
 
 func benchRelay(ctx context.Context, args []string) error {
 	fs := newFlags("bench relay", "move N pre-inserted outbox rows to an in-process Kafka (kfake); one JSON line per result")
-	dbURL := fs.String("database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
+	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
 	n := fs.Int("n", 50_000, "rows to move")
 	aggs := fs.Int("aggregates", 10_000, "distinct agregat_id values")
 	batch := fs.Int("batch", 1000, "km0 relay: rows per claim")

@@ -31,7 +31,7 @@ func init() { registerBench("rpc", benchRPC) }
 // --kafka) over an embedded Kafka broker. One JSON line per run.
 func benchRPC(ctx context.Context, args []string) error {
 	fs := newFlags("bench rpc", "request/reply round trips (p50, p99, requests/s) over RabbitMQ and the embedded Kafka")
-	amqpURL := fs.String("amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL (default $KM0_AMQP_URL or the local guest broker)")
+	amqpURL := secretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL (default $KM0_AMQP_URL or the local guest broker)")
 	n := fs.Int("n", 20000, "requests per run")
 	callersFlag := fs.String("callers", "1,64", "comma-separated numbers of concurrent callers")
 	withKafka := fs.Bool("kafka", true, "also measure over an embedded Kafka broker (kfake)")

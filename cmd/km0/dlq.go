@@ -128,7 +128,7 @@ func (c *dlqCLI) flags(name, summary string) (*flag.FlagSet, *dlqOpts) {
 		topics: fs.String("topics", "", "DLQ topics, comma separated (default: every topic matching "+
 			dlq.TopicPatternDefault+")"),
 		group:       fs.String("group", dlq.GroupDefault, "consumer group whose offsets mark what is indexed"),
-		webhook:     fs.String("webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "URL that gets a JSON notice per new dead letter (default $KM0_DLQ_WEBHOOK)"),
+		webhook:     secretString(fs, "webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "URL that gets a JSON notice per new dead letter (default $KM0_DLQ_WEBHOOK)"),
 		syncTimeout: fs.Duration("sync-timeout", dlq.SyncTimeoutDefault, "how long reading the DLQ topics may take"),
 		json:        fs.Bool("json", false, "print JSON for scripts"),
 		queues:      &listFlag{},

@@ -43,8 +43,15 @@ func parse(fs *flag.FlagSet, args []string) error {
 // The environment value is applied after registration, so --help never prints
 // it: a URL may hold a password.
 func databaseURLFlag(fs *flag.FlagSet) *string {
-	v := fs.String("database-url", "", "PostgreSQL URL (default $KM0_DATABASE_URL)")
-	*v = os.Getenv("KM0_DATABASE_URL")
+	return secretString(fs, "database-url", os.Getenv("KM0_DATABASE_URL"), "PostgreSQL URL (default $KM0_DATABASE_URL)")
+}
+
+// secretString registers a string flag whose default comes from the
+// environment but is assigned after registration, so --help never prints it:
+// URLs may hold passwords or tokens.
+func secretString(fs *flag.FlagSet, name, def, usage string) *string {
+	v := fs.String(name, "", usage)
+	*v = def
 	return v
 }
 

@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"io"
+	"os"
 	"strings"
 	"testing"
 )
@@ -19,4 +22,48 @@ func TestHelpNeverPrintsTheDatabaseURL(t *testing.T) {
 	if err := fs.Parse(nil); err != nil || *v != "postgres://km0:s3cret@db/km0" {
 		t.Fatalf("environment fallback lost: %q %v", *v, err)
 	}
+}
+
+// Every command's --help with secrets in the environment prints none of them.
+func TestNoHelpPrintsASecretFromTheEnvironment(t *testing.T) {
+	for _, v := range []string{"KM0_DATABASE_URL", "KM0_AMQP_URL", "KM0_DLQ_WEBHOOK", "KM0_PASSARELLA_URL", "KM0_DLQ_ADMIN_TOKEN"} {
+		t.Setenv(v, "postgres://km0:s3cret@db/km0")
+	}
+	argvs := [][]string{}
+	for name := range commands {
+		argvs = append(argvs, []string{name, "--help"})
+	}
+	for _, sub := range []string{"ls", "show", "replay", "purge", "index"} {
+		argvs = append(argvs, []string{"dlq", sub, "--help"})
+	}
+	for name := range benches {
+		argvs = append(argvs, []string{"bench", name, "--help"})
+	}
+	argvs = append(argvs, []string{"outbox", "parked", "--help"}, []string{"outbox", "release", "--help"},
+		[]string{"schema", "check", "--help"})
+	for _, argv := range argvs {
+		out := captureStderr(t, func() { _ = commands[argv[0]].run(context.Background(), argv[1:]) })
+		if strings.Contains(out, "s3cret") {
+			t.Errorf("km0 %s leaks a secret:\n%s", strings.Join(argv, " "), out)
+		}
+	}
+}
+
+func captureStderr(t *testing.T, f func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, oldOut := os.Stderr, os.Stdout
+	os.Stderr, os.Stdout = w, w
+	done := make(chan string)
+	go func() {
+		b, _ := io.ReadAll(r)
+		done <- string(b)
+	}()
+	f()
+	os.Stderr, os.Stdout = old, oldOut
+	_ = w.Close()
+	return <-done
 }

@@ -32,9 +32,9 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	dbURL := databaseURLFlag(fs)
 	brokers := brokersFlag(fs)
 	embedded := fs.Bool("embedded-kafka", false, "start an embedded Kafka broker in this process instead of using --brokers")
-	amqpURL := fs.String("amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply (default $KM0_AMQP_URL; empty: request/reply over Kafka)")
+	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply (default $KM0_AMQP_URL; empty: request/reply over Kafka)")
 	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply")
-	gateway := fs.String("gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
+	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
 	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
 	if err := parse(fs, args); err != nil {
 		return err
