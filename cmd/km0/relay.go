@@ -4,22 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
 
 func init() {
-	register(&command{name: "relay", summary: "publish committed outbox rows to Kafka, in commit order per aggregate", run: runRelay})
+	register(&command{name: "relay", summary: "publish committed outbox rows to Kafka (or a RabbitMQ exchange), in commit order per aggregate", run: runRelay})
 }
 
 func runRelay(ctx context.Context, args []string) error {
@@ -34,16 +39,14 @@ func runRelay(ctx context.Context, args []string) error {
 	workers := fs.Int("workers", relay.WorkersDefault, "claim workers (each one session and its own shards)")
 	poll := fs.Duration("poll", relay.PollIntervalDefault, "fallback poll interval when no NOTIFY arrives")
 	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of the topic if it has to be created")
+	exchange := fs.String("exchange", "", "publish to this RabbitMQ exchange (routing key = --topic) instead of Kafka")
+	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL, with --exchange (default $KM0_AMQP_URL, else the local guest broker)")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default off)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *topic == "" || *origin == "" {
 		return errors.New("--topic and --origin are required")
-	}
-	bs, err := requireBrokers(*brokers)
-	if err != nil {
-		return err
 	}
 	log := logger()
 	pool, err := openPool(ctx, *dbURL, 2)
@@ -60,32 +63,34 @@ func runRelay(ctx context.Context, args []string) error {
 	if !exists {
 		return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s first", names.Schema, names.Outbox, names.Schema)
 	}
-	cl, err := kafka.NewClient(bs)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	// Kafka may be down at start: wait for it (rows wait in the outbox).
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		topicCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err = kafka.EnsureTopics(topicCtx, cl, int32(*partitions), *topic)
-		cancel()
-		if err == nil {
-			break
+	var pub transport.Publisher
+	if *exchange != "" {
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: *amqpURL, Name: "km0-relay", Logger: log})
+		if err != nil {
+			return err
 		}
-		if ctx.Err() != nil {
+		defer conn.Close()
+		if pub, err = amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{Exchange: *exchange, Logger: log}); err != nil {
+			return err
+		}
+	} else {
+		bs, err := requireBrokers(*brokers)
+		if err != nil {
+			return err
+		}
+		cl, err := kafka.NewClient(bs)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		if !waitForTopic(ctx, log, cl, int32(*partitions), *topic) {
 			return nil
 		}
-		log.Warn("km0 relay: cannot create or check the topic; retrying", "topic", *topic, "err", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-		}
+		pub = kafka.NewPublisher(cl)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r, err := relay.New(relay.Config{Pool: pool, Names: names, Publisher: kafka.NewPublisher(cl), Topic: *topic,
+	r, err := relay.New(relay.Config{Pool: pool, Names: names, Publisher: pub, Topic: *topic,
 		Origin: *origin, BatchSize: *batch, Workers: *workers, PollInterval: *poll, Logger: log, Metrics: reg})
 	if err != nil {
 		return err
@@ -108,4 +113,26 @@ func runRelay(ctx context.Context, args []string) error {
 	err = r.Run(ctx)
 	log.Info("km0 relay: stopped")
 	return err
+}
+
+// waitForTopic creates or checks topic, retrying while Kafka is down (rows
+// wait in the outbox meanwhile). It returns false if ctx ends first.
+func waitForTopic(ctx context.Context, log *slog.Logger, cl *kgo.Client, partitions int32, topic string) bool {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		topicCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := kafka.EnsureTopics(topicCtx, cl, partitions, topic)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		log.Warn("km0 relay: cannot create or check the topic; retrying", "topic", topic, "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
 }

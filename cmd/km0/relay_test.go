@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/amqp/amqptest"
+)
+
+// `km0 relay --exchange X` publishes the outbox to a RabbitMQ exchange with the
+// same claim → confirm → mark rule: every row arrives once, with the contract
+// headers, and ends marked.
+func TestRelayCommandToRabbitMQExchange(t *testing.T) {
+	s := pgtest.NewMigratedSchema(t)
+	conn := amqptest.Dial(t)
+	exchange, queue := amqptest.Name("km0.test.relay"), amqptest.Name("km0.test.relay.q")
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue} })
+	ctx := context.Background()
+	topo := amqp.Topology{
+		Exchanges: []amqp.Exchange{{Name: exchange, Kind: "topic", Durable: true}},
+		Queues:    []amqp.Queue{{Name: queue, Durable: true}},
+		Bindings:  []amqp.Binding{{Queue: queue, Exchange: exchange, Key: "comandes.esdeveniments"}},
+	}
+	if err := conn.Declare(ctx, topo); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = conn.Do(context.Background(), func(ch *amqp091.Channel) error { return ch.ExchangeDelete(exchange, false, false) })
+	})
+
+	ob := outbox.New(outbox.Config{Names: s.Names()})
+	ids := map[string]bool{}
+	tx, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		e := &outbox.Event{Aggregate: "comanda", AggregateID: []string{"P-1", "P-2"}[i%2], Type: "comanda.creada",
+			Payload: map[string]int{"i": i}}
+		if err := ob.Enqueue(ctx, tx, e); err != nil {
+			t.Fatal(err)
+		}
+		ids[e.ID.String()] = true
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- runRelay(rctx, []string{"--database-url", pgtest.URL(), "--schema", s.Name,
+			"--topic", "comandes.esdeveniments", "--origin", "comandes",
+			"--exchange", exchange, "--amqp-url", amqptest.URL(), "--poll", "20ms"})
+	}()
+	got := map[string]bool{}
+	err = conn.Do(ctx, func(ch *amqp091.Channel) error {
+		deadline := time.Now().Add(30 * time.Second)
+		for len(got) < 20 && time.Now().Before(deadline) {
+			d, ok, err := ch.Get(queue, true)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				time.Sleep(10 * time.Millisecond) // polling the queue with a deadline
+				continue
+			}
+			id, _ := d.Headers["id_esdeveniment"].(string)
+			if tipus, _ := d.Headers["tipus"].(string); tipus != "comanda.creada" || !ids[id] || got[id] {
+				t.Errorf("unexpected message: headers %v", d.Headers)
+			}
+			got[id] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 20 {
+		t.Fatalf("%d of 20 events reached the queue", len(got))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for pending := -1; pending != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows still unmarked", pending)
+		}
+		if err := s.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE publicat_en IS NULL").Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("km0 relay: %v", err)
+	}
+}
