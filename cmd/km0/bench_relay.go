@@ -21,6 +21,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/schema"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -123,6 +124,7 @@ func benchRelay(ctx context.Context, args []string) error {
 	workers := fs.Int("workers", relay.WorkersDefault, "km0 relay: claim workers")
 	baseline := fs.Bool("baseline", false, "also run a straight Go port of the seed's relay loop (LOT 100) and print the ratio")
 	rounds := fs.Int("rounds", 1, "repeat (alternating with the baseline) and report the best round, with the median")
+	validate := fs.Bool("validate", false, "also measure the write side (outbox.EnqueueBatch, 100 events a transaction) with and without JSON Schema validation, and print the ratio")
 	profile := cpuProfileFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -173,6 +175,11 @@ func benchRelay(ctx context.Context, args []string) error {
 			best[i][k] = v
 		}
 		emit(best[i])
+	}
+	if *validate {
+		if err := benchWriteValidation(ctx, env, *n, *aggs, *rounds); err != nil {
+			return err
+		}
 	}
 	if *baseline {
 		emit(map[string]any{"bench": "relay_vs_baseline", "events_per_s": best[0]["events_per_s"],
@@ -261,4 +268,50 @@ func runKm0Until(ctx context.Context, env *benchEnv, names migrate.Names, topic 
 		case <-time.After(time.Millisecond):
 		}
 	}
+}
+
+// benchWriteValidation measures where validation happens on the producer
+// side: Outbox.EnqueueBatch of n events (100 a transaction) into a fresh
+// schema, without and with schema.Registry.Validate, alternating for rounds.
+func benchWriteValidation(ctx context.Context, env *benchEnv, n, aggs, rounds int) error {
+	reg, err := schema.Default()
+	if err != nil {
+		return err
+	}
+	rates := map[bool][]float64{}
+	for range rounds {
+		for _, validated := range []bool{false, true} {
+			s, err := newBenchSchema(ctx, env.pool, migrate.Outbox)
+			if err != nil {
+				return err
+			}
+			cfg := outbox.Config{Names: s.Names}
+			if validated {
+				cfg.Validate = reg.Validate
+			}
+			ob := outbox.New(cfg)
+			start := time.Now()
+			for done := 0; done < n; {
+				events := make([]*outbox.Event, min(100, n-done))
+				for i := range events {
+					k := done + i
+					events[i] = &outbox.Event{Aggregate: "comanda", AggregateID: fmt.Sprintf("P-2026-%06d", k%aggs),
+						Type: "comanda.creada", Payload: benchPayload(k)}
+				}
+				if err := pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error { return ob.EnqueueBatch(ctx, tx, events) }); err != nil {
+					s.drop()
+					return err
+				}
+				done += len(events)
+			}
+			rate := round2(float64(n) / time.Since(start).Seconds())
+			s.drop()
+			rates[validated] = append(rates[validated], rate)
+			emit(map[string]any{"bench": "relay_write", "validated": validated, "events": n, "events_per_s": rate})
+		}
+	}
+	off, on := median(rates[false]), median(rates[true])
+	emit(map[string]any{"bench": "relay_write_validation", "events_per_s": on, "validated_events_per_s": on,
+		"unvalidated_events_per_s": off, "ratio": round2(on / off), "rounds": rounds, "target_met": on/off >= 0.90})
+	return nil
 }
