@@ -7,7 +7,7 @@
 // shard is served by one worker at a time, the one holding its session
 // advisory lock on the very connection that claims and marks. Within a shard
 // rows go out in creat_en order, which the outbox trigger makes equal to commit
-// order per aggregate. docs/relay.design.md states the invariants and the
+// order per aggregate. DESIGN.md (Relay) states the invariants and the
 // lines that enforce them.
 //
 // The relay wakes on LISTEN km0_outbox at once and polls as a fallback; it
