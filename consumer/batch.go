@@ -139,7 +139,7 @@ var errNoID = errors.New("envelope: id_esdeveniment: empty (from the Decode hook
 func IdempotencyKey(env *envelope.Envelope) string {
 	if raw, ok := env.Extra[transport.HeaderCorrelator]; ok {
 		var s string
-		if json.Unmarshal(raw, &s) == nil && s != "" {
+		if json.Unmarshal(raw, &s) == nil && s != "" && envelope.CheckKey(s) == nil {
 			return s
 		}
 	}
@@ -262,6 +262,16 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr, err error)
 	var fresh map[string]bool
 	if !c.cfg.NoInbox {
 		if fresh, err = c.recordKeys(ctx, tx, msgs); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54")) {
+				// A key the database refuses as data (class 22 data
+				// exception, 54 limit exceeded) fails again on every try:
+				// find whose, as for a refused COMMIT, so it reaches the DLQ.
+				if len(msgs) == 1 {
+					return 0, outcome.Permanent(fmt.Errorf("idempotency key refused: %w", err)), nil
+				}
+				return len(msgs) / 2, err, nil
+			}
 			return 0, nil, err
 		}
 	}
@@ -299,7 +309,10 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr, err error)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) { // refused, e.g. by a deferred constraint: find whose
+		// Refused, e.g. by a deferred constraint, or the transaction was
+		// already aborted by a statement whose error a handler swallowed:
+		// find whose.
+		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
 			if len(msgs) == 1 {
 				return 0, err, nil
 			}

@@ -18,10 +18,16 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // DefaultMaxBytes is the default size limit of an encoded envelope (1 MiB).
 const DefaultMaxBytes = 1 << 20
+
+// MaxIDBytes bounds id_esdeveniment. The id is an idempotency key stored in a
+// btree-indexed TEXT column: an unbounded or NUL-carrying id would be refused
+// by PostgreSQL at every attempt instead of being dead-lettered once.
+const MaxIDBytes = 256
 
 // Member names on the wire.
 const (
@@ -104,6 +110,9 @@ func (d Decoder) Decode(b []byte) (*Envelope, error) {
 	if e.ID, err = requiredString(members, FieldID); err != nil {
 		return nil, err
 	}
+	if err := CheckKey(e.ID); err != nil {
+		return nil, permanent(FieldID, err.Error())
+	}
 	if e.Type, err = requiredString(members, FieldType); err != nil {
 		return nil, err
 	}
@@ -143,6 +152,18 @@ func (d Decoder) Decode(b []byte) (*Envelope, error) {
 		e.Extra = members
 	}
 	return e, nil
+}
+
+// CheckKey reports why s cannot be an idempotency key: longer than MaxIDBytes
+// or holding a NUL byte (PostgreSQL TEXT refuses it). nil means it can.
+func CheckKey(s string) error {
+	if len(s) > MaxIDBytes {
+		return fmt.Errorf("%d bytes, over the limit of %d", len(s), MaxIDBytes)
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return errors.New("contains a NUL byte")
+	}
+	return nil
 }
 
 // parseInt64 accepts an integer written plainly or as a float with no fraction

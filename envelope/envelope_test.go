@@ -48,6 +48,8 @@ func TestDecodeRejectsBadInputWithClearPermanentErrors(t *testing.T) {
 		{"null", `null`, "not a JSON object"},
 		{"missing id", `{"tipus":"a","versio":1,"dades":{}}`, "id_esdeveniment: missing"},
 		{"empty id", `{"id_esdeveniment":"","tipus":"a","versio":1,"dades":{}}`, "id_esdeveniment: empty"},
+		{"id with NUL", `{"id_esdeveniment":"a\u0000b","tipus":"a","versio":1,"dades":{}}`, "id_esdeveniment: contains a NUL byte"},
+		{"id too long", `{"id_esdeveniment":"` + strings.Repeat("x", 300) + `","tipus":"a","versio":1,"dades":{}}`, "id_esdeveniment: 300 bytes, over the limit of 256"},
 		{"id wrong type", `{"id_esdeveniment":7,"tipus":"a","versio":1,"dades":{}}`, "id_esdeveniment: must be a string"},
 		{"missing tipus", `{"id_esdeveniment":"x","versio":1,"dades":{}}`, "tipus: missing"},
 		{"missing versio", `{"id_esdeveniment":"x","tipus":"a","dades":{}}`, "versio: missing"},

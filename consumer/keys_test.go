@@ -1,0 +1,69 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/consumer"
+)
+
+// Poison in the key, not the payload: an id_esdeveniment PostgreSQL would
+// refuse as an idempotency key (a NUL byte, 3 kB) goes to the DLQ at attempt 1
+// and the healthy events around it on the same partition are processed.
+func TestUnstorableEventIDIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
+	b := setup(t)
+	bad := func(id string) *kgo.Record {
+		v := fmt.Sprintf(`{"id_esdeveniment":%q,"tipus":"comanda.creada","versio":1,"dades":{"id":"P-1","linies":[]}}`, id)
+		return &kgo.Record{Topic: topic, Key: []byte("P-1"), Value: []byte(v), Partition: 0,
+			Headers: []kgo.RecordHeader{{Key: "tipus", Value: []byte("comanda.creada")}}}
+	}
+	var recs []*kgo.Record
+	for i := range 10 {
+		recs = append(recs, newEvent("P-1", comanda{ID: "P-1", N: i}).record())
+	}
+	recs = append(recs[:5], append([]*kgo.Record{bad("nul\x00id"), bad(strings.Repeat("x", 3000))}, recs[5:]...)...)
+	b.publish(recs...)
+	st := b.runUntil(b.config(effect), "10 processed, 2 dead-lettered", func(s consumer.Stats) bool {
+		return s.Processed == 10 && s.DeadLettered == 2
+	})
+	if st.Retried != 0 || b.effects() != 10 {
+		t.Fatalf("retried %d (want 0), effects %d (want 10)", st.Retried, b.effects())
+	}
+}
+
+// A handler that swallows a failed statement returns nil on an aborted
+// transaction; COMMIT then rolls back. The message fails on its own (retry,
+// then DLQ) and its neighbours in the batch are processed.
+func TestHandlerSwallowingASQLErrorDoesNotStallItsNeighbours(t *testing.T) {
+	b := setup(t)
+	poisonID := uuid.NewString()
+	var recs []*kgo.Record
+	for i := range 6 {
+		e := newEvent("P-1", comanda{ID: "P-1", N: i})
+		if i == 3 {
+			e.id = poisonID
+		}
+		recs = append(recs, e.record())
+	}
+	b.publish(recs...)
+	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.Envelope.ID == poisonID {
+			_, _ = tx.Exec(ctx, `SELECT 1/0`) // the bug: error ignored, transaction aborted
+			return nil
+		}
+		return effect(ctx, tx, m)
+	})
+	cfg.MaxAttempts = 1
+	st := b.runUntil(cfg, "5 processed, 1 dead-lettered", func(s consumer.Stats) bool {
+		return s.Processed == 5 && s.DeadLettered == 1
+	})
+	if b.effects() != 5 {
+		t.Fatalf("effects %d, want 5 (stats %+v)", b.effects(), st)
+	}
+}
