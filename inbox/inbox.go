@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/km0/km0/migrate"
 )
@@ -84,6 +85,14 @@ func (i *Inbox) Table() string { return i.table }
 // Retention returns the configured retention.
 func (i *Inbox) Retention() time.Duration { return i.retention }
 
+// ErrStore is wrapped by the errors of Process that come from the database
+// rather than from the effect: BEGIN, recording the key (for a reason other
+// than the key itself) or COMMIT failed. Nothing is known to have persisted,
+// or (COMMIT) the outcome is unknown; either way the message must be tried
+// again as it is, in place, and not counted as a failed attempt of the
+// message: a database restart must not walk healthy messages to a DLQ.
+var ErrStore = errors.New("inbox: database unavailable")
+
 // ErrEmptyKey is returned for an empty consumer or message id.
 var ErrEmptyKey = errors.New("inbox: empty consumidor or id_missatge")
 
@@ -102,7 +111,7 @@ func Process(ctx context.Context, db Beginner, consumer, messageID string, effec
 func (i *Inbox) Process(ctx context.Context, db Beginner, consumer, messageID string, effect func(tx pgx.Tx) error) (Result, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("inbox: begin: %w", err)
+		return 0, fmt.Errorf("%w: begin: %w", ErrStore, err)
 	}
 	res, err := i.ProcessTx(ctx, tx, consumer, messageID, effect)
 	if err != nil {
@@ -110,7 +119,10 @@ func (i *Inbox) Process(ctx context.Context, db Beginner, consumer, messageID st
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("inbox: commit: %w", err)
+		if !unavailable(err) {
+			return 0, fmt.Errorf("inbox: commit refused: %w", err) // about this transaction: a failure of the message
+		}
+		return 0, fmt.Errorf("%w: commit: %w", ErrStore, err)
 	}
 	return res, nil
 }
@@ -127,7 +139,10 @@ func (i *Inbox) ProcessTx(ctx context.Context, tx pgx.Tx, consumer, messageID st
 		return Duplicate, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("inbox: record key: %w", err)
+		if !unavailable(err) {
+			return 0, fmt.Errorf("inbox: record key: %w", err) // refused as data: a failure of the message
+		}
+		return 0, fmt.Errorf("%w: record key: %w", ErrStore, err)
 	}
 	if err := effect(tx); err != nil {
 		return 0, err
@@ -159,4 +174,27 @@ func (i *Inbox) PurgeOlderThan(ctx context.Context, db Beginner, age time.Durati
 		return 0, fmt.Errorf("inbox: purge: %w", err)
 	}
 	return tag.RowsAffected(), tx.Commit(ctx)
+}
+
+// unavailable reports whether err says the database, not the transaction's
+// content, is the problem: a network error, or a server error of class 08
+// (connection), 53 (resources), 57 (operator intervention: shutdown,
+// terminated) or 58 (system).
+func unavailable(err error) bool {
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return false
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	switch pgErr.Code[:2] {
+	case "08", "53", "57", "58":
+		return true
+	}
+	return false
 }

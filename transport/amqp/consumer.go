@@ -327,7 +327,21 @@ func (c *Consumer) handle(ctx context.Context, q consumedQueue, d *amqp.Delivery
 		}
 		return
 	}
-	res, err := c.cfg.Inbox.Process(ctx, c.cfg.Pool, c.cfg.Name, m.IdempotencyKey, func(tx pgx.Tx) error { return c.run(ctx, tx, m) })
+	var res inbox.Result
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		res, err = c.cfg.Inbox.Process(ctx, c.cfg.Pool, c.cfg.Name, m.IdempotencyKey, func(tx pgx.Tx) error { return c.run(ctx, tx, m) })
+		if !errors.Is(err, inbox.ErrStore) || ctx.Err() != nil {
+			break
+		}
+		// The database, not the message, failed (e.g. a restart): try the
+		// same delivery again in place, unacked, without spending one of its
+		// attempts, so an outage never walks healthy messages to the DLQ.
+		log.Warn("amqp: database unavailable; retrying in place", "queue", q.name, "id_esdeveniment", env.ID, "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
 	if err == nil {
 		// The effect is committed: ack now. A lost ack redelivers the
 		// message, and the recorded key turns it into a duplicate.
