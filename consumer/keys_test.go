@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/outcome"
 )
 
 // Poison in the key, not the payload: an id_esdeveniment PostgreSQL would
@@ -65,5 +67,32 @@ func TestHandlerSwallowingASQLErrorDoesNotStallItsNeighbours(t *testing.T) {
 	})
 	if b.effects() != 5 {
 		t.Fatalf("effects %d, want 5 (stats %+v)", b.effects(), st)
+	}
+}
+
+// Failure point: a record near the broker's size limit fails transiently; its
+// retry copy (the original plus our headers) is refused for good. The loss is
+// not silent: a header-only dead letter points at the original, and the
+// attempt is counted as dead-lettered, not as retried.
+func TestCopyTooLargeForTheBrokerBecomesAHeaderOnlyDeadLetter(t *testing.T) {
+	b := setup(t)
+	pad := strings.Repeat("x", 1<<20-400)
+	id := uuid.NewString()
+	v := fmt.Sprintf(`{"id_esdeveniment":%q,"tipus":"comanda.creada","versio":1,"dades":{"id":"P-1","linies":[],"p":%q}}`, id, pad)
+	b.publish(&kgo.Record{Topic: topic, Key: []byte("P-1"), Value: []byte(v),
+		Headers: []kgo.RecordHeader{{Key: "tipus", Value: []byte("comanda.creada")}, {Key: "id_esdeveniment", Value: []byte(id)}}})
+	cfg := b.config(func(context.Context, pgx.Tx, *consumer.Message) error {
+		return outcome.Transient(errors.New("maps 503"))
+	})
+	// The original went in compressed; the copy goes uncompressed, so it is over the limit.
+	cfg.KgoOpts = append(cfg.KgoOpts, kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.ProducerBatchMaxBytes(2<<20), kgo.FetchMaxBytes(4<<20), kgo.FetchMaxPartitionBytes(4<<20))
+	st := b.runUntil(cfg, "the attempt dead-lettered", func(s consumer.Stats) bool { return s.DeadLettered == 1 })
+	if st.Retried != 0 {
+		t.Fatalf("retried %d: the refused copy was counted as a retry", st.Retried)
+	}
+	recs := b.read(topic+consumer.DLQSuffix, 1)
+	if len(recs[0].Value) != 0 || !strings.HasPrefix(hdr(recs[0], "motiu"), "permanent: massa_gran") ||
+		hdr(recs[0], consumer.HeaderOriginalOffset) != "0" || hdr(recs[0], "id_esdeveniment") != id {
+		t.Fatalf("dead letter: %d bytes, headers %v", len(recs[0].Value), recs[0].Headers)
 	}
 }

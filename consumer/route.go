@@ -121,6 +121,11 @@ func (c *Consumer) route(p *partition, fails []failure) error {
 	if err := c.produceConfirmed(p, recs); err != nil {
 		return err
 	}
+	for i := range fails {
+		if dead[i] == "" && recs[i].Topic == p.source+DLQSuffix { // a stub replaced a copy too large to store
+			dead[i] = header(recs[i], transport.HeaderReason)
+		}
+	}
 	for i, f := range fails {
 		m := f.it.msg
 		if dead[i] == "" {
@@ -208,22 +213,35 @@ func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]
 // produceConfirmed produces recs and returns once the broker confirmed each
 // (acks=all). Failed records are produced again after a backoff until they
 // go through, the partition is stopped or the consumer crashes. A copy the
-// broker refuses for good (over its size limit) is logged at error and
-// dropped: it can never be stored, and holding the partition would not help.
+// broker refuses for good (the original plus our headers is over its size
+// limit) is replaced, in recs too, by a header-only dead letter on
+// <source>.dlq whose motiu says so and whose headers point at the original
+// (topic_original, particio_original, offset_original), so the loss is never
+// silent and the original can still be read from its topic.
 func (c *Consumer) produceConfirmed(p *partition, recs []*kgo.Record) error {
 	wait := 50 * time.Millisecond
 	todo := recs
+	slot := make(map[*kgo.Record]int, len(recs))
+	for i, r := range recs {
+		slot[r] = i
+	}
 	for {
 		var again []*kgo.Record
 		for _, res := range c.cl.ProduceSync(c.workCtx, todo...) {
+			r := res.Record
 			switch {
 			case res.Err == nil:
-			case kafka.IsRejectedForGood(res.Err):
-				c.log.Error("consumer: broker refused a retry/DLQ copy for good; dropped",
-					"topic", res.Record.Topic, "id", header(res.Record, transport.HeaderEventID), "err", res.Err)
+			case kafka.IsRejectedForGood(res.Err) && len(r.Value) > 0:
+				c.log.Error("consumer: broker refused a retry/DLQ copy for good; dead-lettering a header-only stub",
+					"topic", r.Topic, "id", header(r, transport.HeaderEventID), "err", res.Err)
+				stub := tooLargeStub(r, p.source+DLQSuffix, res.Err)
+				slot[stub] = slot[r]
+				recs[slot[r]] = stub
+				again = append(again, stub)
 			default:
-				r := res.Record
-				again = append(again, &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers})
+				cp := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers}
+				slot[cp] = slot[r]
+				again = append(again, cp)
 			}
 		}
 		if len(again) == 0 {
@@ -272,4 +290,19 @@ func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
 		return fmt.Errorf("consumer: republish to %s: %w", topic, err)
 	}
 	return nil
+}
+
+// tooLargeStub is the dead letter that stands for a copy the broker refused
+// for good: the copy's headers with motiu replaced, and no value.
+func tooLargeStub(r *kgo.Record, dlq string, cause error) *kgo.Record {
+	reason := outcome.Truncate(fmt.Sprintf("permanent: massa_gran: còpia refusada pel broker (%v); original a %s/%s/%s",
+		cause, header(r, HeaderOriginalTopic), header(r, HeaderOriginalPartition), header(r, HeaderOriginalOffset)), 200)
+	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
+	for _, h := range r.Headers {
+		if h.Key != transport.HeaderReason && h.Key != transport.HeaderNotBefore {
+			hs = append(hs, h)
+		}
+	}
+	hs = append(hs, kgo.RecordHeader{Key: transport.HeaderReason, Value: []byte(reason)})
+	return &kgo.Record{Topic: dlq, Key: r.Key, Value: []byte{}, Headers: hs}
 }
