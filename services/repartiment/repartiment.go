@@ -79,7 +79,9 @@ type Config struct {
 	// SidePool commits decisions that must survive a dead-lettered message
 	// (the rejection event, the schema alert) in their own transaction. Give it
 	// its own small pool so that it never waits for connections held by
-	// consumer transactions. Default Pool.
+	// consumer transactions; required, and it must not be Pool: with a shared
+	// pool, every consumer transaction could wait on a second connection at
+	// once, and none would ever get one.
 	SidePool *pgxpool.Pool
 	Outbox   *outbox.Outbox // default outbox.New(outbox.Config{})
 	Maps     Maps           // required
@@ -94,13 +96,13 @@ type Service struct {
 	alerts atomic.Int64
 }
 
-// New returns a Service; it fails without a pool or maps.
+// New returns a Service; it fails without a pool, a separate side pool, or maps.
 func New(cfg Config) (*Service, error) {
 	if cfg.Pool == nil || cfg.Maps == nil {
 		return nil, errors.New("repartiment: Config.Pool and Config.Maps are required")
 	}
-	if cfg.SidePool == nil {
-		cfg.SidePool = cfg.Pool
+	if cfg.SidePool == nil || cfg.SidePool == cfg.Pool {
+		return nil, errors.New("repartiment: Config.SidePool is required and must be a pool of its own (see its doc)")
 	}
 	if cfg.Outbox == nil {
 		cfg.Outbox = outbox.New(outbox.Config{})

@@ -25,7 +25,10 @@ type bundle struct {
 
 func setup(t *testing.T, fail func(string, int) bool, side *pgxpool.Pool) *bundle {
 	t.Helper()
-	pool, _ := svctest.DB(t, migrate.Outbox, migrate.Inbox, repartiment.Migrations)
+	pool, u := svctest.DB(t, migrate.Outbox, migrate.Inbox, repartiment.Migrations)
+	if side == nil {
+		side = pgtest.NewPool(t, u, 2)
+	}
 	maps := &repartiment.MapsServer{Fail: fail}
 	srv := httptest.NewServer(maps.Handler())
 	t.Cleanup(srv.Close)
@@ -166,5 +169,16 @@ func TestRowNoCourierFreeIsPendingThenAssigned(t *testing.T) {
 	sum, err := b.svc.Summary(context.Background())
 	if err != nil || sum[repartiment.StateAssigned] != 2 || sum[repartiment.StatePending] != 0 {
 		t.Fatalf("summary %v %v", sum, err)
+	}
+}
+
+// A side pool shared with the consumer's transactions could deadlock (every
+// transaction waiting for a second connection): New refuses it.
+func TestNewRefusesASharedSidePool(t *testing.T) {
+	pool, _ := svctest.DB(t, repartiment.Migrations)
+	for _, side := range []*pgxpool.Pool{nil, pool} {
+		if _, err := repartiment.New(repartiment.Config{Pool: pool, SidePool: side, Maps: &repartiment.MapsClient{BaseURL: "http://127.0.0.1:1"}}); err == nil {
+			t.Fatalf("New accepted SidePool %v", side)
+		}
 	}
 }
