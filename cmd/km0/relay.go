@@ -64,6 +64,7 @@ func runRelay(ctx context.Context, args []string) error {
 		return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s first", names.Schema, names.Outbox, names.Schema)
 	}
 	var pub transport.Publisher
+	maxRecord := relay.MaxRecordBytesDefault
 	if *exchange != "" {
 		conn, err := amqp.Dial(ctx, amqp.Config{URL: *amqpURL, Name: "km0-relay", Logger: log})
 		if err != nil {
@@ -87,11 +88,19 @@ func runRelay(ctx context.Context, args []string) error {
 			return nil
 		}
 		pub = kafka.NewPublisher(cl)
+		// Park rows over the topic's own limit before sending them, so that a
+		// refused record can never be overtaken by a later one of its
+		// aggregate in the same chunk.
+		if limit, err := kafka.MaxMessageBytes(ctx, cl, *topic); err != nil {
+			log.Warn("km0 relay: cannot read the topic's size limit; using the default", "err", err)
+		} else if limit-1024 < maxRecord {
+			maxRecord = limit - 1024
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r, err := relay.New(relay.Config{Pool: pool, Names: names, Publisher: pub, Topic: *topic,
-		Origin: *origin, BatchSize: *batch, Workers: *workers, PollInterval: *poll, Logger: log, Metrics: reg})
+		Origin: *origin, MaxRecordBytes: maxRecord, BatchSize: *batch, Workers: *workers, PollInterval: *poll, Logger: log, Metrics: reg})
 	if err != nil {
 		return err
 	}

@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // `km0 relay --exchange X` publishes the outbox to a RabbitMQ exchange with the
@@ -97,5 +100,51 @@ func TestRelayCommandToRabbitMQExchange(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("km0 relay: %v", err)
+	}
+}
+
+// `km0 relay` reads the topic's size limit: a row over it is parked before it
+// is sent (so no later row of its aggregate can overtake it in a chunk), and
+// the other rows flow.
+func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
+	s := pgtest.NewMigratedSchema(t)
+	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
+	ctx := context.Background()
+	ob := outbox.New(outbox.Config{Names: s.Names()})
+	tx, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, size := range []int{10, 30_000, 10, 10} {
+		agg := []string{"P-1", "P-1", "P-1", "P-2"}[i]
+		if err := ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: agg, Type: "comanda.creada",
+			Payload: map[string]string{"p": strings.Repeat("x", size)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- runRelay(rctx, []string{"--database-url", pgtest.URL(), "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
+			"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms"})
+	}()
+	var parked, pending int
+	deadline := time.Now().Add(30 * time.Second)
+	for parked != 1 || pending != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("parked %d (want 1), pending %d (want 2: the big row and the P-1 row behind it)", parked, pending)
+		}
+		_ = s.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_aparcats), (SELECT count(*) FROM outbox WHERE publicat_en IS NULL)").Scan(&parked, &pending)
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if recs := kafkatest.ReadAll(t, b, "comandes.esdeveniments", 2, 10*time.Second); len(recs) != 2 {
+		t.Fatalf("%d records on the topic, want 2 (P-1's first row and P-2's)", len(recs))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -86,4 +87,48 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, partitions int32, topics 
 		}
 	}
 	return lastErr
+}
+
+// MaxMessageBytes returns the largest record batch the broker accepts on
+// topic: the smaller of the topic's max.message.bytes and the brokers'
+// message.max.bytes (a broker may report the topic's default while enforcing
+// its own lower limit).
+func MaxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) (int, error) {
+	adm := kadm.NewClient(cl)
+	limit := 0
+	take := func(rcs kadm.ResourceConfigs, err error, key string) error {
+		if err != nil {
+			return err
+		}
+		for _, rc := range rcs {
+			if rc.Err != nil {
+				return rc.Err
+			}
+			for _, c := range rc.Configs {
+				if c.Key != key || c.Value == nil {
+					continue
+				}
+				n, err := strconv.Atoi(*c.Value)
+				if err != nil {
+					return fmt.Errorf("%s %q: %w", key, *c.Value, err)
+				}
+				if limit == 0 || n < limit {
+					limit = n
+				}
+			}
+		}
+		return nil
+	}
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err := take(rcs, err, "max.message.bytes"); err != nil {
+		return 0, fmt.Errorf("kafka: describe topic %s: %w", topic, err)
+	}
+	brs, err := adm.DescribeBrokerConfigs(ctx)
+	if err := take(brs, err, "message.max.bytes"); err != nil {
+		return 0, fmt.Errorf("kafka: describe brokers: %w", err)
+	}
+	if limit == 0 {
+		return 0, fmt.Errorf("kafka: %s: no max.message.bytes in its configs", topic)
+	}
+	return limit, nil
 }

@@ -92,3 +92,12 @@ func TestPublishCarriesTheCallersTrace(t *testing.T) {
 		t.Fatalf("consumer side trace %v, want %v", got.TraceID(), tid)
 	}
 }
+
+func TestMaxMessageBytesReadsTheTopicLimit(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"t"}, MaxMessageBytes: 10_000})
+	n, err := kafka.MaxMessageBytes(context.Background(), kafkatest.Client(t, b), "t")
+	if err != nil || n != 10_000 {
+		t.Fatalf("max.message.bytes %d (%v), want 10000", n, err)
+	}
+}
