@@ -1,7 +1,6 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +21,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport/kafka"
@@ -41,7 +41,7 @@ type bundle struct {
 	b      *kafka.Embedded
 	pub    *kgo.Client
 	reg    *prometheus.Registry
-	logBuf *syncBuffer
+	logBuf *testlog.Buffer
 	log    *slog.Logger
 }
 
@@ -63,7 +63,7 @@ func setup(t *testing.T) *bundle {
 		}
 	}
 	b := kafkatest.New(t, topic)
-	buf := &syncBuffer{}
+	buf := &testlog.Buffer{}
 	return &bundle{
 		t: t, s: s, b: b, pub: kafkatest.Client(t, b), reg: prometheus.NewRegistry(), logBuf: buf,
 		log: slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -269,24 +269,6 @@ func hdr(r *kgo.Record, k string) string {
 		}
 	}
 	return ""
-}
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }
 
 // logged reports whether one log line contains every part.

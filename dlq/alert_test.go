@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 )
 
@@ -41,7 +42,7 @@ func TestAlerterCountsLogsAndNotifiesWebhook(t *testing.T) {
 		got <- n
 	}))
 	defer srv.Close()
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	reg := prometheus.NewRegistry()
 	a, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, WebhookURL: srv.URL, WebhookBackoff: 10 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})

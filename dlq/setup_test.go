@@ -1,12 +1,10 @@
 package dlq_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -43,7 +42,7 @@ type bundle struct {
 	svc     *dlq.Service
 	reg     *prometheus.Registry
 	alerter *dlq.Alerter
-	logs    *syncBuffer
+	logs    *testlog.Buffer
 }
 
 func setup(t *testing.T) *bundle {
@@ -55,7 +54,7 @@ func setup(t *testing.T) *bundle {
 	}
 	b := kafkatest.New(t, comandes, comandesDLQ, inventari, inventariDLQ)
 	cl := kafkatest.Client(t, b)
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	backend, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.Addrs(), Logger: log})
 	if err != nil {
@@ -216,24 +215,6 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 		}
 		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for work
 	}
-}
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }
 
 func (b *bundle) list(t *testing.T, f dlq.Filter) *dlq.Listing {

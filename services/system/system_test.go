@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/services/inventari"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport/kafka"
 )
 
 func TestStartRefusesAnUnknownServiceAndMissingConfig(t *testing.T) {
@@ -31,19 +32,7 @@ func TestStartRefusesAnUnknownServiceAndMissingConfig(t *testing.T) {
 // km0 serve cataleg: one service, its own database created and migrated,
 // its consumer and its HTTP API; Close drops nothing and returns.
 func TestServeOneServiceCreatesItsDatabaseAndServesHTTP(t *testing.T) {
-	b := kafkatest.New(t, system.DomainTopics()...)
-	suffix := make([]byte, 4)
-	_, _ = rand.Read(suffix)
-	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "t" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: []string{"cataleg"}}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	sys, err := system.Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = svc.DropDatabase(context.Background(), pgtest.URL(), svc.DatabaseName("cataleg", cfg.DatabaseSuffix))
-	})
+	sys, _ := startOne(t, "cataleg")
 	addrs := sys.Addrs()
 	if len(addrs) != 1 || addrs["cataleg"] == "" || sys.Pool("comandes") != nil {
 		t.Fatalf("addresses %v: want only cataleg", addrs)
@@ -65,20 +54,10 @@ func TestServeOneServiceCreatesItsDatabaseAndServesHTTP(t *testing.T) {
 // ReservarEstoc over request/reply (Kafka here): a repeated id_reserva gets
 // the stored answer and takes stock once.
 func TestReservarEstocOverRequestReplyIsIdempotent(t *testing.T) {
-	b := kafkatest.New(t, system.DomainTopics()...)
-	suffix := make([]byte, 4)
-	_, _ = rand.Read(suffix)
-	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "t" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: []string{"inventari"}}
+	sys, b := startOne(t, "inventari")
+	t.Cleanup(sys.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sys, err := system.Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sys.Close()
-		_ = svc.DropDatabase(context.Background(), pgtest.URL(), svc.DatabaseName("inventari", cfg.DatabaseSuffix))
-	})
 	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs(), Timeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -100,4 +79,25 @@ func TestReservarEstocOverRequestReplyIsIdempotent(t *testing.T) {
 	if err != nil || stock["vi-crianca"] != 193 {
 		t.Fatalf("vi-crianca %d (%v), want 200 - 7", stock["vi-crianca"], err)
 	}
+}
+
+// startOne starts one service on its own embedded broker and a fresh
+// database, dropped at cleanup (after any cleanup the caller registers).
+func startOne(t *testing.T, service string) (*system.System, *kafka.Embedded) {
+	t.Helper()
+	b := kafkatest.New(t, system.DomainTopics()...)
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "t" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: []string{service}}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // the services' lifetime: Start ties them to ctx
+	sys, err := system.Start(ctx, cfg)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = svc.DropDatabase(context.Background(), pgtest.URL(), svc.DatabaseName(service, cfg.DatabaseSuffix))
+	})
+	return sys, b
 }
