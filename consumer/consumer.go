@@ -113,7 +113,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	opts := append(kafka.ProducerOpts(),
 		kgo.SeedBrokers(c.cfg.Brokers...),
 		kgo.ConsumerGroup(c.cfg.Group),
-		kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
@@ -139,6 +138,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return fmt.Errorf("consumer: ensure %v: %w", derived, err)
 		}
 	}
+	// The group client subscribes only now that the .retry topics exist: a
+	// member that found a consumed topic later (at the first copy's metadata
+	// refresh) would rejoin the group mid-run, pausing every partition.
+	cl.AddConsumeTopics(topics...)
 
 	commitCtx, stopCommitter := context.WithCancel(c.workCtx)
 	committerDone := make(chan struct{})

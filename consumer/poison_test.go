@@ -375,3 +375,38 @@ func (b *bundle) gauge(metric string) float64 {
 	}
 	return sum
 }
+
+// A first dead letter must not make the member rejoin its group. The .retry
+// and .dlq topics are created before the group client exists; when the group
+// client found the .retry topic only at the first copy's metadata refresh,
+// franz-go rejoined to consume it, and every partition paused for a
+// rebalance in the middle of the run (the cost showed as a fixed 200 ms in
+// `km0 bench consume --poison-rate`). One assignment, holding both topics,
+// is the whole session.
+func TestFirstDeadLetterDoesNotRebalanceTheGroup(t *testing.T) {
+	b := setup(t)
+	var mu sync.Mutex
+	var assigned []map[string][]int32
+	cfg := b.config(effect)
+	cfg.KgoOpts = append(cfg.KgoOpts, kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		mu.Lock()
+		defer mu.Unlock()
+		assigned = append(assigned, m)
+	}))
+	r := b.run(cfg)
+	b.publish(seqEvent("K", 0).record())
+	eventually(t, "the first event processed", func() bool { return r.c.Stats().Processed == 1 })
+	b.publish(&kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte(`{not json`)})
+	eventually(t, "the poison dead-lettered", func() bool { return r.c.Stats().DeadLettered == 1 })
+	time.Sleep(500 * time.Millisecond) // a rejoin follows the copy's metadata refresh within ~10 ms
+	b.publish(seqEvent("K", 1).record())
+	eventually(t, "the second event processed", func() bool { return r.c.Stats().Processed == 2 })
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(assigned) != 1 || len(assigned[0][topic]) != 6 || len(assigned[0][topic+".retry"]) != 6 {
+		t.Fatalf("assignments %v, want one holding the 6 partitions of %s and of its .retry", assigned, topic)
+	}
+}
