@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -358,10 +360,18 @@ func (w *worker) mark(ctx context.Context, rows []outbox.Row, done []pgtype.TID,
 	return br.Close()
 }
 
+// clip makes s storable as motiu (TEXT): valid UTF-8 without NUL, cut on a
+// character boundary after at most 500 bytes. A reason PostgreSQL refuses
+// would fail the parking INSERT, and with it the whole batch, at every retry.
 func clip(s string) string {
 	const n = 500
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 	if len(s) <= n {
 		return s
 	}
-	return s[:n] + "…"
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

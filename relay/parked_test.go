@@ -5,12 +5,14 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -140,4 +142,52 @@ func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
 	}
 	perKey, _ := firstSeqs(t, b.read(t, 154))
 	checkCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 150})
+}
+
+// A reason longer than the parking limit is cut on a character boundary: a
+// Transform error in Catalan whose "à" straddles the cut is still parked, and
+// so is one with a NUL byte or invalid UTF-8, and the rest of the batch goes out (a cut inside the character made the parking
+// INSERT fail as invalid UTF-8, and the whole batch was retried for ever).
+func TestLongNonASCIIReasonIsParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.config()
+	cfg.Transform = func(row *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error) {
+		if row.AggregateID == "X" {
+			// "transform: " is 11 bytes: the first "à" takes bytes 499 and 500.
+			return nil, errors.New(strings.Repeat("x", 488) + "àà dades no vàlides")
+		}
+		if row.AggregateID == "Z" {
+			return nil, errors.New("raw bytes \x00\xff in the payload") // NUL and invalid UTF-8
+		}
+		return []*envelope.Envelope{env}, nil
+	}
+	r := b.newRelay(t, cfg)
+	x1 := b.enqueue(t, "X", seqPayload{Seq: 1})
+	b.enqueue(t, "Y", seqPayload{Seq: 1})
+	z1 := b.enqueue(t, "Z", seqPayload{Seq: 1})
+	b.enqueue(t, "Y", seqPayload{Seq: 2})
+	n, err := r.RunOnce(ctx)
+	if err != nil {
+		t.Fatalf("run once: %v", err)
+	}
+	if n != 2 {
+		t.Fatalf("published %d, want 2 (Y1, Y2)", n)
+	}
+	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := map[uuid.UUID]string{}
+	for _, p := range parked {
+		reasons[p.ID] = p.Reason
+	}
+	if len(parked) != 2 || !utf8.ValidString(reasons[x1]) || !strings.HasPrefix(reasons[x1], "transform: xxx") ||
+		!strings.HasPrefix(reasons[z1], "transform: raw bytes ") {
+		t.Fatalf("parked: %+v", parked)
+	}
+	if p := b.pending(t); p != 2 {
+		t.Fatalf("%d pending, want 2 (X1 and Z1 parked)", p)
+	}
 }
