@@ -249,10 +249,18 @@ func (w *worker) records(row *outbox.Row) ([]*transport.Message, string) {
 		if envs, err = t(row, env); err != nil {
 			return nil, clip("transform: " + err.Error())
 		}
+		// No envelope is nothing for the broker to confirm: marking the
+		// row would lose its event (CONTRACT 4).
+		if len(envs) == 0 {
+			return nil, "transform: returned no envelope"
+		}
 	}
 	key := []byte(row.AggregateID)
 	out := make([]*transport.Message, 0, len(envs))
 	for _, e := range envs {
+		if e == nil {
+			return nil, "transform: returned a nil envelope"
+		}
 		value, err := e.Encode()
 		if err != nil {
 			return nil, clip("envelope: " + err.Error())

@@ -191,3 +191,53 @@ func TestLongNonASCIIReasonIsParked(t *testing.T) {
 		t.Fatalf("%d pending, want 2 (X1 and Z1 parked)", p)
 	}
 }
+
+// A Transform that returns no envelope (or a nil one) for a row has given the
+// broker nothing to confirm: the row is parked, not marked published with
+// nothing sent (CONTRACT 4), and its aggregate waits; the others flow.
+func TestTransformWithoutEnvelopesParksTheRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	cfg := b.config()
+	cfg.Metrics = reg
+	cfg.Transform = func(row *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error) {
+		switch row.AggregateID {
+		case "X":
+			return nil, nil
+		case "Z":
+			return []*envelope.Envelope{env, nil}, nil
+		}
+		return []*envelope.Envelope{env}, nil
+	}
+	r := b.newRelay(t, cfg)
+	x1 := b.enqueue(t, "X", seqPayload{Seq: 1})
+	b.enqueue(t, "X", seqPayload{Seq: 2})
+	b.enqueue(t, "Y", seqPayload{Seq: 1})
+	z1 := b.enqueue(t, "Z", seqPayload{Seq: 1})
+	if n := b.drainOnce(t, r); n != 1 {
+		t.Fatalf("published %d, want 1 (Y1)", n)
+	}
+	if p := b.pending(t); p != 3 {
+		t.Fatalf("%d pending, want 3 (X1 and Z1 parked, X2 waiting)", p)
+	}
+	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[uuid.UUID]bool{}
+	for _, p := range parked {
+		ids[p.ID] = strings.HasPrefix(p.Reason, "transform: ")
+	}
+	if len(parked) != 2 || !ids[x1] || !ids[z1] {
+		t.Fatalf("parked: %+v", parked)
+	}
+	if v := metricValue(t, reg, relay.MetricPublished); v != 1 {
+		t.Fatalf("%s = %v, want 1", relay.MetricPublished, v)
+	}
+	perKey, copies := firstSeqs(t, b.read(t, 1))
+	if len(copies) != 1 || len(perKey["Y"]) != 1 {
+		t.Fatalf("topic: %v", perKey)
+	}
+}
