@@ -98,8 +98,12 @@ func Up(ctx context.Context, db DBTX, names Names, sets ...Set) (int, error) {
 		if err != nil {
 			return applied, err
 		}
+		conjunt, err := recordName(set, files, names)
+		if err != nil {
+			return applied, err
+		}
 		for _, f := range files {
-			done, err := applyOne(ctx, db, names, set, f, repl)
+			done, err := applyOne(ctx, db, names, set, conjunt, f, repl)
 			if err != nil {
 				return applied, fmt.Errorf("migrate %s/%s: %w", set.Name, f.name, err)
 			}
@@ -142,7 +146,33 @@ func list(set Set) ([]file, error) {
 	return files, nil
 }
 
-func applyOne(ctx context.Context, db DBTX, names Names, set Set, f file, repl *strings.Replacer) (bool, error) {
+// recordName is the conjunt under which the files of set are recorded for
+// names: the set's name, followed by the configured table names its files use
+// when they are not the defaults. A second outbox (or inbox) table in the same
+// schema is then migrated too, instead of being taken for the first one.
+func recordName(set Set, files []file, names Names) (string, error) {
+	var usesOutbox, usesProcessats bool
+	for _, f := range files {
+		body, err := fs.ReadFile(set.FS, path.Join(set.Dir, f.name))
+		if err != nil {
+			return "", err
+		}
+		for _, p := range []string{"{{outbox", "{{aparcats", "{{pendents_name}}"} {
+			usesOutbox = usesOutbox || strings.Contains(string(body), p)
+		}
+		usesProcessats = usesProcessats || strings.Contains(string(body), "{{processats")
+	}
+	name := set.Name
+	if usesOutbox && names.Outbox != OutboxDefault {
+		name += ":" + names.Outbox
+	}
+	if usesProcessats && names.Processats != ProcessatsDefault {
+		name += ":" + names.Processats
+	}
+	return name, nil
+}
+
+func applyOne(ctx context.Context, db DBTX, names Names, set Set, conjunt string, f file, repl *strings.Replacer) (bool, error) {
 	body, err := fs.ReadFile(set.FS, path.Join(set.Dir, f.name))
 	if err != nil {
 		return false, err
@@ -167,7 +197,7 @@ func applyOne(ctx context.Context, db DBTX, names Names, set Set, f file, repl *
 	}
 	var exists bool
 	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+track+" WHERE conjunt = $1 AND versio = $2)",
-		set.Name, f.version).Scan(&exists); err != nil {
+		conjunt, f.version).Scan(&exists); err != nil {
 		return false, err
 	}
 	if exists {
@@ -182,7 +212,7 @@ func applyOne(ctx context.Context, db DBTX, names Names, set Set, f file, repl *
 		return false, err
 	}
 	if _, err := tx.Exec(ctx, "INSERT INTO "+track+" (conjunt, versio, fitxer) VALUES ($1, $2, $3)",
-		set.Name, f.version, f.name); err != nil {
+		conjunt, f.version, f.name); err != nil {
 		return false, err
 	}
 	return true, tx.Commit(ctx)

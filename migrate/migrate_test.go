@@ -85,3 +85,40 @@ func TestConfiguredNamesAreQuoted(t *testing.T) {
 		t.Fatalf("odd table names: %d (%v)", n, err)
 	}
 }
+
+// Two outbox tables (and two inbox tables) in one schema: migrating the
+// second name creates the second set of tables, triggers and parking table,
+// instead of finding the first name's files recorded and skipping them.
+func TestSecondTableNameInOneSchemaIsMigrated(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	ctx := context.Background()
+	first := migrate.Names{Schema: s.Name}
+	second := migrate.Names{Schema: s.Name, Outbox: "outbox_pagaments", Processats: "processats_b"}
+	if _, err := migrate.Up(ctx, s.Pool, first, migrate.Outbox, migrate.Inbox); err != nil {
+		t.Fatal(err)
+	}
+	n, err := migrate.Up(ctx, s.Pool, second, migrate.Outbox, migrate.Inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tables, triggers int
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1
+		AND table_name IN ('outbox', 'outbox_aparcats', 'missatges_processats', 'outbox_pagaments', 'outbox_pagaments_aparcats', 'processats_b')`,
+		s.Name).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1)`,
+		second.Table("outbox_pagaments")).Scan(&triggers); err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 || tables != 6 || triggers != 2 {
+		t.Fatalf("second names: applied %d files, %d of 6 tables, %d of 2 triggers on outbox_pagaments", n, tables, triggers)
+	}
+	if n, err := migrate.Up(ctx, s.Pool, second, migrate.Outbox, migrate.Inbox); err != nil || n != 0 {
+		t.Fatalf("second names again: applied %d (%v), want 0", n, err)
+	}
+	if n, err := migrate.Up(ctx, s.Pool, first, migrate.Outbox, migrate.Inbox); err != nil || n != 0 {
+		t.Fatalf("first names again: applied %d (%v), want 0", n, err)
+	}
+}

@@ -117,17 +117,25 @@ func (o *Outbox) EnqueueBatch(ctx context.Context, tx DBTX, events []*Event) err
 	if len(events) == 1 {
 		return o.Enqueue(ctx, tx, events[0])
 	}
-	sorted := slices.Clone(events)
-	slices.SortStableFunc(sorted, func(a, b *Event) int { return strings.Compare(a.AggregateID, b.AggregateID) })
-	n := len(sorted)
-	ids, aggs, aggIDs, types := make([]uuid.UUID, n), make([]string, n), make([]string, n), make([]string, n)
-	versions, payloads := make([]int32, n), make([]string, n)
-	for i, e := range sorted {
+	n := len(events)
+	prepared := make([][]byte, n)
+	for i, e := range events { // in the caller's order: the error names the caller's index
 		p, err := o.prepare(e)
 		if err != nil {
 			return fmt.Errorf("event %d: %w", i, err)
 		}
-		ids[i], aggs[i], aggIDs[i], types[i], versions[i], payloads[i] = e.ID, e.Aggregate, e.AggregateID, e.Type, int32(e.Version), string(p)
+		prepared[i] = p
+	}
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(events[a].AggregateID, events[b].AggregateID) })
+	ids, aggs, aggIDs, types := make([]uuid.UUID, n), make([]string, n), make([]string, n), make([]string, n)
+	versions, payloads := make([]int32, n), make([]string, n)
+	for i, k := range order {
+		e := events[k]
+		ids[i], aggs[i], aggIDs[i], types[i], versions[i], payloads[i] = e.ID, e.Aggregate, e.AggregateID, e.Type, int32(e.Version), string(prepared[k])
 	}
 	if _, err := tx.Exec(ctx, o.insertBatch, ids, aggs, aggIDs, types, versions, payloads); err != nil {
 		return fmt.Errorf("outbox: insert batch of %d: %w", n, err)

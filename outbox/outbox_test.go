@@ -112,3 +112,23 @@ func count(t *testing.T, s *pgtest.Schema, q string) int {
 	}
 	return n
 }
+
+// EnqueueBatch names an invalid event by its index in the caller's slice,
+// not in the agregat_id order it inserts in.
+func TestEnqueueBatchNamesTheInvalidEventByItsIndex(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewMigratedSchema(t)
+	ob := outbox.New(outbox.Config{Names: s.Names()})
+	batch := []*outbox.Event{
+		{Aggregate: "comanda", AggregateID: "P-2", Type: "comanda.creada", Payload: []byte(`{}`)},
+		{Aggregate: "comanda", AggregateID: "P-3", Type: "comanda.creada", Payload: []byte(`{}`)},
+		{Aggregate: "comanda", AggregateID: "P-1", Type: "", Payload: []byte(`{}`)},
+	}
+	err := ob.EnqueueBatch(context.Background(), s.Pool, batch)
+	if !errors.Is(err, outbox.ErrInvalid) || !strings.HasPrefix(err.Error(), "event 2: ") {
+		t.Fatalf("got %v, want event 2 named", err)
+	}
+	if n := count(t, s, "SELECT count(*) FROM outbox"); n != 0 {
+		t.Fatalf("an invalid batch wrote %d rows", n)
+	}
+}

@@ -59,7 +59,8 @@ var ErrConfig = errors.New("relay: invalid config")
 
 // Transform turns one row (and its default envelope) into the envelopes to
 // publish for it, in order, all with the row's agregat_id as key. Returning an
-// error parks the row with the error as its reason.
+// error parks the row with the error as its reason; so does returning no
+// envelope or a nil one (the row is never marked published with nothing sent).
 type Transform func(row *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error)
 
 // Hooks are fault-injection and observation points. All are optional.

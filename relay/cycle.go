@@ -1,10 +1,13 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -247,10 +250,18 @@ func (w *worker) records(row *outbox.Row) ([]*transport.Message, string) {
 		if envs, err = t(row, env); err != nil {
 			return nil, clip("transform: " + err.Error())
 		}
+		// No envelope is nothing for the broker to confirm: marking the
+		// row would lose its event (CONTRACT 4).
+		if len(envs) == 0 {
+			return nil, "transform: returned no envelope"
+		}
 	}
 	key := []byte(row.AggregateID)
 	out := make([]*transport.Message, 0, len(envs))
 	for _, e := range envs {
+		if e == nil {
+			return nil, "transform: returned a nil envelope"
+		}
 		value, err := e.Encode()
 		if err != nil {
 			return nil, clip("envelope: " + err.Error())
@@ -259,6 +270,19 @@ func (w *worker) records(row *outbox.Row) ([]*transport.Message, string) {
 			{Key: transport.HeaderType, Value: e.Type}, {Key: transport.HeaderEventID, Value: e.ID}}}
 		if c := correlation(e); c != "" {
 			m.Headers = append(m.Headers, transport.Header{Key: transport.HeaderCorrelator, Value: c})
+		}
+		if recordSize(m) > w.r.cfg.MaxRecordBytes {
+			// JSONB comes back with a space after every ',' and ':', up to
+			// half again the size the outbox accepted: compact it before
+			// judging the record too large.
+			var buf bytes.Buffer
+			if json.Compact(&buf, e.Data) == nil && buf.Len() < len(e.Data) {
+				c := *e
+				c.Data = buf.Bytes()
+				if m.Value, err = c.Encode(); err != nil {
+					return nil, clip("envelope: " + err.Error())
+				}
+			}
 		}
 		if size := recordSize(m); size > w.r.cfg.MaxRecordBytes {
 			return nil, fmt.Sprintf("record of %d bytes is over the relay's limit of %d (MaxRecordBytes)", size, w.r.cfg.MaxRecordBytes)
@@ -358,10 +382,18 @@ func (w *worker) mark(ctx context.Context, rows []outbox.Row, done []pgtype.TID,
 	return br.Close()
 }
 
+// clip makes s storable as motiu (TEXT): valid UTF-8 without NUL, cut on a
+// character boundary after at most 500 bytes. A reason PostgreSQL refuses
+// would fail the parking INSERT, and with it the whole batch, at every retry.
 func clip(s string) string {
 	const n = 500
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 	if len(s) <= n {
 		return s
 	}
-	return s[:n] + "…"
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

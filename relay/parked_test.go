@@ -5,12 +5,14 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -140,4 +142,133 @@ func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
 	}
 	perKey, _ := firstSeqs(t, b.read(t, 154))
 	checkCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 150})
+}
+
+// A reason longer than the parking limit is cut on a character boundary: a
+// Transform error in Catalan whose "à" straddles the cut is still parked, and
+// so is one with a NUL byte or invalid UTF-8, and the rest of the batch goes out (a cut inside the character made the parking
+// INSERT fail as invalid UTF-8, and the whole batch was retried for ever).
+func TestLongNonASCIIReasonIsParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.config()
+	cfg.Transform = func(row *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error) {
+		if row.AggregateID == "X" {
+			// "transform: " is 11 bytes: the first "à" takes bytes 499 and 500.
+			return nil, errors.New(strings.Repeat("x", 488) + "àà dades no vàlides")
+		}
+		if row.AggregateID == "Z" {
+			return nil, errors.New("raw bytes \x00\xff in the payload") // NUL and invalid UTF-8
+		}
+		return []*envelope.Envelope{env}, nil
+	}
+	r := b.newRelay(t, cfg)
+	x1 := b.enqueue(t, "X", seqPayload{Seq: 1})
+	b.enqueue(t, "Y", seqPayload{Seq: 1})
+	z1 := b.enqueue(t, "Z", seqPayload{Seq: 1})
+	b.enqueue(t, "Y", seqPayload{Seq: 2})
+	n, err := r.RunOnce(ctx)
+	if err != nil {
+		t.Fatalf("run once: %v", err)
+	}
+	if n != 2 {
+		t.Fatalf("published %d, want 2 (Y1, Y2)", n)
+	}
+	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := map[uuid.UUID]string{}
+	for _, p := range parked {
+		reasons[p.ID] = p.Reason
+	}
+	if len(parked) != 2 || !utf8.ValidString(reasons[x1]) || !strings.HasPrefix(reasons[x1], "transform: xxx") ||
+		!strings.HasPrefix(reasons[z1], "transform: raw bytes ") {
+		t.Fatalf("parked: %+v", parked)
+	}
+	if p := b.pending(t); p != 2 {
+		t.Fatalf("%d pending, want 2 (X1 and Z1 parked)", p)
+	}
+}
+
+// A Transform that returns no envelope (or a nil one) for a row has given the
+// broker nothing to confirm: the row is parked, not marked published with
+// nothing sent (CONTRACT 4), and its aggregate waits; the others flow.
+func TestTransformWithoutEnvelopesParksTheRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	cfg := b.config()
+	cfg.Metrics = reg
+	cfg.Transform = func(row *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error) {
+		switch row.AggregateID {
+		case "X":
+			return nil, nil
+		case "Z":
+			return []*envelope.Envelope{env, nil}, nil
+		}
+		return []*envelope.Envelope{env}, nil
+	}
+	r := b.newRelay(t, cfg)
+	x1 := b.enqueue(t, "X", seqPayload{Seq: 1})
+	b.enqueue(t, "X", seqPayload{Seq: 2})
+	b.enqueue(t, "Y", seqPayload{Seq: 1})
+	z1 := b.enqueue(t, "Z", seqPayload{Seq: 1})
+	if n := b.drainOnce(t, r); n != 1 {
+		t.Fatalf("published %d, want 1 (Y1)", n)
+	}
+	if p := b.pending(t); p != 3 {
+		t.Fatalf("%d pending, want 3 (X1 and Z1 parked, X2 waiting)", p)
+	}
+	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[uuid.UUID]bool{}
+	for _, p := range parked {
+		ids[p.ID] = strings.HasPrefix(p.Reason, "transform: ")
+	}
+	if len(parked) != 2 || !ids[x1] || !ids[z1] {
+		t.Fatalf("parked: %+v", parked)
+	}
+	if v := metricValue(t, reg, relay.MetricPublished); v != 1 {
+		t.Fatalf("%s = %v, want 1", relay.MetricPublished, v)
+	}
+	perKey, copies := firstSeqs(t, b.read(t, 1))
+	if len(copies) != 1 || len(perKey["Y"]) != 1 {
+		t.Fatalf("topic: %v", perKey)
+	}
+}
+
+// A payload the outbox accepts under its default limit is published, not
+// parked, although PostgreSQL hands it back from JSONB with a space after
+// every comma and colon (here 1.0 MB written, 1.5 MB read back).
+func TestPayloadWithinTheOutboxLimitIsNotParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	ob := outbox.New(outbox.Config{Names: b.s.Names()}) // default MaxPayloadBytes
+	payload := []byte(`{"seq":1,"v":[` + strings.Repeat("0,", 499_990) + `0]}`)
+	err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error {
+		return ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: "X", Type: "comanda.creada", Payload: payload})
+	})
+	if err != nil {
+		t.Fatalf("the outbox refused %d bytes: %v", len(payload), err)
+	}
+	b.enqueue(t, "X", seqPayload{Seq: 2})
+	if n := b.drainOnce(t, b.newRelay(t, b.config())); n != 2 {
+		t.Fatalf("published %d, want 2", n)
+	}
+	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
+	if err != nil || len(parked) != 0 {
+		t.Fatalf("parked: %+v (%v)", parked, err)
+	}
+	recs := b.read(t, 2)
+	perKey, copies := firstSeqs(t, recs)
+	if len(copies) != 2 || len(recs[0].Value) > envelope.DefaultMaxBytes {
+		t.Fatalf("%d events, first record %d bytes", len(copies), len(recs[0].Value))
+	}
+	checkCommitOrder(t, perKey, map[string]int{"X": 2})
 }
