@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -155,6 +156,8 @@ func (o *Outbox) prepare(e *Event) ([]byte, error) {
 		return nil, fmt.Errorf("%w: tipus is empty", ErrInvalid)
 	case e.Version < 0:
 		return nil, fmt.Errorf("%w: versio %d is not positive", ErrInvalid, e.Version)
+	case e.Version > math.MaxInt32: // the column is INTEGER; EnqueueBatch would wrap it
+		return nil, fmt.Errorf("%w: versio %d is over the column's limit of %d", ErrInvalid, e.Version, math.MaxInt32)
 	}
 	if e.Version == 0 {
 		e.Version = 1

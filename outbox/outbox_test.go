@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -84,14 +85,15 @@ func TestEnqueueRefusesInvalidEvents(t *testing.T) {
 			return nil
 		}})
 	cases := map[string]*outbox.Event{
-		"agregat is empty":      {AggregateID: "x", Type: "t", Payload: []byte(`{}`)},
-		"agregat_id is empty":   {Aggregate: "a", Type: "t", Payload: []byte(`{}`)},
-		"tipus is empty":        {Aggregate: "a", AggregateID: "x", Payload: []byte(`{}`)},
-		"not valid JSON":        {Aggregate: "a", AggregateID: "x", Type: "t", Payload: []byte(`{`)},
-		"must be a JSON object": {Aggregate: "a", AggregateID: "x", Type: "t", Payload: []byte(`[1]`)},
-		"over the limit":        {Aggregate: "a", AggregateID: "x", Type: "t", Payload: []byte(`{"p":"` + strings.Repeat("x", 200) + `"}`)},
-		"dades.id: missing":     {Aggregate: "a", AggregateID: "x", Type: "refusat", Payload: []byte(`{}`)},
-		"carrega: missing":      {Aggregate: "a", AggregateID: "x", Type: "t"},
+		"agregat is empty":        {AggregateID: "x", Type: "t", Payload: []byte(`{}`)},
+		"agregat_id is empty":     {Aggregate: "a", Type: "t", Payload: []byte(`{}`)},
+		"tipus is empty":          {Aggregate: "a", AggregateID: "x", Payload: []byte(`{}`)},
+		"not valid JSON":          {Aggregate: "a", AggregateID: "x", Type: "t", Payload: []byte(`{`)},
+		"must be a JSON object":   {Aggregate: "a", AggregateID: "x", Type: "t", Payload: []byte(`[1]`)},
+		"over the limit":          {Aggregate: "a", AggregateID: "x", Type: "t", Payload: []byte(`{"p":"` + strings.Repeat("x", 200) + `"}`)},
+		"dades.id: missing":       {Aggregate: "a", AggregateID: "x", Type: "refusat", Payload: []byte(`{}`)},
+		"carrega: missing":        {Aggregate: "a", AggregateID: "x", Type: "t"},
+		"over the column's limit": {Aggregate: "a", AggregateID: "x", Type: "t", Version: math.MaxInt32 + 1, Payload: []byte(`{}`)},
 	}
 	for want, e := range cases {
 		err := ob.Enqueue(ctx, s.Pool, e)
