@@ -58,6 +58,32 @@ func (n Names) WithDefaults() Names {
 	return n
 }
 
+// maxIdentBytes is PostgreSQL's identifier limit (NAMEDATALEN − 1): a longer
+// name is silently truncated, so two long outbox names with one prefix would
+// share their parking table.
+const maxIdentBytes = 63
+
+// Validate reports a name PostgreSQL would truncate or refuse, counting the
+// suffixes of the derived tables and indexes (outbox_aparcats_agregat,
+// missatges_processats_antiguitat).
+func (n Names) Validate() error {
+	n = n.WithDefaults()
+	for _, c := range []struct{ what, name, derived string }{
+		{"schema", n.Schema, n.Schema},
+		{"outbox table", n.Outbox, n.Outbox + "_aparcats_agregat"},
+		{"processed-messages table", n.Processats, n.Processats + "_antiguitat"},
+	} {
+		if strings.ContainsRune(c.name, 0) {
+			return fmt.Errorf("migrate: %s name %q contains a NUL byte", c.what, c.name)
+		}
+		if len(c.derived) > maxIdentBytes {
+			return fmt.Errorf("migrate: %s name %q is too long: %q is over PostgreSQL's %d bytes",
+				c.what, c.name, c.derived, maxIdentBytes)
+		}
+	}
+	return nil
+}
+
 // Table returns the quoted, schema-qualified name of table in n's schema.
 func (n Names) Table(table string) string {
 	n = n.WithDefaults()
@@ -91,6 +117,9 @@ const lockKey int64 = 0x6b6d305f6d6967 // "km0_mig"
 // concurrently. An error leaves the failing file unapplied and unrecorded.
 func Up(ctx context.Context, db DBTX, names Names, sets ...Set) (int, error) {
 	names = names.WithDefaults()
+	if err := names.Validate(); err != nil {
+		return 0, err
+	}
 	applied := 0
 	repl := replacer(names)
 	for _, set := range sets {

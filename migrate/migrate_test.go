@@ -122,3 +122,29 @@ func TestSecondTableNameInOneSchemaIsMigrated(t *testing.T) {
 		t.Fatalf("first names again: applied %d (%v), want 0", n, err)
 	}
 }
+
+// A name PostgreSQL would truncate is refused before anything is created:
+// two long outbox names with one 46-byte prefix would otherwise share
+// "<prefix>_aparcats_agregat" cut to 63 bytes.
+func TestNamesPostgreSQLWouldTruncateAreRefused(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	long := strings.Repeat("o", 47) // + "_aparcats_agregat" = 64 bytes
+	for _, names := range []migrate.Names{
+		{Schema: s.Name, Outbox: long},
+		{Schema: s.Name, Processats: strings.Repeat("p", 53)},
+		{Schema: s.Name, Outbox: "a\x00b"},
+	} {
+		_, err := migrate.Up(context.Background(), s.Pool, names, migrate.Outbox, migrate.Inbox)
+		if err == nil || !strings.Contains(err.Error(), "migrate: ") {
+			t.Errorf("%+v: got %v, want a refusal", names, err)
+		}
+	}
+	var n int
+	if err := s.Pool.QueryRow(context.Background(), `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1`, s.Name).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d tables created (%v), want 0", n, err)
+	}
+	if _, err := migrate.Up(context.Background(), s.Pool, migrate.Names{Schema: s.Name, Outbox: long[:46]}, migrate.Outbox); err != nil {
+		t.Fatalf("a 46-byte outbox name (63 with its suffix): %v", err)
+	}
+}
