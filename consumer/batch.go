@@ -82,7 +82,7 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 			ignored++
 			continue
 		}
-		env, err := c.cfg.Decode(it.rec.Value)
+		env, err := c.decode(it.rec)
 		if err == nil && (env == nil || (env.ID == "" && !c.cfg.NoInbox)) {
 			err = errNoID
 		}
@@ -361,6 +361,21 @@ func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (e
 		}
 	}()
 	return c.cfg.HandleBatch(ctx, tx, msgs)
+}
+
+// decode runs the Decode hook. A panic (in an upcaster, say) is a permanent
+// *PanicError: the same bytes would panic at every delivery, so the record
+// goes to the DLQ at once instead of killing the process again and again.
+func (c *Consumer) decode(r *kgo.Record) (env *envelope.Envelope, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			pe := &PanicError{Value: v, Stack: debug.Stack()}
+			c.log.Error("consumer: decode panic", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
+				"panic", fmt.Sprint(v), "stack", string(pe.Stack))
+			env, err = nil, outcome.Permanent(fmt.Errorf("decode: %w", pe))
+		}
+	}()
+	return c.cfg.Decode(r.Value)
 }
 
 // call runs the handler, turning a panic into a transient *PanicError.

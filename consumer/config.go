@@ -104,7 +104,8 @@ type Config struct {
 	// committed, never dead-lettered). Empty: every tipus.
 	Types []string
 	// Decode decodes a record value. Default envelope.Decoder{}.Decode. Its
-	// errors are permanent: the record goes to the DLQ at attempt 1.
+	// errors, and its panics (recovered, logged with the stack), are
+	// permanent: the record goes to the DLQ at attempt 1.
 	Decode func([]byte) (*envelope.Envelope, error)
 	// Mode places the offset commit. Default AtLeastOnce.
 	Mode Mode

@@ -96,3 +96,30 @@ func TestCopyTooLargeForTheBrokerBecomesAHeaderOnlyDeadLetter(t *testing.T) {
 		t.Fatalf("dead letter: %d bytes, headers %v", len(recs[0].Value), recs[0].Headers)
 	}
 }
+
+// Failure point: a malformed record whose bulk is in a header (the topic
+// took it compressed) is dead-lettered at attempt 1; its DLQ copy and then
+// the header-only stub keeping that header are both refused for good. The
+// poison must still leave the partition: a stub without the oversized header
+// goes to the DLQ, and the healthy record behind it is processed and both
+// offsets are committed.
+func TestOversizedHeaderNeverBlocksThePartition(t *testing.T) {
+	b := setup(t)
+	big := strings.Repeat("x", 1<<20-250)
+	b.publish(&kgo.Record{Topic: topic, Key: []byte("P-1"), Value: []byte("{not json"),
+		Headers: []kgo.RecordHeader{{Key: "tipus", Value: []byte("comanda.creada")}, {Key: "traca", Value: []byte(big)}}})
+	b.publishEvents(newEvent("P-1", comanda{ID: "P-1", N: 1}))
+	cfg := b.config(effect)
+	cfg.KgoOpts = append(cfg.KgoOpts, kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.ProducerBatchMaxBytes(2<<20), kgo.FetchMaxBytes(4<<20), kgo.FetchMaxPartitionBytes(4<<20))
+	st := b.runUntil(cfg, "1 dead-lettered, 1 processed", func(s consumer.Stats) bool {
+		return s.DeadLettered == 1 && s.Processed == 1
+	})
+	if b.effects() != 1 || b.committed(topic) != 2 {
+		t.Fatalf("effects %d (want 1), committed %d (want 2), stats %+v", b.effects(), b.committed(topic), st)
+	}
+	recs := b.read(topic+consumer.DLQSuffix, 1)
+	if len(recs) != 1 || !strings.HasPrefix(hdr(recs[0], "motiu"), "permanent: massa_gran") ||
+		hdr(recs[0], consumer.HeaderOriginalOffset) != "0" || hdr(recs[0], "traca") != "" {
+		t.Fatalf("dead letters: %d, first with motiu %q and %d header bytes", len(recs), hdr(recs[0], "motiu"), len(hdr(recs[0], "traca")))
+	}
+}

@@ -20,7 +20,7 @@ type Stats struct {
 	Foreign      int64 // retry copies of another consumer group, skipped
 	Retried      int64 // failed attempts copied to <topic>.retry
 	DeadLettered int64 // copied to <topic>.dlq
-	Panics       int64 // handler panics recovered (each is also a failed attempt)
+	Panics       int64 // handler and Decode panics recovered (each is also a failed attempt)
 }
 
 // counters are the Stats counts, by the resultat label of

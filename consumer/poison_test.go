@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outcome"
 )
 
@@ -408,5 +409,37 @@ func TestFirstDeadLetterDoesNotRebalanceTheGroup(t *testing.T) {
 	defer mu.Unlock()
 	if len(assigned) != 1 || len(assigned[0][topic]) != 6 || len(assigned[0][topic+".retry"]) != 6 {
 		t.Fatalf("assignments %v, want one holding the 6 partitions of %s and of its .retry", assigned, topic)
+	}
+}
+
+// A Decode hook (an upcaster, say) that panics on one record's bytes would
+// panic on them at every delivery: the record is a permanent failure, dead-
+// lettered at attempt 1, and its neighbours on the partition are processed.
+// Before, the panic killed the process, and on restart again: the partition
+// was blocked for good.
+func TestDecodePanicIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
+	b := setup(t)
+	poison := seqEvent("D-1", 1)
+	b.publishEvents(seqEvent("D-1", 0), poison, seqEvent("D-1", 2))
+	cfg := b.config(effect)
+	dec := cfg.WithDefaults().Decode
+	cfg.Decode = func(v []byte) (*envelope.Envelope, error) {
+		env, err := dec(v)
+		if err == nil && env.ID == poison.id {
+			var up map[string]int
+			up["versio"]++ // nil map: panics
+		}
+		return env, err
+	}
+	st := b.runUntil(cfg, "2 processed, 1 dead-lettered", func(s consumer.Stats) bool {
+		return s.Processed == 2 && s.DeadLettered == 1
+	})
+	if st.Retried != 0 || b.effects() != 2 || b.committed(topic) != 3 {
+		t.Fatalf("stats %+v, effects %d (want 2), committed %d (want 3)", st, b.effects(), b.committed(topic))
+	}
+	recs := b.read(topic+consumer.DLQSuffix, 1)
+	if len(recs) != 1 || hdr(recs[0], "id_esdeveniment") != poison.id || !strings.HasPrefix(hdr(recs[0], "motiu"), "permanent: ") ||
+		!strings.Contains(hdr(recs[0], "motiu"), "panic") {
+		t.Fatalf("dead letters %d, motiu %q", len(recs), hdr(recs[0], "motiu"))
 	}
 }

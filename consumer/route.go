@@ -293,16 +293,33 @@ func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
 }
 
 // tooLargeStub is the dead letter that stands for a copy the broker refused
-// for good: the copy's headers with motiu replaced, and no value.
+// for good: no value, motiu replaced, and only what is bounded, so the stub
+// itself always fits whatever made the copy too large (a huge header or key
+// is as refusable as a huge value, and a refused stub would be produced again
+// forever, holding the partition's commit back). It keeps the first of each
+// contract header (tipus, id_esdeveniment and the retry/DLQ ones) of at most
+// stubMaxBytes, and the key when it is at most stubMaxBytes.
 func tooLargeStub(r *kgo.Record, dlq string, cause error) *kgo.Record {
 	reason := outcome.Truncate(fmt.Sprintf("permanent: massa_gran: còpia refusada pel broker (%v); original a %s/%s/%s",
 		cause, header(r, HeaderOriginalTopic), header(r, HeaderOriginalPartition), header(r, HeaderOriginalOffset)), 200)
-	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
+	hs := make([]kgo.RecordHeader, 0, len(retryHeaders)+3)
+	seen := map[string]bool{}
 	for _, h := range r.Headers {
-		if h.Key != transport.HeaderReason && h.Key != transport.HeaderNotBefore {
-			hs = append(hs, h)
+		keep := retryHeaders[h.Key] || h.Key == transport.HeaderType || h.Key == transport.HeaderEventID
+		if !keep || seen[h.Key] || h.Key == transport.HeaderReason || h.Key == transport.HeaderNotBefore ||
+			len(h.Value) > stubMaxBytes {
+			continue
 		}
+		seen[h.Key] = true
+		hs = append(hs, h)
 	}
 	hs = append(hs, kgo.RecordHeader{Key: transport.HeaderReason, Value: []byte(reason)})
-	return &kgo.Record{Topic: dlq, Key: r.Key, Value: []byte{}, Headers: hs}
+	key := r.Key
+	if len(key) > stubMaxBytes {
+		key = nil
+	}
+	return &kgo.Record{Topic: dlq, Key: key, Value: []byte{}, Headers: hs}
 }
+
+// stubMaxBytes bounds each header value and the key a tooLargeStub keeps.
+const stubMaxBytes = 256
