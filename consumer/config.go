@@ -28,6 +28,8 @@ const (
 	// BackoffDefault is the delay before the second attempt; the delay before
 	// attempt n+1 is Backoff × 2^(n−1) (1 s, 2 s, 4 s...).
 	BackoffDefault = time.Second
+	// BackoffMaxDefault caps the delay between attempts (as on RabbitMQ).
+	BackoffMaxDefault = time.Hour
 	// BatchSizeDefault is how many messages of one partition share a
 	// transaction (each with its own key; see Config.BatchSize).
 	BatchSizeDefault = 100
@@ -118,6 +120,8 @@ type Config struct {
 	// Backoff is the delay before the second attempt; it doubles for each
 	// later one. outcome.RetryAfter overrides it. Default BackoffDefault.
 	Backoff time.Duration
+	// BackoffMax caps that delay. Default BackoffMaxDefault.
+	BackoffMax time.Duration
 	// Classifier classifies handler errors that carry no outcome. Default
 	// outcome.DefaultClassifier (transient).
 	Classifier outcome.Classifier
@@ -168,6 +172,7 @@ func (cfg Config) WithDefaults() Config {
 	}
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault)
 	cfg.Backoff = cmp.Or(cfg.Backoff, BackoffDefault)
+	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, BackoffMaxDefault)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
 	cfg.CommitInterval = cmp.Or(cfg.CommitInterval, CommitIntervalDefault)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, ShutdownTimeoutDefault)
@@ -221,7 +226,7 @@ func (cfg Config) validate() error {
 	if cfg.MaxAttempts < 1 {
 		bad("MaxAttempts %d < 1", cfg.MaxAttempts)
 	}
-	for name, d := range map[string]time.Duration{"Backoff": cfg.Backoff, "CommitInterval": cfg.CommitInterval, "ShutdownTimeout": cfg.ShutdownTimeout} {
+	for name, d := range map[string]time.Duration{"Backoff": cfg.Backoff, "BackoffMax": cfg.BackoffMax, "CommitInterval": cfg.CommitInterval, "ShutdownTimeout": cfg.ShutdownTimeout} {
 		if d < 0 {
 			bad("negative %s %v", name, d)
 		}

@@ -443,3 +443,37 @@ func TestDecodePanicIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 		t.Fatalf("dead letters %d, motiu %q", len(recs), hdr(recs[0], "motiu"))
 	}
 }
+
+// A retry copy names the group whose handler failed; other groups skip it.
+// A copy with no grup_consumidor, or an empty one (a hand-made or
+// foreign-tool copy), belongs to every group, so it is processed rather
+// than skipped by all of them and lost.
+func TestRetryCopiesOfAnotherGroupAreSkippedAndUnnamedOnesTaken(t *testing.T) {
+	b := setup(t)
+	r := b.run(b.config(effect))
+	copyWith := func(n int, group *string) *kgo.Record {
+		rec := seqEvent("K"+strconv.Itoa(n), 0).record()
+		rec.Topic = topic + ".retry"
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "intents", Value: []byte("1")},
+			kgo.RecordHeader{Key: "no_abans", Value: []byte("1000000000.0")})
+		if group != nil {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "grup_consumidor", Value: []byte(*group)})
+		}
+		return rec
+	}
+	other, empty, ours := "pagaments", "", group
+	b.publish(copyWith(1, &other), copyWith(2, &empty), copyWith(3, nil), copyWith(4, &ours))
+	eventually(t, "3 copies processed and 1 skipped", func() bool {
+		st := r.c.Stats()
+		return st.Processed == 3 && st.Foreign == 1
+	})
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.c.Stats(); st.Processed != 3 || st.Foreign != 1 || st.DeadLettered != 0 || st.Retried != 0 {
+		t.Fatalf("stats %+v, want 3 processed, 1 foreign", st)
+	}
+	if n := b.effects(); n != 3 {
+		t.Fatalf("effects %d, want 3", n)
+	}
+}

@@ -36,8 +36,8 @@ var retryHeaders = map[string]bool{
 }
 
 // retryItem reads the headers of a retry copy. It returns nil for a copy of
-// another consumer group (its grup_consumidor differs; a copy without the
-// header, e.g. from the seed's Python consumer, is taken).
+// another consumer group (its grup_consumidor differs). A copy without the
+// header or with an empty one, e.g. from the seed's Python consumer, is taken.
 func (c *Consumer) retryItem(r *kgo.Record) *item {
 	h := func(k string) (string, bool) {
 		for _, x := range r.Headers {
@@ -47,7 +47,7 @@ func (c *Consumer) retryItem(r *kgo.Record) *item {
 		}
 		return "", false
 	}
-	if g, ok := h(HeaderGroup); ok && g != c.cfg.Group {
+	if g, _ := h(HeaderGroup); g != "" && g != c.cfg.Group { // an empty one names no group: ours
 		return nil
 	}
 	it := &item{rec: r, attempt: 2}
@@ -110,7 +110,7 @@ func (c *Consumer) route(p *partition, fails []failure) error {
 		}
 		wait := f.wait
 		if wait <= 0 {
-			wait = c.cfg.Backoff << (f.it.attempt - 1)
+			wait = outcome.Backoff(c.cfg.Backoff, c.cfg.BackoffMax, f.it.attempt)
 		}
 		recs[i] = c.copyOf(f.it, p.source+RetrySuffix, now, map[string]string{
 			transport.HeaderAttempts:  strconv.Itoa(f.it.attempt),

@@ -75,7 +75,8 @@ func (h *handler) guard(next http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusForbidden, "state-changing endpoints are disabled: no admin token is configured")
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		ok := strings.EqualFold(scheme, "Bearer") // scheme names are case-insensitive (RFC 9110 11.1)
 		sum := sha256.Sum256([]byte(got))
 		if subtle.ConstantTimeCompare(sum[:], want[:]) != 1 || !ok {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="km0 dlq"`)

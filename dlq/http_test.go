@@ -18,7 +18,10 @@ func call(t *testing.T, method, u, token, body string) (int, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if token != "" {
+	switch {
+	case strings.Contains(token, " "): // a whole Authorization value
+		req.Header.Set("Authorization", token)
+	case token != "":
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
@@ -78,6 +81,13 @@ func TestAdminAPIRequiresTokenForStateChanges(t *testing.T) {
 	}
 	if code, _ := call(t, "POST", srv.URL+"/purge", "s3cret-token", `{}`); code != 409 {
 		t.Fatalf("unconfirmed purge: %d, want 409", code)
+	}
+	// The scheme name is case-insensitive (RFC 9110 11.1); the token is not.
+	if code, _ := call(t, "POST", srv.URL+"/purge", "bearer s3cret-token", `{}`); code != 409 {
+		t.Fatalf("unconfirmed purge with scheme \"bearer\": %d, want 409", code)
+	}
+	if code, _ := call(t, "POST", srv.URL+"/purge", "Bearer S3CRET-TOKEN", `{}`); code != 401 {
+		t.Fatalf("purge with the token in upper case: %d, want 401", code)
 	}
 	if code, _ := call(t, "POST", srv.URL+"/replay", "s3cret-token", `{"since":"yesterday-ish"}`); code != 400 {
 		t.Fatalf("bad since: %d, want 400", code)

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -151,4 +152,21 @@ func Truncate(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// Backoff is the delay before attempt+1 after attempt failed: base ×
+// 2^(attempt−1), capped at ceiling (a ceiling ≤ 0 means no cap other than overflow).
+// It never overflows, whatever attempt a retry copy claims.
+func Backoff(base, ceiling time.Duration, attempt int) time.Duration {
+	if ceiling <= 0 {
+		ceiling = time.Duration(math.MaxInt64)
+	}
+	d := base
+	for i := 1; i < attempt && d < ceiling; i++ {
+		if d > ceiling/2 {
+			return ceiling
+		}
+		d *= 2
+	}
+	return min(d, ceiling)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -53,5 +54,25 @@ func TestReasonHasThePrefixAndAtMost200BytesOfValidUTF8(t *testing.T) {
 	long := outcome.Reason(outcome.KindTransient, errors.New(strings.Repeat("à", 300)))
 	if !strings.HasPrefix(long, "transitori esgotat: ") || len(long) > 200 || !strings.HasSuffix(long, "à") {
 		t.Fatalf("reason %d bytes, %q…", len(long), long[:40])
+	}
+}
+
+func TestBackoffDoublesAndNeverOverflows(t *testing.T) {
+	for _, c := range []struct {
+		base, ceiling time.Duration
+		attempt       int
+		want          time.Duration
+	}{
+		{time.Second, time.Hour, 1, time.Second},
+		{time.Second, time.Hour, 3, 4 * time.Second},
+		{time.Second, time.Hour, 13, time.Hour}, // 4,096 s capped
+		{time.Second, time.Hour, 1 << 30, time.Hour},
+		{time.Second, 0, 30, time.Second << 29},
+		{time.Second, 0, 100, time.Duration(math.MaxInt64)}, // Backoff << 99 overflowed to 0: no wait at all
+		{time.Second, time.Hour, 0, time.Second},
+	} {
+		if got := outcome.Backoff(c.base, c.ceiling, c.attempt); got != c.want {
+			t.Errorf("Backoff(%v, %v, %d) = %v, want %v", c.base, c.ceiling, c.attempt, got, c.want)
+		}
 	}
 }

@@ -387,11 +387,7 @@ func (c *Consumer) run(ctx context.Context, tx pgx.Tx, m *consumer.Message) (err
 
 // backoff is base × 2^(attempt−1), capped.
 func (c *Consumer) backoff(attempt int) time.Duration {
-	d := c.cfg.BackoffBase
-	for i := 1; i < attempt && d < c.cfg.BackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, c.cfg.BackoffMax)
+	return outcome.Backoff(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt)
 }
 
 // deadLetterNative rejects without requeue: RabbitMQ moves the message to
