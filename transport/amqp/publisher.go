@@ -335,13 +335,16 @@ func (pc *pubChannel) isDead() bool {
 func (pc *pubChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (*pending, error) {
 	pc.sendMu.Lock()
 	defer pc.sendMu.Unlock()
-	w := &pending{id: msg.MessageId, done: make(chan struct{})}
+	// The tag is read before pc.mu is taken (sendMu keeps it ours): the
+	// library holds its sequence lock while it hands a burst of reordered
+	// confirms to dispatch, which needs pc.mu for each, so waiting for that
+	// lock while holding pc.mu would wedge the channel's confirms.
+	w := &pending{id: msg.MessageId, done: make(chan struct{}), tag: pc.ch.GetNextPublishSeqNo()}
 	pc.mu.Lock()
 	if pc.err != nil {
 		pc.mu.Unlock()
 		return nil, pc.err
 	}
-	w.tag = pc.ch.GetNextPublishSeqNo()
 	pc.pending[w.tag] = w
 	pc.byID[w.id] = append(pc.byID[w.id], w)
 	pc.mu.Unlock()
