@@ -91,6 +91,26 @@ func TestPublishReportsReturnedMessagesAndConfirmsTheOthers(t *testing.T) {
 	}
 }
 
+// One event may go to two routes at once (one message_id): a return must be
+// charged to the message with the route it names, not to whichever message
+// with that id is in flight first.
+func TestPublishChargesAReturnToTheRouteItNamesWhenIDsRepeat(t *testing.T) {
+	conn, q, pub := pubSetup(t, amqp.PublisherConfig{})
+	for i := range 20 {
+		routed := event(t, q, "a", i)
+		lost := *routed
+		lost.Topic = q + ".nowhere"
+		err := pub.Publish(context.Background(), []*transport.Message{routed, &lost})
+		var ret *amqp.ReturnedError
+		if !errors.As(err, &ret) || len(ret.Index) != 1 || ret.Index[0] != 1 || ret.Returns[0].RoutingKey != lost.Topic {
+			t.Fatalf("round %d: want only message 1 (key %s) returned, got %v", i, lost.Topic, err)
+		}
+	}
+	if n := queueLen(t, conn, q); n != 20 {
+		t.Fatalf("queue holds %d, want the 20 routable messages", n)
+	}
+}
+
 func TestPublishRejectsOversizedMessagesForGood(t *testing.T) {
 	conn, q, pub := pubSetup(t, amqp.PublisherConfig{MaxMessageBytes: 1000})
 	big := event(t, q, "b", 1)
