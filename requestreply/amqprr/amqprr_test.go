@@ -3,6 +3,7 @@ package amqprr_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,4 +93,42 @@ func TestReplyToAGoneClientIsCountedAsOrphaned(t *testing.T) {
 	_ = cl.Close() // its exclusive reply queue goes with its channel
 	close(release)
 	amqptest.WaitFor(t, 10*time.Second, "the returned reply counted as orphaned", func() bool { return srv.Stats().Orphaned == 1 })
+}
+
+// A request id or service name AMQP cannot carry (a shortstr: at most 255
+// bytes) is the caller's error alone: it must not take the connection, and
+// the other requests waiting on it, down with it.
+func TestOverlongRequestIDOrServiceFailsAloneWithAClearError(t *testing.T) {
+	inside, release := make(chan struct{}), make(chan struct{})
+	_, cl, queue := start(t, func(_ context.Context, req *requestreply.Request) ([]byte, error) {
+		if req.ID == "lenta" {
+			close(inside)
+			<-release
+		}
+		return []byte(`{"ok":true}`), nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	slow := make(chan error, 1)
+	go func() {
+		_, err := cl.Request(ctx, queue, "lenta", []byte(`{}`))
+		slow <- err
+	}()
+	<-inside
+	for _, c := range []struct{ service, id string }{
+		{queue, strings.Repeat("x", 256)},
+		{queue + strings.Repeat(".x", 128), "curta"},
+	} {
+		_, err := cl.Request(ctx, c.service, c.id, []byte(`{}`))
+		if err == nil || errors.Is(err, requestreply.ErrConnectionLost) || !strings.Contains(err.Error(), "255") {
+			t.Fatalf("service of %d bytes, id of %d bytes: want an error naming the 255-byte limit, got %v", len(c.service), len(c.id), err)
+		}
+	}
+	close(release)
+	if err := <-slow; err != nil {
+		t.Fatalf("the request waiting meanwhile: %v", err)
+	}
+	if _, err := cl.Request(ctx, queue, "despres", []byte(`{}`)); err != nil {
+		t.Fatalf("a request after: %v", err)
+	}
 }

@@ -243,6 +243,15 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	if service == "" {
 		return nil, errors.New("amqprr: empty service (queue) name")
 	}
+	// Both travel as AMQP shortstr fields (routing key, message_id). The
+	// client library refuses a longer one only after it has begun the frame,
+	// and then shuts the whole connection down, failing every other request.
+	if len(service) > maxShortstr {
+		return nil, fmt.Errorf("amqprr: service (queue) name of %d bytes: AMQP allows at most %d", len(service), maxShortstr)
+	}
+	if len(requestID) > maxShortstr {
+		return nil, fmt.Errorf("amqprr: request id of %d bytes: AMQP message_id allows at most %d", len(requestID), maxShortstr)
+	}
 	start := time.Now()
 	ctx, cancel := requestreply.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -279,6 +288,9 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	}
 	return s.calls.Await(ctx, service, requestID, corr, start, wait)
 }
+
+// maxShortstr is the longest AMQP shortstr (routing key, message_id).
+const maxShortstr = 255
 
 // LateReplies counts replies dropped because their request had timed out
 // (or was unknown).

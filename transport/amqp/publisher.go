@@ -211,7 +211,7 @@ func (p *Publisher) publish(ctx context.Context, exchange string, keys []string,
 	waits := make([]*pending, len(pubs))
 	for i, m := range pubs {
 		if m.MessageId == "" {
-			m.MessageId = uuid.NewString() // basic.return frames are matched by it
+			m.MessageId = uuid.NewString() // basic.return frames are matched by it (and the route)
 		}
 		w, err := pc.publish(ctx, exchange, keys[i], m)
 		if err != nil {
@@ -286,12 +286,14 @@ func (p *Publisher) Close() error {
 
 // pending is one published message waiting for its confirm.
 type pending struct {
-	tag  uint64
-	id   string
-	done chan struct{}
-	ack  bool
-	ret  *amqp.Return
-	err  error
+	tag      uint64
+	id       string
+	exchange string // with key, tells apart messages that share an id
+	key      string
+	done     chan struct{}
+	ack      bool
+	ret      *amqp.Return
+	err      error
 }
 
 // pubChannel is a channel in confirm mode with one dispatcher goroutine that
@@ -335,13 +337,16 @@ func (pc *pubChannel) isDead() bool {
 func (pc *pubChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (*pending, error) {
 	pc.sendMu.Lock()
 	defer pc.sendMu.Unlock()
-	w := &pending{id: msg.MessageId, done: make(chan struct{})}
+	// The tag is read before pc.mu is taken (sendMu keeps it ours): the
+	// library holds its sequence lock while it hands a burst of reordered
+	// confirms to dispatch, which needs pc.mu for each, so waiting for that
+	// lock while holding pc.mu would wedge the channel's confirms.
+	w := &pending{id: msg.MessageId, exchange: exchange, key: key, done: make(chan struct{}), tag: pc.ch.GetNextPublishSeqNo()}
 	pc.mu.Lock()
 	if pc.err != nil {
 		pc.mu.Unlock()
 		return nil, pc.err
 	}
-	w.tag = pc.ch.GetNextPublishSeqNo()
 	pc.pending[w.tag] = w
 	pc.byID[w.id] = append(pc.byID[w.id], w)
 	pc.mu.Unlock()
@@ -421,7 +426,7 @@ func (pc *pubChannel) onReturn(r amqp.Return) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	for _, w := range pc.byID[r.MessageId] {
-		if w.ret == nil {
+		if w.ret == nil && w.exchange == r.Exchange && w.key == r.RoutingKey {
 			w.ret = &r
 			return
 		}

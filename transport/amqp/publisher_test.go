@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
@@ -86,6 +88,26 @@ func TestPublishReportsReturnedMessagesAndConfirmsTheOthers(t *testing.T) {
 	// The channel survives a return: the next publish is confirmed.
 	if err := pub.Publish(context.Background(), []*transport.Message{event(t, q, "e", 4)}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// One event may go to two routes at once (one message_id): a return must be
+// charged to the message with the route it names, not to whichever message
+// with that id is in flight first.
+func TestPublishChargesAReturnToTheRouteItNamesWhenIDsRepeat(t *testing.T) {
+	conn, q, pub := pubSetup(t, amqp.PublisherConfig{})
+	for i := range 20 {
+		routed := event(t, q, "a", i)
+		lost := *routed
+		lost.Topic = q + ".nowhere"
+		err := pub.Publish(context.Background(), []*transport.Message{routed, &lost})
+		var ret *amqp.ReturnedError
+		if !errors.As(err, &ret) || len(ret.Index) != 1 || ret.Index[0] != 1 || ret.Returns[0].RoutingKey != lost.Topic {
+			t.Fatalf("round %d: want only message 1 (key %s) returned, got %v", i, lost.Topic, err)
+		}
+	}
+	if n := queueLen(t, conn, q); n != 20 {
+		t.Fatalf("queue holds %d, want the 20 routable messages", n)
 	}
 }
 
@@ -174,5 +196,93 @@ func TestShardedPublisherRoutesEachKeyToOneShard(t *testing.T) {
 	}
 	if err := sp.Publish(context.Background(), []*transport.Message{{Topic: q, Value: []byte("{}")}}); err == nil {
 		t.Fatal("a message without key must be refused in ordered mode")
+	}
+}
+
+// suspendQueue suspends the Erlang process of queue on the broker, so that it
+// neither stores nor confirms what is published to it, until the returned
+// resume runs (also at cleanup). Only this test's own queue is touched.
+func suspendQueue(t *testing.T, queue string) (resume func()) {
+	t.Helper()
+	pid := `amqqueue:get_pid(element(2, rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"` + queue + `">>))))`
+	amqptest.Rabbitmqctl(t, "eval", "sys:suspend("+pid+").")
+	var once sync.Once
+	resume = func() { once.Do(func() { amqptest.Rabbitmqctl(t, "eval", "sys:resume("+pid+").") }) }
+	t.Cleanup(resume)
+	return resume
+}
+
+// A queue that confirms late makes the broker confirm everything published
+// after it out of order; the client library holds those confirms back and
+// hands them over in one burst, under its sequence lock, once the late one
+// comes. Publishes that start during that burst must not wedge the channel.
+func TestPublishKeepsGoingThroughABurstOfOutOfOrderConfirms(t *testing.T) {
+	conn := amqptest.Dial(t)
+	slow, fast, other := amqptest.Name("t.pub.lenta"), amqptest.Name("t.pub.rapida"), amqptest.Name("t.pub.altra")
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{slow, fast, other} })
+	if err := conn.Declare(context.Background(), amqp.Topology{Queues: []amqp.Queue{{Name: slow}, {Name: fast}, {Name: other}}}); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := suspendQueue(t, slow)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	const n = 10000
+	msgs := []*transport.Message{event(t, slow, "s", 0)}
+	for i := range n {
+		msgs = append(msgs, event(t, fast, "f", i))
+	}
+	big := make(chan error, 1)
+	go func() { big <- pub.Publish(ctx, msgs) }()
+	// Other publishers keep publishing one message at a time: each waits
+	// behind the slow queue's confirm, and publishes again as soon as its
+	// confirm comes, in the middle of the burst.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var more atomic.Int64
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := pub.Publish(ctx, []*transport.Message{event(t, other, "g", g*1000000+i)}); err != nil {
+					errs <- fmt.Errorf("publisher %d: %w", g, err)
+					return
+				}
+				more.Add(1)
+			}
+		}()
+	}
+	// Every fast message is in its queue: the broker has confirmed them,
+	// and the library holds the confirms back behind the slow one.
+	waitFor(t, time.Minute, "the fast queue to hold every message", func() bool { return queueLen(t, conn, fast) >= n })
+	resume()
+	if err := <-big; err != nil {
+		t.Fatalf("the batch published before the burst: %v", err)
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := queueLen(t, conn, fast); got != n {
+		t.Fatalf("fast queue holds %d, want %d", got, n)
+	}
+	if got, want := queueLen(t, conn, other), int(more.Load()); got != want {
+		t.Fatalf("the other publishers' queue holds %d, want %d", got, want)
+	}
+	if got := queueLen(t, conn, slow); got != 1 {
+		t.Fatalf("slow queue holds %d, want 1", got)
 	}
 }
