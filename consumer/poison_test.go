@@ -151,6 +151,11 @@ func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
 	if hdr(copies[0], "primera_fallada") != hdr(copies[1], "primera_fallada") {
 		t.Fatal("primera_fallada changed between copies")
 	}
+	// data_original is the source record's timestamp, kept by every copy.
+	src := b.read(topic, 1)
+	if want := consumer.FormatUnix(src[0].Timestamp); hdr(copies[0], "data_original") != want || hdr(copies[1], "data_original") != want {
+		t.Fatalf("data_original %q, %q; want the source record's %s", hdr(copies[0], "data_original"), hdr(copies[1], "data_original"), want)
+	}
 }
 
 // Proof 3 (issue 3). Transient failures exhaust the attempts: the message

@@ -25,6 +25,10 @@ const (
 	HeaderOriginalOffset    = "offset_original"   // its offset
 	HeaderFirstFailure      = "primera_fallada"   // unix seconds (float) of the first failure
 	HeaderGroup             = "grup_consumidor"   // the group whose handler failed
+	// HeaderOriginalTime is the source record's timestamp (unix seconds,
+	// float): for an event without data_ms, the earliest moment another group
+	// can have recorded its key, which bounds a safe replay (dlq.Letter.Oldest).
+	HeaderOriginalTime = "data_original"
 )
 
 // retryHeaders are the headers a copy gets from the consumer; Republish
@@ -32,7 +36,7 @@ const (
 var retryHeaders = map[string]bool{
 	transport.HeaderAttempts: true, transport.HeaderNotBefore: true, transport.HeaderLastError: true,
 	transport.HeaderReason: true, HeaderOriginalTopic: true, HeaderOriginalPartition: true,
-	HeaderOriginalOffset: true, HeaderFirstFailure: true, HeaderGroup: true,
+	HeaderOriginalOffset: true, HeaderFirstFailure: true, HeaderGroup: true, HeaderOriginalTime: true,
 }
 
 // retryItem reads the headers of a retry copy. It returns nil for a copy of
@@ -185,6 +189,9 @@ func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]
 		HeaderOriginalOffset:    strconv.FormatInt(r.Offset, 10),
 		HeaderFirstFailure:      FormatUnix(now),
 	}
+	if !r.Timestamp.IsZero() {
+		keep[HeaderOriginalTime] = FormatUnix(r.Timestamp)
+	}
 	for k := range keep {
 		if v := header(r, k); v != "" && it.attempt > 1 {
 			keep[k] = v // a retry copy: the first failure's values stay
@@ -202,7 +209,7 @@ func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]
 	}
 	for _, k := range []string{transport.HeaderAttempts, transport.HeaderNotBefore, transport.HeaderLastError,
 		transport.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset,
-		HeaderFirstFailure, HeaderGroup} {
+		HeaderFirstFailure, HeaderOriginalTime, HeaderGroup} {
 		if v, ok := keep[k]; ok {
 			out.Headers = append(out.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 		}

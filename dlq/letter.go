@@ -35,6 +35,7 @@ const (
 	HeaderOriginalOffset    = "offset_original"
 	HeaderFirstFailure      = "primera_fallada" // unix seconds, float text
 	HeaderConsumerGroup     = "grup_consumidor"
+	HeaderOriginalTime      = "data_original" // the source record's timestamp, unix seconds
 	// HeaderReplayedFrom is added by Replay: the ID of the letter a record
 	// was republished from. Consumers may ignore it.
 	HeaderReplayedFrom = "reproduida_de"
@@ -93,7 +94,7 @@ type Letter struct {
 	Reason        string    // motiu, as written
 	Attempts      int       // intents; 0 when absent or not a number
 	FirstFailure  time.Time // primera_fallada; zero when absent
-	EventTime     time.Time // the envelope's data_ms; zero when undecodable
+	EventTime     time.Time // the earliest of the envelope's data_ms and data_original; zero when neither is known
 	DeadAt        time.Time // the record's timestamp
 	ConsumerGroup string    // grup_consumidor
 
@@ -219,6 +220,11 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 			l.EventTime = time.UnixMilli(e.TimeMS).UTC()
 		}
 	}
+	// data_ms is optional (and set by the producer): the source record's own
+	// timestamp also bounds when another group can have stored the key.
+	if t := unixSeconds(h(HeaderOriginalTime)); !t.IsZero() && (l.EventTime.IsZero() || t.Before(l.EventTime)) {
+		l.EventTime = t
+	}
 	return l
 }
 
@@ -242,7 +248,7 @@ func replayHeaders(h []transport.Header, letterID string) []transport.Header {
 		switch x.Key {
 		case transport.HeaderAttempts, transport.HeaderNotBefore, transport.HeaderLastError,
 			transport.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition,
-			HeaderOriginalOffset, HeaderFirstFailure, HeaderConsumerGroup, HeaderReplayedFrom:
+			HeaderOriginalOffset, HeaderFirstFailure, HeaderConsumerGroup, HeaderOriginalTime, HeaderReplayedFrom:
 			continue
 		}
 		out = append(out, x)

@@ -2,6 +2,7 @@ package dlq_test
 
 import (
 	"errors"
+	"github.com/google/uuid"
 	"strings"
 	"testing"
 	"time"
@@ -184,6 +185,29 @@ func TestReplayRefusesLetterOlderThanRetention(t *testing.T) {
 	rep = b.replay(t, dlq.Filter{IDs: []string{byFailure}}, dlq.ReplayOptions{Force: true})
 	if rep.Done != 1 || b.records(t, comandes) != 3 || b.rows(t, dlq.StatePending) != 0 {
 		t.Fatalf("forced: %+v, %d records, %d pending", rep, b.records(t, comandes), b.rows(t, dlq.StatePending))
+	}
+}
+
+// An event without data_ms that a lagging group dead-lettered late: its
+// primera_fallada is recent, but another group may have stored (and purged)
+// its key since the source record was written. data_original, the source
+// record's timestamp, makes the letter old enough to refuse.
+func TestReplayAgesALetterWithoutDataMSFromItsSourceRecord(t *testing.T) {
+	b := setup(t)
+	old := time.Now().Add(-20 * 24 * time.Hour)
+	id := uuid.NewString()
+	noTime := []byte(`{"id_esdeveniment":"` + id + `","tipus":"comanda.creada","versio":1,"origen":"comandes","dades":{"id":"P-2026-000123"}}`)
+	lagging, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: a", eventID: id, value: noTime, originalTime: old})
+	b.sync(t)
+	rep := b.replay(t, dlq.Filter{}, dlq.ReplayOptions{})
+	if rep.Selected != 1 || rep.Done != 0 || rep.Refused != 1 || !strings.Contains(rep.Items[0].Refused, "retention") {
+		t.Fatalf("report: %+v", rep)
+	}
+	if n := b.records(t, comandes); n != 0 {
+		t.Fatalf("%d records published, want 0", n)
+	}
+	if rep := b.replay(t, dlq.Filter{IDs: []string{lagging}}, dlq.ReplayOptions{Force: true}); rep.Done != 1 {
+		t.Fatalf("forced: %+v", rep)
 	}
 }
 

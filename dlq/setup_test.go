@@ -86,6 +86,7 @@ type dead struct {
 	firstFailure time.Time // default: now
 	eventTime    time.Time // default: now (data_ms)
 	deadAt       time.Time // default: now (record timestamp)
+	originalTime time.Time // data_original header; none when zero
 	noIDHeaders  bool      // omit tipus/id_esdeveniment (undecodable value)
 }
 
@@ -131,6 +132,9 @@ func (b *bundle) produceDead(t *testing.T, d dead) (id, eventID string) {
 		{Key: "offset_original", Value: []byte("41")},
 		{Key: "primera_fallada", Value: []byte(strconv.FormatFloat(float64(d.firstFailure.UnixMicro())/1e6, 'f', 6, 64))},
 		{Key: "grup_consumidor", Value: []byte("repartiment")},
+	}
+	if !d.originalTime.IsZero() {
+		hs = append(hs, kgo.RecordHeader{Key: "data_original", Value: []byte(strconv.FormatFloat(float64(d.originalTime.UnixMicro())/1e6, 'f', 6, 64))})
 	}
 	if !d.noIDHeaders {
 		hs = append(hs, kgo.RecordHeader{Key: "tipus", Value: []byte("comanda.creada")},
