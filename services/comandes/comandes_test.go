@@ -77,11 +77,27 @@ func TestPostRejectsBadInputNamingTheField(t *testing.T) {
 		{"empty product", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"quantitat":1,"preu_centims":1}]}`, "linies[0].producte"},
 		{"bad postal code", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"ciutat":"Girona","codi_postal":"17"}}`, "adreca_lliurament.codi_postal"},
 		{"empty city", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"codi_postal":"17001"}}`, "adreca_lliurament.ciutat"},
+		// PostgreSQL refuses NUL in text: without a 400 these were a 503 "retry" that never succeeds.
+		{"NUL in client", `{"id":"P-2026-000001","client":"an\u0000na","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "client"},
+		{"NUL in city", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"ciutat":"Gi\u0000rona","codi_postal":"17001"}}`, "adreca_lliurament.ciutat"},
 	}
 	for _, c := range cases {
 		status, out := b.post(t, "", c.body)
 		if status != http.StatusBadRequest || out["camp"] != c.field {
 			t.Errorf("%s: got %d %v, want 400 naming %q", c.name, status, out, c.field)
+		}
+	}
+	// An Idempotency-Key that is not valid UTF-8 (obs-text in the header) cannot be stored.
+	req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/comandes", strings.NewReader(good))
+	req.Header["Idempotency-Key"] = []string{"cl\xe9"}
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		var out map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || out["camp"] != "Idempotency-Key" {
+			t.Errorf("non-UTF-8 Idempotency-Key: got %d %v, want 400 naming Idempotency-Key", resp.StatusCode, out)
 		}
 	}
 	big := `{"id":"P-2026-000001","client":"` + strings.Repeat("a", comandes.MaxBodyBytesDefault) + `"}`
