@@ -182,6 +182,15 @@ func TestAuthorizeDecidesOncePerOrder(t *testing.T) {
 	if r := ask(`{"comanda_id":"P-2026-000002","import_centims":10}`); r.Approved {
 		t.Fatalf("repeat changed the answer: %+v", r)
 	}
+	// An approval is for its amount: the same order asked again for more than
+	// the limit (an order that was approved, then not stored, and resubmitted
+	// with other lines) is not approved by the stored decision.
+	if r := ask(`{"comanda_id":"P-2026-000001","import_centims":900000}`); r.Approved {
+		t.Fatalf("approval of 1000 reused for 900000: %+v", r)
+	}
+	if r := ask(`{"comanda_id":"P-2026-000001","import_centims":1000}`); !r.Approved {
+		t.Fatalf("repeat of the approved request: %+v", r)
+	}
 	if _, err := s.Authorize(ctx, []byte(`{"import_centims":"x"}`)); !outcome.IsPermanent(err) {
 		t.Fatalf("malformed: %v", err)
 	}
