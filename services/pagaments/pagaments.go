@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,7 +137,13 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 		return outcome.Permanentf("esquema: comanda.creada sense id o sense linies")
 	}
 	var total int64
-	for _, l := range o.Lines {
+	for i, l := range o.Lines {
+		// Checked: a wrapped amount would charge a wrong (even zero) total.
+		if l.Quantity < 1 || l.PriceCents < 0 ||
+			(l.PriceCents > 0 && l.Quantity > math.MaxInt64/l.PriceCents) ||
+			total > math.MaxInt64-l.Quantity*l.PriceCents {
+			return outcome.Permanentf("esquema: comanda.creada %s: linies[%d]: quantitat %d × preu_centims %d fora de rang", o.ID, i, l.Quantity, l.PriceCents)
+		}
 		total += l.Quantity * l.PriceCents
 	}
 	ch, err := s.cfg.Gateway.Charge(ctx, ChargeKey(o.ID), o.ID, total)

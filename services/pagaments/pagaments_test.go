@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -153,6 +154,29 @@ func TestGatewayRejectsMissingKeyAndReusedKey(t *testing.T) {
 	}
 	if err := svctest.Run(t, b.pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, map[string]any{"id": 5})); !outcome.IsPermanent(err) {
 		t.Fatalf("malformed: %v", err)
+	}
+}
+
+// An amount that overflows int64 is bad data: it must not wrap into a small
+// (here zero) charge that confirms the order as paid.
+func TestOverflowingAmountIsPermanentAndChargesNothing(t *testing.T) {
+	b := setup(t, passarella.Faults{})
+	s := b.service(t, time.Second, pagaments.Hooks{})
+	for i, lines := range [][]map[string]any{
+		{{"quantitat": int64(1) << 62, "preu_centims": 4}},                                                   // product wraps to 0
+		{{"quantitat": 2, "preu_centims": int64(1) << 62}, {"quantitat": 2, "preu_centims": int64(1) << 62}}, // each 2^63 > max
+		{{"quantitat": -1, "preu_centims": -5}},                                                              // negative × negative
+	} {
+		o := map[string]any{"id": fmt.Sprintf("P-2026-00077%d", i), "linies": lines}
+		if err := svctest.Run(t, b.pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, o)); !outcome.IsPermanent(err) {
+			t.Errorf("case %d: %v, want permanent", i, err)
+		}
+	}
+	if st := b.gw.Stats(); st.Requests != 0 {
+		t.Fatalf("gateway asked %d times, want 0", st.Requests)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM pagaments"); n != 0 {
+		t.Fatalf("payments %d, want 0", n)
 	}
 }
 
