@@ -235,6 +235,35 @@ func TestAuthorisationRefusedIs402AndUnavailableIs503(t *testing.T) {
 	}
 }
 
+// An id already taken is a 409 whatever the authoriser would say: pagaments
+// refuses a second amount for an order it approved ("import_diferent"), and
+// that must not turn a duplicate id into a 402 stored under a new key.
+func TestDuplicateIDIs409BeforeAuthorisation(t *testing.T) {
+	var mu sync.Mutex
+	approved := map[string]int64{}
+	b := setup(t, authFunc(func(_ context.Context, id string, cents int64) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if c, ok := approved[id]; ok && c != cents {
+			return fmt.Errorf("import_diferent: %w", comandes.ErrRefused)
+		}
+		approved[id] = cents
+		return nil
+	}))
+	if status, out := b.post(t, "k-1", good); status != http.StatusCreated {
+		t.Fatalf("first: %d %v", status, out)
+	}
+	other := strings.Replace(good, `"quantitat":2`, `"quantitat":3`, 1)
+	for _, key := range []string{"", "k-2"} {
+		if status, out := b.post(t, key, other); status != http.StatusConflict || out["camp"] != "id" {
+			t.Fatalf("same id, other body, key %q: %d %v, want 409", key, status, out)
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM peticions_idempotents WHERE clau = 'k-2'"); n != 0 {
+		t.Fatalf("the 409 was stored under k-2")
+	}
+}
+
 func TestPaymentConfirmedMarksPaidAndEmitsComandaPagadaOnce(t *testing.T) {
 	b := setup(t, nil)
 	if status, _ := b.post(t, "", good); status != http.StatusCreated {
