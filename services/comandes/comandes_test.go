@@ -77,11 +77,27 @@ func TestPostRejectsBadInputNamingTheField(t *testing.T) {
 		{"empty product", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"quantitat":1,"preu_centims":1}]}`, "linies[0].producte"},
 		{"bad postal code", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"ciutat":"Girona","codi_postal":"17"}}`, "adreca_lliurament.codi_postal"},
 		{"empty city", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"codi_postal":"17001"}}`, "adreca_lliurament.ciutat"},
+		// PostgreSQL refuses NUL in text: without a 400 these were a 503 "retry" that never succeeds.
+		{"NUL in client", `{"id":"P-2026-000001","client":"an\u0000na","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "client"},
+		{"NUL in city", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"ciutat":"Gi\u0000rona","codi_postal":"17001"}}`, "adreca_lliurament.ciutat"},
 	}
 	for _, c := range cases {
 		status, out := b.post(t, "", c.body)
 		if status != http.StatusBadRequest || out["camp"] != c.field {
 			t.Errorf("%s: got %d %v, want 400 naming %q", c.name, status, out, c.field)
+		}
+	}
+	// An Idempotency-Key that is not valid UTF-8 (obs-text in the header) cannot be stored.
+	req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/comandes", strings.NewReader(good))
+	req.Header["Idempotency-Key"] = []string{"cl\xe9"}
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		var out map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || out["camp"] != "Idempotency-Key" {
+			t.Errorf("non-UTF-8 Idempotency-Key: got %d %v, want 400 naming Idempotency-Key", resp.StatusCode, out)
 		}
 	}
 	big := `{"id":"P-2026-000001","client":"` + strings.Repeat("a", comandes.MaxBodyBytesDefault) + `"}`
@@ -216,6 +232,35 @@ func TestAuthorisationRefusedIs402AndUnavailableIs503(t *testing.T) {
 	}
 	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM comandes"); n != 1 {
 		t.Fatalf("orders %d, want 1", n)
+	}
+}
+
+// An id already taken is a 409 whatever the authoriser would say: pagaments
+// refuses a second amount for an order it approved ("import_diferent"), and
+// that must not turn a duplicate id into a 402 stored under a new key.
+func TestDuplicateIDIs409BeforeAuthorisation(t *testing.T) {
+	var mu sync.Mutex
+	approved := map[string]int64{}
+	b := setup(t, authFunc(func(_ context.Context, id string, cents int64) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if c, ok := approved[id]; ok && c != cents {
+			return fmt.Errorf("import_diferent: %w", comandes.ErrRefused)
+		}
+		approved[id] = cents
+		return nil
+	}))
+	if status, out := b.post(t, "k-1", good); status != http.StatusCreated {
+		t.Fatalf("first: %d %v", status, out)
+	}
+	other := strings.Replace(good, `"quantitat":2`, `"quantitat":3`, 1)
+	for _, key := range []string{"", "k-2"} {
+		if status, out := b.post(t, key, other); status != http.StatusConflict || out["camp"] != "id" {
+			t.Fatalf("same id, other body, key %q: %d %v, want 409", key, status, out)
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM peticions_idempotents WHERE clau = 'k-2'"); n != 0 {
+		t.Fatalf("the 409 was stored under k-2")
 	}
 }
 

@@ -60,6 +60,10 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", fmt.Sprintf("més de %d caràcters", maxKeyLen))
 		return
 	}
+	if !storable(key) {
+		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "ha de ser UTF-8 vàlid")
+		return
+	}
 	a, err := s.create(r.Context(), o, key, hashBody(body))
 	switch {
 	case errors.Is(err, errDuplicateID):

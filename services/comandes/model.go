@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/services/svc"
@@ -124,6 +125,8 @@ func Validate(o *Order, markets []string) error {
 		return fieldf("client", "obligatori")
 	case len(o.Client) > maxTextLen:
 		return fieldf("client", "més de %d caràcters", maxTextLen)
+	case !storable(o.Client):
+		return fieldf("client", "conté un caràcter nul o UTF-8 no vàlid")
 	case o.Market == "":
 		return fieldf("mercat", "obligatori")
 	}
@@ -159,6 +162,8 @@ func Validate(o *Order, markets []string) error {
 			return fieldf("adreca_lliurament.ciutat", "obligatori")
 		case len(a.City) > maxTextLen:
 			return fieldf("adreca_lliurament.ciutat", "més de %d caràcters", maxTextLen)
+		case !storable(a.City):
+			return fieldf("adreca_lliurament.ciutat", "conté un caràcter nul o UTF-8 no vàlid")
 		case !postalRE.MatchString(a.PostalCode):
 			return fieldf("adreca_lliurament.codi_postal", "%q no és un codi postal de 5 xifres", clip(a.PostalCode))
 		}
@@ -170,6 +175,12 @@ var (
 	fieldf = svc.Fieldf
 	itoa   = strconv.Itoa
 )
+
+// storable reports whether PostgreSQL accepts s as text (and as a JSONB
+// string): valid UTF-8 without NUL.
+func storable(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
 
 func contains(list []string, s string) bool {
 	for _, v := range list {

@@ -103,6 +103,15 @@ func (s *Service) create(ctx context.Context, o *Order, key, bodyHash string) (a
 		}
 	}
 	if s.cfg.Authorizer != nil {
+		// A taken id is a 409, not whatever the authoriser says about it
+		// (pagaments refuses another amount for an order it approved).
+		var taken bool
+		if err := s.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM comandes WHERE id = $1)`, o.ID).Scan(&taken); err != nil {
+			return answer{}, err
+		}
+		if taken {
+			return answer{}, errDuplicateID
+		}
 		if err := s.cfg.Authorizer.Authorize(ctx, o.ID, o.Total()); err != nil {
 			if errors.Is(err, ErrRefused) {
 				return s.storeOnly(ctx, key, bodyHash, 402, errorBody("targeta", "pagament refusat: "+err.Error()))

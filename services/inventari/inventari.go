@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 
@@ -143,6 +144,11 @@ func (s *Service) take(ctx context.Context, tx pgx.Tx, lines []Line, reason, ord
 	for i, l := range lines {
 		if l.Product == "" || l.Quantity <= 0 {
 			return nil, outcome.Permanentf("esquema: linies[%d]: producte buit o quantitat %d", i, l.Quantity)
+		}
+		// estoc.unitats is an INTEGER: a larger quantity is bad data (and a
+		// sum that wrapped negative would add stock).
+		if l.Quantity > math.MaxInt32 || perProduct[l.Product] > math.MaxInt32-l.Quantity {
+			return nil, outcome.Permanentf("esquema: linies[%d]: quantitat de %s massa gran", i, l.Product)
 		}
 		perProduct[l.Product] += l.Quantity
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -109,6 +110,35 @@ func TestInsufficientOrUnknownIsPermanentAndChangesNothing(t *testing.T) {
 	}
 	if n := svctest.Count(t, pool, "SELECT count(*) FROM outbox"); n != 0 {
 		t.Fatalf("%d events written by failed orders", n)
+	}
+}
+
+// Quantities past what an INTEGER column holds are bad data, not a transient
+// failure, and two lines whose sum overflows must not add stock.
+func TestHugeQuantitiesArePermanentAndNeverAddStock(t *testing.T) {
+	pool, s := setup(t)
+	ctx := context.Background()
+	const maxInt = int(^uint(0) >> 1)
+	for i, lines := range [][]inventari.Line{
+		{{Product: "carbasso", Quantity: maxInt}, {Product: "carbasso", Quantity: maxInt}}, // sum wraps to -2
+		{{Product: "carbasso", Quantity: 3_000_000_000}},                                   // over int4
+	} {
+		m := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 1, order("P-2026-000009", lines...))
+		if err := svctest.Run(t, pool, s.HandleOrderCreated, m); !outcome.IsPermanent(err) {
+			t.Errorf("order case %d: %v, want permanent", i, err)
+		}
+		body, _ := json.Marshal(inventari.ReserveRequest{ID: fmt.Sprintf("R-huge-%d", i), Lines: lines})
+		out, err := s.Reserve(ctx, body)
+		var r inventari.ReserveResponse
+		if err == nil && (json.Unmarshal(out, &r) != nil || r.Accepted) {
+			t.Errorf("reserve case %d accepted: %s", i, out)
+		}
+	}
+	if got := units(t, pool, "carbasso"); got != 80 {
+		t.Fatalf("carbasso %d, want 80", got)
+	}
+	if n := svctest.Count(t, pool, "SELECT count(*) FROM outbox"); n != 0 {
+		t.Fatalf("%d events written", n)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,7 +137,13 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 		return outcome.Permanentf("esquema: comanda.creada sense id o sense linies")
 	}
 	var total int64
-	for _, l := range o.Lines {
+	for i, l := range o.Lines {
+		// Checked: a wrapped amount would charge a wrong (even zero) total.
+		if l.Quantity < 1 || l.PriceCents < 0 ||
+			(l.PriceCents > 0 && l.Quantity > math.MaxInt64/l.PriceCents) ||
+			total > math.MaxInt64-l.Quantity*l.PriceCents {
+			return outcome.Permanentf("esquema: comanda.creada %s: linies[%d]: quantitat %d × preu_centims %d fora de rang", o.ID, i, l.Quantity, l.PriceCents)
+		}
 		total += l.Quantity * l.PriceCents
 	}
 	ch, err := s.cfg.Gateway.Charge(ctx, ChargeKey(o.ID), o.ID, total)
@@ -179,7 +186,8 @@ type AuthResponse struct {
 // Authorize answers one authorisation request: approved up to
 // AuthLimitCents, refused above ("import_excessiu"). The decision is stored
 // per order, so a repeated request (a requester that timed out and asked
-// again) gets the same answer. A malformed body is outcome.Permanent.
+// again) gets the same answer; an approval holds for its amount only (another
+// amount for the same order is refused). A malformed body is outcome.Permanent.
 func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
 	var req AuthRequest
 	if err := json.Unmarshal(body, &req); err != nil {
@@ -210,13 +218,22 @@ func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
 	return json.Marshal(resp)
 }
 
+// decide stores or reads back the order's decision. An approval holds for the
+// amount it was given for only: the same order asked for another amount is
+// refused ("import_diferent"), so a stored approval cannot lift the limit.
 func (s *Service) decide(ctx context.Context, req *AuthRequest, resp *AuthResponse, reason *string) error {
-	return s.cfg.Pool.QueryRow(ctx, `WITH nova AS (
+	var stored int64
+	err := s.cfg.Pool.QueryRow(ctx, `WITH nova AS (
 			INSERT INTO autoritzacions (comanda_id, import_centims, aprovada, motiu) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (comanda_id) DO NOTHING RETURNING aprovada, motiu)
-		SELECT aprovada, coalesce(motiu, '') FROM nova
-		UNION ALL SELECT aprovada, coalesce(motiu, '') FROM autoritzacions WHERE comanda_id = $1
-		LIMIT 1`, req.OrderID, req.TotalCents, resp.Approved, reason).Scan(&resp.Approved, &resp.Reason)
+			ON CONFLICT (comanda_id) DO NOTHING RETURNING aprovada, motiu, import_centims)
+		SELECT aprovada, coalesce(motiu, ''), import_centims FROM nova
+		UNION ALL SELECT aprovada, coalesce(motiu, ''), import_centims FROM autoritzacions WHERE comanda_id = $1
+		LIMIT 1`, req.OrderID, req.TotalCents, resp.Approved, reason).Scan(&resp.Approved, &resp.Reason, &stored)
+	if err == nil && resp.Approved && stored != req.TotalCents {
+		resp.Approved = false
+		resp.Reason = fmt.Sprintf("import_diferent: la comanda %s es va autoritzar per %d, no per %d", req.OrderID, stored, req.TotalCents)
+	}
+	return err
 }
 
 // Payments returns the recorded payments: order id → (amount, gateway ref).

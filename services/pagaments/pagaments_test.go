@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -156,6 +157,29 @@ func TestGatewayRejectsMissingKeyAndReusedKey(t *testing.T) {
 	}
 }
 
+// An amount that overflows int64 is bad data: it must not wrap into a small
+// (here zero) charge that confirms the order as paid.
+func TestOverflowingAmountIsPermanentAndChargesNothing(t *testing.T) {
+	b := setup(t, passarella.Faults{})
+	s := b.service(t, time.Second, pagaments.Hooks{})
+	for i, lines := range [][]map[string]any{
+		{{"quantitat": int64(1) << 62, "preu_centims": 4}},                                                   // product wraps to 0
+		{{"quantitat": 2, "preu_centims": int64(1) << 62}, {"quantitat": 2, "preu_centims": int64(1) << 62}}, // each 2^63 > max
+		{{"quantitat": -1, "preu_centims": -5}},                                                              // negative × negative
+	} {
+		o := map[string]any{"id": fmt.Sprintf("P-2026-00077%d", i), "linies": lines}
+		if err := svctest.Run(t, b.pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, o)); !outcome.IsPermanent(err) {
+			t.Errorf("case %d: %v, want permanent", i, err)
+		}
+	}
+	if st := b.gw.Stats(); st.Requests != 0 {
+		t.Fatalf("gateway asked %d times, want 0", st.Requests)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM pagaments"); n != 0 {
+		t.Fatalf("payments %d, want 0", n)
+	}
+}
+
 func TestAuthorizeDecidesOncePerOrder(t *testing.T) {
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second, pagaments.Hooks{})
@@ -181,6 +205,15 @@ func TestAuthorizeDecidesOncePerOrder(t *testing.T) {
 	// The decision is stored: asking again for the same order gives the same answer.
 	if r := ask(`{"comanda_id":"P-2026-000002","import_centims":10}`); r.Approved {
 		t.Fatalf("repeat changed the answer: %+v", r)
+	}
+	// An approval is for its amount: the same order asked again for more than
+	// the limit (an order that was approved, then not stored, and resubmitted
+	// with other lines) is not approved by the stored decision.
+	if r := ask(`{"comanda_id":"P-2026-000001","import_centims":900000}`); r.Approved {
+		t.Fatalf("approval of 1000 reused for 900000: %+v", r)
+	}
+	if r := ask(`{"comanda_id":"P-2026-000001","import_centims":1000}`); !r.Approved {
+		t.Fatalf("repeat of the approved request: %+v", r)
 	}
 	if _, err := s.Authorize(ctx, []byte(`{"import_centims":"x"}`)); !outcome.IsPermanent(err) {
 		t.Fatalf("malformed: %v", err)

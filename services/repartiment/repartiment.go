@@ -249,8 +249,11 @@ func (s *Service) Alerts() int64 { return s.alerts.Load() }
 func (s *Service) AssignPending(ctx context.Context) (int, error) {
 	assigned := 0
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT comanda_id, ciutat FROM lliuraments WHERE estat = 'pendent'
-			ORDER BY creat_en LIMIT 50 FOR UPDATE SKIP LOCKED`)
+		// Only cities with a courier free now: a backlog in a busy city must
+		// not fill the batch and starve the others.
+		rows, err := tx.Query(ctx, `SELECT l.comanda_id, l.ciutat FROM lliuraments l WHERE l.estat = 'pendent'
+			AND EXISTS (SELECT 1 FROM repartidors r WHERE r.ciutat = l.ciutat AND (r.ocupat_fins IS NULL OR r.ocupat_fins <= now()))
+			ORDER BY l.creat_en LIMIT 50 FOR UPDATE OF l SKIP LOCKED`)
 		if err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package repartiment_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -169,6 +170,43 @@ func TestRowNoCourierFreeIsPendingThenAssigned(t *testing.T) {
 	sum, err := b.svc.Summary(context.Background())
 	if err != nil || sum[repartiment.StateAssigned] != 2 || sum[repartiment.StatePending] != 0 {
 		t.Fatalf("summary %v %v", sum, err)
+	}
+}
+
+// A backlog of pending deliveries in a city with no courier free must not
+// starve a city whose courier is free: the assigner only looked at the 50
+// oldest pending rows, all of them Girona, and never reached Vic.
+func TestAssignerIsNotStarvedByABusyCity(t *testing.T) {
+	b := setup(t, nil, nil)
+	ctx := context.Background()
+	run := func(id, city string) {
+		t.Helper()
+		if err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid(id, city))); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+	}
+	// Girona's 3 couriers take the first 3 orders; 50 more wait.
+	for i := range 53 {
+		run(fmt.Sprintf("P-2026-%06d", 100+i), "Girona")
+	}
+	// Vic's courier is busy with one order when the next one arrives.
+	run("P-2026-000001", "Vic")
+	run("P-2026-000002", "Vic")
+	if st := state(t, b, "P-2026-000002"); st != repartiment.StatePending {
+		t.Fatalf("second Vic order %q, want pendent", st)
+	}
+	// The Vic delivery ends; Girona's couriers stay busy.
+	if _, err := b.pool.Exec(ctx, `UPDATE repartidors SET ocupat_fins = now() - interval '1 second' WHERE id = 'vic-1'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.svc.AssignPending(ctx); err != nil || n != 1 {
+		t.Fatalf("assigner: %d %v, want 1", n, err)
+	}
+	if st := state(t, b, "P-2026-000002"); st != repartiment.StateAssigned {
+		t.Fatalf("Vic order %q after the assigner, want assignat", st)
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM lliuraments WHERE estat = 'pendent'"); n != 50 {
+		t.Fatalf("pending %d, want the 50 Girona orders", n)
 	}
 }
 

@@ -115,11 +115,23 @@ func Migrate(ctx context.Context, db migrate.DBTX, sets ...migrate.Set) error {
 	return nil
 }
 
-// Redact hides the password of a connection URL.
+// Redact hides the password of a connection string: in the user info or a
+// password/sslpassword parameter of a URL; a keyword/value DSN is shown as
+// postgres://user@host:port/database only.
 func Redact(u string) string {
 	pu, err := url.Parse(u)
-	if err != nil {
+	if err != nil || pu.Scheme == "" {
+		if c, err := pgconn.ParseConfig(u); err == nil {
+			return fmt.Sprintf("postgres://%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
+		}
 		return "<unparseable URL>"
+	}
+	q := pu.Query()
+	for _, k := range []string{"password", "sslpassword"} {
+		if q.Has(k) {
+			q.Set(k, "xxxxx")
+			pu.RawQuery = q.Encode()
+		}
 	}
 	return pu.Redacted()
 }
