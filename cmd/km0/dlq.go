@@ -529,7 +529,7 @@ func (c *dlqCLI) index(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 		state := "POST /dlq/replay and /dlq/purge enabled (bearer token from KM0_DLQ_ADMIN_TOKEN)"

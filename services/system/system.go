@@ -153,7 +153,7 @@ func (s *System) serve(name string, h http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("listen %s for %s: %w", addr, name, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	s.servers = append(s.servers, srv)
 	s.addrs[name] = "http://" + l.Addr().String()
 	s.wg.Go(func() {
