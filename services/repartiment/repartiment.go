@@ -161,14 +161,24 @@ func (s *Service) HandleOrderPaid(ctx context.Context, tx pgx.Tx, m *consumer.Me
 	if !covered {
 		return s.reject(ctx, o.ID, city)
 	}
+	// Another event for an order already handled (a second comanda.pagada)
+	// changes nothing: answer before asking maps, whose outage would
+	// otherwise retry and dead-letter a no-op.
+	var handled bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM lliuraments WHERE comanda_id = $1)`, o.ID).Scan(&handled); err != nil {
+		return err
+	}
+	if handled {
+		return nil
+	}
 	minutes, err := s.cfg.Maps.Route(ctx, o.ID, city, o.Address.PostalCode)
 	if err != nil {
 		// 503, timeout, no connection: transient. Anything else from maps too:
 		// its own failures are not the order's fault.
 		return outcome.Transient(fmt.Errorf("mapes: %s: %w", o.ID, err))
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO lliuraments (comanda_id, ciutat, codi_postal, estat) VALUES ($1, $2, $3, 'pendent')
-		ON CONFLICT (comanda_id) DO NOTHING`, o.ID, city, o.Address.PostalCode)
+	tag, err := tx.Exec(ctx, `INSERT INTO lliuraments (comanda_id, ciutat, codi_postal, estat, minuts_estimats)
+		VALUES ($1, $2, $3, 'pendent', $4) ON CONFLICT (comanda_id) DO NOTHING`, o.ID, city, o.Address.PostalCode, minutes)
 	if err != nil {
 		return err
 	}
@@ -251,16 +261,19 @@ func (s *Service) AssignPending(ctx context.Context) (int, error) {
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		// Only cities with a courier free now: a backlog in a busy city must
 		// not fill the batch and starve the others.
-		rows, err := tx.Query(ctx, `SELECT l.comanda_id, l.ciutat FROM lliuraments l WHERE l.estat = 'pendent'
+		rows, err := tx.Query(ctx, `SELECT l.comanda_id, l.ciutat, coalesce(l.minuts_estimats, 0) FROM lliuraments l WHERE l.estat = 'pendent'
 			AND EXISTS (SELECT 1 FROM repartidors r WHERE r.ciutat = l.ciutat AND (r.ocupat_fins IS NULL OR r.ocupat_fins <= now()))
 			ORDER BY l.creat_en LIMIT 50 FOR UPDATE OF l SKIP LOCKED`)
 		if err != nil {
 			return err
 		}
-		type pending struct{ id, city string }
+		type pending struct {
+			id, city string
+			minutes  int
+		}
 		list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pending, error) {
 			var p pending
-			return p, r.Scan(&p.id, &p.city)
+			return p, r.Scan(&p.id, &p.city, &p.minutes)
 		})
 		if err != nil {
 			return err
@@ -270,7 +283,7 @@ func (s *Service) AssignPending(ctx context.Context) (int, error) {
 			if full[p.city] {
 				continue
 			}
-			ok, err := s.tryAssign(ctx, tx, p.id, p.city, 0, true)
+			ok, err := s.tryAssign(ctx, tx, p.id, p.city, p.minutes, true)
 			if err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,5 +219,48 @@ func TestNewRefusesASharedSidePool(t *testing.T) {
 		if _, err := repartiment.New(repartiment.Config{Pool: pool, SidePool: side, Maps: &repartiment.MapsClient{BaseURL: "http://127.0.0.1:1"}}); err == nil {
 			t.Fatalf("New accepted SidePool %v", side)
 		}
+	}
+}
+
+// A delivery that waited for a courier keeps its maps estimate: the
+// assigner's repartiment.assignat carries the same minuts_estimats as one
+// assigned at once. And a second comanda.pagada for a handled order is a
+// no-op even while maps is down (it used to ask maps first, so the no-op was
+// retried and dead-lettered).
+func TestPendingKeepsItsEstimateAndARepeatNeedsNoMaps(t *testing.T) {
+	var down atomic.Bool
+	b := setup(t, func(string, int) bool { return down.Load() }, nil)
+	ctx := context.Background()
+	for _, id := range []string{"P-2026-000031", "P-2026-000032"} { // vic has one courier
+		if err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, svctest.Message(t, "c", "comanda.pagada", 1, paid(id, "Vic"))); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE repartidors SET ocupat_fins = now() - interval '1 second' WHERE id = 'vic-1'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.svc.AssignPending(ctx); err != nil || n != 1 {
+		t.Fatalf("assigner: %d %v, want 1", n, err)
+	}
+	var atOnce, waited int
+	q := `SELECT (carrega->>'minuts_estimats')::int FROM outbox WHERE tipus = 'repartiment.assignat' AND agregat_id = $1`
+	if err := b.pool.QueryRow(ctx, q, "P-2026-000031").Scan(&atOnce); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pool.QueryRow(ctx, q, "P-2026-000032").Scan(&waited); err != nil {
+		t.Fatal(err)
+	}
+	if atOnce == 0 || waited != atOnce {
+		t.Fatalf("minuts_estimats: %d assigned at once, %d after waiting; want equal and non-zero", atOnce, waited)
+	}
+	down.Store(true)
+	before := b.maps.Failed()
+	for _, id := range []string{"P-2026-000031", "P-2026-000032"} {
+		if err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, svctest.Message(t, "c", "comanda.pagada", 1, paid(id, "Vic"))); err != nil {
+			t.Fatalf("repeat of %s with maps down: %v, want a no-op", id, err)
+		}
+	}
+	if n := events(t, b, "repartiment.assignat"); n != 2 || b.maps.Failed() != before {
+		t.Fatalf("after repeats: %d assignat events, %d maps calls; want 2 and no maps call", n, b.maps.Failed()-before)
 	}
 }
