@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -54,10 +55,13 @@ func New(pool *pgxpool.Pool) (*Service, error) {
 func (s *Service) HandleStockUpdated(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	var e struct {
 		Product string `json:"producte"`
-		After   *int   `json:"despres"`
+		After   *int32 `json:"despres"` // the column is INTEGER: a larger value is a contract failure, not a retry
 	}
 	if err := json.Unmarshal(m.Envelope.Data, &e); err != nil || e.Product == "" || e.After == nil {
-		return outcome.Permanentf("esquema: estoc.actualitzat sense producte o despres")
+		return outcome.Permanentf("esquema: estoc.actualitzat sense producte o despres vàlids (%v)", err)
+	}
+	if *e.After < 0 || strings.ContainsRune(e.Product, 0) {
+		return outcome.Permanentf("esquema: estoc.actualitzat amb despres negatiu o producte amb NUL")
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO indicadors (producte, estoc_baix, unitats) VALUES ($1, $2::int < $3::int, $2::int)
 		ON CONFLICT (producte) DO UPDATE SET estoc_baix = EXCLUDED.estoc_baix, unitats = EXCLUDED.unitats, actualitzat_en = now()`,

@@ -29,8 +29,16 @@ func TestFlagIsIdempotentByNature(t *testing.T) {
 	if n := svctest.Count(t, pool, "SELECT count(*) FROM information_schema.tables WHERE table_name = 'missatges_processats'"); n != 0 {
 		t.Fatal("cataleg must not need an inbox table")
 	}
-	bad := svctest.Message(t, "inventari.esdeveniments", "estoc.actualitzat", 1, map[string]any{"producte": "x"})
-	if err := svctest.Run(t, pool, s.HandleStockUpdated, bad); !outcome.IsPermanent(err) {
-		t.Fatalf("no despres: %v", err)
+	for what, dades := range map[string]map[string]any{
+		"no despres":        {"producte": "x"},
+		"despres over int4": {"producte": "x", "despres": int64(1) << 31},
+		"negative despres":  {"producte": "x", "despres": -1},
+		"despres a string":  {"producte": "x", "despres": "3"},
+		"NUL in producte":   {"producte": "x\x00y", "despres": 3},
+	} {
+		bad := svctest.Message(t, "inventari.esdeveniments", "estoc.actualitzat", 1, dades)
+		if err := svctest.Run(t, pool, s.HandleStockUpdated, bad); !outcome.IsPermanent(err) {
+			t.Errorf("%s: %v, want a permanent (esquema) failure", what, err)
+		}
 	}
 }
