@@ -125,8 +125,9 @@ func newPublisher(conn *Conn, cfg PublisherConfig) *Publisher {
 // Publish implements transport.Publisher: it publishes msgs to the
 // configured exchange (routing key Message.Topic) and returns nil only when
 // the broker confirmed every one and returned none. A message over
-// MaxMessageBytes is not sent and is listed in a *transport.RejectedError
-// (when everything else was confirmed). Returned messages give a
+// MaxMessageBytes, or with a short string (routing key, message_id, type, a
+// header name) over AMQP's 255 bytes, is not sent and is listed in a
+// *transport.RejectedError (when everything else was confirmed). Returned messages give a
 // *ReturnedError; a nack, a lost channel or ctx ending give another error:
 // then nothing is known about any message and the caller publishes them
 // again (at-least-once; the same id_esdeveniment lets consumers drop the
@@ -148,7 +149,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 			rejected.Errs = append(rejected.Errs, fmt.Errorf("amqp: %d bytes, over the limit of %d", len(m.Value), p.cfg.MaxMessageBytes))
 			continue
 		}
-		pubs = append(pubs, toPublishing(m, p.cfg.ContentType))
+		pub := toPublishing(m, p.cfg.ContentType)
+		if err := checkShortStrings(p.cfg.Exchange, m.Topic, &pub); err != nil {
+			if rejected == nil {
+				rejected = &transport.RejectedError{}
+			}
+			rejected.Index = append(rejected.Index, i)
+			rejected.Errs = append(rejected.Errs, err)
+			continue
+		}
+		pubs = append(pubs, pub)
 		keys = append(keys, m.Topic)
 		index = append(index, i)
 	}
@@ -163,7 +173,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 
 // PublishRaw publishes msgs to exchange with routing key key, mandatory and
 // confirmed, exactly as given (delivery mode and properties are the
-// caller's; an empty MessageId gets a random one). It returns nil when all
+// caller's; an empty MessageId gets a random one). A short string over 255
+// bytes is an error before anything is sent. It returns nil when all
 // were confirmed, a *ReturnedError when some were returned, or another error
 // when the outcome is unknown.
 func (p *Publisher) PublishRaw(ctx context.Context, exchange, key string, msgs ...amqp.Publishing) error {
@@ -203,6 +214,11 @@ func (p *Publisher) PublishRawRetry(ctx context.Context, exchange, key string, m
 func (p *Publisher) publish(ctx context.Context, exchange string, keys []string, pubs []amqp.Publishing, index []int) error {
 	if len(pubs) == 0 {
 		return nil
+	}
+	for i := range pubs {
+		if err := checkShortStrings(exchange, keys[i], &pubs[i]); err != nil {
+			return err // nothing sent: the library would drop the connection
+		}
 	}
 	pc, err := p.channel(ctx)
 	if err != nil {
