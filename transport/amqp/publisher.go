@@ -15,8 +15,11 @@ import (
 	"github.com/km0/km0/transport"
 )
 
-// MaxMessageBytesDefault is RabbitMQ's default max_message_size (128 MiB).
-const MaxMessageBytesDefault = 128 << 20
+// MaxMessageBytesDefault is RabbitMQ 4.x's default max_message_size (16 MiB;
+// 3.x allowed 128 MiB). A larger body closes the publishing channel on a 4.x
+// broker at every attempt, so it is refused before sending unless
+// PublisherConfig.MaxMessageBytes is raised to the broker's setting.
+const MaxMessageBytesDefault = 16 << 20
 
 // Errors of Publish.
 var (
@@ -69,7 +72,8 @@ type PublisherConfig struct {
 	// ContentType of published messages. Default "application/json".
 	ContentType string
 	// MaxMessageBytes: larger messages are not sent and are reported in a
-	// *transport.RejectedError. Default MaxMessageBytesDefault.
+	// *transport.RejectedError. Default MaxMessageBytesDefault (16 MiB); set
+	// it to the broker's max_message_size if that was raised.
 	MaxMessageBytes int
 	// Logger. Default: the Conn's.
 	Logger *slog.Logger

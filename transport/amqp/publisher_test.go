@@ -124,6 +124,21 @@ func TestPublishRejectsOversizedMessagesForGood(t *testing.T) {
 	if n := len(getAll(t, conn, q)); n != 2 {
 		t.Fatalf("the 2 good messages: queue holds %d", n)
 	}
+	// The default is RabbitMQ 4.x's max_message_size, 16 MiB (3.x's 128 MiB
+	// would let a 4.x broker close the channel at every attempt).
+	def, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	atLimit, over := event(t, q, "d", 3), event(t, q, "e", 4)
+	atLimit.Value, over.Value = make([]byte, 16<<20), make([]byte, 16<<20+1)
+	err = def.Publish(context.Background(), []*transport.Message{atLimit, over})
+	if !errors.As(err, &rejected) || fmt.Sprint(rejected.Index) != "[1]" {
+		t.Fatalf("default limit: want message 1 (16 MiB + 1) rejected, got %v", err)
+	}
+	if n := queueLen(t, conn, q); n != 1 {
+		t.Fatalf("the 16 MiB message: queue holds %d", n)
+	}
 }
 
 func TestPublishFromManyGoroutinesMatchesEveryConfirm(t *testing.T) {
