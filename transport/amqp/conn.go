@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -245,6 +246,30 @@ func (c *Conn) redeclare(ctx context.Context, conn *amqp.Connection) error {
 		}
 	}
 	return nil
+}
+
+// redeclareQueue applies again every registered Topology that declares
+// queue, for a queue deleted while in use. It reports whether there was one.
+func (c *Conn) redeclareQueue(ctx context.Context, queue string) (bool, error) {
+	c.mu.Lock()
+	var topo []Topology
+	for _, t := range c.topo {
+		if slices.Contains(t.QueueNames(), queue) {
+			topo = append(topo, t)
+		}
+	}
+	c.mu.Unlock()
+	if len(topo) == 0 {
+		return false, nil
+	}
+	return true, c.Do(ctx, func(ch *amqp.Channel) error {
+		for _, t := range topo {
+			if err := t.apply(ctx, ch); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // Channel opens a channel on the current connection. While the connection is
