@@ -212,15 +212,21 @@ func (c *Conn) reconnect() *amqp.Connection {
 		wait = min(wait*2, c.cfg.ReconnectMax)
 		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 		conn, err := c.dial(ctx)
-		if err == nil {
-			err = c.redeclare(ctx, conn)
-			if err != nil {
-				_ = conn.Close()
-			}
+		if err != nil {
+			cancel()
+			c.log.Debug("amqp: reconnect attempt failed", "err", err)
+			continue
 		}
+		err = c.redeclare(ctx, conn)
 		cancel()
 		if err != nil {
-			c.log.Debug("amqp: reconnect attempt failed", "err", err)
+			_ = conn.Close()
+			// The broker is up but refuses the topology (e.g. a queue
+			// recreated with other arguments: PRECONDITION_FAILED). It will
+			// not heal by itself, and nothing flows meanwhile: an error,
+			// naming the entity and the broker's reason, at every attempt.
+			c.log.Error("amqp: reconnected but cannot declare the topology again; retrying", "url", Redact(c.cfg.URL),
+				"err", err, "retry_in", wait)
 			continue
 		}
 		return conn
