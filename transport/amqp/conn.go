@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -211,15 +212,21 @@ func (c *Conn) reconnect() *amqp.Connection {
 		wait = min(wait*2, c.cfg.ReconnectMax)
 		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 		conn, err := c.dial(ctx)
-		if err == nil {
-			err = c.redeclare(ctx, conn)
-			if err != nil {
-				_ = conn.Close()
-			}
+		if err != nil {
+			cancel()
+			c.log.Debug("amqp: reconnect attempt failed", "err", err)
+			continue
 		}
+		err = c.redeclare(ctx, conn)
 		cancel()
 		if err != nil {
-			c.log.Debug("amqp: reconnect attempt failed", "err", err)
+			_ = conn.Close()
+			// The broker is up but refuses the topology (e.g. a queue
+			// recreated with other arguments: PRECONDITION_FAILED). It will
+			// not heal by itself, and nothing flows meanwhile: an error,
+			// naming the entity and the broker's reason, at every attempt.
+			c.log.Error("amqp: reconnected but cannot declare the topology again; retrying", "url", Redact(c.cfg.URL),
+				"err", err, "retry_in", wait)
 			continue
 		}
 		return conn
@@ -245,6 +252,30 @@ func (c *Conn) redeclare(ctx context.Context, conn *amqp.Connection) error {
 		}
 	}
 	return nil
+}
+
+// redeclareQueue applies again every registered Topology that declares
+// queue, for a queue deleted while in use. It reports whether there was one.
+func (c *Conn) redeclareQueue(ctx context.Context, queue string) (bool, error) {
+	c.mu.Lock()
+	var topo []Topology
+	for _, t := range c.topo {
+		if slices.Contains(t.QueueNames(), queue) {
+			topo = append(topo, t)
+		}
+	}
+	c.mu.Unlock()
+	if len(topo) == 0 {
+		return false, nil
+	}
+	return true, c.Do(ctx, func(ch *amqp.Channel) error {
+		for _, t := range topo {
+			if err := t.apply(ctx, ch); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // Channel opens a channel on the current connection. While the connection is

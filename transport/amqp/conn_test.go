@@ -3,14 +3,17 @@ package amqp_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 func TestDialWithoutBrokerNamesRabbitMQAndHidesThePassword(t *testing.T) {
@@ -43,5 +46,67 @@ func TestPublisherReopensItsChannelAfterAChannelError(t *testing.T) {
 	}
 	if conn.Reconnects() != 0 {
 		t.Fatal("a channel error must not cost the connection")
+	}
+}
+
+// A topology that cannot be declared again after a reconnection (here the
+// queue was recreated meanwhile with other arguments: PRECONDITION_FAILED)
+// keeps the Conn down: that is logged as an error naming the queue and the
+// broker's reason, and the Conn keeps trying, so it heals once the conflict
+// is gone.
+func TestReconnectLogsATopologyItCannotRedeclareAndKeepsTrying(t *testing.T) {
+	amqptest.Shared(t)
+	var logs testlog.Buffer
+	name := amqptest.Name("km0-test-redeclare")
+	conn, err := amqp.Dial(context.Background(), amqp.Config{URL: amqptest.URL(), Name: name, ReconnectMax: time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	q := amqptest.Name("t.conn")
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{q} })
+	if err := conn.Declare(context.Background(), amqp.Topology{Queues: []amqp.Queue{{Name: q, Durable: true,
+		Args: amqp091.Table{amqp.ArgMessageTTL: int32(60000)}}}}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := amqp091.Dial(amqptest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ch, err := other.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp091.Table{amqp.ArgMessageTTL: int32(1000)}); err != nil {
+		t.Fatal(err)
+	}
+	amqptest.CloseConnection(t, name)
+	waitFor(t, 30*time.Second, "an error log naming the queue and PRECONDITION_FAILED", func() bool {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "level=ERROR") && strings.Contains(line, q) && strings.Contains(line, "PRECONDITION_FAILED") {
+				return true
+			}
+		}
+		return false
+	})
+	if conn.Reconnects() != 0 {
+		t.Fatal("reconnected although the topology could not be declared")
+	}
+	// The operator removes the conflicting queue: the Conn heals and
+	// declares it with its own arguments.
+	if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the reconnection", func() bool { return conn.Reconnects() == 1 })
+	if err := conn.Do(context.Background(), func(ch *amqp091.Channel) error {
+		_, err := ch.QueueDeclare(q, true, false, false, false, amqp091.Table{amqp.ArgMessageTTL: int32(60000)})
+		return err
+	}); err != nil {
+		t.Fatalf("the queue is not back with the registered arguments: %v", err)
 	}
 }

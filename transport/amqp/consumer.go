@@ -35,6 +35,10 @@ const (
 	ConsumerWorkersDefault = 4
 )
 
+// atMostOnceGrace bounds how long an acked AtMostOnce delivery may still run
+// once Run's ctx ended (consumer.ShutdownTimeoutDefault, as on Kafka).
+const atMostOnceGrace = consumer.ShutdownTimeoutDefault
+
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig struct {
 	Conn  *Conn  // required
@@ -317,9 +321,24 @@ func (c *Consumer) handle(ctx context.Context, q consumedQueue, d *amqp.Delivery
 		m.FirstFailure = time.UnixMilli(ms)
 	}
 	if c.cfg.Mode == consumer.AtMostOnce {
-		// Ack first: a crash from here on loses the message, by choice.
+		if ctx.Err() != nil {
+			// Stopping: ack nothing new. Unacked, the broker requeues it.
+			return
+		}
+		// Ack first: a crash from here on loses the message, by choice. A
+		// clean stop does not: the acked message is handled to the end with
+		// a context the stop cancels only after atMostOnceGrace.
 		_ = d.Ack(false)
-		if _, err := c.cfg.Inbox.Process(ctx, c.cfg.Pool, c.cfg.Name, m.IdempotencyKey, func(tx pgx.Tx) error { return c.run(ctx, tx, m) }); err != nil {
+		hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer cancel()
+		defer context.AfterFunc(ctx, func() {
+			select {
+			case <-time.After(atMostOnceGrace):
+				cancel()
+			case <-hctx.Done():
+			}
+		})()
+		if _, err := c.cfg.Inbox.Process(hctx, c.cfg.Pool, c.cfg.Name, m.IdempotencyKey, func(tx pgx.Tx) error { return c.run(hctx, tx, m) }); err != nil {
 			c.failures.Add(1)
 			log.Warn("amqp: at-most-once message failed and is dropped", "queue", q.name, "id_esdeveniment", env.ID, "err", err)
 		} else {

@@ -195,3 +195,55 @@ func republish(d *amqp.Delivery, h amqp.Table) amqp.Publishing {
 		Body:            d.Body,
 	}
 }
+
+// maxShortStr is the length limit of an AMQP short string.
+const maxShortStr = 255
+
+// checkShortStrings reports the first field of a publish that AMQP encodes as
+// a short string (exchange, routing key, the string properties, header names
+// at any depth) and that is longer than 255 bytes. amqp091-go finds it only
+// while writing the frame and then shuts the whole connection down, so it
+// must be caught before the publish.
+func checkShortStrings(exchange, key string, p *amqp.Publishing) error {
+	for _, f := range [...]struct{ name, v string }{
+		{"exchange", exchange}, {"routing key", key}, {"content_type", p.ContentType},
+		{"content_encoding", p.ContentEncoding}, {"correlation_id", p.CorrelationId}, {"reply_to", p.ReplyTo},
+		{"expiration", p.Expiration}, {"message_id", p.MessageId}, {"type", p.Type}, {"user_id", p.UserId},
+		{"app_id", p.AppId},
+	} {
+		if len(f.v) > maxShortStr {
+			return shortStrError(f.name, f.v)
+		}
+	}
+	return checkTableNames(p.Headers)
+}
+
+func checkTableNames(t amqp.Table) error {
+	for k, v := range t {
+		if len(k) > maxShortStr {
+			return shortStrError("header name", k)
+		}
+		if err := checkFieldNames(v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkFieldNames(v any) error {
+	switch x := v.(type) {
+	case amqp.Table:
+		return checkTableNames(x)
+	case []any:
+		for _, e := range x {
+			if err := checkFieldNames(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func shortStrError(field, v string) error {
+	return fmt.Errorf("amqp: %s of %d bytes (%q…) is over AMQP's limit of %d", field, len(v), v[:32], maxShortStr)
+}

@@ -15,8 +15,11 @@ import (
 	"github.com/km0/km0/transport"
 )
 
-// MaxMessageBytesDefault is RabbitMQ's default max_message_size (128 MiB).
-const MaxMessageBytesDefault = 128 << 20
+// MaxMessageBytesDefault is RabbitMQ 4.x's default max_message_size (16 MiB;
+// 3.x allowed 128 MiB). A larger body closes the publishing channel on a 4.x
+// broker at every attempt, so it is refused before sending unless
+// PublisherConfig.MaxMessageBytes is raised to the broker's setting.
+const MaxMessageBytesDefault = 16 << 20
 
 // Errors of Publish.
 var (
@@ -69,7 +72,8 @@ type PublisherConfig struct {
 	// ContentType of published messages. Default "application/json".
 	ContentType string
 	// MaxMessageBytes: larger messages are not sent and are reported in a
-	// *transport.RejectedError. Default MaxMessageBytesDefault.
+	// *transport.RejectedError. Default MaxMessageBytesDefault (16 MiB); set
+	// it to the broker's max_message_size if that was raised.
 	MaxMessageBytes int
 	// Logger. Default: the Conn's.
 	Logger *slog.Logger
@@ -125,8 +129,9 @@ func newPublisher(conn *Conn, cfg PublisherConfig) *Publisher {
 // Publish implements transport.Publisher: it publishes msgs to the
 // configured exchange (routing key Message.Topic) and returns nil only when
 // the broker confirmed every one and returned none. A message over
-// MaxMessageBytes is not sent and is listed in a *transport.RejectedError
-// (when everything else was confirmed). Returned messages give a
+// MaxMessageBytes, or with a short string (routing key, message_id, type, a
+// header name) over AMQP's 255 bytes, is not sent and is listed in a
+// *transport.RejectedError (when everything else was confirmed). Returned messages give a
 // *ReturnedError; a nack, a lost channel or ctx ending give another error:
 // then nothing is known about any message and the caller publishes them
 // again (at-least-once; the same id_esdeveniment lets consumers drop the
@@ -148,7 +153,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 			rejected.Errs = append(rejected.Errs, fmt.Errorf("amqp: %d bytes, over the limit of %d", len(m.Value), p.cfg.MaxMessageBytes))
 			continue
 		}
-		pubs = append(pubs, toPublishing(m, p.cfg.ContentType))
+		pub := toPublishing(m, p.cfg.ContentType)
+		if err := checkShortStrings(p.cfg.Exchange, m.Topic, &pub); err != nil {
+			if rejected == nil {
+				rejected = &transport.RejectedError{}
+			}
+			rejected.Index = append(rejected.Index, i)
+			rejected.Errs = append(rejected.Errs, err)
+			continue
+		}
+		pubs = append(pubs, pub)
 		keys = append(keys, m.Topic)
 		index = append(index, i)
 	}
@@ -163,7 +177,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 
 // PublishRaw publishes msgs to exchange with routing key key, mandatory and
 // confirmed, exactly as given (delivery mode and properties are the
-// caller's; an empty MessageId gets a random one). It returns nil when all
+// caller's; an empty MessageId gets a random one). A short string over 255
+// bytes is an error before anything is sent. It returns nil when all
 // were confirmed, a *ReturnedError when some were returned, or another error
 // when the outcome is unknown.
 func (p *Publisher) PublishRaw(ctx context.Context, exchange, key string, msgs ...amqp.Publishing) error {
@@ -203,6 +218,11 @@ func (p *Publisher) PublishRawRetry(ctx context.Context, exchange, key string, m
 func (p *Publisher) publish(ctx context.Context, exchange string, keys []string, pubs []amqp.Publishing, index []int) error {
 	if len(pubs) == 0 {
 		return nil
+	}
+	for i := range pubs {
+		if err := checkShortStrings(exchange, keys[i], &pubs[i]); err != nil {
+			return err // nothing sent: the library would drop the connection
+		}
 	}
 	pc, err := p.channel(ctx)
 	if err != nil {

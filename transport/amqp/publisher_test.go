@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,6 +123,21 @@ func TestPublishRejectsOversizedMessagesForGood(t *testing.T) {
 	}
 	if n := len(getAll(t, conn, q)); n != 2 {
 		t.Fatalf("the 2 good messages: queue holds %d", n)
+	}
+	// The default is RabbitMQ 4.x's max_message_size, 16 MiB (3.x's 128 MiB
+	// would let a 4.x broker close the channel at every attempt).
+	def, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	atLimit, over := event(t, q, "d", 3), event(t, q, "e", 4)
+	atLimit.Value, over.Value = make([]byte, 16<<20), make([]byte, 16<<20+1)
+	err = def.Publish(context.Background(), []*transport.Message{atLimit, over})
+	if !errors.As(err, &rejected) || fmt.Sprint(rejected.Index) != "[1]" {
+		t.Fatalf("default limit: want message 1 (16 MiB + 1) rejected, got %v", err)
+	}
+	if n := queueLen(t, conn, q); n != 1 {
+		t.Fatalf("the 16 MiB message: queue holds %d", n)
 	}
 }
 
@@ -284,5 +300,40 @@ func TestPublishKeepsGoingThroughABurstOfOutOfOrderConfirms(t *testing.T) {
 	}
 	if got := queueLen(t, conn, slow); got != 1 {
 		t.Fatalf("slow queue holds %d, want 1", got)
+	}
+}
+
+// AMQP short strings (routing key, message_id, type, header names) hold at
+// most 255 bytes. A message with a longer one is refused before anything is
+// sent, for good, and the connection and the other messages are untouched:
+// amqp091-go would otherwise fail while writing the frame and shut the whole
+// connection down, at every attempt of the relay.
+func TestPublishRejectsOverlongShortStringsWithoutDroppingTheConnection(t *testing.T) {
+	conn, q, pub := pubSetup(t, amqp.PublisherConfig{})
+	long := strings.Repeat("x", 256)
+	longType := event(t, q, "b", 1)
+	longType.Headers[0].Value = long // tipus → AMQP type
+	longID := event(t, q, "c", 2)
+	longID.Headers[1].Value = long // id_esdeveniment → message_id
+	longName := event(t, q, "d", 3)
+	longName.Headers = append(longName.Headers, transport.Header{Key: long, Value: "v"})
+	longKey := event(t, long, "e", 4) // routing key
+	longValue := event(t, q, "f", 5)  // a long header value and key are fine (long strings)
+	longValue.Key = []byte(strings.Repeat("k", 1000))
+	longValue.Headers = append(longValue.Headers, transport.Header{Key: "llarg", Value: strings.Repeat("v", 1000)})
+	msgs := []*transport.Message{event(t, q, "a", 0), longType, longID, longName, longKey, longValue, event(t, q, "g", 6)}
+	err := pub.Publish(context.Background(), msgs)
+	var rejected *transport.RejectedError
+	if !errors.As(err, &rejected) || fmt.Sprint(rejected.Index) != "[1 2 3 4]" {
+		t.Fatalf("want messages [1 2 3 4] rejected for good, got %v", err)
+	}
+	if n := len(getAll(t, conn, q)); n != 3 {
+		t.Fatalf("the 3 good messages: queue holds %d", n)
+	}
+	if err := pub.Publish(context.Background(), []*transport.Message{event(t, q, "h", 7)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := conn.Reconnects(); n != 0 {
+		t.Fatalf("the connection was dropped %d time(s)", n)
 	}
 }

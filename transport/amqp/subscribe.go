@@ -70,6 +70,16 @@ func (c *Conn) Subscribe(ctx context.Context, cfg SubscribeConfig, fn func(ctx c
 		}
 		if err != nil {
 			cfg.Logger.Warn("amqp: consumer interrupted; subscribing again", "queue", cfg.Queue, "err", err)
+			var aerr *amqp.Error
+			if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+				// The queue was deleted under us: declare it again, with
+				// the rest of its registered topology (dead-lettering).
+				if ok, derr := c.redeclareQueue(ctx, cfg.Queue); derr != nil {
+					cfg.Logger.Error("amqp: cannot declare the deleted queue again", "queue", cfg.Queue, "err", derr)
+				} else if ok {
+					cfg.Logger.Warn("amqp: queue was deleted; declared it again", "queue", cfg.Queue)
+				}
+			}
 			select {
 			case <-time.After(wait):
 			case <-ctx.Done():

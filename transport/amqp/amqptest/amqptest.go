@@ -123,6 +123,26 @@ func Rabbitmqctl(t testing.TB, args ...string) {
 	}
 }
 
+// CloseConnection makes the broker close the connection whose
+// connection_name is name (rabbitmqctl close_connection), as a network
+// failure or an operator would. It fails the test if there is none.
+func CloseConnection(t testing.TB, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", "list_connections", "-q", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_connections: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if pid, props, ok := strings.Cut(line, "\t"); ok && strings.Contains(props, `{"connection_name","`+name+`"}`) {
+			Rabbitmqctl(t, "close_connection", pid, "km0 test: "+t.Name())
+			return
+		}
+	}
+	t.Fatalf("no connection named %q:\n%s", name, out)
+}
+
 // StopAppWithRestore runs rabbitmqctl stop_app and registers a cleanup that
 // runs start_app, whatever happens to the test, and waits for the port.
 func StopAppWithRestore(t testing.TB) {

@@ -1,0 +1,73 @@
+package relay_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/amqp/amqptest"
+)
+
+// A tipus over 255 bytes cannot travel as an AMQP type (a short string).
+// Over RabbitMQ its row is parked before anything is sent, and the other
+// rows go out on the same connection: the publisher used to hand it to
+// amqp091-go, which dropped the whole connection, at every retry, for ever.
+func TestRowWithATipusTooLongForAMQPIsParked(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	conn := amqptest.Dial(t)
+	queue := amqptest.Name("t.relay")
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue} })
+	if err := conn.Declare(ctx, amqp.Topology{Queues: []amqp.Queue{{Name: queue, Durable: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config()
+	cfg.Publisher, cfg.Topic = pub, queue
+	r := b.newRelay(t, cfg)
+
+	b.enqueue(t, "X", seqPayload{Seq: 1})
+	long := &outbox.Event{Aggregate: "comanda", AggregateID: "X", Type: strings.Repeat("t", 300), Payload: seqPayload{Seq: 2}}
+	if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.Enqueue(ctx, tx, long) }); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(t, "Y", seqPayload{Seq: 1})
+	if n := b.drainOnce(t, r); n != 2 {
+		t.Fatalf("published %d, want 2 (X1, Y1)", n)
+	}
+	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 1 || parked[0].AggregateID != "X" || !strings.Contains(parked[0].Reason, "type of 300 bytes") {
+		t.Fatalf("parked: %+v", parked)
+	}
+	if p := b.pending(t); p != 1 {
+		t.Fatalf("%d pending, want 1 (X2 parked)", p)
+	}
+	b.enqueue(t, "X", seqPayload{Seq: 3})
+	b.enqueue(t, "Y", seqPayload{Seq: 2})
+	if n := b.drainOnce(t, r); n != 1 {
+		t.Fatalf("published %d, want 1 (Y2; X3 waits behind the parked X2)", n)
+	}
+	var n int
+	if err := conn.Do(ctx, func(ch *amqp091.Channel) error {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 || conn.Reconnects() != 0 {
+		t.Fatalf("queue holds %d (want 3), %d reconnection(s) (want 0)", n, conn.Reconnects())
+	}
+}
