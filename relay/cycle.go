@@ -287,6 +287,11 @@ func (w *worker) records(row *outbox.Row) ([]*transport.Message, string) {
 		if size := recordSize(m); size > w.r.cfg.MaxRecordBytes {
 			return nil, fmt.Sprintf("record of %d bytes is over the relay's limit of %d (MaxRecordBytes)", size, w.r.cfg.MaxRecordBytes)
 		}
+		if c, ok := w.r.cfg.Publisher.(transport.Checker); ok {
+			if err := c.Check(m); err != nil { // parked before a later row of its aggregate is sent
+				return nil, clip("broker: " + err.Error())
+			}
+		}
 		out = append(out, m)
 	}
 	return out, ""
@@ -329,8 +334,9 @@ func (w *worker) publish(ctx context.Context, msgs []*transport.Message) error {
 // rows of their aggregates in later chunks are then held back. Their other
 // records, and the later rows of their aggregates in the same chunk, were
 // confirmed (the broker has them) and are marked: a record refused by the
-// broker itself can be overtaken within its chunk, which MaxRecordBytes,
-// checked before sending, avoids for oversized rows.
+// broker itself can be overtaken within its chunk. MaxRecordBytes, and a
+// publisher's transport.Checker, both consulted before sending, avoid that
+// for every refusal they can foresee (oversized rows; AMQP short strings).
 func (w *worker) rejected(b *batch, msgs []*transport.Message, owner []int, rej *transport.RejectedError) {
 	for k, idx := range rej.Index {
 		if idx < 0 || idx >= len(msgs) || b.state[owner[idx]] == parked {

@@ -69,6 +69,15 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []*Message) error
 }
 
+// Checker is implemented by a Publisher that can tell, before sending, that
+// its broker would refuse a message for good (too large, a field over a
+// protocol limit). Check returns the reason, or nil. The relay calls it
+// while building a chunk, so that a row the broker would refuse is parked
+// before any later row of its aggregate is sent.
+type Checker interface {
+	Check(m *Message) error
+}
+
 // RejectedError lists the messages of one Publish call the broker refused for
 // good; every other message of the call was confirmed.
 type RejectedError struct {

@@ -126,6 +126,25 @@ func newPublisher(conn *Conn, cfg PublisherConfig) *Publisher {
 	return &Publisher{conn: conn, cfg: cfg, sem: make(chan struct{}, 1)}
 }
 
+// Check reports a message the broker would refuse for good: a body over
+// MaxMessageBytes, or a short string (routing key, property, header name)
+// over 255 bytes. Publish refuses such a message unsent (transport.Checker).
+func (p *Publisher) Check(m *transport.Message) error {
+	_, err := p.check(m)
+	return err
+}
+
+func (p *Publisher) check(m *transport.Message) (amqp.Publishing, error) {
+	if len(m.Value) > p.cfg.MaxMessageBytes {
+		return amqp.Publishing{}, fmt.Errorf("amqp: %d bytes, over the limit of %d", len(m.Value), p.cfg.MaxMessageBytes)
+	}
+	pub := toPublishing(m, p.cfg.ContentType)
+	if err := checkShortStrings(p.cfg.Exchange, m.Topic, &pub); err != nil {
+		return amqp.Publishing{}, err
+	}
+	return pub, nil
+}
+
 // Publish implements transport.Publisher: it publishes msgs to the
 // configured exchange (routing key Message.Topic) and returns nil only when
 // the broker confirmed every one and returned none. A message over
@@ -145,16 +164,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 	index := make([]int, 0, len(msgs))
 	var rejected *transport.RejectedError
 	for i, m := range msgs {
-		if len(m.Value) > p.cfg.MaxMessageBytes {
-			if rejected == nil {
-				rejected = &transport.RejectedError{}
-			}
-			rejected.Index = append(rejected.Index, i)
-			rejected.Errs = append(rejected.Errs, fmt.Errorf("amqp: %d bytes, over the limit of %d", len(m.Value), p.cfg.MaxMessageBytes))
-			continue
-		}
-		pub := toPublishing(m, p.cfg.ContentType)
-		if err := checkShortStrings(p.cfg.Exchange, m.Topic, &pub); err != nil {
+		pub, err := p.check(m)
+		if err != nil {
 			if rejected == nil {
 				rejected = &transport.RejectedError{}
 			}
