@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
@@ -266,4 +267,15 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// PurgeRequests deletes the stored Idempotency-Key answers older than age
+// and returns how many it deleted. A key reused after that is a new request.
+func (s *Service) PurgeRequests(ctx context.Context, age time.Duration) (int64, error) {
+	tag, err := s.cfg.Pool.Exec(ctx, `DELETE FROM peticions_idempotents WHERE creat_en < now() - $1::interval`,
+		fmt.Sprintf("%d microseconds", age.Microseconds()))
+	if err != nil {
+		return 0, fmt.Errorf("comandes: purge idempotency keys: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }

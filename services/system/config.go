@@ -50,6 +50,12 @@ const (
 	MaxConnsDefault       = 5
 	AssignIntervalDefault = time.Second
 	ShutdownGraceDefault  = 10 * time.Second
+	// PurgeIntervalDefault is the period of the housekeeping that deletes
+	// expired idempotency keys.
+	PurgeIntervalDefault = time.Hour
+	// RequestKeyRetentionDefault is how long comandes answers a repeated
+	// Idempotency-Key from its stored response.
+	RequestKeyRetentionDefault = 24 * time.Hour
 )
 
 // Config configures Start.
@@ -87,6 +93,17 @@ type Config struct {
 	// AssignInterval is the period of repartiment's pending-assignment loop.
 	// Default AssignIntervalDefault.
 	AssignInterval time.Duration
+	// PurgeInterval is the period of the housekeeping that deletes the
+	// consumers' idempotency keys older than KeyRetention and comandes'
+	// stored Idempotency-Key answers older than RequestKeyRetention.
+	// Default PurgeIntervalDefault.
+	PurgeInterval time.Duration
+	// KeyRetention is how long a consumer's key (missatges_processats) is
+	// kept: at least the topics' retention, past which no redelivery can
+	// arrive. Default inbox.RetentionDefault (14 days, CONTRACT.md).
+	KeyRetention time.Duration
+	// RequestKeyRetention: see PurgeInterval. Default RequestKeyRetentionDefault.
+	RequestKeyRetention time.Duration
 	// Backoff is the consumers' first retry delay. Default consumer.BackoffDefault (1 s).
 	Backoff time.Duration
 	// MaxConns caps each service's pool. Default MaxConnsDefault.

@@ -87,6 +87,8 @@ func (s *System) startComandes(ctx context.Context) error {
 		return err
 	}
 	s.relayFor(comandes.Name)
+	s.housekeep(comandes.Name, s.inboxPurger(comandes.Name), purger{what: "peticions_idempotents",
+		purge: func(ctx context.Context) (int64, error) { return s.Comandes.PurgeRequests(ctx, s.cfg.RequestKeyRetention) }})
 	s.consumerFor(comandes.Name, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Topics: []string{pagaments.Topic}, Decode: dec,
 		Types: []string{comandes.TypePaymentConfirmed}, Handle: s.Comandes.HandlePaymentConfirmed})
 	return s.serve(comandes.Name, s.Comandes.Handler())
@@ -105,6 +107,7 @@ func (s *System) startInventari(ctx context.Context) error {
 		return err
 	}
 	s.relayFor(inventari.Name)
+	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
 	s.consumerFor(inventari.Name, consumer.Config{Name: inventari.ConsumerDecrement, Topics: []string{comandes.Topic}, Decode: dec,
 		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, s.Inventari.Reserve); err != nil {
@@ -148,6 +151,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 		return err
 	}
 	s.relayFor(pagaments.Name)
+	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))
 	// One order per transaction: each attempt calls the gateway, and a failed
 	// neighbour must not make a whole batch call it again.
 	s.consumerFor(pagaments.Name, consumer.Config{Name: pagaments.ConsumerCharge, Topics: []string{comandes.Topic}, BatchSize: 1, Decode: dec,
@@ -181,6 +185,7 @@ func (s *System) startRepartiment(ctx context.Context) error {
 		return err
 	}
 	s.relayFor(repartiment.Name)
+	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
 	s.consumerFor(repartiment.Name, consumer.Config{Name: repartiment.ConsumerAssign, Topics: []string{comandes.Topic}, Decode: dec,
 		Types: []string{repartiment.TypeOrderPaid}, Handle: s.Repartiment.HandleOrderPaid, Classifier: repartiment.Classifier})
 	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })

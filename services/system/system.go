@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/services/analitica"
@@ -83,6 +84,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	}
 	cfg.MaxConns = cmp.Or(cfg.MaxConns, MaxConnsDefault)
 	cfg.AssignInterval = cmp.Or(cfg.AssignInterval, AssignIntervalDefault)
+	cfg.PurgeInterval = cmp.Or(cfg.PurgeInterval, PurgeIntervalDefault)
+	cfg.KeyRetention = cmp.Or(cfg.KeyRetention, inbox.RetentionDefault)
+	cfg.RequestKeyRetention = cmp.Or(cfg.RequestKeyRetention, RequestKeyRetentionDefault)
 	cfg.RestartDelay = cmp.Or(cfg.RestartDelay, 200*time.Millisecond)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -81,14 +81,61 @@ func TestReservarEstocOverRequestReplyIsIdempotent(t *testing.T) {
 	}
 }
 
+// The running system deletes what it keeps only for a while: consumer keys
+// past KeyRetention (CONTRACT.md: 14 days) and stored Idempotency-Key answers
+// past RequestKeyRetention, and nothing younger.
+func TestHousekeepingPurgesExpiredKeysOnly(t *testing.T) {
+	sys, _ := startOneWith(t, "comandes", func(c *system.Config) { c.PurgeInterval = 50 * time.Millisecond })
+	t.Cleanup(sys.Close)
+	ctx := context.Background()
+	pool := sys.Pool("comandes")
+	for _, q := range []string{
+		`INSERT INTO missatges_processats (id_missatge, consumidor, processat_en) VALUES
+			('vell', 'comandes.pagament_confirmat', now() - interval '15 days'),
+			('nou', 'comandes.pagament_confirmat', now() - interval '13 days')`,
+		`INSERT INTO peticions_idempotents (clau, hash_peticio, estat_http, resposta, creat_en) VALUES
+			('vella', 'h', 201, '{}', now() - interval '25 hours'), ('nova', 'h', 201, '{}', now() - interval '23 hours')`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(q string) int {
+		var n int
+		if err := pool.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = 'vell'`)+count(`SELECT count(*) FROM peticions_idempotents WHERE clau = 'vella'`) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("expired rows still there after 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if k, r := count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = 'nou'`), count(`SELECT count(*) FROM peticions_idempotents WHERE clau = 'nova'`); k != 1 || r != 1 {
+		t.Fatalf("young rows deleted: %d key(s), %d request(s) left, want 1 and 1", k, r)
+	}
+}
+
 // startOne starts one service on its own embedded broker and a fresh
 // database, dropped at cleanup (after any cleanup the caller registers).
 func startOne(t *testing.T, service string) (*system.System, *kafka.Embedded) {
+	t.Helper()
+	return startOneWith(t, service, nil)
+}
+
+// startOneWith is startOne with cfg changed by tweak first.
+func startOneWith(t *testing.T, service string, tweak func(*system.Config)) (*system.System, *kafka.Embedded) {
 	t.Helper()
 	b := kafkatest.New(t, system.DomainTopics()...)
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
 	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "t" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: []string{service}}
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // the services' lifetime: Start ties them to ctx
 	sys, err := system.Start(ctx, cfg)
 	if err != nil {
