@@ -88,7 +88,9 @@ func (s *System) startComandes(ctx context.Context) error {
 	}
 	s.relayFor(comandes.Name)
 	s.housekeep(comandes.Name, s.inboxPurger(comandes.Name), purger{what: "peticions_idempotents",
-		purge: func(ctx context.Context) (int64, error) { return s.Comandes.PurgeRequests(ctx, s.cfg.RequestKeyRetention) }})
+		purge: func(ctx context.Context) (int64, error) {
+			return s.Comandes.PurgeRequests(ctx, s.cfg.RequestKeyRetention)
+		}})
 	s.consumerFor(comandes.Name, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Topics: []string{pagaments.Topic}, Decode: dec,
 		Types: []string{comandes.TypePaymentConfirmed}, Handle: s.Comandes.HandlePaymentConfirmed})
 	return s.serve(comandes.Name, s.Comandes.Handler())
