@@ -67,3 +67,17 @@ func captureStderr(t *testing.T, f func()) string {
 	_ = w.Close()
 	return <-done
 }
+
+// A malformed RabbitMQ URL is refused with an error that does not echo its
+// password (url.Parse's error quotes the whole URL).
+func TestMalformedAMQPURLErrorHidesThePassword(t *testing.T) {
+	for _, u := range []string{"amqp://guest:s3cret@[bad/", "amqp://guest:s3cret@host:abc/", "amqp://guest:s3cret@127.0.0.1:5672/%zz"} {
+		err := benchRPC(context.Background(), []string{"--amqp-url", u, "--n", "1", "--kafka=false"})
+		if err == nil {
+			t.Fatalf("%s: no error", u)
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("the error leaks the password: %v", err)
+		}
+	}
+}

@@ -109,6 +109,14 @@ type Conn struct {
 // failures are healed in the background until Close.
 func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	cfg = cfg.WithDefaults()
+	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		// url.Parse's error quotes the whole URL, password included: keep
+		// only its reason.
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("amqp: invalid URL (not shown: it may hold a password): %w", err)
+	}
 	c := &Conn{cfg: cfg, log: cfg.Logger, closed: make(chan struct{}), done: make(chan struct{}), changed: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	conn, err := c.dial(ctx)
