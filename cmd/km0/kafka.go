@@ -30,6 +30,9 @@ func runKafka(ctx context.Context, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if *partitions < 1 {
+		return fmt.Errorf("--partitions %d must be at least 1", *partitions)
+	}
 	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: *addr, DataDir: *dataDir, Partitions: *partitions, Topics: domainTopics()})
 	if err != nil {
 		return err

@@ -48,6 +48,18 @@ func runRelay(ctx context.Context, args []string) error {
 	if *topic == "" || *origin == "" {
 		return errors.New("--topic and --origin are required")
 	}
+	// Checked before any connection: relay.New would see them only once
+	// Kafka answers, and would turn 0 into the default.
+	switch {
+	case *batch < 1 || *batch > relay.BatchSizeMax:
+		return fmt.Errorf("--batch %d is outside 1..%d", *batch, relay.BatchSizeMax)
+	case *workers < 1 || *workers > relay.ShardCount:
+		return fmt.Errorf("--workers %d is outside 1..%d", *workers, relay.ShardCount)
+	case *poll <= 0:
+		return fmt.Errorf("--poll %v must be positive", *poll)
+	case *partitions < 1:
+		return fmt.Errorf("--partitions %d must be at least 1", *partitions)
+	}
 	log := logger()
 	pool, err := openPool(ctx, *dbURL, 2)
 	if err != nil {

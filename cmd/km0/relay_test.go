@@ -148,3 +148,21 @@ func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 		t.Fatalf("%d records on the topic, want 2 (P-1's first row and P-2's)", len(recs))
 	}
 }
+
+// Bad numbers given to `km0 relay` are refused at once with an error naming
+// the flag, even while Kafka is down (before, a negative --batch was reported
+// only once the broker answered, and 0 or a negative --partitions, --workers
+// or --batch silently became the default). The context only bounds a hang.
+func TestRelayCommandRefusesBadNumbersAtOnce(t *testing.T) {
+	s := pgtest.NewMigratedSchema(t)
+	for _, bad := range [][]string{{"--batch", "-5"}, {"--batch", "0"}, {"--batch", "10001"}, {"--workers", "0"},
+		{"--workers", "65"}, {"--partitions", "-2"}, {"--poll", "-1s"}, {"--poll", "0s"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := runRelay(ctx, append([]string{"--database-url", pgtest.URL(), "--schema", s.Name, "--brokers", "127.0.0.1:1",
+			"--topic", "comandes.esdeveniments", "--origin", "comandes"}, bad...))
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), bad[0]) {
+			t.Errorf("km0 relay %s %s: want an error naming %s, got %v", bad[0], bad[1], bad[0], err)
+		}
+	}
+}
