@@ -264,6 +264,11 @@ func (a *Alerter) post(body []byte) (retry bool, err error) {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.cfg.Client.Do(req)
 	if err != nil {
+		// The *url.Error quotes the URL, whose path or query may be the
+		// webhook's secret: keep only the cause.
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			err = fmt.Errorf("webhook %s: %w", ue.Op, ue.Err)
+		}
 		return true, err
 	}
 	resp.Body.Close()

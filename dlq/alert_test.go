@@ -216,3 +216,29 @@ func failureCount(t *testing.T, reg *prometheus.Registry, cause string) float64 
 	t.Helper()
 	return counter(t, reg, "km0_dlq_webhook_failures_total", map[string]string{"causa": cause})
 }
+
+// A webhook URL carries its secret in the path or query (Slack-style
+// hooks.slack.com/services/T/B/<secret>, ?token=): a webhook that cannot be
+// reached is logged without the URL.
+func TestAlerterWebhookFailureLogHidesTheURL(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL + "/services/T0/B0/s3cretpath?token=s3cretquery"
+	srv.Close() // nothing listens there now: the POST fails with a *url.Error
+	logs := &testlog.Buffer{}
+	a, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: prometheus.NewRegistry(), WebhookURL: url, WebhookAttempts: 1,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.DeadLetter(context.Background(), letter("comandes.esdeveniments.dlq/0/1", "permanent: esquema: x"))
+	if err := a.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "webhook did not take the notice") {
+		t.Fatalf("no failure logged:\n%s", out)
+	}
+	if strings.Contains(out, "s3cret") {
+		t.Fatalf("the log shows the webhook URL's secret:\n%s", out)
+	}
+}
