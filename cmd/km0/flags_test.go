@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
 	"io"
 	"os"
 	"strings"
@@ -78,6 +80,18 @@ func TestMalformedAMQPURLErrorHidesThePassword(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("the error leaks the password: %v", err)
+		}
+	}
+}
+
+// `km0 X --help` succeeds (main exits 0) for every command, also those
+// whose first argument is a subcommand or a name (schema, serve, outbox, dlq, bench).
+func TestEveryCommandHelpSucceeds(t *testing.T) {
+	for name, c := range commands {
+		var err error
+		captureStderr(t, func() { err = c.run(context.Background(), []string{"--help"}) })
+		if err != nil && !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("km0 %s --help: %v (exit code 2)", name, err)
 		}
 	}
 }

@@ -25,6 +25,9 @@ const schemaSummary = "compare the event schemas of the working tree with a git 
 func runSchema(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] != "check" {
 		fmt.Fprintln(os.Stderr, "usage: km0 schema check [--against REV] [--history] [--repo DIR] [--dir schemas]")
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
+			return nil
+		}
 		return errUsage
 	}
 	return runSchemaCheck(ctx, os.Stdout, args[1:])

@@ -22,6 +22,9 @@ func init() {
 func runServe(ctx context.Context, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fmt.Fprintf(os.Stderr, "usage: km0 serve NAME [flags]   NAME is one of %s\n", strings.Join(system.Services, ", "))
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+			return runServices(ctx, "serve NAME", nil, args[:1]) // prints the flags
+		}
 		return errUsage
 	}
 	return runServices(ctx, "serve "+args[0], []string{args[0]}, args[1:])
