@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestHelpNeverPrintsTheDatabaseURL(t *testing.T) {
@@ -92,6 +93,21 @@ func TestEveryCommandHelpSucceeds(t *testing.T) {
 		captureStderr(t, func() { err = c.run(context.Background(), []string{"--help"}) })
 		if err != nil && !errors.Is(err, flag.ErrHelp) {
 			t.Errorf("km0 %s --help: %v (exit code 2)", name, err)
+		}
+	}
+}
+
+// `km0 up --http` entries that are not NAME=ADDR for a known server are
+// refused, not ignored (the service would listen on a random port instead).
+// The context only bounds a hang.
+func TestUpRefusesMalformedHTTPAddrs(t *testing.T) {
+	for _, v := range []string{"comandes:8080", "comandez=:8080", "=:8080", "comandes="} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := runServices(ctx, "up", []string{"comandes"}, []string{"--database-url", "postgres://postgres@127.0.0.1:1/postgres",
+			"--brokers", "127.0.0.1:1", "--http", v})
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "--http") {
+			t.Errorf("--http %q: want an error naming --http, got %v", v, err)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -60,10 +61,16 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		}
 	}
 	addrs := map[string]string{}
+	known := append([]string{system.GatewayName, system.MapsName}, system.Services...)
 	for _, kv := range strings.Split(*httpAddrs, ",") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok {
-			addrs[k] = v
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
 		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || v == "" || !slices.Contains(known, k) {
+			return fmt.Errorf("--http %q: want NAME=ADDR with NAME one of %s", kv, strings.Join(known, ", "))
+		}
+		addrs[k] = v
 	}
 	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, Brokers: brokerList, Services: services, AMQPURL: *amqpURL,
 		Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs, Logger: logger()})
