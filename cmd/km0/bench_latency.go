@@ -38,6 +38,9 @@ func benchLatency(ctx context.Context, args []string) error {
 	if *rate <= 0 || *seconds <= 0 {
 		return errors.New("--rate and --seconds must be positive")
 	}
+	if err := checkRelayNumbers(relay.BatchSizeDefault, *workers); err != nil {
+		return err
+	}
 	env, err := newBenchEnv(ctx, *dbURL, 16)
 	if err != nil {
 		return err

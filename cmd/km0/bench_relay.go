@@ -137,6 +137,9 @@ func benchRelay(ctx context.Context, args []string) error {
 	if *n <= 0 || *aggs <= 0 || *rounds <= 0 {
 		return errors.New("--n, --aggregates and --rounds must be positive")
 	}
+	if err := checkRelayNumbers(*batch, *workers); err != nil {
+		return err
+	}
 	env, err := newBenchEnv(ctx, *dbURL, 4)
 	if err != nil {
 		return err

@@ -111,3 +111,23 @@ func TestUpRefusesMalformedHTTPAddrs(t *testing.T) {
 		}
 	}
 }
+
+// `km0 bench relay|latency` refuse a --batch or --workers the relay would not
+// use as given (0 became the default while the JSON line reported 0).
+func TestBenchRefusesBatchAndWorkersOutOfRange(t *testing.T) {
+	for _, c := range []struct {
+		fn   func(context.Context, []string) error
+		args []string
+	}{
+		{benchRelay, []string{"--n", "10", "--aggregates", "2", "--batch", "0"}},
+		{benchRelay, []string{"--n", "10", "--aggregates", "2", "--workers", "0"}},
+		{benchLatency, []string{"--rate", "10", "--seconds", "0.2", "--workers", "0"}},
+	} {
+		var err error
+		captureStderr(t, func() { err = c.fn(context.Background(), c.args) })
+		name := c.args[len(c.args)-2]
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%v: want an error naming %s, got %v", c.args, name, err)
+		}
+	}
+}

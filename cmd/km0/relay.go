@@ -50,11 +50,10 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	// Checked before any connection: relay.New would see them only once
 	// Kafka answers, and would turn 0 into the default.
+	if err := checkRelayNumbers(*batch, *workers); err != nil {
+		return err
+	}
 	switch {
-	case *batch < 1 || *batch > relay.BatchSizeMax:
-		return fmt.Errorf("--batch %d is outside 1..%d", *batch, relay.BatchSizeMax)
-	case *workers < 1 || *workers > relay.ShardCount:
-		return fmt.Errorf("--workers %d is outside 1..%d", *workers, relay.ShardCount)
 	case *poll <= 0:
 		return fmt.Errorf("--poll %v must be positive", *poll)
 	case *partitions < 1:
@@ -134,6 +133,18 @@ func runRelay(ctx context.Context, args []string) error {
 	err = r.Run(ctx)
 	log.Info("km0 relay: stopped")
 	return err
+}
+
+// checkRelayNumbers refuses a --batch or --workers relay.New would refuse or
+// replace by its default (0).
+func checkRelayNumbers(batch, workers int) error {
+	switch {
+	case batch < 1 || batch > relay.BatchSizeMax:
+		return fmt.Errorf("--batch %d is outside 1..%d", batch, relay.BatchSizeMax)
+	case workers < 1 || workers > relay.ShardCount:
+		return fmt.Errorf("--workers %d is outside 1..%d", workers, relay.ShardCount)
+	}
+	return nil
 }
 
 // waitForTopic creates or checks topic, retrying while Kafka is down (rows
