@@ -208,6 +208,8 @@ func (cfg Config) validate() error {
 			bad("topic %q: list domain topics; their %s and %s topics are derived", t, RetrySuffix, DLQSuffix)
 		case seen[t]:
 			bad("topic %q listed twice", t)
+		case kafka.CheckTopic(t+RetrySuffix) != nil:
+			bad("%v (with its %s suffix)", kafka.CheckTopic(t+RetrySuffix), RetrySuffix)
 		}
 		seen[t] = true
 	}

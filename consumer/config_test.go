@@ -33,6 +33,8 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 		{func(c *consumer.Config) { c.MaxAttempts = -1 }, "MaxAttempts"},
 		{func(c *consumer.Config) { c.Backoff = -1 }, "negative Backoff"},
 		{func(c *consumer.Config) { c.Mode = 7 }, "unknown Mode"},
+		{func(c *consumer.Config) { c.Topics = []string{"comandes esdeveniments"} }, "only ASCII letters"},
+		{func(c *consumer.Config) { c.Topics = []string{strings.Repeat("t", 244)} }, "1 to 249"}, // 250 with .retry
 	} {
 		cfg := ok
 		tc.edit(&cfg)

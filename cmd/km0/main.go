@@ -63,6 +63,9 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal asks for a clean stop; once it has arrived, the
+	// default action is back, so a second Ctrl-C ends a slow shutdown at once.
+	go func() { <-ctx.Done(); stop() }()
 	err := c.run(ctx, os.Args[2:])
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):

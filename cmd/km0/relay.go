@@ -53,6 +53,11 @@ func runRelay(ctx context.Context, args []string) error {
 	if err := checkRelayNumbers(*batch, *workers); err != nil {
 		return err
 	}
+	if *exchange == "" {
+		if err := kafka.CheckTopic(*topic); err != nil {
+			return fmt.Errorf("--topic: %w", err)
+		}
+	}
 	switch {
 	case *poll <= 0:
 		return fmt.Errorf("--poll %v must be positive", *poll)
@@ -95,8 +100,8 @@ func runRelay(ctx context.Context, args []string) error {
 			return err
 		}
 		defer cl.Close()
-		if !waitForTopic(ctx, log, cl, int32(*partitions), *topic) {
-			return nil
+		if ok, err := waitForTopic(ctx, log, cl, int32(*partitions), *topic); !ok {
+			return err
 		}
 		pub = kafka.NewPublisher(cl)
 		// Park rows over the topic's own limit before sending them, so that a
@@ -148,22 +153,27 @@ func checkRelayNumbers(batch, workers int) error {
 }
 
 // waitForTopic creates or checks topic, retrying while Kafka is down (rows
-// wait in the outbox meanwhile). It returns false if ctx ends first.
-func waitForTopic(ctx context.Context, log *slog.Logger, cl *kgo.Client, partitions int32, topic string) bool {
+// wait in the outbox meanwhile). It returns false if ctx ends first (nil
+// error), or with the error if the brokers refuse the topic for good (an
+// illegal name, no authorisation): retrying that would loop forever.
+func waitForTopic(ctx context.Context, log *slog.Logger, cl *kgo.Client, partitions int32, topic string) (bool, error) {
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
 		topicCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := kafka.EnsureTopics(topicCtx, cl, partitions, topic)
 		cancel()
 		if err == nil {
-			return true
+			return true, nil
+		}
+		if errors.Is(err, kafka.ErrTopicRefused) {
+			return false, fmt.Errorf("--topic: %w", err)
 		}
 		if ctx.Err() != nil {
-			return false
+			return false, nil
 		}
 		log.Warn("km0 relay: cannot create or check the topic; retrying", "topic", topic, "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
-			return false
+			return false, nil
 		case <-time.After(wait):
 		}
 	}

@@ -56,12 +56,36 @@ func SplitBrokers(s string) []string {
 	return out
 }
 
+// ErrTopicRefused wraps a topic name or creation the brokers refuse for good
+// (an illegal name, no authorisation, a policy): retrying cannot help.
+var ErrTopicRefused = errors.New("kafka: topic refused")
+
+// CheckTopic reports a name Kafka refuses: empty, "." or "..", longer than
+// 249 bytes, or with a character other than ASCII letters, digits, '.', '_'
+// and '-'. The error wraps ErrTopicRefused.
+func CheckTopic(name string) error {
+	if name == "" || name == "." || name == ".." || len(name) > 249 {
+		return fmt.Errorf("%w: %q: a name is 1 to 249 characters, not \".\" or \"..\"", ErrTopicRefused, name)
+	}
+	for _, c := range []byte(name) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: %q: only ASCII letters, digits, '.', '_' and '-' are legal", ErrTopicRefused, name)
+		}
+	}
+	return nil
+}
+
 // EnsureTopics creates the topics that do not exist yet with partitions
 // partitions (replication factor -1: the broker's default). Existing topics are
 // left as they are.
 func EnsureTopics(ctx context.Context, cl *kgo.Client, partitions int32, topics ...string) error {
 	if partitions <= 0 {
 		partitions = PartitionsDefault
+	}
+	for _, t := range topics {
+		if err := CheckTopic(t); err != nil {
+			return err
+		}
 	}
 	adm := kadm.NewClient(cl)
 	var lastErr error
@@ -71,6 +95,10 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, partitions int32, topics 
 			lastErr = nil
 			for _, r := range resp.Sorted() {
 				if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+					var ke *kerr.Error
+					if errors.As(r.Err, &ke) && !ke.Retriable { // refused, not unavailable: asking again changes nothing
+						return fmt.Errorf("%w: %s: %w", ErrTopicRefused, r.Topic, r.Err)
+					}
 					lastErr = fmt.Errorf("kafka: create topic %s: %w", r.Topic, r.Err)
 				}
 			}

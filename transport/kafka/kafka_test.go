@@ -101,3 +101,29 @@ func TestMaxMessageBytesReadsTheTopicLimit(t *testing.T) {
 		t.Fatalf("max.message.bytes %d (%v), want 10000", n, err)
 	}
 }
+
+// Kafka's legal topic names: a name a broker refuses for good is an error at
+// once (ErrTopicRefused), never a retry loop.
+func TestCheckTopicAndEnsureTopicsRefuseIllegalNames(t *testing.T) {
+	for _, ok := range []string{"comandes.esdeveniments", "a", "A-b_c.9", "x"} {
+		if err := kafka.CheckTopic(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	long := make([]byte, 250)
+	for i := range long {
+		long[i] = 't'
+	}
+	for _, bad := range []string{"", ".", "..", "bad topic", "comandes/esdeveniments", "cafè", string(long)} {
+		if err := kafka.CheckTopic(bad); !errors.Is(err, kafka.ErrTopicRefused) {
+			t.Errorf("%q: %v, want ErrTopicRefused", bad, err)
+		}
+	}
+	b := kafkatest.New(t)
+	cl := kafkatest.Client(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := kafka.EnsureTopics(ctx, cl, 1, "bad topic!"); !errors.Is(err, kafka.ErrTopicRefused) || ctx.Err() != nil {
+		t.Fatalf("EnsureTopics of an illegal name: %v (ctx %v), want ErrTopicRefused at once", err, ctx.Err())
+	}
+}
