@@ -53,7 +53,10 @@ func Idempotent(db inbox.Beginner, names migrate.Names, consumer string, h TxHan
 	names = names.WithDefaults()
 	in := inbox.New(inbox.Config{Names: names})
 	table := pgx.Identifier{names.Schema, ResponsesTable}.Sanitize()
-	insert := "INSERT INTO " + table + " (id_peticio, consumidor, resposta) VALUES ($1, $2, $3)"
+	// A stored response without its key (the key was purged first) belongs to
+	// a request that is over: the new one replaces it.
+	insert := "INSERT INTO " + table + " (id_peticio, consumidor, resposta) VALUES ($1, $2, $3)" +
+		" ON CONFLICT (id_peticio, consumidor) DO UPDATE SET resposta = EXCLUDED.resposta, desada_en = now()"
 	sel := "SELECT resposta FROM " + table + " WHERE id_peticio = $1 AND consumidor = $2"
 	return func(ctx context.Context, req *Request) ([]byte, error) {
 		if req.ID == "" {

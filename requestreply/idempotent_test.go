@@ -47,3 +47,34 @@ func TestIdempotentRequestIDThatCannotBeAKeyIsABadRequest(t *testing.T) {
 		t.Fatalf("%d effects, want 0", effects)
 	}
 }
+
+// Keys and stored responses are purged separately (inbox.Purge,
+// PurgeResponses). A request whose key is gone but whose old response is still
+// stored is a new request: the effect runs and the new response replaces the
+// old one, instead of every attempt failing on the response's primary key.
+func TestIdempotentRequestWhoseKeyWasPurgedBeforeItsResponseRunsAgain(t *testing.T) {
+	db := pgtest.NewSchema(t)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, db.Pool, db.Names(), migrate.Inbox, requestreply.Migrations); err != nil {
+		t.Fatal(err)
+	}
+	effects := 0
+	h := requestreply.Idempotent(db.Pool, db.Names(), "inventari.reserva", func(context.Context, pgx.Tx, *requestreply.Request) ([]byte, error) {
+		effects++
+		return []byte(`{"nova":true}`), nil
+	})
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO respostes_desades (id_peticio, consumidor, resposta, desada_en)
+		VALUES ('reserva-1', 'inventari.reserva', '{"vella":true}', now() - interval '15 days')`); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	for range 2 {
+		body, isErr := requestreply.Serve(ctx, log, h, &requestreply.Request{ID: "reserva-1", Body: []byte(`{}`)})
+		if isErr || string(body) != `{"nova":true}` {
+			t.Fatalf("got %s (error reply %v), want the new response", body, isErr)
+		}
+	}
+	if effects != 1 {
+		t.Fatalf("%d effects, want 1", effects)
+	}
+}
