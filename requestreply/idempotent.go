@@ -5,9 +5,11 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
@@ -45,12 +47,16 @@ var ErrResponseNotStored = errors.New("requestreply: request already processed; 
 // returns the stored response instead, without running h. A concurrent
 // repeat waits for the first transaction and then reads its response. If h
 // fails, nothing persists, the error is the reply, and a repeat runs h again.
-// A request without id is a bad request (ErrNoRequestID).
+// A request without id is a bad request (ErrNoRequestID), and so is one
+// whose id PostgreSQL refuses as a key (NUL byte, invalid UTF-8, too long).
 func Idempotent(db inbox.Beginner, names migrate.Names, consumer string, h TxHandler) Handler {
 	names = names.WithDefaults()
 	in := inbox.New(inbox.Config{Names: names})
 	table := pgx.Identifier{names.Schema, ResponsesTable}.Sanitize()
-	insert := "INSERT INTO " + table + " (id_peticio, consumidor, resposta) VALUES ($1, $2, $3)"
+	// A stored response without its key (the key was purged first) belongs to
+	// a request that is over: the new one replaces it.
+	insert := "INSERT INTO " + table + " (id_peticio, consumidor, resposta) VALUES ($1, $2, $3)" +
+		" ON CONFLICT (id_peticio, consumidor) DO UPDATE SET resposta = EXCLUDED.resposta, desada_en = now()"
 	sel := "SELECT resposta FROM " + table + " WHERE id_peticio = $1 AND consumidor = $2"
 	return func(ctx context.Context, req *Request) ([]byte, error) {
 		if req.ID == "" {
@@ -62,7 +68,9 @@ func Idempotent(db inbox.Beginner, names migrate.Names, consumer string, h TxHan
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 		var resp []byte
+		ran := false
 		res, err := in.ProcessTx(ctx, tx, consumer, req.ID, func(tx pgx.Tx) error {
+			ran = true
 			var err error
 			if resp, err = h(ctx, tx, req); err != nil {
 				return err
@@ -74,6 +82,10 @@ func Idempotent(db inbox.Beginner, names migrate.Names, consumer string, h TxHan
 			return err
 		})
 		if err != nil {
+			if !ran && keyRefused(err) {
+				// Every retry would fail the same way: not retryable.
+				return nil, BadRequest(fmt.Errorf("bad request: the request id cannot be stored as a key: %w", err))
+			}
 			return nil, err
 		}
 		if res == inbox.Duplicate {
@@ -89,6 +101,14 @@ func Idempotent(db inbox.Beginner, names migrate.Names, consumer string, h TxHan
 		}
 		return resp, nil
 	}
+}
+
+// keyRefused reports whether PostgreSQL refused the request id itself: a data
+// exception (class 22: a NUL byte, invalid UTF-8) or a program limit (class 54:
+// too long for the key's index).
+func keyRefused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54"))
 }
 
 // PurgeResponses deletes stored responses older than age (use the inbox

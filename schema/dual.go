@@ -148,11 +148,12 @@ func DropFields(to int, fields ...string) Upcaster {
 
 // IdempotencyKey returns the key a consumer records for env: its correlacio
 // (FieldCorrelation) when it is one copy of a dual-published pair, so the
-// pair is handled once, and otherwise its id_esdeveniment.
+// pair is handled once, and otherwise its id_esdeveniment (also when the
+// correlacio could not be stored as a key: envelope.CheckKey).
 func IdempotencyKey(env *envelope.Envelope) string {
 	if raw, ok := env.Extra[FieldCorrelation]; ok {
 		var s string
-		if json.Unmarshal(raw, &s) == nil && s != "" {
+		if json.Unmarshal(raw, &s) == nil && s != "" && envelope.CheckKey(s) == nil {
 			return s
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -197,6 +198,22 @@ func TestDualPublishRefusesAnInvalidCopy(t *testing.T) {
 	} {
 		if _, err := schema.DualPublish(nil, d); !errors.Is(err, schema.ErrConfig) {
 			t.Errorf("%s: got %v", name, err)
+		}
+	}
+}
+
+// A correlacio PostgreSQL cannot store as a key (NUL byte, over
+// envelope.MaxIDBytes) must not become the idempotency key: the inbox would
+// refuse it at every attempt. The id_esdeveniment, which Decode checked, is
+// the key instead, as consumer.IdempotencyKey does.
+func TestIdempotencyKeyIgnoresACorrelacioThatCannotBeAKey(t *testing.T) {
+	for _, corr := range []string{`"a\u0000b"`, `"` + strings.Repeat("c", envelope.MaxIDBytes+1) + `"`} {
+		env, err := envelope.Decode([]byte(`{"id_esdeveniment":"e-1","tipus":"t","versio":1,"dades":{},"correlacio":` + corr + `}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k := schema.IdempotencyKey(env); k != "e-1" || envelope.CheckKey(k) != nil {
+			t.Errorf("correlacio %.12s…: key %.12q…, want the id_esdeveniment e-1", corr, k)
 		}
 	}
 }

@@ -182,7 +182,13 @@ func (c *Client) Close() error {
 	c.cons.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := kadm.NewClient(c.prod).DeleteTopics(ctx, c.cfg.ReplyTopic)
+	resp, err := kadm.NewClient(c.prod).DeleteTopics(ctx, c.cfg.ReplyTopic)
+	if err == nil {
+		err = resp.Error() // the topic's own error: not deleted either
+	}
 	c.prod.Close()
-	return err
+	if err != nil {
+		return fmt.Errorf("kafkarr: delete reply topic %s: %w", c.cfg.ReplyTopic, err)
+	}
+	return nil
 }

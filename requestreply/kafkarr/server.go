@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/requestreply"
@@ -157,11 +158,21 @@ func (s *Server) handle(ctx context.Context, r *kgo.Record) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	res := s.prod.ProduceSync(pctx, &kgo.Record{Topic: replyTo, Key: []byte(corr), Value: body, Headers: []kgo.RecordHeader{
-		{Key: HeaderCorrelation, Value: []byte(corr)},
-		{Key: requestreply.HeaderResult, Value: []byte(result)},
-	}})
-	if err := res.FirstErr(); err != nil {
+	reply := func(body []byte, result string) error {
+		return s.prod.ProduceSync(pctx, &kgo.Record{Topic: replyTo, Key: []byte(corr), Value: body, Headers: []kgo.RecordHeader{
+			{Key: HeaderCorrelation, Value: []byte(corr)},
+			{Key: requestreply.HeaderResult, Value: []byte(result)},
+		}}).FirstErr()
+	}
+	err := reply(body, result)
+	if errors.Is(err, kerr.MessageTooLarge) && !isErr {
+		// Kafka refuses a reply this big: answer with a (small) error reply,
+		// not with nothing, which the requester would see as a timeout (R5).
+		tooLarge := requestreply.BadRequest(fmt.Errorf("reply too large for Kafka (%d bytes): %w", len(body), err))
+		body, isErr = requestreply.Serve(ctx, log, func(context.Context, *requestreply.Request) ([]byte, error) { return nil, tooLarge }, req)
+		err = reply(body, requestreply.ResultError)
+	}
+	if err != nil {
 		s.unanswerable.Add(1)
 		log.Warn("kafkarr: reply not delivered (client gone?)", "respondre_a", replyTo, "id_peticio", req.ID, "err", err)
 		return
