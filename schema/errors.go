@@ -34,8 +34,16 @@ type ValidationError struct {
 	// Context is "" for the published schema, or the name of a consumer's
 	// own requirement (DecoderConfig.Require), e.g. "requisit del consumidor".
 	Context  string
-	Problems []Problem // sorted by path; never empty
+	Problems []Problem // sorted by path; never empty; at most MaxProblemsKept
+	// More counts the problems found beyond Problems: a hostile document
+	// (a 1 MB array of empty objects) has a million, and keeping them all
+	// cost a consumer 600 MB and a second of CPU to reject one message.
+	More int
 }
+
+// MaxProblemsKept bounds ValidationError.Problems: the first ones by path
+// (among the first 1,024 found).
+const MaxProblemsKept = 64
 
 func (e *ValidationError) Error() string {
 	var b strings.Builder
@@ -46,7 +54,7 @@ func (e *ValidationError) Error() string {
 	}
 	for i, p := range e.Problems {
 		if i == MaxProblemsShown {
-			fmt.Fprintf(&b, " (+%d more)", len(e.Problems)-i)
+			fmt.Fprintf(&b, " (+%d more)", len(e.Problems)-i+e.More)
 			break
 		}
 		if i == 0 {
@@ -66,13 +74,21 @@ var printer = message.NewPrinter(language.English)
 
 // problems flattens the library's error tree into its leaves, one per
 // offending field, sorted by path for a deterministic message.
-func problems(ve *jsonschema.ValidationError) []Problem {
+func problems(ve *jsonschema.ValidationError) (kept []Problem, more int) {
 	var out []Problem
 	var walk func(e *jsonschema.ValidationError)
 	walk = func(e *jsonschema.ValidationError) {
 		if len(e.Causes) > 0 {
 			for _, c := range e.Causes {
 				walk(c)
+			}
+			return
+		}
+		if len(out) >= maxProblemsWalked { // only count: wording each one is the cost
+			if k, ok := e.ErrorKind.(*kind.Required); ok {
+				more += len(k.Missing)
+			} else {
+				more++
 			}
 			return
 		}
@@ -83,8 +99,17 @@ func problems(ve *jsonschema.ValidationError) []Problem {
 		out = []Problem{{Path: "/", Message: ve.Error()}}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Path < out[j].Path })
-	return out
+	if len(out) > MaxProblemsKept {
+		more += len(out) - MaxProblemsKept
+		out = out[:MaxProblemsKept:MaxProblemsKept]
+	}
+	return out, more
 }
+
+// maxProblemsWalked bounds the problems worded before sorting; past it they
+// are only counted. A document has that many only when it is hostile or
+// badly broken, and then which 64 are shown matters little.
+const maxProblemsWalked = 1024
 
 func pointer(tokens []string) string {
 	if len(tokens) == 0 {

@@ -104,7 +104,8 @@ func (c compiled) validate(k Key, context string, data []byte) error {
 	if !errors.As(err, &ve) {
 		return &ValidationError{Key: k, Context: context, Problems: []Problem{{Path: "/", Message: err.Error()}}}
 	}
-	return &ValidationError{Key: k, Context: context, Problems: problems(ve)}
+	ps, more := problems(ve)
+	return &ValidationError{Key: k, Context: context, Problems: ps, More: more}
 }
 
 // ErrSchema is the sentinel every schema error of this package matches with
