@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/requestreply"
@@ -160,6 +161,9 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	}}
 	c.prod.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 		if err != nil && ctx.Err() == nil {
+			if errors.Is(err, kerr.UnknownTopicOrPartition) { // no request topic: nobody serves it (as a returned AMQP request)
+				err = fmt.Errorf("%w: no topic %q: %w", requestreply.ErrNoService, service, err)
+			}
 			c.calls.Deliver(corr, requestreply.Reply{Err: fmt.Errorf("kafkarr: produce request to %s: %w", service, err)})
 		}
 	})

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 )
 
@@ -43,5 +45,21 @@ func TestCloseReportsAReplyTopicItCouldNotDelete(t *testing.T) {
 	}
 	if !errors.Is(err, kerr.TopicDeletionDisabled) {
 		t.Fatalf("Close returned %v with the reply topic %s left behind", err, cl.ReplyTopic())
+	}
+}
+
+// A request to a service with no request topic fails with ErrNoService, as
+// a request RabbitMQ returns unroutable does (R6), not with a timeout.
+func TestRequestToAMissingTopicFailsWithErrNoService(t *testing.T) {
+	b := kafkatest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs(), Timeout: 25 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close() })
+	if _, err := cl.Request(ctx, "ningu.autoritzacions", "x", []byte(`{}`)); !errors.Is(err, requestreply.ErrNoService) {
+		t.Fatalf("want ErrNoService, got %v", err)
 	}
 }

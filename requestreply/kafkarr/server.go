@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,11 @@ type ServerConfig struct {
 	Group   string
 	Workers int          // requests of one poll handled at once; default 16
 	Logger  *slog.Logger // default slog.Default()
+	// ReplyTopicPrefix: a request whose respondre_a does not start with it
+	// is not answered (logged, counted as unanswerable): otherwise any
+	// requester could make the server write to any topic, a business topic
+	// included. Default ReplyTopicPrefix ("respostes."), the clients' default.
+	ReplyTopicPrefix string
 }
 
 // ServerStats counts what a Server did.
@@ -68,6 +74,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	cfg.Group = cmp.Or(cfg.Group, cfg.Topic+".servidor")
 	cfg.Partitions = cmp.Or(max(cfg.Partitions, 0), kafka.PartitionsDefault)
 	cfg.Workers = cmp.Or(max(cfg.Workers, 0), WorkersDefault)
+	cfg.ReplyTopicPrefix = cmp.Or(cfg.ReplyTopicPrefix, ReplyTopicPrefix)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -148,6 +155,12 @@ func (s *Server) handle(ctx context.Context, r *kgo.Record) {
 	if corr == "" || replyTo == "" {
 		s.unanswerable.Add(1)
 		log.Error("kafkarr: request without correlacio or respondre_a skipped", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+		return
+	}
+	if !strings.HasPrefix(replyTo, s.cfg.ReplyTopicPrefix) || replyTo == s.cfg.Topic {
+		s.unanswerable.Add(1)
+		log.Error("kafkarr: request whose respondre_a is not a reply topic skipped", "respondre_a", replyTo,
+			"prefix", s.cfg.ReplyTopicPrefix, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
 		return
 	}
 	req := &requestreply.Request{ID: cmp.Or(id, string(r.Key), corr), CorrelationID: corr, Body: r.Value}

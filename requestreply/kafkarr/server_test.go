@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
@@ -49,5 +52,46 @@ func TestReplyTooLargeForKafkaGetsAnErrorReply(t *testing.T) {
 	amqptest.WaitFor(t, 20*time.Second, "2 replies counted", func() bool { return srv.Stats().Replied == 2 })
 	if st := srv.Stats(); st.Replied != 2 || st.ErrorReplies != 1 || st.Unanswerable != 0 {
 		t.Fatalf("stats %+v, want 2 replied, 1 error reply, 0 unanswerable", st)
+	}
+}
+
+// A request may name only a reply topic as its respondre_a: one that names a
+// business topic (here the domain topic comandes.esdeveniments) is skipped
+// and counted, and nothing is written there; a real client's request still
+// gets its reply.
+func TestServerRepliesOnlyToReplyTopics(t *testing.T) {
+	const business = "comandes.esdeveniments"
+	b := kafkatest.New(t, business)
+	ctx := context.Background()
+	srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: b.Addrs(),
+		Handler: func(_ context.Context, r *requestreply.Request) ([]byte, error) { return r.Body, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rrtest.Background(t, srv.Run)
+	pub := kafkatest.Client(t, b)
+	if err := pub.ProduceSync(ctx, &kgo.Record{Topic: kafkarr.TopicDefault, Key: []byte("x"), Value: []byte(`{"fals":true}`), Headers: []kgo.RecordHeader{
+		{Key: kafkarr.HeaderCorrelation, Value: []byte("c-1")}, {Key: kafkarr.HeaderReplyTo, Value: []byte(business)},
+		{Key: kafkarr.HeaderRequestID, Value: []byte("x")}}}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close() })
+	if resp, err := cl.Request(ctx, kafkarr.TopicDefault, "y", []byte("hola")); err != nil || string(resp) != "hola" {
+		t.Fatalf("a real request: %q, %v", resp, err)
+	}
+	amqptest.WaitFor(t, 20*time.Second, "the forged request counted", func() bool { return srv.Stats().Unanswerable == 1 })
+	adm := kadm.NewClient(pub)
+	ends, err := adm.ListEndOffsets(ctx, business)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	if st := srv.Stats(); n != 0 || st.Replied != 1 || st.Unanswerable != 1 {
+		t.Fatalf("%d records written to %s, stats %+v; want 0, 1 replied, 1 unanswerable", n, business, st)
 	}
 }
