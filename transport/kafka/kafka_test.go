@@ -127,3 +127,21 @@ func TestCheckTopicAndEnsureTopicsRefuseIllegalNames(t *testing.T) {
 		t.Fatalf("EnsureTopics of an illegal name: %v (ctx %v), want ErrTopicRefused at once", err, ctx.Err())
 	}
 }
+
+// Records that each fit the broker's limit are never rejected for good, even
+// when the client batches several of them over that limit.
+func TestPublishNeverRejectsRecordsThatFitTheLimit(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"t"}, MaxMessageBytes: 10_000})
+	pub := kafka.NewPublisher(kafkatest.Client(t, b))
+	var msgs []*transport.Message
+	for range 40 {
+		msgs = append(msgs, &transport.Message{Topic: "t", Key: []byte("a"), Value: incompressible(2_000)})
+	}
+	if err := pub.Publish(context.Background(), msgs); err != nil {
+		t.Fatalf("40 records of 2000 bytes under a 10000-byte limit: %v", err)
+	}
+	if recs := kafkatest.ReadAll(t, b, "t", 40, 5*time.Second); len(recs) != 40 {
+		t.Fatalf("read %d records, want 40", len(recs))
+	}
+}

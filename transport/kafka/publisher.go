@@ -31,7 +31,12 @@ func NewPublisher(cl *kgo.Client) *Publisher { return &Publisher{cl: cl} }
 func (p *Publisher) Client() *kgo.Client { return p.cl }
 
 // Publish implements transport.Publisher. Records of one key keep their order
-// (same partition, idempotent producer, in-order retries).
+// (same partition, idempotent producer, in-order retries). A record refused
+// as too large is produced again alone before it is reported in a
+// *transport.RejectedError: the client may have batched records that each fit
+// the topic's limit into one that does not. Such a record is then confirmed
+// after the later records of its partition in this call; a client whose
+// ProducerBatchMaxBytes is at most the topic's limit never needs this.
 func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -39,10 +44,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
-		rejected *transport.RejectedError
+		refused  []int // refused for good, maybe only as part of a batch
 		firstErr error
 	)
 	traced := trace.SpanContextFromContext(ctx).IsValid()
+	recs := make([]*kgo.Record, len(msgs))
 	wg.Add(len(msgs))
 	for i, m := range msgs {
 		if traced {
@@ -53,8 +59,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 			tracing.Inject(ctx, &c)
 			m = &c
 		}
-		r := toRecord(m)
-		p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+		recs[i] = toRecord(m)
+		p.cl.Produce(ctx, recs[i], func(_ *kgo.Record, err error) {
 			defer wg.Done()
 			if err == nil {
 				return
@@ -62,11 +68,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 			mu.Lock()
 			defer mu.Unlock()
 			if IsRejectedForGood(err) {
-				if rejected == nil {
-					rejected = &transport.RejectedError{}
-				}
-				rejected.Index = append(rejected.Index, i)
-				rejected.Errs = append(rejected.Errs, err)
+				refused = append(refused, i)
 				return
 			}
 			if firstErr == nil {
@@ -77,6 +79,30 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 	wg.Wait()
 	if firstErr != nil {
 		return firstErr
+	}
+	if len(refused) == 0 {
+		return nil
+	}
+	// The broker judges a batch, not a record: MESSAGE_TOO_LARGE fails every
+	// record the client put in a batch over the topic's limit, each of which
+	// may fit on its own. Produce each refused record again alone, in order;
+	// only a record refused on its own is refused for good.
+	slices.Sort(refused)
+	var rejected *transport.RejectedError
+	for _, i := range refused {
+		r := recs[i]
+		err := p.cl.ProduceSync(ctx, &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers}).FirstErr()
+		switch {
+		case err == nil:
+		case IsRejectedForGood(err):
+			if rejected == nil {
+				rejected = &transport.RejectedError{}
+			}
+			rejected.Index = append(rejected.Index, i)
+			rejected.Errs = append(rejected.Errs, err)
+		default:
+			return err
+		}
 	}
 	if rejected != nil {
 		return rejected
