@@ -203,20 +203,36 @@ func clip(raw json.RawMessage) string {
 }
 
 // Encode writes the envelope as JSON: the contract's members in contract order,
-// then Extra members sorted by name.
+// then Extra members sorted by name. It refuses (a *DecodeError) what Decode
+// would refuse or read differently: an empty or unstorable id (CheckKey), an
+// empty tipus, a versio outside 1..MaxInt32, dades that is not an object, or a
+// contract member in Extra.
 func (e *Envelope) Encode() ([]byte, error) {
 	if e.ID == "" {
 		return nil, &DecodeError{Field: FieldID, Reason: "empty"}
 	}
+	if err := CheckKey(e.ID); err != nil {
+		return nil, &DecodeError{Field: FieldID, Reason: err.Error()}
+	}
 	if e.Type == "" {
 		return nil, &DecodeError{Field: FieldType, Reason: "empty"}
 	}
-	if e.Version <= 0 {
-		return nil, &DecodeError{Field: FieldVersion, Reason: "must be a positive integer"}
+	if e.Version <= 0 || e.Version > math.MaxInt32 {
+		return nil, &DecodeError{Field: FieldVersion, Reason: "must be a positive 32-bit integer"}
 	}
 	data := e.Data
 	if len(data) == 0 {
 		data = json.RawMessage("{}")
+	}
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		return nil, &DecodeError{Field: FieldData, Reason: fmt.Sprintf("must be a JSON object, got %s", clip(data))}
+	}
+	for k := range e.Extra {
+		switch k {
+		case FieldID, FieldType, FieldVersion, FieldTimeMS, FieldOrigin, FieldData:
+			// Written after the contract's own member, it would win on decode.
+			return nil, &DecodeError{Field: k, Reason: "in Extra: a contract member is set through its field"}
+		}
 	}
 	var buf bytes.Buffer
 	buf.Grow(96 + len(e.ID) + len(e.Type) + len(e.Origin) + len(data))

@@ -145,3 +145,41 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	}
 }
+
+// Encode refuses what Decode would refuse, so a malformed envelope (e.g. an
+// outbox row another writer filled with carrega 'null') is caught where it
+// is built, not dead-lettered by every consumer.
+func TestEncodeRefusesWhatDecodeRefuses(t *testing.T) {
+	t.Parallel()
+	ok := func() *envelope.Envelope {
+		return &envelope.Envelope{ID: "x", Type: "t", Version: 1, Data: json.RawMessage(`{}`)}
+	}
+	cases := map[string]func(e *envelope.Envelope){
+		"dades null":         func(e *envelope.Envelope) { e.Data = json.RawMessage(`null`) },
+		"dades array":        func(e *envelope.Envelope) { e.Data = json.RawMessage(` [1]`) },
+		"dades string":       func(e *envelope.Envelope) { e.Data = json.RawMessage(`"x"`) },
+		"id with NUL":        func(e *envelope.Envelope) { e.ID = "a\x00b" },
+		"id too long":        func(e *envelope.Envelope) { e.ID = strings.Repeat("a", envelope.MaxIDBytes+1) },
+		"versio over int32":  func(e *envelope.Envelope) { e.Version = 1 << 31 },
+		"extra named tipus":  func(e *envelope.Envelope) { e.Extra = map[string]json.RawMessage{"tipus": json.RawMessage(`"u"`)} },
+		"extra named dades":  func(e *envelope.Envelope) { e.Extra = map[string]json.RawMessage{"dades": json.RawMessage(`[]`)} },
+		"extra named versio": func(e *envelope.Envelope) { e.Extra = map[string]json.RawMessage{"versio": json.RawMessage(`7`)} },
+	}
+	encoded := 0
+	for name, mutate := range cases {
+		e := ok()
+		mutate(e)
+		b, err := e.Encode()
+		if err == nil {
+			encoded++
+			d, derr := envelope.Decode(b)
+			t.Errorf("%s: encoded %s; decoded as %+v, %v", name, b, d, derr)
+		}
+	}
+	if encoded != 0 {
+		t.Fatalf("%d of %d malformed envelopes encoded, want 0", encoded, len(cases))
+	}
+	if _, err := ok().Encode(); err != nil {
+		t.Fatal(err)
+	}
+}
