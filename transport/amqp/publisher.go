@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/km0/km0/tracing"
 	"github.com/km0/km0/transport"
 )
 
@@ -154,7 +157,8 @@ func (p *Publisher) check(m *transport.Message) (amqp.Publishing, error) {
 // *ReturnedError; a nack, a lost channel or ctx ending give another error:
 // then nothing is known about any message and the caller publishes them
 // again (at-least-once; the same id_esdeveniment lets consumers drop the
-// duplicates).
+// duplicates). The trace of ctx, if any, is added to the headers of what is
+// sent (traceparent/tracestate), not to msgs.
 func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -163,7 +167,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 	keys := make([]string, 0, len(msgs))
 	index := make([]int, 0, len(msgs))
 	var rejected *transport.RejectedError
+	traced := trace.SpanContextFromContext(ctx).IsValid()
 	for i, m := range msgs {
+		if traced {
+			// Carry the caller's trace to the consumer (T1), without
+			// writing into the caller's message.
+			c := *m
+			c.Headers = slices.Clone(m.Headers)
+			tracing.Inject(ctx, &c)
+			m = &c
+		}
 		pub, err := p.check(m)
 		if err != nil {
 			if rejected == nil {
