@@ -92,3 +92,60 @@ func count(t *testing.T, s *pgtest.Schema, q string) int {
 	}
 	return n
 }
+
+// Two deliveries of one message in parallel transactions: the second waits on
+// the first's key and, when it commits, is a duplicate; when it rolls back,
+// the second runs the effect. One effect either way (guarantee 2).
+func TestParallelDeliveriesOfOneMessageApplyTheEffectOnce(t *testing.T) {
+	t.Parallel()
+	for _, firstFails := range []bool{false, true} {
+		s, ib := setup(t)
+		ctx := context.Background()
+		inEffect, release := make(chan struct{}), make(chan struct{})
+		first := make(chan error, 1)
+		go func() {
+			_, err := ib.Process(ctx, s.Pool, "c", "m-par", func(tx pgx.Tx) error {
+				if err := effect(tx); err != nil {
+					return err
+				}
+				close(inEffect)
+				<-release
+				if firstFails {
+					return errors.New("estoc insuficient")
+				}
+				return nil
+			})
+			first <- err
+		}()
+		<-inEffect
+		second := make(chan inbox.Result, 1)
+		go func() {
+			res, err := ib.Process(ctx, s.Pool, "c", "m-par", effect)
+			if err != nil {
+				t.Error(err)
+			}
+			second <- res
+		}()
+		// The second is blocked on the first's uncommitted key.
+		deadline := time.Now().Add(10 * time.Second)
+		for count(t, s, "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'") == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the second delivery never waited for the first")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		close(release)
+		err1 := <-first
+		res2 := <-second
+		want := inbox.Duplicate
+		if firstFails {
+			want = inbox.Processed
+		}
+		if (err1 != nil) != firstFails || res2 != want {
+			t.Fatalf("first fails %v: first %v, second %v; want second %v", firstFails, err1, res2, want)
+		}
+		if k, e := count(t, s, "SELECT count(*) FROM missatges_processats"), count(t, s, "SELECT count(*) FROM efectes"); k != 1 || e != 1 {
+			t.Fatalf("first fails %v: %d keys, %d effects; want 1, 1", firstFails, k, e)
+		}
+	}
+}
