@@ -103,15 +103,22 @@ func runRelay(ctx context.Context, args []string) error {
 		if ok, err := waitForTopic(ctx, log, cl, int32(*partitions), *topic); !ok {
 			return err
 		}
-		pub = kafka.NewPublisher(cl)
+		pcl := cl
 		// Park rows over the topic's own limit before sending them, so that a
 		// refused record can never be overtaken by a later one of its
-		// aggregate in the same chunk.
+		// aggregate in the same chunk; and keep each produced batch within
+		// that limit too (Kafka refuses a whole batch, and a record resent on
+		// its own would land behind later ones of its partition).
 		if limit, err := kafka.MaxMessageBytes(ctx, cl, *topic); err != nil {
 			log.Warn("km0 relay: cannot read the topic's size limit; using the default", "err", err)
 		} else if limit-1024 < maxRecord {
 			maxRecord = limit - 1024
+			if pcl, err = kafka.NewClient(bs, kgo.ProducerBatchMaxBytes(int32(limit))); err != nil {
+				return err
+			}
+			defer pcl.Close()
 		}
+		pub = kafka.NewPublisher(pcl)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"github.com/jackc/pgx/v5"
 	"strings"
 	"testing"
 	"time"
@@ -146,6 +148,51 @@ func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 	}
 	if recs := kafkatest.ReadAll(t, b, "comandes.esdeveniments", 2, 10*time.Second); len(recs) != 2 {
 		t.Fatalf("%d records on the topic, want 2 (P-1's first row and P-2's)", len(recs))
+	}
+}
+
+// Under a topic limit lower than the client's 1 MiB batches, rows that each
+// fit must not be packed into one batch over the limit: Kafka refuses the
+// whole batch, and a record resent on its own lands behind later records of
+// its partition. 300 rows of ~2 kB of one aggregate under a 10 kB limit: all
+// published, none parked, in commit order.
+func TestRelayCommandKeepsBatchesWithinTheTopicsLimit(t *testing.T) {
+	s := pgtest.NewMigratedSchema(t)
+	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 10_000})
+	ctx := context.Background()
+	ob := outbox.New(outbox.Config{Names: s.Names()})
+	const n = 300
+	for i := range n {
+		if err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+			return ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: "P-1", Type: "comanda.creada",
+				Payload: map[string]any{"seq": i, "p": strings.Repeat("x", 2_000)}})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- runRelay(rctx, []string{"--database-url", pgtest.URL(), "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
+			"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms"})
+	}()
+	recs := kafkatest.ReadAll(t, b, "comandes.esdeveniments", n, 30*time.Second)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var parked int
+	_ = s.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox_aparcats").Scan(&parked)
+	if len(recs) != n || parked != 0 {
+		t.Fatalf("%d records, %d parked; want %d and 0", len(recs), parked, n)
+	}
+	for i, r := range recs {
+		var e struct {
+			Dades struct{ Seq int } `json:"dades"`
+		}
+		if err := json.Unmarshal(r.Value, &e); err != nil || e.Dades.Seq != i {
+			t.Fatalf("record %d carries seq %d (%v): out of commit order", i, e.Dades.Seq, err)
+		}
 	}
 }
 
