@@ -47,6 +47,12 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
+	return setupWith(t, kafka.EmbeddedConfig{})
+}
+
+// setupWith is setup on a broker configured by cfg (its Topics are set here).
+func setupWith(t *testing.T, cfg kafka.EmbeddedConfig) *bundle {
+	t.Helper()
 	s := pgtest.NewSchema(t)
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, s.Pool, s.Names(), migrate.Inbox); err != nil {
@@ -62,7 +68,8 @@ func setup(t *testing.T) *bundle {
 			t.Fatal(err)
 		}
 	}
-	b := kafkatest.New(t, topic)
+	cfg.Topics = []string{topic}
+	b := kafkatest.NewWith(t, cfg)
 	buf := &testlog.Buffer{}
 	return &bundle{
 		t: t, s: s, b: b, pub: kafkatest.Client(t, b), reg: prometheus.NewRegistry(), logBuf: buf,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // Poison in the key, not the payload: an id_esdeveniment PostgreSQL would
@@ -121,5 +122,35 @@ func TestOversizedHeaderNeverBlocksThePartition(t *testing.T) {
 	if len(recs) != 1 || !strings.HasPrefix(hdr(recs[0], "motiu"), "permanent: massa_gran") ||
 		hdr(recs[0], consumer.HeaderOriginalOffset) != "0" || hdr(recs[0], "traca") != "" {
 		t.Fatalf("dead letters: %d, first with motiu %q and %d header bytes", len(recs), hdr(recs[0], "motiu"), len(hdr(recs[0], "traca")))
+	}
+}
+
+// Kafka refuses a whole batch over message.max.bytes. Ten dead-letter copies
+// of ~3 kB produced together under a 10 kB limit made one refused batch, and
+// each copy became a header-only stub: its body was lost although it fit on
+// its own. Each is now sent again alone first and keeps its body.
+func TestCopiesThatFitAloneKeepTheirBodiesUnderASmallLimit(t *testing.T) {
+	b := setupWith(t, kafka.EmbeddedConfig{MaxMessageBytes: 10_000})
+	const n = 10
+	values := map[string]bool{}
+	for i := range n { // one at a time: each fits the limit
+		v := fmt.Sprintf(`{"no es json %d %s`, i, strings.Repeat("x", 3_000))
+		values[v] = true
+		b.publish(&kgo.Record{Topic: topic, Key: []byte("P-1"), Value: []byte(v),
+			Headers: []kgo.RecordHeader{{Key: "tipus", Value: []byte("comanda.creada")}}})
+	}
+	cfg := b.config(effect)
+	cfg.BatchSize = n
+	cfg.KgoOpts = append(cfg.KgoOpts, kgo.ProducerBatchCompression(kgo.NoCompression())) // 'x' * 3,000 would compress into one small batch
+	st := b.runUntil(cfg, "10 dead-lettered", func(s consumer.Stats) bool { return s.DeadLettered == n })
+	recs := b.read(topic+consumer.DLQSuffix, n)
+	kept := 0
+	for _, r := range recs {
+		if values[string(r.Value)] && strings.HasPrefix(hdr(r, "motiu"), "permanent: envelope") {
+			kept++
+		}
+	}
+	if len(recs) != n || kept != n {
+		t.Fatalf("%d dead letters, %d with their original body and motiu; want %d and %d (stats %+v)", len(recs), kept, n, n, st)
 	}
 }

@@ -233,23 +233,35 @@ func (c *Consumer) produceConfirmed(p *partition, recs []*kgo.Record) error {
 		slot[r] = i
 	}
 	for {
-		var again []*kgo.Record
-		for _, res := range c.cl.ProduceSync(c.workCtx, todo...) {
-			r := res.Record
-			switch {
-			case res.Err == nil:
-			case kafka.IsRejectedForGood(res.Err) && len(r.Value) > 0:
-				c.log.Error("consumer: broker refused a retry/DLQ copy for good; dead-lettering a header-only stub",
-					"topic", r.Topic, "id", header(r, transport.HeaderEventID), "err", res.Err)
-				stub := tooLargeStub(r, p.source+DLQSuffix, res.Err)
-				slot[stub] = slot[r]
-				recs[slot[r]] = stub
-				again = append(again, stub)
-			default:
-				cp := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers}
-				slot[cp] = slot[r]
-				again = append(again, cp)
+		var again, solo []*kgo.Record
+		fresh := func(r *kgo.Record) *kgo.Record {
+			cp := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers}
+			slot[cp] = slot[r]
+			return cp
+		}
+		settle := func(res kgo.ProduceResults, alone bool) {
+			for _, res := range res {
+				r := res.Record
+				switch {
+				case res.Err == nil:
+				case kafka.IsRejectedForGood(res.Err) && len(r.Value) > 0 && !alone:
+					// Kafka refuses a whole batch: this copy may fit on its own.
+					solo = append(solo, fresh(r))
+				case kafka.IsRejectedForGood(res.Err) && len(r.Value) > 0:
+					c.log.Error("consumer: broker refused a retry/DLQ copy for good; dead-lettering a header-only stub",
+						"topic", r.Topic, "id", header(r, transport.HeaderEventID), "err", res.Err)
+					stub := tooLargeStub(r, p.source+DLQSuffix, res.Err)
+					slot[stub] = slot[r]
+					recs[slot[r]] = stub
+					again = append(again, stub)
+				default:
+					again = append(again, fresh(r))
+				}
 			}
+		}
+		settle(c.cl.ProduceSync(c.workCtx, todo...), len(todo) == 1)
+		for _, r := range solo {
+			settle(c.cl.ProduceSync(c.workCtx, r), true)
 		}
 		if len(again) == 0 {
 			return nil
