@@ -215,6 +215,8 @@ func (cfg Config) validate() error {
 	}
 	if cfg.Name == "" && !cfg.NoInbox {
 		bad("no Name (the consumidor of the idempotency key); set NoInbox for a handler idempotent by nature")
+	} else if err := inbox.CheckConsumer(cfg.Name); cfg.Name != "" && err != nil {
+		bad("Name: %v", err)
 	}
 	if cfg.Pool == nil {
 		bad("no Pool")

@@ -28,6 +28,8 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 		{func(c *consumer.Config) { c.Topics = []string{"t.retry"} }, "derived"},
 		{func(c *consumer.Config) { c.Topics = []string{"t", "t"} }, "listed twice"},
 		{func(c *consumer.Config) { c.Name = "" }, "no Name"},
+		{func(c *consumer.Config) { c.Name = "inventari\x00x" }, "NUL byte"},
+		{func(c *consumer.Config) { c.Name = strings.Repeat("n", 257) }, "over the limit"},
 		{func(c *consumer.Config) { c.Pool = nil; c.Concurrency = 1 }, "no Pool"},
 		{func(c *consumer.Config) { c.Handle = nil }, "no Handle"},
 		{func(c *consumer.Config) { c.MaxAttempts = -1 }, "MaxAttempts"},

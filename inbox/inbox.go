@@ -9,7 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -93,6 +95,24 @@ func (i *Inbox) Retention() time.Duration { return i.retention }
 // message: a database restart must not walk healthy messages to a DLQ.
 var ErrStore = errors.New("inbox: database unavailable")
 
+// CheckConsumer reports a consumidor name the key table cannot store on every
+// insert: over 256 bytes, with a NUL byte, or not valid UTF-8. Configurations
+// check it up front; otherwise every message would fail on its key and walk
+// to a dead-letter queue.
+func CheckConsumer(name string) error {
+	switch {
+	case name == "":
+		return errors.New("inbox: consumidor is empty")
+	case len(name) > maxConsumerBytes:
+		return fmt.Errorf("inbox: consumidor of %d bytes, over the limit of %d", len(name), maxConsumerBytes)
+	case strings.IndexByte(name, 0) >= 0 || !utf8.ValidString(name):
+		return fmt.Errorf("inbox: consumidor %q holds a NUL byte or invalid UTF-8", name)
+	}
+	return nil
+}
+
+const maxConsumerBytes = 256
+
 // ErrEmptyKey is returned for an empty consumer or message id.
 var ErrEmptyKey = errors.New("inbox: empty consumidor or id_missatge")
 
@@ -145,6 +165,13 @@ func (i *Inbox) ProcessTx(ctx context.Context, tx pgx.Tx, consumer, messageID st
 		return 0, fmt.Errorf("%w: record key: %w", ErrStore, err)
 	}
 	if err := effect(tx); err != nil {
+		if tx.Conn().IsClosed() {
+			// The effect failed because our own connection died (a
+			// database restart, a terminated backend): nothing persisted and
+			// the message did nothing wrong. Any other error, a network one
+			// from another service included, stays the effect's.
+			return 0, fmt.Errorf("%w: connection lost during the effect: %w", ErrStore, err)
+		}
 		return 0, err
 	}
 	return Processed, nil

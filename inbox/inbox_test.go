@@ -149,3 +149,46 @@ func TestParallelDeliveriesOfOneMessageApplyTheEffectOnce(t *testing.T) {
 		}
 	}
 }
+
+// A database outage in the middle of the effect (here the effect's own
+// backend is terminated) is ErrStore, like one at BEGIN or COMMIT: the
+// message is retried in place and no attempt is spent. Before, it came back
+// as the effect's error, and a message on its last attempt went to the DLQ.
+// A failure of the effect that leaves the connection alive stays the effect's.
+func TestConnectionLostDuringTheEffectIsErrStore(t *testing.T) {
+	t.Parallel()
+	s, ib := setup(t)
+	ctx := context.Background()
+	_, err := ib.Process(ctx, s.Pool, "c", "m-9", func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT pg_terminate_backend(pg_backend_pid())")
+		return err
+	})
+	if !errors.Is(err, inbox.ErrStore) {
+		t.Fatalf("got %v, want ErrStore", err)
+	}
+	_, err = ib.Process(ctx, s.Pool, "c", "m-9", func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT 1/0")
+		return err
+	})
+	if err == nil || errors.Is(err, inbox.ErrStore) {
+		t.Fatalf("division by zero: got %v, want the effect's own error", err)
+	}
+	if res, err := ib.Process(ctx, s.Pool, "c", "m-9", effect); err != nil || res != inbox.Processed {
+		t.Fatalf("retry: %v %v", res, err)
+	}
+	if k, e := count(t, s, "SELECT count(*) FROM missatges_processats"), count(t, s, "SELECT count(*) FROM efectes"); k != 1 || e != 1 {
+		t.Fatalf("%d keys, %d effects; want 1, 1", k, e)
+	}
+}
+
+func TestCheckConsumerRefusesNamesTheKeyTableCannotStore(t *testing.T) {
+	t.Parallel()
+	if err := inbox.CheckConsumer("inventari.descompte_estoc"); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "a\x00b", "\xff\xfe", string(make([]byte, 257))} {
+		if inbox.CheckConsumer(bad) == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

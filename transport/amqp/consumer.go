@@ -139,6 +139,8 @@ func (c ConsumerConfig) validate() error {
 		return errors.New("amqp: consumer: Pool is required")
 	case c.Name == "":
 		return errors.New("amqp: consumer: Name (consumidor) is required")
+	case inbox.CheckConsumer(c.Name) != nil:
+		return fmt.Errorf("amqp: consumer: Name: %w", inbox.CheckConsumer(c.Name))
 	case c.Handler == nil:
 		return errors.New("amqp: consumer: Handler is required")
 	case c.Shards > 1 && c.Instances > 0 && (c.Instance < 0 || c.Instance >= c.Instances):
