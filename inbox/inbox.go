@@ -191,6 +191,9 @@ func (i *Inbox) Purge(ctx context.Context, db Beginner) (int64, error) {
 
 // PurgeOlderThan deletes keys older than age.
 func (i *Inbox) PurgeOlderThan(ctx context.Context, db Beginner, age time.Duration) (int64, error) {
+	if age <= 0 { // would delete every key, and with them every guarantee against duplicates
+		return 0, fmt.Errorf("inbox: purge: age %v must be positive", age)
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, err

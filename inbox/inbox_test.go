@@ -82,6 +82,18 @@ func TestPurgeDeletesKeysOlderThanRetention(t *testing.T) {
 	if n, _ := ib.PurgeOlderThan(ctx, s.Pool, time.Hour); n != 1 {
 		t.Fatalf("purge older than 1h deleted %d, want 1", n)
 	}
+	if _, err := s.Pool.Exec(ctx, `INSERT INTO missatges_processats (id_missatge, consumidor) VALUES ('ara', 'c')`); err != nil {
+		t.Fatal(err)
+	}
+	before := count(t, s, "SELECT count(*) FROM missatges_processats")
+	for _, age := range []time.Duration{0, -time.Hour} {
+		if n, err := ib.PurgeOlderThan(ctx, s.Pool, age); err == nil || n != 0 {
+			t.Fatalf("purge older than %v: %d deleted, err %v; want a refusal", age, n, err)
+		}
+	}
+	if after := count(t, s, "SELECT count(*) FROM missatges_processats"); after != before || before == 0 {
+		t.Fatalf("keys %d before, %d after a refused purge", before, after)
+	}
 }
 
 func count(t *testing.T, s *pgtest.Schema, q string) int {
