@@ -25,6 +25,7 @@ func domainTopics() []string {
 func runKafka(ctx context.Context, args []string) error {
 	fs := newFlags("kafka", "run an embedded Kafka broker (kfake) speaking the real protocol")
 	addr := fs.String("addr", "127.0.0.1:9092", "listen address host:port")
+	advertise := fs.String("advertise-host", "", "host given to clients in the metadata (default the --addr host); set it with --addr 0.0.0.0:PORT")
 	dataDir := fs.String("data-dir", "", "persist the broker's data here (survives restarts)")
 	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of each created topic")
 	if err := parse(fs, args); err != nil {
@@ -33,7 +34,7 @@ func runKafka(ctx context.Context, args []string) error {
 	if *partitions < 1 {
 		return fmt.Errorf("--partitions %d must be at least 1", *partitions)
 	}
-	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: *addr, DataDir: *dataDir, Partitions: *partitions, Topics: domainTopics()})
+	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: *addr, AdvertiseHost: *advertise, DataDir: *dataDir, Partitions: *partitions, Topics: domainTopics()})
 	if err != nil {
 		return err
 	}

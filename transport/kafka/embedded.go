@@ -12,6 +12,10 @@ import (
 type EmbeddedConfig struct {
 	// Addr is host:port to listen on. Default "127.0.0.1:0" (a free port).
 	Addr string
+	// AdvertiseHost is the host the broker gives clients in its metadata
+	// (with the port it listens on). Default Addr's host: set it when
+	// listening on 0.0.0.0 for clients on other hosts or in containers.
+	AdvertiseHost string
 	// DataDir, if set, persists topics, offsets and groups there: the data
 	// survives a restart of the broker (kfake.DataDir).
 	DataDir string
@@ -54,7 +58,11 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		kfake.NumBrokers(1),
 		kfake.Ports(port),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
-			return net.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
+			ln, err := net.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
+			if err != nil || cfg.AdvertiseHost == "" {
+				return ln, err
+			}
+			return advertised{ln, cfg.AdvertiseHost}, nil
 		}),
 		kfake.DefaultNumPartitions(cfg.Partitions),
 		kfake.AllowAutoTopicCreation(),
@@ -84,3 +92,20 @@ func (e *Embedded) Cluster() *kfake.Cluster { return e.c }
 
 // Close stops the broker (flushing DataDir state).
 func (e *Embedded) Close() { e.c.Close() }
+
+// advertised is a listener whose Addr names the host clients should dial:
+// kfake puts its listener's address in the metadata it returns.
+type advertised struct {
+	net.Listener
+	host string
+}
+
+func (l advertised) Addr() net.Addr {
+	_, port, _ := net.SplitHostPort(l.Listener.Addr().String())
+	return hostPort(net.JoinHostPort(l.host, port))
+}
+
+type hostPort string
+
+func (h hostPort) Network() string { return "tcp" }
+func (h hostPort) String() string  { return string(h) }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/km0/km0/internal/kafkatest"
@@ -143,5 +146,35 @@ func TestPublishNeverRejectsRecordsThatFitTheLimit(t *testing.T) {
 	}
 	if recs := kafkatest.ReadAll(t, b, "t", 40, 5*time.Second); len(recs) != 40 {
 		t.Fatalf("read %d records, want 40", len(recs))
+	}
+}
+
+// Listening on every interface, the broker must advertise a host clients can
+// dial, not "0.0.0.0" or "[::]": AdvertiseHost names it (the port is the
+// listener's). A client seeded with 127.0.0.1 learns "localhost" from the
+// metadata, and a round trip through it works.
+func TestEmbeddedAdvertisesTheConfiguredHost(t *testing.T) {
+	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Addr: "0.0.0.0:0", AdvertiseHost: "localhost", Topics: []string{"t"}})
+	addrs := b.Addrs()
+	if len(addrs) != 1 || !strings.HasPrefix(addrs[0], "localhost:") {
+		t.Fatalf("Addrs %v, want localhost:PORT", addrs)
+	}
+	port := strings.TrimPrefix(addrs[0], "localhost:")
+	cl, err := kafka.NewClient([]string{"127.0.0.1:" + port}, kgo.ConsumeTopics("t"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	md, err := kadm.NewClient(cl).BrokerMetadata(ctx)
+	if err != nil || len(md.Brokers) != 1 || md.Brokers[0].Host != "localhost" {
+		t.Fatalf("metadata %+v (%v), want one broker advertised as localhost", md.Brokers, err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "t", Value: []byte("hola")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if fs := cl.PollRecords(ctx, 1); fs.Err0() != nil || len(fs.Records()) != 1 {
+		t.Fatalf("consume: %v, %d records", fs.Err0(), len(fs.Records()))
 	}
 }
