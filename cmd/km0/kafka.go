@@ -39,7 +39,7 @@ func runKafka(ctx context.Context, args []string) error {
 		return err
 	}
 	defer b.Close()
-	fmt.Printf("km0 kafka: listening on %s (partitions %d, data dir %q); topics: %s\n",
+	fmt.Printf("km0 kafka: listening on %s (new topics get %d partitions; data dir %q); topics: %s\n",
 		strings.Join(b.Addrs(), ","), *partitions, *dataDir, strings.Join(domainTopics(), " "))
 	<-ctx.Done()
 	fmt.Println("km0 kafka: stopping")
