@@ -34,18 +34,7 @@ func TestRowsNackedByRabbitMQStayPending(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	queueLen := func() int {
-		t.Helper()
-		var n int
-		if err := conn.Do(ctx, func(ch *amqp091.Channel) error {
-			q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-			n = q.Messages
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	queueLen := func() int { t.Helper(); return amqptest.QueueLen(t, conn, queue) }
 	declare(amqp091.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"})
 	pub, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{})
 	if err != nil {

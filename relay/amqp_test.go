@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -61,14 +60,7 @@ func TestRowWithATipusTooLongForAMQPIsParked(t *testing.T) {
 	if n := b.drainOnce(t, r); n != 1 {
 		t.Fatalf("published %d, want 1 (Y2; X3 waits behind the parked X2)", n)
 	}
-	var n int
-	if err := conn.Do(ctx, func(ch *amqp091.Channel) error {
-		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-		n = q.Messages
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	n := amqptest.QueueLen(t, conn, queue)
 	if n != 3 || conn.Reconnects() != 0 {
 		t.Fatalf("queue holds %d (want 3), %d reconnection(s) (want 0)", n, conn.Reconnects())
 	}

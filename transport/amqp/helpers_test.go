@@ -131,14 +131,5 @@ func getAll(t testing.TB, conn *amqp.Conn, queue string) []amqp091.Delivery {
 // queueLen returns the number of ready messages in queue.
 func queueLen(t testing.TB, conn *amqp.Conn, queue string) int {
 	t.Helper()
-	var n int
-	err := conn.Do(context.Background(), func(ch *amqp091.Channel) error {
-		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-		n = q.Messages
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return amqptest.QueueLen(t, conn, queue)
 }

@@ -87,6 +87,21 @@ func Name(prefix string) string {
 	return prefix + "." + hex.EncodeToString(b)
 }
 
+// QueueLen returns the number of ready messages in queue.
+func QueueLen(t testing.TB, conn *amqp.Conn, queue string) int {
+	t.Helper()
+	var n int
+	err := conn.Do(context.Background(), func(ch *amqp091.Channel) error {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // DeleteQueuesAtCleanup deletes the queues names returns, when the test ends,
 // on a fresh connection (the test's may be closed by then).
 func DeleteQueuesAtCleanup(t testing.TB, names func() []string) {
