@@ -57,13 +57,8 @@ func TestRelayCommandToRabbitMQExchange(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- runRelay(rctx, []string{"--database-url", pgtest.URL(), "--schema", s.Name,
-			"--topic", "comandes.esdeveniments", "--origin", "comandes",
-			"--exchange", exchange, "--amqp-url", amqptest.URL(), "--poll", "20ms"})
-	}()
+	stop := startRelay(t, "--schema", s.Name, "--topic", "comandes.esdeveniments", "--origin", "comandes",
+		"--exchange", exchange, "--amqp-url", amqptest.URL(), "--poll", "20ms")
 	got := map[string]bool{}
 	err = conn.Do(ctx, func(ch *amqp091.Channel) error {
 		deadline := time.Now().Add(30 * time.Second)
@@ -99,8 +94,7 @@ func TestRelayCommandToRabbitMQExchange(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("km0 relay: %v", err)
 	}
 }
@@ -127,12 +121,8 @@ func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- runRelay(rctx, []string{"--database-url", pgtest.URL(), "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
-			"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms"})
-	}()
+	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
+		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms")
 	var parked, pending int
 	deadline := time.Now().Add(30 * time.Second)
 	for parked != 1 || pending != 2 {
@@ -142,8 +132,7 @@ func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 		_ = s.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_aparcats), (SELECT count(*) FROM outbox WHERE publicat_en IS NULL)").Scan(&parked, &pending)
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if recs := kafkatest.ReadAll(t, b, "comandes.esdeveniments", 2, 10*time.Second); len(recs) != 2 {
@@ -170,15 +159,10 @@ func TestRelayCommandKeepsBatchesWithinTheTopicsLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- runRelay(rctx, []string{"--database-url", pgtest.URL(), "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
-			"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms"})
-	}()
+	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
+		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms")
 	recs := kafkatest.ReadAll(t, b, "comandes.esdeveniments", n, 30*time.Second)
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	var parked int
@@ -213,4 +197,15 @@ func TestRelayCommandRefusesBadNumbersAtOnce(t *testing.T) {
 			t.Errorf("km0 relay %s %s: want an error naming %s, got %v", bad[0], bad[1], bad[0], err)
 		}
 	}
+}
+
+// startRelay runs `km0 relay` with args (the database URL added) until the
+// returned stop is called; stop returns the command's error.
+func startRelay(t *testing.T, args ...string) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- runRelay(ctx, append([]string{"--database-url", pgtest.URL()}, args...)) }()
+	t.Cleanup(cancel)
+	return func() error { cancel(); return <-done }
 }
