@@ -482,3 +482,48 @@ func TestRetryCopiesOfAnotherGroupAreSkippedAndUnnamedOnesTaken(t *testing.T) {
 		t.Fatalf("effects %d, want 3", n)
 	}
 }
+
+// CONTRACT 1, the commit mark: a source offset is committed only over a
+// finished prefix. Record 0 fails transiently and its retry copy is held
+// before it counts as safe (BeforeSourceCommit blocks); the 10 records after
+// it are processed and their effects committed, yet the group's offset stays
+// at 0 until the copy is safe, then moves to 11. (Before this test only the
+// 10,000-event killed-member test caught a mark that jumped the gap.)
+func TestOffsetNeverPassesARecordWhoseCopyIsNotSafe(t *testing.T) {
+	b := setup(t)
+	first := seqEvent("K", 0)
+	recs := []*kgo.Record{first.record()}
+	for i := 1; i <= 10; i++ {
+		recs = append(recs, seqEvent("K", i).record())
+	}
+	b.publish(recs...)
+	release := make(chan struct{})
+	var once sync.Once
+	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.Envelope.ID == first.id && m.Attempt == 1 {
+			return outcome.Transient(errors.New("mapes: 503"))
+		}
+		return effect(ctx, tx, m)
+	})
+	cfg.Backoff = time.Hour // the copy waits in .retry; only its safety matters here
+	cfg.Hooks.BeforeSourceCommit = func(ctx context.Context, _ []*kgo.Record) error {
+		once.Do(func() {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		})
+		return nil
+	}
+	r := b.run(cfg)
+	eventually(t, "records 1-10 processed", func() bool { return r.c.Stats().Processed == 10 })
+	time.Sleep(300 * time.Millisecond) // 15 commit intervals for a wrong mark to show
+	if c := b.committed(topic); c != 0 {
+		t.Fatalf("offset %d committed while record 0's retry copy was not safe; want 0", c)
+	}
+	close(release)
+	eventually(t, "offset 11 committed", func() bool { return b.committed(topic) == 11 })
+	if st := r.c.Stats(); st.Retried != 1 || b.effects() != 10 {
+		t.Fatalf("stats %+v, %d effects; want 1 retried, 10 effects", st, b.effects())
+	}
+}
