@@ -120,3 +120,20 @@ func TestAdminAPIWithoutTokenIsReadOnly(t *testing.T) {
 		t.Fatalf("a disabled endpoint changed something: %d records, %d pending", n, b.rows(t, dlq.StatePending))
 	}
 }
+
+// An age bound in days too large for a time.Duration must not wrap around
+// into the future: "until=200000d" selects the letters dead more than 200,000
+// days ago (none), never every letter.
+func TestPurgeUntilHugeAgeSelectsNothing(t *testing.T) {
+	b := setup(t)
+	for range 2 {
+		b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
+	}
+	b.sync(t)
+	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{Token: "tok"}))
+	defer srv.Close()
+	code, body := call(t, "POST", srv.URL+"/purge", "tok", `{"yes":true,"until":"200000d"}`)
+	if p, q := b.rows(t, dlq.StatePurged), b.rows(t, dlq.StatePending); p != 0 || q != 2 {
+		t.Fatalf("purge until 200000d: %d %s; %d purged and %d pending, want 0 and 2", code, body, p, q)
+	}
+}

@@ -59,7 +59,7 @@ func TestParseTime(t *testing.T) {
 			t.Errorf("ParseTime(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"yesterday", "-3h", "3x"} {
+	for _, bad := range []string{"yesterday", "-3h", "3x", "200000d"} {
 		if _, err := dlq.ParseTime(bad, now); err == nil {
 			t.Errorf("ParseTime(%q) accepted", bad)
 		}

@@ -3,6 +3,7 @@ package dlq
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -101,6 +102,10 @@ func timePtr(t time.Time) *time.Time {
 	return &t
 }
 
+// maxAgeDays is the largest age in days ParseTime accepts: the most days a
+// time.Duration holds (about 292 years).
+const maxAgeDays = int(math.MaxInt64 / int64(24*time.Hour))
+
 // ParseTime reads a --since/--until value: RFC 3339 ("2026-03-01T10:00:00Z"),
 // a date ("2026-03-01", UTC midnight), or an age before now ("90m", "36h",
 // "7d"). "" is the zero time (no bound).
@@ -116,7 +121,9 @@ func ParseTime(s string, now time.Time) (time.Time, error) {
 		return t, nil
 	}
 	if d, ok := strings.CutSuffix(s, "d"); ok {
-		if n, err := strconv.Atoi(d); err == nil && n >= 0 {
+		// n is bounded so that n days fit in a time.Duration: a wrapped
+		// product would put the bound in the future and select every letter.
+		if n, err := strconv.Atoi(d); err == nil && n >= 0 && n <= maxAgeDays {
 			return now.Add(-time.Duration(n) * 24 * time.Hour), nil
 		}
 	}
