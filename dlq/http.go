@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -91,8 +92,19 @@ func (h *handler) guard(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// listParams are the query parameters of GET /letters; any other is a 400,
+// so that a misspelt filter never lists letters it did not select.
+var listParams = map[string]bool{"topic": true, "motiu": true, "since": true, "until": true,
+	"estat": true, "id": true, "limit": true}
+
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	for k := range q {
+		if !listParams[k] {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown parameter %q (topic, motiu, since, until, estat, id, limit)", k))
+			return
+		}
+	}
 	f, err := filterOf(q.Get("topic"), q.Get("motiu"), q.Get("since"), q.Get("until"), q["id"], h.cfg.Now())
 	if err == nil {
 		f.States, err = ParseState(cmp.Or(q.Get("estat"), string(StatePending)))
@@ -167,7 +179,11 @@ func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*actionRequest
 	var req actionRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	err := dec.Decode(&req)
+	if _, terr := dec.Token(); err == nil && !errors.Is(terr, io.EOF) {
+		err = errors.New("data after the JSON object") // Decode alone would ignore it
+	}
+	if err != nil {
 		writeError(w, http.StatusBadRequest, "body: "+err.Error())
 		return nil, Filter{}, false
 	}

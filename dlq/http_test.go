@@ -137,3 +137,37 @@ func TestPurgeUntilHugeAgeSelectsNothing(t *testing.T) {
 		t.Fatalf("purge until 200000d: %d %s; %d purged and %d pending, want 0 and 2", code, body, p, q)
 	}
 }
+
+// A body that is not exactly one JSON object is bad input (400) and changes
+// nothing: a decoder that stopped after the first object would purge every
+// letter for `{"yes":true}{"ids":[...]}`.
+func TestAdminAPIRefusesTrailingDataInBody(t *testing.T) {
+	b := setup(t)
+	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
+	b.produceDead(t, dead{topic: comandes, key: "P-2", reason: "permanent: esquema: x"})
+	b.sync(t)
+	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{Token: "tok"}))
+	defer srv.Close()
+	for _, body := range []string{`{"yes":true}{"ids":["` + id + `"]}`, `{"yes":true} x`} {
+		code, resp := call(t, "POST", srv.URL+"/purge", "tok", body)
+		if p := b.rows(t, dlq.StatePurged); code != 400 || p != 0 {
+			t.Fatalf("purge with body %s: %d %s, %d purged; want 400 and 0", body, code, resp, p)
+		}
+	}
+}
+
+// An unknown query parameter of GET /letters is a 400, not a filter silently
+// dropped (a typo would list every letter as if it matched).
+func TestAdminAPIRefusesUnknownFilter(t *testing.T) {
+	b := setup(t)
+	b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
+	b.sync(t)
+	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{}))
+	defer srv.Close()
+	if code, body := call(t, "GET", srv.URL+"/letters?motif=permanent", "", ""); code != 400 {
+		t.Fatalf("GET /letters?motif=: %d %s, want 400", code, body)
+	}
+	if code, body := call(t, "GET", srv.URL+"/letters?motiu=permanent&estat=totes&limit=5", "", ""); code != 200 {
+		t.Fatalf("GET /letters with known filters: %d %s, want 200", code, body)
+	}
+}
