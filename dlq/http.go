@@ -31,6 +31,10 @@ type HandlerConfig struct {
 	Now func() time.Time
 }
 
+// MaxListLimit is the most rows GET /letters returns at once; the groups
+// always count every letter.
+const MaxListLimit = 1000
+
 // maxBody bounds a POST body.
 const maxBody = 1 << 20
 
@@ -43,7 +47,7 @@ const maxBody = 1 << 20
 //
 // The POSTs need the bearer token (401 without it or with a wrong one; 403
 // when no token is configured). estat defaults to pendent (estat=totes for
-// all); limit defaults to 100. Errors are JSON {"error": "..."}: 400 for bad
+// all); limit defaults to 100 and is at most MaxListLimit. Errors are JSON {"error": "..."}: 400 for bad
 // input, 404 for an unknown letter, 409 for an unconfirmed purge, 500 else.
 func Handler(src Source, cfg HandlerConfig) http.Handler {
 	if cfg.Logger == nil {
@@ -262,8 +266,8 @@ func limitOf(s string) (int, error) {
 		return 100, nil
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("limit %q: want a number ≥ 0 (0 = no limit)", s)
+	if err != nil || n < 1 || n > MaxListLimit {
+		return 0, fmt.Errorf("limit %q: want a number from 1 to %d (the groups count every letter)", s, MaxListLimit)
 	}
 	return n, nil
 }

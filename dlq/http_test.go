@@ -6,10 +6,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/transport"
 )
 
 func call(t *testing.T, method, u, token, body string) (int, string) {
@@ -169,5 +172,38 @@ func TestAdminAPIRefusesUnknownFilter(t *testing.T) {
 	}
 	if code, body := call(t, "GET", srv.URL+"/letters?motiu=permanent&estat=totes&limit=5", "", ""); code != 200 {
 		t.Fatalf("GET /letters with known filters: %d %s, want 200", code, body)
+	}
+}
+
+// GET /letters is open, so its rows are bounded: a limit of 0 ("all") or
+// above MaxListLimit is a 400, never a whole DLQ loaded into memory.
+func TestAdminAPIBoundsTheRowsOfAListing(t *testing.T) {
+	b := setup(t)
+	now := time.Now()
+	letters := make([]*dlq.Letter, dlq.MaxListLimit+1)
+	for i := range letters {
+		letters[i] = dlq.NewLetter(comandesDLQ, 0, int64(i), now, &transport.Message{Value: []byte("{}"),
+			Headers: []transport.Header{{Key: transport.HeaderReason, Value: "permanent: esquema: x"}}})
+	}
+	if added, err := b.store.Insert(b.ctx, letters); err != nil || len(added) != len(letters) {
+		t.Fatalf("insert: %d, %v", len(added), err)
+	}
+	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{}))
+	defer srv.Close()
+	rows := func(query string) (int, int) {
+		code, body := call(t, "GET", srv.URL+"/letters?"+query, "", "")
+		var ls struct {
+			Letters []dlq.LetterView `json:"cartes"`
+		}
+		_ = json.Unmarshal([]byte(body), &ls)
+		return code, len(ls.Letters)
+	}
+	for _, q := range []string{"limit=0", "limit=" + strconv.Itoa(dlq.MaxListLimit+1)} {
+		if code, n := rows(q); code != 400 || n != 0 {
+			t.Fatalf("GET /letters?%s: %d with %d rows, want 400", q, code, n)
+		}
+	}
+	if code, n := rows("limit=" + strconv.Itoa(dlq.MaxListLimit)); code != 200 || n != dlq.MaxListLimit {
+		t.Fatalf("GET /letters?limit=%d: %d with %d rows", dlq.MaxListLimit, code, n)
 	}
 }
