@@ -1,8 +1,10 @@
 package dlq_test
 
 import (
+	"bytes"
 	"errors"
 	"github.com/google/uuid"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -334,5 +336,36 @@ func TestReplayKeepsDLQOrderPerKey(t *testing.T) {
 		if got, _ := kafka.FromRecord(r).Header("id_esdeveniment"); got != want[i] {
 			t.Fatalf("record %d is %s, want %s (DLQ order)", i, got, want[i])
 		}
+	}
+}
+
+// Purge needs only the IDs and positions of the letters it marks, never
+// their bytes: purging a DLQ of big letters must not hold their values in
+// memory (200 letters of 256 KiB = 50 MiB of values; Purge may allocate at
+// most a fifth of that).
+func TestPurgeDoesNotLoadTheLettersBytes(t *testing.T) {
+	b := setup(t)
+	value := bytes.Repeat([]byte("x"), 256<<10)
+	now := time.Now()
+	letters := make([]*dlq.Letter, 200)
+	for i := range letters {
+		letters[i] = dlq.NewLetter(comandesDLQ, 0, int64(i), now, &transport.Message{Value: value,
+			Headers: []transport.Header{{Key: transport.HeaderReason, Value: "permanent: esquema: x"}}})
+	}
+	for i := 0; i < len(letters); i += 20 {
+		if _, err := b.store.Insert(b.ctx, letters[i:i+20]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	rep, err := b.svc.Purge(b.ctx, dlq.Filter{Reason: "permanent: esquema"}, dlq.PurgeOptions{Confirmed: true})
+	runtime.ReadMemStats(&after)
+	if err != nil || rep.Done != len(letters) {
+		t.Fatalf("purge: %+v, %v", rep, err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > uint64(len(letters)*len(value)/5) {
+		t.Fatalf("purging %d letters allocated %d MiB, more than a fifth of their %d MiB of values",
+			len(letters), alloc>>20, len(letters)*len(value)>>20)
 	}
 }

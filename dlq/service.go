@@ -347,7 +347,7 @@ func (s *Service) Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report,
 	if len(f.States) == 0 && len(f.IDs) == 0 {
 		f.States = []State{StatePending, StateReplayed}
 	}
-	letters, err := s.cfg.Store.lockTx(ctx, tx, f)
+	letters, err := s.cfg.Store.lockIDsTx(ctx, tx, f) // without their bytes: a DLQ may be huge
 	if err != nil {
 		return nil, err
 	}

@@ -204,9 +204,20 @@ const (
 	byPosition = " ORDER BY topic, particio, offset_dlq"
 )
 
+// idColumns is columns without the bytes of the letter (clau, valor,
+// headers): what Purge needs of each letter, whatever the size of the DLQ.
+const idColumns = `id, topic, particio, offset_dlq, topic_original, particio_original, offset_original,
+	id_esdeveniment, tipus, motiu, intents, primera_fallada, data_esdeveniment, morta_en,
+	grup_consumidor, NULL::bytea, ''::bytea, '{}'::bytea[], '{}'::bytea[], estat, reproduccions,
+	reproduida_en, purgada_en`
+
 func (s *Store) list(ctx context.Context, q querier, f Filter, order, suffix string) ([]*Letter, error) {
+	return s.listColumns(ctx, q, columns, f, order, suffix)
+}
+
+func (s *Store) listColumns(ctx context.Context, q querier, cols string, f Filter, order, suffix string) ([]*Letter, error) {
 	var args []any
-	sql := "SELECT " + columns + " FROM " + s.table + " " + f.where(&args) + order
+	sql := "SELECT " + cols + " FROM " + s.table + " " + f.where(&args) + order
 	if f.Limit > 0 {
 		sql += " LIMIT " + strconv.Itoa(f.Limit)
 	}
@@ -268,6 +279,11 @@ func (s *Store) Summary(ctx context.Context, f Filter) ([]Group, error) {
 // same letter.
 func (s *Store) lockTx(ctx context.Context, tx pgx.Tx, f Filter) ([]*Letter, error) {
 	return s.list(ctx, tx, f, byPosition, " FOR UPDATE SKIP LOCKED")
+}
+
+// lockIDsTx is lockTx without the letters' bytes (see idColumns).
+func (s *Store) lockIDsTx(ctx context.Context, tx pgx.Tx, f Filter) ([]*Letter, error) {
+	return s.listColumns(ctx, tx, idColumns, f, byPosition, " FOR UPDATE SKIP LOCKED")
 }
 
 // markReplayedTx records a replay of ids.
