@@ -447,18 +447,23 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 		if len(sel.IDs) == 0 {
 			sel.States = []dlq.State{dlq.StatePending, dlq.StateReplayed}
 		}
+		sel.Limit = 1 // the groups count every letter; the rows are not needed
 		ls, err := env.svc.List(ctx, sel)
 		if err != nil {
 			return err
 		}
-		if len(ls.Letters) == 0 {
+		n := 0
+		for _, g := range ls.Groups {
+			n += g.Count
+		}
+		if n == 0 {
 			fmt.Fprintln(c.out, "nothing to purge")
 			return nil
 		}
 		if !c.tty {
-			return fmt.Errorf("refusing to purge %d letter(s) without confirmation: pass --yes (stdin is not a terminal)", len(ls.Letters))
+			return fmt.Errorf("refusing to purge %d letter(s) without confirmation: pass --yes (stdin is not a terminal)", n)
 		}
-		fmt.Fprintf(c.out, "Purge %d dead letter(s)? They are marked purged in the index", len(ls.Letters))
+		fmt.Fprintf(c.out, "Purge %d dead letter(s)? They are marked purged in the index", n)
 		if *del && !env.rabbit {
 			fmt.Fprint(c.out, " and their records deleted where no pending letter precedes them")
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -15,18 +16,20 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/transport"
 )
 
 type dlqHarness struct {
-	t    *testing.T
-	base []string
-	cl   *kgo.Client
+	t      *testing.T
+	base   []string
+	cl     *kgo.Client
+	schema *pgtest.Schema
 }
 
 func newDLQHarness(t *testing.T) *dlqHarness {
 	s := pgtest.NewSchema(t)
 	b := kafkatest.New(t, "comandes.esdeveniments", "comandes.esdeveniments.dlq")
-	return &dlqHarness{t: t, cl: kafkatest.Client(t, b),
+	return &dlqHarness{t: t, cl: kafkatest.Client(t, b), schema: s,
 		base: []string{"--database-url", s.URL, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ",")}}
 }
 
@@ -139,3 +142,32 @@ func TestDLQHelpAndUsage(t *testing.T) {
 }
 
 func jsonNumber(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+// The y/N question of purge counts the letters it would purge; counting
+// must not load them (200 letters of 256 KiB = 50 MiB of values; the whole
+// command, answered n, may allocate at most a fifth of that).
+func TestDLQPurgeQuestionDoesNotLoadTheLetters(t *testing.T) {
+	h := newDLQHarness(t)
+	if out, err := h.run("", false, "ls"); err != nil { // creates the index
+		t.Fatalf("ls: %v\n%s", err, out)
+	}
+	value := bytes.Repeat([]byte("x"), 256<<10)
+	store := dlq.NewStore(h.schema.Pool, h.schema.Name)
+	for i := range 200 {
+		l := dlq.NewLetter("comandes.esdeveniments.dlq", 0, int64(i), time.Now(), &transport.Message{Value: value,
+			Headers: []transport.Header{{Key: transport.HeaderReason, Value: "permanent: esquema: x"}}})
+		if _, err := store.Insert(context.Background(), []*dlq.Letter{l}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	out, err := h.run("n\n", true, "purge", "--motiu", "permanent: esquema")
+	runtime.ReadMemStats(&after)
+	if err == nil || !strings.Contains(out, "Purge 200 dead letter(s)?") {
+		t.Fatalf("purge answered n: %v\n%s", err, out)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 10<<20 {
+		t.Fatalf("asking to purge 200 letters allocated %d MiB, more than a fifth of their 50 MiB of values", alloc>>20)
+	}
+}
