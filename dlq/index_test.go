@@ -1,12 +1,15 @@
 package dlq_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/migrate"
 )
 
 // Indexing is idempotent: a second Sync reads nothing new, and a Sync under a
@@ -158,4 +161,55 @@ func TestShowMalformedLetter(t *testing.T) {
 	if text, isJSON := dlq.PrettyValue(good.Value, 0); !isJSON || !strings.Contains(text, "\n  \"tipus\": \"comanda.creada\"") {
 		t.Fatalf("pretty JSON: %v %s", isJSON, text)
 	}
+}
+
+// Two indexes (two --schema) read through one consumer group. The first
+// Sync moves the group past the letters it indexed; the second index must
+// still get them: a reader starts no later than what its own index holds.
+// An Indexer (a group member) obeys the same rule.
+func TestASecondIndexInTheSameGroupStillGetsEveryLetter(t *testing.T) {
+	b := setup(t)
+	for _, k := range []string{"P-1", "P-2"} {
+		b.produceDead(t, dead{topic: comandes, key: k, reason: "permanent: esquema: x"})
+	}
+	b.sync(t) // index A; the group now has offset 2 committed
+	if n := b.rows(t, dlq.StatePending); n != 2 {
+		t.Fatalf("index A holds %d letters, want 2", n)
+	}
+	other := func() (*dlq.Store, func() int) {
+		t.Helper()
+		s := pgtest.NewSchema(t)
+		if _, err := migrate.Up(b.ctx, s.Pool, s.Names(), dlq.Migrations); err != nil {
+			t.Fatal(err)
+		}
+		return dlq.NewStore(s.Pool, s.Name), func() int {
+			var n int
+			if err := s.Pool.QueryRow(b.ctx, "SELECT count(*) FROM cartes_mortes").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	storeB, countB := other()
+	if _, err := b.backend.Sync(b.ctx, storeB); err != nil {
+		t.Fatal(err)
+	}
+	if n := countB(); n != 2 {
+		t.Fatalf("index B got %d letters from a group already past them, want 2", n)
+	}
+	storeC, countC := other()
+	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: dlq.KafkaConfig{Brokers: b.broker.Addrs()}, Store: storeC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- ix.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("indexer: %v", err)
+		}
+	}()
+	waitFor(t, "index C to get the 2 letters", 10*time.Second, func() bool { return countC() == 2 })
 }

@@ -65,6 +65,14 @@ func NewIndexer(cfg IndexerConfig) (*Indexer, error) {
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.MetadataMaxAge(cfg.MetadataMaxAge),
+		kgo.AdjustFetchOffsetsFn(func(ctx context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+			if err := startNoLaterThanIndexed(ctx, cfg.Store, offs); err != nil {
+				// The index is unreachable: start from the group's offsets;
+				// nothing is committed until the index takes the letters.
+				k.Logger.Warn("dlq: indexer cannot read the index's offsets; starting from the group's", "err", err)
+			}
+			return offs, nil
+		}),
 	}
 	if len(k.Topics) > 0 {
 		opts = append(opts, kgo.ConsumeTopics(k.Topics...))
@@ -131,4 +139,34 @@ func (ix *Indexer) index(ctx context.Context, letters []*Letter) ([]*Letter, err
 		}
 		wait = min(2*wait, retryBackoffMax)
 	}
+}
+
+// startNoLaterThanIndexed moves each partition's start back to the offset
+// after the highest letter this index holds (the log start if it holds
+// none), where the group's committed offset is later: another reader of the
+// group, writing another index, may have moved it past letters this index
+// never got. Reading them again is harmless: Insert skips letters it has.
+func startNoLaterThanIndexed(ctx context.Context, st *Store, offs map[string]map[int32]kgo.Offset) error {
+	topics := make([]string, 0, len(offs))
+	for t := range offs {
+		topics = append(topics, t)
+	}
+	indexed, err := st.IndexedNext(ctx, topics)
+	if err != nil {
+		return err
+	}
+	for t, ps := range offs {
+		for p, o := range ps {
+			committed := o.EpochOffset().Offset
+			if committed < 0 { // nothing committed: the reset offset (the start) applies
+				continue
+			}
+			if next, ok := indexed[tp{t, p}]; !ok {
+				ps[p] = kgo.NewOffset().AtStart()
+			} else if next < committed {
+				ps[p] = kgo.NewOffset().At(next)
+			}
+		}
+	}
+	return nil
 }

@@ -146,7 +146,11 @@ func (b *KafkaBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
 	if err != nil || len(topics) == 0 {
 		return res, err
 	}
-	from, target, committed, err := b.syncPlan(ctx, topics)
+	indexed, err := s.IndexedNext(ctx, topics)
+	if err != nil {
+		return res, err
+	}
+	from, target, committed, err := b.syncPlan(ctx, topics, indexed)
 	if err != nil || len(target) == 0 {
 		return res, err
 	}
@@ -192,7 +196,7 @@ func (b *KafkaBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
 
 // syncPlan returns where to start reading each partition, the end offset to
 // reach for partitions with something to read, and the committed offsets.
-func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string) (map[string]map[int32]kgo.Offset, map[tp]int64, map[tp]int64, error) {
+func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string, indexed map[tp]int64) (map[string]map[int32]kgo.Offset, map[tp]int64, map[tp]int64, error) {
 	ends, err := b.adm.ListEndOffsets(ctx, topics...)
 	if err == nil {
 		err = listedError(ends)
@@ -224,7 +228,7 @@ func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string) (map[strin
 			return
 		}
 		k := tp{e.Topic, e.Partition}
-		at := committed[k]
+		at := min(committed[k], indexed[k]) // never past what this index holds (0: nothing yet)
 		if s, ok := starts.Lookup(e.Topic, e.Partition); ok && s.Offset > at {
 			at = s.Offset
 		}

@@ -317,6 +317,30 @@ type Position struct {
 // and no longer pending: the lowest pending offset, or one past the highest
 // indexed offset when none is pending. Deleting records before it loses no
 // pending letter and no record the index has not seen.
+// IndexedNext returns, for each partition of topics with a letter in this
+// index, the offset after the highest one indexed. Readers start at the lower
+// of it and their group's committed offset: the group may have been moved on
+// by a reader writing another index (another --schema), whose letters this
+// index never got.
+func (s *Store) IndexedNext(ctx context.Context, topics []string) (map[tp]int64, error) {
+	rows, err := s.db.Query(ctx, `SELECT topic, particio, max(offset_dlq) + 1 FROM `+s.table+`
+		WHERE topic = ANY($1) GROUP BY topic, particio`, topics)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: indexed offsets: %w", err)
+	}
+	out := map[tp]int64{}
+	var k tp
+	var next int64
+	_, err = pgx.ForEachRow(rows, []any{&k.topic, &k.partition, &next}, func() error {
+		out[k] = next
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dlq: indexed offsets: %w", err)
+	}
+	return out, nil
+}
+
 func (s *Store) DeletableBefore(ctx context.Context, topics []string) ([]Position, error) {
 	rows, err := s.db.Query(ctx, `SELECT topic, particio,
 		COALESCE(min(offset_dlq) FILTER (WHERE estat = 'pendent'), max(offset_dlq) + 1)
