@@ -338,9 +338,12 @@ func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, su
 			onlyCheese = false
 		}
 	}
-	r.check("només el formatge curat s'esgota, i va a la DLQ", onlyCheese && len(insufficient) == cheeseAccepted-took[Cheese]/2 && took[Cheese] <= inventari.InitialStock[Cheese],
-		"%d comandes amb formatge curat, %d servides (%d unitats de %d), %d a la DLQ per estoc_insuficient",
-		cheeseAccepted, took[Cheese]/2, took[Cheese], inventari.InitialStock[Cheese], len(insufficient))
+	// From the plan alone: the stock serves the first orders it has units
+	// for, and every later one must be dead-lettered.
+	served := min(cheeseAccepted, inventari.InitialStock[Cheese]/CheesePerOrder)
+	r.check("només el formatge curat s'esgota, i va a la DLQ", onlyCheese && len(insufficient) == cheeseAccepted-served && took[Cheese] == served*CheesePerOrder,
+		"%d comandes amb formatge curat, %d servides (%d unitats de %d; se n'esperaven %d), %d a la DLQ per estoc_insuficient",
+		cheeseAccepted, took[Cheese]/CheesePerOrder, took[Cheese], inventari.InitialStock[Cheese], served, len(insufficient))
 	if sys.Cataleg != nil {
 		r.check("cataleg coincideix amb inventari (estoc_baix = unitats < 5)", catalogOK, "indicador de %d productes", len(flags))
 	}
