@@ -10,6 +10,7 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/inventari"
 	"github.com/km0/km0/services/svc"
@@ -25,7 +26,7 @@ func startStock(t *testing.T) *system.System {
 	_, _ = rand.Read(suffix)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "r" + hex.EncodeToString(suffix), Brokers: b.Addrs(),
-		Services: []string{comandes.Name, inventari.Name, "cataleg"}}
+		Services: []string{comandes.Name, inventari.Name, cataleg.Name}}
 	sys, err := system.Start(ctx, cfg)
 	if err != nil {
 		cancel()
@@ -90,5 +91,44 @@ func TestOnlyCheeseRunsOutFailsWhenNoCheeseWasServed(t *testing.T) {
 	}
 	if inv := invariant(t, r, onlyCheeseInvariant); inv.OK {
 		t.Fatalf("3 cheese orders dead-lettered for estoc_insuficient with 5 units left, yet %q holds: %s", inv.Name, inv.Detail)
+	}
+}
+
+// A cataleg that holds no flag for a product whose stock changed (its
+// consumer skipped the events, or lost its rows) does not agree with
+// inventari.
+func TestCatalogInvariantFailsWhenTheCatalogMissesAProduct(t *testing.T) {
+	sys := startStock(t)
+	ctx := context.Background()
+	if err := sys.Inventari.Restock(ctx, "carbasso", 3); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for cataleg to learn it, then lose it.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		fs, err := sys.Cataleg.Flags(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(fs) == 1 && fs[0].Units == 83 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cataleg never got carbasso: %+v", fs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := sys.Pool(cataleg.Name).Exec(ctx, `DELETE FROM indicadors`); err != nil {
+		t.Fatal(err)
+	}
+	r := &Report{}
+	if err := reconcileStock(ctx, sys, nil, Submissions{accepted: map[string]string{}}, map[string]int{"carbasso": 3}, map[string]bool{}, nil, r); err != nil {
+		t.Fatal(err)
+	}
+	if inv := invariant(t, r, "estoc final = inicial + reposat − acceptat"); !inv.OK {
+		t.Fatalf("setup: stock does not reconcile: %s", inv.Detail)
+	}
+	if inv := invariant(t, r, "cataleg coincideix amb inventari (estoc_baix = unitats < 5)"); inv.OK {
+		t.Fatalf("carbasso restocked to 83 and absent from cataleg, yet %q holds: %s", inv.Name, inv.Detail)
 	}
 }
