@@ -82,3 +82,16 @@ func TestCloseReturnsWhenAWorkerHoldsAConnectionForever(t *testing.T) {
 		t.Fatalf("Close did not return; still running: %v", s.sup.stillRunning())
 	}
 }
+
+// A consumer whose in-flight transaction waits for its context gives up
+// within Close's grace: it returns (its work rolled back, to be redelivered)
+// instead of being left behind.
+func TestCloseStopsAConsumerStuckInFlightWithinTheGrace(t *testing.T) {
+	s := startStuck(t, func(ctx context.Context) { <-ctx.Done() })
+	if !closeWithin(s, 2*ShutdownGraceDefault+5*time.Second) {
+		t.Fatalf("Close did not return; still running: %v", s.sup.stillRunning())
+	}
+	if left := s.sup.stillRunning(); len(left) != 0 {
+		t.Fatalf("workers left behind by Close: %v", left)
+	}
+}
