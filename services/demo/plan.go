@@ -14,6 +14,9 @@ import (
 // Cheese is the product the demo orders more of than exists.
 const Cheese = "formatge-curat"
 
+// CheesePerOrder is the units of Cheese each cheese order asks for.
+const CheesePerOrder = 2
+
 // UncoveredCity is a delivery city Quilòmetre Zero does not serve.
 const UncoveredCity = "Perpinyà"
 
@@ -83,7 +86,7 @@ func makePlan(n int, seed uint64, run string, authorize bool) []*planned {
 			o.Lines = append(o.Lines, comandes.Line{Product: "vi-crianca", Quantity: 200, PriceCents: prices["vi-crianca"]})
 		case isCheese(num):
 			p.cheese = true
-			o.Lines = append(o.Lines, comandes.Line{Product: Cheese, Quantity: 2, PriceCents: prices[Cheese]})
+			o.Lines = append(o.Lines, comandes.Line{Product: Cheese, Quantity: CheesePerOrder, PriceCents: prices[Cheese]})
 		}
 		switch {
 		case isUncovered(num):

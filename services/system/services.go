@@ -63,6 +63,10 @@ func (s *System) consumerFor(service string, cfg consumer.Config) {
 	cfg.Pool = s.pools[service]
 	cfg.Backoff = s.cfg.Backoff
 	cfg.Concurrency = 2
+	// In-flight work is abandoned (rolled back, redelivered later) well
+	// within Close's wait for the workers; consumer.ShutdownTimeoutDefault
+	// (30 s) would outlast it and the consumer would be left behind.
+	cfg.ShutdownTimeout = ShutdownGraceDefault / 2
 	cfg.Hooks = s.cfg.ConsumerHooks[cfg.Name]
 	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
 	s.sup.runConsumer(cfg)

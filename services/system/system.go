@@ -211,8 +211,11 @@ func (s *System) Close() {
 	s.cancel()
 	shut, cancel := context.WithTimeout(context.Background(), ShutdownGraceDefault)
 	defer cancel()
+	leftBehind := false
 	for _, srv := range s.servers {
-		_ = srv.Shutdown(shut)
+		if srv.Shutdown(shut) != nil {
+			leftBehind = true // a handler still running
+		}
 	}
 	done := make(chan struct{})
 	go func() {
@@ -222,6 +225,7 @@ func (s *System) Close() {
 	select {
 	case <-done:
 	case <-time.After(ShutdownGraceDefault):
+		leftBehind = true
 		s.log.Error("system: workers did not stop in time; leaving them behind", "workers", s.sup.stillRunning())
 	}
 	if s.rr != nil {
@@ -230,7 +234,17 @@ func (s *System) Close() {
 	if s.kcl != nil {
 		s.kcl.Close()
 	}
-	for _, p := range s.pools {
-		p.Close()
+	// pgxpool.Close waits for every acquired connection: with a worker or
+	// handler left behind holding one, it would never return. Then the pools
+	// close in the background, as that work ends.
+	closePools := func() {
+		for _, p := range s.pools {
+			p.Close()
+		}
+	}
+	if leftBehind {
+		go closePools()
+	} else {
+		closePools()
 	}
 }
