@@ -41,6 +41,7 @@ type Report struct {
 	Deliveries   map[string]int           `json:"lliuraments"`
 	Analytics    *analitica.Counters      `json:"analitica,omitempty"`
 	Restarts     map[string]int           `json:"reinicis"`
+	Injected     map[string]bool          `json:"fallades_injectades"` // which injected failures fired (relay, consumidor, cobrament)
 	Invariants   []Invariant              `json:"invariants"`
 	OK           bool                     `json:"ok"`
 }
@@ -263,11 +264,20 @@ func reconcile(ctx context.Context, sys *system.System, kcl *kgo.Client, brokers
 			return err
 		}
 	}
-	crashes := r.Restarts["relay "+comandes.Name] >= 1 && r.Restarts["consumer "+inventari.ConsumerDecrement] >= 1
-	r.check("fallades injectades i recuperades", crashes && stats[inventari.ConsumerDecrement].Duplicates > 0,
-		"relay de comandes reiniciat %d cop(s), consumidor %s reiniciat %d cop(s), %d duplicats absorbits",
-		r.Restarts["relay "+comandes.Name], inventari.ConsumerDecrement, r.Restarts["consumer "+inventari.ConsumerDecrement], stats[inventari.ConsumerDecrement].Duplicates)
+	r.checkInjectedFailures(stats[inventari.ConsumerDecrement].Duplicates)
 	return nil
+}
+
+// checkInjectedFailures checks that every injected failure fired and was
+// recovered from: the relay and inventari's consumer were restarted, the
+// consumer's redelivered batch was absorbed as duplicates, and the charge
+// that died between the gateway and COMMIT fired (it leaves no restart: the
+// retry absorbs it, so the hook itself says whether it fired).
+func (r *Report) checkInjectedFailures(duplicates int64) {
+	relay, cons := r.Restarts["relay "+comandes.Name], r.Restarts["consumer "+inventari.ConsumerDecrement]
+	r.check("fallades injectades i recuperades", relay >= 1 && cons >= 1 && r.Injected["cobrament"] && duplicates > 0,
+		"relay de comandes reiniciat %d cop(s), consumidor %s reiniciat %d cop(s), %d duplicats absorbits, mort entre passarel·la i COMMIT: %v",
+		relay, inventari.ConsumerDecrement, cons, duplicates, r.Injected["cobrament"])
 }
 
 func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, sub Submissions, restock map[string]int, insufficient map[string]bool, dls []deadLetter, r *Report) error {

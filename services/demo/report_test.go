@@ -132,3 +132,19 @@ func TestCatalogInvariantFailsWhenTheCatalogMissesAProduct(t *testing.T) {
 		t.Fatalf("carbasso restocked to 83 and absent from cataleg, yet %q holds: %s", inv.Name, inv.Detail)
 	}
 }
+
+// The charge failure leaves no restart behind, so the check must ask the
+// hook: a run whose charge failure never fired does not pass.
+func TestInjectedFailuresCheckNeedsTheChargeFailure(t *testing.T) {
+	restarts := map[string]int{"relay " + comandes.Name: 1, "consumer " + inventari.ConsumerDecrement: 1}
+	for _, tc := range []struct {
+		fired bool
+		want  bool
+	}{{true, true}, {false, false}} {
+		r := &Report{Restarts: restarts, Injected: map[string]bool{"relay": true, "consumidor": true, "cobrament": tc.fired}}
+		r.checkInjectedFailures(12)
+		if inv := invariant(t, r, "fallades injectades i recuperades"); inv.OK != tc.want {
+			t.Fatalf("charge failure fired %v: check %v (%s), want %v", tc.fired, inv.OK, inv.Detail, tc.want)
+		}
+	}
+}

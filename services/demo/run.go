@@ -182,6 +182,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	settled, why := settle(ctx, sys, kcl, cfg.SettleTimeout, say)
 	report.check("sistema assentat (outbox buits, lag 0, cap lliurament pendent)", settled, "%s", why)
+	report.Injected = faults.fired() // after settling: the charge may fire late
 	if err := reconcile(ctx, sys, kcl, broker.Addrs(), plan, sub, restock, report); err != nil {
 		return nil, fmt.Errorf("demo: reconcile: %w", err)
 	}
@@ -271,6 +272,12 @@ type faults struct {
 	published, committed          atomic.Int64
 	relayDone, consumerDone       atomic.Bool
 	chargeOnce                    sync.Once
+	chargeDone                    atomic.Bool
+}
+
+// fired reports which injected failures happened, for the reconciliation.
+func (f *faults) fired() map[string]bool {
+	return map[string]bool{"relay": f.relayDone.Load(), "consumidor": f.consumerDone.Load(), "cobrament": f.chargeDone.Load()}
 }
 
 func newFaults(orders int) *faults {
@@ -300,7 +307,10 @@ func (f *faults) consumerAfterCommit(_ context.Context, msgs []*consumer.Message
 func (f *faults) afterCharge(orderID string) error {
 	var err error
 	if int64(orderNum(orderID)) >= f.chargeAt {
-		f.chargeOnce.Do(func() { err = errors.New("mort simulada entre la passarel·la i el COMMIT") })
+		f.chargeOnce.Do(func() {
+			f.chargeDone.Store(true)
+			err = errors.New("mort simulada entre la passarel·la i el COMMIT")
+		})
 	}
 	return err
 }
