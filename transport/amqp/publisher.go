@@ -456,6 +456,9 @@ func (pc *pubChannel) dispatch(returns <-chan amqp.Return, confirms <-chan amqp.
 	}
 	pc.mu.Lock()
 	pc.err = err
+	// Dead before any waiter wakes: a caller that sees its publish fail and
+	// publishes again must get a new channel, not this one.
+	close(pc.dead)
 	for _, w := range pc.pending {
 		w.err = err
 		close(w.done)
@@ -463,7 +466,6 @@ func (pc *pubChannel) dispatch(returns <-chan amqp.Return, confirms <-chan amqp.
 	pc.pending = nil
 	pc.byID = nil
 	pc.mu.Unlock()
-	close(pc.dead)
 }
 
 func (pc *pubChannel) onReturn(r amqp.Return) {
