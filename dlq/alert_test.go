@@ -158,15 +158,7 @@ func TestIndexerCommitsAfterTheIndexTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(b.ctx)
-	done := make(chan error, 1)
-	go func() { done <- ix.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("indexer: %v", err)
-		}
-	}()
+	defer runIndexer(t, b.ctx, ix)()
 	for _, k := range []string{"P-1", "P-2", "P-3"} {
 		b.produceDead(t, dead{topic: inventari, key: k, reason: "permanent: estoc insuficient: x"})
 	}

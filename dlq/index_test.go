@@ -1,7 +1,6 @@
 package dlq_test
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -202,14 +201,6 @@ func TestASecondIndexInTheSameGroupStillGetsEveryLetter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(b.ctx)
-	done := make(chan error, 1)
-	go func() { done <- ix.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("indexer: %v", err)
-		}
-	}()
+	defer runIndexer(t, b.ctx, ix)()
 	waitFor(t, "index C to get the 2 letters", 10*time.Second, func() bool { return countC() == 2 })
 }

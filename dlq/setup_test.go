@@ -257,3 +257,18 @@ func ids(rep *dlq.Report, done bool) []string {
 	}
 	return out
 }
+
+// runIndexer runs ix until the returned stop is called; stop waits for Run
+// and reports its error.
+func runIndexer(t *testing.T, ctx context.Context, ix *dlq.Indexer) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- ix.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("indexer: %v", err)
+		}
+	}
+}
