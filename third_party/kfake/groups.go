@@ -1702,12 +1702,24 @@ members:
 // reply sends kresp back to the caller of creq. If m is non-nil,
 // m.waitingReply is cleared before the send attempt so a dead
 // connection does not leave a stale reply behind.
+//
+// The member's session timer is armed whether or not the response
+// reached the client. A member parked in JoinGroup has no session timer
+// (addMemberAndRebalance stopped its pending timer), and the rebalance
+// that answers it keeps it in the group: if its connection died while
+// it waited, this timer is the only thing that will ever remove it.
+// Without it, the leader assigns it partitions, the group goes Stable
+// and the partitions are never consumed again.
 func (g *group) reply(creq *clientReq, kresp kmsg.Response, m *groupMember) {
 	if m != nil {
 		m.waitingReply = nil
 	}
 	if !creq.reply(kresp) {
-		return
+		select {
+		case <-g.c.die: // shutting down: no new timers
+			return
+		default:
+		}
 	}
 	if m != nil {
 		g.updateHeartbeat(m)
