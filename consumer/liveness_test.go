@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -66,8 +67,12 @@ func child(fn func(context.Context) error) int {
 
 // brokerChild is `km0 kafka --data-dir` with a low group.min.session.timeout.ms.
 func brokerChild(ctx context.Context) error {
+	var extra []kfake.Opt
+	if os.Getenv("KM0_LIVENESS_DEBUG") != "" {
+		extra = append(extra, kfake.WithLogger(kfake.BasicLogger(os.Stderr, kfake.LogLevelDebug)))
+	}
 	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: os.Getenv("KM0_LIVENESS_ADDR"), DataDir: os.Getenv("KM0_LIVENESS_DATA"),
-		Topics: []string{lvTopic}, GroupMinSessionTimeout: 100 * time.Millisecond})
+		Topics: []string{lvTopic}, GroupMinSessionTimeout: 100 * time.Millisecond, Extra: extra})
 	if err != nil {
 		return err
 	}
@@ -85,6 +90,10 @@ func consumerChild(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
+	kopts := []kgo.Opt{kgo.ClientID(os.Getenv("KM0_LIVENESS_ID"))}
+	if os.Getenv("KM0_LIVENESS_DEBUG") != "" {
+		kopts = append(kopts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelDebug, nil)))
+	}
 	c, err := consumer.New(consumer.Config{
 		Brokers: []string{os.Getenv("KM0_LIVENESS_ADDR")}, Group: lvGroup, Topics: []string{lvTopic}, Name: lvName,
 		Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")}, SessionTimeout: lvSession,
@@ -93,7 +102,7 @@ func consumerChild(ctx context.Context) error {
 			return err
 		},
 		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		KgoOpts: []kgo.Opt{kgo.ClientID(os.Getenv("KM0_LIVENESS_ID"))},
+		KgoOpts: kopts,
 	})
 	if err != nil {
 		return err
@@ -197,6 +206,15 @@ func livenessRun(t *testing.T, killBroker bool) {
 	if parked == 0 {
 		t.Fatalf("no restart died parked in JoinGroup: the crash loop did not exercise a dead joining member")
 	}
+	if ends, err := adm.ListEndOffsets(ctx, lvTopic); err == nil {
+		var total int64
+		ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
+		if total != lvRecords {
+			// The producer may write a batch twice around a broker crash;
+			// the copies carry the same id_esdeveniment.
+			t.Logf("the topic holds %d records for %d produced", total, lvRecords)
+		}
+	}
 	if n, d := count(ctx, t, s, `SELECT count(*) FROM efectes`), count(ctx, t, s, `SELECT count(DISTINCT id) FROM efectes`); n != lvRecords || d != lvRecords {
 		t.Fatalf("effects: %d rows, %d distinct, want %d each", n, d, lvRecords)
 	}
@@ -248,7 +266,7 @@ func groupLag(ctx context.Context, adm *kadm.Client) string {
 			lag = append(lag, fmt.Sprintf("p%d %d/%d", p, c.At, end.Offset))
 		}
 	}
-	if total != lvRecords {
+	if total < lvRecords {
 		lag = append(lag, fmt.Sprintf("log end %d of %d", total, lvRecords))
 	}
 	return strings.Join(lag, ", ")
@@ -354,7 +372,10 @@ func startProc(t *testing.T, name string, env []string) *proc {
 	}()
 	t.Cleanup(func() {
 		p.kill()
-		if out := p.out.tail(4000); t.Failed() && out != "" {
+		if d := os.Getenv("KM0_LIVENESS_DEBUG"); d != "" && t.Failed() {
+			_ = os.WriteFile(fmt.Sprintf("%s/%s-%d.log", d, name, p.cmd.Process.Pid), []byte(p.out.String()), 0o644)
+		}
+		if out := p.out.tail(4000); t.Failed() && out != "" && os.Getenv("KM0_LIVENESS_DEBUG") == "" {
 			t.Logf("%s stderr:\n%s", name, out)
 		}
 	})
@@ -387,6 +408,12 @@ func (l *lockedBuffer) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(b)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func (l *lockedBuffer) tail(n int) string {
