@@ -13,8 +13,9 @@ import (
 )
 
 // These tests drive the classic group protocol (JoinGroup, SyncGroup,
-// Heartbeat) by hand, as km0 (github.com/km0/km0) found the bugs they cover, one kgo client per member
-// so that closing a client kills that member's connection.
+// Heartbeat) by hand, one kgo client per member so that closing a client
+// kills that member's connection. They come from km0 (github.com/km0/km0),
+// whose consumers found the bugs they cover.
 
 const (
 	cgTopic = "viu.esdeveniments"
