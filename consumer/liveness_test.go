@@ -31,6 +31,8 @@ import (
 
 // The liveness proof runs the broker and the group members as separate OS
 // processes: this test binary, re-executed with roleEnv set (see TestMain).
+// With KM0_LIVENESS_DEBUG=DIR the children log at debug level (kgo, kfake)
+// and a failed run leaves each child's log in DIR.
 const (
 	roleEnv   = "KM0_LIVENESS_ROLE" // "broker" or "consumer"
 	lvTopic   = "viu.esdeveniments"
