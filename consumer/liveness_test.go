@@ -32,7 +32,8 @@ import (
 // The liveness proof runs the broker and the group members as separate OS
 // processes: this test binary, re-executed with roleEnv set (see TestMain).
 // With KM0_LIVENESS_DEBUG=DIR the children log at debug level (kgo, kfake)
-// and a failed run leaves each child's log in DIR.
+// and a failed run leaves each child's log in DIR. KM0_LIVENESS_SESSION
+// overrides the members' session timeout (0s: consumer's default).
 const (
 	roleEnv   = "KM0_LIVENESS_ROLE" // "broker" or "consumer"
 	lvTopic   = "viu.esdeveniments"
@@ -92,13 +93,17 @@ func consumerChild(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
+	session := lvSession
+	if d, err := time.ParseDuration(os.Getenv("KM0_LIVENESS_SESSION")); err == nil {
+		session = d // 0: the default
+	}
 	kopts := []kgo.Opt{kgo.ClientID(os.Getenv("KM0_LIVENESS_ID"))}
 	if os.Getenv("KM0_LIVENESS_DEBUG") != "" {
 		kopts = append(kopts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelDebug, nil)))
 	}
 	c, err := consumer.New(consumer.Config{
 		Brokers: []string{os.Getenv("KM0_LIVENESS_ADDR")}, Group: lvGroup, Topics: []string{lvTopic}, Name: lvName,
-		Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")}, SessionTimeout: lvSession,
+		Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")}, SessionTimeout: session,
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO efectes (id) VALUES ($1)`, m.Envelope.ID)
 			return err
