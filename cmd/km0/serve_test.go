@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/system"
 )
 
@@ -133,6 +135,7 @@ func waitGroup(t *testing.T, adm *kadm.Client, group, what string, ok func(kadm.
 // it is sent SIGTERM while its JoinGroup waits for the dead member (the
 // group is PreparingRebalance). Each service, on a database of its own.
 func TestServeStopsWithinTheGraceWhileARebalanceWaitsForADeadMember(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t, system.DomainTopics()...)
 	adm := kadm.NewClient(kafkatest.Client(t, b))
 	sem := make(chan struct{}, 3) // processes at once: the machine is small
@@ -201,5 +204,78 @@ func TestServeRefusesBadRenamesAndAMissingDatabase(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("km0 serve cataleg %s: want an error with %q, got %v", strings.Join(c.args, " "), c.want, err)
 		}
+	}
+}
+
+// A comandes process SIGKILLed in the middle of a POST with an
+// Idempotency-Key (it had claimed the key and was waiting for pagaments to
+// authorise the order: pagaments was not running) does not leave the key stuck:
+// once comandes is back (and pagaments is up), a retry with the key is
+// answered 201 within the key's lease, and the order exists once.
+func TestServeComandesRetryAfterACrashMidRequestGetsItsOrderOnce(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.New(t, system.DomainTopics()...)
+	comandesDB, pagamentsDB := pgtest.NewDatabase(t), pgtest.NewDatabase(t)
+	addr := freeAddr(t)
+	brokers := strings.Join(b.Addrs(), ",")
+	env := []string{serviceDatabaseEnv("comandes") + "=" + comandesDB, serviceDatabaseEnv("pagaments") + "=" + pagamentsDB}
+	args := []string{"serve", "comandes", "--authorize", "--brokers", brokers, "--http", "comandes=" + addr}
+	const key, body = "clau-caiguda", `{"id":"P-2026-000777","client":"anna","mercat":"vic","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":300}]}`
+	post := func(ctx context.Context) (int, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/comandes", strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	first := startKm0(t, env, args...)
+	first.waitRunning(t, 60*time.Second)
+	go func() { _, _ = post(context.Background()) }() // never answered: the process dies under it
+	pool := pgtest.NewPool(t, comandesDB, 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM peticions_idempotents WHERE clau = $1 AND estat_http = 0`, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break // claimed; now waiting for the authorisation
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the key was never claimed\n%s", first.log())
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	if err := first.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-first.exited
+	pagaments := startKm0(t, env, "serve", "pagaments", "--brokers", brokers)
+	pagaments.waitRunning(t, 60*time.Second)
+	second := startKm0(t, env, args...)
+	second.waitRunning(t, 60*time.Second)
+	// The retry waits for the dead request's lease, then runs afresh; a
+	// client retries a 503 (pagaments still joining its group) as told.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*comandes.KeyLeaseDefault+30*time.Second)
+	defer cancel()
+	for {
+		status, err := post(ctx)
+		if err == nil && status == http.StatusCreated {
+			break
+		}
+		if ctx.Err() != nil || (err == nil && status != http.StatusServiceUnavailable) {
+			t.Fatalf("retry: %d %v\n%s", status, err, second.log())
+		}
+		time.Sleep(100 * time.Millisecond) // the client's pause between retries
+	}
+	var orders, events int
+	if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM comandes), (SELECT count(*) FROM outbox)`).Scan(&orders, &events); err != nil {
+		t.Fatal(err)
+	}
+	if orders != 1 || events != 1 {
+		t.Fatalf("%d orders and %d events, want 1 and 1", orders, events)
 	}
 }
