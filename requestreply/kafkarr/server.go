@@ -62,9 +62,10 @@ type ServerStats struct {
 // that redelivers the requests, which an Idempotent handler answers from its
 // stored responses.
 type Server struct {
-	cfg  ServerConfig
-	prod *kgo.Client
-	cons *kgo.Client
+	cfg        ServerConfig
+	prod       *kgo.Client
+	cons       *kgo.Client
+	cancelCons context.CancelFunc // ends a leave stuck behind a pending rebalance
 
 	replied, errorReplies, unanswerable atomic.Int64
 }
@@ -90,13 +91,15 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: request topic %s: %w", cfg.Topic, err)
 	}
-	cons, err := kgo.NewClient(append(kafka.GroupOpts(cfg.SessionTimeout), kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
+	consCtx, cancelCons := context.WithCancel(context.Background())
+	cons, err := kgo.NewClient(append(kafka.GroupOpts(cfg.SessionTimeout), kgo.WithContext(consCtx), kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(time.Second))...)
 	if err != nil {
+		cancelCons()
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: request consumer: %w", err)
 	}
-	return &Server{cfg: cfg, prod: prod, cons: cons}, nil
+	return &Server{cfg: cfg, prod: prod, cons: cons, cancelCons: cancelCons}, nil
 }
 
 // Stats returns the counters so far.
@@ -104,11 +107,21 @@ func (s *Server) Stats() ServerStats {
 	return ServerStats{Replied: s.replied.Load(), ErrorReplies: s.errorReplies.Load(), Unanswerable: s.unanswerable.Load()}
 }
 
-// Run serves until ctx ends, then leaves the group and closes its clients.
-// It returns nil.
+// leaveTimeout bounds the group leave when Run stops: kgo's leave waits for a
+// JoinGroup in flight, which the broker holds until a member that died
+// without leaving expires. Past it the client closes without the leave.
+const leaveTimeout = 5 * time.Second
+
+// Run serves until ctx ends, then leaves the group (at most leaveTimeout)
+// and closes its clients. It returns nil.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.prod.Close()
-	defer s.cons.Close()
+	defer func() {
+		t := time.AfterFunc(leaveTimeout, s.cancelCons)
+		defer t.Stop()
+		s.cons.Close()
+		s.cancelCons()
+	}()
 	defer s.cons.AllowRebalance() // with BlockRebalanceOnPoll, Close waits for it
 	for {
 		fs := s.cons.PollRecords(ctx, 1000)
