@@ -103,6 +103,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancel(nil)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.listen(ctx) })
+	r.join(ctx)
 	for _, w := range r.workers {
 		wg.Go(func() {
 			if err := w.run(ctx); err != nil {
@@ -116,6 +117,25 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// join connects every worker and then rebalances them one after the other,
+// so that from the start each counts all of this instance's workers and they
+// split the free shards among them instead of racing for the same ones (a
+// shard lost in such a race waits for the next rebalance). A failure is left
+// to the worker's loop, which retries.
+func (r *Relay) join(ctx context.Context) {
+	for _, w := range r.workers {
+		if w.connect(ctx) != nil {
+			return
+		}
+	}
+	for _, w := range r.workers {
+		if w.rebalance(ctx) != nil {
+			w.drop()
+			return
+		}
+	}
 }
 
 // RunOnce connects the workers if needed, rebalances shards and runs one

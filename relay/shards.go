@@ -22,6 +22,7 @@ type worker struct {
 	wake chan struct{}
 
 	conn          *pgx.Conn
+	batch         int     // size of the next claim
 	owned         []int32 // sorted shard numbers whose locks conn holds
 	ownedCount    atomic.Int32
 	lastRebalance time.Time
@@ -158,7 +159,7 @@ func (w *worker) run(ctx context.Context) error {
 			log.Info("relay: recovered", "after_failures", failures)
 			failures = 0
 		}
-		if res.claimed >= w.r.cfg.BatchSize {
+		if res.claimed >= res.limit {
 			continue // more is waiting: no pause after a full batch
 		}
 		w.wait(ctx)
@@ -179,6 +180,38 @@ func (w *worker) step(ctx context.Context) (cycleResult, error) {
 		}
 	}
 	return w.cycle(ctx)
+}
+
+// claimSize is the LIMIT of the worker's next claim: BatchSize if set, else
+// the adaptive size.
+func (w *worker) claimSize() int {
+	if w.r.cfg.BatchSize > 0 {
+		return w.r.cfg.BatchSize
+	}
+	if w.batch == 0 {
+		w.batch = BatchSizeStart
+	}
+	return w.batch
+}
+
+// adapt sets the adaptive size after a claim of limit rows returned got.
+func (w *worker) adapt(limit, got int) {
+	if w.r.cfg.BatchSize == 0 {
+		w.batch = nextBatch(limit, got)
+	}
+}
+
+// nextBatch is the adaptive claim size after a claim of limit rows returned
+// got: double after a full claim (there is more waiting), half after one
+// under a quarter full, between BatchSizeStart and BatchSizeAdaptiveMax.
+func nextBatch(limit, got int) int {
+	switch {
+	case got >= limit:
+		limit *= 2
+	case got < limit/4:
+		limit /= 2
+	}
+	return min(max(limit, BatchSizeStart), BatchSizeAdaptiveMax)
 }
 
 // wait blocks until a notification, the poll interval or the next rebalance.

@@ -35,8 +35,9 @@ func runRelay(ctx context.Context, args []string) error {
 	origin := fs.String("origin", "", "the envelope's origen (required), e.g. comandes")
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
 	table := fs.String("outbox-table", migrate.OutboxDefault, "outbox table name")
-	batch := fs.Int("batch", relay.BatchSizeDefault, "rows per claim")
-	workers := fs.Int("workers", relay.WorkersDefault, "claim workers (each one session and its own shards)")
+	batch := fs.Int("batch", 0, fmt.Sprintf("rows per claim, fixed; 0 (the default) adapts each claim to the backlog, %d..%d",
+		relay.BatchSizeStart, relay.BatchSizeAdaptiveMax))
+	workers := fs.Int("workers", relay.WorkersDefault, "claim workers (each one session and its own shards; they overlap each other's claims and publications)")
 	poll := fs.Duration("poll", relay.PollIntervalDefault, "fallback poll interval when no NOTIFY arrives")
 	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of the topic if it has to be created")
 	exchange := fs.String("exchange", "", "publish to this RabbitMQ exchange (routing key = --topic) instead of Kafka")
@@ -148,11 +149,11 @@ func runRelay(ctx context.Context, args []string) error {
 }
 
 // checkRelayNumbers refuses a --batch or --workers relay.New would refuse or
-// replace by its default (0).
+// replace by its default (0 workers). --batch 0 is the adaptive claim size.
 func checkRelayNumbers(batch, workers int) error {
 	switch {
-	case batch < 1 || batch > relay.BatchSizeMax:
-		return fmt.Errorf("--batch %d is outside 1..%d", batch, relay.BatchSizeMax)
+	case batch < 0 || batch > relay.BatchSizeMax:
+		return fmt.Errorf("--batch %d is outside 0 (adaptive)..%d", batch, relay.BatchSizeMax)
 	case workers < 1 || workers > relay.ShardCount:
 		return fmt.Errorf("--workers %d is outside 1..%d", workers, relay.ShardCount)
 	}
