@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -180,7 +181,7 @@ func TestDefaultsKeepCommitOrderWithEightWriters(t *testing.T) {
 
 // confirming wraps a publisher and records the event ids of every Publish
 // call that returned nil: the records the broker confirmed. Once armed, it
-// holds each new call until released.
+// holds the next call until its context ends.
 type confirming struct {
 	transport.Publisher
 	mu        sync.Mutex
@@ -191,12 +192,13 @@ type confirming struct {
 
 func (p *confirming) Publish(ctx context.Context, msgs []*transport.Message) error {
 	p.mu.Lock()
-	armed := p.armed
-	if armed {
+	hold := p.armed
+	if hold {
+		p.armed = false
 		p.held++
 	}
 	p.mu.Unlock()
-	if armed {
+	if hold {
 		<-ctx.Done()
 		return ctx.Err()
 	}
@@ -215,42 +217,51 @@ func (p *confirming) Publish(ctx context.Context, msgs []*transport.Message) err
 	return nil
 }
 
-// With the defaults (two workers), one worker "dies" after the broker
-// confirmed its batch and before its mark (Hooks.AfterPublish, the fourth
-// batch; three were marked before) while the other worker has a batch on its
-// way to the broker (held by the publisher, and so never confirmed). No row is
-// marked whose records were not confirmed; the rows left pending are
-// republished with the same ids by the next relay, and every aggregate's
-// first occurrences stay in commit order.
+// With adaptive workers, once the second worker has joined for the backlog,
+// one worker's batch is on its way to the broker (held by the publisher, so
+// never confirmed) when the other worker "dies" after the broker confirmed
+// its own batch and before its mark (Hooks.AfterPublish). No row is marked
+// whose records were not confirmed; the rows left pending are republished
+// with the same ids by the next relay, and every aggregate's first
+// occurrences stay in commit order.
 func TestCrashOfOneWorkerMarksNoUnconfirmedRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	const aggs, rounds = 100, 20
+	const aggs, rounds = 100, 40
 	b.enqueueRounds(t, aggs, 1, rounds)
 	pub := &confirming{Publisher: b.pub, confirmed: map[string]bool{}}
 	cfg := b.config()
-	cfg.Workers, cfg.BatchSize = 0, 0
+	cfg.Workers, cfg.BatchSize = 0, 200 // adaptive workers; batches small enough that both have many
 	cfg.Publisher = pub
+	var c claims
+	armed := false
+	cfg.Hooks.Claimed = func(worker, limit, rows int) {
+		c.hook(worker, limit, rows)
+		c.mu.Lock()
+		both := len(c.worker) == relay.WorkersDefault
+		c.mu.Unlock()
+		pub.mu.Lock()
+		defer pub.mu.Unlock()
+		if both && !armed {
+			armed, pub.armed = true, true
+		}
+	}
 	var mu sync.Mutex
-	batches := 0
+	batches, crashed := 0, false
 	cfg.Hooks.AfterPublish = func(int) error {
+		pub.mu.Lock()
+		held := pub.held
+		pub.mu.Unlock()
 		mu.Lock()
 		defer mu.Unlock()
 		batches++
-		switch {
-		case batches < 4:
-			return nil
-		case batches == 4:
-			pub.mu.Lock()
-			pub.armed = true
-			pub.mu.Unlock()
-			waitFor(t, "the other worker's next batch on its way", 10*time.Second, func() bool {
-				pub.mu.Lock()
-				defer pub.mu.Unlock()
-				return pub.held > 0
-			})
+		if held > 0 && batches > 3 {
+			crashed = true
 		}
-		return relay.ErrCrashed
+		if crashed {
+			return relay.ErrCrashed
+		}
+		return nil
 	}
 	r := b.newRelay(t, cfg)
 	done := make(chan error, 1)
@@ -281,7 +292,7 @@ func TestCrashOfOneWorkerMarksNoUnconfirmedRow(t *testing.T) {
 	}
 	pub.mu.Unlock()
 	pending := b.pending(t)
-	if len(marked) < 3*relay.BatchSizeStart || pending == 0 || pending+len(marked) != aggs*rounds {
+	if len(marked) < 3*200 || pending == 0 || pending+len(marked) != aggs*rounds {
 		t.Fatalf("after the crash %d marked and %d pending, want the 3 first batches marked, some pending and %d in all",
 			len(marked), pending, aggs*rounds)
 	}
@@ -311,14 +322,14 @@ func countAbove(m map[string]int, n int) int {
 	return c
 }
 
-// The workers of one instance split the shards between them as soon as they
-// start, without waiting for a rebalance: with RebalanceInterval 1 h, each of
-// the WorkersDefault sessions holds 64 / WorkersDefault shard locks.
+// The workers of one instance (a fixed Workers) split the shards between them
+// as soon as they start, without waiting for a rebalance: with
+// RebalanceInterval 1 h, each of the sessions holds 64 / Workers shard locks.
 func TestWorkersSplitTheShardsAtStart(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := b.config()
-	cfg.Workers = 0
+	cfg.Workers = relay.WorkersDefault // fixed: all of them from the start
 	cfg.RebalanceInterval = time.Hour
 	r := b.newRelay(t, cfg)
 	start(t, r)
@@ -340,4 +351,66 @@ func TestWorkersSplitTheShardsAtStart(t *testing.T) {
 	if got := perSession(); len(got) != relay.WorkersDefault || got[0] != share || got[len(got)-1] != share {
 		t.Fatalf("shard locks per worker session %v, want %d sessions with %d each", got, relay.WorkersDefault, share)
 	}
+}
+
+// shardLocks returns, per session of the relay (application_name app), how
+// many shard locks it holds, ascending.
+func (b *bundle) shardLocks(t *testing.T, app string) []int {
+	t.Helper()
+	rows, err := b.s.Pool.Query(context.Background(), `SELECT count(l.pid) FILTER (WHERE l.objid::bigint < $2)::int
+		FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+		WHERE a.application_name = $1 GROUP BY a.pid ORDER BY 1`, app, relay.ShardCount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// With the defaults one worker serves every shard; a backlog brings in the
+// second worker, which takes half of them from the first at once (periodic
+// rebalancing is off: RebalanceInterval 1 h); once idle for ExtraWorkerIdle
+// it leaves and the first worker takes its shards back at once, so events of
+// every aggregate committed afterwards still go out. All in commit order.
+func TestExtraWorkerJoinsForABacklogAndLeavesWhenIdle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var c claims
+	cfg := b.config()
+	cfg.Workers, cfg.BatchSize = 0, 0
+	cfg.RebalanceInterval = time.Hour
+	cfg.Hooks.Claimed = c.hook
+	r := b.newRelay(t, cfg)
+	const aggs, rounds = 50, 100
+	b.enqueueRounds(t, aggs, 1, rounds)
+	start(t, r)
+	waitFor(t, "the backlog published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	c.mu.Lock()
+	perWorker := maps.Clone(c.worker)
+	c.mu.Unlock()
+	if len(perWorker) != relay.WorkersDefault || perWorker[1] == 0 {
+		t.Fatalf("rows claimed per worker %v: the extra worker did not join for the backlog", perWorker)
+	}
+	waitFor(t, "the extra worker to leave and its shards to come back", 20*time.Second, func() bool {
+		// the LISTEN session with no lock, and one worker with every shard
+		return slices.Equal(b.shardLocks(t, cfg.ApplicationName), []int{0, relay.ShardCount})
+	})
+	for a := range aggs { // one event of every aggregate, so of shards of both workers
+		b.enqueue(t, fmt.Sprintf("P-%03d", a), seqPayload{Seq: rounds + 1})
+	}
+	waitFor(t, "the events after the extra worker left", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	n := aggs * (rounds + 1)
+	perKey, copies := firstSeqs(t, b.read(t, n))
+	if len(copies) != n {
+		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
+	}
+	want := map[string]int{}
+	for a := range aggs {
+		want[fmt.Sprintf("P-%03d", a)] = rounds + 1
+	}
+	checkCommitOrder(t, perKey, want)
+	t.Logf("rows per worker during the backlog %v", perWorker)
 }

@@ -31,11 +31,16 @@ const (
 	BatchSizeMax = 10_000
 	// PollIntervalDefault is the fallback poll when no notification arrives.
 	PollIntervalDefault = 200 * time.Millisecond
-	// WorkersDefault is the number of claim workers per instance, each with its
-	// own session and its own shards. Two overlap one worker's claim and mark
-	// in PostgreSQL with the other's publication to the broker, which with the
-	// broker in another process is most of a cycle's time.
+	// WorkersDefault is the most claim workers an instance with Workers 0 (the
+	// default) runs, each with its own session and its own shards. The second
+	// one joins under a backlog and overlaps its claims and marks in
+	// PostgreSQL with the first one's publication to the broker; when idle one
+	// worker serves every shard, which keeps the latency of a lone event low.
 	WorkersDefault = 2
+	// ExtraWorkerIdle is how long an extra worker of an adaptive instance
+	// (Workers 0) goes without a full claim before it hands its shards back
+	// and leaves.
+	ExtraWorkerIdle = time.Second
 	// PublishTimeoutDefault bounds one Publish call (waiting for every
 	// confirmation); past it the batch is rolled back and retried.
 	PublishTimeoutDefault = 30 * time.Second
@@ -111,7 +116,12 @@ type Config struct {
 	BatchSize int
 	// PollInterval is the fallback poll. Default PollIntervalDefault.
 	PollInterval time.Duration
-	// Workers is the number of claim workers. Default WorkersDefault.
+	// Workers fixes the number of claim workers, 1..ShardCount, all running
+	// from the start. The default, 0, adapts it: one worker serves every
+	// shard; when its claims come back full (at least 4 × BatchSizeStart rows,
+	// or a full fixed BatchSize) a second one joins (up to WorkersDefault in
+	// all) and takes half of them, and it leaves again after ExtraWorkerIdle
+	// without a full claim, handing them back.
 	Workers int
 	// PublishTimeout bounds one Publish. Default PublishTimeoutDefault.
 	PublishTimeout time.Duration
@@ -147,7 +157,6 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	c.Names = c.Names.WithDefaults()
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
-	c.Workers = cmp.Or(c.Workers, WorkersDefault)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
 	c.BackoffMin = cmp.Or(c.BackoffMin, BackoffMinDefault)
 	c.BackoffMax = cmp.Or(c.BackoffMax, BackoffMaxDefault)
@@ -178,8 +187,8 @@ func (c Config) validate() error {
 	if c.BatchSize < 0 || c.BatchSize > BatchSizeMax {
 		bad("BatchSize %d is outside 0 (adaptive)..%d", c.BatchSize, BatchSizeMax)
 	}
-	if c.Workers < 1 || c.Workers > ShardCount {
-		bad("Workers %d is outside 1..%d", c.Workers, ShardCount)
+	if c.Workers < 0 || c.Workers > ShardCount {
+		bad("Workers %d is outside 0 (adaptive)..%d", c.Workers, ShardCount)
 	}
 	for _, d := range []struct {
 		name string

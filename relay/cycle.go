@@ -55,10 +55,10 @@ type parking struct {
 // the session. A hook error closes the session without committing and comes
 // back as a *crashError.
 func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
+	res.limit = w.claimSize()
 	if len(w.owned) == 0 {
 		return res, nil
 	}
-	res.limit = w.claimSize()
 	rows, tids, err := w.claim(ctx, res.limit)
 	if err != nil {
 		w.drop()

@@ -17,9 +17,15 @@ import (
 // open claim together, so no other worker can take a shard while a claimed,
 // unmarked batch of it is alive (DESIGN.md, relay R2).
 type worker struct {
-	r    *Relay
-	idx  int
-	wake chan struct{}
+	r        *Relay
+	idx      int
+	wake     chan struct{}
+	activate chan struct{} // an extra worker's start signal (adaptive Workers)
+
+	active       atomic.Bool // an extra worker is running (set by activateExtra)
+	rebalanceNow atomic.Bool // rebalance at the next step (another worker left or released shards)
+	dormant      bool        // an extra worker waits for activate (its own goroutine's state)
+	lastFull     time.Time   // an extra worker's last full claim
 
 	conn          *pgx.Conn
 	batch         int     // size of the next claim
@@ -51,7 +57,31 @@ func (w *worker) connect(ctx context.Context) error {
 	}
 	w.conn = conn
 	w.lastRebalance = time.Time{}
+	// One more member: the others' fair share shrinks, so they release
+	// shards for this one now rather than at their next periodic rebalance.
+	w.r.rebalanceOthers(w)
 	return nil
+}
+
+// extra reports whether w is an extra worker of an adaptive instance: it
+// runs only while the backlog needs it.
+func (w *worker) extra() bool { return w.r.adaptive && w.idx > 0 }
+
+// retire makes an extra worker leave between transactions: it releases its
+// shards and its membership at once (not when the server gets round to
+// ending the closed session), closes its session, and has the others take
+// the shards back.
+func (w *worker) retire(ctx context.Context) {
+	if w.conn != nil {
+		if _, err := w.conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+			w.r.cfg.Logger.Debug("relay: unlocking before leaving", "relay", w.r.q.payload, "worker", w.idx, "err", err)
+		}
+		w.drop()
+		w.r.rebalanceOthers(w)
+		w.r.cfg.Logger.Debug("relay: extra worker left", "relay", w.r.q.payload, "worker", w.idx)
+	}
+	w.dormant = true
+	w.active.Store(false)
 }
 
 // drop closes the session. PostgreSQL releases its locks and rolls back its
@@ -94,6 +124,7 @@ func (w *worker) rebalance(ctx context.Context) error {
 			return fmt.Errorf("relay: release shards: %w", err)
 		}
 		owned = owned[:target]
+		defer w.r.rebalanceOthers(w) // a worker of this instance may be waiting for them
 	case len(owned) < target:
 		busy := make([]bool, ShardCount)
 		for _, s := range taken {
@@ -140,6 +171,15 @@ func (w *worker) run(ctx context.Context) error {
 	log := w.r.cfg.Logger.With("relay", w.r.q.payload, "worker", w.idx)
 	failures := 0
 	for ctx.Err() == nil {
+		if w.dormant {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-w.activate:
+			}
+			w.dormant, w.lastFull = false, time.Now()
+			log.Debug("relay: extra worker joins for the backlog")
+		}
 		res, err := w.step(ctx)
 		if err != nil {
 			if ce := (*crashError)(nil); asCrash(err, &ce) {
@@ -159,7 +199,19 @@ func (w *worker) run(ctx context.Context) error {
 			log.Info("relay: recovered", "after_failures", failures)
 			failures = 0
 		}
-		if res.claimed >= res.limit {
+		full := res.claimed > 0 && res.claimed >= res.limit
+		if w.r.adaptive && full && (res.limit >= 4*BatchSizeStart || w.r.cfg.BatchSize > 0) {
+			w.r.activateExtra() // a backlog: overlap another worker
+		}
+		if w.extra() {
+			if full {
+				w.lastFull = time.Now()
+			} else if time.Since(w.lastFull) >= ExtraWorkerIdle {
+				w.retire(ctx)
+				continue
+			}
+		}
+		if full {
 			continue // more is waiting: no pause after a full batch
 		}
 		w.wait(ctx)
@@ -173,7 +225,7 @@ func (w *worker) step(ctx context.Context) (cycleResult, error) {
 	if err := w.connect(ctx); err != nil {
 		return cycleResult{}, err
 	}
-	if time.Since(w.lastRebalance) >= w.r.cfg.RebalanceInterval {
+	if w.rebalanceNow.Swap(false) || time.Since(w.lastRebalance) >= w.r.cfg.RebalanceInterval {
 		if err := w.rebalance(ctx); err != nil {
 			w.drop()
 			return cycleResult{}, err

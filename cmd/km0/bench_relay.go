@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -136,7 +137,7 @@ func benchRelay(ctx context.Context, args []string) error {
 	n := fs.Int("n", 50_000, "rows to move")
 	aggs := fs.Int("aggregates", 10_000, "distinct agregat_id values")
 	batch := fs.Int("batch", 0, "km0 relay: rows per claim; 0 (the relay's default) adapts to the backlog")
-	workers := fs.Int("workers", relay.WorkersDefault, "km0 relay: claim workers")
+	workers := fs.Int("workers", 0, "km0 relay: claim workers; 0 (the relay's default) adapts to the backlog")
 	baseline := fs.Bool("baseline", false, "also run a straight Go port of the seed's relay loop (LOT 100) and print the ratio")
 	rounds := fs.Int("rounds", 1, "repeat (alternating with the baseline) and report the best round, with the median")
 	validate := fs.Bool("validate", false, "also measure the write side (outbox.EnqueueBatch, 100 events a transaction) with and without JSON Schema validation, and print the ratio")
@@ -167,10 +168,10 @@ func benchRelay(ctx context.Context, args []string) error {
 	}{
 		{"relay", func(ctx context.Context, names migrate.Names, topic string, n int) error {
 			return runKm0Until(ctx, env, names, topic, n, *batch, *workers)
-		}, map[string]any{"batch": *batch, "workers": *workers}},
+		}, map[string]any{"batch": adaptiveOr(*batch), "workers": adaptiveOr(*workers), "broker": brokerKind(env)}},
 		{"relay_baseline", func(ctx context.Context, names migrate.Names, topic string, _ int) error {
 			return runPort(ctx, env, names, topic, true)
-		}, map[string]any{"batch": portBatch}},
+		}, map[string]any{"batch": portBatch, "broker": brokerKind(env)}},
 	}
 	if !*baseline {
 		contenders = contenders[:1]
@@ -203,9 +204,18 @@ func benchRelay(ctx context.Context, args []string) error {
 		emit(map[string]any{"bench": "relay_vs_baseline", "events_per_s": best[0]["events_per_s"],
 			"baseline_events_per_s": best[1]["events_per_s"],
 			"ratio":                 round2(best[0]["events_per_s"].(float64) / best[1]["events_per_s"].(float64)),
-			"median_ratio":          round2(best[0]["median_events_per_s"].(float64) / best[1]["median_events_per_s"].(float64))})
+			"median_ratio":          round2(best[0]["median_events_per_s"].(float64) / best[1]["median_events_per_s"].(float64)),
+			"batch":                 best[0]["batch"], "workers": best[0]["workers"], "broker": best[0]["broker"], "rounds": *rounds})
 	}
 	return nil
+}
+
+// brokerKind says where the benchmark's broker runs.
+func brokerKind(e *benchEnv) string {
+	if e.broker != nil {
+		return "kfake in this process"
+	}
+	return "external: " + strings.Join(e.addrs, ",")
 }
 
 // summarize returns the round with the most events/s, with the median of all

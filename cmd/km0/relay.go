@@ -37,7 +37,8 @@ func runRelay(ctx context.Context, args []string) error {
 	table := fs.String("outbox-table", migrate.OutboxDefault, "outbox table name")
 	batch := fs.Int("batch", 0, fmt.Sprintf("rows per claim, fixed; 0 (the default) adapts each claim to the backlog, %d..%d",
 		relay.BatchSizeStart, relay.BatchSizeAdaptiveMax))
-	workers := fs.Int("workers", relay.WorkersDefault, "claim workers (each one session and its own shards; they overlap each other's claims and publications)")
+	workers := fs.Int("workers", 0, fmt.Sprintf("claim workers, fixed (each one session and its own shards); 0 (the default) runs one, and up to %d under a backlog",
+		relay.WorkersDefault))
 	poll := fs.Duration("poll", relay.PollIntervalDefault, "fallback poll interval when no NOTIFY arrives")
 	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of the topic if it has to be created")
 	exchange := fs.String("exchange", "", "publish to this RabbitMQ exchange (routing key = --topic) instead of Kafka")
@@ -142,20 +143,20 @@ func runRelay(ctx context.Context, args []string) error {
 		log.Info("km0 relay: metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
 	log.Info("km0 relay: running", "outbox", names.Schema+"."+names.Outbox, "topic", *topic, "origin", *origin,
-		"batch", *batch, "workers", *workers)
+		"batch", adaptiveOr(*batch), "workers", adaptiveOr(*workers))
 	err = r.Run(ctx)
 	log.Info("km0 relay: stopped")
 	return err
 }
 
-// checkRelayNumbers refuses a --batch or --workers relay.New would refuse or
-// replace by its default (0 workers). --batch 0 is the adaptive claim size.
+// checkRelayNumbers refuses a --batch or --workers relay.New would refuse.
+// 0 is the adaptive default of both.
 func checkRelayNumbers(batch, workers int) error {
 	switch {
 	case batch < 0 || batch > relay.BatchSizeMax:
 		return fmt.Errorf("--batch %d is outside 0 (adaptive)..%d", batch, relay.BatchSizeMax)
-	case workers < 1 || workers > relay.ShardCount:
-		return fmt.Errorf("--workers %d is outside 1..%d", workers, relay.ShardCount)
+	case workers < 0 || workers > relay.ShardCount:
+		return fmt.Errorf("--workers %d is outside 0 (adaptive)..%d", workers, relay.ShardCount)
 	}
 	return nil
 }
@@ -185,4 +186,12 @@ func waitForTopic(ctx context.Context, log *slog.Logger, cl *kgo.Client, partiti
 		case <-time.After(wait):
 		}
 	}
+}
+
+// adaptiveOr is n, or "adaptive" for 0 (the relay's adaptive default).
+func adaptiveOr(n int) any {
+	if n == 0 {
+		return "adaptive"
+	}
+	return n
 }
