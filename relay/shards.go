@@ -81,6 +81,10 @@ func (w *worker) retire(ctx context.Context) {
 		w.r.cfg.Logger.Debug("relay: extra worker left", "relay", w.r.q.payload, "worker", w.idx)
 	}
 	w.dormant = true
+	select { // a start signal left over from an earlier Run
+	case <-w.activate:
+	default:
+	}
 	w.active.Store(false)
 }
 
