@@ -155,10 +155,13 @@ func (r *Relay) join(ctx context.Context) {
 }
 
 // activateExtra starts the first dormant extra worker, if any: it connects,
-// joins the members, and takes its share of the shards from the others.
-func (r *Relay) activateExtra() {
+// joins the members, and takes its share of the shards from the others. Its
+// first claim is of size batch, the activating worker's (the backlog is
+// there already).
+func (r *Relay) activateExtra(batch int) {
 	for _, w := range r.workers {
 		if w.extra() && w.active.CompareAndSwap(false, true) {
+			w.batch = batch // read by w's goroutine after it receives the signal
 			w.activate <- struct{}{}
 			return
 		}

@@ -205,7 +205,7 @@ func (w *worker) run(ctx context.Context) error {
 		}
 		full := res.claimed > 0 && res.claimed >= res.limit
 		if w.r.adaptive && full && (res.limit >= 4*BatchSizeStart || w.r.cfg.BatchSize > 0) {
-			w.r.activateExtra() // a backlog: overlap another worker
+			w.r.activateExtra(w.batch) // a backlog: overlap another worker
 		}
 		if w.extra() {
 			if full {
