@@ -80,6 +80,12 @@ func New(cfg Config) (*Relay, error) {
 	// A lost mark only republishes rows with the same ids (at-least-once), so
 	// the relay's own commits need not wait for the WAL flush.
 	r.connCfg.RuntimeParams["synchronous_commit"] = "off"
+	// A worker owning some of the shards filters the claim's index scan by
+	// shard, so the planner, which cannot tell that the LIMIT is reached
+	// early, costs the claim as a scan of every pending row: past
+	// jit_above_cost, and then each claim spent ~100 ms compiling for a scan
+	// of 2 ms. The relay's statements are small and run for ever: no JIT.
+	r.connCfg.RuntimeParams["jit"] = "off"
 	var err error
 	if r.m, err = newMetrics(r); err != nil {
 		r.closePool()
