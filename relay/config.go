@@ -38,8 +38,8 @@ const (
 	// worker serves every shard, which keeps the latency of a lone event low.
 	WorkersDefault = 2
 	// ExtraWorkerIdle is how long an extra worker of an adaptive instance
-	// (Workers 0) goes without a full claim before it hands its shards back
-	// and leaves.
+	// (Workers 0) goes without a claim at least a quarter full before it
+	// hands its shards back and leaves.
 	ExtraWorkerIdle = time.Second
 	// PublishTimeoutDefault bounds one Publish call (waiting for every
 	// confirmation); past it the batch is rolled back and retried.
@@ -121,7 +121,7 @@ type Config struct {
 	// shard; when its claims come back full (at least 4 × BatchSizeStart rows,
 	// or a full fixed BatchSize) a second one joins (up to WorkersDefault in
 	// all) and takes half of them, and it leaves again after ExtraWorkerIdle
-	// without a full claim, handing them back.
+	// without a claim at least a quarter full, handing them back.
 	Workers int
 	// PublishTimeout bounds one Publish. Default PublishTimeoutDefault.
 	PublishTimeout time.Duration

@@ -25,7 +25,7 @@ type worker struct {
 	active       atomic.Bool // an extra worker is running (set by activateExtra)
 	rebalanceNow atomic.Bool // rebalance at the next step (another worker left or released shards)
 	dormant      bool        // an extra worker waits for activate (its own goroutine's state)
-	lastFull     time.Time   // an extra worker's last full claim
+	lastBusy     time.Time   // an extra worker's last claim at least a quarter full
 
 	conn          *pgx.Conn
 	batch         int     // size of the next claim
@@ -181,7 +181,7 @@ func (w *worker) run(ctx context.Context) error {
 				return nil
 			case <-w.activate:
 			}
-			w.dormant, w.lastFull = false, time.Now()
+			w.dormant, w.lastBusy = false, time.Now()
 			log.Debug("relay: extra worker joins for the backlog")
 		}
 		res, err := w.step(ctx)
@@ -208,9 +208,13 @@ func (w *worker) run(ctx context.Context) error {
 			w.r.activateExtra(w.batch) // a backlog: overlap another worker
 		}
 		if w.extra() {
-			if full {
-				w.lastFull = time.Now()
-			} else if time.Since(w.lastFull) >= ExtraWorkerIdle {
+			// Busy while its claims come back at least a quarter full: with
+			// the load shared, neither worker's claims need be full, and
+			// leaving then would only bring it back once the first worker
+			// falls behind again.
+			if res.claimed > 0 && res.claimed >= res.limit/4 {
+				w.lastBusy = time.Now()
+			} else if time.Since(w.lastBusy) >= ExtraWorkerIdle {
 				w.retire(ctx)
 				continue
 			}
