@@ -131,7 +131,7 @@ func fill(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, n, aggs 
 }
 
 func benchRelay(ctx context.Context, args []string) error {
-	fs := newFlags("bench relay", "move N pre-inserted outbox rows to an in-process Kafka (kfake); one JSON line per result")
+	fs := newFlags("bench relay", "move N pre-inserted outbox rows to Kafka (kfake in this process, or --brokers) with km0 relay's defaults; one JSON line per result")
 	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
 	brokers := benchBrokersFlag(fs)
 	n := fs.Int("n", 50_000, "rows to move")
