@@ -14,13 +14,14 @@ import (
 )
 
 // BenchmarkRelay moves 20,000 pre-inserted rows (on 4,000 aggregates) per
-// iteration to kfake with BatchSize 1,000 and reports events/s. Filling the
-// outbox is not timed. `km0 bench relay` is the full benchmark.
+// iteration to kfake with the relay's defaults (adaptive claim size and
+// workers) and reports events/s. Filling the outbox is not timed. `km0 bench
+// relay` is the full benchmark.
 func BenchmarkRelay(b *testing.B) {
 	const rows = 20_000
 	bd := setup(b)
 	cfg := bd.config()
-	cfg.BatchSize, cfg.Workers = 1000, relay.WorkersDefault
+	cfg.BatchSize, cfg.Workers = 0, 0
 	cfg.PollInterval, cfg.RebalanceInterval = relay.PollIntervalDefault, relay.RebalanceIntervalDefault
 	var published atomic.Int64
 	cfg.Hooks.AfterPublish = func(rows int) error { published.Add(int64(rows)); return nil }

@@ -20,6 +20,7 @@ import (
 
 // cycleResult counts one claim-publish-mark cycle.
 type cycleResult struct {
+	limit     int // the claim's size
 	claimed   int // rows the claim returned
 	published int // rows marked published
 	parked    int // rows parked
@@ -54,15 +55,20 @@ type parking struct {
 // the session. A hook error closes the session without committing and comes
 // back as a *crashError.
 func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
+	res.limit = w.claimSize()
 	if len(w.owned) == 0 {
 		return res, nil
 	}
-	rows, tids, err := w.claim(ctx)
+	rows, tids, err := w.claim(ctx, res.limit)
 	if err != nil {
 		w.drop()
 		return res, err
 	}
 	res.claimed = len(rows)
+	w.adapt(res.limit, res.claimed)
+	if h := w.r.cfg.Hooks.Claimed; h != nil && len(rows) > 0 {
+		h(w.idx, res.limit, len(rows))
+	}
 	if len(rows) == 0 {
 		if err := w.exec(ctx, "COMMIT"); err != nil {
 			w.drop()
@@ -72,8 +78,9 @@ func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 	}
 	b := &batch{rows: rows, state: make([]rowState, len(rows))}
 	var toMark []pgtype.TID // confirmed rows whose UPDATE is not sent yet
-	for start := 0; start < len(rows); start += w.chunkRows() {
-		end := min(start+w.chunkRows(), len(rows))
+	chunk := chunkRows(res.limit)
+	for start := 0; start < len(rows); start += chunk {
+		end := min(start+chunk, len(rows))
 		msgs, owner := w.build(b, start, end)
 		pubErr, updErr := w.publishWhileMarking(ctx, msgs, toMark)
 		if updErr != nil {
@@ -124,9 +131,10 @@ func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 	return res, nil
 }
 
-// chunkRows is the size of the chunks a batch is published in: a quarter of
-// the batch, at least 100 rows (smaller batches go in one piece).
-func (w *worker) chunkRows() int { return max(100, w.r.cfg.BatchSize/4) }
+// chunkRows is the size of the chunks a batch of a claim of limit rows is
+// published in: a quarter of limit, at least 100 rows (smaller batches go in
+// one piece).
+func chunkRows(limit int) int { return max(100, limit/4) }
 
 // publishWhileMarking publishes msgs and, at the same time, sends the UPDATE
 // of the rows in toMark (already confirmed) on the worker's session.
@@ -147,15 +155,15 @@ func (w *worker) exec(ctx context.Context, sql string) error {
 	return err
 }
 
-// claim begins the transaction and claims up to BatchSize rows of the owned
+// claim begins the transaction and claims up to limit rows of the owned
 // shards, in creat_en order, in one round trip.
-func (w *worker) claim(ctx context.Context) ([]outbox.Row, []pgtype.TID, error) {
+func (w *worker) claim(ctx context.Context, limit int) ([]outbox.Row, []pgtype.TID, error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	if len(w.owned) == ShardCount {
-		b.Queue(w.r.q.claimAll, w.r.cfg.BatchSize)
+		b.Queue(w.r.q.claimAll, limit)
 	} else {
-		b.Queue(w.r.q.claim, w.owned, w.r.cfg.BatchSize)
+		b.Queue(w.r.q.claim, w.owned, limit)
 	}
 	br := w.conn.SendBatch(ctx, b)
 	defer br.Close()
@@ -166,8 +174,8 @@ func (w *worker) claim(ctx context.Context) ([]outbox.Row, []pgtype.TID, error) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("relay: claim: %w", err)
 	}
-	out := make([]outbox.Row, 0, w.r.cfg.BatchSize)
-	tids := make([]pgtype.TID, 0, w.r.cfg.BatchSize)
+	out := make([]outbox.Row, 0, min(limit, 256))
+	tids := make([]pgtype.TID, 0, min(limit, 256))
 	for q.Next() {
 		var r outbox.Row
 		var id pgtype.UUID // pgx's binary fast path (uuid.UUID goes through text)

@@ -40,16 +40,17 @@ var ErrRunning = errors.New("relay: already running")
 
 // Relay moves outbox rows to the broker. Create it with New.
 type Relay struct {
-	cfg     Config
-	connCfg *pgx.ConnConfig
-	stats   *pgxpool.Pool
-	ownPool bool
-	q       queries
-	space   uint32
-	m       *metrics
-	workers []*worker
-	running atomic.Bool // set while Run or RunOnce runs
-	mu      sync.Mutex  // serialises RunOnce and Close
+	cfg      Config
+	connCfg  *pgx.ConnConfig
+	stats    *pgxpool.Pool
+	ownPool  bool
+	q        queries
+	space    uint32
+	m        *metrics
+	workers  []*worker
+	adaptive bool        // Workers 0: workers after the first join under a backlog
+	running  atomic.Bool // set while Run or RunOnce runs
+	mu       sync.Mutex  // serialises RunOnce and Close
 }
 
 // New checks cfg and returns a Relay. It opens no connection yet. The error
@@ -79,13 +80,24 @@ func New(cfg Config) (*Relay, error) {
 	// A lost mark only republishes rows with the same ids (at-least-once), so
 	// the relay's own commits need not wait for the WAL flush.
 	r.connCfg.RuntimeParams["synchronous_commit"] = "off"
+	// A worker owning some of the shards filters the claim's index scan by
+	// shard, so the planner, which cannot tell that the LIMIT is reached
+	// early, costs the claim as a scan of every pending row: past
+	// jit_above_cost, and then each claim spent ~100 ms compiling for a scan
+	// of 2 ms. The relay's statements are small and run for ever: no JIT.
+	r.connCfg.RuntimeParams["jit"] = "off"
 	var err error
 	if r.m, err = newMetrics(r); err != nil {
 		r.closePool()
 		return nil, fmt.Errorf("relay: metrics: %w", err)
 	}
-	for i := range cfg.Workers {
-		r.workers = append(r.workers, &worker{r: r, idx: i, wake: make(chan struct{}, 1)})
+	n := cfg.Workers
+	if n == 0 {
+		n, r.adaptive = WorkersDefault, true
+	}
+	for i := range n {
+		r.workers = append(r.workers, &worker{r: r, idx: i, wake: make(chan struct{}, 1), activate: make(chan struct{}, 1),
+			dormant: r.adaptive && i > 0})
 	}
 	return r, nil
 }
@@ -103,6 +115,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancel(nil)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.listen(ctx) })
+	r.join(ctx)
 	for _, w := range r.workers {
 		wg.Go(func() {
 			if err := w.run(ctx); err != nil {
@@ -116,6 +129,60 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// join connects the workers that run from the start (all of them, or only
+// the first when adaptive) and then rebalances them one after the other, so
+// that from the start each counts all of this instance's workers and they
+// split the free shards among them instead of racing for the same ones (a
+// shard lost in such a race waits for the next rebalance). An extra worker
+// left connected by RunOnce leaves first. A failure is left to the worker's
+// loop, which retries.
+func (r *Relay) join(ctx context.Context) {
+	var starting []*worker
+	for _, w := range r.workers {
+		if w.extra() {
+			w.retire(ctx)
+			continue
+		}
+		starting = append(starting, w)
+	}
+	for _, w := range starting {
+		if w.connect(ctx) != nil {
+			return
+		}
+	}
+	for _, w := range starting {
+		if w.rebalance(ctx) != nil {
+			w.drop()
+			return
+		}
+	}
+}
+
+// activateExtra starts the first dormant extra worker, if any: it connects,
+// joins the members, and takes its share of the shards from the others. Its
+// first claim is of size batch, the activating worker's (the backlog is
+// there already).
+func (r *Relay) activateExtra(batch int) {
+	for _, w := range r.workers {
+		if w.extra() && w.active.CompareAndSwap(false, true) {
+			w.batch = batch // read by w's goroutine after it receives the signal
+			w.activate <- struct{}{}
+			return
+		}
+	}
+}
+
+// rebalanceOthers makes this instance's other workers rebalance at their next
+// step: w released shards, or left.
+func (r *Relay) rebalanceOthers(w *worker) {
+	for _, o := range r.workers {
+		if o != w {
+			o.rebalanceNow.Store(true)
+			o.poke()
+		}
+	}
 }
 
 // RunOnce connects the workers if needed, rebalances shards and runs one

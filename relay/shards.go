@@ -17,11 +17,18 @@ import (
 // open claim together, so no other worker can take a shard while a claimed,
 // unmarked batch of it is alive (DESIGN.md, relay R2).
 type worker struct {
-	r    *Relay
-	idx  int
-	wake chan struct{}
+	r        *Relay
+	idx      int
+	wake     chan struct{}
+	activate chan struct{} // an extra worker's start signal (adaptive Workers)
+
+	active       atomic.Bool // an extra worker is running (set by activateExtra)
+	rebalanceNow atomic.Bool // rebalance at the next step (another worker left or released shards)
+	dormant      bool        // an extra worker waits for activate (its own goroutine's state)
+	lastBusy     time.Time   // an extra worker's last claim at least a quarter full
 
 	conn          *pgx.Conn
+	batch         int     // size of the next claim
 	owned         []int32 // sorted shard numbers whose locks conn holds
 	ownedCount    atomic.Int32
 	lastRebalance time.Time
@@ -50,7 +57,35 @@ func (w *worker) connect(ctx context.Context) error {
 	}
 	w.conn = conn
 	w.lastRebalance = time.Time{}
+	// One more member: the others' fair share shrinks, so they release
+	// shards for this one now rather than at their next periodic rebalance.
+	w.r.rebalanceOthers(w)
 	return nil
+}
+
+// extra reports whether w is an extra worker of an adaptive instance: it
+// runs only while the backlog needs it.
+func (w *worker) extra() bool { return w.r.adaptive && w.idx > 0 }
+
+// retire makes an extra worker leave between transactions: it releases its
+// shards and its membership at once (not when the server gets round to
+// ending the closed session), closes its session, and has the others take
+// the shards back.
+func (w *worker) retire(ctx context.Context) {
+	if w.conn != nil {
+		if _, err := w.conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+			w.r.cfg.Logger.Debug("relay: unlocking before leaving", "relay", w.r.q.payload, "worker", w.idx, "err", err)
+		}
+		w.drop()
+		w.r.rebalanceOthers(w)
+		w.r.cfg.Logger.Debug("relay: extra worker left", "relay", w.r.q.payload, "worker", w.idx)
+	}
+	w.dormant = true
+	select { // a start signal left over from an earlier Run
+	case <-w.activate:
+	default:
+	}
+	w.active.Store(false)
 }
 
 // drop closes the session. PostgreSQL releases its locks and rolls back its
@@ -93,6 +128,7 @@ func (w *worker) rebalance(ctx context.Context) error {
 			return fmt.Errorf("relay: release shards: %w", err)
 		}
 		owned = owned[:target]
+		defer w.r.rebalanceOthers(w) // a worker of this instance may be waiting for them
 	case len(owned) < target:
 		busy := make([]bool, ShardCount)
 		for _, s := range taken {
@@ -139,6 +175,15 @@ func (w *worker) run(ctx context.Context) error {
 	log := w.r.cfg.Logger.With("relay", w.r.q.payload, "worker", w.idx)
 	failures := 0
 	for ctx.Err() == nil {
+		if w.dormant {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-w.activate:
+			}
+			w.dormant, w.lastBusy = false, time.Now()
+			log.Debug("relay: extra worker joins for the backlog")
+		}
 		res, err := w.step(ctx)
 		if err != nil {
 			if ce := (*crashError)(nil); asCrash(err, &ce) {
@@ -158,7 +203,23 @@ func (w *worker) run(ctx context.Context) error {
 			log.Info("relay: recovered", "after_failures", failures)
 			failures = 0
 		}
-		if res.claimed >= w.r.cfg.BatchSize {
+		full := res.claimed > 0 && res.claimed >= res.limit
+		if w.r.adaptive && full && (res.limit >= 4*BatchSizeStart || w.r.cfg.BatchSize > 0) {
+			w.r.activateExtra(w.batch) // a backlog: overlap another worker
+		}
+		if w.extra() {
+			// Busy while its claims come back at least a quarter full: with
+			// the load shared, neither worker's claims need be full, and
+			// leaving then would only bring it back once the first worker
+			// falls behind again.
+			if res.claimed > 0 && res.claimed >= res.limit/4 {
+				w.lastBusy = time.Now()
+			} else if time.Since(w.lastBusy) >= ExtraWorkerIdle {
+				w.retire(ctx)
+				continue
+			}
+		}
+		if full {
 			continue // more is waiting: no pause after a full batch
 		}
 		w.wait(ctx)
@@ -172,13 +233,45 @@ func (w *worker) step(ctx context.Context) (cycleResult, error) {
 	if err := w.connect(ctx); err != nil {
 		return cycleResult{}, err
 	}
-	if time.Since(w.lastRebalance) >= w.r.cfg.RebalanceInterval {
+	if w.rebalanceNow.Swap(false) || time.Since(w.lastRebalance) >= w.r.cfg.RebalanceInterval {
 		if err := w.rebalance(ctx); err != nil {
 			w.drop()
 			return cycleResult{}, err
 		}
 	}
 	return w.cycle(ctx)
+}
+
+// claimSize is the LIMIT of the worker's next claim: BatchSize if set, else
+// the adaptive size.
+func (w *worker) claimSize() int {
+	if w.r.cfg.BatchSize > 0 {
+		return w.r.cfg.BatchSize
+	}
+	if w.batch == 0 {
+		w.batch = BatchSizeStart
+	}
+	return w.batch
+}
+
+// adapt sets the adaptive size after a claim of limit rows returned got.
+func (w *worker) adapt(limit, got int) {
+	if w.r.cfg.BatchSize == 0 {
+		w.batch = nextBatch(limit, got)
+	}
+}
+
+// nextBatch is the adaptive claim size after a claim of limit rows returned
+// got: double after a full claim (there is more waiting), half after one
+// under a quarter full, between BatchSizeStart and BatchSizeAdaptiveMax.
+func nextBatch(limit, got int) int {
+	switch {
+	case got >= limit:
+		limit *= 2
+	case got < limit/4:
+		limit /= 2
+	}
+	return min(max(limit, BatchSizeStart), BatchSizeAdaptiveMax)
 }
 
 // wait blocks until a notification, the poll interval or the next rebalance.

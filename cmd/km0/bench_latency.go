@@ -22,9 +22,10 @@ import (
 func benchLatency(ctx context.Context, args []string) error {
 	fs := newFlags("bench latency", "commit → consumer commit latency at a fixed rate, each event in its own transaction")
 	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
+	brokers := benchBrokersFlag(fs)
 	rate := fs.Int("rate", 1000, "events per second")
 	seconds := fs.Float64("seconds", 5, "how long to write")
-	workers := fs.Int("workers", relay.WorkersDefault, "km0 relay: claim workers")
+	workers := fs.Int("workers", 0, "km0 relay: claim workers; 0 (the relay's default) adapts to the backlog")
 	baseline := fs.Bool("baseline", false, "also measure the straight Go port of the seed's relay loop")
 	profile := cpuProfileFlag(fs)
 	if err := parse(fs, args); err != nil {
@@ -38,10 +39,10 @@ func benchLatency(ctx context.Context, args []string) error {
 	if *rate <= 0 || *seconds <= 0 {
 		return errors.New("--rate and --seconds must be positive")
 	}
-	if err := checkRelayNumbers(relay.BatchSizeDefault, *workers); err != nil {
+	if err := checkRelayNumbers(0, *workers); err != nil {
 		return err
 	}
-	env, err := newBenchEnv(ctx, *dbURL, 16)
+	env, err := newBenchEnv(ctx, *dbURL, *brokers, 16)
 	if err != nil {
 		return err
 	}
@@ -115,7 +116,7 @@ func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	wg.Go(func() { relayErr <- runRelay(ctx, s.Names, topic, picked) })
 
 	progress := make(chan struct{}, 1)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.broker.Addrs()...), kgo.ConsumerGroup(s.Names.Schema),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...), kgo.ConsumerGroup(s.Names.Schema),
 		kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return nil, err

@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -37,37 +39,50 @@ func benchPayload(i int) json.RawMessage {
 		`{"producte":"tomaquet-rosa","quantitat":1,"preu_centims":320}]}`, i))
 }
 
-// benchEnv is what a benchmark needs: a pool, an in-process broker and a
-// client for it.
+// benchEnv is what a benchmark needs: a pool, a broker (in-process unless
+// external brokers were given) and a client for it.
 type benchEnv struct {
 	pool   *pgxpool.Pool
-	broker *kafka.Embedded
+	broker *kafka.Embedded // nil with external brokers
+	addrs  []string        // the brokers' addresses
 	cl     *kgo.Client
 	log    *slog.Logger
 }
 
-func newBenchEnv(ctx context.Context, dbURL string, conns int32) (*benchEnv, error) {
+// benchBrokersFlag is --brokers of the benchmarks: empty runs kfake in the
+// benchmark's own process.
+func benchBrokersFlag(fs *flag.FlagSet) *string {
+	return fs.String("brokers", "", "Kafka brokers to publish to, comma separated, e.g. a `km0 kafka --addr 127.0.0.1:9092` "+
+		"in another process (default: kfake in this process); throwaway topics are created and deleted")
+}
+
+func newBenchEnv(ctx context.Context, dbURL, brokers string, conns int32) (*benchEnv, error) {
 	pool, err := openPool(ctx, dbURL, conns)
 	if err != nil {
 		return nil, err
 	}
-	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{})
-	if err != nil {
-		pool.Close()
+	e := &benchEnv{pool: pool, addrs: kafka.SplitBrokers(brokers), log: logger()}
+	if len(e.addrs) == 0 {
+		if e.broker, err = kafka.StartEmbedded(kafka.EmbeddedConfig{}); err != nil {
+			pool.Close()
+			return nil, err
+		}
+		e.addrs = e.broker.Addrs()
+	}
+	if e.cl, err = kafka.NewClient(e.addrs); err != nil {
+		e.close()
 		return nil, err
 	}
-	cl, err := kafka.NewClient(b.Addrs())
-	if err != nil {
-		b.Close()
-		pool.Close()
-		return nil, err
-	}
-	return &benchEnv{pool: pool, broker: b, cl: cl, log: logger()}, nil
+	return e, nil
 }
 
 func (e *benchEnv) close() {
-	e.cl.Close()
-	e.broker.Close()
+	if e.cl != nil {
+		e.cl.Close()
+	}
+	if e.broker != nil {
+		e.broker.Close()
+	}
 	e.pool.Close()
 }
 
@@ -116,12 +131,13 @@ func fill(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, n, aggs 
 }
 
 func benchRelay(ctx context.Context, args []string) error {
-	fs := newFlags("bench relay", "move N pre-inserted outbox rows to an in-process Kafka (kfake); one JSON line per result")
+	fs := newFlags("bench relay", "move N pre-inserted outbox rows to Kafka (kfake in this process, or --brokers) with km0 relay's defaults; one JSON line per result")
 	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
+	brokers := benchBrokersFlag(fs)
 	n := fs.Int("n", 50_000, "rows to move")
 	aggs := fs.Int("aggregates", 10_000, "distinct agregat_id values")
-	batch := fs.Int("batch", 1000, "km0 relay: rows per claim")
-	workers := fs.Int("workers", relay.WorkersDefault, "km0 relay: claim workers")
+	batch := fs.Int("batch", 0, "km0 relay: rows per claim; 0 (the relay's default) adapts to the backlog")
+	workers := fs.Int("workers", 0, "km0 relay: claim workers; 0 (the relay's default) adapts to the backlog")
 	baseline := fs.Bool("baseline", false, "also run a straight Go port of the seed's relay loop (LOT 100) and print the ratio")
 	rounds := fs.Int("rounds", 1, "repeat (alternating with the baseline) and report the best round, with the median")
 	validate := fs.Bool("validate", false, "also measure the write side (outbox.EnqueueBatch, 100 events a transaction) with and without JSON Schema validation, and print the ratio")
@@ -140,7 +156,7 @@ func benchRelay(ctx context.Context, args []string) error {
 	if err := checkRelayNumbers(*batch, *workers); err != nil {
 		return err
 	}
-	env, err := newBenchEnv(ctx, *dbURL, 4)
+	env, err := newBenchEnv(ctx, *dbURL, *brokers, 4)
 	if err != nil {
 		return err
 	}
@@ -152,10 +168,10 @@ func benchRelay(ctx context.Context, args []string) error {
 	}{
 		{"relay", func(ctx context.Context, names migrate.Names, topic string, n int) error {
 			return runKm0Until(ctx, env, names, topic, n, *batch, *workers)
-		}, map[string]any{"batch": *batch, "workers": *workers}},
+		}, map[string]any{"batch": adaptiveOr(*batch), "workers": adaptiveOr(*workers), "broker": brokerKind(env)}},
 		{"relay_baseline", func(ctx context.Context, names migrate.Names, topic string, _ int) error {
 			return runPort(ctx, env, names, topic, true)
-		}, map[string]any{"batch": portBatch}},
+		}, map[string]any{"batch": portBatch, "broker": brokerKind(env)}},
 	}
 	if !*baseline {
 		contenders = contenders[:1]
@@ -188,9 +204,18 @@ func benchRelay(ctx context.Context, args []string) error {
 		emit(map[string]any{"bench": "relay_vs_baseline", "events_per_s": best[0]["events_per_s"],
 			"baseline_events_per_s": best[1]["events_per_s"],
 			"ratio":                 round2(best[0]["events_per_s"].(float64) / best[1]["events_per_s"].(float64)),
-			"median_ratio":          round2(best[0]["median_events_per_s"].(float64) / best[1]["median_events_per_s"].(float64))})
+			"median_ratio":          round2(best[0]["median_events_per_s"].(float64) / best[1]["median_events_per_s"].(float64)),
+			"batch":                 best[0]["batch"], "workers": best[0]["workers"], "broker": best[0]["broker"], "rounds": *rounds})
 	}
 	return nil
+}
+
+// brokerKind says where the benchmark's broker runs.
+func brokerKind(e *benchEnv) string {
+	if e.broker != nil {
+		return "kfake in this process"
+	}
+	return "external: " + strings.Join(e.addrs, ",")
 }
 
 // summarize returns the round with the most events/s, with the median of all

@@ -113,15 +113,15 @@ func TestUpRefusesMalformedHTTPAddrs(t *testing.T) {
 }
 
 // `km0 bench relay|latency` refuse a --batch or --workers the relay would not
-// use as given (0 became the default while the JSON line reported 0).
+// use as given (0 is the relay's adaptive default, reported as "adaptive").
 func TestBenchRefusesBatchAndWorkersOutOfRange(t *testing.T) {
 	for _, c := range []struct {
 		fn   func(context.Context, []string) error
 		args []string
 	}{
-		{benchRelay, []string{"--n", "10", "--aggregates", "2", "--batch", "0"}},
-		{benchRelay, []string{"--n", "10", "--aggregates", "2", "--workers", "0"}},
-		{benchLatency, []string{"--rate", "10", "--seconds", "0.2", "--workers", "0"}},
+		{benchRelay, []string{"--n", "10", "--aggregates", "2", "--batch", "-1"}},
+		{benchRelay, []string{"--n", "10", "--aggregates", "2", "--workers", "-1"}},
+		{benchLatency, []string{"--rate", "10", "--seconds", "0.2", "--workers", "65"}},
 	} {
 		var err error
 		captureStderr(t, func() { err = c.fn(context.Background(), c.args) })

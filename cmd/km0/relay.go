@@ -35,8 +35,10 @@ func runRelay(ctx context.Context, args []string) error {
 	origin := fs.String("origin", "", "the envelope's origen (required), e.g. comandes")
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
 	table := fs.String("outbox-table", migrate.OutboxDefault, "outbox table name")
-	batch := fs.Int("batch", relay.BatchSizeDefault, "rows per claim")
-	workers := fs.Int("workers", relay.WorkersDefault, "claim workers (each one session and its own shards)")
+	batch := fs.Int("batch", 0, fmt.Sprintf("rows per claim, fixed; 0 (the default) adapts each claim to the backlog, %d..%d",
+		relay.BatchSizeStart, relay.BatchSizeAdaptiveMax))
+	workers := fs.Int("workers", 0, fmt.Sprintf("claim workers, fixed (each one session and its own shards); 0 (the default) runs one, and up to %d under a backlog",
+		relay.WorkersDefault))
 	poll := fs.Duration("poll", relay.PollIntervalDefault, "fallback poll interval when no NOTIFY arrives")
 	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of the topic if it has to be created")
 	exchange := fs.String("exchange", "", "publish to this RabbitMQ exchange (routing key = --topic) instead of Kafka")
@@ -141,20 +143,20 @@ func runRelay(ctx context.Context, args []string) error {
 		log.Info("km0 relay: metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
 	log.Info("km0 relay: running", "outbox", names.Schema+"."+names.Outbox, "topic", *topic, "origin", *origin,
-		"batch", *batch, "workers", *workers)
+		"batch", adaptiveOr(*batch), "workers", adaptiveOr(*workers))
 	err = r.Run(ctx)
 	log.Info("km0 relay: stopped")
 	return err
 }
 
-// checkRelayNumbers refuses a --batch or --workers relay.New would refuse or
-// replace by its default (0).
+// checkRelayNumbers refuses a --batch or --workers relay.New would refuse.
+// 0 is the adaptive default of both.
 func checkRelayNumbers(batch, workers int) error {
 	switch {
-	case batch < 1 || batch > relay.BatchSizeMax:
-		return fmt.Errorf("--batch %d is outside 1..%d", batch, relay.BatchSizeMax)
-	case workers < 1 || workers > relay.ShardCount:
-		return fmt.Errorf("--workers %d is outside 1..%d", workers, relay.ShardCount)
+	case batch < 0 || batch > relay.BatchSizeMax:
+		return fmt.Errorf("--batch %d is outside 0 (adaptive)..%d", batch, relay.BatchSizeMax)
+	case workers < 0 || workers > relay.ShardCount:
+		return fmt.Errorf("--workers %d is outside 0 (adaptive)..%d", workers, relay.ShardCount)
 	}
 	return nil
 }
@@ -184,4 +186,12 @@ func waitForTopic(ctx context.Context, log *slog.Logger, cl *kgo.Client, partiti
 		case <-time.After(wait):
 		}
 	}
+}
+
+// adaptiveOr is n, or "adaptive" for 0 (the relay's adaptive default).
+func adaptiveOr(n int) any {
+	if n == 0 {
+		return "adaptive"
+	}
+	return n
 }

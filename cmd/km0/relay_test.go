@@ -182,11 +182,12 @@ func TestRelayCommandKeepsBatchesWithinTheTopicsLimit(t *testing.T) {
 
 // Bad numbers given to `km0 relay` are refused at once with an error naming
 // the flag, even while Kafka is down (before, a negative --batch was reported
-// only once the broker answered, and 0 or a negative --partitions, --workers
-// or --batch silently became the default). The context only bounds a hang.
+// only once the broker answered, and 0 or a negative --partitions silently
+// became the default). --batch 0 and --workers 0 are the adaptive defaults,
+// not errors. The context only bounds a hang.
 func TestRelayCommandRefusesBadNumbersAtOnce(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
-	for _, bad := range [][]string{{"--batch", "-5"}, {"--batch", "0"}, {"--batch", "10001"}, {"--workers", "0"},
+	for _, bad := range [][]string{{"--batch", "-5"}, {"--batch", "10001"}, {"--workers", "-1"},
 		{"--workers", "65"}, {"--partitions", "-2"}, {"--poll", "-1s"}, {"--poll", "0s"},
 		{"--topic", "bad topic!"}, {"--topic", strings.Repeat("t", 250)}} { // a broker refuses these for good
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
