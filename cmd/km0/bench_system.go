@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -201,6 +202,7 @@ type proc struct {
 	err   error // of Wait, once done is closed
 
 	stopOnce sync.Once
+	hwm      int64 // peak RSS in bytes (VmHWM), read just before stop signals
 }
 
 // spawn starts the km0 binary with args (and env added to this process's
@@ -244,6 +246,7 @@ func (p *proc) stop() *os.ProcessState {
 			return
 		default:
 		}
+		p.hwm = procHWM(p.cmd.Process.Pid)
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.done:
@@ -257,16 +260,31 @@ func (p *proc) stop() *os.ProcessState {
 	return p.cmd.ProcessState
 }
 
-// procUsage returns the CPU time and peak RSS (MB) of a process that has exited.
-func procUsage(st *os.ProcessState) (cpu time.Duration, rssMB float64) {
-	if st == nil {
-		return 0, 0
+// procUsage stops p and returns its CPU time (rusage) and peak RSS in MB.
+// The peak is VmHWM of /proc/<pid>/status read before the stop: rusage's
+// ru_maxrss of a child counts the memory of the process it was forked
+// from (this one), whatever the child used after exec.
+func procUsage(p *proc) (cpu time.Duration, rssMB float64) {
+	st := p.stop()
+	if st != nil {
+		cpu = st.UserTime() + st.SystemTime()
 	}
-	cpu = st.UserTime() + st.SystemTime()
-	if ru, ok := st.SysUsage().(*syscall.Rusage); ok {
-		rssMB = float64(ru.Maxrss) / 1024 // kB on Linux
+	return cpu, float64(p.hwm) / (1 << 20)
+}
+
+// procHWM reads VmHWM (peak resident memory) of process pid; 0 if unknown.
+func procHWM(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
 	}
-	return cpu, rssMB
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // tailBuffer keeps the last max bytes written to it.

@@ -161,7 +161,7 @@ func (b *sysBench) inventari(ctx context.Context, n, rounds int, cheeseRunsOut, 
 	}
 	emit(map[string]any{"bench": "system_inventari", "what": "km0 serve inventari (defaults) vs a Go port of the seed's idempotent consumer; five hot products",
 		"events": n, "rounds": rounds, "events_per_s": med2(rates[sideKm0]), "seed_port_events_per_s": med2(rates[sidePort]),
-		"ratios": ratios, "median_ratio": med2(ratios), "rss_mb": slices.Max(rss), "deadlocks": deadlocks,
+		"ratios": ratios, "median_ratio": med2(ratios), "rss_mb": round2(slices.Max(rss)), "deadlocks": deadlocks,
 		"stock_exact": exact, "duplicates": dups, "port_outbox": portOutbox, "cheese_runs_out": cheeseRunsOut})
 	return nil
 }
@@ -257,7 +257,7 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 		return nil, err
 	}
 	elapsed := time.Since(p.start)
-	_, rss := procUsage(p.stop())
+	cpu, rss := procUsage(p)
 	check, err := checkStock(ctx, pool, orders, start, side == sideKm0 || portOutbox)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", pname, err)
@@ -273,6 +273,7 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 	}
 	res := map[string]any{"bench": "system_inventari", "side": side, "round": r, "events": n, "applied": applied, "refused": refused,
 		"seconds": round2(elapsed.Seconds()), "events_per_s": round2(float64(n) / elapsed.Seconds()), "rss_mb": round2(rss),
+		"cpu_s": round2(cpu.Seconds()), "cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n)),
 		"deadlocks": deadlocks1 - deadlocks0, "stock_exact": check.exact, "duplicates": check.duplicates}
 	if !check.exact {
 		res["stock"], res["expected_stock"] = check.stock, check.expected

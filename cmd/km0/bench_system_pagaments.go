@@ -122,7 +122,7 @@ func (b *sysBench) pagaments(ctx context.Context, rounds int, cfg rrConfig) erro
 		"p99_ms_1_caller":      med(sideKm0, func(x sideResult) float64 { return x.one.p99 }),
 		"peer_p50_ms_1_caller": med(sidePort, func(x sideResult) float64 { return x.one.p50 }),
 		"peer_p99_ms_1_caller": med(sidePort, func(x sideResult) float64 { return x.one.p99 }),
-		"rss_mb":               slices.Max(rss),
+		"rss_mb":               round2(slices.Max(rss)),
 		"peer_workers":         cfg.peerWorkers,
 		"requests_1_caller":    cfg.serial,
 	})
@@ -240,7 +240,7 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 		return one, many, 0, err
 	}
 	many.requests = cfg.requests
-	_, rssMB = procUsage(p.stop())
+	_, rssMB = procUsage(p)
 	pool, err := openPool(ctx, dbURL, 1)
 	if err != nil {
 		return one, many, 0, err

@@ -111,7 +111,7 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 		return nil, err
 	}
 	elapsed := time.Since(p.start)
-	cpu, rss := procUsage(p.stop())
+	cpu, rss := procUsage(p)
 	var published, pending int64
 	if err := pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE publicat_en IS NOT NULL), count(*) FILTER (WHERE publicat_en IS NULL) FROM outbox").
 		Scan(&published, &pending); err != nil {
