@@ -119,6 +119,9 @@ type sysBench struct {
 	mu    sync.Mutex
 	procs []*proc
 	dbs   []string
+
+	flagOnce    sync.Once
+	serviceFlag bool // km0 serve takes --service-database-url
 }
 
 func newSysBench(ctx context.Context, admin, amqpURL string, timeout time.Duration) (*sysBench, error) {

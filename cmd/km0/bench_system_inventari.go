@@ -81,8 +81,11 @@ func benchOrders(n int, seed uint64, reg *schema.Registry) (map[string]benchOrde
 // service's own database URL (--service-database-url); without it, the
 // service uses km0_<service> on the server of --database-url.
 func (b *sysBench) serviceDatabaseFlag() bool {
-	out, _ := exec.Command(b.exe, "serve", "inventari", "--help").CombinedOutput()
-	return strings.Contains(string(out), "service-database-url")
+	b.flagOnce.Do(func() {
+		out, _ := exec.Command(b.exe, "serve", "inventari", "--help").CombinedOutput()
+		b.serviceFlag = strings.Contains(string(out), "service-database-url")
+	})
+	return b.serviceFlag
 }
 
 // serviceDB creates the fresh database km0's service will use and returns
@@ -240,7 +243,15 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 	}
 	defer p.stop()
 	var applied, refused int64
+	var first time.Time // when a key was first seen committed
 	err = b.waitUntil(ctx, pname+" to consume every order", p, 20*time.Millisecond, func(ctx context.Context) (bool, error) {
+		if first.IsZero() {
+			var some bool
+			if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM missatges_processats)").Scan(&some); err != nil || !some {
+				return false, err
+			}
+			first = time.Now()
+		}
 		lag, err := k.lag(ctx, s.group, s.topics...)
 		if err != nil || lag > 0 {
 			return false, nil // the group may not exist yet
@@ -257,6 +268,7 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 		return nil, err
 	}
 	elapsed := time.Since(p.start)
+	steady := elapsed - first.Sub(p.start)
 	cpu, rss := procUsage(p)
 	check, err := checkStock(ctx, pool, orders, start, side == sideKm0 || portOutbox)
 	if err != nil {
@@ -273,6 +285,7 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 	}
 	res := map[string]any{"bench": "system_inventari", "side": side, "round": r, "events": n, "applied": applied, "refused": refused,
 		"seconds": round2(elapsed.Seconds()), "events_per_s": round2(float64(n) / elapsed.Seconds()), "rss_mb": round2(rss),
+		"startup_s": round2(first.Sub(p.start).Seconds()), "events_per_s_after_startup": round2(float64(n) / steady.Seconds()),
 		"cpu_s": round2(cpu.Seconds()), "cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n)),
 		"deadlocks": deadlocks1 - deadlocks0, "stock_exact": check.exact, "duplicates": check.duplicates}
 	if !check.exact {

@@ -83,13 +83,13 @@ func (b *sysBench) pagaments(ctx context.Context, rounds int, cfg rrConfig) erro
 	for r := 1; r <= rounds; r++ {
 		got := map[string]sideResult{}
 		for _, side := range sidesOf(r) {
-			one, many, mb, err := b.pagamentsRound(ctx, k, conn, side, r, cfg)
+			one, many, cpu, mb, err := b.pagamentsRound(ctx, k, conn, side, r, cfg)
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", r, side, err)
 			}
 			for _, ph := range []rrPhase{one, many} {
 				emit(map[string]any{"bench": "system_pagaments", "side": side, "round": r, "callers": ph.callers, "requests": ph.requests,
-					"seconds": round2(ph.seconds), "req_per_s": ph.rate(), "p50_ms": ph.p50, "p99_ms": ph.p99, "rss_mb": round2(mb)})
+					"seconds": round2(ph.seconds), "req_per_s": ph.rate(), "p50_ms": ph.p50, "p99_ms": ph.p99, "rss_mb": round2(mb), "server_cpu_s": round2(cpu.Seconds())})
 			}
 			got[side] = sideResult{one, many}
 			res[side] = append(res[side], got[side])
@@ -132,7 +132,7 @@ func (b *sysBench) pagaments(ctx context.Context, rounds int, cfg rrConfig) erro
 // pagamentsRound starts one side's server as a process on a fresh database,
 // waits until it answers, runs the two phases, and checks that every request
 // got its own approval and that the server stored one row per request.
-func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Conn, side string, r int, cfg rrConfig) (one, many rrPhase, rssMB float64, err error) {
+func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Conn, side string, r int, cfg rrConfig) (one, many rrPhase, cpu time.Duration, rssMB float64, err error) {
 	var (
 		name, dbURL, queue, count string
 		args                      []string
@@ -152,17 +152,17 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 			"--queue", queue, "--workers", strconv.Itoa(cfg.peerWorkers)}
 	}
 	if err != nil {
-		return one, many, 0, err
+		return one, many, 0, 0, err
 	}
 	defer b.dropDB(name)
 	p, err := b.spawn(pname, nil, args...)
 	if err != nil {
-		return one, many, 0, err
+		return one, many, 0, 0, err
 	}
 	defer p.stop()
 	cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn})
 	if err != nil {
-		return one, many, 0, err
+		return one, many, 0, 0, err
 	}
 	defer cl.Close()
 	ask := func(ctx context.Context, id string) error {
@@ -191,11 +191,11 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 		return err == nil, nil
 	})
 	if err != nil {
-		return one, many, 0, err
+		return one, many, 0, 0, err
 	}
 	for i := range 50 { // warm up both sides alike
 		if err := ask(ctx, fmt.Sprintf("W-%d-%d", warm, i)); err != nil {
-			return one, many, 0, fmt.Errorf("warm-up: %w", err)
+			return one, many, 0, 0, fmt.Errorf("warm-up: %w", err)
 		}
 	}
 	next := atomic.Int64{}
@@ -233,27 +233,27 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 		return rrPhase{callers: callers, requests: len(all), seconds: elapsed.Seconds(), p50: pctl(all, 50), p99: pctl(all, 99)}, nil
 	}
 	if one, err = run(1, cfg.serial); err != nil {
-		return one, many, 0, err
+		return one, many, 0, 0, err
 	}
 	next.Store(int64(cfg.serial))
 	if many, err = run(cfg.callers, cfg.serial+cfg.requests); err != nil {
-		return one, many, 0, err
+		return one, many, 0, 0, err
 	}
 	many.requests = cfg.requests
-	_, rssMB = procUsage(p)
+	cpu, rssMB = procUsage(p)
 	pool, err := openPool(ctx, dbURL, 1)
 	if err != nil {
-		return one, many, 0, err
+		return one, many, 0, 0, err
 	}
 	defer pool.Close()
 	var stored int
 	if err := pool.QueryRow(ctx, count).Scan(&stored); err != nil {
-		return one, many, 0, err
+		return one, many, 0, 0, err
 	}
 	if stored != cfg.serial+cfg.requests {
-		return one, many, 0, fmt.Errorf("%s stored %d responses for %d answered requests", pname, stored, cfg.serial+cfg.requests)
+		return one, many, 0, 0, fmt.Errorf("%s stored %d responses for %d answered requests", pname, stored, cfg.serial+cfg.requests)
 	}
-	return one, many, rssMB, nil
+	return one, many, cpu, rssMB, nil
 }
 
 func cmp0(a, b error) error {

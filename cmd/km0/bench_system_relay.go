@@ -102,7 +102,15 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 		return nil, err
 	}
 	defer p.stop()
+	var first time.Time // when a row was first seen marked
 	err = b.waitUntil(ctx, pname+" to drain the outbox", p, 5*time.Millisecond, func(ctx context.Context) (bool, error) {
+		if first.IsZero() {
+			var some bool
+			if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox WHERE publicat_en IS NOT NULL)").Scan(&some); err != nil || !some {
+				return false, err
+			}
+			first = time.Now()
+		}
 		var pending bool
 		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox WHERE publicat_en IS NULL)").Scan(&pending)
 		return err == nil && !pending, err
@@ -111,6 +119,7 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 		return nil, err
 	}
 	elapsed := time.Since(p.start)
+	steady := elapsed - first.Sub(p.start)
 	cpu, rss := procUsage(p)
 	var published, pending int64
 	if err := pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE publicat_en IS NOT NULL), count(*) FILTER (WHERE publicat_en IS NULL) FROM outbox").
@@ -126,6 +135,7 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 	}
 	return map[string]any{"bench": "system_relay", "side": side, "round": r, "events": n, "published": published, "records": recs,
 		"seconds": round2(elapsed.Seconds()), "events_per_s": round2(float64(n) / elapsed.Seconds()),
+		"startup_s": round2(first.Sub(p.start).Seconds()), "events_per_s_after_startup": round2(float64(n) / steady.Seconds()),
 		"rss_mb": round2(rss), "cpu_s": round2(cpu.Seconds()), "cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n))}, nil
 }
 
