@@ -450,3 +450,11 @@ func ratio(a, b float64) float64 {
 
 // med2 is the median, rounded for printing.
 func med2(xs []float64) float64 { return round2(median(xs)) }
+
+// perSecond is n per d, rounded; 0 when d is not positive.
+func perSecond(n int, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return round2(float64(n) / d.Seconds())
+}

@@ -247,10 +247,12 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 	err = b.waitUntil(ctx, pname+" to consume every order", p, 20*time.Millisecond, func(ctx context.Context) (bool, error) {
 		if first.IsZero() {
 			var some bool
-			if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM missatges_processats)").Scan(&some); err != nil || !some {
+			if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM missatges_processats)").Scan(&some); err != nil {
 				return false, err
 			}
-			first = time.Now()
+			if some {
+				first = time.Now()
+			}
 		}
 		lag, err := k.lag(ctx, s.group, s.topics...)
 		if err != nil || lag > 0 {
@@ -268,6 +270,9 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 		return nil, err
 	}
 	elapsed := time.Since(p.start)
+	if first.IsZero() { // every order was refused
+		first = time.Now()
+	}
 	steady := elapsed - first.Sub(p.start)
 	cpu, rss := procUsage(p)
 	check, err := checkStock(ctx, pool, orders, start, side == sideKm0 || portOutbox)
@@ -285,7 +290,7 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 	}
 	res := map[string]any{"bench": "system_inventari", "side": side, "round": r, "events": n, "applied": applied, "refused": refused,
 		"seconds": round2(elapsed.Seconds()), "events_per_s": round2(float64(n) / elapsed.Seconds()), "rss_mb": round2(rss),
-		"startup_s": round2(first.Sub(p.start).Seconds()), "events_per_s_after_startup": round2(float64(n) / steady.Seconds()),
+		"startup_s": round2(first.Sub(p.start).Seconds()), "events_per_s_after_startup": perSecond(n, steady),
 		"cpu_s": round2(cpu.Seconds()), "cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n)),
 		"deadlocks": deadlocks1 - deadlocks0, "stock_exact": check.exact, "duplicates": check.duplicates}
 	if !check.exact {

@@ -135,7 +135,7 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 	}
 	return map[string]any{"bench": "system_relay", "side": side, "round": r, "events": n, "published": published, "records": recs,
 		"seconds": round2(elapsed.Seconds()), "events_per_s": round2(float64(n) / elapsed.Seconds()),
-		"startup_s": round2(first.Sub(p.start).Seconds()), "events_per_s_after_startup": round2(float64(n) / steady.Seconds()),
+		"startup_s": round2(first.Sub(p.start).Seconds()), "events_per_s_after_startup": perSecond(n, steady),
 		"rss_mb": round2(rss), "cpu_s": round2(cpu.Seconds()), "cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n))}, nil
 }
 
