@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -53,7 +54,7 @@ func benchSystem(ctx context.Context, args []string) error {
 	}
 	fs := newFlags("bench system", "run the km0 binary's relay, inventari and pagaments as a user does, each beside a Go port of the seed's loop, and print the ratios; one JSON line per result")
 	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL admin URL (default $KM0_DATABASE_URL, else the local server); fresh databases km0_bench_* are created on its server and dropped")
-	amqpURL := secretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL for pagaments (default $KM0_AMQP_URL, else the local guest broker)")
+	amqpURL := secretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL for pagaments (default $KM0_AMQP_URL, else the local guest broker)")
 	only := fs.String("only", strings.Join(systemSections, ","), "comma-separated parts to run: relay, inventari, pagaments")
 	n := fs.Int("n", 50_000, "relay: outbox rows; inventari: comanda.creada events")
 	rounds := fs.Int("rounds", 3, "rounds; km0 and the port alternate which goes first")

@@ -88,6 +88,13 @@ func (b *sysBench) serviceDatabaseFlag() bool {
 	return b.serviceFlag
 }
 
+// serviceEnv is the environment of a `km0 serve` process: the admin URL in
+// KM0_DATABASE_URL (out of the process list), and no service database of
+// the caller's environment.
+func (b *sysBench) serviceEnv() []string {
+	return []string{"KM0_DATABASE_URL=" + b.admin, "KM0_INVENTARI_DATABASE_URL=", "KM0_PAGAMENTS_DATABASE_URL=", "KM0_AMQP_URL=" + b.amqpURL}
+}
+
 // serviceDB creates the fresh database km0's service will use and returns
 // its URL and the extra flags of `km0 serve` that point the service at it.
 // TODO(lead): once --service-database-url (KM0_<SERVICE>_DATABASE_URL) is in
@@ -229,15 +236,17 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 		return nil, err
 	}
 	var args []string
+	env := b.serviceEnv()
 	pname := "km0 serve inventari"
 	if side == sideKm0 {
-		args = append([]string{"serve", inventari.Name, "--database-url", b.admin, "--brokers", k.addr}, extra...)
+		args = append([]string{"serve", inventari.Name, "--brokers", k.addr}, extra...)
 	} else {
 		pname = "seed consumer port"
-		args = []string{"bench", "system", "_port-inventari", "--database-url", dbURL, "--brokers", k.addr,
+		env = []string{"KM0_DATABASE_URL=" + dbURL}
+		args = []string{"bench", "system", "_port-inventari", "--brokers", k.addr,
 			"--group", s.group, "--dlq-topic", s.dlq, "--outbox=" + strconv.FormatBool(portOutbox)}
 	}
-	p, err := b.spawn(pname, nil, args...)
+	p, err := b.spawn(pname, env, args...)
 	if err != nil {
 		return nil, err
 	}

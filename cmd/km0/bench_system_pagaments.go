@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -135,27 +136,29 @@ func (b *sysBench) pagaments(ctx context.Context, rounds int, cfg rrConfig) erro
 func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Conn, side string, r int, cfg rrConfig) (one, many rrPhase, cpu time.Duration, rssMB float64, err error) {
 	var (
 		name, dbURL, queue, count string
-		args                      []string
+		args, env                 []string
 	)
 	pname := "km0 serve pagaments"
 	if side == sideKm0 {
 		var extra []string
 		name, dbURL, extra, err = b.serviceDB(ctx, pagaments.Name, strconv.Itoa(r))
 		queue, count = pagaments.AuthQueue, "SELECT count(*) FROM autoritzacions WHERE comanda_id LIKE 'P-%'"
-		args = append([]string{"serve", pagaments.Name, "--database-url", b.admin, "--brokers", k.addr, "--amqp-url", b.amqpURL}, extra...)
+		env = b.serviceEnv() // with KM0_AMQP_URL: request/reply over RabbitMQ
+		args = append([]string{"serve", pagaments.Name, "--brokers", k.addr}, extra...)
 	} else {
 		pname = "plain amqp091-go server"
 		name = b.dbName(pagaments.Name, strconv.Itoa(r), sidePort)
 		dbURL, err = b.createDB(ctx, name)
 		queue, count = "km0_bench_"+b.tag+"_"+strconv.Itoa(r)+".autoritzacions", "SELECT count(*) FROM respostes WHERE id_peticio LIKE 'autoritzacio-P-%'"
-		args = []string{"bench", "system", "_port-pagaments", "--database-url", dbURL, "--amqp-url", b.amqpURL,
+		env = []string{"KM0_DATABASE_URL=" + dbURL, "KM0_AMQP_URL=" + b.amqpURL}
+		args = []string{"bench", "system", "_port-pagaments",
 			"--queue", queue, "--workers", strconv.Itoa(cfg.peerWorkers)}
 	}
 	if err != nil {
 		return one, many, 0, 0, err
 	}
 	defer b.dropDB(name)
-	p, err := b.spawn(pname, nil, args...)
+	p, err := b.spawn(pname, env, args...)
 	if err != nil {
 		return one, many, 0, 0, err
 	}
@@ -272,7 +275,7 @@ func cmp0(a, b error) error {
 func runPortPagamentsProcess(ctx context.Context, args []string) error {
 	fs := newFlags("bench system _port-pagaments", "a plain amqp091-go authorisation server (benchmark peer)")
 	dbURL := databaseURLFlag(fs)
-	amqpURL := fs.String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
+	amqpURL := secretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL (default $KM0_AMQP_URL, else the local guest broker)")
 	queue := fs.String("queue", pagaments.AuthQueue, "request queue (declared exclusive: it goes with this process)")
 	workers := fs.Int("workers", 16, "handler goroutines")
 	if err := parse(fs, args); err != nil {

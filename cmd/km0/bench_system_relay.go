@@ -91,13 +91,14 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 		return nil, err
 	}
 	defer func() { _, _ = k.admin.DeleteTopics(context.Background(), topic) }()
-	// Only the required flags: a user's first run.
-	flags := []string{"--database-url", dbURL, "--brokers", k.addr, "--topic", topic, "--origin", "comandes"}
+	// Only the required settings: a user's first run. The database URL goes
+	// in the environment (KM0_DATABASE_URL), out of the process list.
+	flags := []string{"--brokers", k.addr, "--topic", topic, "--origin", "comandes"}
 	args, pname := append([]string{"relay"}, flags...), "km0 relay"
 	if side == sidePort {
 		args, pname = append([]string{"bench", "system", "_port-relay"}, flags...), "seed relay port"
 	}
-	p, err := b.spawn(pname, nil, args...)
+	p, err := b.spawn(pname, []string{"KM0_DATABASE_URL=" + dbURL}, args...)
 	if err != nil {
 		return nil, err
 	}
