@@ -142,14 +142,14 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 	if side == sideKm0 {
 		var extra []string
 		name, dbURL, extra, err = b.serviceDB(ctx, pagaments.Name, strconv.Itoa(r))
-		queue, count = pagaments.AuthQueue, "SELECT count(*) FROM autoritzacions WHERE comanda_id LIKE 'P-%'"
+		queue, count = pagaments.AuthQueue, "SELECT count(*) FROM autoritzacions WHERE comanda_id LIKE $1"
 		env = b.serviceEnv() // with KM0_AMQP_URL: request/reply over RabbitMQ
 		args = append([]string{"serve", pagaments.Name, "--brokers", k.addr}, extra...)
 	} else {
 		pname = "plain amqp091-go server"
 		name = b.dbName(pagaments.Name, strconv.Itoa(r), sidePort)
 		dbURL, err = b.createDB(ctx, name)
-		queue, count = "km0_bench_"+b.tag+"_"+strconv.Itoa(r)+".autoritzacions", "SELECT count(*) FROM respostes WHERE id_peticio LIKE 'autoritzacio-P-%'"
+		queue, count = "km0_bench_"+b.tag+"_"+strconv.Itoa(r)+".autoritzacions", "SELECT count(*) FROM respostes WHERE id_peticio LIKE 'autoritzacio-' || $1"
 		env = []string{"KM0_DATABASE_URL=" + dbURL, "KM0_AMQP_URL=" + b.amqpURL}
 		args = []string{"bench", "system", "_port-pagaments",
 			"--queue", queue, "--workers", strconv.Itoa(cfg.peerWorkers)}
@@ -187,7 +187,7 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 	warm := 0
 	err = b.waitUntil(ctx, pname+" to answer", p, 50*time.Millisecond, func(ctx context.Context) (bool, error) {
 		warm++
-		err := ask(ctx, fmt.Sprintf("W-%d", warm))
+		err := ask(ctx, fmt.Sprintf("W-%s-%d", b.tag, warm))
 		if err != nil && !errors.Is(err, requestreply.ErrNoService) && !errors.Is(err, requestreply.ErrTimeout) {
 			return false, err
 		}
@@ -197,7 +197,7 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 		return one, many, 0, 0, err
 	}
 	for i := range 50 { // warm up both sides alike
-		if err := ask(ctx, fmt.Sprintf("W-%d-%d", warm, i)); err != nil {
+		if err := ask(ctx, fmt.Sprintf("W-%s-%d-%d", b.tag, warm, i)); err != nil {
 			return one, many, 0, 0, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -216,7 +216,7 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 						return
 					}
 					t0 := time.Now()
-					if err := ask(ctx, fmt.Sprintf("P-2026-%07d", i)); err != nil {
+					if err := ask(ctx, fmt.Sprintf("P-%s-%07d", b.tag, i)); err != nil {
 						mu.Lock()
 						firstErr = cmp0(firstErr, err)
 						mu.Unlock()
@@ -250,7 +250,7 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 	}
 	defer pool.Close()
 	var stored int
-	if err := pool.QueryRow(ctx, count).Scan(&stored); err != nil {
+	if err := pool.QueryRow(ctx, count, "P-"+b.tag+"-%").Scan(&stored); err != nil {
 		return one, many, 0, 0, err
 	}
 	if stored != cfg.serial+cfg.requests {
