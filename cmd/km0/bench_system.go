@@ -118,7 +118,7 @@ type sysBench struct {
 	exe     string
 
 	mu    sync.Mutex
-	procs []*proc
+	procs []*sysProc
 	dbs   []string
 
 	flagOnce    sync.Once
@@ -196,8 +196,8 @@ func (b *sysBench) dbName(parts ...string) string {
 	return "km0_bench_" + b.tag + "_" + strings.Join(parts, "_")
 }
 
-// proc is a process this run started: the km0 binary with some arguments.
-type proc struct {
+// sysProc is a process this run started: the km0 binary with some arguments.
+type sysProc struct {
 	name  string
 	cmd   *exec.Cmd
 	out   *tailBuffer
@@ -212,13 +212,13 @@ type proc struct {
 // spawn starts the km0 binary with args (and env added to this process's
 // environment). The process gets SIGKILL if this one dies, and its own
 // process group, so that a Ctrl-C reaches only the benchmark, which stops it.
-func (b *sysBench) spawn(name string, env []string, args ...string) (*proc, error) {
+func (b *sysBench) spawn(name string, env []string, args ...string) (*sysProc, error) {
 	cmd := exec.Command(b.exe, args...)
 	cmd.Env = append(os.Environ(), env...)
 	out := &tailBuffer{max: 64 << 10}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p := &proc{name: name, cmd: cmd, out: out, done: make(chan struct{})}
+	p := &sysProc{name: name, cmd: cmd, out: out, done: make(chan struct{})}
 	p.start = time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -232,7 +232,7 @@ func (b *sysBench) spawn(name string, env []string, args ...string) (*proc, erro
 
 // exited returns an error with the end of the process's output if it has
 // exited, else nil.
-func (p *proc) exited() error {
+func (p *sysProc) exited() error {
 	select {
 	case <-p.done:
 		return fmt.Errorf("%s exited (%v); its output ends:\n%s", p.name, p.err, p.out.String())
@@ -243,7 +243,7 @@ func (p *proc) exited() error {
 
 // stop sends SIGTERM, waits up to 20 s, then SIGKILL, and returns the
 // process's final state.
-func (p *proc) stop() *os.ProcessState {
+func (p *sysProc) stop() *os.ProcessState {
 	p.stopOnce.Do(func() {
 		select {
 		case <-p.done:
@@ -268,7 +268,7 @@ func (p *proc) stop() *os.ProcessState {
 // The peak is VmHWM of /proc/<pid>/status read before the stop: rusage's
 // ru_maxrss of a child counts the memory of the process it was forked
 // from (this one), whatever the child used after exec.
-func procUsage(p *proc) (cpu time.Duration, rssMB float64) {
+func procUsage(p *sysProc) (cpu time.Duration, rssMB float64) {
 	st := p.stop()
 	if st != nil {
 		cpu = st.UserTime() + st.SystemTime()
@@ -316,7 +316,7 @@ func (t *tailBuffer) String() string {
 
 // waitUntil polls cond every interval until it holds, p exits, ctx ends or
 // the run's timeout passes.
-func (b *sysBench) waitUntil(ctx context.Context, what string, p *proc, interval time.Duration, cond func(ctx context.Context) (bool, error)) error {
+func (b *sysBench) waitUntil(ctx context.Context, what string, p *sysProc, interval time.Duration, cond func(ctx context.Context) (bool, error)) error {
 	deadline := time.Now().Add(b.timeout)
 	for {
 		ok, err := cond(ctx)
@@ -349,7 +349,7 @@ func (b *sysBench) waitUntil(ctx context.Context, what string, p *proc, interval
 // broker is a `km0 kafka` process on a free port of 127.0.0.1, with a
 // client for the benchmark's own use (producing, reading offsets).
 type broker struct {
-	p     *proc
+	p     *sysProc
 	addr  string
 	cl    *kgo.Client
 	admin *kadm.Client

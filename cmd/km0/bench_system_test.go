@@ -18,15 +18,16 @@ import (
 
 // envRunMain makes the test binary run km0's main instead of the tests, so
 // that a test can start it as the km0 binary (os.Executable is the test
-// binary: `km0 bench system` starts its processes from it).
+// binary: `km0 bench system` starts its processes from it). An init, not a
+// TestMain, so that it composes with any TestMain of the package; it runs
+// after the inits of the non-test files, which register the commands.
 const envRunMain = "KM0_TEST_RUN_MAIN"
 
-func TestMain(m *testing.M) {
+func init() {
 	if os.Getenv(envRunMain) == "1" {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
 }
 
 // `km0 bench system` end to end with tiny numbers: every part runs its real
