@@ -218,7 +218,9 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 					t0 := time.Now()
 					if err := ask(ctx, fmt.Sprintf("P-%s-%07d", b.tag, i)); err != nil {
 						mu.Lock()
-						firstErr = cmp0(firstErr, err)
+						if firstErr == nil {
+							firstErr = err
+						}
 						mu.Unlock()
 						return
 					}
@@ -257,13 +259,6 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 		return one, many, 0, 0, fmt.Errorf("%s stored %d responses for %d answered requests", pname, stored, cfg.serial+cfg.requests)
 	}
 	return one, many, cpu, rssMB, nil
-}
-
-func cmp0(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // runPortPagamentsProcess is `km0 bench system _port-pagaments`: a plain
