@@ -52,7 +52,7 @@ type replier struct {
 // sentReply identifies one reply for done.
 type sentReply struct {
 	ID, ReplyTo, Corr string
-	IsError          bool
+	IsError           bool
 }
 
 type replyChan struct {
