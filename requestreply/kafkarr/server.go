@@ -237,8 +237,18 @@ func (s *Server) committer(ctx context.Context, kick <-chan struct{}) {
 		case <-ctx.Done():
 			return
 		}
+		// At most one commit per commitEvery: completions meanwhile go in
+		// the next one (a commit costs the broker more than a reply).
+		select {
+		case <-time.After(commitEvery):
+		case <-ctx.Done():
+			return
+		}
 	}
 }
+
+// commitEvery spaces the server's offset commits.
+const commitEvery = 50 * time.Millisecond
 
 func (s *Server) commit(ctx context.Context, offs map[string]map[int32]kgo.EpochOffset) {
 	if len(offs) == 0 {
