@@ -185,6 +185,9 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 		return
 	}
 	body, isErr := requestreply.Serve(ctx, log, s.cfg.Handler, req)
+	if isErr && ctx.Err() != nil {
+		return // cut short by the stop: unacked, redelivered to the next server
+	}
 	result := requestreply.ResultOK
 	if isErr {
 		result = requestreply.ResultError

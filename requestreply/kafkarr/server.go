@@ -166,10 +166,8 @@ func (s *Server) Run(ctx context.Context) error {
 			defer wg.Done()
 			for j := range work {
 				ran := ctx.Err() == nil && s.tr.begin(j.p)
-				if ran {
-					s.handle(ctx, j.r)
-				}
-				s.tr.finish(j.p, j.r.Offset, ran)
+				done := ran && s.handle(ctx, j.r)
+				s.tr.finish(j.p, j.r.Offset, ran, done)
 				<-slots
 				select {
 				case kick <- struct{}{}:
@@ -290,7 +288,10 @@ func (s *Server) count(res string, n *atomic.Int64) {
 	s.m.Count(res)
 }
 
-func (s *Server) handle(ctx context.Context, r *kgo.Record) {
+// handle answers r and reports whether it is finished: false when the
+// server stopped while the handler ran and it failed (then there is no reply
+// and the request is read again).
+func (s *Server) handle(ctx context.Context, r *kgo.Record) bool {
 	var corr, replyTo, id, deadline string
 	for _, h := range r.Headers {
 		switch h.Key {
@@ -308,22 +309,26 @@ func (s *Server) handle(ctx context.Context, r *kgo.Record) {
 	if corr == "" || replyTo == "" {
 		s.count(requestreply.ResUnanswerable, &s.unanswerable)
 		log.Error("kafkarr: request without correlacio or respondre_a skipped", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
-		return
+		return true
 	}
 	if !strings.HasPrefix(replyTo, s.cfg.ReplyTopicPrefix) || replyTo == s.cfg.Topic {
 		s.count(requestreply.ResUnanswerable, &s.unanswerable)
 		log.Error("kafkarr: request whose respondre_a is not a reply topic skipped", "respondre_a", replyTo,
 			"prefix", s.cfg.ReplyTopicPrefix, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
-		return
+		return true
 	}
 	req := &requestreply.Request{ID: cmp.Or(id, string(r.Key), corr), CorrelationID: corr, Body: r.Value}
 	if t, ok := requestreply.ParseDeadline(deadline); requestreply.Expired(t, ok, time.Now()) {
 		s.count(requestreply.ResExpired, &s.expired)
 		log.Debug("kafkarr: expired request dropped", "id_peticio", req.ID, "no_despres", deadline)
-		return
+		return true
 	}
 	body, isErr := requestreply.Serve(ctx, log, s.cfg.Handler, req)
+	if isErr && ctx.Err() != nil {
+		return false // cut short by the stop: the next server answers it
+	}
 	s.reply(req, replyTo, body, isErr, true)
+	return true
 }
 
 // reply hands the reply to the producer and returns at once; the promise
