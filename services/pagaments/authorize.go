@@ -177,6 +177,9 @@ func (b *authBatcher) store(batch []*authCall) {
 // has waited out any concurrent writer of the same order, and sees what it
 // committed.
 func (b *authBatcher) write(ctx context.Context, batch []*authCall) error {
+	if len(batch) == 1 {
+		return b.writeOne(ctx, batch[0])
+	}
 	ids := make([]string, 0, len(batch))
 	cents := make([]int64, 0, len(batch))
 	approved := make([]bool, 0, len(batch))
@@ -225,6 +228,33 @@ func (b *authBatcher) write(ctx context.Context, batch []*authCall) error {
 			return fmt.Errorf("pagaments: authorisation of %s not stored", c.req.OrderID)
 		}
 		c.stored = st
+	}
+	return nil
+}
+
+// writeOne is write for a lone call, in one statement: insert, or read back
+// the stored decision. When a concurrent writer of the same order committed
+// after the statement's snapshot, neither part sees a row: ask again (a new
+// statement, a new snapshot).
+func (b *authBatcher) writeOne(ctx context.Context, c *authCall) error {
+	var reason *string
+	if c.reason != "" {
+		reason = &c.reason
+	}
+	var err error
+	for range 3 {
+		err = b.pool.QueryRow(ctx, `WITH nova AS (
+				INSERT INTO autoritzacions (comanda_id, import_centims, aprovada, motiu) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (comanda_id) DO NOTHING RETURNING aprovada, motiu, import_centims)
+			SELECT aprovada, coalesce(motiu, ''), import_centims FROM nova
+			UNION ALL SELECT aprovada, coalesce(motiu, ''), import_centims FROM autoritzacions WHERE comanda_id = $1
+			LIMIT 1`, c.req.OrderID, c.req.TotalCents, c.approved, reason).Scan(&c.stored.approved, &c.stored.reason, &c.stored.cents)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pagaments: store authorisation: %w", err)
 	}
 	return nil
 }
