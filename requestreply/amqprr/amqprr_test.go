@@ -36,8 +36,14 @@ func start(t *testing.T, h requestreply.Handler) (*amqprr.Server, *amqprr.Client
 	return srv, cl, queue
 }
 
-// The proofs of rrtest over RabbitMQ.
+// The proofs of rrtest over RabbitMQ, with the client's exclusive reply
+// queue and with direct reply-to.
 func TestConformance(t *testing.T) {
+	t.Run("ExclusiveQueue", func(t *testing.T) { conformance(t, false) })
+	t.Run("DirectReplyTo", func(t *testing.T) { conformance(t, true) })
+}
+
+func conformance(t *testing.T, direct bool) {
 	rrtest.Run(t, func(t *testing.T, h requestreply.Handler) rrtest.Started {
 		conn := amqptest.Dial(t)
 		queue := amqptest.Name("t.rr")
@@ -53,7 +59,7 @@ func TestConformance(t *testing.T) {
 		}
 		stop := serve(h)
 		amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, amqp.DLQName(queue)} })
-		cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn})
+		cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn, DirectReplyTo: direct})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,7 +10,8 @@
 // confirmed, so the server learns when the client is gone (the reply is
 // returned) instead of losing it silently; and it can be inspected with
 // rabbitmqctl. Direct reply-to saves one queue per client and a declaration,
-// which is negligible for a long-lived client.
+// which is negligible for a long-lived client; ClientConfig.DirectReplyTo
+// selects it, and the Server answers both kinds of client.
 package amqprr
 
 import (
@@ -40,7 +41,13 @@ type ClientConfig struct {
 	// queue does not survive a broker restart either; the request queue is
 	// durable, so a server restart loses no request.
 	Persistent bool
-	Logger     *slog.Logger // default slog.Default()
+	// DirectReplyTo makes replies come through RabbitMQ's direct reply-to
+	// (reply_to amq.rabbitmq.reply-to) instead of an exclusive queue: no
+	// queue to declare, but a server cannot tell that this client is gone
+	// (see DirectReplyTo). Default false: the exclusive queue CONTRACT.md
+	// names.
+	DirectReplyTo bool
+	Logger        *slog.Logger // default slog.Default()
 }
 
 // Client is a requestreply.Requester over RabbitMQ. Many goroutines may call
@@ -122,6 +129,18 @@ func (c *Client) open(ctx context.Context) (*session, error) {
 		return nil, err
 	}
 	s := &session{ch: ch, pub: pub, calls: requestreply.NewCalls()}
+	if c.cfg.DirectReplyTo {
+		// RabbitMQ delivers direct replies to the channel that published
+		// the request, so this one consumes them.
+		s.replyTo = DirectReplyTo
+		if s.events.deliveries, err = pub.Consume(DirectReplyTo, "", true, false, false, false, nil); err != nil {
+			s.close()
+			return nil, fmt.Errorf("amqprr: consume %s: %w", DirectReplyTo, err)
+		}
+		s.events.returns = pub.NotifyReturn(make(chan amqp091.Return, 16))
+		s.events.pubClosed = pub.NotifyClose(make(chan *amqp091.Error, 1))
+		return s, nil
+	}
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		s.close()
