@@ -10,7 +10,8 @@
 // confirmed, so the server learns when the client is gone (the reply is
 // returned) instead of losing it silently; and it can be inspected with
 // rabbitmqctl. Direct reply-to saves one queue per client and a declaration,
-// which is negligible for a long-lived client.
+// which is negligible for a long-lived client; ClientConfig.DirectReplyTo
+// selects it, and the Server answers both kinds of client.
 package amqprr
 
 import (
@@ -18,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,7 +41,13 @@ type ClientConfig struct {
 	// queue does not survive a broker restart either; the request queue is
 	// durable, so a server restart loses no request.
 	Persistent bool
-	Logger     *slog.Logger // default slog.Default()
+	// DirectReplyTo makes replies come through RabbitMQ's direct reply-to
+	// (reply_to amq.rabbitmq.reply-to) instead of an exclusive queue: no
+	// queue to declare, but a server cannot tell that this client is gone
+	// (see DirectReplyTo). Default false: the exclusive queue CONTRACT.md
+	// names.
+	DirectReplyTo bool
+	Logger        *slog.Logger // default slog.Default()
 }
 
 // Client is a requestreply.Requester over RabbitMQ. Many goroutines may call
@@ -121,6 +129,18 @@ func (c *Client) open(ctx context.Context) (*session, error) {
 		return nil, err
 	}
 	s := &session{ch: ch, pub: pub, calls: requestreply.NewCalls()}
+	if c.cfg.DirectReplyTo {
+		// RabbitMQ delivers direct replies to the channel that published
+		// the request, so this one consumes them.
+		s.replyTo = DirectReplyTo
+		if s.events.deliveries, err = pub.Consume(DirectReplyTo, "", true, false, false, false, nil); err != nil {
+			s.close()
+			return nil, fmt.Errorf("amqprr: consume %s: %w", DirectReplyTo, err)
+		}
+		s.events.returns = pub.NotifyReturn(make(chan amqp091.Return, 16))
+		s.events.pubClosed = pub.NotifyClose(make(chan *amqp091.Error, 1))
+		return s, nil
+	}
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		s.close()
@@ -234,8 +254,9 @@ func (c *Client) session(ctx context.Context) (*session, error) {
 
 // Request implements requestreply.Requester. The request is published to
 // the default exchange with routing key service (the server's queue), the
-// mandatory flag, message_id = requestID (a random one if empty) and a fresh
-// correlation_id. Errors: *requestreply.TimeoutError after the deadline,
+// mandatory flag, message_id = requestID (a random one if empty), a fresh
+// correlation_id, and its deadline (ctx's, or now + Timeout) as header
+// no_despres and as the AMQP expiration (the milliseconds left). Errors: *requestreply.TimeoutError after the deadline,
 // *requestreply.RemoteError for an error reply, requestreply.ErrNoService
 // when no queue is named service, requestreply.ErrConnectionLost when the
 // connection dropped while waiting, ctx.Err() when ctx is cancelled.
@@ -274,7 +295,14 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	if c.cfg.Persistent {
 		mode = amqp091.Persistent
 	}
+	// The deadline travels twice: no_despres for the server (and for other
+	// brokers' servers), expiration so that RabbitMQ drops the request if it
+	// is still queued when its requester has given up.
+	deadline, _ := ctx.Deadline() // WithTimeout gave it one
+	ttl := max(time.Until(deadline).Milliseconds(), 1)
 	err = s.pub.PublishWithContext(ctx, "", service, true, false, amqp091.Publishing{
+		Headers:       amqp091.Table{requestreply.HeaderDeadline: requestreply.FormatDeadline(deadline)},
+		Expiration:    strconv.FormatInt(ttl, 10),
 		ContentType:   amqp.ContentTypeJSON,
 		DeliveryMode:  mode,
 		CorrelationId: corr,
