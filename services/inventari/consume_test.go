@@ -35,7 +35,7 @@ const ordersTopic = "comandes.esdeveniments"
 // pg_stat_database counts only this test's deadlocks), the service, and an
 // embedded broker with the orders topic (6 partitions).
 type world struct {
-	t      *testing.T
+	t      testing.TB
 	url    string
 	dbName string
 	pool   *pgxpool.Pool
@@ -44,7 +44,7 @@ type world struct {
 	pub    *kgo.Client
 }
 
-func newWorld(t *testing.T, conns int32) *world {
+func newWorld(t testing.TB, conns int32) *world {
 	t.Helper()
 	u := pgtest.NewDatabase(t)
 	pc, err := pgx.ParseConfig(u)
@@ -75,7 +75,7 @@ func (w *world) config() consumer.Config {
 }
 
 // orderRecord is comanda.creada id with lines, keyed by key.
-func orderRecord(t *testing.T, key, id string, lines ...inventari.Line) (*kgo.Record, string) {
+func orderRecord(t testing.TB, key, id string, lines ...inventari.Line) (*kgo.Record, string) {
 	t.Helper()
 	dades, _ := json.Marshal(map[string]any{"id": id, "client": "anna", "mercat": "girona", "linies": lines})
 	env := &envelope.Envelope{ID: uuid.NewString(), Type: inventari.TypeOrderCreated, Version: 2, TimeMS: 1789000000000, Origin: "comandes", Data: dades}

@@ -60,6 +60,15 @@ var sqlFS embed.FS
 // migrate.Outbox and migrate.Inbox.
 var Migrations = migrate.Set{Name: "inventari", FS: sqlFS, Dir: "sql"}
 
+// ConsumerBatchSize is the consumer.Config.BatchSize the comanda.creada
+// consumer runs with. Every batch locks the rows of the products it touches
+// until it commits, and with the contract's five products nearly every batch
+// touches all of them, so batches of the two partitions' workers take turns:
+// the rate is about BatchSize orders per lock hold (the UPDATE, the outbox
+// insert and the COMMIT's WAL flush). A batch is only as large as what is
+// queued, so when idle it is one order and costs no latency.
+const ConsumerBatchSize = 1000
+
 // InitialStock is the seed of estoc (CONTRACT.md).
 var InitialStock = map[string]int{"tomaquet-rosa": 120, "carbasso": 80, "formatge-curat": 5, "formatge-fresc": 30, "vi-crianca": 200}
 
