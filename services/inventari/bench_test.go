@@ -160,5 +160,9 @@ func benchServe(b *testing.B, n int) {
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
+	st := sys.ConsumerStats()[inventari.ConsumerDecrement]
+	if st.Processed != int64(n) {
+		b.Fatalf("stats %+v, want every order applied", st)
+	}
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "orders/s")
 }

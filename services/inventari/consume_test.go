@@ -77,7 +77,11 @@ func (w *world) config() consumer.Config {
 // orderRecord is comanda.creada id with lines, keyed by key.
 func orderRecord(t testing.TB, key, id string, lines ...inventari.Line) (*kgo.Record, string) {
 	t.Helper()
-	dades, _ := json.Marshal(map[string]any{"id": id, "client": "anna", "mercat": "girona", "linies": lines})
+	ls := make([]map[string]any, len(lines))
+	for i, l := range lines { // comanda.creada v2 (schemas/), as comandes writes it
+		ls[i] = map[string]any{"producte": l.Product, "quantitat": l.Quantity, "preu_centims": 250}
+	}
+	dades, _ := json.Marshal(map[string]any{"id": id, "client": "anna", "mercat": "girona", "linies": ls})
 	env := &envelope.Envelope{ID: uuid.NewString(), Type: inventari.TypeOrderCreated, Version: 2, TimeMS: 1789000000000, Origin: "comandes", Data: dades}
 	v, err := env.Encode()
 	if err != nil {
