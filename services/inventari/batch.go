@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -147,14 +148,18 @@ func decodeOrder(m *consumer.Message) (order, error) {
 }
 
 // sumLines checks lines and sums them per product, in product order. A
-// product left empty, a quantity that is not positive, or a sum past what an
-// INTEGER column holds (a sum that wrapped negative would add stock) is a
-// permanent "esquema" error.
+// product left empty or that PostgreSQL cannot store as text (NUL, invalid
+// UTF-8), a quantity that is not positive, or a sum past what an INTEGER
+// column holds (a sum that wrapped negative would add stock) is a permanent
+// "esquema" error.
 func sumLines(lines []Line) ([]Line, error) {
 	perProduct := make(map[string]int, len(lines))
 	for i, l := range lines {
 		if l.Product == "" || l.Quantity <= 0 {
 			return nil, outcome.Permanentf("esquema: linies[%d]: producte buit o quantitat %d", i, l.Quantity)
+		}
+		if strings.ContainsRune(l.Product, 0) || !utf8.ValidString(l.Product) {
+			return nil, outcome.Permanentf("esquema: linies[%d]: producte amb un caràcter nul o UTF-8 no vàlid", i)
 		}
 		if l.Quantity > math.MaxInt32 || perProduct[l.Product] > math.MaxInt32-l.Quantity {
 			return nil, outcome.Permanentf("esquema: linies[%d]: quantitat de %s massa gran", i, l.Product)
