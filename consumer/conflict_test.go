@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/outcome"
@@ -212,5 +213,60 @@ func TestBatchOutcomesRefuseSingleMessagesWithTheirOwnOutcome(t *testing.T) {
 	}
 	if len(rt) != 1 || hdr(rt[0], "id_esdeveniment") != evs[2].id || hdr(rt[0], "intents") != "1" {
 		t.Fatalf("retry copies %d, first %s intents %s", len(rt), hdr(rt[0], "id_esdeveniment"), hdr(rt[0], "intents"))
+	}
+}
+
+// Proof of the same for a serialisation failure (SQLSTATE 40001): the
+// consumer's pool runs REPEATABLE READ, and four times in a row a second
+// transaction updates and commits the row the handler is about to update,
+// after the consumer's transaction took its snapshot (the key insert). The
+// message is applied once at attempt 1 with MaxAttempts 1, with 4 conflicts
+// counted under sqlstate 40001.
+func TestSerializationFailureIsRerunInPlaceWithoutSpendingAnAttempt(t *testing.T) {
+	b := setup(t)
+	pcfg, err := pgxpool.ParseConfig(b.s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	rr, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rr.Close)
+	const victims = 4
+	var calls atomic.Int64
+	var attempts []int
+	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		attempts = append(attempts, m.Attempt)
+		if calls.Add(1) <= victims {
+			// Another transaction changes the row and commits after tx's snapshot.
+			if _, err := b.s.Pool.Exec(ctx, `UPDATE estoc SET unitats = unitats + 1 WHERE producte = 'carbasso'`); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE estoc SET unitats = unitats - 1 WHERE producte = 'carbasso'`); err != nil {
+			return err
+		}
+		return effect(ctx, tx, m)
+	})
+	cfg.Pool = rr
+	cfg.MaxAttempts = 1
+	b.publishEvents(newEvent("k", comanda{ID: "P-1", N: 1}))
+	st := b.runUntil(cfg, "the message applied", func(s consumer.Stats) bool { return s.Processed+s.DeadLettered+s.Retried > 0 })
+	if st.Processed != 1 || st.Retried != 0 || st.DeadLettered != 0 || st.Conflicts != victims {
+		t.Fatalf("stats %+v, want 1 processed, 0 retried or dead-lettered, %d conflicts", st, victims)
+	}
+	if n, c := b.effects(), b.stock("carbasso"); n != 1 || c != 80+victims-1 {
+		t.Fatalf("%d effects and carbasso %d, want 1 and %d", n, c, 80+victims-1)
+	}
+	if len(attempts) != victims+1 || strings.Trim(fmt.Sprint(attempts), "[1 ]") != "" {
+		t.Fatalf("handler attempts %v, want attempt 1 at each of %d calls", attempts, victims+1)
+	}
+	if v := counterValue(t, b, consumer.MetricConflicts, "40001"); v != victims {
+		t.Fatalf("%s{sqlstate=40001} = %v, want %d", consumer.MetricConflicts, v, victims)
+	}
+	if !b.logged("level=WARN", "transaction conflict", "sqlstate=40001") {
+		t.Fatalf("no warn line with the sqlstate:\n%s", b.logBuf.String())
 	}
 }
