@@ -186,7 +186,7 @@ func (c *Consumer) poll(ctx context.Context) {
 		case <-pctx.Done():
 		}
 	}()
-	maxPoll := 8 * c.cfg.BatchSize
+	maxPoll := min(8*c.cfg.BatchSize, 4096) // records handed out per poll, over all partitions
 	for {
 		fs := c.cl.PollRecords(pctx, maxPoll)
 		if pctx.Err() != nil || fs.IsClientClosed() {
