@@ -270,3 +270,45 @@ func TestSerializationFailureIsRerunInPlaceWithoutSpendingAnAttempt(t *testing.T
 		t.Fatalf("no warn line with the sqlstate:\n%s", b.logBuf.String())
 	}
 }
+
+// A HandleBatchOutcomes that fails the whole call (here: a result of the
+// wrong length for a batch of four) makes the consumer run the messages one
+// at a time; with Handle nil each runs as a batch of one of the same
+// handler, whose refusal is then the message's own. Ends: three applied, one
+// dead-lettered at attempt 1, no key for it.
+func TestBatchOutcomesFailureFallsBackToOneMessageAtATime(t *testing.T) {
+	b := setup(t)
+	var wrongLength atomic.Int64
+	cfg := b.config(nil)
+	cfg.Handle = nil
+	cfg.HandleBatchOutcomes = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) ([]error, error) {
+		if len(msgs) > 1 {
+			wrongLength.Add(1)
+			return make([]error, len(msgs)-1), nil
+		}
+		var d comanda
+		if err := msgs[0].Envelope.DataAs(&d); err != nil {
+			return nil, err
+		}
+		if d.N == 2 {
+			return []error{outcome.Permanentf("estoc_insuficient: formatge-curat")}, nil
+		}
+		return nil, effect(ctx, tx, msgs[0])
+	}
+	evs := []event{newEvent("k", comanda{ID: "P-1", N: 1}), newEvent("k", comanda{ID: "P-2", N: 2}),
+		newEvent("k", comanda{ID: "P-3", N: 3}), newEvent("k", comanda{ID: "P-4", N: 4})}
+	b.publishEvents(evs...)
+	st := b.runUntil(cfg, "three applied and one dead letter", func(s consumer.Stats) bool { return s.Processed == 3 && s.DeadLettered == 1 })
+	if st.Retried != 0 || b.effects() != 3 || wrongLength.Load() != 1 {
+		t.Fatalf("stats %+v, %d effects, %d failed batch calls", st, b.effects(), wrongLength.Load())
+	}
+	if n := b.count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = $1`, evs[1].id); n != 0 {
+		t.Fatal("the refused message's key was recorded")
+	}
+	if dl := b.read(topic+consumer.DLQSuffix, 1); len(dl) != 1 || hdr(dl[0], "id_esdeveniment") != evs[1].id || hdr(dl[0], "intents") != "1" {
+		t.Fatalf("dead letters %d", len(dl))
+	}
+	if !b.logged("level=WARN", "batch handler failed", "3 outcomes for 4 messages") {
+		t.Fatalf("no warn line for the failed batch call:\n%s", b.logBuf.String())
+	}
+}

@@ -24,7 +24,7 @@ import (
 // relay): the consumer of comanda.creada as services/system wires it
 // (Concurrency 2, BatchSize inventari.ConsumerBatchSize) on 20,000 orders of
 // one or two lines over the contract's five products, 6 partitions. With
-// cheese=out formatge-curat is not restocked, so about a third of the
+// cheese=out formatge-curat is not restocked, so about a quarter of the
 // orders are refused and dead-lettered. It reports orders/s (applied +
 // dead-lettered) and the deadlocks PostgreSQL counted in the database.
 //
