@@ -36,7 +36,7 @@ const (
 //  2. locks the estoc rows of all the batch's products at once, in product
 //     order (SELECT … ORDER BY producte FOR UPDATE), so concurrent batches
 //     never wait for each other's rows in opposite orders and cannot
-//     deadlock; a batch waits for another only while that one commits;
+//     deadlock; a batch waits for another only until that one commits;
 //  3. applies the orders in memory in message order: an order is served
 //     whole (every line from the stock left by the orders before it) or
 //     refused whole, on its own;
