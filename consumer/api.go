@@ -46,7 +46,35 @@ type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 // offset order, inside tx (see Config.HandleBatch). It must apply all of them
 // or return an error; it needs no error attribution, since on any error the
 // consumer rolls back and runs the messages one by one with the Handler.
+// A deadlock or serialisation failure (SQLSTATE 40P01, 40001) is not such an
+// error: the consumer reruns the whole batch in place (see
+// Config.HandleBatchOutcomes).
 type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
+
+// BatchOutcomeHandler applies the effects of several messages of one
+// partition inside tx, and may refuse some of them on their own (see
+// Config.HandleBatchOutcomes). msgs are the new messages of the transaction
+// (duplicates are already absorbed), in offset order.
+//
+// It returns one error per message, outcomes[i] for msgs[i]:
+//   - nil: message i is applied; its effect and its idempotency key commit
+//     together with the rest of the transaction.
+//   - an error: message i is refused. The handler must have left nothing of
+//     message i in tx (compute first, then write only the accepted ones, or
+//     use a savepoint). The consumer deletes message i's key in tx, so the
+//     refusal rolls the key back exactly as a failed Handler does, and routes
+//     the error as the one-message path does: outcome.Permanent goes to
+//     <topic>.dlq at this attempt, a transient error to <topic>.retry
+//     (attempt n+1) or to the DLQ when the attempts are spent; other errors
+//     are classified by Config.Classifier.
+//
+// A nil slice means every message was applied. The second result fails the
+// whole batch: the transaction rolls back, and the messages run again one by
+// one (with Config.Handle if set, else with this handler on a batch of one),
+// unless it is a deadlock or serialisation failure (SQLSTATE 40P01, 40001),
+// which reruns the same batch in place without spending an attempt. A slice
+// of the wrong length, or a panic, is a failure of the whole batch too.
+type BatchOutcomeHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) (outcomes []error, err error)
 
 // Mode says where the offset commit goes relative to the effect.
 type Mode int

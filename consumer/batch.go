@@ -1,11 +1,14 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,10 +50,18 @@ type PanicError struct {
 
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
 
+// bulkDeleteSQL deletes, in the batch's transaction, the keys of the
+// messages a BatchOutcomeHandler refused: the refusal leaves no key behind.
+func bulkDeleteSQL(table string) string {
+	return "DELETE FROM " + table + " WHERE consumidor = $2::text AND id_missatge = ANY($1::text[])"
+}
+
 // bulkInsertSQL records the keys of a whole batch in one statement and returns
 // those that were new; the others are duplicates. ON CONFLICT DO NOTHING
 // waits on a key another transaction holds uncommitted, so two members that
 // both got a record (a rebalance, a zombie) are serialised on its key.
+// The keys are inserted in sorted order, so two transactions that share
+// keys take their row locks in one order and cannot deadlock on them.
 func bulkInsertSQL(table string) string {
 	return "INSERT INTO " + table + " (id_missatge, consumidor) SELECT unnest($1::text[]), $2::text " +
 		"ON CONFLICT DO NOTHING RETURNING id_missatge"
@@ -153,26 +164,36 @@ func (c *Consumer) handles(tipus string) bool { return c.types == nil || c.types
 // their own, then runs message k alone (its failure is then its own), then
 // goes on with the rest. So a failing message never takes its neighbours'
 // keys or effects with it, and the messages still take effect in offset
-// order. A deadlock or serialisation failure of a message running first in
-// its transaction is retried in place (maxConflictRetries) before it counts as
-// the message's failure. Infrastructure errors (no connection, COMMIT with unknown outcome)
-// retry the same transaction after a backoff: the keys make a repeat safe.
+// order. With HandleBatchOutcomes the handler names the refused messages
+// itself, and the rest commit in the same transaction (tryTx). A deadlock or
+// serialisation failure anywhere in a transaction reruns the same
+// transaction in place, spending no attempt (conflict). Infrastructure
+// errors (no connection, COMMIT with unknown outcome) retry the same
+// transaction after a backoff: the keys make a repeat safe.
 func (c *Consumer) runOptimistic(p *partition, msgs []*item, fails []failure) ([]failure, error) {
 	wait := 50 * time.Millisecond
-	conflicts := 0
-	whole := c.cfg.HandleBatch != nil
+	conflictWait := conflictBackoffMin
+	whole := c.cfg.HandleBatch != nil || c.cfg.HandleBatchOutcomes != nil
 	for len(msgs) > 0 {
 		end := len(msgs)
 		for {
-			failAt, ferr, err := c.tryTx(msgs[:end], whole)
+			failAt, ferr, refused, err := c.tryTx(msgs[:end], whole)
+			if c.crashed.Load() {
+				return fails, c.crashErr
+			}
+			if code := conflictCode(err, ferr); code != "" && c.workCtx.Err() == nil {
+				if !c.conflict(p, code, cmp.Or(err, ferr), &conflictWait) {
+					return fails, fmt.Errorf("consumer: batch abandoned after a conflict: %w", cmp.Or(err, ferr))
+				}
+				continue
+			}
 			if errors.Is(err, errBatchFailed) {
+				c.log.Warn("consumer: batch handler failed; running the batch one message at a time",
+					"topic", p.topic, "partition", p.part, "messages", end, "err", err)
 				whole = false // find the culprit one message at a time
 				continue
 			}
 			if err != nil {
-				if c.crashed.Load() {
-					return fails, c.crashErr
-				}
 				c.log.Warn("consumer: transaction", "topic", p.topic, "partition", p.part, "err", err)
 				if !c.pause(p, &wait) {
 					return fails, fmt.Errorf("consumer: batch abandoned: %w", err)
@@ -180,19 +201,14 @@ func (c *Consumer) runOptimistic(p *partition, msgs []*item, fails []failure) ([
 				continue
 			}
 			if failAt < 0 {
-				if err := c.committed(p, msgs[:end]); err != nil {
+				if err := c.committed(p, msgs[:end], refused); err != nil {
 					return fails, err
 				}
+				fails = append(fails, refused...)
 				msgs = msgs[end:]
 				break
 			}
 			if failAt == 0 {
-				if isConflict(ferr) && conflicts < maxConflictRetries {
-					// A deadlock or serialisation failure says nothing about
-					// the message: run it again now rather than via .retry.
-					conflicts++
-					continue
-				}
 				kind, delay := outcome.Classify(ferr, c.cfg.Classifier)
 				fails = append(fails, failure{it: msgs[0], kind: kind, wait: delay, err: ferr})
 				msgs = msgs[1:]
@@ -204,30 +220,83 @@ func (c *Consumer) runOptimistic(p *partition, msgs []*item, fails []failure) ([
 	return fails, nil
 }
 
-// maxConflictRetries bounds the in-place repeats of a transaction that
-// PostgreSQL rolled back for a deadlock or a serialisation failure.
-const maxConflictRetries = 3
+// Bounds of the in-place rerun of a transaction after a conflict: the wait
+// starts at conflictBackoffMin, doubles at each conflict of the same batch up
+// to conflictBackoffMax, and is jittered down by up to a half, so the two
+// sides of a deadlock do not collide again in step.
+const (
+	conflictBackoffMin = 2 * time.Millisecond
+	conflictBackoffMax = time.Second
+)
 
-// isConflict reports a PostgreSQL "transaction rollback" error (SQLSTATE
-// class 40: serialization_failure, deadlock_detected...): the transaction lost
-// a race with another one and may simply be run again.
-func isConflict(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "40")
+// conflict logs and counts a conflict of partition p with SQLSTATE code and
+// waits before the rerun. It reports false when the partition is stopping or
+// the consumer is shutting down or crashing: the batch is then abandoned
+// (rolled back; its offsets stay uncommitted and it is redelivered).
+func (c *Consumer) conflict(p *partition, code string, err error, wait *time.Duration) bool {
+	c.counts[resConflict].Add(1)
+	c.m.conflicts.WithLabelValues(p.source, code).Inc()
+	d := *wait/2 + rand.N(*wait/2+1)
+	*wait = min(2**wait, conflictBackoffMax)
+	c.log.Warn("consumer: transaction conflict; rerunning it in place", "topic", p.topic, "partition", p.part,
+		"sqlstate", code, "wait", d, "err", err)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return c.workCtx.Err() == nil
+	case <-p.quit:
+		return false
+	case <-c.workCtx.Done():
+		return false
+	}
 }
 
-// committed counts a committed transaction and runs the AfterCommit hook.
-func (c *Consumer) committed(p *partition, msgs []*item) error {
+// Conflict SQLSTATEs: the transaction lost a race with another one and may
+// simply be run again.
+const (
+	sqlstateSerialization = "40001" // serialization_failure
+	sqlstateDeadlock      = "40P01" // deadlock_detected
+)
+
+// conflictCode returns the SQLSTATE of the first of errs that is a deadlock
+// or a serialisation failure, or "".
+func conflictCode(errs ...error) string {
+	for _, err := range errs {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == sqlstateSerialization || pgErr.Code == sqlstateDeadlock) {
+			return pgErr.Code
+		}
+	}
+	return ""
+}
+
+// committed counts a committed transaction and runs the AfterCommit hook on
+// the messages it applied (refused ones are failures, counted by route).
+func (c *Consumer) committed(p *partition, msgs []*item, refused []failure) error {
 	var dups int64
 	for _, it := range msgs {
 		if it.dup {
 			dups++
 		}
 	}
-	c.count(p.source, resProcessed, int64(len(msgs))-dups)
+	applied := msgs
+	if len(refused) > 0 {
+		out := make(map[*item]bool, len(refused))
+		for _, f := range refused {
+			out[f.it] = true
+		}
+		applied = make([]*item, 0, len(msgs)-len(refused))
+		for _, it := range msgs {
+			if !out[it] {
+				applied = append(applied, it)
+			}
+		}
+	}
+	c.count(p.source, resProcessed, int64(len(applied))-dups)
 	c.count(p.source, resDuplicate, dups)
 	if h := c.cfg.Hooks.AfterCommit; h != nil {
-		return c.hook(h(c.workCtx, messages(msgs)))
+		return c.hook(h(c.workCtx, messages(applied)))
 	}
 	return nil
 }
@@ -241,22 +310,25 @@ func messages(items []*item) []*Message {
 }
 
 // tryTx runs msgs in one transaction: their keys in one statement, then the
-// handler of each new one (or, with whole, HandleBatch once for all of them:
-// errBatchFailed if it fails). It returns failAt = -1 when it committed; else
-// failAt = k with the error of message k, after rolling everything back
-// (failAt may also be a split point when COMMIT itself was refused). err is an
-// infrastructure error: nothing is known about any message of msgs.
-func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr, err error) {
+// handler of each new one (or, with whole, HandleBatch or HandleBatchOutcomes
+// once for all of them: an error wrapping errBatchFailed if that fails). It
+// returns failAt = -1 when it committed, with the messages HandleBatchOutcomes
+// refused (their keys deleted in the transaction); else failAt = k with the
+// error of message k, after rolling everything back (failAt may also be a
+// split point when COMMIT itself was refused). err is an infrastructure error:
+// nothing is known about any message of msgs. A deadlock or serialisation
+// failure comes back in ferr or err, unchanged, for runOptimistic to see.
+func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr error, refused []failure, err error) {
 	ctx := c.workCtx
 	select { // at most Concurrency transactions at once
 	case c.sem <- struct{}{}:
 		defer func() { <-c.sem }()
 	case <-ctx.Done():
-		return 0, nil, ctx.Err()
+		return 0, nil, nil, ctx.Err()
 	}
 	tx, err := c.cfg.Pool.Begin(ctx)
 	if err != nil {
-		return 0, nil, fmt.Errorf("begin: %w", err)
+		return 0, nil, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var fresh map[string]bool
@@ -268,43 +340,58 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr, err error)
 				// exception, 54 limit exceeded) fails again on every try:
 				// find whose, as for a refused COMMIT, so it reaches the DLQ.
 				if len(msgs) == 1 {
-					return 0, outcome.Permanent(fmt.Errorf("idempotency key refused: %w", err)), nil
+					return 0, outcome.Permanent(fmt.Errorf("idempotency key refused: %w", err)), nil, nil
 				}
-				return len(msgs) / 2, err, nil
+				return len(msgs) / 2, err, nil, nil
 			}
-			return 0, nil, err
+			return 0, nil, nil, err
 		}
 	}
-	var todo []*Message
+	var todo []*item
 	for _, it := range msgs {
 		it.dup = fresh != nil && !fresh[it.msg.IdempotencyKey]
 		if !it.dup {
-			todo = append(todo, it.msg)
+			todo = append(todo, it)
 		}
 	}
-	if whole && len(todo) > 1 {
-		if herr := c.callBatch(ctx, tx, todo); herr != nil {
+	switch {
+	case len(todo) == 0:
+	case whole && c.cfg.HandleBatchOutcomes != nil:
+		if refused, err = c.callOutcomes(ctx, tx, todo); err != nil {
 			if ctx.Err() != nil || tx.Conn().IsClosed() {
-				return 0, nil, fmt.Errorf("batch handler lost its connection: %w", herr)
+				return 0, nil, nil, fmt.Errorf("batch handler lost its connection: %w", err)
 			}
-			return 0, nil, errBatchFailed
+			if conflictCode(err) != "" {
+				return 0, nil, nil, err
+			}
+			return 0, nil, nil, fmt.Errorf("%w: %w", errBatchFailed, err)
 		}
-	} else {
+	case whole && len(todo) > 1:
+		if herr := c.callBatch(ctx, tx, messages(todo)); herr != nil {
+			if ctx.Err() != nil || tx.Conn().IsClosed() {
+				return 0, nil, nil, fmt.Errorf("batch handler lost its connection: %w", herr)
+			}
+			if conflictCode(herr) != "" {
+				return 0, nil, nil, herr
+			}
+			return 0, nil, nil, fmt.Errorf("%w: %w", errBatchFailed, herr)
+		}
+	default:
 		for k, it := range msgs {
 			if it.dup {
 				continue
 			}
 			if herr := c.call(ctx, tx, it.msg); herr != nil {
 				if ctx.Err() != nil || tx.Conn().IsClosed() {
-					return 0, nil, fmt.Errorf("handler lost its connection: %w", herr)
+					return 0, nil, nil, fmt.Errorf("handler lost its connection: %w", herr)
 				}
-				return k, herr, nil
+				return k, herr, nil, nil
 			}
 		}
 	}
 	if h := c.cfg.Hooks.BeforeTxCommit; h != nil {
 		if err := c.hook(h(ctx, tx, messages(msgs))); err != nil {
-			return 0, nil, err
+			return 0, nil, nil, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -314,13 +401,45 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr, err error)
 		// find whose.
 		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
 			if len(msgs) == 1 {
-				return 0, err, nil
+				return 0, err, nil, nil
 			}
-			return len(msgs) / 2, err, nil
+			return len(msgs) / 2, err, nil, nil
 		}
-		return 0, nil, fmt.Errorf("commit: %w", err)
+		return 0, nil, nil, fmt.Errorf("commit: %w", err)
 	}
-	return -1, nil, nil
+	return -1, nil, refused, nil
+}
+
+// callOutcomes runs HandleBatchOutcomes on todo and, in tx, deletes the keys
+// of the messages it refused; it returns those as failures. An error fails
+// the whole batch (a panic, a result of the wrong length, the handler's own
+// error, or the key deletion's).
+func (c *Consumer) callOutcomes(ctx context.Context, tx pgx.Tx, todo []*item) (refused []failure, err error) {
+	outcomes, err := c.callBatchOutcomes(ctx, tx, messages(todo))
+	if err != nil {
+		return nil, err
+	}
+	if outcomes == nil {
+		return nil, nil
+	}
+	if len(outcomes) != len(todo) {
+		return nil, fmt.Errorf("batch handler returned %d outcomes for %d messages", len(outcomes), len(todo))
+	}
+	var keys []string
+	for i, oerr := range outcomes {
+		if oerr == nil {
+			continue
+		}
+		kind, delay := outcome.Classify(oerr, c.cfg.Classifier)
+		refused = append(refused, failure{it: todo[i], kind: kind, wait: delay, err: oerr})
+		keys = append(keys, todo[i].msg.IdempotencyKey)
+	}
+	if len(keys) > 0 && !c.cfg.NoInbox {
+		if _, err := tx.Exec(ctx, c.deleteKeys, keys, c.cfg.Name); err != nil {
+			return nil, fmt.Errorf("delete the keys of refused messages: %w", err)
+		}
+	}
+	return refused, nil
 }
 
 // recordKeys inserts the keys of msgs and returns the ids that were new.
@@ -329,6 +448,7 @@ func (c *Consumer) recordKeys(ctx context.Context, tx pgx.Tx, msgs []*item) (map
 	for i, it := range msgs {
 		ids[i] = it.msg.IdempotencyKey
 	}
+	slices.Sort(ids) // one lock order for every transaction (bulkInsertSQL)
 	rows, err := tx.Query(ctx, c.insertKeys, ids, c.cfg.Name)
 	if err != nil {
 		return nil, fmt.Errorf("record keys: %w", err)
@@ -348,7 +468,8 @@ func (c *Consumer) recordKeys(ctx context.Context, tx pgx.Tx, msgs []*item) (map
 	return fresh, nil
 }
 
-// errBatchFailed: HandleBatch failed; the batch runs again with Handle.
+// errBatchFailed: HandleBatch or HandleBatchOutcomes failed; the batch runs
+// again one message at a time.
 var errBatchFailed = errors.New("consumer: batch handler failed")
 
 // callBatch runs HandleBatch; a panic is an error like any other (the
@@ -361,6 +482,18 @@ func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (e
 		}
 	}()
 	return c.cfg.HandleBatch(ctx, tx, msgs)
+}
+
+// callBatchOutcomes runs HandleBatchOutcomes; a panic fails the whole batch,
+// as in callBatch.
+func (c *Consumer) callBatchOutcomes(ctx context.Context, tx pgx.Tx, msgs []*Message) (outcomes []error, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			outcomes, err = nil, &PanicError{Value: r, Stack: debug.Stack()}
+			c.log.Warn("consumer: batch handler panic", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+	}()
+	return c.cfg.HandleBatchOutcomes(ctx, tx, msgs)
 }
 
 // decode runs the Decode hook. A panic (in an upcaster, say) is a permanent
@@ -388,5 +521,19 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) 
 			err = outcome.Transient(pe)
 		}
 	}()
-	return c.cfg.Handle(tracing.Extract(ctx, m.Message), tx, m)
+	ctx = tracing.Extract(ctx, m.Message)
+	if c.cfg.Handle != nil {
+		return c.cfg.Handle(ctx, tx, m)
+	}
+	// Only HandleBatchOutcomes: a batch of one.
+	outcomes, err := c.cfg.HandleBatchOutcomes(ctx, tx, []*Message{m})
+	switch {
+	case err != nil:
+		return err
+	case len(outcomes) == 0:
+		return nil
+	case len(outcomes) != 1:
+		return fmt.Errorf("batch handler returned %d outcomes for 1 message", len(outcomes))
+	}
+	return outcomes[0]
 }

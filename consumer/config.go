@@ -94,7 +94,8 @@ type Config struct {
 	// Names locates missatges_processats when Inbox is nil. Default
 	// public.missatges_processats.
 	Names migrate.Names
-	// Handle applies the effect of one message. Required.
+	// Handle applies the effect of one message. Required unless
+	// HandleBatchOutcomes is set.
 	Handle Handler
 	// HandleBatch, if set, applies the effects of all the new messages of a
 	// transaction at once (e.g. one multi-row statement, or a pgx.Batch: one
@@ -102,6 +103,15 @@ type Config struct {
 	// transaction rolls back and its messages run again one by one with
 	// Handle, which decides the fate of each. Default nil: Handle only.
 	HandleBatch BatchHandler
+	// HandleBatchOutcomes, if set, applies the effects of all the new
+	// messages of a transaction at once and may refuse individual messages
+	// with their own outcome (see BatchOutcomeHandler): the accepted ones
+	// commit with their keys, each refused one loses its key in the same
+	// transaction and goes to .retry or .dlq as if Handle had failed on it
+	// alone, with no rerun of its neighbours. It runs for every transaction,
+	// batches of one included. At most one of HandleBatch and
+	// HandleBatchOutcomes may be set. Default nil.
+	HandleBatchOutcomes BatchOutcomeHandler
 	// Types are the tipus handled; others are ignored (counted, offset
 	// committed, never dead-lettered). Empty: every tipus.
 	Types []string
@@ -159,7 +169,8 @@ type Config struct {
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics, if set, receives the consumer's Prometheus collectors
-	// (km0_consumer_messages_total, km0_dlq_total, km0_consumer_retry_held).
+	// (km0_consumer_messages_total, km0_dlq_total, km0_consumer_retry_held,
+	// km0_consumer_conflicts_total).
 	Metrics prometheus.Registerer
 	// Hooks are fault-injection points. Default none.
 	Hooks Hooks
@@ -231,8 +242,11 @@ func (cfg Config) validate() error {
 	if cfg.Pool == nil {
 		bad("no Pool")
 	}
-	if cfg.Handle == nil {
-		bad("no Handle")
+	if cfg.Handle == nil && cfg.HandleBatchOutcomes == nil {
+		bad("no Handle (or HandleBatchOutcomes)")
+	}
+	if cfg.HandleBatch != nil && cfg.HandleBatchOutcomes != nil {
+		bad("both HandleBatch and HandleBatchOutcomes set; choose one")
 	}
 	if cfg.Mode != AtLeastOnce && cfg.Mode != AtMostOnce {
 		bad("unknown Mode %d", cfg.Mode)

@@ -26,6 +26,7 @@ type Consumer struct {
 	types      map[string]bool // nil: every tipus
 	retryOf    map[string]string
 	insertKeys string // bulk key insert, see batch.go
+	deleteKeys string // keys of refused messages, see batch.go
 	sem        chan struct{}
 
 	cl *kgo.Client
@@ -69,6 +70,7 @@ func New(cfg Config) (*Consumer, error) {
 		m:          m,
 		retryOf:    map[string]string{},
 		insertKeys: bulkInsertSQL(cfg.Inbox.Table()),
+		deleteKeys: bulkDeleteSQL(cfg.Inbox.Table()),
 		sem:        make(chan struct{}, cfg.Concurrency),
 		parts:      map[tp]*partition{},
 		commitWake: make(chan struct{}, 1),
@@ -214,7 +216,7 @@ func (c *Consumer) poll(ctx context.Context) {
 		case <-pctx.Done():
 		}
 	}()
-	maxPoll := 8 * c.cfg.BatchSize
+	maxPoll := min(8*c.cfg.BatchSize, 4096) // records handed out per poll, over all partitions
 	for {
 		fs := c.cl.PollRecords(pctx, maxPoll)
 		if pctx.Err() != nil || fs.IsClientClosed() {

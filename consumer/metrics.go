@@ -21,6 +21,11 @@ type Stats struct {
 	Retried      int64 // failed attempts copied to <topic>.retry
 	DeadLettered int64 // copied to <topic>.dlq
 	Panics       int64 // handler and Decode panics recovered (each is also a failed attempt)
+	// Conflicts counts transactions that PostgreSQL rolled back for a
+	// deadlock (SQLSTATE 40P01) or a serialisation failure (40001) and that
+	// the consumer ran again in place. It counts transactions, not records,
+	// and spends no attempt of any message.
+	Conflicts int64
 }
 
 // counters are the Stats counts, by the resultat label of
@@ -29,7 +34,7 @@ type counters map[string]*atomic.Int64
 
 func newCounters() counters {
 	c := counters{}
-	for _, k := range []string{resProcessed, resDuplicate, resIgnored, resForeign, resRetried, resDLQ, resPanic} {
+	for _, k := range []string{resProcessed, resDuplicate, resIgnored, resForeign, resRetried, resDLQ, resPanic, resConflict} {
 		c[k] = new(atomic.Int64)
 	}
 	return c
@@ -40,7 +45,7 @@ func (c *Consumer) Stats() Stats {
 	n := func(k string) int64 { return c.counts[k].Load() }
 	return Stats{
 		Processed: n(resProcessed), Duplicates: n(resDuplicate), Ignored: n(resIgnored), Foreign: n(resForeign),
-		Retried: n(resRetried), DeadLettered: n(resDLQ), Panics: n(resPanic),
+		Retried: n(resRetried), DeadLettered: n(resDLQ), Panics: n(resPanic), Conflicts: n(resConflict),
 	}
 }
 
@@ -49,14 +54,18 @@ const (
 	MetricMessages = "km0_consumer_messages_total"
 	MetricDLQ      = "km0_dlq_total"
 	MetricHeld     = "km0_consumer_retry_held"
+	// MetricConflicts counts transactions rerun in place after a deadlock or
+	// a serialisation failure, by domain topic and sqlstate.
+	MetricConflicts = "km0_consumer_conflicts_total"
 )
 
 // metrics are the Prometheus collectors of one consumer. They exist (and
 // count) even when Config.Metrics is nil; then nobody scrapes them.
 type metrics struct {
-	messages *prometheus.CounterVec // topic, resultat
-	dlq      *prometheus.CounterVec // topic, motiu (class)
-	held     prometheus.Gauge
+	messages  *prometheus.CounterVec // topic, resultat
+	dlq       *prometheus.CounterVec // topic, motiu (class)
+	held      prometheus.Gauge
+	conflicts *prometheus.CounterVec // topic, sqlstate
 }
 
 func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
@@ -73,6 +82,10 @@ func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
 			Name: MetricHeld,
 			Help: "Retry copies held in memory until their no_abans.",
 		}),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricConflicts,
+			Help: "Transactions of a km0 consumer rolled back by PostgreSQL for a deadlock (40P01) or serialisation failure (40001) and rerun in place, by topic and sqlstate.",
+		}, []string{"topic", "sqlstate"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -86,6 +99,9 @@ func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
 		return nil, err
 	}
 	if m.held, err = register(reg, m.held); err != nil {
+		return nil, err
+	}
+	if m.conflicts, err = register(reg, m.conflicts); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -115,7 +131,8 @@ const (
 	resForeign   = "alie"
 	resRetried   = "reintent"
 	resDLQ       = "dlq"
-	resPanic     = "panic" // Stats only: a panic is also counted as reintent or dlq
+	resPanic     = "panic"     // Stats only: a panic is also counted as reintent or dlq
+	resConflict  = "conflicte" // Stats only: see km0_consumer_conflicts_total
 )
 
 func (c *Consumer) count(topic, res string, n int64) {

@@ -52,7 +52,10 @@ func newPartition(c *Consumer, topic string, part int32) *partition {
 	if !retry {
 		source = topic
 	}
-	high := max(16*c.cfg.BatchSize, 4096)
+	// Fetched records wait here decompressed: four batches ahead keep the
+	// worker busy, and the bound keeps a backlog of large batches (inventari
+	// runs 1,000) out of memory.
+	high := max(4*c.cfg.BatchSize, 4096)
 	if retry {
 		high = c.cfg.MaxHeld
 	}

@@ -35,7 +35,7 @@ type Report struct {
 	Orders       Submissions              `json:"comandes"`
 	Events       map[string]TopicCount    `json:"esdeveniments"`
 	Consumers    map[string]ConsumerCount `json:"consumidors"`
-	DLQ          map[string]int           `json:"dlq_per_motiu"`
+	DLQ          map[string]int           `json:"dlq_per_motiu"` // distinct events (a crash before the offset commit dead-letters one again)
 	Stock        map[string]StockLine     `json:"estoc"`
 	Payments     PaymentSummary           `json:"pagaments"`
 	Deliveries   map[string]int           `json:"lliuraments"`
@@ -109,7 +109,7 @@ func (r *Report) Failed() []string {
 }
 
 type deadLetter struct {
-	topic, group, motiu, orderID string
+	topic, group, motiu, orderID, eventID string
 }
 
 // reasonKey groups a motiu: "permanent: estoc_insuficient: x" → "permanent: estoc_insuficient".
@@ -218,7 +218,8 @@ func reconcile(ctx context.Context, sys *system.System, kcl *kgo.Client, brokers
 			return err
 		}
 		for _, rec := range recs {
-			dl := deadLetter{topic: topic, group: header(rec, consumer.HeaderGroup), motiu: header(rec, transport.HeaderReason)}
+			dl := deadLetter{topic: topic, group: header(rec, consumer.HeaderGroup), motiu: header(rec, transport.HeaderReason),
+				eventID: header(rec, transport.HeaderEventID)}
 			if env, err := envelope.Decode(rec.Value); err == nil {
 				var d struct {
 					ID      string `json:"id"`         // comanda.creada
@@ -240,8 +241,13 @@ func reconcile(ctx context.Context, sys *system.System, kcl *kgo.Client, brokers
 		}
 		return out
 	}
+	counted := map[string]bool{}
 	for _, dl := range dls {
-		r.DLQ[dl.group+" · "+reasonKey(dl.motiu)]++
+		k := dl.group + " · " + reasonKey(dl.motiu)
+		if dl.eventID == "" || !counted[k+"\x00"+dl.eventID] {
+			counted[k+"\x00"+dl.eventID] = true
+			r.DLQ[k]++
+		}
 	}
 	// 4. Consumers.
 	stats := sys.ConsumerStats()

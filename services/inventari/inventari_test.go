@@ -97,6 +97,7 @@ func TestInsufficientOrUnknownIsPermanentAndChangesNothing(t *testing.T) {
 		{[]inventari.Line{{Product: "formatge-curat", Quantity: 6}, {Product: "carbasso", Quantity: 1}}, inventari.ErrInsufficient},
 		{[]inventari.Line{{Product: "caviar", Quantity: 1}}, inventari.ErrUnknownProduct},
 		{[]inventari.Line{{Product: "carbasso", Quantity: 0}}, nil},
+		{[]inventari.Line{{Product: "carbas\x00so", Quantity: 1}}, nil}, // text PostgreSQL refuses: bad data, not a retry
 	}
 	for i, c := range cases {
 		m := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 1, order("P-2026-000002", c.lines...))

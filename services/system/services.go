@@ -120,7 +120,7 @@ func (s *System) startInventari(ctx context.Context) error {
 	s.relayFor(inventari.Name)
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
 	s.consumerFor(inventari.Name, consumer.Config{Name: inventari.ConsumerDecrement, Topics: []string{comandes.Topic}, Decode: dec,
-		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated})
+		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
 	}
