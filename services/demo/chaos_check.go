@@ -236,14 +236,31 @@ func (c *chaos) checkTopic(ctx context.Context, pool *pgxpool.Pool, recs []*kgo.
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_aparcats`).Scan(&parked); err != nil {
 		return tc, 0, 0, err
 	}
+	outOfOrder := compareTopic(want, recs, &tc)
+	return tc, outOfOrder, parked, nil
+}
+
+// compareTopic reads recs (each partition in offset order) against want, the
+// outbox ids of each aggregate in commit order: it counts into tc the records,
+// distinct and republished ids and the ids missing from the topic, and
+// returns how many aggregates' first copies are not in want's order. Records
+// whose id is in no outbox (poison records) are skipped.
+func compareTopic(want map[string][]string, recs []*kgo.Record, tc *TopicCount) int {
+	healthy := map[string]bool{}
+	for _, ids := range want {
+		for _, id := range ids {
+			healthy[id] = true
+		}
+	}
 	seen := map[string]bool{}
 	got := map[string][]string{}
-	for _, rec := range recs { // per partition in offset order
+	for _, rec := range recs {
 		eid := header(rec, transport.HeaderEventID)
-		if !healthy[eid] || seen[eid] {
-			if healthy[eid] {
-				tc.Republished++
-			}
+		if !healthy[eid] {
+			continue
+		}
+		if seen[eid] {
+			tc.Republished++
 			continue
 		}
 		seen[eid] = true
@@ -261,7 +278,7 @@ func (c *chaos) checkTopic(ctx context.Context, pool *pgxpool.Pool, recs []*kgo.
 			outOfOrder++
 		}
 	}
-	return tc, outOfOrder, parked, nil
+	return outOfOrder
 }
 
 func (c *chaos) checkStock(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*planned, sub Submissions, restock map[string]int,
