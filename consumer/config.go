@@ -147,6 +147,13 @@ type Config struct {
 	TopicPartitions int32
 	// NoCreateTopics stops Run from creating missing .retry and .dlq topics.
 	NoCreateTopics bool
+	// SessionTimeout is the group session timeout: a member that dies
+	// without leaving (SIGKILL) loses its partitions to the others this long
+	// after its last heartbeat. It must lie within the brokers'
+	// group.min.session.timeout.ms and group.max.session.timeout.ms (the
+	// minimum is 6 s by default), else joining the group fails. Default kafka.SessionTimeoutDefault (10 s);
+	// the heartbeat interval follows (see kafka.GroupOpts).
+	SessionTimeout time.Duration
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics, if set, receives the consumer's Prometheus collectors
@@ -178,6 +185,7 @@ func (cfg Config) WithDefaults() Config {
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, ShutdownTimeoutDefault)
 	cfg.MaxHeld = cmp.Or(cfg.MaxHeld, MaxHeldDefault)
 	cfg.TopicPartitions = cmp.Or(cfg.TopicPartitions, kafka.PartitionsDefault)
+	cfg.SessionTimeout = cmp.Or(cfg.SessionTimeout, kafka.SessionTimeoutDefault)
 	if cfg.Concurrency == 0 && cfg.Pool != nil {
 		cfg.Concurrency = int(cfg.Pool.Config().MaxConns)
 	}
@@ -230,7 +238,7 @@ func (cfg Config) validate() error {
 	if cfg.MaxAttempts < 1 {
 		bad("MaxAttempts %d < 1", cfg.MaxAttempts)
 	}
-	for name, d := range map[string]time.Duration{"Backoff": cfg.Backoff, "BackoffMax": cfg.BackoffMax, "CommitInterval": cfg.CommitInterval, "ShutdownTimeout": cfg.ShutdownTimeout} {
+	for name, d := range map[string]time.Duration{"Backoff": cfg.Backoff, "BackoffMax": cfg.BackoffMax, "CommitInterval": cfg.CommitInterval, "ShutdownTimeout": cfg.ShutdownTimeout, "SessionTimeout": cfg.SessionTimeout} {
 		if d < 0 {
 			bad("negative %s %v", name, d)
 		}

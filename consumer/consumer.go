@@ -122,6 +122,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
 	)
+	opts = append(opts, kafka.GroupOpts(c.cfg.SessionTimeout)...)
 	opts = append(opts, c.cfg.KgoOpts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {

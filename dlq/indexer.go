@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/transport/kafka"
 )
 
 // Defaults of IndexerConfig.
@@ -60,6 +62,8 @@ func NewIndexer(cfg IndexerConfig) (*Indexer, error) {
 	if cfg.RetryBackoff <= 0 {
 		cfg.RetryBackoff = RetryBackoffDefault
 	}
+	// The group's session timeout and heartbeat are km0's defaults
+	// (kafka.GroupOpts); Kafka.ClientOpts, applied last, may override them.
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(k.Brokers...), kgo.ConsumerGroup(k.Group),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
@@ -74,6 +78,7 @@ func NewIndexer(cfg IndexerConfig) (*Indexer, error) {
 			return offs, nil
 		}),
 	}
+	opts = append(opts, kafka.GroupOpts(0)...)
 	if len(k.Topics) > 0 {
 		opts = append(opts, kgo.ConsumeTopics(k.Topics...))
 	} else {

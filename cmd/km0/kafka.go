@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/km0/km0/transport/kafka"
 )
@@ -28,13 +29,18 @@ func runKafka(ctx context.Context, args []string) error {
 	advertise := fs.String("advertise-host", "", "host given to clients in the metadata (default the --addr host); set it with --addr 0.0.0.0:PORT")
 	dataDir := fs.String("data-dir", "", "persist the broker's data here (survives restarts)")
 	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of each created topic")
+	minSession := fs.Duration("group-min-session-timeout", 6*time.Second, "least group session timeout a consumer may ask for (group.min.session.timeout.ms)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *partitions < 1 {
 		return fmt.Errorf("--partitions %d must be at least 1", *partitions)
 	}
-	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: *addr, AdvertiseHost: *advertise, DataDir: *dataDir, Partitions: *partitions, Topics: domainTopics()})
+	if *minSession <= 0 {
+		return fmt.Errorf("--group-min-session-timeout %v must be positive", *minSession)
+	}
+	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: *addr, AdvertiseHost: *advertise, DataDir: *dataDir, Partitions: *partitions, Topics: domainTopics(),
+		GroupMinSessionTimeout: *minSession})
 	if err != nil {
 		return err
 	}

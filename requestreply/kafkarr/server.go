@@ -35,8 +35,12 @@ type ServerConfig struct {
 	// Group is the consumer group of the server instances. Default
 	// "<Topic>.servidor".
 	Group   string
-	Workers int          // requests of one poll handled at once; default 16
-	Logger  *slog.Logger // default slog.Default()
+	Workers int // requests of one poll handled at once; default 16
+	// SessionTimeout is the group session timeout: a dead server instance's
+	// partitions go to the others this long after its last heartbeat.
+	// Default kafka.SessionTimeoutDefault (see kafka.GroupOpts).
+	SessionTimeout time.Duration
+	Logger         *slog.Logger // default slog.Default()
 	// ReplyTopicPrefix: a request whose respondre_a does not start with it
 	// is not answered (logged, counted as unanswerable): otherwise any
 	// requester could make the server write to any topic, a business topic
@@ -86,8 +90,8 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: request topic %s: %w", cfg.Topic, err)
 	}
-	cons, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
-		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(time.Second))
+	cons, err := kgo.NewClient(append(kafka.GroupOpts(cfg.SessionTimeout), kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
+		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(time.Second))...)
 	if err != nil {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: request consumer: %w", err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -25,6 +26,11 @@ type EmbeddedConfig struct {
 	Topics []string
 	// MaxMessageBytes, if positive, sets the broker's message.max.bytes.
 	MaxMessageBytes int
+	// GroupMinSessionTimeout, if positive, is the least session timeout a
+	// group member may ask for (group.min.session.timeout.ms). Default 6 s,
+	// as on Kafka: a lower SessionTimeout fails to join. Tests lower it to
+	// expire dead members quickly.
+	GroupMinSessionTimeout time.Duration
 	// Extra kfake options.
 	Extra []kfake.Opt
 }
@@ -72,6 +78,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	if cfg.DataDir != "" {
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
+	}
+	if cfg.GroupMinSessionTimeout > 0 {
+		opts = append(opts, kfake.GroupMinSessionTimeout(cfg.GroupMinSessionTimeout))
 	}
 	if cfg.MaxMessageBytes > 0 {
 		opts = append(opts, kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(cfg.MaxMessageBytes)}))
