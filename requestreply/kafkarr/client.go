@@ -3,8 +3,8 @@
 //
 // A request is a record on the service's topic (e.g.
 // pagaments.autoritzacions), keyed by request id, with headers correlacio
-// (this attempt's correlation id), respondre_a (the client's reply topic)
-// and id_peticio. Each client owns a reply topic (one partition, created at
+// (this attempt's correlation id), respondre_a (the client's reply topic),
+// id_peticio and no_despres (the requester's deadline, unix seconds). Each client owns a reply topic (one partition, created at
 // start and deleted at Close) that only it reads; the server produces the
 // reply there with the same correlacio and the header resultat.
 package kafkarr
@@ -131,7 +131,8 @@ func (c *Client) loop() {
 }
 
 // Request implements requestreply.Requester: it produces the request to the
-// topic named service (acks=all) and waits for the reply on the client's
+// topic named service (acks=all), with its deadline (ctx's, or now + Timeout)
+// in header no_despres, and waits for the reply on the client's
 // reply topic. Errors: *requestreply.TimeoutError after the deadline,
 // *requestreply.RemoteError for an error reply, the producer's error if the
 // request could not be written, ctx.Err() when ctx is cancelled,
@@ -154,10 +155,12 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	if err != nil {
 		return nil, err
 	}
+	deadline, _ := ctx.Deadline() // WithTimeout gave it one
 	rec := &kgo.Record{Topic: service, Key: []byte(requestID), Value: body, Headers: []kgo.RecordHeader{
 		{Key: HeaderCorrelation, Value: []byte(corr)},
 		{Key: HeaderReplyTo, Value: []byte(c.cfg.ReplyTopic)},
 		{Key: HeaderRequestID, Value: []byte(requestID)},
+		{Key: requestreply.HeaderDeadline, Value: []byte(requestreply.FormatDeadline(deadline))},
 	}}
 	c.prod.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 		if err != nil && ctx.Err() == nil {

@@ -11,8 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/kafka"
@@ -20,8 +22,9 @@ import (
 
 // Defaults of ServerConfig.
 const (
-	TopicDefault   = "pagaments.autoritzacions"
-	WorkersDefault = 16
+	TopicDefault        = "pagaments.autoritzacions"
+	WorkersDefault      = 16
+	ReplyTimeoutDefault = 2 * time.Second
 )
 
 // ServerConfig configures a Server.
@@ -34,13 +37,23 @@ type ServerConfig struct {
 	Partitions int32 // default 6
 	// Group is the consumer group of the server instances. Default
 	// "<Topic>.servidor".
-	Group   string
-	Workers int // requests of one poll handled at once; default 16
+	Group string
+	// Workers is how many requests are handled at once. Default 16.
+	Workers int
+	// MaxInFlight bounds the requests taken from the broker and not finished
+	// yet (waiting for a worker or being handled). Default 4 × Workers.
+	MaxInFlight int
+	// ReplyTimeout bounds the production of one reply; a reply not
+	// acknowledged by then (its reply topic is gone, say) is given up and
+	// counted as unanswerable. Default ReplyTimeoutDefault (2 s).
+	ReplyTimeout time.Duration
 	// SessionTimeout is the group session timeout: a dead server instance's
 	// partitions go to the others this long after its last heartbeat.
 	// Default kafka.SessionTimeoutDefault (see kafka.GroupOpts).
 	SessionTimeout time.Duration
 	Logger         *slog.Logger // default slog.Default()
+	// Metrics, if set, receives requestreply.MetricServerRequests.
+	Metrics prometheus.Registerer
 	// ReplyTopicPrefix: a request whose respondre_a does not start with it
 	// is not answered (logged, counted as unanswerable): otherwise any
 	// requester could make the server write to any topic, a business topic
@@ -53,20 +66,33 @@ type ServerStats struct {
 	Replied      int64 // replies acknowledged by the broker (error replies included)
 	ErrorReplies int64
 	Unanswerable int64 // requests without respondre_a or correlacio, or whose reply failed
+	Expired      int64 // requests past their no_despres, dropped without running the handler
 }
 
-// Server answers requests from a topic in a consumer group. It handles the
-// records of each poll concurrently, produces each reply to the request's
-// respondre_a topic (acks=all) with the same correlacio, and commits the
-// poll's offsets only after every reply was acknowledged: a crash before
-// that redelivers the requests, which an Idempotent handler answers from its
-// stored responses.
+// Server answers requests from a topic in a consumer group.
+//
+// One goroutine polls and hands each request to a pool of Workers; it polls
+// again as soon as fewer than MaxInFlight requests are in hand, so a slow
+// request holds up one worker and nothing else. A worker drops a request
+// whose deadline (header no_despres) has passed without running the handler
+// (counted as Expired), otherwise runs the handler and hands the reply to
+// the producer without waiting for it: the reply goes to the request's
+// respondre_a topic with the same correlacio, bounded by ReplyTimeout, and a
+// reply that fails (the client's reply topic is gone) is counted and never
+// holds up another. Offsets are committed per partition up to the first
+// request not finished (handled or dropped); a request counts as finished
+// when its handler returned, before its reply is acknowledged. A crash
+// before the commit redelivers requests, which an Idempotent handler answers
+// from its stored responses; a reply lost after the commit is recovered the
+// same way, by the requester's retry with the same request id.
 type Server struct {
 	cfg  ServerConfig
 	prod *kgo.Client
 	cons *kgo.Client
+	tr   *tracker
+	m    *requestreply.ServerMetrics
 
-	replied, errorReplies, unanswerable atomic.Int64
+	replied, errorReplies, unanswerable, expired atomic.Int64
 }
 
 // NewServer creates the request topic if needed and joins the group.
@@ -78,11 +104,22 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	cfg.Group = cmp.Or(cfg.Group, cfg.Topic+".servidor")
 	cfg.Partitions = cmp.Or(max(cfg.Partitions, 0), kafka.PartitionsDefault)
 	cfg.Workers = cmp.Or(max(cfg.Workers, 0), WorkersDefault)
+	cfg.MaxInFlight = cmp.Or(max(cfg.MaxInFlight, 0), 4*cfg.Workers)
+	cfg.MaxInFlight = max(cfg.MaxInFlight, cfg.Workers)
+	cfg.ReplyTimeout = cmp.Or(max(cfg.ReplyTimeout, 0), ReplyTimeoutDefault)
 	cfg.ReplyTopicPrefix = cmp.Or(cfg.ReplyTopicPrefix, ReplyTopicPrefix)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	prod, err := kafka.NewClient(cfg.Brokers)
+	m, err := requestreply.NewServerMetrics(cfg.Metrics, cfg.Topic)
+	if err != nil {
+		return nil, err
+	}
+	// Replies are not idempotent writes: a reply is worth nothing once its
+	// requester gave up, so the producer may fail it at any moment (a
+	// deleted reply topic, the bound) instead of holding it for a retry.
+	prod, err := kafka.NewClient(cfg.Brokers, kgo.DisableIdempotentWrite(), kgo.RecordDeliveryTimeout(cfg.ReplyTimeout),
+		kgo.UnknownTopicRetries(1), kgo.ProduceRequestTimeout(cfg.ReplyTimeout), kgo.MaxBufferedRecords(10*cfg.MaxInFlight))
 	if err != nil {
 		return nil, err
 	}
@@ -90,61 +127,165 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: request topic %s: %w", cfg.Topic, err)
 	}
+	s := &Server{cfg: cfg, prod: prod, tr: newTracker(), m: m}
 	cons, err := kgo.NewClient(append(kafka.GroupOpts(cfg.SessionTimeout), kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
-		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(time.Second))...)
+		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(time.Second),
+		kgo.OnPartitionsRevoked(s.revoked), kgo.OnPartitionsLost(s.lost))...)
 	if err != nil {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: request consumer: %w", err)
 	}
-	return &Server{cfg: cfg, prod: prod, cons: cons}, nil
+	s.cons = cons
+	return s, nil
 }
 
 // Stats returns the counters so far.
 func (s *Server) Stats() ServerStats {
-	return ServerStats{Replied: s.replied.Load(), ErrorReplies: s.errorReplies.Load(), Unanswerable: s.unanswerable.Load()}
+	return ServerStats{Replied: s.replied.Load(), ErrorReplies: s.errorReplies.Load(), Unanswerable: s.unanswerable.Load(), Expired: s.expired.Load()}
 }
 
-// Run serves until ctx ends, then leaves the group and closes its clients.
-// It returns nil.
+type job struct {
+	r *kgo.Record
+	p *ptrack
+}
+
+// Run serves until ctx ends, then lets the running handlers finish, commits
+// what they finished, leaves the group and closes its clients. Requests
+// taken but not started are not committed: the group reads them again. It
+// returns nil.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.prod.Close()
 	defer s.cons.Close()
 	defer s.cons.AllowRebalance() // with BlockRebalanceOnPoll, Close waits for it
+
+	slots := make(chan struct{}, s.cfg.MaxInFlight)
+	work := make(chan job, s.cfg.MaxInFlight)
+	kick := make(chan struct{}, 1)
+	commitDone := make(chan struct{})
+	go func() { defer close(commitDone); s.committer(ctx, kick) }()
+	var wg sync.WaitGroup
+	for range s.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range work {
+				ran := ctx.Err() == nil && s.tr.begin(j.p)
+				if ran {
+					s.handle(ctx, j.r)
+				}
+				s.tr.finish(j.p, j.r.Offset, ran)
+				<-slots
+				select {
+				case kick <- struct{}{}:
+				default:
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(work)
+		wg.Wait()
+		<-commitDone
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		s.commit(cctx, s.tr.detachAll(cctx))
+		_ = s.prod.Flush(cctx) // the last replies, within the bound
+	}()
 	for {
-		fs := s.cons.PollRecords(ctx, 1000)
+		// At least one free slot, then as many as are free.
+		n := 0
+		select {
+		case slots <- struct{}{}:
+			n = 1
+		case <-ctx.Done():
+			return nil
+		}
+	fill:
+		for n < s.cfg.MaxInFlight {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break fill
+			}
+		}
+		fs := s.cons.PollRecords(ctx, n)
 		if ctx.Err() != nil {
+			for range n {
+				<-slots
+			}
 			return nil
 		}
 		fs.EachError(func(topic string, p int32, err error) {
 			s.cfg.Logger.Warn("kafkarr: request fetch error", "topic", topic, "partition", p, "err", err)
 		})
 		recs := fs.Records()
-		s.handleAll(ctx, recs)
-		if len(recs) > 0 {
-			if err := s.cons.CommitRecords(ctx, recs...); err != nil && ctx.Err() == nil {
-				s.cfg.Logger.Warn("kafkarr: commit failed; the requests may be answered again", "err", err)
-			}
-		}
+		parts := s.tr.take(recs) // before a rebalance can revoke them
 		s.cons.AllowRebalance()
+		for range n - len(recs) {
+			<-slots
+		}
+		for i, r := range recs {
+			work <- job{r: r, p: parts[i]} // room: one slot each
+		}
 	}
 }
 
-func (s *Server) handleAll(ctx context.Context, recs []*kgo.Record) {
-	sem := make(chan struct{}, s.cfg.Workers)
-	var wg sync.WaitGroup
-	for _, r := range recs {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			s.handle(ctx, r)
-		}()
+// committer commits the finished prefixes whenever a worker finishes, one
+// commit at a time (completions during a commit go into the next one).
+func (s *Server) committer(ctx context.Context, kick <-chan struct{}) {
+	for {
+		select {
+		case <-kick:
+			s.commit(ctx, s.tr.ready())
+		case <-ctx.Done():
+			return
+		}
 	}
-	wg.Wait()
+}
+
+func (s *Server) commit(ctx context.Context, offs map[string]map[int32]kgo.EpochOffset) {
+	if len(offs) == 0 {
+		return
+	}
+	s.cons.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err == nil {
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if err == nil {
+						err = kerr.ErrorForCode(p.ErrorCode)
+					}
+				}
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("kafkarr: commit failed; the requests may be answered again", "err", err)
+		}
+	})
+}
+
+// revoked: the partitions go to another member. Their queued requests are
+// skipped; the running ones finish and are committed first.
+func (s *Server) revoked(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s.commit(ctx, s.tr.detach(wctx, m))
+}
+
+// lost: the partitions may be another member's already; nothing is committed.
+func (s *Server) lost(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s.tr.detach(wctx, m)
+}
+
+func (s *Server) count(res string, n *atomic.Int64) {
+	n.Add(1)
+	s.m.Count(res)
 }
 
 func (s *Server) handle(ctx context.Context, r *kgo.Record) {
-	var corr, replyTo, id string
+	var corr, replyTo, id, deadline string
 	for _, h := range r.Headers {
 		switch h.Key {
 		case HeaderCorrelation:
@@ -153,49 +294,64 @@ func (s *Server) handle(ctx context.Context, r *kgo.Record) {
 			replyTo = string(h.Value)
 		case HeaderRequestID:
 			id = string(h.Value)
+		case requestreply.HeaderDeadline:
+			deadline = string(h.Value)
 		}
 	}
 	log := s.cfg.Logger
 	if corr == "" || replyTo == "" {
-		s.unanswerable.Add(1)
+		s.count(requestreply.ResUnanswerable, &s.unanswerable)
 		log.Error("kafkarr: request without correlacio or respondre_a skipped", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
 		return
 	}
 	if !strings.HasPrefix(replyTo, s.cfg.ReplyTopicPrefix) || replyTo == s.cfg.Topic {
-		s.unanswerable.Add(1)
+		s.count(requestreply.ResUnanswerable, &s.unanswerable)
 		log.Error("kafkarr: request whose respondre_a is not a reply topic skipped", "respondre_a", replyTo,
 			"prefix", s.cfg.ReplyTopicPrefix, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
 		return
 	}
 	req := &requestreply.Request{ID: cmp.Or(id, string(r.Key), corr), CorrelationID: corr, Body: r.Value}
+	if t, ok := requestreply.ParseDeadline(deadline); requestreply.Expired(t, ok, time.Now()) {
+		s.count(requestreply.ResExpired, &s.expired)
+		log.Debug("kafkarr: expired request dropped", "id_peticio", req.ID, "no_despres", deadline)
+		return
+	}
 	body, isErr := requestreply.Serve(ctx, log, s.cfg.Handler, req)
+	s.reply(req, replyTo, body, isErr, true)
+}
+
+// reply hands the reply to the producer and returns at once; the promise
+// counts the outcome. A reply Kafka refuses as too large is replaced by a
+// small error reply (not by nothing, which the requester would see as a
+// timeout).
+func (s *Server) reply(req *requestreply.Request, replyTo string, body []byte, isErr, retryLarge bool) {
 	result := requestreply.ResultOK
 	if isErr {
 		result = requestreply.ResultError
 	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	reply := func(body []byte, result string) error {
-		return s.prod.ProduceSync(pctx, &kgo.Record{Topic: replyTo, Key: []byte(corr), Value: body, Headers: []kgo.RecordHeader{
-			{Key: HeaderCorrelation, Value: []byte(corr)},
-			{Key: requestreply.HeaderResult, Value: []byte(result)},
-		}}).FirstErr()
-	}
-	err := reply(body, result)
-	if errors.Is(err, kerr.MessageTooLarge) && !isErr {
-		// Kafka refuses a reply this big: answer with a (small) error reply,
-		// not with nothing, which the requester would see as a timeout (R5).
-		tooLarge := requestreply.BadRequest(fmt.Errorf("reply too large for Kafka (%d bytes): %w", len(body), err))
-		body, isErr = requestreply.Serve(ctx, log, func(context.Context, *requestreply.Request) ([]byte, error) { return nil, tooLarge }, req)
-		err = reply(body, requestreply.ResultError)
-	}
-	if err != nil {
-		s.unanswerable.Add(1)
-		log.Warn("kafkarr: reply not delivered (client gone?)", "respondre_a", replyTo, "id_peticio", req.ID, "err", err)
-		return
-	}
-	s.replied.Add(1)
-	if isErr {
-		s.errorReplies.Add(1)
-	}
+	rec := &kgo.Record{Topic: replyTo, Key: []byte(req.CorrelationID), Value: body, Headers: []kgo.RecordHeader{
+		{Key: HeaderCorrelation, Value: []byte(req.CorrelationID)},
+		{Key: requestreply.HeaderResult, Value: []byte(result)},
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReplyTimeout)
+	s.prod.TryProduce(ctx, rec, func(_ *kgo.Record, err error) {
+		cancel()
+		switch {
+		case err == nil:
+			s.replied.Add(1)
+			if isErr {
+				s.count(requestreply.ResErrorReply, &s.errorReplies)
+			} else {
+				s.m.Count(requestreply.ResReplied)
+			}
+		case errors.Is(err, kerr.MessageTooLarge) && retryLarge:
+			tooLarge := requestreply.BadRequest(fmt.Errorf("reply too large for Kafka (%d bytes): %w", len(body), err))
+			eb, _ := requestreply.Serve(context.Background(), s.cfg.Logger,
+				func(context.Context, *requestreply.Request) ([]byte, error) { return nil, tooLarge }, req)
+			go s.reply(req, replyTo, eb, true, false) // promises must not produce
+		default:
+			s.count(requestreply.ResUnanswerable, &s.unanswerable)
+			s.cfg.Logger.Debug("kafkarr: reply not delivered (client gone?)", "respondre_a", replyTo, "id_peticio", req.ID, "err", err)
+		}
+	})
 }
