@@ -136,8 +136,9 @@ type Config struct {
 	// CommitInterval is the least time between two background offset
 	// commits. Default CommitIntervalDefault.
 	CommitInterval time.Duration
-	// ShutdownTimeout bounds the wait for in-flight work when Run's context is
-	// done. Default ShutdownTimeoutDefault.
+	// ShutdownTimeout bounds Run's stop once its context is done: the wait
+	// for in-flight work and the group leave (which gets at least a second).
+	// Default ShutdownTimeoutDefault.
 	ShutdownTimeout time.Duration
 	// MaxHeld bounds the retry copies held per retry partition. Default
 	// MaxHeldDefault.

@@ -94,8 +94,11 @@ const fetchMaxWait = 250 * time.Millisecond
 var ErrAlreadyRun = errors.New("consumer: Run called twice")
 
 // Run joins the group and processes records until ctx is done. Then it stops
-// fetching, lets in-flight batches finish (at most ShutdownTimeout), commits
-// the offsets of finished work, leaves the group and returns nil. It returns an
+// fetching, lets in-flight batches finish, commits the offsets of finished
+// work, leaves the group and returns nil, all within ShutdownTimeout (plus at
+// most a second for the leave): past it in-flight work is abandoned (rolled
+// back, redelivered later) and a leave still waiting for a rebalance is
+// given up (the broker then drops the member at its session timeout). It returns an
 // error if the client cannot be created or the .retry/.dlq topics cannot be
 // ensured, and an error wrapping ErrCrashed after a hook simulated a crash
 // (then nothing more was committed).
@@ -105,12 +108,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.workCtx, c.workCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer c.workCancel()
+	// The client's own context: cancelled only to stop a leave that would
+	// wait for a pending rebalance (see closeClient).
+	clientCtx, cancelClient := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelClient()
 
 	topics := append([]string(nil), c.cfg.Topics...)
 	for rt := range c.retryOf {
 		topics = append(topics, rt)
 	}
 	opts := append(kafka.ProducerOpts(),
+		kgo.WithContext(clientCtx),
 		kgo.SeedBrokers(c.cfg.Brokers...),
 		kgo.ConsumerGroup(c.cfg.Group),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -150,11 +158,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	c.poll(ctx)
 
+	deadline := time.Now().Add(c.cfg.ShutdownTimeout)
 	if c.crashed.Load() {
 		c.stopAll(false)
 		stopCommitter()
 		<-committerDone
-		cl.Close() // our revoke callback does nothing once crashed
+		c.closeClient(deadline, cancelClient) // our revoke callback does nothing once crashed
 		return fmt.Errorf("consumer %s: %w", c.cfg.Name, c.crashErr)
 	}
 	grace := time.AfterFunc(c.cfg.ShutdownTimeout, func() {
@@ -165,11 +174,31 @@ func (c *Consumer) Run(ctx context.Context) error {
 	grace.Stop()
 	stopCommitter()
 	<-committerDone
-	cl.Close()
+	c.closeClient(deadline, cancelClient)
 	if c.crashed.Load() {
 		return fmt.Errorf("consumer %s: %w", c.cfg.Name, c.crashErr)
 	}
 	return nil
+}
+
+// leaveMin is the least time closeClient gives the group leave.
+const leaveMin = time.Second
+
+// closeClient closes the client, which leaves the group. kgo's leave first
+// waits for a JoinGroup in flight, and a broker holds a JoinGroup until every
+// member it knows rejoins: with a member that died without leaving, that is
+// until the broker expires it, longer than a stop may take. So at deadline (at
+// least leaveMin from now) the client's context is cancelled: the JoinGroup
+// fails, the client closes without sending the leave, and the broker drops
+// this member at its session timeout instead.
+func (c *Consumer) closeClient(deadline time.Time, cancelClient context.CancelFunc) {
+	wait := max(time.Until(deadline), leaveMin)
+	t := time.AfterFunc(wait, func() {
+		c.log.Warn("consumer: leaving the group is waiting for a rebalance; closing without leaving", "waited", wait)
+		cancelClient()
+	})
+	defer t.Stop()
+	c.cl.Close()
 }
 
 // poll fetches and hands records to their partition workers until ctx is

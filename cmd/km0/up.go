@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sort"
@@ -33,8 +33,27 @@ func runServe(ctx context.Context, args []string) error {
 }
 
 func runServices(ctx context.Context, name string, services []string, args []string) error {
-	fs := newFlags(name, "run km0 services: each with its database km0_<service> (created and migrated), outbox relay, consumers and HTTP API")
+	fs := newFlags(name, "run km0 services: each with its database (its own URL, or km0_<service> created on the --database-url server; migrated), outbox relay, consumers and HTTP API")
 	dbURL := databaseURLFlag(fs)
+	// A service's own database: KM0_<SERVICE>_DATABASE_URL, or for km0 serve
+	// NAME also --service-database-url.
+	own := map[string]string{}
+	for _, s := range services {
+		if v := os.Getenv(serviceDatabaseEnv(s)); v != "" {
+			own[s] = v
+		}
+	}
+	var serviceURL *string
+	if strings.HasPrefix(name, "serve") {
+		env, def := "KM0_<SERVICE>_DATABASE_URL", ""
+		if len(services) == 1 {
+			env, def = serviceDatabaseEnv(services[0]), own[services[0]]
+		}
+		serviceURL = secretString(fs, "service-database-url", def,
+			"this service's own PostgreSQL database, used as is: migrated, never created (default $"+env+"; empty: km0_<service> on the --database-url server)")
+	}
+	topics := fs.String("topics", os.Getenv("KM0_TOPICS"), "rename domain topics: CONTRACT=NAME,... e.g. comandes.esdeveniments=prod.comandes (default $KM0_TOPICS; .retry and .dlq follow; give every process the same)")
+	groups := fs.String("groups", os.Getenv("KM0_GROUPS"), "rename consumer groups: CONSUMIDOR=GROUP,... e.g. cataleg.estoc_baix=cataleg-prod (default $KM0_GROUPS)")
 	brokers := brokersFlag(fs)
 	embedded := fs.Bool("embedded-kafka", false, "start an embedded Kafka broker in this process instead of using --brokers")
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply (default $KM0_AMQP_URL; empty: request/reply over Kafka)")
@@ -47,8 +66,21 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *dbURL == "" {
-		return errors.New("no database: pass --database-url or set KM0_DATABASE_URL (an admin URL; km0_<service> databases are created on that server)")
+	if serviceURL != nil && *serviceURL != "" {
+		own[services[0]] = *serviceURL
+	}
+	for _, s := range services {
+		if *dbURL == "" && own[s] == "" {
+			return fmt.Errorf("no database for %s: set %s (its own database) or pass --database-url / set KM0_DATABASE_URL (an admin URL; km0_<service> databases are created on that server)", s, serviceDatabaseEnv(s))
+		}
+	}
+	topicRenames, err := parseRenames("--topics", *topics)
+	if err != nil {
+		return err
+	}
+	groupRenames, err := parseRenames("--groups", *groups)
+	if err != nil {
+		return err
 	}
 	var brokerList []string
 	if *embedded {
@@ -76,8 +108,9 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		}
 		addrs[k] = v
 	}
-	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, Brokers: brokerList, Services: services, AMQPURL: *amqpURL,
-		Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs, DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, Logger: logger()})
+	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
+		Brokers: brokerList, Services: services, AMQPURL: *amqpURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
+		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, Logger: logger()})
 	if err != nil {
 		return err
 	}
@@ -92,7 +125,41 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	for _, k := range keys {
 		fmt.Printf("  %-12s %s\n", k, all[k])
 	}
+	for _, r := range []struct {
+		what string
+		m    map[string]string
+	}{{"topic", topicRenames}, {"group", groupRenames}} {
+		for _, k := range slices.Sorted(maps.Keys(r.m)) {
+			fmt.Printf("  %s %s → %s\n", r.what, k, r.m[k])
+		}
+	}
 	<-ctx.Done()
 	fmt.Printf("km0 %s: stopping\n", name)
 	return nil
+}
+
+// serviceDatabaseEnv is the environment variable of service's own database
+// URL: KM0_<SERVICE>_DATABASE_URL.
+func serviceDatabaseEnv(service string) string {
+	return "KM0_" + strings.ToUpper(service) + "_DATABASE_URL"
+}
+
+// parseRenames parses OLD=NEW,... (system.Start checks the names).
+func parseRenames(flag, s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok || k == "" || v == "" {
+			return nil, fmt.Errorf("%s %q: want CONTRACT=NAME", flag, kv)
+		}
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("%s: %s renamed twice", flag, k)
+		}
+		out[k] = v
+	}
+	return out, nil
 }

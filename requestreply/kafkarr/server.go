@@ -86,11 +86,12 @@ type ServerStats struct {
 // from its stored responses; a reply lost after the commit is recovered the
 // same way, by the requester's retry with the same request id.
 type Server struct {
-	cfg  ServerConfig
-	prod *kgo.Client
-	cons *kgo.Client
-	tr   *tracker
-	m    *requestreply.ServerMetrics
+	cfg        ServerConfig
+	prod       *kgo.Client
+	cons       *kgo.Client
+	cancelCons context.CancelFunc // ends a leave stuck behind a pending rebalance
+	tr         *tracker
+	m          *requestreply.ServerMetrics
 
 	replied, errorReplies, unanswerable, expired atomic.Int64
 }
@@ -128,14 +129,16 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("kafkarr: request topic %s: %w", cfg.Topic, err)
 	}
 	s := &Server{cfg: cfg, prod: prod, tr: newTracker(), m: m}
-	cons, err := kgo.NewClient(append(kafka.GroupOpts(cfg.SessionTimeout), kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
+	consCtx, cancelCons := context.WithCancel(context.Background())
+	cons, err := kgo.NewClient(append(kafka.GroupOpts(cfg.SessionTimeout), kgo.WithContext(consCtx), kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(time.Second),
 		kgo.OnPartitionsRevoked(s.revoked), kgo.OnPartitionsLost(s.lost))...)
 	if err != nil {
+		cancelCons()
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: request consumer: %w", err)
 	}
-	s.cons = cons
+	s.cons, s.cancelCons = cons, cancelCons
 	return s, nil
 }
 
@@ -149,13 +152,23 @@ type job struct {
 	p *ptrack
 }
 
+// leaveTimeout bounds the group leave when Run stops: kgo's leave waits for a
+// JoinGroup in flight, which the broker holds until a member that died
+// without leaving expires. Past it the client closes without the leave.
+const leaveTimeout = 5 * time.Second
+
 // Run serves until ctx ends, then lets the running handlers finish, commits
-// what they finished, leaves the group and closes its clients. Requests
-// taken but not started are not committed: the group reads them again. It
-// returns nil.
+// what they finished, leaves the group (at most leaveTimeout) and closes its
+// clients. Requests taken but not started are not committed: the group reads
+// them again. It returns nil.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.prod.Close()
-	defer s.cons.Close()
+	defer func() {
+		t := time.AfterFunc(leaveTimeout, s.cancelCons)
+		defer t.Stop()
+		s.cons.Close()
+		s.cancelCons()
+	}()
 	defer s.cons.AllowRebalance() // with BlockRebalanceOnPoll, Close waits for it
 
 	slots := make(chan struct{}, s.cfg.MaxInFlight)

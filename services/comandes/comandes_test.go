@@ -3,6 +3,8 @@ package comandes_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -295,5 +298,39 @@ func TestPaymentConfirmedMarksPaidAndEmitsComandaPagadaOnce(t *testing.T) {
 	bad := svctest.Message(t, "pagaments.esdeveniments", comandes.TypePaymentConfirmed, 1, map[string]any{"import_centims": 1})
 	if err := svctest.Run(t, b.pool, h, bad); !outcome.IsPermanent(err) {
 		t.Fatalf("no comanda_id: %v", err)
+	}
+}
+
+// A request that died between claiming its Idempotency-Key and answering
+// (SIGKILL there leaves exactly this row: the claim commits on its own) holds
+// the key until its lease passes; then a retry with the key runs afresh and
+// creates the order once. Meanwhile another body under the key is a 422.
+func TestAClaimLeftByADeadRequestIsTakenOverAfterItsLease(t *testing.T) {
+	pool, _ := svctest.DB(t, migrate.Outbox, migrate.Inbox, comandes.Migrations)
+	s, err := comandes.New(comandes.Config{Pool: pool, Outbox: svctest.Outbox(t), KeyLease: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	b := &bundle{pool: pool, svc: s, srv: srv}
+	sum := sha256.Sum256([]byte(good))
+	if _, err := pool.Exec(context.Background(), `INSERT INTO peticions_idempotents (clau, hash_peticio, estat_http, resposta, titular, reservada_fins)
+		VALUES ('k-mort', $1, 0, 'null', 'un procés mort', now() + interval '300 milliseconds')`, hex.EncodeToString(sum[:])); err != nil {
+		t.Fatal(err)
+	}
+	other := strings.Replace(good, `"quantitat":2`, `"quantitat":3`, 1)
+	if status, out := b.post(t, "k-mort", other); status != http.StatusUnprocessableEntity {
+		t.Fatalf("another body under a held key: %d %v, want 422", status, out)
+	}
+	status, out := b.post(t, "k-mort", good)
+	if status != http.StatusCreated {
+		t.Fatalf("retry after the lease: %d %v, want 201", status, out)
+	}
+	if again, out2 := b.post(t, "k-mort", good); again != http.StatusCreated || out2["id_esdeveniment"] != out["id_esdeveniment"] {
+		t.Fatalf("replay: %d %v, want the 201 of %v", again, out2, out["id_esdeveniment"])
+	}
+	if n := svctest.Count(t, pool, "SELECT count(*) FROM outbox"); n != 1 {
+		t.Fatalf("outbox rows %d, want 1", n)
 	}
 }

@@ -45,12 +45,19 @@ type Config struct {
 	Markets []string
 	// MaxBodyBytes; default MaxBodyBytesDefault.
 	MaxBodyBytes int64
-	Logger       *slog.Logger // default slog.Default()
+	// KeyLease is how long a request holds its Idempotency-Key while it runs
+	// (authorisation included; the request gives up at its end). A retry of
+	// a request whose process died waits at most this long, then runs
+	// afresh. It must exceed the authorisation's timeout. Default
+	// KeyLeaseDefault.
+	KeyLease time.Duration
+	Logger   *slog.Logger // default slog.Default()
 }
 
 // Service is the comandes service. It is safe for concurrent use.
 type Service struct {
-	cfg Config
+	cfg     Config
+	flights flights // Idempotency-Keys held by requests of this process
 }
 
 // New returns a Service. It fails without a pool.
@@ -66,6 +73,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = MaxBodyBytesDefault
+	}
+	if cfg.KeyLease <= 0 {
+		cfg.KeyLease = KeyLeaseDefault
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -92,30 +102,22 @@ type answer struct {
 // errDuplicateID: an order with this id exists (and no Idempotency-Key matched).
 var errDuplicateID = errors.New("comandes: order id already exists")
 
-// Create stores o (already validated), its lines and comanda.creada in one
-// transaction. With a non-empty key, the answer is stored under it in the same
-// transaction, and a retry with the same key returns that answer and creates
-// nothing; a retry racing the first request waits for it. bodyHash tells a
-// reused key with another body (answered 422).
+// create stores o (already validated), its lines and comanda.creada in one
+// transaction. With a non-empty key it is createKeyed: a retry with the same
+// key returns the first answer and creates nothing, and a retry racing the
+// first request waits for it. bodyHash tells a reused key with another body
+// (answered 422).
 func (s *Service) create(ctx context.Context, o *Order, key, bodyHash string) (answer, error) {
 	if key != "" {
-		if a, ok, err := s.stored(ctx, s.cfg.Pool, key, bodyHash); err != nil || ok {
-			return a, err
-		}
+		return s.createKeyed(ctx, o, key, bodyHash)
 	}
 	if s.cfg.Authorizer != nil {
-		// A taken id is a 409, not whatever the authoriser says about it
-		// (pagaments refuses another amount for an order it approved).
-		var taken bool
-		if err := s.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM comandes WHERE id = $1)`, o.ID).Scan(&taken); err != nil {
+		if err := s.checkFree(ctx, o.ID); err != nil {
 			return answer{}, err
-		}
-		if taken {
-			return answer{}, errDuplicateID
 		}
 		if err := s.cfg.Authorizer.Authorize(ctx, o.ID, o.Total()); err != nil {
 			if errors.Is(err, ErrRefused) {
-				return s.storeOnly(ctx, key, bodyHash, 402, errorBody("targeta", "pagament refusat: "+err.Error()))
+				return answer{Status: 402, Body: errorBody("targeta", "pagament refusat: "+err.Error())}, nil
 			}
 			return answer{}, fmt.Errorf("%w: %w", errUnavailable, err)
 		}
@@ -125,40 +127,27 @@ func (s *Service) create(ctx context.Context, o *Order, key, bodyHash string) (a
 		return answer{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	if key != "" {
-		var inserted bool
-		err := tx.QueryRow(ctx, `INSERT INTO peticions_idempotents (clau, hash_peticio, estat_http, resposta)
-			VALUES ($1, $2, 0, 'null') ON CONFLICT DO NOTHING RETURNING true`, key, bodyHash).Scan(&inserted)
-		if errors.Is(err, pgx.ErrNoRows) {
-			// A concurrent request with this key committed first: replay its answer.
-			_ = tx.Rollback(ctx)
-			a, ok, err := s.stored(ctx, s.cfg.Pool, key, bodyHash)
-			if err == nil && !ok {
-				err = errors.New("comandes: idempotency key vanished")
-			}
-			return a, err
-		}
-		if err != nil {
-			return answer{}, err
-		}
-	}
-	ev := &outbox.Event{Aggregate: Aggregate, AggregateID: o.ID, Type: TypeCreated, Version: o.Version(), Payload: o}
-	if err := insertOrder(ctx, tx, o); err != nil {
+	body, err := s.insert(ctx, tx, o)
+	if err != nil {
 		return answer{}, err
-	}
-	if err := s.cfg.Outbox.Enqueue(ctx, tx, ev); err != nil {
-		return answer{}, err
-	}
-	body, _ := json.Marshal(Created{ID: o.ID, State: "creada", TotalCents: o.Total(), EventID: ev.ID.String(), Version: ev.Version})
-	if key != "" {
-		if _, err := tx.Exec(ctx, `UPDATE peticions_idempotents SET estat_http = 201, resposta = $2 WHERE clau = $1`, key, string(body)); err != nil {
-			return answer{}, err
-		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return answer{}, err
 	}
 	return answer{Status: 201, Body: body}, nil
+}
+
+// insert writes o, its lines and comanda.creada in tx and returns the 201 body.
+func (s *Service) insert(ctx context.Context, tx pgx.Tx, o *Order) (json.RawMessage, error) {
+	ev := &outbox.Event{Aggregate: Aggregate, AggregateID: o.ID, Type: TypeCreated, Version: o.Version(), Payload: o}
+	if err := insertOrder(ctx, tx, o); err != nil {
+		return nil, err
+	}
+	if err := s.cfg.Outbox.Enqueue(ctx, tx, ev); err != nil {
+		return nil, err
+	}
+	body, _ := json.Marshal(Created{ID: o.ID, State: "creada", TotalCents: o.Total(), EventID: ev.ID.String(), Version: ev.Version})
+	return body, nil
 }
 
 func insertOrder(ctx context.Context, tx pgx.Tx, o *Order) error {
@@ -180,39 +169,6 @@ func insertOrder(ctx context.Context, tx pgx.Tx, o *Order) error {
 			o.ID, i+1, l.Product, l.Quantity, l.PriceCents)
 	}
 	return tx.SendBatch(ctx, b).Close()
-}
-
-// stored returns the answer recorded under key, if any.
-func (s *Service) stored(ctx context.Context, db interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, key, bodyHash string) (answer, bool, error) {
-	var (
-		status int
-		body   []byte
-		hash   string
-	)
-	err := db.QueryRow(ctx, `SELECT estat_http, resposta, hash_peticio FROM peticions_idempotents WHERE clau = $1 AND estat_http > 0`, key).Scan(&status, &body, &hash)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return answer{}, false, nil
-	}
-	if err != nil {
-		return answer{}, false, err
-	}
-	if hash != bodyHash {
-		return answer{Status: 422, Body: errorBody("Idempotency-Key", "la clau ja s'ha fet servir amb un altre cos")}, true, nil
-	}
-	return answer{Status: status, Body: body, Replay: true}, true, nil
-}
-
-// storeOnly records a final non-201 answer under key (when there is one).
-func (s *Service) storeOnly(ctx context.Context, key, bodyHash string, status int, body json.RawMessage) (answer, error) {
-	if key != "" {
-		if _, err := s.cfg.Pool.Exec(ctx, `INSERT INTO peticions_idempotents (clau, hash_peticio, estat_http, resposta)
-			VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, key, bodyHash, status, string(body)); err != nil {
-			return answer{}, err
-		}
-	}
-	return answer{Status: status, Body: body}, nil
 }
 
 func errorBody(field, msg string) json.RawMessage {

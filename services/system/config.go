@@ -9,8 +9,15 @@
 package system
 
 import (
+	"cmp"
+	"fmt"
 	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/relay"
@@ -35,14 +42,53 @@ var Topics = map[string]string{
 }
 
 // DomainTopics returns the four domain topics with their .retry and .dlq topics.
-func DomainTopics() []string {
+func DomainTopics() []string { return domainTopics(nil) }
+
+// domainTopics is DomainTopics with the renames of Config.Topics.
+func domainTopics(renames map[string]string) []string {
 	var out []string
 	for _, s := range Services {
 		if t, ok := Topics[s]; ok {
+			t = cmp.Or(renames[t], t)
 			out = append(out, t, t+consumer.RetrySuffix, t+consumer.DLQSuffix)
 		}
 	}
 	return out
+}
+
+// ConsumerNames are the consumidors of the six services, each the default
+// name of its consumer group.
+var ConsumerNames = []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
+	repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock}
+
+// topicRE: a Kafka topic name (249 characters at most, less the .retry suffix).
+var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,243}$`)
+
+// validateNames checks the keys and values of Config.DatabaseURLs, Topics and Groups.
+func (cfg *Config) validateNames() error {
+	for k := range cfg.DatabaseURLs {
+		if !slices.Contains(Services, k) {
+			return fmt.Errorf("system: database URL of unknown service %q (known: %v)", k, Services)
+		}
+	}
+	contract := slices.Sorted(maps.Values(Topics))
+	for k, v := range cfg.Topics {
+		if !slices.Contains(contract, k) {
+			return fmt.Errorf("system: rename of unknown topic %q (known: %v)", k, contract)
+		}
+		if !topicRE.MatchString(v) {
+			return fmt.Errorf("system: topic %s renamed to %q: a topic name is 1 to 243 of a-z A-Z 0-9 . _ -", k, v)
+		}
+	}
+	for k, v := range cfg.Groups {
+		if !slices.Contains(ConsumerNames, k) {
+			return fmt.Errorf("system: rename of unknown consumer group %q (known: %v)", k, ConsumerNames)
+		}
+		if strings.TrimSpace(v) == "" || len(v) > 255 || strings.ContainsFunc(v, unicode.IsControl) {
+			return fmt.Errorf("system: consumer group %s renamed to %q: want 1 to 255 printable characters", k, v)
+		}
+	}
+	return nil
 }
 
 // Defaults of Config.
@@ -60,12 +106,27 @@ const (
 
 // Config configures Start.
 type Config struct {
-	// DatabaseURL is an admin URL of the PostgreSQL server; each service's
-	// database is created on it. Required.
+	// DatabaseURL is an admin URL of the PostgreSQL server; the database
+	// km0_<service> of each service without its own DatabaseURLs entry is
+	// created on it if absent. Required unless every service run has one.
 	DatabaseURL string
+	// DatabaseURLs are services' own databases, by service name: such a
+	// service uses its URL as is (migrated, never created, on any server;
+	// DatabaseSuffix does not apply). Default none.
+	DatabaseURLs map[string]string
 	// DatabaseSuffix, if set, names the databases km0_<service>_<suffix>
 	// (the demo uses a fresh one per run). Default none: km0_<service>.
 	DatabaseSuffix string
+	// Topics renames domain topics, by their CONTRACT.md name (the four
+	// <service>.esdeveniments): relays publish to, and consumers read, the
+	// new name, and its .retry and .dlq topics follow it. Every process of a
+	// deployment must be given the same renames. Default none: the
+	// contract's names. Request/reply queues keep theirs.
+	Topics map[string]string
+	// Groups renames consumer groups, by consumidor (ConsumerNames). The
+	// consumidor recorded with each processed message stays the contract's
+	// name. Default none: each group is named after its consumidor.
+	Groups map[string]string
 	// Brokers are the Kafka bootstrap brokers. Required.
 	Brokers []string
 	// Services to run; default all (Services).

@@ -1,6 +1,7 @@
 package system
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -47,7 +48,7 @@ func (s *System) relayFor(service string) {
 	s.sup.runRelay(service, relay.Config{
 		Pool:         s.pools[service],
 		Publisher:    s.pub,
-		Topic:        Topics[service],
+		Topic:        s.topic(Topics[service]),
 		Origin:       service,
 		Workers:      1,
 		PollInterval: 500 * time.Millisecond,
@@ -56,10 +57,14 @@ func (s *System) relayFor(service string) {
 	})
 }
 
-// consumerFor supervises a consumer of service whose group is its consumidor.
+// consumerFor supervises a consumer of service whose group is its consumidor
+// (Config.Groups renames it), on the topics of Config.Topics.
 func (s *System) consumerFor(service string, cfg consumer.Config) {
 	cfg.Brokers = s.cfg.Brokers
-	cfg.Group = cfg.Name
+	cfg.Group = cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
+	for i, t := range cfg.Topics {
+		cfg.Topics[i] = s.topic(t)
+	}
 	cfg.Pool = s.pools[service]
 	cfg.Backoff = s.cfg.Backoff
 	cfg.Concurrency = 2

@@ -71,8 +71,8 @@ type System struct {
 // APIs. They run until ctx ends or Close is called. On error everything
 // started so far is stopped.
 func Start(ctx context.Context, cfg Config) (_ *System, err error) {
-	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
-		return nil, errors.New("system: Config.DatabaseURL and Config.Brokers are required")
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("system: Config.Brokers is required")
 	}
 	if len(cfg.Services) == 0 {
 		cfg.Services = Services
@@ -81,6 +81,12 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		if !slices.Contains(Services, s) {
 			return nil, fmt.Errorf("system: unknown service %q (known: %v)", s, Services)
 		}
+		if cfg.DatabaseURL == "" && cfg.DatabaseURLs[s] == "" {
+			return nil, fmt.Errorf("system: %s has no database: Config.DatabaseURL (an admin URL) or Config.DatabaseURLs[%q] is required", s, s)
+		}
+	}
+	if err := cfg.validateNames(); err != nil {
+		return nil, err
 	}
 	cfg.MaxConns = cmp.Or(cfg.MaxConns, MaxConnsDefault)
 	cfg.AssignInterval = cmp.Or(cfg.AssignInterval, AssignIntervalDefault)
@@ -115,7 +121,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		return nil, err
 	}
 	s.pub = kafka.NewPublisher(s.kcl)
-	if err := kafka.EnsureTopics(ctx, s.kcl, kafka.PartitionsDefault, DomainTopics()...); err != nil {
+	if err := kafka.EnsureTopics(ctx, s.kcl, kafka.PartitionsDefault, domainTopics(cfg.Topics)...); err != nil {
 		return nil, fmt.Errorf("system: topics: %w", err)
 	}
 	if s.rr, err = newRR(ctx, s); err != nil {
@@ -131,24 +137,33 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 
 func (s *System) enabled(name string) bool { return slices.Contains(s.cfg.Services, name) }
 
-// open creates, migrates and opens the database of service.
+// open opens and migrates the database of service: its own
+// (Config.DatabaseURLs) as is, or km0_<service> on the admin URL's server,
+// created if absent.
 func (s *System) open(ctx context.Context, service string, maxConns int32, sets ...migrate.Set) (*pgxpool.Pool, error) {
-	name := svc.DatabaseName(service, s.cfg.DatabaseSuffix)
-	u, err := svc.EnsureDatabase(ctx, s.cfg.DatabaseURL, name)
-	if err != nil {
-		return nil, err
+	u := s.cfg.DatabaseURLs[service]
+	if u == "" {
+		var err error
+		if u, err = svc.EnsureDatabase(ctx, s.cfg.DatabaseURL, svc.DatabaseName(service, s.cfg.DatabaseSuffix)); err != nil {
+			return nil, err
+		}
 	}
 	pool, err := svc.OpenPool(ctx, u, maxConns)
 	if err != nil {
 		return nil, err
 	}
+	name := pool.Config().ConnConfig.Database
 	s.pools[service] = pool
 	s.dbNames[service] = name
+	s.log.Info("system: database", "service", service, "database", svc.Redact(u))
 	if err := svc.Migrate(ctx, pool, sets...); err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", name, err)
 	}
 	return pool, nil
 }
+
+// topic returns the name of contract topic t (Config.Topics).
+func (s *System) topic(t string) string { return cmp.Or(s.cfg.Topics[t], t) }
 
 // serve starts an HTTP server for h on the configured address of name.
 func (s *System) serve(name string, h http.Handler) error {

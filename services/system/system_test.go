@@ -129,14 +129,21 @@ func startOne(t *testing.T, service string) (*system.System, *kafka.Embedded) {
 // startOneWith is startOne with cfg changed by tweak first.
 func startOneWith(t *testing.T, service string, tweak func(*system.Config)) (*system.System, *kafka.Embedded) {
 	t.Helper()
+	return startWith(t, []string{service}, tweak)
+}
+
+// startWith starts services on their own embedded broker and fresh
+// databases, dropped at cleanup, with cfg changed by tweak first.
+func startWith(t *testing.T, services []string, tweak func(*system.Config)) (*system.System, *kafka.Embedded) {
+	t.Helper()
 	b := kafkatest.New(t, system.DomainTopics()...)
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "t" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: []string{service}}
+	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "t" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: services}
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // the services' lifetime: Start ties them to ctx
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second) // the services' lifetime: Start ties them to ctx
 	sys, err := system.Start(ctx, cfg)
 	if err != nil {
 		cancel()
@@ -144,7 +151,9 @@ func startOneWith(t *testing.T, service string, tweak func(*system.Config)) (*sy
 	}
 	t.Cleanup(func() {
 		cancel()
-		_ = svc.DropDatabase(context.Background(), pgtest.URL(), svc.DatabaseName(service, cfg.DatabaseSuffix))
+		for _, service := range services {
+			_ = svc.DropDatabase(context.Background(), pgtest.URL(), svc.DatabaseName(service, cfg.DatabaseSuffix))
+		}
 	})
 	return sys, b
 }
