@@ -62,6 +62,7 @@ func (p *proc) launchLocked() error {
 		return err
 	}
 	cmd := exec.Command(p.exe, p.args...)
+	cmd.Env = childEnv(os.Environ())
 	// The children die with the harness, whatever kills it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = f
@@ -118,6 +119,20 @@ func (p *proc) launchLocked() error {
 		}
 	}()
 	return nil
+}
+
+// childEnv drops the variables that would make a child use other databases,
+// topics or groups than the ones the harness checks.
+func childEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == "KM0_TOPICS" || k == "KM0_GROUPS" || (strings.HasPrefix(k, "KM0_") && strings.HasSuffix(k, "_DATABASE_URL") && k != "KM0_DATABASE_URL") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 // kill SIGKILLs the child (if running) and holds it down until start.
