@@ -22,7 +22,7 @@ var errInvariants = errors.New("invariants failed")
 
 func runDemo(ctx context.Context, args []string) error {
 	fs := newFlags("demo", "start an embedded Kafka, PostgreSQL databases and the six services, drive orders with failures injected, and print a reconciliation report (exit 0 only if every invariant holds)")
-	orders := fs.Int("orders", demo.OrdersDefault, "number of orders to submit")
+	orders := fs.Int("orders", demo.OrdersDefault, "number of orders to submit (with --chaos the default is 2000)")
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
 	keep := fs.Bool("keep-running", false, "leave the services and their HTTP APIs up after the report (Ctrl-C stops them)")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")

@@ -22,7 +22,10 @@ import (
 // poison records are produced straight to the topics. It asserts exit 0 and
 // the report's numbers, which follow from the plan: of 300 orders, 3 are
 // invalid (13, 110, 207) and 3 refused by the card authorisation (17, 118,
-// 219); 30 are submitted twice with one Idempotency-Key.
+// 219); 30 are submitted twice with one Idempotency-Key. Seed 3's schedule
+// failed before comandes claimed the key first (two same-key pairs answered
+// 409) and, before dead members were expired, left cataleg's group without
+// progress for ~40 s.
 func TestChaosShortForm(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -37,7 +40,7 @@ func TestChaosShortForm(t *testing.T) {
 	}
 	var stdout, stderr bytes.Buffer
 	run := exec.CommandContext(ctx, km0, "demo", "--chaos", "--json", "--own-postgres", "--orders", "300", "--kills", "5",
-		"--duration", "30s", "--broker-down", "5s", "--seed", "20261201", "--settle-timeout", "90s")
+		"--duration", "30s", "--broker-down", "5s", "--seed", "3", "--settle-timeout", "90s")
 	run.Stdout, run.Stderr = &stdout, &stderr
 	start := time.Now()
 	err = run.Run()
@@ -58,7 +61,7 @@ func TestChaosShortForm(t *testing.T) {
 		}
 		t.Fatalf("km0 demo --chaos: %v", err)
 	}
-	if !r.OK || !r.Settled || len(r.Invariants) < 17 || r.Seed != 20261201 {
+	if !r.OK || !r.Settled || len(r.Invariants) < 17 || r.Seed != 3 {
 		t.Fatalf("report OK=%v settled=%v with %d invariants, seed %d:\n%s", r.OK, r.Settled, len(r.Invariants), r.Seed, tail(stderr.String(), 60))
 	}
 	svcKills, brokerKills := r.Kills()
