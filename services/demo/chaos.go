@@ -119,9 +119,11 @@ type chaos struct {
 	kcl          *kgo.Client
 	t0           time.Time // start of the drive
 
-	mu     sync.Mutex
-	done   []FaultDone
-	poison []*Poison
+	mu         sync.Mutex
+	done       []FaultDone
+	poison     []*Poison
+	poisonLeft int           // poison batches not produced yet
+	poisonDone chan struct{} // closed when poisonLeft reaches 0
 }
 
 // RunChaos runs km0 demo --chaos: the six services as separate `km0 serve`
@@ -230,13 +232,32 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 		report.RequestReply += " (autoritzacions desactivades)"
 	}
 	c.say("planificació: %d comandes en %v, %s", cfg.Orders, cfg.Duration, summarize(schedule))
+	c.poisonDone = make(chan struct{})
+	for _, f := range schedule {
+		if f.Kind == FaultPoison {
+			c.poisonLeft++
+		}
+	}
+	if c.poisonLeft == 0 {
+		close(c.poisonDone)
+	}
 
 	// Drive and faults at once.
 	c.t0 = time.Now()
 	driveCtx, cancelDrive := context.WithTimeout(ctx, cfg.Duration+cfg.SettleTimeout)
 	defer cancelDrive()
 	d := &driver{url: c.comandesURL(), client: &http.Client{Timeout: 30 * time.Second}}
+	// The last orders wait for every poison batch: each poison record must
+	// have healthy events after it in its partition, even when a batch was
+	// held up by the broker outage.
+	holdFrom := cfg.Orders - max(cfg.Orders/5, min(cfg.Orders/2, 100))
 	d.gate = func(ctx context.Context, i int) {
+		if i == holdFrom {
+			select {
+			case <-ctx.Done():
+			case <-c.poisonDone:
+			}
+		}
 		wait := time.Until(c.t0.Add(time.Duration(int64(cfg.Duration) * int64(i) / int64(cfg.Orders))))
 		if wait > 0 {
 			select {
@@ -583,6 +604,9 @@ func (c *chaos) fault(ctx context.Context, f Fault, batch int) error {
 			if p.Partition >= 0 { // produced, even if a later one of the batch was not
 				c.poison = append(c.poison, p)
 			}
+		}
+		if c.poisonLeft--; c.poisonLeft == 0 {
+			close(c.poisonDone)
 		}
 		c.mu.Unlock()
 		if err == nil {
