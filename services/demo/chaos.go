@@ -296,6 +296,9 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 	from := max(lastFault, driveEnd)
 	settled, why, stuck := c.settle(ctx, c.t0.Add(from).Add(cfg.SettleTimeout))
 	settledAt := time.Since(c.t0)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
 	report.Settled, report.Stuck = settled, stuck
 	report.SettleAfter = (settledAt - from).Seconds()
 	report.SettleFault = (settledAt - lastFault).Seconds()
