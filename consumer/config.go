@@ -152,8 +152,9 @@ type Config struct {
 	// without leaving (SIGKILL) loses its partitions to the others this long
 	// after its last heartbeat. It must lie within the brokers'
 	// group.min.session.timeout.ms and group.max.session.timeout.ms (the
-	// minimum is 6 s by default), else joining the group fails. Default kafka.SessionTimeoutDefault (10 s);
-	// the heartbeat interval follows (see kafka.GroupOpts).
+	// minimum is 6 s by default), else joining the group fails. Default
+	// kafka.SessionTimeoutDefault (10 s); the heartbeat interval follows
+	// (see kafka.GroupOpts).
 	SessionTimeout time.Duration
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger

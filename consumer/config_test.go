@@ -10,6 +10,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/transport/kafka"
 )
 
 func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
@@ -34,6 +35,7 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 		{func(c *consumer.Config) { c.Handle = nil }, "no Handle"},
 		{func(c *consumer.Config) { c.MaxAttempts = -1 }, "MaxAttempts"},
 		{func(c *consumer.Config) { c.Backoff = -1 }, "negative Backoff"},
+		{func(c *consumer.Config) { c.SessionTimeout = -1 }, "negative SessionTimeout"},
 		{func(c *consumer.Config) { c.Mode = 7 }, "unknown Mode"},
 		{func(c *consumer.Config) { c.Topics = []string{"comandes esdeveniments"} }, "only ASCII letters"},
 		{func(c *consumer.Config) { c.Topics = []string{strings.Repeat("t", 244)} }, "1 to 249"}, // 250 with .retry
@@ -44,6 +46,9 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 		if !errors.Is(err, consumer.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("want an ErrConfig naming %q, got %v", tc.want, err)
 		}
+	}
+	if d := ok.WithDefaults().SessionTimeout; d != kafka.SessionTimeoutDefault {
+		t.Errorf("default SessionTimeout %v, want %v", d, kafka.SessionTimeoutDefault)
 	}
 	noInbox := ok
 	noInbox.Name, noInbox.NoInbox = "", true

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -30,6 +31,9 @@ import (
 
 // The liveness proof runs the broker and the group members as separate OS
 // processes: this test binary, re-executed with roleEnv set (see TestMain).
+// With KM0_LIVENESS_DEBUG=DIR the children log at debug level (kgo, kfake)
+// and a failed run leaves each child's log in DIR. KM0_LIVENESS_SESSION
+// overrides the members' session timeout (0s: consumer's default).
 const (
 	roleEnv   = "KM0_LIVENESS_ROLE" // "broker" or "consumer"
 	lvTopic   = "viu.esdeveniments"
@@ -66,8 +70,12 @@ func child(fn func(context.Context) error) int {
 
 // brokerChild is `km0 kafka --data-dir` with a low group.min.session.timeout.ms.
 func brokerChild(ctx context.Context) error {
+	var extra []kfake.Opt
+	if os.Getenv("KM0_LIVENESS_DEBUG") != "" {
+		extra = append(extra, kfake.WithLogger(kfake.BasicLogger(os.Stderr, kfake.LogLevelDebug)))
+	}
 	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: os.Getenv("KM0_LIVENESS_ADDR"), DataDir: os.Getenv("KM0_LIVENESS_DATA"),
-		Topics: []string{lvTopic}, GroupMinSessionTimeout: 100 * time.Millisecond})
+		Topics: []string{lvTopic}, GroupMinSessionTimeout: 100 * time.Millisecond, Extra: extra})
 	if err != nil {
 		return err
 	}
@@ -85,15 +93,23 @@ func consumerChild(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
+	session := lvSession
+	if d, err := time.ParseDuration(os.Getenv("KM0_LIVENESS_SESSION")); err == nil {
+		session = d // 0: the default
+	}
+	kopts := []kgo.Opt{kgo.ClientID(os.Getenv("KM0_LIVENESS_ID"))}
+	if os.Getenv("KM0_LIVENESS_DEBUG") != "" {
+		kopts = append(kopts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelDebug, nil)))
+	}
 	c, err := consumer.New(consumer.Config{
 		Brokers: []string{os.Getenv("KM0_LIVENESS_ADDR")}, Group: lvGroup, Topics: []string{lvTopic}, Name: lvName,
-		Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")}, SessionTimeout: lvSession,
+		Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")}, SessionTimeout: session,
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO efectes (id) VALUES ($1)`, m.Envelope.ID)
 			return err
 		},
 		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		KgoOpts: []kgo.Opt{kgo.ClientID(os.Getenv("KM0_LIVENESS_ID"))},
+		KgoOpts: kopts,
 	})
 	if err != nil {
 		return err
@@ -197,6 +213,20 @@ func livenessRun(t *testing.T, killBroker bool) {
 	if parked == 0 {
 		t.Fatalf("no restart died parked in JoinGroup: the crash loop did not exercise a dead joining member")
 	}
+	if ends, err := adm.ListEndOffsets(ctx, lvTopic); err == nil {
+		var total int64
+		ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
+		if total != lvRecords {
+			// After a SIGKILL the embedded broker has lost its
+			// idempotent-producer sequences (kfake writes them only in
+			// its start and shutdown snapshots): the producer's next
+			// batch gets OUT_OF_ORDER_SEQUENCE_NUMBER, franz-go resets
+			// the producer id and sends again, and some batches are
+			// written twice. The copies carry the same id_esdeveniment,
+			// and the inbox absorbs them (checked below).
+			t.Logf("the topic holds %d records for %d produced", total, lvRecords)
+		}
+	}
 	if n, d := count(ctx, t, s, `SELECT count(*) FROM efectes`), count(ctx, t, s, `SELECT count(DISTINCT id) FROM efectes`); n != lvRecords || d != lvRecords {
 		t.Fatalf("effects: %d rows, %d distinct, want %d each", n, d, lvRecords)
 	}
@@ -248,7 +278,7 @@ func groupLag(ctx context.Context, adm *kadm.Client) string {
 			lag = append(lag, fmt.Sprintf("p%d %d/%d", p, c.At, end.Offset))
 		}
 	}
-	if total != lvRecords {
+	if total < lvRecords {
 		lag = append(lag, fmt.Sprintf("log end %d of %d", total, lvRecords))
 	}
 	return strings.Join(lag, ", ")
@@ -354,7 +384,10 @@ func startProc(t *testing.T, name string, env []string) *proc {
 	}()
 	t.Cleanup(func() {
 		p.kill()
-		if out := p.out.tail(4000); t.Failed() && out != "" {
+		if d := os.Getenv("KM0_LIVENESS_DEBUG"); d != "" && t.Failed() {
+			_ = os.WriteFile(fmt.Sprintf("%s/%s-%d.log", d, name, p.cmd.Process.Pid), []byte(p.out.String()), 0o644)
+		}
+		if out := p.out.tail(4000); t.Failed() && out != "" && os.Getenv("KM0_LIVENESS_DEBUG") == "" {
 			t.Logf("%s stderr:\n%s", name, out)
 		}
 	})
@@ -387,6 +420,12 @@ func (l *lockedBuffer) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(b)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func (l *lockedBuffer) tail(n int) string {

@@ -1511,6 +1511,15 @@ func (g *group) updateHeartbeat(m *groupMember) {
 		if g.members[m.memberID] != m {
 			return
 		}
+		// A member parked in JoinGroup or SyncGroup is kept, as
+		// Kafka keeps a member awaiting join or sync: the rebalance
+		// deadlines decide its fate, and the reply that ends its wait
+		// arms a new session timer. Removing it here would drop its
+		// parked request unanswered, and the client would wait for
+		// its request timeout while the group went on without it.
+		if !m.waitingReply.empty() {
+			return
+		}
 		g.updateMemberAndRebalance(m, nil, nil)
 	})
 }
