@@ -36,11 +36,30 @@ func start(t *testing.T, h requestreply.Handler) (*amqprr.Server, *amqprr.Client
 	return srv, cl, queue
 }
 
-// Proofs 1, 2 and 3 (and bad requests) over RabbitMQ.
+// The proofs of rrtest over RabbitMQ.
 func TestConformance(t *testing.T) {
 	rrtest.Run(t, func(t *testing.T, h requestreply.Handler) rrtest.Started {
-		_, cl, queue := start(t, h)
-		return rrtest.Started{Requester: cl, Service: queue, Late: cl.LateReplies}
+		conn := amqptest.Dial(t)
+		queue := amqptest.Name("t.rr")
+		ctx := context.Background()
+		serve := func(h requestreply.Handler) func() {
+			srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: conn, Queue: queue, Handler: h})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := rrtest.Stoppable(t, srv.Run)
+			t.Cleanup(stop)
+			return stop
+		}
+		stop := serve(h)
+		amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, amqp.DLQName(queue)} })
+		cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cl.Close() })
+		return rrtest.Started{Requester: cl, Service: queue, Late: cl.LateReplies,
+			StopServer: func() { stop() }, StartServer: func(h requestreply.Handler) { stop = serve(h) }}
 	})
 }
 

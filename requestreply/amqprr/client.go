@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -234,8 +235,9 @@ func (c *Client) session(ctx context.Context) (*session, error) {
 
 // Request implements requestreply.Requester. The request is published to
 // the default exchange with routing key service (the server's queue), the
-// mandatory flag, message_id = requestID (a random one if empty) and a fresh
-// correlation_id. Errors: *requestreply.TimeoutError after the deadline,
+// mandatory flag, message_id = requestID (a random one if empty), a fresh
+// correlation_id, and its deadline (ctx's, or now + Timeout) as header
+// no_despres and as the AMQP expiration (the milliseconds left). Errors: *requestreply.TimeoutError after the deadline,
 // *requestreply.RemoteError for an error reply, requestreply.ErrNoService
 // when no queue is named service, requestreply.ErrConnectionLost when the
 // connection dropped while waiting, ctx.Err() when ctx is cancelled.
@@ -274,7 +276,14 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	if c.cfg.Persistent {
 		mode = amqp091.Persistent
 	}
+	// The deadline travels twice: no_despres for the server (and for other
+	// brokers' servers), expiration so that RabbitMQ drops the request if it
+	// is still queued when its requester has given up.
+	deadline, _ := ctx.Deadline() // WithTimeout gave it one
+	ttl := max(time.Until(deadline).Milliseconds(), 1)
 	err = s.pub.PublishWithContext(ctx, "", service, true, false, amqp091.Publishing{
+		Headers:       amqp091.Table{requestreply.HeaderDeadline: requestreply.FormatDeadline(deadline)},
+		Expiration:    strconv.FormatInt(ttl, 10),
 		ContentType:   amqp.ContentTypeJSON,
 		DeliveryMode:  mode,
 		CorrelationId: corr,

@@ -4,9 +4,12 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/requestreply"
@@ -15,9 +18,10 @@ import (
 
 // Defaults of ServerConfig.
 const (
-	QueueDefault    = "pagaments.autoritzacions"
-	PrefetchDefault = 64
-	WorkersDefault  = 16
+	QueueDefault          = "pagaments.autoritzacions"
+	PrefetchDefault       = 64
+	WorkersDefault        = 16
+	MaxUnconfirmedDefault = 1024
 )
 
 // ServerConfig configures a Server.
@@ -30,8 +34,13 @@ type ServerConfig struct {
 	Queue    string
 	Prefetch int // default 64
 	Workers  int // requests handled at once; default 16
-	DLX      string
-	Logger   *slog.Logger // default slog.Default()
+	// MaxUnconfirmed bounds the replies sent and not yet confirmed by the
+	// broker; a reply beyond it waits for room. Default 1024.
+	MaxUnconfirmed int
+	DLX            string
+	Logger         *slog.Logger // default slog.Default()
+	// Metrics, if set, receives requestreply.MetricServerRequests.
+	Metrics prometheus.Registerer
 }
 
 // ServerStats counts what a Server did.
@@ -40,25 +49,41 @@ type ServerStats struct {
 	ErrorReplies int64 // of which error replies
 	Orphaned     int64 // replies returned unroutable: the client's queue was gone
 	DeadLettered int64 // requests without reply_to or correlation_id, or unanswerable
+	Expired      int64 // requests past their no_despres, dropped without running the handler
+	Lost         int64 // replies the broker nacked, or whose channel closed before the confirm
 }
 
-// Server answers requests from a queue. For each request it runs the
-// handler, publishes the reply to reply_to with the same correlation_id
-// (mandatory, confirmed, transient), and acks the request only after the
-// reply is confirmed. A reply returned unroutable (the client and its
-// exclusive queue are gone) is counted as orphaned and the request acked. If
-// the connection drops before the confirm, the request stays unacked and the
-// broker redelivers it: the handler runs again, which an Idempotent handler
-// answers from its stored response. If the broker refuses the reply three
-// times on a live connection, the request is dead-lettered rather than
-// requeued (never a requeue loop). A request with no reply_to or
-// correlation_id cannot be answered and is dead-lettered (nack without
-// requeue) to <queue>.dlq.
+// Server answers requests from a queue.
+//
+// For each request it drops it unhandled (ack, counted as Expired) if its
+// deadline (header no_despres) has passed; RabbitMQ itself drops the
+// requests that expire while queued (AMQP expiration, which the Client
+// sets), dead-lettering them to <queue>.dlq like every message of the queue
+// that dies there. Otherwise it runs the handler, publishes the reply to
+// reply_to with the same correlation_id (transient, confirmed, mandatory
+// except to a direct reply-to consumer: see DirectReplyTo) and acks the
+// request as soon as the reply is written, without waiting for its confirm:
+// the worker is free for the next request while the broker confirms. The
+// confirm is counted when it comes (Replied); a reply returned unroutable
+// (the client and its exclusive queue are gone) is counted as Orphaned.
+//
+// What is durable when the request is acked is what the handler made
+// durable before returning: an Idempotent handler has committed the effect
+// and the stored response. A reply lost after that (the server or the
+// connection dies before the broker routed it) is recovered by the
+// requester, which times out and asks again with the same request id, and
+// gets the stored response. If the connection drops before the ack, the
+// request is redelivered and answered again the same way. If the reply
+// cannot be published twice in a row on a live connection, the request is
+// dead-lettered rather than requeued (never a requeue loop). A request with
+// no reply_to or correlation_id cannot be answered and is dead-lettered (nack
+// without requeue) to <queue>.dlq.
 type Server struct {
 	cfg ServerConfig
-	pub *amqp.Publisher
+	rep *replier
+	m   *requestreply.ServerMetrics
 
-	replied, errorReplies, orphaned, dead atomic.Int64
+	replied, errorReplies, orphaned, dead, expired, lost atomic.Int64
 }
 
 // NewServer declares the request queue and returns the Server; Run serves.
@@ -69,17 +94,20 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	cfg.Queue = cmp.Or(cfg.Queue, QueueDefault)
 	cfg.Prefetch = cmp.Or(max(cfg.Prefetch, 0), PrefetchDefault)
 	cfg.Workers = cmp.Or(max(cfg.Workers, 0), WorkersDefault)
+	cfg.MaxUnconfirmed = cmp.Or(max(cfg.MaxUnconfirmed, 0), MaxUnconfirmedDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	m, err := requestreply.NewServerMetrics(cfg.Metrics, cfg.Queue)
+	if err != nil {
+		return nil, err
 	}
 	if err := cfg.Conn.Declare(ctx, amqp.WorkQueueTopology(cfg.DLX, cfg.Queue, cfg.Queue, false)); err != nil {
 		return nil, err
 	}
-	pub, err := amqp.NewPublisher(ctx, cfg.Conn, amqp.PublisherConfig{Logger: cfg.Logger})
-	if err != nil {
-		return nil, err
-	}
-	return &Server{cfg: cfg, pub: pub}, nil
+	s := &Server{cfg: cfg, m: m}
+	s.rep = newReplier(cfg.Conn, cfg.Logger, cfg.MaxUnconfirmed, s.replyDone)
+	return s, nil
 }
 
 // Queues returns the queues the server declared (the request queue and its DLQ).
@@ -87,15 +115,57 @@ func (s *Server) Queues() []string { return []string{s.cfg.Queue, amqp.DLQName(s
 
 // Stats returns the counters so far.
 func (s *Server) Stats() ServerStats {
-	return ServerStats{Replied: s.replied.Load(), ErrorReplies: s.errorReplies.Load(), Orphaned: s.orphaned.Load(), DeadLettered: s.dead.Load()}
+	return ServerStats{Replied: s.replied.Load(), ErrorReplies: s.errorReplies.Load(), Orphaned: s.orphaned.Load(),
+		DeadLettered: s.dead.Load(), Expired: s.expired.Load(), Lost: s.lost.Load()}
 }
 
 // Run serves until ctx ends (then it finishes the requests in hand and
 // returns nil). It returns an error only if the Conn is closed.
 func (s *Server) Run(ctx context.Context) error {
-	defer s.pub.Close() //nolint:errcheck // best effort
+	defer s.rep.close()
 	return s.cfg.Conn.Subscribe(ctx, amqp.SubscribeConfig{Queue: s.cfg.Queue, Prefetch: s.cfg.Prefetch,
 		Workers: s.cfg.Workers, Logger: s.cfg.Logger}, s.handle)
+}
+
+func (s *Server) count(res string, n *atomic.Int64) {
+	n.Add(1)
+	s.m.Count(res)
+}
+
+// replyDone counts the broker's word on a reply.
+func (s *Server) replyDone(sr *sentReply, o replyOutcome) {
+	switch o {
+	case outcomeConfirmed:
+		s.replied.Add(1)
+		if sr.IsError {
+			s.count(requestreply.ResErrorReply, &s.errorReplies)
+		} else {
+			s.m.Count(requestreply.ResReplied)
+		}
+	case outcomeReturned:
+		// The client is gone (its exclusive queue went with it). The
+		// effect, if any, is done; nobody can take the reply.
+		s.count(requestreply.ResOrphaned, &s.orphaned)
+		s.cfg.Logger.Info("amqprr: reply returned: the client's queue is gone", "reply_to", sr.ReplyTo, "id_peticio", sr.ID)
+	default:
+		s.count(requestreply.ResUnanswerable, &s.lost)
+		s.cfg.Logger.Debug("amqprr: reply not confirmed (nacked or channel closed); a retry gets the stored response",
+			"reply_to", sr.ReplyTo, "id_peticio", sr.ID)
+	}
+}
+
+// Deadline returns a delivery's no_despres (a string of unix seconds; a
+// number is accepted too) and whether it has a valid one.
+func Deadline(d *amqp091.Delivery) (time.Time, bool) {
+	switch v := d.Headers[requestreply.HeaderDeadline].(type) {
+	case string:
+		return requestreply.ParseDeadline(v)
+	case []byte:
+		return requestreply.ParseDeadline(string(v))
+	case float64, float32, int64, int32, int16, int8, int:
+		return requestreply.ParseDeadline(fmt.Sprint(v))
+	}
+	return time.Time{}, false
 }
 
 func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
@@ -103,12 +173,21 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 	if d.ReplyTo == "" || d.CorrelationId == "" {
 		log.Error("amqprr: request without reply_to or correlation_id dead-lettered", "queue", s.cfg.Queue,
 			"message_id", d.MessageId, "reply_to", d.ReplyTo, "correlation_id", d.CorrelationId)
-		s.dead.Add(1)
+		s.count(requestreply.ResUnanswerable, &s.dead)
 		_ = d.Nack(false, false)
 		return
 	}
 	req := &requestreply.Request{ID: cmp.Or(d.MessageId, d.CorrelationId), CorrelationID: d.CorrelationId, Body: d.Body}
+	if t, ok := Deadline(d); requestreply.Expired(t, ok, time.Now()) {
+		s.count(requestreply.ResExpired, &s.expired)
+		log.Debug("amqprr: expired request dropped", "id_peticio", req.ID, "no_despres", t)
+		_ = d.Ack(false)
+		return
+	}
 	body, isErr := requestreply.Serve(ctx, log, s.cfg.Handler, req)
+	if isErr && ctx.Err() != nil {
+		return // cut short by the stop: unacked, redelivered to the next server
+	}
 	result := requestreply.ResultOK
 	if isErr {
 		result = requestreply.ResultError
@@ -121,29 +200,27 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 		MessageId:     req.ID,
 		Body:          body,
 	}
-	err := s.pub.PublishRawRetry(ctx, "", d.ReplyTo, reply)
+	sr := &sentReply{ID: req.ID, ReplyTo: d.ReplyTo, Corr: d.CorrelationId, IsError: isErr}
+	var err error
+	for try := range 2 { // a dead channel is replaced once
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = s.rep.publish(pctx, sr, reply)
+		cancel()
+		if err == nil || ctx.Err() != nil || try == 1 {
+			break
+		}
+	}
 	switch {
 	case err == nil:
-		s.replied.Add(1)
-		if isErr {
-			s.errorReplies.Add(1)
-		}
 		_ = d.Ack(false)
-		return
-	case errors.Is(err, amqp.ErrUnroutable):
-		// The client is gone (its exclusive queue went with it). The effect,
-		// if any, is done; nobody can take the reply. Ack.
-		s.orphaned.Add(1)
-		log.Warn("amqprr: reply returned: the client's queue is gone", "reply_to", d.ReplyTo, "id_peticio", req.ID)
-		_ = d.Ack(false)
-		return
 	case ctx.Err() != nil:
-		return // shutting down: unacked, redelivered
+		// Shutting down: unacked, redelivered.
+	default:
+		// The broker accepts no reply: do not loop on the request. If the
+		// channel is gone this nack fails and the broker redelivers the
+		// request; if not, the request goes to the DLQ for an operator.
+		log.Error("amqprr: cannot publish the reply; request dead-lettered", "queue", s.cfg.Queue, "id_peticio", req.ID, "err", err)
+		s.count(requestreply.ResUnanswerable, &s.dead)
+		_ = d.Nack(false, false)
 	}
-	// The broker accepts no reply: do not loop on the request. If the channel
-	// is gone this nack fails and the broker redelivers the request; if not,
-	// the request goes to the DLQ for an operator.
-	log.Error("amqprr: cannot publish the reply; request dead-lettered", "queue", s.cfg.Queue, "id_peticio", req.ID, "err", err)
-	s.dead.Add(1)
-	_ = d.Nack(false, false)
 }

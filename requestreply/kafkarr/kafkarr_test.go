@@ -10,16 +10,21 @@ import (
 	"github.com/km0/km0/requestreply/rrtest"
 )
 
-// Proofs 1, 2 and 3 (and bad requests) over Kafka (kfake).
+// The proofs of rrtest over Kafka (kfake).
 func TestConformance(t *testing.T) {
 	rrtest.Run(t, func(t *testing.T, h requestreply.Handler) rrtest.Started {
 		b := kafkatest.New(t)
 		ctx := context.Background()
-		srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: b.Addrs(), Handler: h})
-		if err != nil {
-			t.Fatal(err)
+		serve := func(h requestreply.Handler) func() {
+			srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: b.Addrs(), Handler: h})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := rrtest.Stoppable(t, srv.Run)
+			t.Cleanup(stop)
+			return stop
 		}
-		rrtest.Background(t, srv.Run)
+		stop := serve(h)
 		cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs()})
 		if err != nil {
 			t.Fatal(err)
@@ -29,6 +34,7 @@ func TestConformance(t *testing.T) {
 				t.Errorf("client close: %v", err)
 			}
 		})
-		return rrtest.Started{Requester: cl, Service: kafkarr.TopicDefault, Late: cl.LateReplies}
+		return rrtest.Started{Requester: cl, Service: kafkarr.TopicDefault, Late: cl.LateReplies,
+			StopServer: func() { stop() }, StartServer: func(h requestreply.Handler) { stop = serve(h) }}
 	})
 }

@@ -71,8 +71,12 @@ func (t *tracker) begin(p *ptrack) bool {
 	return true
 }
 
-// finish marks offset of p finished (ran reports whether begin let it run).
-func (t *tracker) finish(p *ptrack, offset int64, ran bool) {
+// finish ends the record at offset of p: ran says whether begin let it run,
+// done whether it is finished. A record that did not run (its partition was
+// given up, or the server is stopping) or did not finish (its handler was
+// cut short by the stop) stays unfinished: nothing at or after it is
+// committed, and the group reads it again.
+func (t *tracker) finish(p *ptrack, offset int64, ran, done bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if ran {
@@ -81,7 +85,7 @@ func (t *tracker) finish(p *ptrack, offset int64, ran bool) {
 			t.idle.Broadcast()
 		}
 	}
-	if p.gone && !ran {
+	if !ran || !done {
 		return
 	}
 	p.done[offset] = struct{}{}

@@ -183,10 +183,8 @@ func (s *Server) Run(ctx context.Context) error {
 			defer wg.Done()
 			for j := range work {
 				ran := ctx.Err() == nil && s.tr.begin(j.p)
-				if ran {
-					s.handle(ctx, j.r)
-				}
-				s.tr.finish(j.p, j.r.Offset, ran)
+				done := ran && s.handle(ctx, j.r)
+				s.tr.finish(j.p, j.r.Offset, ran, done)
 				<-slots
 				select {
 				case kick <- struct{}{}:
@@ -254,8 +252,18 @@ func (s *Server) committer(ctx context.Context, kick <-chan struct{}) {
 		case <-ctx.Done():
 			return
 		}
+		// At most one commit per commitEvery: completions meanwhile go in
+		// the next one (a commit costs the broker more than a reply).
+		select {
+		case <-time.After(commitEvery):
+		case <-ctx.Done():
+			return
+		}
 	}
 }
+
+// commitEvery spaces the server's offset commits.
+const commitEvery = 50 * time.Millisecond
 
 func (s *Server) commit(ctx context.Context, offs map[string]map[int32]kgo.EpochOffset) {
 	if len(offs) == 0 {
@@ -297,7 +305,10 @@ func (s *Server) count(res string, n *atomic.Int64) {
 	s.m.Count(res)
 }
 
-func (s *Server) handle(ctx context.Context, r *kgo.Record) {
+// handle answers r and reports whether it is finished: false when the
+// server stopped while the handler ran and it failed (then there is no reply
+// and the request is read again).
+func (s *Server) handle(ctx context.Context, r *kgo.Record) bool {
 	var corr, replyTo, id, deadline string
 	for _, h := range r.Headers {
 		switch h.Key {
@@ -315,22 +326,26 @@ func (s *Server) handle(ctx context.Context, r *kgo.Record) {
 	if corr == "" || replyTo == "" {
 		s.count(requestreply.ResUnanswerable, &s.unanswerable)
 		log.Error("kafkarr: request without correlacio or respondre_a skipped", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
-		return
+		return true
 	}
 	if !strings.HasPrefix(replyTo, s.cfg.ReplyTopicPrefix) || replyTo == s.cfg.Topic {
 		s.count(requestreply.ResUnanswerable, &s.unanswerable)
 		log.Error("kafkarr: request whose respondre_a is not a reply topic skipped", "respondre_a", replyTo,
 			"prefix", s.cfg.ReplyTopicPrefix, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
-		return
+		return true
 	}
 	req := &requestreply.Request{ID: cmp.Or(id, string(r.Key), corr), CorrelationID: corr, Body: r.Value}
 	if t, ok := requestreply.ParseDeadline(deadline); requestreply.Expired(t, ok, time.Now()) {
 		s.count(requestreply.ResExpired, &s.expired)
 		log.Debug("kafkarr: expired request dropped", "id_peticio", req.ID, "no_despres", deadline)
-		return
+		return true
 	}
 	body, isErr := requestreply.Serve(ctx, log, s.cfg.Handler, req)
+	if isErr && ctx.Err() != nil {
+		return false // cut short by the stop: the next server answers it
+	}
 	s.reply(req, replyTo, body, isErr, true)
+	return true
 }
 
 // reply hands the reply to the producer and returns at once; the promise

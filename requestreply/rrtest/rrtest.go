@@ -27,6 +27,12 @@ type Started struct {
 	Requester requestreply.Requester
 	Service   string       // the name to pass to Request
 	Late      func() int64 // the requester's count of late replies
+	// StopServer stops the running server and waits until it has stopped
+	// (its queue or topic, and the requester, stay).
+	StopServer func()
+	// StartServer starts a new server on the same queue or topic, running h,
+	// as a process restart would; it stops at the test's cleanup.
+	StartServer func(h requestreply.Handler)
 }
 
 // Transport starts a server that runs h and a requester for it; both stop
@@ -39,6 +45,8 @@ func Run(t *testing.T, start Transport) {
 	t.Run("SlowServerTimesOutAndLateReplyIsDropped", func(t *testing.T) { slowServer(t, start) })
 	t.Run("SameRequestIDRunsTheEffectOnce", func(t *testing.T) { idempotent(t, start) })
 	t.Run("BadRequestGetsAnErrorReply", func(t *testing.T) { badRequest(t, start) })
+	t.Run("RestartWithAnExpiredBacklogAnswersFreshRequests", func(t *testing.T) { expiredBacklog(t, start) })
+	t.Run("SlowRequestDoesNotHoldBackFreshOnes", func(t *testing.T) { slowDoesNotBlock(t, start) })
 }
 
 type echoReq struct {
@@ -219,13 +227,24 @@ var waitFor = amqptest.WaitFor
 // and fails the test if it returned an error.
 func Background(t *testing.T, run func(ctx context.Context) error) {
 	t.Helper()
+	t.Cleanup(Stoppable(t, run))
+}
+
+// Stoppable runs run (a server's Run) and returns the function that cancels
+// it and waits for it to return (failing the test if it returned an error).
+// Calling that function more than once is harmless.
+func Stoppable(t *testing.T, run func(ctx context.Context) error) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("server: %v", err)
-		}
-	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("server: %v", err)
+			}
+		})
+	}
 }

@@ -78,7 +78,10 @@ type Config struct {
 }
 
 // Service is the pagaments service. It is safe for concurrent use.
-type Service struct{ cfg Config }
+type Service struct {
+	cfg  Config
+	auth *authBatcher
+}
 
 // New returns a Service; it fails without a pool.
 func New(cfg Config) (*Service, error) {
@@ -94,7 +97,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Service{cfg: cfg}, nil
+	return &Service{cfg: cfg, auth: newAuthBatcher(cfg.Pool)}, nil
 }
 
 // Confirmed is the dades of pagament.confirmat.
@@ -168,72 +171,6 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 	}
 	return s.cfg.Outbox.Enqueue(ctx, tx, &outbox.Event{Aggregate: Aggregate, AggregateID: o.ID, Type: TypeConfirmed,
 		Payload: Confirmed{OrderID: o.ID, TotalCents: ch.TotalCents, GatewayRef: ch.Ref}})
-}
-
-// AuthRequest is the body of a request on pagaments.autoritzacions.
-type AuthRequest struct {
-	OrderID    string `json:"comanda_id"`
-	TotalCents int64  `json:"import_centims"`
-}
-
-// AuthResponse is the answer.
-type AuthResponse struct {
-	OrderID  string `json:"comanda_id"`
-	Approved bool   `json:"aprovada"`
-	Reason   string `json:"motiu,omitempty"`
-}
-
-// Authorize answers one authorisation request: approved up to
-// AuthLimitCents, refused above ("import_excessiu"). The decision is stored
-// per order, so a repeated request (a requester that timed out and asked
-// again) gets the same answer; an approval holds for its amount only (another
-// amount for the same order is refused). A malformed body is outcome.Permanent.
-func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
-	var req AuthRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, outcome.Permanentf("esquema: autorització: %v", err)
-	}
-	if req.OrderID == "" || req.TotalCents < 0 {
-		return nil, outcome.Permanentf("esquema: autorització sense comanda_id o amb import negatiu")
-	}
-	resp := AuthResponse{OrderID: req.OrderID, Approved: req.TotalCents <= s.cfg.AuthLimitCents}
-	if !resp.Approved {
-		resp.Reason = fmt.Sprintf("import_excessiu: %d > %d", req.TotalCents, s.cfg.AuthLimitCents)
-	}
-	var reason *string
-	if resp.Reason != "" {
-		reason = &resp.Reason
-	}
-	// A conflicting insert waits for the other transaction; when it committed
-	// after this statement's snapshot the stored row is not visible yet: ask again.
-	var err error
-	for range 3 {
-		if err = s.decide(ctx, &req, &resp, reason); !errors.Is(err, pgx.ErrNoRows) {
-			break
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(resp)
-}
-
-// decide stores or reads back the order's decision. An approval holds for the
-// amount it was given for only: the same order asked for another amount is
-// refused ("import_diferent"), so a stored approval cannot lift the limit.
-func (s *Service) decide(ctx context.Context, req *AuthRequest, resp *AuthResponse, reason *string) error {
-	var stored int64
-	err := s.cfg.Pool.QueryRow(ctx, `WITH nova AS (
-			INSERT INTO autoritzacions (comanda_id, import_centims, aprovada, motiu) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (comanda_id) DO NOTHING RETURNING aprovada, motiu, import_centims)
-		SELECT aprovada, coalesce(motiu, ''), import_centims FROM nova
-		UNION ALL SELECT aprovada, coalesce(motiu, ''), import_centims FROM autoritzacions WHERE comanda_id = $1
-		LIMIT 1`, req.OrderID, req.TotalCents, resp.Approved, reason).Scan(&resp.Approved, &resp.Reason, &stored)
-	if err == nil && resp.Approved && stored != req.TotalCents {
-		resp.Approved = false
-		resp.Reason = fmt.Sprintf("import_diferent: la comanda %s es va autoritzar per %d, no per %d", req.OrderID, stored, req.TotalCents)
-	}
-	return err
 }
 
 // Payments returns the recorded payments: order id → (amount, gateway ref).

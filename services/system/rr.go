@@ -48,20 +48,28 @@ func (s *System) RequestReplyTransport() string {
 	return "Kafka"
 }
 
-// serve answers requests on queue (a topic over Kafka) with h, under the
-// supervisor.
-func (r *rrStack) serve(ctx context.Context, queue string, h func(ctx context.Context, body []byte) ([]byte, error)) error {
+// Workers of the request/reply servers: pagaments' authorisations share
+// their commits (pagaments.Service.Authorize batches concurrent calls), so
+// they need as many requests in hand as callers to batch; others use few.
+const (
+	rrWorkersAuthorize = 64
+	rrWorkersDefault   = 4
+)
+
+// serve answers requests on queue (a topic over Kafka) with h, handling
+// workers requests at once, under the supervisor.
+func (r *rrStack) serve(ctx context.Context, queue string, workers int, h func(ctx context.Context, body []byte) ([]byte, error)) error {
 	handler := func(ctx context.Context, req *requestreply.Request) ([]byte, error) { return h(ctx, req.Body) }
 	log := r.s.log.With("rr", queue)
 	var run func(context.Context) error
 	if r.conn != nil {
-		srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: r.conn, Handler: handler, Queue: queue, Workers: 4, Logger: log})
+		srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: r.conn, Handler: handler, Queue: queue, Workers: workers, Prefetch: 2 * workers, Logger: log})
 		if err != nil {
 			return err
 		}
 		run = srv.Run
 	} else {
-		srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: r.s.cfg.Brokers, Handler: handler, Topic: queue, Workers: 4, Logger: log})
+		srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: r.s.cfg.Brokers, Handler: handler, Topic: queue, Workers: workers, Logger: log})
 		if err != nil {
 			return err
 		}

@@ -121,7 +121,7 @@ func (s *System) startInventari(ctx context.Context) error {
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
 	s.consumerFor(inventari.Name, consumer.Config{Name: inventari.ConsumerDecrement, Topics: []string{comandes.Topic}, Decode: dec,
 		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated})
-	if err := s.rr.serve(ctx, inventari.ReserveQueue, s.Inventari.Reserve); err != nil {
+	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
 	}
 	return s.serve(inventari.Name, s.Inventari.Handler())
@@ -167,7 +167,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 	// neighbour must not make a whole batch call it again.
 	s.consumerFor(pagaments.Name, consumer.Config{Name: pagaments.ConsumerCharge, Topics: []string{comandes.Topic}, BatchSize: 1, Decode: dec,
 		Types: []string{pagaments.TypeOrderCreated}, Handle: s.Pagaments.HandleOrderCreated})
-	return s.rr.serve(ctx, pagaments.AuthQueue, s.Pagaments.Authorize)
+	return s.rr.serve(ctx, pagaments.AuthQueue, rrWorkersAuthorize, s.Pagaments.Authorize)
 }
 
 func (s *System) startRepartiment(ctx context.Context) error {
