@@ -29,7 +29,7 @@ func TestHelpNeverPrintsTheDatabaseURL(t *testing.T) {
 
 // Every command's --help with secrets in the environment prints none of them.
 func TestNoHelpPrintsASecretFromTheEnvironment(t *testing.T) {
-	for _, v := range []string{"KM0_DATABASE_URL", "KM0_AMQP_URL", "KM0_DLQ_WEBHOOK", "KM0_PASSARELLA_URL", "KM0_DLQ_ADMIN_TOKEN"} {
+	for _, v := range []string{"KM0_DATABASE_URL", "KM0_AMQP_URL", "KM0_DLQ_WEBHOOK", "KM0_PASSARELLA_URL", "KM0_DLQ_ADMIN_TOKEN", "KM0_CATALEG_DATABASE_URL"} {
 		t.Setenv(v, "postgres://km0:s3cret@db/km0")
 	}
 	argvs := [][]string{}
@@ -43,7 +43,7 @@ func TestNoHelpPrintsASecretFromTheEnvironment(t *testing.T) {
 		argvs = append(argvs, []string{"bench", name, "--help"})
 	}
 	argvs = append(argvs, []string{"outbox", "parked", "--help"}, []string{"outbox", "release", "--help"},
-		[]string{"schema", "check", "--help"})
+		[]string{"schema", "check", "--help"}, []string{"serve", "cataleg", "--help"})
 	for _, argv := range argvs {
 		out := captureStderr(t, func() { _ = commands[argv[0]].run(context.Background(), argv[1:]) })
 		if strings.Contains(out, "s3cret") {

@@ -74,7 +74,9 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 		svc.WriteError(w, http.StatusServiceUnavailable, "", err.Error())
 		return
 	case err != nil:
-		s.cfg.Logger.Error("comandes: create", "comanda", o.ID, "err", err)
+		if r.Context().Err() == nil { // else the client has gone
+			s.cfg.Logger.Error("comandes: create", "comanda", o.ID, "err", err)
+		}
 		svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut desar la comanda; torna-ho a provar amb la mateixa Idempotency-Key")
 		return
 	}

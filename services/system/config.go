@@ -1,5 +1,5 @@
 // Package system wires the six km0 services into running processes: each
-// service's database (km0_<service>, created and migrated if absent), its
+// service's database (its own, or km0_<service> created if absent; migrated), its
 // outbox relay, its consumers with their retry and DLQ topics, its
 // request/reply servers and its HTTP API. Start runs all of them in one
 // process (`km0 up`) or a chosen subset (`km0 serve NAME`). Relays and

@@ -1,8 +1,12 @@
 package system_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,15 +28,31 @@ import (
 func TestServicesRunOnTheirOwnDatabasesWithRenamedTopicAndGroup(t *testing.T) {
 	const topic, group = "prod.inventari.v1", "cataleg-prod"
 	b := kafkatest.New(t)
-	own := map[string]string{inventari.Name: pgtest.NewDatabase(t), cataleg.Name: pgtest.NewDatabase(t)}
+	// With a password (the local server trusts and ignores it): it is never logged.
+	withPassword := func(u string) string {
+		p, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.User = url.UserPassword(p.User.Username(), "s3cret")
+		return p.String()
+	}
+	own := map[string]string{inventari.Name: withPassword(pgtest.NewDatabase(t)), cataleg.Name: withPassword(pgtest.NewDatabase(t))}
+	var logs syncBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sys, err := system.Start(ctx, system.Config{DatabaseURLs: own, Brokers: b.Addrs(), Services: []string{inventari.Name, cataleg.Name},
-		Topics: map[string]string{inventari.Topic: topic}, Groups: map[string]string{cataleg.ConsumerLowStock: group}})
+		Topics: map[string]string{inventari.Topic: topic}, Groups: map[string]string{cataleg.ConsumerLowStock: group},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(sys.Close)
+	t.Cleanup(func() {
+		sys.Close()
+		if l := logs.String(); strings.Contains(l, "s3cret") || !strings.Contains(l, "system: database") {
+			t.Errorf("the log shows a password or no database:\n%s", l)
+		}
+	})
 	for service, name := range sys.DatabaseNames() {
 		if !strings.HasPrefix(name, "km0t_") || !strings.Contains(own[service], "/"+name) {
 			t.Fatalf("%s runs on database %q, want its own (%s)", service, name, pgtest.Redact(own[service]))
@@ -96,6 +116,24 @@ func TestServicesRunOnTheirOwnDatabasesWithRenamedTopicAndGroup(t *testing.T) {
 			t.Errorf("Start accepted %+v", cfg)
 		}
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
 
 func contains(list []string, s string) bool {
