@@ -62,9 +62,12 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
 	deliveryTime := fs.Duration("delivery-time", repartiment.DeliveryTimeDefault, "repartiment: how long a courier stays busy with one delivery")
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
-	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (letters, digits, _)")
+	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if strings.Trim(*dbSuffix, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+		return fmt.Errorf("--database-suffix %q: use lower-case letters, digits and _ only", *dbSuffix)
 	}
 	if serviceURL != nil && *serviceURL != "" {
 		own[services[0]] = *serviceURL
