@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -21,15 +22,30 @@ var errInvariants = errors.New("invariants failed")
 
 func runDemo(ctx context.Context, args []string) error {
 	fs := newFlags("demo", "start an embedded Kafka, PostgreSQL databases and the six services, drive orders with failures injected, and print a reconciliation report (exit 0 only if every invariant holds)")
-	orders := fs.Int("orders", demo.OrdersDefault, "number of orders to submit")
+	orders := fs.Int("orders", demo.OrdersDefault, "number of orders to submit (with --chaos the default is 2000)")
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
 	keep := fs.Bool("keep-running", false, "leave the services and their HTTP APIs up after the report (Ctrl-C stops them)")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
 	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set, else the embedded Kafka)")
 	keepDB := fs.Bool("keep-databases", false, "do not drop the run's km0_<service>_demo_<run> databases")
-	seed := fs.Uint64("seed", 1, "scenario seed")
+	seed := fs.Uint64("seed", 1, "scenario seed (with --chaos: also the fault schedule; default there a random seed, printed)")
+	chaos := fs.Bool("chaos", false, "run the services and the broker as separate processes, SIGKILL and restart them while orders flow, "+
+		"produce poison records, then check that the system settles and every invariant holds (see --kills, --duration, --own-postgres)")
+	kills := fs.Int("kills", demo.ChaosKillsDefault, "with --chaos: SIGKILLs of services at random moments")
+	duration := fs.Duration("duration", demo.ChaosDurationDefault, "with --chaos: orders are spread over this time and the faults fall within it")
+	brokerDown := fs.Duration("broker-down", demo.ChaosBrokerDownDefault, "with --chaos: how long the broker stays SIGKILLed (0: never killed)")
+	ownPG := fs.Bool("own-postgres", false, "with --chaos: run a throwaway PostgreSQL cluster (initdb, the machine's binaries) and restart it -m fast and -m immediate during the run")
+	settle := fs.Duration("settle-timeout", demo.ChaosSettleTimeoutDefault, "with --chaos: how long to wait for the system to settle after the last fault")
+	keepDir := fs.Bool("keep-logs", false, "with --chaos: keep the folder with the processes' logs (always kept when the run fails)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *chaos {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		return runChaos(ctx, set, demo.ChaosConfig{Orders: pick(set["orders"], *orders, demo.ChaosOrdersDefault), Clients: *clients,
+			Kills: *kills, NoKills: *kills == 0, Duration: *duration, BrokerDown: *brokerDown, NoBrokerKill: *brokerDown == 0,
+			OwnPostgres: *ownPG, NoAuthorize: !*authorize, SettleTimeout: *settle, Seed: pick(set["seed"], *seed, 0), KeepDir: *keepDir}, *asJSON)
 	}
 	progress := os.Stdout
 	if *asJSON {
@@ -55,6 +71,42 @@ func runDemo(ctx context.Context, args []string) error {
 	}
 	if report != nil && !report.OK {
 		fmt.Fprintf(os.Stderr, "km0 demo: failed invariants: %s\n", strings.Join(report.Failed(), "; "))
+		return errInvariants
+	}
+	return nil
+}
+
+func pick[T any](set bool, v, otherwise T) T {
+	if set {
+		return v
+	}
+	return otherwise
+}
+
+// runChaos runs km0 demo --chaos: progress on stderr, the report on stdout.
+func runChaos(ctx context.Context, set map[string]bool, cfg demo.ChaosConfig, asJSON bool) error {
+	for _, f := range []string{"keep-running", "keep-databases"} {
+		if set[f] {
+			return fmt.Errorf("--%s does not apply to --chaos", f)
+		}
+	}
+	cfg.Out = os.Stderr
+	cfg.DatabaseURL = os.Getenv("KM0_DATABASE_URL")
+	cfg.OnReport = func(r *demo.ChaosReport) {
+		if asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(r)
+			return
+		}
+		r.Print(os.Stdout)
+	}
+	report, err := demo.RunChaos(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if !report.OK {
+		fmt.Fprintf(os.Stderr, "km0 demo --chaos: failed invariants: %s (seed %d; logs in %s)\n", strings.Join(report.Failed(), "; "), report.Seed, report.Dir)
 		return errInvariants
 	}
 	return nil

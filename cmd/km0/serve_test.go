@@ -197,6 +197,7 @@ func TestServeRefusesBadRenamesAndAMissingDatabase(t *testing.T) {
 		{append([]string{"--topics", "inventari.esdeveniments=a/b"}, own...), "a topic name is"},
 		{append([]string{"--groups", "cataleg.flags=x"}, own...), `unknown consumer group "cataleg.flags"`},
 		{[]string{"--brokers", "127.0.0.1:1"}, "KM0_CATALEG_DATABASE_URL"},
+		{append([]string{"--database-suffix", "chaos; DROP"}, own...), "--database-suffix"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := runServe(ctx, append([]string{"cataleg"}, c.args...))

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/system"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -59,8 +60,14 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply")
 	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
 	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
+	deliveryTime := fs.Duration("delivery-time", repartiment.DeliveryTimeDefault, "repartiment: how long a courier stays busy with one delivery")
+	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
+	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if strings.Trim(*dbSuffix, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+		return fmt.Errorf("--database-suffix %q: use lower-case letters, digits and _ only", *dbSuffix)
 	}
 	if serviceURL != nil && *serviceURL != "" {
 		own[services[0]] = *serviceURL
@@ -104,8 +111,9 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		}
 		addrs[k] = v
 	}
-	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
-		Brokers: brokerList, Services: services, AMQPURL: *amqpURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs, Logger: logger()})
+	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
+		Brokers: brokerList, Services: services, AMQPURL: *amqpURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
+		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, Logger: logger()})
 	if err != nil {
 		return err
 	}

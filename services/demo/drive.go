@@ -24,6 +24,7 @@ type Submissions struct {
 	Unavailable   int `json:"no_disponible_503"`    // 503 answers (then retried with the same key)
 	Other         int `json:"altres"`               // anything else (must be 0)
 	Unexpected    int `json:"resultats_inesperats"` // a status other than the plan expects (must be 0)
+	Unanswered    int `json:"sense_resposta"`       // orders still without a final answer when the drive was cut short
 
 	accepted map[string]string // order id → id_esdeveniment of its first answer
 }
@@ -42,6 +43,9 @@ type driver struct {
 	res     Submissions
 	sent    atomic.Int64
 	onOrder func(done int) // called after each planned order
+	// gate, if set, is called before the i-th order is handed to a client
+	// and may wait (km0 demo --chaos paces orders over its duration).
+	gate func(ctx context.Context, i int)
 }
 
 func (d *driver) post(ctx context.Context, p *planned) (answer, error) {
@@ -149,8 +153,12 @@ func (d *driver) run(ctx context.Context, plan []*planned, clients int) Submissi
 				if n == 2 && answers[0].replayed {
 					answers[0], answers[1] = answers[1], answers[0]
 				}
-				for _, a := range answers {
-					if ctx.Err() == nil {
+				if ctx.Err() != nil {
+					d.mu.Lock()
+					d.res.Unanswered++
+					d.mu.Unlock()
+				} else {
+					for _, a := range answers {
 						d.record(p, a)
 					}
 				}
@@ -160,10 +168,16 @@ func (d *driver) run(ctx context.Context, plan []*planned, clients int) Submissi
 			}
 		})
 	}
-	for _, p := range plan {
+	for i, p := range plan {
+		if d.gate != nil {
+			d.gate(ctx, i)
+		}
 		select {
 		case work <- p:
 		case <-ctx.Done():
+			d.mu.Lock()
+			d.res.Unanswered++ // never sent
+			d.mu.Unlock()
 		}
 	}
 	close(work)

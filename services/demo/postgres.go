@@ -34,7 +34,34 @@ type Server struct {
 	URL    string // an admin URL (database postgres or the one given)
 	Source string // "KM0_DATABASE_URL", "local server at 127.0.0.1:5432" or "throwaway cluster in <dir>"
 	stop   func()
+	// restart stops a throwaway cluster with pg_ctl -m mode and starts it
+	// again; nil for a server the demo did not start.
+	restart func(ctx context.Context, mode string) error
 }
+
+// ErrNotOwned says the server was not started by the demo, so it may not be restarted.
+var ErrNotOwned = errors.New("demo: only a throwaway cluster started by the demo can be restarted")
+
+// Restart stops a throwaway cluster with `pg_ctl stop -m mode` (fast: clients
+// are disconnected and the server shuts down cleanly; immediate: the server
+// stops without a checkpoint and recovers from WAL at the next start) and
+// starts it again on the same port, waiting until it accepts connections. A
+// server the demo did not start gives ErrNotOwned.
+func (s *Server) Restart(ctx context.Context, mode string) error {
+	if s.restart == nil {
+		return ErrNotOwned
+	}
+	if mode != "fast" && mode != "immediate" && mode != "smart" {
+		return fmt.Errorf("demo: pg_ctl stop mode %q: want fast, immediate or smart", mode)
+	}
+	return s.restart(ctx, mode)
+}
+
+// StartThrowaway starts a throwaway cluster (initdb in a temporary folder,
+// then pg_ctl start on a free port of 127.0.0.1) with the binaries found on
+// PATH or under /usr/lib/postgresql/*/bin, as the postgres user when running
+// as root. Close stops it and removes the folder; Restart restarts it.
+func StartThrowaway(ctx context.Context) (*Server, error) { return startThrowaway(ctx) }
 
 // Close stops a throwaway cluster and removes its folder; otherwise it does nothing.
 func (s *Server) Close() {
@@ -161,12 +188,28 @@ func startThrowaway(ctx context.Context) (*Server, error) {
 		_ = run(pgctl, "-D", data, "-m", "fast", "-w", "stop")
 		os.RemoveAll(dir)
 	}
+	restart := func(ctx context.Context, mode string) error {
+		cmd := func(args ...string) error {
+			full := append(append([]string{}, asUser...), args...)
+			c := exec.CommandContext(ctx, full[0], full[1:]...)
+			var out bytes.Buffer
+			c.Stdout, c.Stderr = &out, &out
+			if err := c.Run(); err != nil {
+				return fmt.Errorf("%s %s: %w: %s", filepath.Base(args[0]), args[len(args)-1], err, lastLines(out.String(), 5))
+			}
+			return nil
+		}
+		if err := cmd(pgctl, "-D", data, "-m", mode, "-w", "-t", "60", "stop"); err != nil {
+			return err
+		}
+		return cmd(pgctl, "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "120", "start")
+	}
 	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	if err := ping(ctx, u); err != nil {
 		stop()
 		return nil, err
 	}
-	return &Server{URL: u, Source: "throwaway cluster in " + dir, stop: stop}, nil
+	return &Server{URL: u, Source: "throwaway cluster in " + dir, stop: stop, restart: restart}, nil
 }
 
 func freePort() (int, error) {
