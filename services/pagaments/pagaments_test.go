@@ -273,3 +273,35 @@ func TestAuthorizeRefusesBadOrderIDsPermanentlyWithoutDatabaseText(t *testing.T)
 		t.Fatalf("%d stored decisions, want 0", n)
 	}
 }
+
+// The gateway answers a key or comanda_id PostgreSQL would refuse (a NUL,
+// invalid UTF-8, too long) with 400, bad input, never 503 "unavailable"
+// (which makes its callers retry); and the charging handler refuses such an
+// order id permanently without calling the gateway.
+func TestBadIDsAre400AtTheGatewayAndPermanentInTheCharge(t *testing.T) {
+	b := setup(t, passarella.Faults{})
+	for _, c := range []struct{ key, body string }{
+		{"cobrament-P-2026-000001", `{"comanda_id":"P-2026-\u0000001","import_centims":1}`},
+		{"cobrament-P-2026-000001", `{"comanda_id":"` + strings.Repeat("P", 8<<10) + `","import_centims":1}`},
+		{"cobrament-\xff", `{"comanda_id":"P-2026-000001","import_centims":1}`},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, b.url+"/cobraments", strings.NewReader(c.body))
+		req.Header["Idempotency-Key"] = []string{c.key}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("key %.20q body %.40s: %d, want 400", c.key, c.body, resp.StatusCode)
+		}
+	}
+	s := b.service(t, time.Second, pagaments.Hooks{})
+	nul := map[string]any{"id": "P-2026-\x00001", "linies": []map[string]any{{"quantitat": 1, "preu_centims": 1}}}
+	if err := svctest.Run(t, b.pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, nul)); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "esquema") {
+		t.Fatalf("order id with a NUL: %v, want permanent esquema", err)
+	}
+	if st := b.gw.Stats(); st.Charged != 0 {
+		t.Fatalf("%d charges, want 0", st.Charged)
+	}
+}
