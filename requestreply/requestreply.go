@@ -48,6 +48,11 @@ type Request struct {
 	ID            string // request id: stable across retries; the idempotency key
 	CorrelationID string // this attempt's correlation id
 	Body          []byte
+	// Deadline is the request's HeaderDeadline value as sent ("" if none).
+	Deadline string
+	// Signature is the request's HeaderSignature value ("" if unsigned):
+	// see Verifier.
+	Signature string
 }
 
 // Handler answers one request. A returned error becomes an error reply
@@ -97,14 +102,20 @@ type RemoteError struct {
 	Service   string
 	Message   string // the server's error text
 	Retryable bool   // false for permanent errors such as a bad request
+	// Conflict: the server holds a different request under the same key
+	// (see Conflict); never retryable.
+	Conflict bool
 }
 
 func (e *RemoteError) Error() string {
 	return fmt.Sprintf("requestreply: %s answered with an error: %s", e.Service, e.Message)
 }
 
-// Is makes errors.Is(err, ErrRemote) true.
-func (e *RemoteError) Is(target error) bool { return target == ErrRemote }
+// Is makes errors.Is(err, ErrRemote) true, and errors.Is(err, ErrConflict)
+// for a conflict reply.
+func (e *RemoteError) Is(target error) bool {
+	return target == ErrRemote || (target == ErrConflict && e.Conflict)
+}
 
 // BadRequest marks err as a bad request: the server answers with a
 // non-retryable error reply (outcome.Permanent).
@@ -130,11 +141,13 @@ const (
 type errorBody struct {
 	Error     string `json:"error"`
 	Retryable bool   `json:"reintentable"`
+	Conflict  bool   `json:"conflicte,omitempty"`
 }
 
 // Serve runs h on req, recovering a panic (logged with its stack on log),
 // and returns the reply body and whether it is an error reply. Transports
-// call it.
+// call it. An error that carries a PostgreSQL error is answered without
+// PostgreSQL's text (see redact).
 func Serve(ctx context.Context, log *slog.Logger, h Handler, req *Request) (body []byte, isError bool) {
 	resp, err := safeCall(ctx, log, h, req)
 	if err == nil {
@@ -143,8 +156,10 @@ func Serve(ctx context.Context, log *slog.Logger, h Handler, req *Request) (body
 		}
 		return resp, false
 	}
+	err = redact(log, req, err)
 	kind, _ := outcome.Classify(err, nil)
-	b, _ := json.Marshal(errorBody{Error: outcome.Truncate(err.Error(), 1000), Retryable: kind != outcome.KindPermanent})
+	conflict := errors.Is(err, ErrConflict)
+	b, _ := json.Marshal(errorBody{Error: outcome.Truncate(err.Error(), 1000), Retryable: kind != outcome.KindPermanent && !conflict, Conflict: conflict})
 	return b, true
 }
 
@@ -168,7 +183,7 @@ func DecodeReply(service, result string, body []byte) ([]byte, error) {
 	if err := json.Unmarshal(body, &eb); err != nil || eb.Error == "" {
 		return nil, &RemoteError{Service: service, Message: string(body)}
 	}
-	return nil, &RemoteError{Service: service, Message: eb.Error, Retryable: eb.Retryable}
+	return nil, &RemoteError{Service: service, Message: eb.Error, Retryable: eb.Retryable && !eb.Conflict, Conflict: eb.Conflict}
 }
 
 // IDs makes correlation ids for one requester: a random prefix, drawn once,

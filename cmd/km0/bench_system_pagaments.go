@@ -163,7 +163,7 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 		return one, many, 0, 0, err
 	}
 	defer p.stop()
-	cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn})
+	cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn, SigningKey: requestreply.SigningKeyFromEnv()})
 	if err != nil {
 		return one, many, 0, 0, err
 	}

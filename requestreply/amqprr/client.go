@@ -47,7 +47,11 @@ type ClientConfig struct {
 	// (see DirectReplyTo). Default false: the exclusive queue CONTRACT.md
 	// names.
 	DirectReplyTo bool
-	Logger        *slog.Logger // default slog.Default()
+	// SigningKey, if set, signs every request (header
+	// requestreply.HeaderSignature; see requestreply.Sign) for servers that
+	// verify. Default none: requests go unsigned. Never logged.
+	SigningKey []byte
+	Logger     *slog.Logger // default slog.Default()
 }
 
 // Client is a requestreply.Requester over RabbitMQ. Many goroutines may call
@@ -300,8 +304,12 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	// is still queued when its requester has given up.
 	deadline, _ := ctx.Deadline() // WithTimeout gave it one
 	ttl := max(time.Until(deadline).Milliseconds(), 1)
+	headers := amqp091.Table{requestreply.HeaderDeadline: requestreply.FormatDeadline(deadline)}
+	if len(c.cfg.SigningKey) > 0 {
+		headers[requestreply.HeaderSignature] = requestreply.Sign(c.cfg.SigningKey, service, requestID, headers[requestreply.HeaderDeadline].(string), body)
+	}
 	err = s.pub.PublishWithContext(ctx, "", service, true, false, amqp091.Publishing{
-		Headers:       amqp091.Table{requestreply.HeaderDeadline: requestreply.FormatDeadline(deadline)},
+		Headers:       headers,
 		Expiration:    strconv.FormatInt(ttl, 10),
 		ContentType:   amqp.ContentTypeJSON,
 		DeliveryMode:  mode,

@@ -168,6 +168,17 @@ func Deadline(d *amqp091.Delivery) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// headerString returns a string header's value ("" for any other type).
+func headerString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	}
+	return ""
+}
+
 func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 	log := s.cfg.Logger
 	if d.ReplyTo == "" || d.CorrelationId == "" {
@@ -177,7 +188,8 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 		_ = d.Nack(false, false)
 		return
 	}
-	req := &requestreply.Request{ID: cmp.Or(d.MessageId, d.CorrelationId), CorrelationID: d.CorrelationId, Body: d.Body}
+	req := &requestreply.Request{ID: cmp.Or(d.MessageId, d.CorrelationId), CorrelationID: d.CorrelationId, Body: d.Body,
+		Deadline: headerString(d.Headers[requestreply.HeaderDeadline]), Signature: headerString(d.Headers[requestreply.HeaderSignature])}
 	if t, ok := Deadline(d); requestreply.Expired(t, ok, time.Now()) {
 		s.count(requestreply.ResExpired, &s.expired)
 		log.Debug("amqprr: expired request dropped", "id_peticio", req.ID, "no_despres", t)

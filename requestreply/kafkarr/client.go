@@ -45,7 +45,11 @@ type ClientConfig struct {
 	// Timeout applies to a request whose context has no deadline.
 	// Default requestreply.TimeoutDefault (5 s).
 	Timeout time.Duration
-	Logger  *slog.Logger // default slog.Default()
+	// SigningKey, if set, signs every request (header
+	// requestreply.HeaderSignature; see requestreply.Sign) for servers that
+	// verify. Default none: requests go unsigned. Never logged.
+	SigningKey []byte
+	Logger     *slog.Logger // default slog.Default()
 }
 
 // Client is a requestreply.Requester over Kafka. Many goroutines may call
@@ -156,12 +160,17 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 		return nil, err
 	}
 	deadline, _ := ctx.Deadline() // WithTimeout gave it one
+	noLater := requestreply.FormatDeadline(deadline)
 	rec := &kgo.Record{Topic: service, Key: []byte(requestID), Value: body, Headers: []kgo.RecordHeader{
 		{Key: HeaderCorrelation, Value: []byte(corr)},
 		{Key: HeaderReplyTo, Value: []byte(c.cfg.ReplyTopic)},
 		{Key: HeaderRequestID, Value: []byte(requestID)},
-		{Key: requestreply.HeaderDeadline, Value: []byte(requestreply.FormatDeadline(deadline))},
+		{Key: requestreply.HeaderDeadline, Value: []byte(noLater)},
 	}}
+	if len(c.cfg.SigningKey) > 0 {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: requestreply.HeaderSignature,
+			Value: []byte(requestreply.Sign(c.cfg.SigningKey, service, requestID, noLater, body))})
+	}
 	c.prod.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 		if err != nil && ctx.Err() == nil {
 			if errors.Is(err, kerr.UnknownTopicOrPartition) { // no request topic: nobody serves it (as a returned AMQP request)

@@ -309,7 +309,7 @@ func (s *Server) count(res string, n *atomic.Int64) {
 // server stopped while the handler ran and it failed (then there is no reply
 // and the request is read again).
 func (s *Server) handle(ctx context.Context, r *kgo.Record) bool {
-	var corr, replyTo, id, deadline string
+	var corr, replyTo, id, deadline, signature string
 	for _, h := range r.Headers {
 		switch h.Key {
 		case HeaderCorrelation:
@@ -320,6 +320,8 @@ func (s *Server) handle(ctx context.Context, r *kgo.Record) bool {
 			id = string(h.Value)
 		case requestreply.HeaderDeadline:
 			deadline = string(h.Value)
+		case requestreply.HeaderSignature:
+			signature = string(h.Value)
 		}
 	}
 	log := s.cfg.Logger
@@ -334,7 +336,7 @@ func (s *Server) handle(ctx context.Context, r *kgo.Record) bool {
 			"prefix", s.cfg.ReplyTopicPrefix, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
 		return true
 	}
-	req := &requestreply.Request{ID: cmp.Or(id, string(r.Key), corr), CorrelationID: corr, Body: r.Value}
+	req := &requestreply.Request{ID: cmp.Or(id, string(r.Key), corr), CorrelationID: corr, Body: r.Value, Deadline: deadline, Signature: signature}
 	if t, ok := requestreply.ParseDeadline(deadline); requestreply.Expired(t, ok, time.Now()) {
 		s.count(requestreply.ResExpired, &s.expired)
 		log.Debug("kafkarr: expired request dropped", "id_peticio", req.ID, "no_despres", deadline)

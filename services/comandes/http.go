@@ -22,7 +22,7 @@ const maxKeyLen = 200
 
 // Handler returns the HTTP API:
 //
-//	POST /comandes        create an order (201, 400 naming the field, 402, 409, 413, 422, 503)
+//	POST /comandes        create an order (201, 400 naming the field or the unknown product, 402, 409, 413, 422, 503)
 //	GET  /comandes/{id}   read an order (200, 404)
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -46,6 +46,9 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 	if ferr == nil {
 		ferr = Validate(o, s.cfg.Markets)
 	}
+	if ferr == nil {
+		ferr = s.checkProducts(o)
+	}
 	if ferr != nil {
 		var fe *svc.FieldError
 		if errors.As(ferr, &fe) {
@@ -68,6 +71,12 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, errDuplicateID):
 		svc.WriteError(w, http.StatusConflict, "id", "ja existeix una comanda "+o.ID)
+		return
+	case errors.Is(err, ErrAuthConflict):
+		// Not stored under the Idempotency-Key, and not a 503: retrying the
+		// same request cannot succeed while pagaments holds the other one.
+		s.cfg.Logger.Warn("comandes: authorisation conflict: pagaments holds another request for this order id", "comanda", o.ID)
+		svc.WriteError(w, http.StatusConflict, "id", "pagaments ja té una autorització diferent per a la comanda "+o.ID+"; no s'ha desat res")
 		return
 	case errors.Is(err, errUnavailable):
 		w.Header().Set("Retry-After", "1")

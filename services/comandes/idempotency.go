@@ -125,8 +125,8 @@ func (s *Service) claim(ctx context.Context, key, bodyHash string) (token string
 // createKeyed is create with an Idempotency-Key: the key is claimed first, in
 // its own short transaction, so that every later request with it waits for
 // this one's answer and replays it. The claim holds no connection while
-// pagaments is asked. A 201 and a 402 are stored under the key; a 409, a 503
-// and any failure give the key up, so a retry runs afresh. A claim left by a
+// pagaments is asked. A 201 and a 402 are stored under the key; a 409 (a
+// taken id, or an authorisation conflict), a 503 and any failure give the key up, so a retry runs afresh. A claim left by a
 // process that died is taken over once its lease (Config.KeyLease) passes.
 func (s *Service) createKeyed(ctx context.Context, o *Order, key, bodyHash string) (answer, error) {
 	for {
@@ -160,6 +160,9 @@ func (s *Service) createHolding(ctx context.Context, o *Order, key, bodyHash, to
 			return answer{}, err
 		}
 		if err := s.cfg.Authorizer.Authorize(ctx, o.ID, o.Total()); err != nil {
+			if errors.Is(err, ErrAuthConflict) {
+				return answer{}, err // a 409, never stored under the key
+			}
 			if !errors.Is(err, ErrRefused) {
 				return answer{}, fmt.Errorf("%w: %w", errUnavailable, err)
 			}

@@ -42,6 +42,21 @@ var Migrations = migrate.Set{Name: "comandes", FS: sqlFS, Dir: "sql"}
 // MarketsDefault are the markets orders may come from.
 var MarketsDefault = []string{"girona", "barcelona", "tarragona", "lleida", "vic", "figueres"}
 
+// ProductsDefault is the catalogue of Config.Products: the products that
+// inventari stocks from its first migration (CONTRACT.md's seed).
+var ProductsDefault = []string{"tomaquet-rosa", "carbasso", "formatge-curat", "formatge-fresc", "vi-crianca"}
+
+// checkProducts returns a *FieldError naming the first line whose producte
+// is not in the catalogue.
+func (s *Service) checkProducts(o *Order) error {
+	for i, l := range o.Lines {
+		if !s.products[l.Product] {
+			return fieldf("linies["+itoa(i)+"].producte", "producte desconegut %q: inventari no el té", clip(l.Product))
+		}
+	}
+	return nil
+}
+
 // Line is one order line.
 type Line struct {
 	Product    string `json:"producte"`

@@ -23,10 +23,17 @@ import (
 // POST /comandes answers 402. Any other Authorizer error answers 503.
 var ErrRefused = errors.New("comandes: payment refused")
 
+// ErrAuthConflict is wrapped by an Authorizer's error when pagaments already
+// holds an authorisation of this order id for another amount (someone asked
+// first with another body): POST /comandes answers 409 and stores nothing
+// under the Idempotency-Key, since no retry of the same request can succeed.
+var ErrAuthConflict = errors.New("comandes: pagaments holds another authorisation for this order")
+
 // Authorizer asks pagaments to authorise the card before an order is
 // accepted (request/reply on pagaments.autoritzacions). It returns nil when
-// approved, an error wrapping ErrRefused when refused, and any other error
-// when pagaments did not answer (timeout, broker down).
+// approved, an error wrapping ErrRefused when refused, one wrapping
+// ErrAuthConflict for a conflict, and any other error when pagaments did not
+// answer (timeout, broker down).
 type Authorizer interface {
 	Authorize(ctx context.Context, orderID string, totalCents int64) error
 }
@@ -43,6 +50,12 @@ type Config struct {
 	Authorizer Authorizer
 	// Markets accepted in mercat; default MarketsDefault.
 	Markets []string
+	// Products is the catalogue: an order line whose producte is not in it
+	// is refused with 400 naming the line, before anything is stored or
+	// authorised (inventari could not serve it). Stock is not checked here:
+	// an order of a known product that runs out is accepted and inventari
+	// dead-letters it. Default ProductsDefault.
+	Products []string
 	// MaxBodyBytes; default MaxBodyBytesDefault.
 	MaxBodyBytes int64
 	// KeyLease is how long a request holds its Idempotency-Key while it runs
@@ -56,8 +69,9 @@ type Config struct {
 
 // Service is the comandes service. It is safe for concurrent use.
 type Service struct {
-	cfg     Config
-	flights flights // Idempotency-Keys held by requests of this process
+	cfg      Config
+	products map[string]bool // cfg.Products
+	flights  flights         // Idempotency-Keys held by requests of this process
 }
 
 // New returns a Service. It fails without a pool.
@@ -71,6 +85,9 @@ func New(cfg Config) (*Service, error) {
 	if len(cfg.Markets) == 0 {
 		cfg.Markets = MarketsDefault
 	}
+	if len(cfg.Products) == 0 {
+		cfg.Products = ProductsDefault
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = MaxBodyBytesDefault
 	}
@@ -80,7 +97,11 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Service{cfg: cfg}, nil
+	products := make(map[string]bool, len(cfg.Products))
+	for _, p := range cfg.Products {
+		products[p] = true
+	}
+	return &Service{cfg: cfg, products: products}, nil
 }
 
 // Created is the answer to a successful POST /comandes.
@@ -116,7 +137,10 @@ func (s *Service) create(ctx context.Context, o *Order, key, bodyHash string) (a
 			return answer{}, err
 		}
 		if err := s.cfg.Authorizer.Authorize(ctx, o.ID, o.Total()); err != nil {
-			if errors.Is(err, ErrRefused) {
+			switch {
+			case errors.Is(err, ErrAuthConflict):
+				return answer{}, err
+			case errors.Is(err, ErrRefused):
 				return answer{Status: 402, Body: errorBody("targeta", "pagament refusat: "+err.Error())}, nil
 			}
 			return answer{}, fmt.Errorf("%w: %w", errUnavailable, err)

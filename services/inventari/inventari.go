@@ -25,6 +25,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/services/svc"
 )
 
@@ -196,7 +197,8 @@ type ReserveResponse struct {
 // id_reserva, recorded in missatges_processats as ConsumerReserve, all in one
 // transaction. A repeated id_reserva returns the stored answer and changes
 // nothing, so a requester that timed out can safely ask again. A malformed
-// body is an outcome.Permanent error.
+// body, or an id_reserva over requestreply.MaxIDBytesDefault bytes, not UTF-8
+// or with control characters, is an outcome.Permanent error.
 func (s *Service) Reserve(ctx context.Context, body []byte) ([]byte, error) {
 	var req ReserveRequest
 	if err := json.Unmarshal(body, &req); err != nil {
@@ -204,6 +206,10 @@ func (s *Service) Reserve(ctx context.Context, body []byte) ([]byte, error) {
 	}
 	if req.ID == "" || len(req.Lines) == 0 {
 		return nil, outcome.Permanentf("esquema: ReservarEstoc sense id_reserva o sense linies")
+	}
+	// Checked before any SQL: a bad id is a clear refusal, never a database error.
+	if err := requestreply.CheckID("esquema: ReservarEstoc: id_reserva", req.ID, 0); err != nil {
+		return nil, err
 	}
 	tx, err := s.cfg.Pool.Begin(ctx)
 	if err != nil {

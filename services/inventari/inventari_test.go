@@ -3,9 +3,12 @@ package inventari_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +19,7 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/services/internal/svctest"
 	"github.com/km0/km0/services/inventari"
 )
@@ -207,5 +211,30 @@ func TestReserveIsIdempotentByIdReserva(t *testing.T) {
 	}
 	if _, err := s.Reserve(ctx, []byte(`{"linies":"x"}`)); !outcome.IsPermanent(err) {
 		t.Fatalf("malformed: %v", err)
+	}
+}
+
+// An id_reserva PostgreSQL would refuse as a key (NUL, invalid UTF-8, over
+// 8 KB) is a permanent error reply that names the field and quotes nothing of
+// PostgreSQL, and it takes no stock.
+func TestReserveRefusesBadIDsPermanentlyWithoutDatabaseText(t *testing.T) {
+	pool, s := setup(t)
+	ctx := context.Background()
+	raw := make([]byte, 4500)
+	_, _ = rand.Read(raw)
+	log := slog.New(slog.DiscardHandler)
+	for _, id := range []string{`R-\u0000-1`, `R-\u001b`, hex.EncodeToString(raw)} {
+		body := []byte(`{"id_reserva":"` + id + `","linies":[{"producte":"vi-crianca","quantitat":1}]}`)
+		out, isErr := requestreply.Serve(ctx, log, func(ctx context.Context, r *requestreply.Request) ([]byte, error) {
+			return s.Reserve(ctx, r.Body)
+		}, &requestreply.Request{ID: "x", Body: body})
+		_, err := requestreply.DecodeReply(inventari.ReserveQueue, requestreply.ResultError, out)
+		var re *requestreply.RemoteError
+		if !isErr || !errors.As(err, &re) || re.Retryable || !strings.Contains(re.Message, "id_reserva") || strings.Contains(re.Message, "SQLSTATE") {
+			t.Errorf("id %.20q: got %s; want a permanent refusal naming id_reserva", id, out)
+		}
+	}
+	if got := units(t, pool, "vi-crianca"); got != 200 {
+		t.Fatalf("vi-crianca %d, want 200", got)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/requestreply"
 )
 
 // AuthRequest is the body of a request on pagaments.autoritzacions.
@@ -31,11 +32,15 @@ type AuthResponse struct {
 
 // Authorize answers one authorisation request: approved up to
 // AuthLimitCents, refused above ("import_excessiu"). The decision is stored
-// per order, so a repeated request (a requester that timed out and asked
-// again) gets the same answer; an approval holds for its amount only (another
-// amount for the same order is refused: "import_diferent"). It returns only
-// after the decision is committed. Concurrent calls share their commits
-// (see authBatcher). A malformed body is outcome.Permanent.
+// per order with the request's amount, so a repeated request (a requester
+// that timed out and asked again) gets the same answer. A request for an
+// order already decided for another amount is refused as a conflict
+// (requestreply.Conflict, "conflicte: ..."): it gets neither the other
+// request's decision nor one of its own. It returns only after the decision
+// is committed. Concurrent calls share their commits (see authBatcher). A
+// malformed body, or a comanda_id that is empty, over
+// requestreply.MaxIDBytesDefault bytes, not UTF-8 or with control
+// characters, is outcome.Permanent, refused before any SQL.
 func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
 	var req AuthRequest
 	if err := json.Unmarshal(body, &req); err != nil {
@@ -44,8 +49,9 @@ func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
 	if req.OrderID == "" || req.TotalCents < 0 {
 		return nil, outcome.Permanentf("esquema: autorització sense comanda_id o amb import negatiu")
 	}
-	if strings.ContainsRune(req.OrderID, 0) {
-		return nil, outcome.Permanentf("esquema: autorització amb un comanda_id que conté el caràcter NUL")
+	// Bounded and checked before any SQL: a bad id is a clear refusal, never a database error.
+	if err := requestreply.CheckID("esquema: autorització: comanda_id", req.OrderID, maxOrderIDBytes); err != nil {
+		return nil, err
 	}
 	c := &authCall{req: req, approved: req.TotalCents <= s.cfg.AuthLimitCents, done: make(chan struct{})}
 	if !c.approved {
@@ -62,13 +68,17 @@ func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
 		s.cfg.Logger.Warn("pagaments: authorisation not stored", "comanda_id", req.OrderID, "err", err)
 		return nil, errors.New("pagaments: autorització no desada (base de dades); torneu-ho a provar")
 	}
-	resp := AuthResponse{OrderID: req.OrderID, Approved: c.stored.approved, Reason: c.stored.reason}
-	if resp.Approved && c.stored.cents != req.TotalCents {
-		resp.Approved = false
-		resp.Reason = fmt.Sprintf("import_diferent: la comanda %s es va autoritzar per %d, no per %d", req.OrderID, c.stored.cents, req.TotalCents)
+	if c.stored.cents != req.TotalCents {
+		// Another request (another amount) decided this order first: its
+		// decision is not this request's answer. Nothing is stored for this
+		// one, and the stored amount is not revealed.
+		return nil, requestreply.Conflict(fmt.Errorf("conflicte: la comanda %s ja té una autorització per a un altre import", req.OrderID))
 	}
-	return json.Marshal(resp)
+	return json.Marshal(AuthResponse{OrderID: req.OrderID, Approved: c.stored.approved, Reason: c.stored.reason})
 }
+
+// maxOrderIDBytes bounds comanda_id (tests raise it to reach PostgreSQL's own limits).
+var maxOrderIDBytes = requestreply.MaxIDBytesDefault
 
 // authCall is one Authorize waiting for its decision to be stored.
 type authCall struct {

@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/services/pagaments/passarella"
 )
 
@@ -127,7 +128,8 @@ func ChargeKey(orderID string) string { return "cobrament-" + orderID }
 // with the same key and the gateway returns the charge it already made: one
 // charge. An order already recorded (another event id for the same order) is
 // not recorded or confirmed twice. Gateway unavailable or slow → transient;
-// refused → permanent "targeta_refusada"; a malformed event → permanent "esquema".
+// refused → permanent "targeta_refusada"; a malformed event, or an order id
+// requestreply.CheckID refuses → permanent "esquema".
 func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	if s.cfg.Gateway == nil {
 		return errors.New("pagaments: Config.Gateway is required to charge")
@@ -138,6 +140,9 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 	}
 	if o.ID == "" || len(o.Lines) == 0 {
 		return outcome.Permanentf("esquema: comanda.creada sense id o sense linies")
+	}
+	if err := requestreply.CheckID("esquema: comanda.creada: id", o.ID, 0); err != nil {
+		return err // it could be neither charged nor stored: no retry helps
 	}
 	var total int64
 	for i, l := range o.Lines {

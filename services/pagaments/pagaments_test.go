@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/services/internal/svctest"
 	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/pagaments/passarella"
@@ -203,19 +205,103 @@ func TestAuthorizeDecidesOncePerOrder(t *testing.T) {
 		t.Fatalf("large amount: %+v", r)
 	}
 	// The decision is stored: asking again for the same order gives the same answer.
-	if r := ask(`{"comanda_id":"P-2026-000002","import_centims":10}`); r.Approved {
+	if r := ask(`{"comanda_id":"P-2026-000002","import_centims":900000}`); r.Approved || !strings.HasPrefix(r.Reason, "import_excessiu") {
 		t.Fatalf("repeat changed the answer: %+v", r)
-	}
-	// An approval is for its amount: the same order asked again for more than
-	// the limit (an order that was approved, then not stored, and resubmitted
-	// with other lines) is not approved by the stored decision.
-	if r := ask(`{"comanda_id":"P-2026-000001","import_centims":900000}`); r.Approved {
-		t.Fatalf("approval of 1000 reused for 900000: %+v", r)
 	}
 	if r := ask(`{"comanda_id":"P-2026-000001","import_centims":1000}`); !r.Approved {
 		t.Fatalf("repeat of the approved request: %+v", r)
 	}
 	if _, err := s.Authorize(ctx, []byte(`{"import_centims":"x"}`)); !outcome.IsPermanent(err) {
 		t.Fatalf("malformed: %v", err)
+	}
+}
+
+// Whoever asks first for an order id must not decide the real order's
+// answer: a request with another amount than the stored decision's (a forged
+// 999999999 before the real 100, or a pre-approved 1 cent) is refused as a
+// conflict, a non-retryable error reply, and the stored decision stays.
+func TestAuthorizeRefusesAnotherAmountAsAConflict(t *testing.T) {
+	b := setup(t, passarella.Faults{})
+	s := b.service(t, time.Second, pagaments.Hooks{})
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	serve := func(body string) ([]byte, error) {
+		out, isErr := requestreply.Serve(ctx, log, func(ctx context.Context, r *requestreply.Request) ([]byte, error) {
+			return s.Authorize(ctx, r.Body)
+		}, &requestreply.Request{ID: "x", Body: []byte(body)})
+		return requestreply.DecodeReply(pagaments.AuthQueue, map[bool]string{true: requestreply.ResultError, false: requestreply.ResultOK}[isErr], out)
+	}
+	for _, forged := range []struct{ order, first, real string }{
+		{"P-2026-000951", "999999999", "100"}, // forged refusal first
+		{"P-2026-000952", "1", "100"},         // forged approval of 1 cent first
+	} {
+		if _, err := serve(`{"comanda_id":"` + forged.order + `","import_centims":` + forged.first + `}`); err != nil {
+			t.Fatal(err)
+		}
+		_, err := serve(`{"comanda_id":"` + forged.order + `","import_centims":` + forged.real + `}`)
+		var re *requestreply.RemoteError
+		if !errors.As(err, &re) || !errors.Is(err, requestreply.ErrConflict) || re.Retryable || !strings.HasPrefix(re.Message, "conflicte: ") ||
+			strings.Contains(re.Message, forged.first) {
+			t.Fatalf("%s: the real request after a forged one got %v; want a non-retryable conflict that does not reveal the stored amount", forged.order, err)
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM autoritzacions"); n != 2 {
+		t.Fatalf("%d stored decisions, want 2 (a conflict stores nothing)", n)
+	}
+}
+
+// Ids PostgreSQL would refuse (NUL, invalid UTF-8, over 8 KB) are refused
+// before any SQL: a permanent error reply with a clear message and nothing
+// of PostgreSQL in it.
+func TestAuthorizeRefusesBadOrderIDsPermanentlyWithoutDatabaseText(t *testing.T) {
+	b := setup(t, passarella.Faults{})
+	s := b.service(t, time.Second, pagaments.Hooks{})
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	for _, id := range []string{`P-2026-\u0000951`, `P-2026-\u0007`, `P-2026-` + strings.Repeat("9", 8<<10)} {
+		out, isErr := requestreply.Serve(ctx, log, func(ctx context.Context, r *requestreply.Request) ([]byte, error) {
+			return s.Authorize(ctx, r.Body)
+		}, &requestreply.Request{ID: "x", Body: []byte(`{"comanda_id":"` + id + `","import_centims":100}`)})
+		_, err := requestreply.DecodeReply(pagaments.AuthQueue, requestreply.ResultError, out)
+		var re *requestreply.RemoteError
+		if !isErr || !errors.As(err, &re) || re.Retryable || !strings.Contains(re.Message, "comanda_id") ||
+			strings.Contains(re.Message, "SQLSTATE") || strings.Contains(re.Message, "ERROR") {
+			t.Errorf("id %.20q: got %s; want a permanent refusal naming comanda_id", id, out)
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM autoritzacions"); n != 0 {
+		t.Fatalf("%d stored decisions, want 0", n)
+	}
+}
+
+// The gateway answers a key or comanda_id PostgreSQL would refuse (a NUL,
+// invalid UTF-8, too long) with 400, bad input, never 503 "unavailable"
+// (which makes its callers retry); and the charging handler refuses such an
+// order id permanently without calling the gateway.
+func TestBadIDsAre400AtTheGatewayAndPermanentInTheCharge(t *testing.T) {
+	b := setup(t, passarella.Faults{})
+	for _, c := range []struct{ key, body string }{
+		{"cobrament-P-2026-000001", `{"comanda_id":"P-2026-\u0000001","import_centims":1}`},
+		{"cobrament-P-2026-000001", `{"comanda_id":"` + strings.Repeat("P", 8<<10) + `","import_centims":1}`},
+		{"cobrament-\xff", `{"comanda_id":"P-2026-000001","import_centims":1}`},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, b.url+"/cobraments", strings.NewReader(c.body))
+		req.Header["Idempotency-Key"] = []string{c.key}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("key %.20q body %.40s: %d, want 400", c.key, c.body, resp.StatusCode)
+		}
+	}
+	s := b.service(t, time.Second, pagaments.Hooks{})
+	nul := map[string]any{"id": "P-2026-\x00001", "linies": []map[string]any{{"quantitat": 1, "preu_centims": 1}}}
+	if err := svctest.Run(t, b.pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, nul)); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "esquema") {
+		t.Fatalf("order id with a NUL: %v, want permanent esquema", err)
+	}
+	if st := b.gw.Stats(); st.Charged != 0 {
+		t.Fatalf("%d charges, want 0", st.Charged)
 	}
 }

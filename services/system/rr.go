@@ -3,6 +3,7 @@ package system
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/km0/km0/requestreply"
@@ -21,14 +22,21 @@ const RequestReplyAvailable = true
 // Config.AMQPURL is set (queues pagaments.autoritzacions and
 // inventari.reserves), else Kafka (topics of the same names, a reply topic per
 // requester).
+//
+// With requestreply.SigningKeyEnv (KM0_RR_HMAC_KEY) set in the environment,
+// its requesters sign every request and its servers refuse unsigned or badly
+// signed ones (requestreply.Verifier); unset, requests go unsigned and are
+// served, and a warning says so at start.
 type rrStack struct {
 	s       *System
 	conn    *amqp.Conn // nil over Kafka
+	key     []byte     // the shared signing key; nil: unsigned
+	warned  bool
 	closers []func() error
 }
 
 func newRR(ctx context.Context, s *System) (*rrStack, error) {
-	r := &rrStack{s: s}
+	r := &rrStack{s: s, key: requestreply.SigningKeyFromEnv()}
 	if s.cfg.AMQPURL != "" {
 		conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-system", Logger: s.log})
 		if err != nil {
@@ -59,8 +67,19 @@ const (
 // serve answers requests on queue (a topic over Kafka) with h, handling
 // workers requests at once, under the supervisor.
 func (r *rrStack) serve(ctx context.Context, queue string, workers int, h func(ctx context.Context, body []byte) ([]byte, error)) error {
-	handler := func(ctx context.Context, req *requestreply.Request) ([]byte, error) { return h(ctx, req.Body) }
+	var handler requestreply.Handler = func(ctx context.Context, req *requestreply.Request) ([]byte, error) { return h(ctx, req.Body) }
 	log := r.s.log.With("rr", queue)
+	if r.key != nil {
+		v, err := requestreply.NewVerifier(requestreply.VerifierConfig{Key: r.key, Queue: queue, Logger: log})
+		if err != nil {
+			return err
+		}
+		handler = v.Wrap(handler)
+	} else if !r.warned {
+		r.warned = true
+		r.s.log.Warn("system: request/reply servers accept unsigned requests: anyone who can publish to their queues is trusted; set " +
+			requestreply.SigningKeyEnv + " (the same key for comandes and pagaments) to refuse them")
+	}
 	var run func(context.Context) error
 	if r.conn != nil {
 		srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: r.conn, Handler: handler, Queue: queue, Workers: workers, Prefetch: 2 * workers, Logger: log})
@@ -82,14 +101,14 @@ func (r *rrStack) serve(ctx context.Context, queue string, workers int, h func(c
 // requester returns a new requester on the transport, closed with the system.
 func (r *rrStack) requester(ctx context.Context) (requestreply.Requester, error) {
 	if r.conn != nil {
-		c, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: r.conn, Logger: r.s.log})
+		c, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: r.conn, SigningKey: r.key, Logger: r.s.log})
 		if err != nil {
 			return nil, err
 		}
 		r.closers = append(r.closers, c.Close)
 		return c, nil
 	}
-	c, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: r.s.cfg.Brokers, Logger: r.s.log})
+	c, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: r.s.cfg.Brokers, SigningKey: r.key, Logger: r.s.log})
 	if err != nil {
 		return nil, err
 	}
@@ -107,6 +126,9 @@ func (r *rrStack) authorizer(ctx context.Context) (comandes.Authorizer, error) {
 	return authorizerFunc(func(ctx context.Context, orderID string, totalCents int64) error {
 		body, _ := json.Marshal(pagaments.AuthRequest{OrderID: orderID, TotalCents: totalCents})
 		out, err := req.Request(ctx, pagaments.AuthQueue, "autoritzacio-"+orderID, body)
+		if errors.Is(err, requestreply.ErrConflict) {
+			return fmt.Errorf("%w: %w", comandes.ErrAuthConflict, err)
+		}
 		if err != nil {
 			return err
 		}

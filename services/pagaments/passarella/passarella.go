@@ -16,8 +16,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -123,13 +126,19 @@ func (s *Server) Stats() Stats {
 
 func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
-	if key == "" || len(key) > 200 {
-		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "obligatòria (fins a 200 caràcters)")
+	if !storableID(key) {
+		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "obligatòria: fins a 200 bytes d'UTF-8 sense caràcters de control")
 		return
 	}
 	var req ChargeRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil || req.OrderID == "" || req.TotalCents < 0 {
 		svc.WriteError(w, http.StatusBadRequest, "cos", "s'esperava {comanda_id, import_centims ≥ 0}")
+		return
+	}
+	// Checked before any SQL: PostgreSQL would refuse it, and a refusal is
+	// the caller's bad data (400), not the gateway being down (503).
+	if !storableID(req.OrderID) {
+		svc.WriteError(w, http.StatusBadRequest, "comanda_id", "fins a 200 bytes d'UTF-8 sense caràcters de control (NUL inclòs)")
 		return
 	}
 	s.mu.Lock()
@@ -179,6 +188,12 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	svc.WriteJSON(w, status, c)
+}
+
+// storableID reports whether s is a key the gateway stores: 1 to 200 bytes
+// of valid UTF-8 without control characters (NUL included).
+func storableID(s string) bool {
+	return s != "" && len(s) <= 200 && utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0
 }
 
 var errMismatch = errors.New("la clau ja s'ha fet servir per a un altre cobrament")
