@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outcome"
 )
 
@@ -38,7 +39,7 @@ type AuthResponse struct {
 // (see authBatcher). A malformed body is outcome.Permanent.
 func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
 	var req AuthRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+	if err := strictjson.Unmarshal(body, &req); err != nil {
 		return nil, outcome.Permanentf("esquema: autorització: %v", err)
 	}
 	if req.OrderID == "" || req.TotalCents < 0 {
