@@ -397,3 +397,25 @@ func TestAClaimLeftByADeadRequestIsTakenOverAfterItsLease(t *testing.T) {
 		t.Fatalf("outbox rows %d, want 1", n)
 	}
 }
+
+// A pagament.confirmat whose dades another decoder reads as another order
+// (a repeated comanda_id, or "Comanda_id" besides it) is a permanent
+// "esquema" error and marks nothing paid.
+func TestPaymentConfirmedRefusesAmbiguousDades(t *testing.T) {
+	b := setup(t, nil)
+	if status, _ := b.post(t, "", good); status != http.StatusCreated {
+		t.Fatal(status)
+	}
+	for _, d := range []string{
+		`{"comanda_id":"P-2026-000999","comanda_id":"P-2026-000123","import_centims":3200,"ref_passarella":"ch_1"}`,
+		`{"Comanda_id":"P-2026-000123","comanda_id":"P-2026-000999","import_centims":3200,"ref_passarella":"ch_1"}`,
+	} {
+		m := svctest.Message(t, "pagaments.esdeveniments", comandes.TypePaymentConfirmed, 1, json.RawMessage(d))
+		if err := svctest.Run(t, b.pool, b.svc.HandlePaymentConfirmed, m); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "esquema") {
+			t.Errorf("%s: got %v, want a permanent esquema error", d, err)
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM comandes WHERE estat = 'pagada'"); n != 0 {
+		t.Fatalf("ambiguous confirmations marked %d orders paid", n)
+	}
+}
