@@ -48,41 +48,43 @@ type Options struct {
 // Unmarshal is Options{}.Unmarshal.
 func Unmarshal(data []byte, v any) error { return Options{}.Unmarshal(data, v) }
 
-// Unmarshal decodes data into v (a non-nil pointer) with encoding/json
-// after checking the whole document. It returns an *Error, and decodes
-// nothing, for: malformed JSON or data after the value; a string, member
-// names included, holding invalid UTF-8 or an escaped lone surrogate; an
-// object with two members of the same name (after unescaping); a member
-// whose name matches a field of the target struct only when case is ignored
-// (encoding/json would fill the field from it); an unknown member with
-// DisallowUnknownFields; nesting deeper than MaxDepth; and a value of the
-// wrong type for its field (Path from encoding/json's report).
+// Unmarshal decodes data into v (a non-nil pointer) as encoding/json does,
+// after checking the whole document, and sets v only when data passes: it
+// decodes into a fresh value and stores it in *v, so members absent from
+// data leave their fields zero, not as they were. It returns an *Error, and
+// leaves v alone, for: malformed JSON or data after the value; a value of
+// the wrong type for its field (Path from encoding/json's report); a
+// string, member names included, holding invalid UTF-8 or an escaped lone
+// surrogate; an object with two members of the same name (after
+// unescaping); a member whose name matches a field of the target struct
+// only when case is ignored (encoding/json would fill the field from it);
+// an unknown member with DisallowUnknownFields; and nesting deeper than
+// MaxDepth.
 func (o Options) Unmarshal(data []byte, v any) error {
-	if !json.Valid(data) {
-		var probe any
-		err := json.Unmarshal(data, &probe)
-		msg := "JSON mal format"
-		if err != nil {
-			msg += ": " + err.Error()
-		}
-		return &Error{Reason: msg}
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Pointer || rv.IsNil() {
+		return &Error{Reason: fmt.Sprintf("strictjson: Unmarshal needs a non-nil pointer, got %T", v)}
 	}
-	w := walker{data: data, opts: o}
-	var t reflect.Type
-	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer {
-		t = rv.Type().Elem()
-	}
-	w.skipSpace()
-	if err := w.value(t, "", 0); err != nil {
-		return err
-	}
-	if err := json.Unmarshal(data, v); err != nil {
+	fresh := reflect.New(rv.Type().Elem())
+	// encoding/json checks the syntax before it decodes anything; the walk
+	// below relies on it.
+	if err := json.Unmarshal(data, fresh.Interface()); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			return &Error{Path: te.Field, Reason: "tipus incorrecte: s'esperava " + te.Type.String()}
 		}
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return &Error{Reason: "JSON mal format: " + err.Error()}
+		}
 		return &Error{Reason: err.Error()}
 	}
+	w := walker{data: data, opts: o}
+	w.skipSpace()
+	if err := w.value(rv.Type().Elem(), 0); err != nil {
+		return err
+	}
+	rv.Elem().Set(fresh.Elem())
 	return nil
 }
 
@@ -90,6 +92,29 @@ type walker struct {
 	data []byte
 	i    int
 	opts Options
+	path []segment // of the value being checked; turned into a string only for an error
+}
+
+// segment is one step of a path: a member name, or an index when name is nil.
+type segment struct {
+	name  []byte
+	index int
+}
+
+// fail returns an *Error at the current path.
+func (w *walker) fail(format string, args ...any) error {
+	var b strings.Builder
+	for _, s := range w.path {
+		if s.name == nil {
+			b.WriteString("[" + strconv.Itoa(s.index) + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.Write(s.name)
+	}
+	return &Error{Path: b.String(), Reason: fmt.Sprintf(format, args...)}
 }
 
 func (w *walker) skipSpace() {
@@ -122,26 +147,28 @@ func target(t reflect.Type) reflect.Type {
 
 // value checks the value at w.i (already valid JSON) to be decoded into t
 // (nil: not matched against a Go type).
-func (w *walker) value(t reflect.Type, path string, depth int) error {
+func (w *walker) value(t reflect.Type, depth int) error {
 	if depth > MaxDepth {
-		return &Error{Path: path, Reason: fmt.Sprintf("més de %d nivells d'imbricació", MaxDepth)}
+		return w.fail("més de %d nivells d'imbricació", MaxDepth)
 	}
-	t = target(t)
 	switch w.data[w.i] {
 	case '"':
-		_, err := w.str(path)
+		_, err := w.str()
 		return err
 	case '{':
-		return w.object(t, path, depth)
+		return w.object(target(t), depth)
 	case '[':
+		t = target(t)
 		var elem reflect.Type
 		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
 			elem = t.Elem()
 		}
 		w.i++
 		w.skipSpace()
+		w.path = append(w.path, segment{})
 		for n := 0; w.data[w.i] != ']'; n++ {
-			if err := w.value(elem, path+"["+strconv.Itoa(n)+"]", depth+1); err != nil {
+			w.path[len(w.path)-1].index = n
+			if err := w.value(elem, depth+1); err != nil {
 				return err
 			}
 			w.skipSpace()
@@ -150,6 +177,7 @@ func (w *walker) value(t reflect.Type, path string, depth int) error {
 				w.skipSpace()
 			}
 		}
+		w.path = w.path[:len(w.path)-1]
 		w.i++
 		return nil
 	default: // number, true, false, null
@@ -164,7 +192,7 @@ func (w *walker) value(t reflect.Type, path string, depth int) error {
 	}
 }
 
-func (w *walker) object(t reflect.Type, path string, depth int) error {
+func (w *walker) object(t reflect.Type, depth int) error {
 	var fields map[string]reflect.Type
 	var elem reflect.Type
 	if t != nil {
@@ -175,38 +203,55 @@ func (w *walker) object(t reflect.Type, path string, depth int) error {
 			elem = t.Elem()
 		}
 	}
-	seen := map[string]bool{}
+	var seenSmall [16][]byte
+	seen := seenSmall[:0]
+	var seenMap map[string]bool
 	w.i++
 	w.skipSpace()
+	w.path = append(w.path, segment{})
 	for w.data[w.i] != '}' {
-		name, err := w.str(path)
+		name, err := w.str()
 		if err != nil {
 			return err
 		}
-		member := join(path, name)
-		if seen[name] {
-			return &Error{Path: member, Reason: "membre repetit"}
+		w.path[len(w.path)-1] = segment{name: name}
+		if seenMap != nil {
+			if seenMap[string(name)] {
+				return w.fail("membre repetit")
+			}
+			seenMap[string(name)] = true
+		} else {
+			for _, n := range seen {
+				if bytes.Equal(n, name) {
+					return w.fail("membre repetit")
+				}
+			}
+			if seen = append(seen, name); len(seen) > len(seenSmall) {
+				seenMap = make(map[string]bool, 2*len(seen))
+				for _, n := range seen {
+					seenMap[string(n)] = true
+				}
+			}
 		}
-		seen[name] = true
 		w.skipSpace()
 		w.i++ // ':'
 		w.skipSpace()
 		vt := elem
 		if fields != nil {
-			ft, ok := fields[name]
+			ft, ok := fields[string(name)]
 			if !ok {
 				for f := range fields {
-					if strings.EqualFold(f, name) {
-						return &Error{Path: member, Reason: fmt.Sprintf("membre desconegut (potser %q: els noms distingeixen majúscules)", f)}
+					if strings.EqualFold(f, string(name)) {
+						return w.fail("membre desconegut (potser %q: els noms distingeixen majúscules)", f)
 					}
 				}
 				if w.opts.DisallowUnknownFields {
-					return &Error{Path: member, Reason: "membre desconegut"}
+					return w.fail("membre desconegut")
 				}
 			}
 			vt = ft
 		}
-		if err := w.value(vt, member, depth+1); err != nil {
+		if err := w.value(vt, depth+1); err != nil {
 			return err
 		}
 		w.skipSpace()
@@ -215,19 +260,14 @@ func (w *walker) object(t reflect.Type, path string, depth int) error {
 			w.skipSpace()
 		}
 	}
+	w.path = w.path[:len(w.path)-1]
 	w.i++
 	return nil
 }
 
-func join(path, name string) string {
-	if path == "" {
-		return name
-	}
-	return path + "." + name
-}
-
-// str checks the string at w.i (its opening quote) and returns its value.
-func (w *walker) str(path string) (string, error) {
+// str checks the string at w.i (its opening quote) and returns its value:
+// a slice of the document when it has no escape, else a fresh copy.
+func (w *walker) str() ([]byte, error) {
 	start := w.i
 	w.i++
 	escaped := false
@@ -238,11 +278,11 @@ func (w *walker) str(path string) (string, error) {
 			w.i++
 			raw := w.data[start:w.i]
 			if !escaped {
-				return string(raw[1 : len(raw)-1]), nil
+				return raw[1 : len(raw)-1 : len(raw)-1], nil
 			}
 			var s string
 			_ = json.Unmarshal(raw, &s) // valid: checked above
-			return s, nil
+			return []byte(s), nil
 		case c == '\\':
 			escaped = true
 			if w.data[w.i+1] != 'u' {
@@ -253,13 +293,13 @@ func (w *walker) str(path string) (string, error) {
 			w.i += 6
 			switch {
 			case r >= 0xdc00 && r <= 0xdfff:
-				return "", &Error{Path: path, Reason: fmt.Sprintf(`\u%04x: substitut UTF-16 sense parella`, r)}
+				return nil, w.fail(`\u%04x: substitut UTF-16 sense parella`, r)
 			case r >= 0xd800 && r <= 0xdbff:
-				if !bytes.HasPrefix(w.data[w.i:], []byte(`\u`)) || w.i+6 > len(w.data) {
-					return "", &Error{Path: path, Reason: fmt.Sprintf(`\u%04x: substitut UTF-16 sense parella`, r)}
+				if !bytes.HasPrefix(w.data[w.i:], []byte(`\u`)) {
+					return nil, w.fail(`\u%04x: substitut UTF-16 sense parella`, r)
 				}
 				if lo := hex4(w.data[w.i+2 : w.i+6]); lo < 0xdc00 || lo > 0xdfff {
-					return "", &Error{Path: path, Reason: fmt.Sprintf(`\u%04x: substitut UTF-16 sense parella`, r)}
+					return nil, w.fail(`\u%04x: substitut UTF-16 sense parella`, r)
 				}
 				w.i += 6
 			}
@@ -268,7 +308,7 @@ func (w *walker) str(path string) (string, error) {
 		default:
 			r, size := utf8.DecodeRune(w.data[w.i:])
 			if r == utf8.RuneError && size <= 1 {
-				return "", &Error{Path: path, Reason: fmt.Sprintf("UTF-8 no vàlid (byte 0x%02x a la posició %d)", c, w.i)}
+				return nil, w.fail("UTF-8 no vàlid (byte 0x%02x a la posició %d)", c, w.i)
 			}
 			w.i += size
 		}

@@ -126,3 +126,17 @@ func TestDepth(t *testing.T) {
 		t.Fatal("accepted nesting beyond MaxDepth")
 	}
 }
+
+// A refused body leaves the target as it was, even when encoding/json would
+// have filled part of it (a type error further on).
+func TestRefusedBodyLeavesTheTargetAlone(t *testing.T) {
+	o := order{ID: "abans"}
+	for _, body := range []string{`{"id":"P","id":"Q"}`, `{"id":"P","linies":[{"quantitat":"x"}]}`, `{"id":"P","client":"\udfff"}`} {
+		if err := strictjson.Unmarshal([]byte(body), &o); err == nil || o.ID != "abans" {
+			t.Fatalf("%s: %v, target %+v", body, err, o)
+		}
+	}
+	if err := strictjson.Unmarshal([]byte(`{"id":"P"}`), o); err == nil {
+		t.Fatal("a non-pointer target was accepted")
+	}
+}
