@@ -46,6 +46,9 @@ func TestHostGuardAnswersOnlyTheServersOwnNames(t *testing.T) {
 		{"0.0.0.0:8080", []string{"comandes.intern:443"}, "comandes.intern:443", true},
 		{"0.0.0.0:8080", []string{" ", ""}, "evil.example:8080", false},
 		{"10.0.0.5:8080", []string{"*"}, "evil.example", true},
+		{"10.0.0.5:8080", []string{"[fd00::1]"}, "[fd00::1]:8443", true},
+		{"10.0.0.5:8080", []string{"[fd00::1]:8443"}, "[fd00::1]:8443", true},
+		{"10.0.0.5:8080", []string{"[fd00::1]:8443"}, "[fd00::1]:9000", false},
 	}
 	for _, c := range cases {
 		h := svc.HostGuard(ok, tcp(c.listen), c.allowed)

@@ -1,6 +1,7 @@
 // Package svc holds what the km0 services share: their database (one per
 // service, km0_<service>, created if absent), a small connection pool, and the
-// JSON helpers of their HTTP APIs.
+// JSON helpers and request checks (strict bodies, JSON-only POSTs, the Host
+// check) of their HTTP APIs.
 package svc
 
 import (
@@ -179,8 +180,8 @@ func DecodeJSON(body []byte, v any) error {
 // so refusing those keeps other sites from posting to the API.
 func RequireJSON(w http.ResponseWriter, r *http.Request) bool {
 	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	cs, hasCharset := params["charset"]
-	if err != nil || mt != "application/json" || (hasCharset && !strings.EqualFold(cs, "utf-8")) || len(params) > 1 || (len(params) == 1 && !hasCharset) {
+	utf8Only := len(params) == 0 || (len(params) == 1 && strings.EqualFold(params["charset"], "utf-8"))
+	if err != nil || mt != "application/json" || !utf8Only {
 		WriteError(w, http.StatusUnsupportedMediaType, "Content-Type", "el cos ha de ser application/json (UTF-8)")
 		return false
 	}
@@ -252,7 +253,11 @@ func HostGuard(h http.Handler, listen net.Addr, allowed []string) http.Handler {
 		case a == "*":
 			g.any = true
 		default:
-			g.names[a] = true
+			if host, port, err := net.SplitHostPort(a); err == nil {
+				g.names[net.JoinHostPort(host, port)] = true
+			} else {
+				g.names[strings.TrimSuffix(strings.TrimPrefix(a, "["), "]")] = true
+			}
 		}
 	}
 	return g
