@@ -156,6 +156,24 @@ func TestPostRefusesBodiesThatAreNotJSON(t *testing.T) {
 	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM comandes"); n != 0 {
 		t.Fatalf("non-JSON bodies created %d orders", n)
 	}
+	// A preflight is not granted: no CORS header, not a 2xx.
+	pre, _ := http.NewRequest(http.MethodOptions, b.srv.URL+"/comandes", nil)
+	pre.Header.Set("Origin", "https://evil.example")
+	pre.Header.Set("Access-Control-Request-Method", "POST")
+	pre.Header.Set("Access-Control-Request-Headers", "content-type")
+	if resp, err := http.DefaultClient.Do(pre); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+		for k := range resp.Header {
+			if strings.HasPrefix(k, "Access-Control-") {
+				t.Errorf("preflight: CORS header %s sent", k)
+			}
+		}
+		if resp.StatusCode < 300 {
+			t.Errorf("preflight: got %d, want no success", resp.StatusCode)
+		}
+	}
 	// application/json (with charset utf-8) is accepted, and still no CORS header.
 	for i, ct := range []string{"application/json", "Application/JSON; charset=UTF-8"} {
 		body := strings.Replace(good, "P-2026-000123", fmt.Sprintf("P-2026-00012%d", i), 1)
