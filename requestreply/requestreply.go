@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outcome"
 )
 
@@ -121,13 +122,39 @@ func (e *RemoteError) Is(target error) bool {
 // non-retryable error reply (outcome.Permanent).
 func BadRequest(err error) error { return outcome.Permanent(err) }
 
-// DecodeJSON unmarshals a request body into v. Malformed JSON is a
-// BadRequest error saying so, which Handler turns into an error reply.
+// DecodeJSON unmarshals a request body into v strictly (internal/strictjson:
+// invalid UTF-8, lone surrogate escapes, repeated members and members named
+// like a field but for case are refused, unknown members ignored). A refused
+// body is a BadRequest error saying so ("bad request: malformed JSON: ..."),
+// which Handler turns into a non-retryable error reply.
 func DecodeJSON(body []byte, v any) error {
-	if err := json.Unmarshal(body, v); err != nil {
+	if err := strictjson.Unmarshal(body, v); err != nil {
 		return BadRequest(fmt.Errorf("bad request: malformed JSON: %w", err))
 	}
 	return nil
+}
+
+// MaxBodyBytesDefault is the largest request body the servers (amqprr,
+// kafkarr) hand their handler unless configured otherwise: 64 KiB.
+const MaxBodyBytesDefault = 64 << 10
+
+// LimitBody returns h refusing, without running it, a request whose body
+// is longer than limit bytes (MaxBodyBytesDefault when limit is 0; no bound
+// when it is negative): the requester gets a non-retryable error reply
+// naming the size and the limit. The servers wrap their Handler with it.
+func LimitBody(h Handler, limit int) Handler {
+	if limit == 0 {
+		limit = MaxBodyBytesDefault
+	}
+	if limit < 0 {
+		return h
+	}
+	return func(ctx context.Context, req *Request) ([]byte, error) {
+		if len(req.Body) > limit {
+			return nil, BadRequest(fmt.Errorf("bad request: body of %d bytes, over the limit of %d", len(req.Body), limit))
+		}
+		return h(ctx, req)
+	}
 }
 
 // Wire format shared by the transports: a header "resultat" says "ok" or

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
 )
 
@@ -55,5 +56,22 @@ func TestTimeoutErrorIsErrTimeoutAndDeadlineExceeded(t *testing.T) {
 	var err error = &requestreply.TimeoutError{Service: "s", RequestID: "r"}
 	if !errors.Is(err, requestreply.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatal("TimeoutError must match ErrTimeout and context.DeadlineExceeded")
+	}
+}
+
+// DecodeJSON is strict: a body another decoder reads differently (a repeated
+// member, a member named like a field but for case, invalid UTF-8) is a bad
+// request, not the last or the case-folded value.
+func TestDecodeJSONRefusesAmbiguousBodies(t *testing.T) {
+	var v struct {
+		ID string `json:"id"`
+	}
+	for _, body := range []string{`{"id":"a","id":"b"}`, `{"ID":"b"}`, "{\"id\":\"\xff\"}", `{"id":"\ud800"}`} {
+		if err := requestreply.DecodeJSON([]byte(body), &v); !outcome.IsPermanent(err) {
+			t.Errorf("%s: got %v, want a permanent bad request", body, err)
+		}
+	}
+	if err := requestreply.DecodeJSON([]byte(`{"id":"a","altre":1}`), &v); err != nil || v.ID != "a" {
+		t.Fatalf("plain body: %v %+v", err, v)
 	}
 }

@@ -534,7 +534,8 @@ func (c *dlqCLI) index(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+		// A replay of many letters may take long: the write bound is generous.
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 		state := "POST /dlq/replay and /dlq/purge enabled (bearer token from KM0_DLQ_ADMIN_TOKEN)"

@@ -137,7 +137,7 @@ func runRelay(ctx context.Context, args []string) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 		log.Info("km0 relay: metrics", "url", "http://"+ln.Addr().String()+"/metrics")

@@ -224,6 +224,7 @@ func TestServeComandesRetryAfterACrashMidRequestGetsItsOrderOnce(t *testing.T) {
 	const key, body = "clau-caiguda", `{"id":"P-2026-000777","client":"anna","mercat":"vic","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":300}]}`
 	post := func(ctx context.Context) (int, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/comandes", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/km0/km0/services/repartiment"
+	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/services/system"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -60,6 +61,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply")
 	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
 	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
+	allowedHosts := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names the HTTP APIs answer besides their listen address: NAME or NAME:PORT,... or * for any (default $"+svc.AllowedHostsEnv+"; loopback servers answer localhost, 127.0.0.1 and [::1])")
 	deliveryTime := fs.Duration("delivery-time", repartiment.DeliveryTimeDefault, "repartiment: how long a courier stays busy with one delivery")
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
@@ -113,6 +115,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	}
 	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
 		Brokers: brokerList, Services: services, AMQPURL: *amqpURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
+		AllowedHosts: strings.Split(*allowedHosts, ","),
 		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, Logger: logger()})
 	if err != nil {
 		return err

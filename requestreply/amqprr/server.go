@@ -41,6 +41,10 @@ type ServerConfig struct {
 	Logger         *slog.Logger // default slog.Default()
 	// Metrics, if set, receives requestreply.MetricServerRequests.
 	Metrics prometheus.Registerer
+	// MaxBodyBytes bounds a request's body: a longer one gets a
+	// non-retryable error reply and the handler does not run. Default
+	// requestreply.MaxBodyBytesDefault (64 KiB); negative: no bound.
+	MaxBodyBytes int
 }
 
 // ServerStats counts what a Server did.
@@ -92,6 +96,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, errors.New("amqprr: ServerConfig needs Conn and Handler")
 	}
 	cfg.Queue = cmp.Or(cfg.Queue, QueueDefault)
+	cfg.Handler = requestreply.LimitBody(cfg.Handler, cfg.MaxBodyBytes)
 	cfg.Prefetch = cmp.Or(max(cfg.Prefetch, 0), PrefetchDefault)
 	cfg.Workers = cmp.Or(max(cfg.Workers, 0), WorkersDefault)
 	cfg.MaxUnconfirmed = cmp.Or(max(cfg.MaxUnconfirmed, 0), MaxUnconfirmedDefault)

@@ -59,6 +59,10 @@ type ServerConfig struct {
 	// requester could make the server write to any topic, a business topic
 	// included. Default ReplyTopicPrefix ("respostes."), the clients' default.
 	ReplyTopicPrefix string
+	// MaxBodyBytes bounds a request's body: a longer one gets a
+	// non-retryable error reply and the handler does not run. Default
+	// requestreply.MaxBodyBytesDefault (64 KiB); negative: no bound.
+	MaxBodyBytes int
 }
 
 // ServerStats counts what a Server did.
@@ -102,6 +106,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, errors.New("kafkarr: ServerConfig needs Brokers and Handler")
 	}
 	cfg.Topic = cmp.Or(cfg.Topic, TopicDefault)
+	cfg.Handler = requestreply.LimitBody(cfg.Handler, cfg.MaxBodyBytes)
 	cfg.Group = cmp.Or(cfg.Group, cfg.Topic+".servidor")
 	cfg.Partitions = cmp.Or(max(cfg.Partitions, 0), kafka.PartitionsDefault)
 	cfg.Workers = cmp.Or(max(cfg.Workers, 0), WorkersDefault)

@@ -47,6 +47,7 @@ func Run(t *testing.T, start Transport) {
 	t.Run("BadRequestGetsAnErrorReply", func(t *testing.T) { badRequest(t, start) })
 	t.Run("RestartWithAnExpiredBacklogAnswersFreshRequests", func(t *testing.T) { expiredBacklog(t, start) })
 	t.Run("SlowRequestDoesNotHoldBackFreshOnes", func(t *testing.T) { slowDoesNotBlock(t, start) })
+	t.Run("OversizedRequestIsRefusedWithoutRunningTheHandler", func(t *testing.T) { oversized(t, start) })
 }
 
 type echoReq struct {
@@ -218,6 +219,35 @@ func badRequest(t *testing.T, start Transport) {
 	if !errors.As(err, &re) || !errors.Is(err, requestreply.ErrRemote) || re.Retryable ||
 		!strings.Contains(re.Message, "bad request: malformed JSON") {
 		t.Fatalf("want a non-retryable error reply about malformed JSON, got %v", err)
+	}
+}
+
+// A request body longer than the server's bound
+// (requestreply.MaxBodyBytesDefault, the servers' default) gets a
+// non-retryable error reply naming the limit, and the handler never runs; a
+// body of exactly the bound is handled.
+func oversized(t *testing.T, start Transport) {
+	var calls atomic.Int64
+	s := start(t, func(context.Context, *requestreply.Request) ([]byte, error) {
+		calls.Add(1)
+		return []byte(`{}`), nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	big := []byte(strings.Repeat("a", requestreply.MaxBodyBytesDefault+1))
+	_, err := s.Requester.Request(ctx, s.Service, "gran-1", big)
+	var re *requestreply.RemoteError
+	if !errors.As(err, &re) || re.Retryable || !strings.Contains(re.Message, "over the limit") {
+		t.Fatalf("want a non-retryable error reply about the size, got %v", err)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("the handler ran %d times for an oversized request", n)
+	}
+	if _, err := s.Requester.Request(ctx, s.Service, "gran-2", big[:requestreply.MaxBodyBytesDefault]); err != nil {
+		t.Fatalf("a body at the bound: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
 	}
 }
 

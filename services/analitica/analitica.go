@@ -8,7 +8,6 @@ package analitica
 import (
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/services/svc"
 )
@@ -60,7 +60,7 @@ func (s *Service) HandleEvent(ctx context.Context, tx pgx.Tx, m *consumer.Messag
 	var o struct {
 		Market string `json:"mercat"`
 	}
-	if json.Unmarshal(m.Envelope.Data, &o) != nil || o.Market == "" {
+	if strictjson.Unmarshal(m.Envelope.Data, &o) != nil || o.Market == "" {
 		return nil
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO comptadors_mercat (mercat, n) VALUES ($1, 1)

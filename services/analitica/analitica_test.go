@@ -2,6 +2,7 @@ package analitica_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/km0/km0/services/analitica"
@@ -32,5 +33,21 @@ func TestCountsPerTipusAndMercat(t *testing.T) {
 	}
 	if c.PerType["comanda.creada"] != 4 || c.PerType["estoc.actualitzat"] != 1 || c.PerMarket["girona"] != 2 || c.PerMarket["vic"] != 1 || len(c.PerMarket) != 2 {
 		t.Fatalf("counters %+v", c)
+	}
+}
+
+// A comanda.creada whose mercat another decoder reads differently (given
+// twice, or as "Mercat") counts under its tipus only, never under a market.
+func TestAmbiguousMarketIsNotCounted(t *testing.T) {
+	pool, _ := svctest.DB(t, analitica.Migrations)
+	s, _ := analitica.New(pool)
+	for _, d := range []string{`{"id":"P-2026-000001","mercat":"girona","mercat":"vic"}`, `{"id":"P-2026-000002","Mercat":"vic","mercat":"girona"}`} {
+		if err := svctest.Run(t, pool, s.HandleEvent, svctest.Message(t, "t", "comanda.creada", 1, json.RawMessage(d))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := s.Counters(context.Background())
+	if err != nil || c.PerType["comanda.creada"] != 2 || len(c.PerMarket) != 0 {
+		t.Fatalf("counters %+v %v: want 2 comanda.creada and no market", c, err)
 	}
 }

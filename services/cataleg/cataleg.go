@@ -7,7 +7,6 @@ package cataleg
 import (
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/services/svc"
@@ -57,7 +57,7 @@ func (s *Service) HandleStockUpdated(ctx context.Context, tx pgx.Tx, m *consumer
 		Product string `json:"producte"`
 		After   *int32 `json:"despres"` // the column is INTEGER: a larger value is a contract failure, not a retry
 	}
-	if err := json.Unmarshal(m.Envelope.Data, &e); err != nil || e.Product == "" || e.After == nil {
+	if err := strictjson.Unmarshal(m.Envelope.Data, &e); err != nil || e.Product == "" || e.After == nil {
 		return outcome.Permanentf("esquema: estoc.actualitzat sense producte o despres vàlids (%v)", err)
 	}
 	if *e.After < 0 || strings.ContainsRune(e.Product, 0) {

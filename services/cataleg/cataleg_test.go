@@ -2,6 +2,7 @@ package cataleg_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/km0/km0/outcome"
@@ -40,5 +41,21 @@ func TestFlagIsIdempotentByNature(t *testing.T) {
 		if err := svctest.Run(t, pool, s.HandleStockUpdated, bad); !outcome.IsPermanent(err) {
 			t.Errorf("%s: %v, want a permanent (esquema) failure", what, err)
 		}
+	}
+}
+
+// An estoc.actualitzat with a repeated despres, or one named "Despres", is
+// read differently by other decoders: permanent, and no flag is written.
+func TestAmbiguousStockUpdateIsPermanent(t *testing.T) {
+	pool, _ := svctest.DB(t, cataleg.Migrations)
+	s, _ := cataleg.New(pool)
+	for _, d := range []string{`{"producte":"carbasso","despres":3,"despres":50}`, `{"producte":"carbasso","Despres":3,"despres":50}`} {
+		m := svctest.Message(t, "inventari.esdeveniments", "estoc.actualitzat", 1, json.RawMessage(d))
+		if err := svctest.Run(t, pool, s.HandleStockUpdated, m); !outcome.IsPermanent(err) {
+			t.Errorf("%s: got %v, want permanent", d, err)
+		}
+	}
+	if n := svctest.Count(t, pool, "SELECT count(*) FROM indicadors"); n != 0 {
+		t.Fatalf("%d flags written", n)
 	}
 }

@@ -44,6 +44,7 @@ func setup(t *testing.T, auth comandes.Authorizer) *bundle {
 func (b *bundle) post(t *testing.T, key, body string) (int, map[string]any) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/comandes", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
@@ -82,6 +83,14 @@ func TestPostRejectsBadInputNamingTheField(t *testing.T) {
 		{"empty city", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"codi_postal":"17001"}}`, "adreca_lliurament.ciutat"},
 		// PostgreSQL refuses NUL in text: without a 400 these were a 503 "retry" that never succeeds.
 		{"NUL in client", `{"id":"P-2026-000001","client":"an\u0000na","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "client"},
+		// encoding/json alone would store U+FFFD for these, with a 201.
+		{"raw invalid UTF-8 in client", "{\"id\":\"P-2026-000001\",\"client\":\"an\xff\xfena\",\"mercat\":\"girona\",\"linies\":[{\"producte\":\"carbasso\",\"quantitat\":1,\"preu_centims\":1}]}", "client"},
+		{"lone surrogate in client", `{"id":"P-2026-000001","client":"an\ud800na","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "client"},
+		{"invalid UTF-8 in a product", "{\"id\":\"P-2026-000001\",\"client\":\"anna\",\"mercat\":\"girona\",\"linies\":[{\"producte\":\"carbasso\",\"quantitat\":1,\"preu_centims\":1},{\"producte\":\"ca\xc3\",\"quantitat\":1,\"preu_centims\":1}]}", "linies[1].producte"},
+		// encoding/json alone would take the last, or the case-folded, member: another reader takes the first.
+		{"case variant of id", `{"id":"P-2026-000134","ID":"P-2026-999999","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "ID"},
+		{"repeated id", `{"id":"P-2026-000134","client":"anna","mercat":"girona","id":"P-2026-999999","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`, "id"},
+		{"repeated quantity", `{"id":"P-2026-000134","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"quantitat":9,"preu_centims":1}]}`, "linies[0].quantitat"},
 		{"NUL in city", `{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}],"adreca_lliurament":{"ciutat":"Gi\u0000rona","codi_postal":"17001"}}`, "adreca_lliurament.ciutat"},
 	}
 	for _, c := range cases {
@@ -92,6 +101,7 @@ func TestPostRejectsBadInputNamingTheField(t *testing.T) {
 	}
 	// An Idempotency-Key that is not valid UTF-8 (obs-text in the header) cannot be stored.
 	req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/comandes", strings.NewReader(good))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header["Idempotency-Key"] = []string{"cl\xe9"}
 	if resp, err := http.DefaultClient.Do(req); err != nil {
 		t.Fatal(err)
@@ -112,6 +122,77 @@ func TestPostRejectsBadInputNamingTheField(t *testing.T) {
 	}
 	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM outbox"); n != 0 {
 		t.Fatalf("bad input wrote %d events", n)
+	}
+}
+
+// A web page can make a browser POST cross-site without a preflight only as
+// text/plain, a form or multipart: each is refused with 415 and stores
+// nothing, and no answer carries a CORS header that would let the page read it.
+func TestPostRefusesBodiesThatAreNotJSON(t *testing.T) {
+	b := setup(t, nil)
+	for _, ct := range []string{"", "text/plain", "text/plain; charset=utf-8", "application/x-www-form-urlencoded",
+		"multipart/form-data; boundary=x", "application/json; charset=latin1", "application/jsonx", "application/json; x=1"} {
+		req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/comandes", strings.NewReader(good))
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		req.Header.Set("Origin", "https://evil.example")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnsupportedMediaType || out["camp"] != "Content-Type" {
+			t.Errorf("Content-Type %q: got %d %v, want 415 naming Content-Type", ct, resp.StatusCode, out)
+		}
+		for k := range resp.Header {
+			if strings.HasPrefix(k, "Access-Control-") {
+				t.Errorf("Content-Type %q: CORS header %s sent", ct, k)
+			}
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM comandes"); n != 0 {
+		t.Fatalf("non-JSON bodies created %d orders", n)
+	}
+	// A preflight is not granted: no CORS header, not a 2xx.
+	pre, _ := http.NewRequest(http.MethodOptions, b.srv.URL+"/comandes", nil)
+	pre.Header.Set("Origin", "https://evil.example")
+	pre.Header.Set("Access-Control-Request-Method", "POST")
+	pre.Header.Set("Access-Control-Request-Headers", "content-type")
+	if resp, err := http.DefaultClient.Do(pre); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+		for k := range resp.Header {
+			if strings.HasPrefix(k, "Access-Control-") {
+				t.Errorf("preflight: CORS header %s sent", k)
+			}
+		}
+		if resp.StatusCode < 300 {
+			t.Errorf("preflight: got %d, want no success", resp.StatusCode)
+		}
+	}
+	// application/json (with charset utf-8) is accepted, and still no CORS header.
+	for i, ct := range []string{"application/json", "Application/JSON; charset=UTF-8"} {
+		body := strings.Replace(good, "P-2026-000123", fmt.Sprintf("P-2026-00012%d", i), 1)
+		req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/comandes", strings.NewReader(body))
+		req.Header.Set("Content-Type", ct)
+		req.Header.Set("Origin", "https://evil.example")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Errorf("Content-Type %q: got %d, want 201", ct, resp.StatusCode)
+		}
+		for k := range resp.Header {
+			if strings.HasPrefix(k, "Access-Control-") {
+				t.Errorf("CORS header %s sent", k)
+			}
+		}
 	}
 }
 
@@ -332,5 +413,27 @@ func TestAClaimLeftByADeadRequestIsTakenOverAfterItsLease(t *testing.T) {
 	}
 	if n := svctest.Count(t, pool, "SELECT count(*) FROM outbox"); n != 1 {
 		t.Fatalf("outbox rows %d, want 1", n)
+	}
+}
+
+// A pagament.confirmat whose dades another decoder reads as another order
+// (a repeated comanda_id, or "Comanda_id" besides it) is a permanent
+// "esquema" error and marks nothing paid.
+func TestPaymentConfirmedRefusesAmbiguousDades(t *testing.T) {
+	b := setup(t, nil)
+	if status, _ := b.post(t, "", good); status != http.StatusCreated {
+		t.Fatal(status)
+	}
+	for _, d := range []string{
+		`{"comanda_id":"P-2026-000999","comanda_id":"P-2026-000123","import_centims":3200,"ref_passarella":"ch_1"}`,
+		`{"Comanda_id":"P-2026-000123","comanda_id":"P-2026-000999","import_centims":3200,"ref_passarella":"ch_1"}`,
+	} {
+		m := svctest.Message(t, "pagaments.esdeveniments", comandes.TypePaymentConfirmed, 1, json.RawMessage(d))
+		if err := svctest.Run(t, b.pool, b.svc.HandlePaymentConfirmed, m); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "esquema") {
+			t.Errorf("%s: got %v, want a permanent esquema error", d, err)
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM comandes WHERE estat = 'pagada'"); n != 0 {
+		t.Fatalf("ambiguous confirmations marked %d orders paid", n)
 	}
 }

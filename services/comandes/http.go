@@ -2,7 +2,6 @@ package comandes
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,7 +21,7 @@ const maxKeyLen = 200
 
 // Handler returns the HTTP API:
 //
-//	POST /comandes        create an order (201, 400 naming the field or the unknown product, 402, 409, 413, 422, 503)
+//	POST /comandes        create an order (201, 400 naming the field or the unknown product, 402, 409, 413, 415, 422, 503)
 //	GET  /comandes/{id}   read an order (200, 404)
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -32,6 +31,9 @@ func (s *Service) Handler() http.Handler {
 }
 
 func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
+	if !svc.RequireJSON(w, r) {
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -97,16 +99,14 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(a.Body)
 }
 
-// DecodeOrder parses a POST /comandes body. Unknown members are ignored; bad
-// JSON and members of the wrong type are a *svc.FieldError naming the member.
+// DecodeOrder parses a POST /comandes body strictly (svc.DecodeJSON):
+// unknown members are ignored; bad JSON, invalid UTF-8 or a lone surrogate
+// escape, a repeated member, a member named like a field but for case, and
+// members of the wrong type are a *svc.FieldError naming the member.
 func DecodeOrder(body []byte) (*Order, error) {
 	var o Order
-	if err := json.Unmarshal(body, &o); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return nil, fieldf(typeErr.Field, "tipus incorrecte: s'esperava %s", typeErr.Type)
-		}
-		return nil, fieldf("cos", "JSON mal format: %v", err)
+	if err := svc.DecodeJSON(body, &o); err != nil {
+		return nil, err
 	}
 	return &o, nil
 }

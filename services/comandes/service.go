@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
 )
@@ -212,7 +213,7 @@ func hashBody(b []byte) string {
 // nothing; an unknown order or a payload without comanda_id is permanent.
 func (s *Service) HandlePaymentConfirmed(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	var p PaymentConfirmed
-	if err := json.Unmarshal(m.Envelope.Data, &p); err != nil {
+	if err := strictjson.Unmarshal(m.Envelope.Data, &p); err != nil {
 		return outcome.Permanentf("esquema: pagament.confirmat: %v", err)
 	}
 	if p.OrderID == "" {

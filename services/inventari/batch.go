@@ -2,7 +2,6 @@ package inventari
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
 )
@@ -134,7 +134,7 @@ type order struct {
 
 func decodeOrder(m *consumer.Message) (order, error) {
 	var o orderCreated
-	if err := json.Unmarshal(m.Envelope.Data, &o); err != nil {
+	if err := strictjson.Unmarshal(m.Envelope.Data, &o); err != nil {
 		return order{}, outcome.Permanentf("esquema: comanda.creada: %v", err)
 	}
 	if o.ID == "" || len(o.Lines) == 0 {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
@@ -201,7 +202,7 @@ type ReserveResponse struct {
 // or with control characters, is an outcome.Permanent error.
 func (s *Service) Reserve(ctx context.Context, body []byte) ([]byte, error) {
 	var req ReserveRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+	if err := strictjson.Unmarshal(body, &req); err != nil {
 		return nil, outcome.Permanentf("esquema: ReservarEstoc: %v", err)
 	}
 	if req.ID == "" || len(req.Lines) == 0 {

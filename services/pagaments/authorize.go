@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
 )
@@ -43,7 +44,7 @@ type AuthResponse struct {
 // characters, is outcome.Permanent, refused before any SQL.
 func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
 	var req AuthRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+	if err := strictjson.Unmarshal(body, &req); err != nil {
 		return nil, outcome.Permanentf("esquema: autorització: %v", err)
 	}
 	if req.OrderID == "" || req.TotalCents < 0 {

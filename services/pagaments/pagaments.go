@@ -9,7 +9,6 @@ package pagaments
 import (
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
@@ -135,7 +135,7 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 		return errors.New("pagaments: Config.Gateway is required to charge")
 	}
 	var o orderCreated
-	if err := json.Unmarshal(m.Envelope.Data, &o); err != nil {
+	if err := strictjson.Unmarshal(m.Envelope.Data, &o); err != nil {
 		return outcome.Permanentf("esquema: comanda.creada: %v", err)
 	}
 	if o.ID == "" || len(o.Lines) == 0 {

@@ -14,7 +14,6 @@ package repartiment
 import (
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
@@ -147,7 +147,7 @@ type Rejected struct {
 // ConsumerAssign). See the package doc for what each failure becomes.
 func (s *Service) HandleOrderPaid(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	var o orderPaid
-	if err := json.Unmarshal(m.Envelope.Data, &o); err != nil || o.ID == "" {
+	if err := strictjson.Unmarshal(m.Envelope.Data, &o); err != nil || o.ID == "" {
 		return s.schemaFailure(ctx, m, fmt.Sprintf("comanda.pagada il·legible o sense comanda_id: %v", err))
 	}
 	if o.Address == nil || strings.TrimSpace(o.Address.City) == "" {

@@ -2,6 +2,7 @@ package repartiment_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http/httptest"
@@ -262,5 +263,24 @@ func TestPendingKeepsItsEstimateAndARepeatNeedsNoMaps(t *testing.T) {
 	}
 	if n := events(t, b, "repartiment.assignat"); n != 2 || b.maps.Failed() != before {
 		t.Fatalf("after repeats: %d assignat events, %d maps calls; want 2 and no maps call", n, b.maps.Failed()-before)
+	}
+}
+
+// A comanda.pagada whose dades another decoder reads differently (a
+// repeated member, or one named like a field but for case) is a permanent
+// "esquema" failure and assigns nothing.
+func TestAmbiguousOrderPaidIsSchema(t *testing.T) {
+	b := setup(t, nil, nil)
+	for _, d := range []string{
+		`{"comanda_id":"P-2026-000005","adreca_lliurament":{"ciutat":"Girona","codi_postal":"17001"},"adreca_lliurament":{"ciutat":"Paris","codi_postal":"75001"}}`,
+		`{"comanda_id":"P-2026-000005","adreca_lliurament":{"ciutat":"Girona","Ciutat":"Paris","codi_postal":"17001"}}`,
+	} {
+		m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 2, json.RawMessage(d))
+		if err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, m); !outcome.IsPermanent(err) || !strings.HasPrefix(err.Error(), "esquema") {
+			t.Errorf("%s: got %v, want a permanent esquema failure", d, err)
+		}
+	}
+	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM lliuraments"); n != 0 {
+		t.Fatalf("deliveries %d", n)
 	}
 }

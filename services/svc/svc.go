@@ -1,6 +1,7 @@
 // Package svc holds what the km0 services share: their database (one per
 // service, km0_<service>, created if absent), a small connection pool, and the
-// JSON helpers of their HTTP APIs.
+// JSON helpers and request checks (strict bodies, JSON-only POSTs, the Host
+// check) of their HTTP APIs.
 package svc
 
 import (
@@ -8,13 +9,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 )
 
@@ -149,6 +155,39 @@ func Fieldf(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
+// DecodeJSON decodes a request body into v strictly (see
+// internal/strictjson): invalid UTF-8 or an escaped lone surrogate in any
+// string, two members of one name, a member that matches a field only when
+// case is ignored, malformed JSON and a value of the wrong type are each a
+// *FieldError naming the member ("cos" for the body as a whole). Unknown
+// members are ignored.
+func DecodeJSON(body []byte, v any) error {
+	if err := strictjson.Unmarshal(body, v); err != nil {
+		var se *strictjson.Error
+		if errors.As(err, &se) && se.Path != "" {
+			return &FieldError{Field: se.Path, Reason: se.Reason}
+		}
+		return &FieldError{Field: "cos", Reason: err.Error()}
+	}
+	return nil
+}
+
+// RequireJSON reports whether r declares a JSON body: Content-Type
+// application/json, with at most a charset parameter of utf-8. If not, it
+// answers 415 and returns false. State-changing endpoints call it first: a
+// web page can make a browser send a cross-site POST without asking the
+// server first (a CORS preflight) only as text/plain, a form or multipart,
+// so refusing those keeps other sites from posting to the API.
+func RequireJSON(w http.ResponseWriter, r *http.Request) bool {
+	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	utf8Only := len(params) == 0 || (len(params) == 1 && strings.EqualFold(params["charset"], "utf-8"))
+	if err != nil || mt != "application/json" || !utf8Only {
+		WriteError(w, http.StatusUnsupportedMediaType, "Content-Type", "el cos ha de ser application/json (UTF-8)")
+		return false
+	}
+	return true
+}
+
 // WriteJSON writes v as JSON with status.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -180,4 +219,90 @@ func GetJSON(pattern, failMsg string, read func(ctx context.Context) (any, error
 		WriteJSON(w, http.StatusOK, v)
 	})
 	return mux
+}
+
+// AllowedHostsEnv is the environment variable km0 reads the extra allowed
+// Host names of its HTTP servers from (comma separated; see HostGuard).
+const AllowedHostsEnv = "KM0_HTTP_ALLOWED_HOSTS"
+
+// HostGuard wraps h so that it answers only requests whose Host header names
+// this server, which defeats DNS rebinding (a web page whose own host name
+// resolves to this server's address reading its API through the visitor's
+// browser). listen is the address the server listens on. Allowed are:
+//   - an IP address (v4, or v6 in brackets) with the listen port, when it is
+//     the listen address, or both are loopback, or the server listens on all
+//     addresses (0.0.0.0, ::);
+//   - "localhost" with the listen port, when listening on loopback or on all
+//     addresses;
+//   - each entry of allowed: "name" (any port) or "name:port"; "*" allows
+//     every Host (no check).
+//
+// Names compare case-insensitively; port 80 may be left out. Any other Host,
+// or none, gets 421 Misdirected Request and h does not run.
+func HostGuard(h http.Handler, listen net.Addr, allowed []string) http.Handler {
+	g := &hostGuard{h: h, names: map[string]bool{}}
+	if ta, ok := listen.(*net.TCPAddr); ok {
+		g.ip, g.port = ta.IP, strconv.Itoa(ta.Port)
+	} else if host, port, err := net.SplitHostPort(listen.String()); err == nil {
+		g.ip, g.port = net.ParseIP(host), port
+	}
+	for _, a := range allowed {
+		a = strings.ToLower(strings.TrimSpace(a))
+		switch {
+		case a == "":
+		case a == "*":
+			g.any = true
+		default:
+			if host, port, err := net.SplitHostPort(a); err == nil {
+				g.names[net.JoinHostPort(host, port)] = true
+			} else {
+				g.names[strings.TrimSuffix(strings.TrimPrefix(a, "["), "]")] = true
+			}
+		}
+	}
+	return g
+}
+
+type hostGuard struct {
+	h     http.Handler
+	ip    net.IP
+	port  string
+	any   bool
+	names map[string]bool // "name" or "name:port", lower case
+}
+
+func (g *hostGuard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !g.allows(r.Host) {
+		WriteError(w, http.StatusMisdirectedRequest, "Host", "aquest servidor no respon a aquest nom d'amfitrió (vegeu "+AllowedHostsEnv+")")
+		return
+	}
+	g.h.ServeHTTP(w, r)
+}
+
+func (g *hostGuard) allows(hostport string) bool {
+	if g.any {
+		return true
+	}
+	hostport = strings.ToLower(hostport)
+	if hostport == "" {
+		return false
+	}
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil { // no port
+		host, port = strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]"), "80"
+	}
+	if g.names[host] || g.names[net.JoinHostPort(host, port)] {
+		return true
+	}
+	if port != g.port || g.ip == nil {
+		return false
+	}
+	if host == "localhost" {
+		return g.ip.IsLoopback() || g.ip.IsUnspecified()
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return false
+	}
+	return g.ip.IsUnspecified() || ip.Equal(g.ip) || (ip.IsLoopback() && g.ip.IsLoopback())
 }

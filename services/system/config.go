@@ -141,6 +141,13 @@ type Config struct {
 	// the simulated gateway ("passarella") and maps service ("mapes"), by
 	// name. Default 127.0.0.1:0 (a free port) for each.
 	HTTPAddrs map[string]string
+	// AllowedHosts are Host names the HTTP servers answer besides their own
+	// listen address (see svc.HostGuard): "name" (any port), "name:port", or
+	// "*" for any. A listen address given as a name (HTTPAddrs) is allowed
+	// too. Default none: loopback servers answer localhost, 127.0.0.1 and
+	// [::1] with their port; others their IP address. km0 up/serve read
+	// --http-allowed-hosts, default $KM0_HTTP_ALLOWED_HOSTS.
+	AllowedHosts []string
 	// GatewayURL, if set, is used instead of starting the simulated gateway.
 	GatewayURL string
 	// GatewayFaults make the simulated gateway fail or hang.

@@ -25,6 +25,7 @@ type reply struct {
 func postOrder(t *testing.T, base, key, body string) reply {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, base+"/comandes", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -165,14 +165,24 @@ func (s *System) open(ctx context.Context, service string, maxConns int32, sets 
 // topic returns the name of contract topic t (Config.Topics).
 func (s *System) topic(t string) string { return cmp.Or(s.cfg.Topics[t], t) }
 
-// serve starts an HTTP server for h on the configured address of name.
+// HTTPWriteTimeoutDefault bounds the time from the end of a request's
+// headers to the end of its answer on every HTTP server Start runs: a
+// client that stops reading, or a handler that hangs, holds a connection no
+// longer than this. It exceeds the longest a handler waits by design
+// (comandes waiting for a concurrent request with the same
+// Idempotency-Key, or for an authorisation).
+const HTTPWriteTimeoutDefault = 30 * time.Second
+
+// serve starts an HTTP server for h on the configured address of name,
+// answering only the Host names svc.HostGuard allows for its address and
+// Config.AllowedHosts.
 func (s *System) serve(name string, h http.Handler) error {
 	addr := cmp.Or(s.cfg.HTTPAddrs[name], "127.0.0.1:0")
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s for %s: %w", addr, name, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := s.httpServer(addr, l.Addr(), h)
 	s.servers = append(s.servers, srv)
 	s.addrs[name] = "http://" + l.Addr().String()
 	s.wg.Go(func() {
@@ -181,6 +191,17 @@ func (s *System) serve(name string, h http.Handler) error {
 		}
 	})
 	return nil
+}
+
+// httpServer returns the server of h listening on listen (configured as
+// addr): its Host check and its timeouts.
+func (s *System) httpServer(addr string, listen net.Addr, h http.Handler) *http.Server {
+	allowed := s.cfg.AllowedHosts
+	if host, _, err := net.SplitHostPort(addr); err == nil && host != "" && net.ParseIP(host) == nil {
+		allowed = append(slices.Clip(allowed), host) // the configured name, e.g. comandes.intern:8080
+	}
+	return &http.Server{Handler: svc.HostGuard(h, listen, allowed), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 30 * time.Second, WriteTimeout: HTTPWriteTimeoutDefault, IdleTimeout: 2 * time.Minute}
 }
 
 func (s *System) startService(ctx context.Context, name string) error {

@@ -42,6 +42,14 @@ func TestServeOneServiceCreatesItsDatabaseAndServesHTTP(t *testing.T) {
 		t.Fatalf("GET /cataleg: %v %v", resp, err)
 	}
 	resp.Body.Close()
+	// DNS rebinding: another site's name for this address is not answered.
+	req, _ := http.NewRequest(http.MethodGet, addrs["cataleg"]+"/cataleg", nil)
+	req.Host = "rebind.evil.example"
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("GET /cataleg with a foreign Host: %v %v, want 421", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	closed := make(chan struct{})
 	go func() { sys.Close(); close(closed) }()
 	select {

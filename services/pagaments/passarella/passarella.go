@@ -11,11 +11,12 @@ import (
 	"crypto/rand"
 	"embed"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -102,19 +103,66 @@ type Charge struct {
 	Calls      int    `json:"crides"`
 }
 
-// Handler returns POST /cobraments (Idempotency-Key required) and GET /cobraments.
+// Page sizes of GET /cobraments.
+const (
+	PageLimitDefault = 100
+	PageLimitMax     = 1000
+)
+
+// Page is the answer of GET /cobraments: charges in key order and, when
+// there may be more, the cursor of the next page (Next, "seguent": pass it
+// as despres_de).
+type Page struct {
+	Charges []Charge `json:"cobraments"`
+	Next    string   `json:"seguent,omitempty"`
+}
+
+// Handler returns the gateway's HTTP API:
+//
+//	POST /cobraments   charge (Idempotency-Key required; application/json; 201, 200 replayed, 400, 415, 422, 503)
+//	GET  /cobraments?limit=&despres_de=   one page of charges in key order (Page)
+//
+// limit defaults to PageLimitDefault and is at most PageLimitMax; despres_de
+// is the seguent of the previous page (the key after which to list). Any
+// other parameter, or a limit out of range, is a 400.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /cobraments", s.charge)
-	mux.HandleFunc("GET /cobraments", func(w http.ResponseWriter, r *http.Request) {
-		cs, err := s.Charges(r.Context())
-		if err != nil {
-			svc.WriteError(w, http.StatusServiceUnavailable, "", err.Error())
+	mux.HandleFunc("GET /cobraments", s.list)
+	return mux
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "limit" && k != "despres_de" {
+			svc.WriteError(w, http.StatusBadRequest, k, "paràmetre desconegut (limit, despres_de)")
 			return
 		}
-		svc.WriteJSON(w, http.StatusOK, cs)
-	})
-	return mux
+	}
+	limit := PageLimitDefault
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > PageLimitMax {
+			svc.WriteError(w, http.StatusBadRequest, "limit", fmt.Sprintf("ha de ser un enter entre 1 i %d", PageLimitMax))
+			return
+		}
+		limit = n
+	}
+	after := q.Get("despres_de")
+	if len(after) > 200 {
+		svc.WriteError(w, http.StatusBadRequest, "despres_de", "més de 200 caràcters")
+		return
+	}
+	cs, next, err := s.ChargesPage(r.Context(), after, limit)
+	if err != nil {
+		if r.Context().Err() == nil {
+			s.cfg.Logger.Error("passarella: list charges", "err", err)
+		}
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella: error intern")
+		return
+	}
+	svc.WriteJSON(w, http.StatusOK, Page{Charges: cs, Next: next})
 }
 
 // Stats returns the request counters.
@@ -130,8 +178,15 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "obligatòria: fins a 200 bytes d'UTF-8 sense caràcters de control")
 		return
 	}
+	if !svc.RequireJSON(w, r) {
+		return
+	}
 	var req ChargeRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil || req.OrderID == "" || req.TotalCents < 0 {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
+	if err == nil {
+		err = svc.DecodeJSON(body, &req)
+	}
+	if err != nil || req.OrderID == "" || req.TotalCents < 0 {
 		svc.WriteError(w, http.StatusBadRequest, "cos", "s'esperava {comanda_id, import_centims ≥ 0}")
 		return
 	}
@@ -229,6 +284,31 @@ func (s *Server) Charges(ctx context.Context) (map[string]Charge, error) {
 		return nil
 	})
 	return out, err
+}
+
+// ChargesPage returns up to limit charges whose key sorts after after ("":
+// from the first), in key order, and the cursor of the next page: the last
+// key returned when more charges follow, else "".
+func (s *Server) ChargesPage(ctx context.Context, after string, limit int) ([]Charge, string, error) {
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT clau, comanda_id, import_centims, ref, crides FROM `+s.table+`
+		WHERE clau > $1 ORDER BY clau LIMIT $2`, after, limit+1)
+	if err != nil {
+		return nil, "", err
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Charge, error) {
+		var c Charge
+		err := row.Scan(&c.Key, &c.OrderID, &c.TotalCents, &c.Ref, &c.Calls)
+		return c, err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) > limit {
+		out = out[:limit]
+		next = out[limit-1].Key
+	}
+	return out, next, nil
 }
 
 func newRef() string {
