@@ -287,6 +287,7 @@ func TestBadIDsAre400AtTheGatewayAndPermanentInTheCharge(t *testing.T) {
 	} {
 		req, _ := http.NewRequest(http.MethodPost, b.url+"/cobraments", strings.NewReader(c.body))
 		req.Header["Idempotency-Key"] = []string{c.key}
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
