@@ -182,7 +182,7 @@ func Attempt(s string, maxAttempts int) int {
 type TypeHeader struct {
 	first, other string
 	n            int
-	bad          bool
+	bad, notText bool
 }
 
 // Add records one value of a tipus header.
@@ -194,6 +194,17 @@ func (h *TypeHeader) Add(v string) {
 		h.bad = v == "" || !utf8.ValidString(v)
 	case v != h.first && !h.bad:
 		h.other, h.bad = v, true
+	}
+}
+
+// AddNotText records a tipus header whose value is not text at all (an
+// AMQP number or table, say), by a rendering of it: the header is then
+// ambiguous.
+func (h *TypeHeader) AddNotText(rendering string) {
+	h.Add(rendering)
+	h.bad = true
+	if h.n == 1 {
+		h.notText = true
 	}
 }
 
@@ -216,6 +227,8 @@ func (h *TypeHeader) Check(envType string) error {
 	switch {
 	case h.other != "":
 		got = "ambigua: " + got + " i " + quote(h.other)
+	case h.notText:
+		got = "no text " + got
 	case h.first != "" && !utf8.ValidString(h.first):
 		got = "no UTF-8 " + got
 	}

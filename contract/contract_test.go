@@ -141,21 +141,29 @@ func TestTypeHeaderFilterAndCheck(t *testing.T) {
 		usable   bool
 		envType  string
 		mismatch string // "" when Check passes
+		notText  string // added with AddNotText after vals
 	}{
-		{nil, "", false, "comanda.creada", ""},
-		{[]string{"comanda.creada"}, "comanda.creada", true, "comanda.creada", ""},
-		{[]string{"comanda.creada", "comanda.creada"}, "comanda.creada", true, "comanda.creada", ""},
+		{nil, "", false, "comanda.creada", "", ""},
+		{[]string{"comanda.creada"}, "comanda.creada", true, "comanda.creada", "", ""},
+		{[]string{"comanda.creada", "comanda.creada"}, "comanda.creada", true, "comanda.creada", "", ""},
 		{[]string{"comanda.creada"}, "comanda.creada", true, "comanda.pagada",
-			`esquema: capçalera tipus "comanda.creada" no coincideix amb l'envolupant "comanda.pagada"`},
+			`esquema: capçalera tipus "comanda.creada" no coincideix amb l'envolupant "comanda.pagada"`, ""},
 		{[]string{"comanda.pagada", "comanda.creada"}, "", false, "comanda.creada",
-			`esquema: capçalera tipus ambigua: "comanda.pagada" i "comanda.creada" no coincideix amb l'envolupant "comanda.creada"`},
+			`esquema: capçalera tipus ambigua: "comanda.pagada" i "comanda.creada" no coincideix amb l'envolupant "comanda.creada"`, ""},
 		{[]string{"comanda\xff.creada"}, "", false, "comanda.creada",
-			`esquema: capçalera tipus no UTF-8 "comanda\xff.creada" no coincideix amb l'envolupant "comanda.creada"`},
-		{[]string{""}, "", false, "comanda.creada", `esquema: capçalera tipus "" no coincideix amb l'envolupant "comanda.creada"`},
+			`esquema: capçalera tipus no UTF-8 "comanda\xff.creada" no coincideix amb l'envolupant "comanda.creada"`, ""},
+		{[]string{""}, "", false, "comanda.creada", `esquema: capçalera tipus "" no coincideix amb l'envolupant "comanda.creada"`, ""},
+		{nil, "", false, "comanda.creada",
+			`esquema: capçalera tipus no text "5 (int32)" no coincideix amb l'envolupant "comanda.creada"`, "5 (int32)"},
+		{[]string{"comanda.creada"}, "", false, "comanda.creada",
+			`esquema: capçalera tipus ambigua: "comanda.creada" i "5 (int32)" no coincideix amb l'envolupant "comanda.creada"`, "5 (int32)"},
 		{[]string{strings.Repeat("x", 100)}, strings.Repeat("x", 100), true, "comanda.creada",
-			`esquema: capçalera tipus "` + strings.Repeat("x", 40) + `"… no coincideix amb l'envolupant "comanda.creada"`},
+			`esquema: capçalera tipus "` + strings.Repeat("x", 40) + `"… no coincideix amb l'envolupant "comanda.creada"`, ""},
 	} {
 		h := th(c.vals...)
+		if c.notText != "" {
+			h.AddNotText(c.notText)
+		}
 		if f, ok := h.Filter(); ok != c.usable || (ok && f != c.filter) {
 			t.Errorf("%q: Filter() = %q, %v; want %q, %v", c.vals, f, ok, c.filter, c.usable)
 		}
