@@ -419,8 +419,8 @@ func (c *Consumer) handles(tipus string) bool {
 }
 
 // typeHeader reads the tipus header of a delivery. An AMQP table holds one
-// value per name, but of any type: one that is not a string (or bytes) is
-// recorded by its rendering, which no envelope's tipus equals.
+// value per name, but of any type: one that is not a string (or bytes)
+// makes the header ambiguous.
 func typeHeader(t amqp.Table) *contract.TypeHeader {
 	var th contract.TypeHeader
 	switch v := t[transport.HeaderType].(type) {
@@ -434,7 +434,7 @@ func typeHeader(t amqp.Table) *contract.TypeHeader {
 		th.Add(string(v))
 	default:
 		s, _ := headerString(v)
-		th.Add(fmt.Sprintf("%s (%T)", s, v))
+		th.AddNotText(fmt.Sprintf("%s (%T)", s, v))
 	}
 	return &th
 }
