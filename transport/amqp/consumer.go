@@ -71,10 +71,13 @@ type ConsumerConfig struct {
 	// Default 4. Ordered mode always uses 1 per shard.
 	Workers int
 
-	DLX             string        // default "km0.dlx"
-	MaxAttempts     int           // attempts in all, default 3
-	BackoffBase     time.Duration // delay before attempt n+1 is base×2^(n−1); default 1 s
-	BackoffMax      time.Duration // cap of the delay; default 1 h
+	DLX string // default "km0.dlx"
+	// MaxAttempts is the number of attempts in all, default 3. A copy's
+	// intents is read within it (contract.Attempt).
+	MaxAttempts int
+	BackoffBase time.Duration // delay before attempt n+1 is base×2^(n−1); default 1 s
+	// BackoffMax caps the delay, a RetryAfter delay too; default 1 h.
+	BackoffMax      time.Duration
 	WaitQueueExpiry time.Duration // x-expires of idle wait queues beyond their TTL; default 30 min
 
 	// Classifier decides unclassified handler errors. Default
@@ -86,7 +89,9 @@ type ConsumerConfig struct {
 	Name    string         // required: consumidor, e.g. "inventari.descompte_estoc"
 	Handler consumer.Handler
 	// Types, when set, are the tipus the handler takes; others are acked and
-	// counted as ignored.
+	// counted as ignored, on the tipus header before decoding when it is
+	// unambiguous. A delivery whose tipus header disagrees with the envelope
+	// is dead-lettered (permanent, motiu logged), whatever Types holds.
 	Types   []string
 	Mode    consumer.Mode
 	Decoder envelope.Decoder
@@ -166,8 +171,9 @@ type Stats struct {
 // handler in the same transaction, and acks only after the commit
 // (AtLeastOnce). Failures:
 //
-//   - permanent (outcome.Permanent, undecodable envelope): basic.nack with
-//     requeue=false, so RabbitMQ dead-letters it to <queue>.dlq at once;
+//   - permanent (outcome.Permanent, undecodable envelope, a tipus header
+//     that disagrees with it): basic.nack with requeue=false, so RabbitMQ
+//     dead-letters it to <queue>.dlq at once;
 //   - transient, attempts left: a copy with intents = attempt goes to the
 //     wait queue <queue>.espera.<ms>, whose TTL dead-letters it back to the
 //     work queue; the original is acked after the copy is confirmed;
