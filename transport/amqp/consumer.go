@@ -427,7 +427,7 @@ func (c *Consumer) handles(tipus string) bool {
 // typeHeader reads the tipus header of a delivery. An AMQP table holds one
 // value per name, but of any type: one that is not a string (or bytes)
 // makes the header ambiguous.
-func typeHeader(t amqp.Table) *contract.TypeHeader {
+func typeHeader(t amqp.Table) contract.TypeHeader {
 	var th contract.TypeHeader
 	switch v := t[transport.HeaderType].(type) {
 	case nil:
@@ -442,7 +442,7 @@ func typeHeader(t amqp.Table) *contract.TypeHeader {
 		s, _ := headerString(v)
 		th.AddNotText(fmt.Sprintf("%s (%T)", s, v))
 	}
-	return &th
+	return th
 }
 
 // run calls the handler, turning a panic into a transient error.
