@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/tracing"
@@ -89,7 +90,16 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 			FirstFailure:  it.firstFailure,
 		}
 		it.msg = m
-		if t, ok := m.Header(transport.HeaderType); ok && !c.handles(t) {
+		// Filter on the tipus header before decoding, but only on one that
+		// is unambiguous; a header that disagrees with the envelope is a
+		// permanent failure, never a silent skip.
+		var th contract.TypeHeader
+		for _, h := range m.Headers {
+			if h.Key == transport.HeaderType {
+				th.Add(h.Value)
+			}
+		}
+		if t, ok := th.Filter(); ok && !c.handles(t) {
 			ignored++
 			continue
 		}
@@ -100,6 +110,12 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 		if errors.Is(err, outcome.ErrIgnore) {
 			ignored++
 			continue
+		}
+		if err == nil {
+			if terr := th.Check(env.Type); terr != nil {
+				m.Envelope = env // the dead letter's log names its id
+				err = outcome.Permanent(terr)
+			}
 		}
 		if err != nil {
 			// A record that does not decode never will: dead-letter it now

@@ -113,7 +113,11 @@ type Config struct {
 	// HandleBatchOutcomes may be set. Default nil.
 	HandleBatchOutcomes BatchOutcomeHandler
 	// Types are the tipus handled; others are ignored (counted, offset
-	// committed, never dead-lettered). Empty: every tipus.
+	// committed, never dead-lettered), on the tipus header before decoding
+	// when it is unambiguous. A record whose tipus headers disagree with
+	// each other or with the envelope is a permanent failure (DLQ, motiu
+	// "permanent: esquema: capçalera tipus …"), whatever Types holds.
+	// Empty: every tipus.
 	Types []string
 	// Decode decodes a record value. Default envelope.Decoder{}.Decode. Its
 	// errors, and its panics (recovered, logged with the stack), are
@@ -125,12 +129,15 @@ type Config struct {
 	// (SET flag = ...). Default false.
 	NoInbox bool
 	// MaxAttempts is the number of attempts in all before a transient failure
-	// is dead-lettered. Default MaxAttemptsDefault.
+	// is dead-lettered. A retry copy's intents is read within it
+	// (contract.Attempt). Default MaxAttemptsDefault.
 	MaxAttempts int
 	// Backoff is the delay before the second attempt; it doubles for each
 	// later one. outcome.RetryAfter overrides it. Default BackoffDefault.
 	Backoff time.Duration
-	// BackoffMax caps that delay. Default BackoffMaxDefault.
+	// BackoffMax caps that delay, and a RetryAfter delay too. It is also
+	// the longest a retry copy is held whatever its no_abans says
+	// (contract.NotBefore). Default BackoffMaxDefault.
 	BackoffMax time.Duration
 	// Classifier classifies handler errors that carry no outcome. Default
 	// outcome.DefaultClassifier (transient).

@@ -308,8 +308,9 @@ func (p *partition) runRetry() {
 	var timer *time.Timer
 	for !p.stopping() {
 		var foreign []*kgo.Record
+		taken := time.Now()
 		for _, r := range p.take(0) {
-			it := c.retryItem(r)
+			it := c.retryItem(r, taken)
 			if it == nil {
 				foreign = append(foreign, r)
 				continue

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outcome"
 )
@@ -153,7 +154,7 @@ func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
 	}
 	// data_original is the source record's timestamp, kept by every copy.
 	src := b.read(topic, 1)
-	if want := consumer.FormatUnix(src[0].Timestamp); hdr(copies[0], "data_original") != want || hdr(copies[1], "data_original") != want {
+	if want := contract.FormatTime(src[0].Timestamp); hdr(copies[0], "data_original") != want || hdr(copies[1], "data_original") != want {
 		t.Fatalf("data_original %q, %q; want the source record's %s", hdr(copies[0], "data_original"), hdr(copies[1], "data_original"), want)
 	}
 }

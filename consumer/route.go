@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
@@ -19,16 +19,17 @@ import (
 // Headers km0 adds to retry and DLQ copies, besides CONTRACT.md's intents,
 // no_abans, ultim_error and motiu. They keep the first failure's position, so
 // an operator (and `km0 dlq`) can trace a dead letter to its source record.
+// The time headers are unix seconds (contract.FormatTime).
 const (
-	HeaderOriginalTopic     = "topic_original"    // the domain topic
-	HeaderOriginalPartition = "particio_original" // its partition
-	HeaderOriginalOffset    = "offset_original"   // its offset
-	HeaderFirstFailure      = "primera_fallada"   // unix seconds (float) of the first failure
-	HeaderGroup             = "grup_consumidor"   // the group whose handler failed
-	// HeaderOriginalTime is the source record's timestamp (unix seconds,
-	// float): for an event without data_ms, the earliest moment another group
-	// can have recorded its key, which bounds a safe replay (dlq.Letter.Oldest).
-	HeaderOriginalTime = "data_original"
+	HeaderOriginalTopic     = contract.HeaderOriginalTopic     // the domain topic
+	HeaderOriginalPartition = contract.HeaderOriginalPartition // its partition
+	HeaderOriginalOffset    = contract.HeaderOriginalOffset    // its offset
+	HeaderFirstFailure      = contract.HeaderFirstFailure      // time of the first failure
+	HeaderGroup             = contract.HeaderGroup             // the group whose handler failed
+	// HeaderOriginalTime is the source record's timestamp: for an event
+	// without data_ms, the earliest moment another group can have recorded
+	// its key, which bounds a safe replay (dlq.Letter.Oldest).
+	HeaderOriginalTime = contract.HeaderOriginalTime
 )
 
 // retryHeaders are the headers a copy gets from the consumer; Republish
@@ -42,7 +43,12 @@ var retryHeaders = map[string]bool{
 // retryItem reads the headers of a retry copy. It returns nil for a copy of
 // another consumer group (its grup_consumidor differs). A copy without the
 // header or with an empty one, e.g. from the seed's Python consumer, is taken.
-func (c *Consumer) retryItem(r *kgo.Record) *item {
+// The copy's headers are trusted no further than the configuration
+// (contract.Attempt, contract.NotBefore): intents counts as at least 1 and
+// makes at most the last attempt, and no_abans is at most BackoffMax away,
+// so a forged or broken copy can neither retry forever nor be held (and
+// hold its partition's committed offset back) longer than a copy of our own.
+func (c *Consumer) retryItem(r *kgo.Record, now time.Time) *item {
 	h := func(k string) (string, bool) {
 		for _, x := range r.Headers {
 			if x.Key == k {
@@ -54,35 +60,15 @@ func (c *Consumer) retryItem(r *kgo.Record) *item {
 	if g, _ := h(HeaderGroup); g != "" && g != c.cfg.Group { // an empty one names no group: ours
 		return nil
 	}
-	it := &item{rec: r, attempt: 2}
-	if v, ok := h(transport.HeaderAttempts); ok {
-		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 1 {
-			it.attempt = n + 1
-		}
-	}
+	v, _ := h(transport.HeaderAttempts)
+	it := &item{rec: r, attempt: contract.Attempt(v, c.cfg.MaxAttempts)}
 	if v, ok := h(transport.HeaderNotBefore); ok {
-		it.notBefore, _ = parseUnix(v)
+		it.notBefore = contract.NotBefore(v, now, c.cfg.BackoffMax)
 	}
 	if v, ok := h(HeaderFirstFailure); ok {
-		it.firstFailure, _ = parseUnix(v)
+		it.firstFailure, _ = contract.ParseTime(v)
 	}
 	return it
-}
-
-// FormatUnix writes t as unix seconds with a fraction, the format of no_abans
-// and primera_fallada ("1789000000.250000").
-func FormatUnix(t time.Time) string {
-	return strconv.FormatFloat(float64(t.UnixMicro())/1e6, 'f', 6, 64)
-}
-
-// parseUnix reads FormatUnix's format (any float or integer of seconds).
-func parseUnix(s string) (time.Time, error) {
-	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return time.Time{}, fmt.Errorf("consumer: not unix seconds: %q", s)
-	}
-	sec, frac := math.Modf(f)
-	return time.Unix(int64(sec), int64(frac*1e9)), nil
 }
 
 // route copies each failure to <topic>.retry (transient, attempts left) or
@@ -112,13 +98,13 @@ func (c *Consumer) route(p *partition, fails []failure) error {
 			})
 			continue
 		}
-		wait := f.wait
+		wait := min(f.wait, c.cfg.BackoffMax) // a RetryAfter delay too: what retryItem trusts
 		if wait <= 0 {
 			wait = outcome.Backoff(c.cfg.Backoff, c.cfg.BackoffMax, f.it.attempt)
 		}
 		recs[i] = c.copyOf(f.it, p.source+RetrySuffix, now, map[string]string{
 			transport.HeaderAttempts:  strconv.Itoa(f.it.attempt),
-			transport.HeaderNotBefore: FormatUnix(now.Add(wait)),
+			transport.HeaderNotBefore: contract.FormatTime(now.Add(wait)),
 			transport.HeaderLastError: outcome.Truncate(errText(f.err), 200),
 		})
 	}
@@ -187,14 +173,25 @@ func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]
 		HeaderOriginalTopic:     it.msg.OriginalTopic,
 		HeaderOriginalPartition: strconv.Itoa(int(r.Partition)),
 		HeaderOriginalOffset:    strconv.FormatInt(r.Offset, 10),
-		HeaderFirstFailure:      FormatUnix(now),
+		HeaderFirstFailure:      contract.FormatTime(now),
 	}
 	if !r.Timestamp.IsZero() {
-		keep[HeaderOriginalTime] = FormatUnix(r.Timestamp)
+		keep[HeaderOriginalTime] = contract.FormatTime(r.Timestamp)
 	}
-	for k := range keep {
-		if v := header(r, k); v != "" && it.attempt > 1 {
-			keep[k] = v // a retry copy: the first failure's values stay
+	if it.attempt > 1 { // a retry copy: the first failure's values stay
+		for k := range keep {
+			v := header(r, k)
+			switch {
+			case v == "":
+			case k == HeaderFirstFailure || k == HeaderOriginalTime:
+				// Rewritten in the one encoding (an older copy may
+				// carry another); one that does not parse is replaced.
+				if t, err := contract.ParseTime(v); err == nil {
+					keep[k] = contract.FormatTime(t)
+				}
+			default:
+				keep[k] = v
+			}
 		}
 	}
 	keep[HeaderGroup] = c.cfg.Group

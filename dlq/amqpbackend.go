@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -203,12 +202,6 @@ func amqpLetter(queue string, d *amqp091.Delivery, now time.Time) *Letter {
 	l := NewLetter(amqp.DLQName(queue), 0, -1, deadAt, m)
 	l.OriginalTopic, l.Reason, l.Attempts = dl.Origin, dl.Reason, dl.Attempts
 	l.Type = cmp.Or(l.Type, dl.Type)
-	// primera_fallada is Unix milliseconds on RabbitMQ (seconds on Kafka).
-	if v, _ := m.Header(amqp.HeaderFirstFailure); v != "" {
-		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 1e11 {
-			l.FirstFailure = time.UnixMilli(ms).UTC()
-		}
-	}
 	return l
 }
 

@@ -13,6 +13,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
@@ -68,8 +69,8 @@ func (r *rabbit) exhausted(t *testing.T, id string, deadAt time.Time) {
 	m := &transport.Message{Topic: r.queue, Key: []byte("P-1"), Value: amqpEvent(t, id, deadAt), Headers: []transport.Header{
 		{Key: transport.HeaderEventID, Value: id}, {Key: transport.HeaderType, Value: "comanda.creada"},
 		{Key: transport.HeaderAttempts, Value: "3"}, {Key: transport.HeaderReason, Value: "transitori esgotat: mapes: 503"},
-		{Key: amqp.HeaderOriginQueue, Value: r.queue}, {Key: amqp.HeaderDeadAt, Value: strconv.FormatInt(deadAt.UnixMilli(), 10)},
-		{Key: amqp.HeaderFirstFailure, Value: strconv.FormatInt(deadAt.Add(-7*time.Second).UnixMilli(), 10)}}}
+		{Key: amqp.HeaderOriginQueue, Value: r.queue}, {Key: amqp.HeaderDeadAt, Value: contract.FormatTime(deadAt)},
+		{Key: amqp.HeaderFirstFailure, Value: contract.FormatTime(deadAt.Add(-7 * time.Second))}}}
 	if err := r.dlx.Publish(context.Background(), []*transport.Message{m}); err != nil {
 		t.Fatal(err)
 	}
@@ -218,6 +219,47 @@ func hasHeader(l *Letter, key, prefix string) bool {
 		}
 	}
 	return false
+}
+
+// The index reads a RabbitMQ letter's times in the one encoding of the
+// contract (unix seconds, a decimal string) and, so that an upgrade loses
+// nothing, in the one the consumer wrote before: integer milliseconds as
+// AMQP longs. Both letters index with their own dead time and first
+// failure, to the microsecond and to the millisecond.
+func TestAMQPLettersReadSecondsAndLegacyMilliseconds(t *testing.T) {
+	r := setupRabbit(t)
+	ctx := context.Background()
+	deadAt := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	first := deadAt.Add(-7 * time.Second)
+	legacyDead, legacyFirst := deadAt.Truncate(time.Millisecond), first.Truncate(time.Millisecond)
+	for id, times := range map[string][2]any{
+		"e-segons": {contract.FormatTime(deadAt), contract.FormatTime(first)},
+		"e-ms":     {legacyDead.UnixMilli(), legacyFirst.UnixMilli()},
+	} {
+		h := amqp091.Table{transport.HeaderEventID: id, transport.HeaderType: "comanda.creada", transport.HeaderAttempts: int64(3),
+			transport.HeaderReason: "transitori esgotat: mapes: 503", amqp.HeaderOriginQueue: r.queue,
+			amqp.HeaderDeadAt: times[0], amqp.HeaderFirstFailure: times[1]}
+		if err := r.conn.Do(ctx, func(ch *amqp091.Channel) error {
+			return ch.PublishWithContext(ctx, amqp.DLXDefault, r.queue, true, false,
+				amqp091.Publishing{Headers: h, MessageId: id, DeliveryMode: amqp091.Persistent, Body: amqpEvent(t, id, deadAt)})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	amqptest.WaitFor(t, 10*time.Second, "2 letters in the DLQ", func() bool { return r.onBroker(t) == 2 })
+	if _, err := r.backend(t, 0).Sync(ctx, r.store); err != nil {
+		t.Fatal(err)
+	}
+	byEvent := map[string]*Letter{}
+	for _, l := range r.indexed(t) {
+		byEvent[l.EventID] = l
+	}
+	for id, want := range map[string][2]time.Time{"e-segons": {deadAt, first}, "e-ms": {legacyDead, legacyFirst}} {
+		l := byEvent[id]
+		if l == nil || !l.DeadAt.Equal(want[0]) || !l.FirstFailure.Equal(want[1]) || l.Attempts != 3 {
+			t.Errorf("letter %s: %+v; want dead at %v, first failure %v, 3 attempts", id, l, want[0], want[1])
+		}
+	}
 }
 
 // Two Syncs at once on one DLQ (small batches, so they interleave) number

@@ -15,27 +15,28 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 )
 
-// Headers a consumer writes on a dead letter (CONTRACT.md, issue 3), besides
+// Headers a consumer writes on a dead letter (CONTRACT.md), besides
 // transport.HeaderAttempts (intents) and transport.HeaderReason (motiu).
+// The time headers are unix seconds (contract.ParseTime).
 const (
-	HeaderOriginalTopic     = "topic_original"
-	HeaderOriginalPartition = "particio_original"
-	HeaderOriginalOffset    = "offset_original"
-	HeaderFirstFailure      = "primera_fallada" // unix seconds, float text
-	HeaderConsumerGroup     = "grup_consumidor"
-	HeaderOriginalTime      = "data_original" // the source record's timestamp, unix seconds
+	HeaderOriginalTopic     = contract.HeaderOriginalTopic
+	HeaderOriginalPartition = contract.HeaderOriginalPartition
+	HeaderOriginalOffset    = contract.HeaderOriginalOffset
+	HeaderFirstFailure      = contract.HeaderFirstFailure
+	HeaderConsumerGroup     = contract.HeaderGroup
+	HeaderOriginalTime      = contract.HeaderOriginalTime // the source record's timestamp
 	// HeaderReplayedFrom is added by Replay: the ID of the letter a record
 	// was republished from. Consumers may ignore it.
 	HeaderReplayedFrom = "reproduida_de"
@@ -228,14 +229,15 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 	return l
 }
 
-// unixSeconds parses "1789000000.25"; anything else is the zero time.
+// unixSeconds reads a time header (contract.ParseTime: unix seconds, or the
+// milliseconds RabbitMQ copies carried before); anything else is the zero
+// time.
 func unixSeconds(s string) time.Time {
-	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || !(f > 0 && f < 1e11) { // also rejects NaN and ±Inf
+	t, err := contract.ParseTime(s)
+	if err != nil {
 		return time.Time{}
 	}
-	sec, frac := math.Modf(f)
-	return time.Unix(int64(sec), int64(frac*1e9)).UTC()
+	return t.UTC()
 }
 
 // replayHeaders drops from h the headers of the retry and DLQ machinery

@@ -8,17 +8,20 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/km0/km0/contract"
 )
 
-// Header names of CONTRACT.md.
+// Header names of CONTRACT.md (package contract has them all, with the
+// encoding of the time headers).
 const (
-	HeaderType       = "tipus"
-	HeaderEventID    = "id_esdeveniment"
-	HeaderAttempts   = "intents"
-	HeaderNotBefore  = "no_abans"
-	HeaderLastError  = "ultim_error"
-	HeaderReason     = "motiu"
-	HeaderCorrelator = "correlacio"
+	HeaderType       = contract.HeaderType
+	HeaderEventID    = contract.HeaderEventID
+	HeaderAttempts   = contract.HeaderAttempts
+	HeaderNotBefore  = contract.HeaderNotBefore
+	HeaderLastError  = contract.HeaderLastError
+	HeaderReason     = contract.HeaderReason
+	HeaderCorrelator = contract.HeaderCorrelator
 )
 
 // Header is one message header.

@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/outcome"
@@ -70,10 +71,13 @@ type ConsumerConfig struct {
 	// Default 4. Ordered mode always uses 1 per shard.
 	Workers int
 
-	DLX             string        // default "km0.dlx"
-	MaxAttempts     int           // attempts in all, default 3
-	BackoffBase     time.Duration // delay before attempt n+1 is base×2^(n−1); default 1 s
-	BackoffMax      time.Duration // cap of the delay; default 1 h
+	DLX string // default "km0.dlx"
+	// MaxAttempts is the number of attempts in all, default 3. A copy's
+	// intents is read within it (contract.Attempt).
+	MaxAttempts int
+	BackoffBase time.Duration // delay before attempt n+1 is base×2^(n−1); default 1 s
+	// BackoffMax caps the delay, a RetryAfter delay too; default 1 h.
+	BackoffMax      time.Duration
 	WaitQueueExpiry time.Duration // x-expires of idle wait queues beyond their TTL; default 30 min
 
 	// Classifier decides unclassified handler errors. Default
@@ -85,7 +89,9 @@ type ConsumerConfig struct {
 	Name    string         // required: consumidor, e.g. "inventari.descompte_estoc"
 	Handler consumer.Handler
 	// Types, when set, are the tipus the handler takes; others are acked and
-	// counted as ignored.
+	// counted as ignored, on the tipus header before decoding when it is
+	// unambiguous. A delivery whose tipus header disagrees with the envelope
+	// is dead-lettered (permanent, motiu logged), whatever Types holds.
 	Types   []string
 	Mode    consumer.Mode
 	Decoder envelope.Decoder
@@ -165,8 +171,9 @@ type Stats struct {
 // handler in the same transaction, and acks only after the commit
 // (AtLeastOnce). Failures:
 //
-//   - permanent (outcome.Permanent, undecodable envelope): basic.nack with
-//     requeue=false, so RabbitMQ dead-letters it to <queue>.dlq at once;
+//   - permanent (outcome.Permanent, undecodable envelope, a tipus header
+//     that disagrees with it): basic.nack with requeue=false, so RabbitMQ
+//     dead-letters it to <queue>.dlq at once;
 //   - transient, attempts left: a copy with intents = attempt goes to the
 //     wait queue <queue>.espera.<ms>, whose TTL dead-letters it back to the
 //     work queue; the original is acked after the copy is confirmed;
@@ -300,28 +307,46 @@ func (c *Consumer) Run(ctx context.Context) error {
 // handle processes one delivery to the end: ack, nack or move.
 func (c *Consumer) handle(ctx context.Context, q consumedQueue, d *amqp.Delivery) {
 	log := c.cfg.Logger
-	attempt := int(headerInt(d.Headers, transport.HeaderAttempts)) + 1
+	// A copy back from a wait queue carries intents; it is trusted no
+	// further than MaxAttempts (contract.Attempt). No header: attempt 1.
+	attempt := 1
+	if v, ok := d.Headers[transport.HeaderAttempts]; ok {
+		s, _ := headerString(v)
+		attempt = contract.Attempt(s, c.cfg.MaxAttempts)
+	}
+	// Filter on the tipus header before decoding, as on Kafka, but only on
+	// an unambiguous one; one that disagrees with the envelope is a
+	// permanent failure, never a silent skip.
+	th := typeHeader(d.Headers)
+	if t, ok := th.Filter(); ok && !c.handles(t) {
+		c.ignored.Add(1)
+		_ = d.Ack(false)
+		return
+	}
 	env, err := c.cfg.Decoder.Decode(d.Body)
 	if errors.Is(err, outcome.ErrIgnore) {
 		c.ignored.Add(1)
 		_ = d.Ack(false)
 		return
 	}
+	if err == nil {
+		if terr := th.Check(env.Type); terr != nil {
+			err = outcome.Permanent(terr)
+		}
+	}
 	if err != nil {
 		c.failures.Add(1)
 		c.deadLetterNative(d, q, err)
 		return
 	}
-	if len(c.cfg.Types) > 0 && !slices.Contains(c.cfg.Types, env.Type) {
+	if !c.handles(env.Type) {
 		c.ignored.Add(1)
 		_ = d.Ack(false)
 		return
 	}
 	m := &consumer.Message{Message: FromDelivery(d), Partition: int32(q.shard), Offset: -1, Envelope: env, Attempt: attempt,
 		IdempotencyKey: consumer.IdempotencyKey(env)}
-	if ms := headerInt(d.Headers, HeaderFirstFailure); ms > 0 {
-		m.FirstFailure = time.UnixMilli(ms)
-	}
+	m.FirstFailure, _ = headerTime(d.Headers, HeaderFirstFailure)
 	if c.cfg.Mode == consumer.AtMostOnce {
 		if ctx.Err() != nil {
 			// Stopping: ack nothing new. Unacked, the broker requeues it.
@@ -392,7 +417,32 @@ func (c *Consumer) handle(ctx context.Context, q consumedQueue, d *amqp.Delivery
 	if delay <= 0 {
 		delay = c.backoff(attempt)
 	}
-	c.retry(ctx, d, q, attempt, delay, err)
+	c.retry(ctx, d, q, attempt, min(delay, c.cfg.BackoffMax), err)
+}
+
+func (c *Consumer) handles(tipus string) bool {
+	return len(c.cfg.Types) == 0 || slices.Contains(c.cfg.Types, tipus)
+}
+
+// typeHeader reads the tipus header of a delivery. An AMQP table holds one
+// value per name, but of any type: one that is not a string (or bytes)
+// makes the header ambiguous.
+func typeHeader(t amqp.Table) contract.TypeHeader {
+	var th contract.TypeHeader
+	switch v := t[transport.HeaderType].(type) {
+	case nil:
+		if _, ok := t[transport.HeaderType]; ok {
+			th.Add("")
+		}
+	case string:
+		th.Add(v)
+	case []byte:
+		th.Add(string(v))
+	default:
+		s, _ := headerString(v)
+		th.AddNotText(fmt.Sprintf("%s (%T)", s, v))
+	}
+	return th
 }
 
 // run calls the handler, turning a panic into a transient error.
@@ -428,7 +478,9 @@ func (c *Consumer) deadLetterExhausted(ctx context.Context, d *amqp.Delivery, q 
 	h[transport.HeaderReason] = outcome.Reason(outcome.KindTransient, err)
 	h[transport.HeaderLastError] = outcome.Truncate(err.Error(), 200)
 	h[HeaderOriginQueue] = q.name
-	h[HeaderDeadAt] = time.Now().UnixMilli()
+	now := time.Now()
+	h[HeaderDeadAt] = contract.FormatTime(now)
+	h[HeaderFirstFailure] = firstFailure(d.Headers, now)
 	if !c.move(ctx, d, q, c.cfg.DLX, c.cfg.Queue, h) {
 		return
 	}
@@ -448,14 +500,23 @@ func (c *Consumer) retry(ctx context.Context, d *amqp.Delivery, q consumedQueue,
 	h := copyHeaders(d.Headers)
 	h[transport.HeaderAttempts] = int64(attempt)
 	h[transport.HeaderLastError] = outcome.Truncate(err.Error(), 200)
-	h[transport.HeaderNotBefore] = strconv.FormatFloat(float64(time.Now().Add(delay).UnixMilli())/1000, 'f', 3, 64)
-	if _, ok := h[HeaderFirstFailure]; !ok {
-		h[HeaderFirstFailure] = time.Now().UnixMilli()
-	}
+	now := time.Now()
+	h[transport.HeaderNotBefore] = contract.FormatTime(now.Add(delay))
+	h[HeaderFirstFailure] = firstFailure(d.Headers, now)
 	if c.move(ctx, d, q, "", WaitQueueName(q.name, delay), h) {
 		c.retried.Add(1)
 		c.cfg.Logger.Info("amqp: retry scheduled", "queue", q.name, "message_id", d.MessageId, "intents", attempt, "delay", delay, "err", err)
 	}
+}
+
+// firstFailure is the primera_fallada of a copy of a delivery that failed
+// at now: the delivery's own, in the one encoding whatever encoding it came
+// in, else (a first failure, or a value that is no time) now.
+func firstFailure(t amqp.Table, now time.Time) string {
+	if ff, ok := headerTime(t, HeaderFirstFailure); ok {
+		return contract.FormatTime(ff)
+	}
+	return contract.FormatTime(now)
 }
 
 // move publishes a copy of d with headers h, confirmed, and then acks d. If

@@ -202,9 +202,7 @@ func (q *DLQ) deadLetter(d *amqp.Delivery) *DeadLetter {
 	}
 	dl.Reason, _ = d.Headers[transport.HeaderReason].(string)
 	dl.Origin, _ = d.Headers[HeaderOriginQueue].(string)
-	if ms := headerInt(d.Headers, HeaderDeadAt); ms > 0 {
-		dl.DeadAt = time.UnixMilli(ms)
-	}
+	dl.DeadAt, _ = headerTime(d.Headers, HeaderDeadAt)
 	if deaths := XDeaths(d.Headers); len(deaths) > 0 {
 		last := deaths[0]
 		if dl.Origin == "" {

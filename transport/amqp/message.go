@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport"
 )
 
@@ -21,10 +22,12 @@ const (
 	// HeaderOriginQueue names the queue a dead letter km0 published itself
 	// (exhausted retries) came from; native dead letters have x-death.
 	HeaderOriginQueue = "cua_origen"
-	// HeaderDeadAt is when km0 dead-lettered the message (Unix milliseconds).
-	HeaderDeadAt = "mort_en"
-	// HeaderFirstFailure is when the first attempt failed (Unix milliseconds).
-	HeaderFirstFailure = "primera_fallada"
+	// HeaderDeadAt is when km0 dead-lettered the message: unix seconds,
+	// contract.FormatTime, like every time header on either broker.
+	HeaderDeadAt = contract.HeaderDeadAt
+	// HeaderFirstFailure is when the first attempt failed: unix seconds,
+	// contract.FormatTime.
+	HeaderFirstFailure = contract.HeaderFirstFailure
 )
 
 // ContentTypeJSON is the content type of km0 envelopes.
@@ -130,6 +133,26 @@ func headerInt(t amqp.Table, key string) int64 {
 		return n
 	default:
 		return 0
+	}
+}
+
+// headerTime reads a time header written by km0 or by another client: a
+// decimal string (contract.ParseTime: unix seconds, or the milliseconds
+// km0 wrote before), any AMQP number of the same, or an AMQP timestamp.
+// ok is false when it is missing or names no time.
+func headerTime(t amqp.Table, key string) (time.Time, bool) {
+	switch x := t[key].(type) {
+	case nil:
+		return time.Time{}, false
+	case time.Time:
+		return x, !x.IsZero()
+	default:
+		s, ok := headerString(x)
+		if !ok {
+			return time.Time{}, false
+		}
+		ts, err := contract.ParseTime(s)
+		return ts, err == nil
 	}
 }
 
