@@ -34,7 +34,7 @@ type ServerConfig struct {
 	Prefetch int // default 64
 	Workers  int // requests handled at once; default 16
 	DLX      string
-	Logger         *slog.Logger // default slog.Default()
+	Logger   *slog.Logger // default slog.Default()
 	// Metrics, if set, receives requestreply.MetricServerRequests.
 	Metrics prometheus.Registerer
 }
