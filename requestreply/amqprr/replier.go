@@ -2,7 +2,6 @@ package amqprr
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"sync"
 
@@ -32,7 +31,6 @@ func isDirectReplyTo(replyTo string) bool { return strings.HasPrefix(replyTo, Di
 // returned.
 type replier struct {
 	conn     *amqp.Conn
-	log      *slog.Logger
 	returned func(amqp091.Return)
 
 	mu  sync.Mutex
@@ -44,8 +42,8 @@ type replyChan struct {
 	dead chan struct{} // closed when the channel is gone
 }
 
-func newReplier(conn *amqp.Conn, log *slog.Logger, returned func(amqp091.Return)) *replier {
-	return &replier{conn: conn, log: log, returned: returned}
+func newReplier(conn *amqp.Conn, returned func(amqp091.Return)) *replier {
+	return &replier{conn: conn, returned: returned}
 }
 
 // channel returns the live reply channel, opening one (waiting, within ctx,

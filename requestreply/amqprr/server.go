@@ -104,7 +104,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, m: m}
-	s.rep = newReplier(cfg.Conn, cfg.Logger, s.replyReturned)
+	s.rep = newReplier(cfg.Conn, s.replyReturned)
 	return s, nil
 }
 
