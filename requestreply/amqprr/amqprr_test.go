@@ -37,15 +37,34 @@ func start(t *testing.T, h requestreply.Handler) (*amqprr.Server, *amqprr.Client
 }
 
 // The proofs of rrtest over RabbitMQ, with the client's exclusive reply
-// queue and with direct reply-to.
+// queue and with direct reply-to, and over a connection with coalesced
+// writes (amqp.Config.CoalesceWrites, as the system's).
 func TestConformance(t *testing.T) {
-	t.Run("ExclusiveQueue", func(t *testing.T) { conformance(t, false) })
-	t.Run("DirectReplyTo", func(t *testing.T) { conformance(t, true) })
+	t.Run("ExclusiveQueue", func(t *testing.T) { conformance(t, false, false) })
+	t.Run("DirectReplyTo", func(t *testing.T) { conformance(t, true, false) })
+	t.Run("CoalescedWrites", func(t *testing.T) { conformance(t, false, true) })
 }
 
-func conformance(t *testing.T, direct bool) {
+// dialCoalesced is amqptest.Dial with CoalesceWrites.
+func dialCoalesced(t *testing.T) *amqp.Conn {
+	t.Helper()
+	amqptest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	c, err := amqp.Dial(ctx, amqp.Config{URL: amqptest.URL(), Name: "km0-test " + t.Name(), ReconnectMax: time.Second, CoalesceWrites: true})
+	if err != nil {
+		t.Fatalf("RabbitMQ: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func conformance(t *testing.T, direct, coalesced bool) {
 	rrtest.Run(t, func(t *testing.T, h requestreply.Handler) rrtest.Started {
 		conn := amqptest.Dial(t)
+		if coalesced {
+			conn = dialCoalesced(t)
+		}
 		queue := amqptest.Name("t.rr")
 		ctx := context.Background()
 		serve := func(h requestreply.Handler) func() {

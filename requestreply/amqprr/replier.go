@@ -2,7 +2,6 @@ package amqprr
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"sync"
 
@@ -24,49 +23,27 @@ const DirectReplyTo = "amq.rabbitmq.reply-to"
 // published without mandatory, and cannot be counted as orphaned.
 func isDirectReplyTo(replyTo string) bool { return strings.HasPrefix(replyTo, DirectReplyTo) }
 
-// replyOutcome is what the broker said about one reply.
-type replyOutcome int
-
-const (
-	outcomeConfirmed replyOutcome = iota // confirmed (delivered, or dropped for a direct reply-to consumer that is gone)
-	outcomeReturned                      // returned unroutable: the client's queue is gone
-	outcomeNacked                        // refused by the broker
-	outcomeLost                          // the channel closed before the confirm
-)
-
-// replier publishes replies on one channel in confirm mode without waiting
-// for their confirms: a dispatcher goroutine matches each confirm (and the
-// basic.return that precedes it for an unroutable mandatory reply) and calls
-// done with the outcome. At most maxUnconfirmed replies wait for a confirm;
-// a publish beyond that waits for room.
+// replier publishes replies on one channel, not in confirm mode: a reply is
+// worth something only while its requester waits, and one lost on the way is
+// recovered by the requester's retry with the same request id (see Server).
+// A mandatory reply that the broker cannot route comes back as basic.return,
+// confirms or not; one goroutine per channel takes the returns and calls
+// returned.
 type replier struct {
-	conn *amqp.Conn
-	log  *slog.Logger
-	done func(r *sentReply, o replyOutcome)
-	room chan struct{}
+	conn     *amqp.Conn
+	returned func(amqp091.Return)
 
 	mu  sync.Mutex
 	cur *replyChan
 }
 
-// sentReply identifies one reply for done.
-type sentReply struct {
-	ID, ReplyTo, Corr string
-	IsError           bool
-}
-
 type replyChan struct {
-	ch     *amqp091.Channel
-	sendMu sync.Mutex // seq number + basic.publish
-
-	mu       sync.Mutex
-	pending  map[uint64]*sentReply
-	returned map[string]struct{} // corr|reply_to of replies returned, until their confirm
-	dead     chan struct{}
+	ch   *amqp091.Channel
+	dead chan struct{} // closed when the channel is gone
 }
 
-func newReplier(conn *amqp.Conn, log *slog.Logger, maxUnconfirmed int, done func(*sentReply, replyOutcome)) *replier {
-	return &replier{conn: conn, log: log, done: done, room: make(chan struct{}, maxUnconfirmed)}
+func newReplier(conn *amqp.Conn, returned func(amqp091.Return)) *replier {
+	return &replier{conn: conn, returned: returned}
 }
 
 // channel returns the live reply channel, opening one (waiting, within ctx,
@@ -85,107 +62,39 @@ func (r *replier) channel(ctx context.Context) (*replyChan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
-		return nil, err
-	}
-	rc := &replyChan{ch: ch, pending: map[uint64]*sentReply{}, returned: map[string]struct{}{}, dead: make(chan struct{})}
-	// Unbuffered returns: the connection's reader hands a return over before
-	// it reads the confirm that follows it, and one goroutine takes both.
-	returns := ch.NotifyReturn(make(chan amqp091.Return))
-	confirms := ch.NotifyPublish(make(chan amqp091.Confirmation, cap(r.room)+16))
-	go r.dispatch(rc, returns, confirms)
+	rc := &replyChan{ch: ch, dead: make(chan struct{})}
+	// amqp091-go closes the returns channel when the channel shuts down.
+	returns := ch.NotifyReturn(make(chan amqp091.Return, 64))
+	go func() {
+		for ret := range returns {
+			r.returned(ret)
+		}
+		close(rc.dead)
+	}()
 	r.cur = rc
 	return rc, nil
 }
 
 // publish sends one reply (mandatory unless to a direct reply-to consumer)
-// and returns once it is written; the outcome goes to done later. An error
-// means it was not sent.
-func (r *replier) publish(ctx context.Context, sr *sentReply, msg amqp091.Publishing) error {
-	select {
-	case r.room <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+// and returns once it is written to the connection. An error means it was
+// not sent.
+func (r *replier) publish(ctx context.Context, replyTo string, msg amqp091.Publishing) error {
 	rc, err := r.channel(ctx)
 	if err != nil {
-		<-r.room
 		return err
 	}
-	rc.sendMu.Lock()
-	defer rc.sendMu.Unlock()
-	tag := rc.ch.GetNextPublishSeqNo()
-	rc.mu.Lock()
-	if rc.pending == nil { // dead
-		rc.mu.Unlock()
-		<-r.room
-		return amqp.ErrChannelLost
-	}
-	rc.pending[tag] = sr
-	rc.mu.Unlock()
-	if err := rc.ch.PublishWithContext(ctx, "", sr.ReplyTo, !isDirectReplyTo(sr.ReplyTo), false, msg); err != nil {
-		rc.mu.Lock()
-		_, mine := rc.pending[tag]
-		delete(rc.pending, tag)
-		rc.mu.Unlock()
-		if mine {
-			<-r.room
+	err = rc.ch.PublishWithContext(ctx, "", replyTo, !isDirectReplyTo(replyTo), false, msg)
+	if err != nil && rc.ch.IsClosed() {
+		r.mu.Lock()
+		if r.cur == rc {
+			r.cur = nil // the next publish opens another
 		}
-		return err
+		r.mu.Unlock()
 	}
-	return nil
+	return err
 }
 
-func (r *replier) dispatch(rc *replyChan, returns <-chan amqp091.Return, confirms <-chan amqp091.Confirmation) {
-	for returns != nil || confirms != nil {
-		select {
-		case ret, ok := <-returns:
-			if !ok {
-				returns = nil
-				continue
-			}
-			rc.mu.Lock()
-			rc.returned[ret.CorrelationId+"|"+ret.RoutingKey] = struct{}{}
-			rc.mu.Unlock()
-		case c, ok := <-confirms:
-			if !ok {
-				confirms = nil
-				continue
-			}
-			rc.mu.Lock()
-			sr := rc.pending[c.DeliveryTag]
-			delete(rc.pending, c.DeliveryTag)
-			o := outcomeNacked
-			if sr != nil && c.Ack {
-				o = outcomeConfirmed
-				k := sr.Corr + "|" + sr.ReplyTo
-				if _, ok := rc.returned[k]; ok {
-					delete(rc.returned, k)
-					o = outcomeReturned
-				}
-			}
-			rc.mu.Unlock()
-			if sr != nil {
-				<-r.room
-				r.done(sr, o)
-			}
-		}
-	}
-	rc.mu.Lock()
-	lost := rc.pending
-	rc.pending = nil
-	close(rc.dead)
-	rc.mu.Unlock()
-	for range lost {
-		<-r.room
-	}
-	for _, sr := range lost {
-		r.done(sr, outcomeLost)
-	}
-}
-
-// close closes the reply channel; replies not confirmed yet are lost.
+// close closes the reply channel.
 func (r *replier) close() {
 	r.mu.Lock()
 	rc := r.cur

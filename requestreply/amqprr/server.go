@@ -18,10 +18,9 @@ import (
 
 // Defaults of ServerConfig.
 const (
-	QueueDefault          = "pagaments.autoritzacions"
-	PrefetchDefault       = 64
-	WorkersDefault        = 16
-	MaxUnconfirmedDefault = 1024
+	QueueDefault    = "pagaments.autoritzacions"
+	PrefetchDefault = 64
+	WorkersDefault  = 16
 )
 
 // ServerConfig configures a Server.
@@ -34,11 +33,8 @@ type ServerConfig struct {
 	Queue    string
 	Prefetch int // default 64
 	Workers  int // requests handled at once; default 16
-	// MaxUnconfirmed bounds the replies sent and not yet confirmed by the
-	// broker; a reply beyond it waits for room. Default 1024.
-	MaxUnconfirmed int
-	DLX            string
-	Logger         *slog.Logger // default slog.Default()
+	DLX      string
+	Logger   *slog.Logger // default slog.Default()
 	// Metrics, if set, receives requestreply.MetricServerRequests.
 	Metrics prometheus.Registerer
 	// MaxBodyBytes bounds a request's body: a longer one gets a
@@ -49,12 +45,11 @@ type ServerConfig struct {
 
 // ServerStats counts what a Server did.
 type ServerStats struct {
-	Replied      int64 // replies confirmed by the broker (error replies included)
+	Replied      int64 // replies written to the broker (error replies included)
 	ErrorReplies int64 // of which error replies
-	Orphaned     int64 // replies returned unroutable: the client's queue was gone
+	Orphaned     int64 // of Replied, returned unroutable: the client's queue was gone
 	DeadLettered int64 // requests without reply_to or correlation_id, or unanswerable
 	Expired      int64 // requests past their no_despres, dropped without running the handler
-	Lost         int64 // replies the broker nacked, or whose channel closed before the confirm
 }
 
 // Server answers requests from a queue.
@@ -64,12 +59,14 @@ type ServerStats struct {
 // requests that expire while queued (AMQP expiration, which the Client
 // sets), dead-lettering them to <queue>.dlq like every message of the queue
 // that dies there. Otherwise it runs the handler, publishes the reply to
-// reply_to with the same correlation_id (transient, confirmed, mandatory
-// except to a direct reply-to consumer: see DirectReplyTo) and acks the
-// request as soon as the reply is written, without waiting for its confirm:
-// the worker is free for the next request while the broker confirms. The
-// confirm is counted when it comes (Replied); a reply returned unroutable
-// (the client and its exclusive queue are gone) is counted as Orphaned.
+// reply_to with the same correlation_id (transient, mandatory except to a
+// direct reply-to consumer: see DirectReplyTo; not confirmed) and acks the
+// request as soon as the reply is written: the worker is free for the next
+// request. A reply is counted as Replied when written; one that the broker
+// returns unroutable (the client and its exclusive queue are gone) is
+// counted again, as Orphaned, when the return arrives. Publisher confirms
+// would tell nothing a requester needs (see below) and cost the broker and
+// this process work per reply.
 //
 // What is durable when the request is acked is what the handler made
 // durable before returning: an Idempotent handler has committed the effect
@@ -87,7 +84,9 @@ type Server struct {
 	rep *replier
 	m   *requestreply.ServerMetrics
 
-	replied, errorReplies, orphaned, dead, expired, lost atomic.Int64
+	replied, errorReplies, orphaned, dead, expired atomic.Int64
+
+	afterHandle, afterAck func() // test hooks (crash points), nil in use
 }
 
 // NewServer declares the request queue and returns the Server; Run serves.
@@ -99,7 +98,6 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	cfg.Handler = requestreply.LimitBody(cfg.Handler, cfg.MaxBodyBytes)
 	cfg.Prefetch = cmp.Or(max(cfg.Prefetch, 0), PrefetchDefault)
 	cfg.Workers = cmp.Or(max(cfg.Workers, 0), WorkersDefault)
-	cfg.MaxUnconfirmed = cmp.Or(max(cfg.MaxUnconfirmed, 0), MaxUnconfirmedDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -111,7 +109,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, m: m}
-	s.rep = newReplier(cfg.Conn, cfg.Logger, cfg.MaxUnconfirmed, s.replyDone)
+	s.rep = newReplier(cfg.Conn, s.replyReturned)
 	return s, nil
 }
 
@@ -121,7 +119,7 @@ func (s *Server) Queues() []string { return []string{s.cfg.Queue, amqp.DLQName(s
 // Stats returns the counters so far.
 func (s *Server) Stats() ServerStats {
 	return ServerStats{Replied: s.replied.Load(), ErrorReplies: s.errorReplies.Load(), Orphaned: s.orphaned.Load(),
-		DeadLettered: s.dead.Load(), Expired: s.expired.Load(), Lost: s.lost.Load()}
+		DeadLettered: s.dead.Load(), Expired: s.expired.Load()}
 }
 
 // Run serves until ctx ends (then it finishes the requests in hand and
@@ -137,26 +135,12 @@ func (s *Server) count(res string, n *atomic.Int64) {
 	s.m.Count(res)
 }
 
-// replyDone counts the broker's word on a reply.
-func (s *Server) replyDone(sr *sentReply, o replyOutcome) {
-	switch o {
-	case outcomeConfirmed:
-		s.replied.Add(1)
-		if sr.IsError {
-			s.count(requestreply.ResErrorReply, &s.errorReplies)
-		} else {
-			s.m.Count(requestreply.ResReplied)
-		}
-	case outcomeReturned:
-		// The client is gone (its exclusive queue went with it). The
-		// effect, if any, is done; nobody can take the reply.
-		s.count(requestreply.ResOrphaned, &s.orphaned)
-		s.cfg.Logger.Info("amqprr: reply returned: the client's queue is gone", "reply_to", sr.ReplyTo, "id_peticio", sr.ID)
-	default:
-		s.count(requestreply.ResUnanswerable, &s.lost)
-		s.cfg.Logger.Debug("amqprr: reply not confirmed (nacked or channel closed); a retry gets the stored response",
-			"reply_to", sr.ReplyTo, "id_peticio", sr.ID)
-	}
+// replyReturned counts a reply the broker returned unroutable: the client
+// is gone (its exclusive queue went with it). The effect, if any, is done;
+// nobody can take the reply.
+func (s *Server) replyReturned(ret amqp091.Return) {
+	s.count(requestreply.ResOrphaned, &s.orphaned)
+	s.cfg.Logger.Info("amqprr: reply returned: the client's queue is gone", "reply_to", ret.RoutingKey, "id_peticio", ret.MessageId)
 }
 
 // Deadline returns a delivery's no_despres (a string of unix seconds; a
@@ -217,11 +201,13 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 		MessageId:     req.ID,
 		Body:          body,
 	}
-	sr := &sentReply{ID: req.ID, ReplyTo: d.ReplyTo, Corr: d.CorrelationId, IsError: isErr}
+	if s.afterHandle != nil {
+		s.afterHandle()
+	}
 	var err error
 	for try := range 2 { // a dead channel is replaced once
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = s.rep.publish(pctx, sr, reply)
+		err = s.rep.publish(pctx, d.ReplyTo, reply)
 		cancel()
 		if err == nil || ctx.Err() != nil || try == 1 {
 			break
@@ -229,7 +215,16 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 	}
 	switch {
 	case err == nil:
+		s.replied.Add(1)
+		if isErr {
+			s.count(requestreply.ResErrorReply, &s.errorReplies)
+		} else {
+			s.m.Count(requestreply.ResReplied)
+		}
 		_ = d.Ack(false)
+		if s.afterAck != nil {
+			s.afterAck()
+		}
 	case ctx.Err() != nil:
 		// Shutting down: unacked, redelivered.
 	default:

@@ -101,9 +101,10 @@ type decision struct {
 // authBatcher stores the decisions of concurrent Authorize calls together
 // (group commit): while a batch is being written, the calls that arrive wait
 // and go in the next one, one statement pipeline and one commit for all of
-// them. A lone call goes at once, so latency is one commit when idle. At most
-// authBatchesAtOnce batches run at a time, so the pool keeps connections for
-// the charging consumer. Each call still gets the decision stored for its
+// them. A lone call goes at once, written by its caller, so latency is one
+// commit when idle. At most authBatchesAtOnce batches run at a time (the lone
+// call counts as one), so the pool keeps connections for the charging
+// consumer. Each call still gets the decision stored for its
 // order: the first decision committed wins, whichever batch or process wrote
 // it.
 type authBatcher struct {
@@ -123,9 +124,30 @@ const (
 func newAuthBatcher(pool *pgxpool.Pool) *authBatcher { return &authBatcher{pool: pool} }
 
 // do queues c and waits until its decision is stored (or ctx ends: the
-// decision may still be stored, and a retry reads it back).
+// decision may still be stored, and a retry reads it back). When no batch is
+// being written, c is written at once by the calling goroutine.
 func (b *authBatcher) do(ctx context.Context, c *authCall) error {
 	b.mu.Lock()
+	if b.running == 0 && len(b.queue) == 0 {
+		// Idle: the call goes alone, written by its own goroutine (no
+		// hand-off). Calls that arrive meanwhile start a batch of their own.
+		b.running++
+		b.mu.Unlock()
+		wctx, cancel := context.WithTimeout(ctx, authBatchTimeout)
+		b.store(wctx, []*authCall{c})
+		cancel()
+		b.mu.Lock()
+		b.running--
+		if len(b.queue) > 0 && b.running < authBatchesAtOnce {
+			b.running++
+			go b.run()
+		}
+		b.mu.Unlock()
+		if c.err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return c.err
+	}
 	b.queue = append(b.queue, c)
 	if b.running < authBatchesAtOnce {
 		b.running++
@@ -156,16 +178,16 @@ func (b *authBatcher) run() {
 			b.queue = nil // let the array go
 		}
 		b.mu.Unlock()
-		b.store(batch)
+		ctx, cancel := context.WithTimeout(context.Background(), authBatchTimeout)
+		b.store(ctx, batch)
+		cancel()
 	}
 }
 
 // store writes batch and hands each call its stored decision. If the batch
 // fails as a whole (one request PostgreSQL refuses, say), each call is tried
 // alone, so one bad request fails only itself.
-func (b *authBatcher) store(batch []*authCall) {
-	ctx, cancel := context.WithTimeout(context.Background(), authBatchTimeout)
-	defer cancel()
+func (b *authBatcher) store(ctx context.Context, batch []*authCall) {
 	err := b.write(ctx, batch)
 	if err != nil && len(batch) > 1 && refusedInput(err) {
 		for _, c := range batch {

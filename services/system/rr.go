@@ -38,7 +38,9 @@ type rrStack struct {
 func newRR(ctx context.Context, s *System) (*rrStack, error) {
 	r := &rrStack{s: s, key: requestreply.SigningKeyFromEnv()}
 	if s.cfg.AMQPURL != "" {
-		conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-system", Logger: s.log})
+		// Many requests are answered and acked at once: their frames go
+		// out together (amqp.Config.CoalesceWrites).
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-system", Logger: s.log, CoalesceWrites: true})
 		if err != nil {
 			return nil, fmt.Errorf("system: request/reply over RabbitMQ: %w", err)
 		}
