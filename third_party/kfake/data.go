@@ -140,6 +140,10 @@ type (
 		activeSegFile file          // open handle for active segment
 		activeIdxFile file          // open handle for active index
 		segments      []segmentInfo // all segments, sorted by base offset
+
+		// km0: the producers' sequence windows the log gives, set while
+		// loading and moved into the pids once pids.log is read.
+		logSeqWindows map[int64]*logSeqWindow
 	}
 
 	followers []int32

@@ -1097,6 +1097,7 @@ func (c *Cluster) loadFromDisk() (bool, error) {
 	); err != nil {
 		return false, err
 	}
+	c.applySeqWindowsFromLog() // km0: the log, not seq_windows.json, has the last word
 
 	if err := c.loadSessionState(); err != nil {
 		c.cfg.logger.Logf(LogLevelWarn, "load session state: %v", err)
@@ -1232,6 +1233,7 @@ func (c *Cluster) loadPartitionFromSnapshot(pd *partData, snap persistPartSnapsh
 	}
 	pd.createdAt = snap.CreatedAt
 	pd.rolledAt = snap.CreatedAt
+	var batches []*partBatch
 	for i, base := range segFiles {
 		ss := snap.Segments[i]
 		pd.segments = append(pd.segments, segmentInfo{
@@ -1240,10 +1242,13 @@ func (c *Cluster) loadPartitionFromSnapshot(pd *partData, snap persistPartSnapsh
 			minEpoch: ss.MinEpoch,
 			maxEpoch: ss.MaxEpoch,
 		})
-		if _, err := c.loadSegmentBatches(pd, fsys, pdir, base); err != nil {
+		loaded, err := c.loadSegmentBatches(pd, fsys, pdir, base)
+		if err != nil {
 			return err
 		}
+		batches = append(batches, loaded...)
 	}
+	pd.logSeqWindows = seqWindowsFromLog(batches) // km0
 
 	for _, a := range snap.AbortedTxns {
 		pd.abortedTxns = append(pd.abortedTxns, abortedTxnEntry{
@@ -1306,6 +1311,7 @@ func (c *Cluster) loadPartitionFullReplay(pd *partData, segFiles []int64, fsys f
 		batches = append(batches, loaded...)
 	}
 	pd.pruneEmptySegments()
+	pd.logSeqWindows = seqWindowsFromLog(batches) // km0
 
 	// Reconstruct partition metadata from batchMeta
 	if pd.hasBatches() {
