@@ -85,7 +85,10 @@ func Decode(b []byte) (*Envelope, error) { return Decoder{}.Decode(b) }
 // outcome.IsPermanent is true) for: a value over MaxBytes, bad JSON, a value that
 // is not an object, a missing or empty id_esdeveniment or tipus, a versio that
 // is not a positive integer, a data_ms that is not an integer, an origen that is
-// not a string, or dades missing or not an object.
+// not a string, or dades missing or not an object; a member that appears twice
+// (readers disagree on which copy counts); and invalid UTF-8 or a lone
+// surrogate escape in id_esdeveniment, tipus or origen (encoding/json would
+// silently replace it with U+FFFD).
 func (d Decoder) Decode(b []byte) (*Envelope, error) {
 	limit := d.MaxBytes
 	if limit <= 0 {
@@ -104,6 +107,9 @@ func (d Decoder) Decode(b []byte) (*Envelope, error) {
 	}
 	if members == nil {
 		return nil, permanent("", "not a JSON object")
+	}
+	if topLevelMembers(b) != len(members) {
+		return nil, permanent("", "a member appears twice: readers would disagree on its value")
 	}
 	e := &Envelope{}
 	var err error
@@ -135,6 +141,9 @@ func (d Decoder) Decode(b []byte) (*Envelope, error) {
 	if raw, ok := members[FieldOrigin]; ok && string(raw) != "null" {
 		if err := json.Unmarshal(raw, &e.Origin); err != nil {
 			return nil, permanent(FieldOrigin, fmt.Sprintf("must be a string, got %s", clip(raw)))
+		}
+		if replaced(raw, e.Origin) {
+			return nil, permanent(FieldOrigin, "invalid UTF-8 or a lone surrogate escape")
 		}
 	}
 	raw, ok = members[FieldData]
@@ -187,6 +196,9 @@ func requiredString(m map[string]json.RawMessage, field string) (string, error) 
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return "", permanent(field, fmt.Sprintf("must be a string, got %s", clip(raw)))
+	}
+	if replaced(raw, s) {
+		return "", permanent(field, "invalid UTF-8 or a lone surrogate escape")
 	}
 	if s == "" {
 		return "", permanent(field, "empty")

@@ -183,3 +183,36 @@ func TestEncodeRefusesWhatDecodeRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An envelope that readers could read differently is refused: a repeated
+// member (encoding/json keeps the last copy, other readers the first), and
+// bytes encoding/json would silently replace with U+FFFD.
+func TestAmbiguousEnvelopesAreRefused(t *testing.T) {
+	const ok = `{"id_esdeveniment":"e1","tipus":"comanda.creada","versio":1,"origen":"comandes","dades":{"a":1}}`
+	if _, err := envelope.Decode([]byte(ok)); err != nil {
+		t.Fatalf("valid envelope refused: %v", err)
+	}
+	for name, body := range map[string]string{
+		"tipus twice":          `{"id_esdeveniment":"e1","tipus":"comanda.creada","tipus":"comanda.pagada","versio":1,"dades":{}}`,
+		"id twice, one escape": `{"id_esdeveniment":"e1","versio":1,"tipus":"t","id_esdevenimen\u0074":"e2","dades":{}}`,
+		"dades twice":          `{"id_esdeveniment":"e1","tipus":"t","versio":1,"dades":{"a":1},"dades":{"a":2}}`,
+		"tipus not UTF-8":      "{\"id_esdeveniment\":\"e1\",\"tipus\":\"comanda\xff\",\"versio\":1,\"dades\":{}}",
+		"id lone surrogate":    `{"id_esdeveniment":"e\ud800","tipus":"t","versio":1,"dades":{}}`,
+		"origen not UTF-8":     "{\"id_esdeveniment\":\"e1\",\"tipus\":\"t\",\"versio\":1,\"origen\":\"\xfe\",\"dades\":{}}",
+	} {
+		_, err := envelope.Decode([]byte(body))
+		if err == nil || !outcome.IsPermanent(err) {
+			t.Errorf("%s: got %v, want a permanent error", name, err)
+		}
+	}
+	// A U+FFFD the writer meant, and an escaped surrogate pair, are kept.
+	for _, body := range []string{
+		`{"id_esdeveniment":"e1","tipus":"t\ufffd","versio":1,"dades":{}}`,
+		"{\"id_esdeveniment\":\"e1\",\"tipus\":\"t\uFFFD\",\"versio\":1,\"dades\":{}}",
+		`{"id_esdeveniment":"e\ud83d\ude00","tipus":"t","versio":1,"dades":{"x":[1,{"y":"}"}],"z":"a,b"}, "w": 1}`,
+	} {
+		if _, err := envelope.Decode([]byte(body)); err != nil {
+			t.Errorf("%s: refused: %v", body, err)
+		}
+	}
+}
