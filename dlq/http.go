@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/km0/km0/internal/strictjson"
 )
 
 // HandlerConfig configures the admin API.
@@ -42,8 +44,13 @@ const maxBody = 1 << 20
 //
 //	GET  /letters?topic=&motiu=&since=&until=&estat=&id=&limit=   groups and rows (open)
 //	GET  /letters/{id...}                                          one letter with its value (open)
-//	POST /replay  {"ids":[],"topic":"","motiu":"","since":"","until":"","dry_run":false,"force":false,"retention":"336h"}
-//	POST /purge   {"ids":[],"topic":"","motiu":"","since":"","until":"","yes":true,"delete_records":false}
+//	POST /replay  {"ids":[],"topic":"","motiu":"","since":"","until":"","all":false,"dry_run":false,"force":false,"retention":"336h"}
+//	POST /purge   {"ids":[],"topic":"","motiu":"","since":"","until":"","all":false,"yes":true,"delete_records":false}
+//
+// A POST body is decoded strictly (see decodeAction): exact member names,
+// no duplicates, no null, no unknown member. It must select letters: ids or
+// at least one filter, or "all": true (and then nothing else) for every
+// letter; an empty selection is a 400, never "everything".
 //
 // The POSTs need the bearer token (401 without it or with a wrong one; 403
 // when no token is configured). estat defaults to pendent (estat=totes for
@@ -177,16 +184,15 @@ type actionRequest struct {
 	Retention     string   `json:"retention"`
 	Yes           bool     `json:"yes"`
 	DeleteRecords bool     `json:"delete_records"`
+	All           bool     `json:"all"`
 }
 
+// errEmptySelection is the answer to a replay or purge that selects nothing
+// and does not say "all": true.
+const errEmptySelection = `empty selection: give "ids" or a filter (topic, motiu, since, until), or "all": true to select every letter`
+
 func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*actionRequest, Filter, bool) {
-	var req actionRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&req)
-	if _, terr := dec.Token(); err == nil && !errors.Is(terr, io.EOF) {
-		err = errors.New("data after the JSON object") // Decode alone would ignore it
-	}
+	req, err := decodeAction(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "body: "+err.Error())
 		return nil, Filter{}, false
@@ -196,7 +202,41 @@ func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*actionRequest
 		writeError(w, http.StatusBadRequest, err.Error())
 		return nil, Filter{}, false
 	}
-	return &req, f, true
+	switch {
+	case f.Empty() && !req.All:
+		writeError(w, http.StatusBadRequest, errEmptySelection)
+		return nil, Filter{}, false
+	case !f.Empty() && req.All:
+		writeError(w, http.StatusBadRequest, `"all": true selects every letter: send it without ids or filters`)
+		return nil, Filter{}, false
+	}
+	return req, f, true
+}
+
+// decodeAction reads a POST body strictly (internal/strictjson): exactly one
+// JSON object, member names in their exact case, each at most once, only the
+// members of actionRequest, no null (neither the body nor a member), nothing
+// after the object. A body the handler would read differently from its
+// sender is refused rather than guessed at.
+func decodeAction(r io.Reader) (*actionRequest, error) {
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	var req actionRequest
+	if err := (strictjson.Options{DisallowUnknownFields: true}).Unmarshal(body, &req); err != nil {
+		return nil, err
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(body, &members); err != nil || members == nil {
+		return nil, errors.New("want a JSON object")
+	}
+	for k, v := range members {
+		if string(v) == "null" {
+			return nil, fmt.Errorf("%s: null is not a value here; leave the member out", k)
+		}
+	}
+	return &req, nil
 }
 
 func (h *handler) replay(w http.ResponseWriter, r *http.Request) {

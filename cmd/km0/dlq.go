@@ -262,6 +262,22 @@ func (f *filterFlags) filter(now time.Time) (dlq.Filter, error) {
 	return out, err
 }
 
+// addAllFlag registers --all on replay and purge and returns the check start
+// runs: a selection without any filter is refused unless --all says it is
+// meant to be every letter, and --all with a filter is refused as ambiguous.
+func addAllFlag(fs *flag.FlagSet, verb string) func(*dlq.Filter) error {
+	all := fs.Bool("all", false, "select every letter (required to "+verb+" without --id, --topic, --motiu, --since or --until)")
+	return func(f *dlq.Filter) error {
+		switch {
+		case f.Empty() && !*all:
+			return fmt.Errorf("refusing to %s every letter: no --id, --topic, --motiu, --since or --until given; pass --all to select every letter", verb)
+		case !f.Empty() && *all:
+			return fmt.Errorf("--all selects every letter: give it without --id, --topic, --motiu, --since or --until")
+		}
+		return nil
+	}
+}
+
 // listFlag is a repeatable string flag.
 type listFlag []string
 
@@ -399,7 +415,7 @@ func (c *dlqCLI) replay(ctx context.Context, args []string) error {
 	dry := fs.Bool("dry-run", false, "say what would be replayed; publish and mark nothing")
 	force := fs.Bool("force", false, "also replay letters already replayed or purged, or older than --retention")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: older letters are refused without --force")
-	f, env, err := c.start(ctx, fs, o, ff, args, nil)
+	f, env, err := c.start(ctx, fs, o, ff, args, addAllFlag(fs, "replay"))
 	if err != nil {
 		return err
 	}
@@ -437,7 +453,7 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 	ff := addFilterFlags(fs)
 	yes := fs.Bool("yes", false, "confirm without asking (needed when stdin is not a terminal)")
 	del := fs.Bool("delete-records", false, "also delete the records on the DLQ topic, per partition up to the lowest offset still pending")
-	f, env, err := c.start(ctx, fs, o, ff, args, nil)
+	f, env, err := c.start(ctx, fs, o, ff, args, addAllFlag(fs, "purge"))
 	if err != nil {
 		return err
 	}
