@@ -13,7 +13,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/km0/km0/internal/strictjson"
 )
 
@@ -55,7 +57,8 @@ const maxBody = 1 << 20
 // The POSTs need the bearer token (401 without it or with a wrong one; 403
 // when no token is configured). estat defaults to pendent (estat=totes for
 // all); limit defaults to 100 and is at most MaxListLimit. Errors are JSON {"error": "..."}: 400 for bad
-// input, 404 for an unknown letter, 409 for an unconfirmed purge, 500 else.
+// input, 404 for an unknown letter, 409 for an unconfirmed purge, 503 when
+// the index or the broker fails (a generic message; the error is logged).
 func Handler(src Source, cfg HandlerConfig) http.Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -164,7 +167,12 @@ func (h *handler) show(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	l, err := h.src.Get(r.Context(), r.PathValue("id"))
+	id := r.PathValue("id")
+	if err := checkText("id", id); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	l, err := h.src.Get(r.Context(), id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -274,7 +282,12 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, rep)
 }
 
+// fail answers err without internals: a remote caller never sees SQL text,
+// hosts, users or database names; the full error is logged. Bad input (a
+// value the index cannot compare, such as a NUL byte) is a 400; any other
+// failure of the index or the broker is a 503.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var pe *pgconn.PgError
 	switch {
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
@@ -282,15 +295,37 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, `purge not confirmed: send "yes": true`)
 	case errors.Is(err, errBadRequest):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22"): // data exception
+		h.cfg.Logger.Warn("dlq: admin API: bad input", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusBadRequest, "bad input: a value the index cannot store or compare")
 	default:
 		h.cfg.Logger.Error("dlq: admin API", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeError(w, http.StatusServiceUnavailable, "the dead-letter index is unavailable; the server log has the details")
 	}
+}
+
+// checkText refuses text the index cannot hold (PostgreSQL TEXT takes
+// neither NUL nor invalid UTF-8); such a filter could match no letter.
+func checkText(name, v string) error {
+	if strings.ContainsRune(v, 0) || !utf8.ValidString(v) {
+		return fmt.Errorf("%w: %s: a NUL byte or invalid UTF-8 cannot match any letter", errBadRequest, name)
+	}
+	return nil
 }
 
 // filterOf builds a Filter from textual input; errors wrap errBadRequest.
 func filterOf(topic, reason, since, until string, ids []string, now time.Time) (Filter, error) {
 	f := Filter{Topic: topic, Reason: reason, IDs: ids}
+	for _, c := range [][2]string{{"topic", topic}, {"motiu", reason}} {
+		if err := checkText(c[0], c[1]); err != nil {
+			return f, err
+		}
+	}
+	for _, id := range ids {
+		if err := checkText("id", id); err != nil {
+			return f, err
+		}
+	}
 	var err error
 	if f.Since, err = ParseTime(since, now); err != nil {
 		return f, fmt.Errorf("%w: since: %w", errBadRequest, err)
