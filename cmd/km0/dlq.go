@@ -338,7 +338,7 @@ func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintln(tw, "\nID\tMORTA_EN\tINTENTS\tESTAT\tTIPUS\tID_ESDEVENIMENT\tMOTIU")
 	for _, l := range ls.Letters {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, stamp(l.DeadAt), l.Attempts, l.State,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, deadStamp(l), l.Attempts, l.State,
 			orDash(dlq.Safe(l.Type)), orDash(dlq.Safe(l.EventID)), clip(dlq.Safe(l.Reason), 80))
 	}
 	if err := tw.Flush(); err != nil {
@@ -389,7 +389,7 @@ func (c *dlqCLI) show(ctx context.Context, args []string) error {
 	row("clau", fmt.Sprintf("%q", l.Key))
 	row("primera fallada", orDash(stamp(l.FirstFailure)))
 	row("data esdeveniment", orDash(stamp(l.EventTime)))
-	row("morta en", stamp(l.DeadAt))
+	row("morta en", deadStamp(l))
 	row("grup consumidor", orDash(dlq.Safe(l.ConsumerGroup)))
 	_ = tw.Flush()
 	fmt.Fprintln(c.out, "\ncapçaleres:")
@@ -608,6 +608,18 @@ func (c *dlqCLI) printJSON(v any) error {
 	enc := json.NewEncoder(c.out)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// deadStamp is the dead time of l, or "desconegut" when a time of the letter
+// was out of range (dlq.Letter.TimeUnknown).
+func deadStamp(l *dlq.Letter) string {
+	if l.DeadAt.IsZero() {
+		return "desconegut"
+	}
+	if l.TimeUnknown {
+		return stamp(l.DeadAt) + " (temps desconegut)"
+	}
+	return stamp(l.DeadAt)
 }
 
 func stamp(t time.Time) string {
