@@ -92,17 +92,17 @@ type Letter struct {
 	EventID string // id_esdeveniment header, else from the envelope; "" if unknown
 	Type    string // tipus header, else from the envelope; "" if unknown
 
-	Reason        string    // motiu, as written
-	Attempts      int       // intents; 0 when absent or not a number
-	FirstFailure  time.Time // primera_fallada; zero when absent
-	EventTime     time.Time // the earliest of the envelope's data_ms and data_original; zero when neither is known
-	DeadAt        time.Time // the record's timestamp; zero when unknown (TimeUnknown)
+	Reason       string    // motiu, as written
+	Attempts     int       // intents; 0 when absent or not a number
+	FirstFailure time.Time // primera_fallada; zero when absent
+	EventTime    time.Time // the earliest of the envelope's data_ms and data_original; zero when neither is known
+	DeadAt       time.Time // the record's timestamp; zero when unknown (TimeUnknown)
 	// TimeUnknown is true when a time of the letter (DeadAt, FirstFailure or
 	// EventTime) was given but outside InRange: that time is zero
 	// instead, and the letter's age is unknown (Replay refuses it without
 	// Force; --since/--until never select a letter whose DeadAt is unknown).
-	TimeUnknown bool
-	ConsumerGroup string    // grup_consumidor
+	TimeUnknown   bool
+	ConsumerGroup string // grup_consumidor
 
 	Key     []byte
 	Value   []byte // the original envelope bytes, possibly malformed
