@@ -228,9 +228,9 @@ func (s *Store) insertQueued(ctx context.Context, dlqName string, letters []queu
 		if q.redelivered {
 			keys, vals := headerBytes(l.Headers)
 			var seen bool
-			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.table+` WHERE topic = $1 AND morta_en = $2
+			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.table+` WHERE topic = $1 AND morta_en IS NOT DISTINCT FROM $2
 				AND valor = $3 AND capcaleres_claus = $4 AND capcaleres_valors = $5)`,
-				dlqName, l.DeadAt, nonNil(l.Value), keys, vals).Scan(&seen); err != nil {
+				dlqName, nullTime(l.DeadAt), nonNil(l.Value), keys, vals).Scan(&seen); err != nil {
 				return nil, fmt.Errorf("dlq: look up a redelivered letter of %s: %w", dlqName, err)
 			}
 			if seen {

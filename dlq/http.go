@@ -13,6 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/km0/km0/internal/strictjson"
 )
 
 // HandlerConfig configures the admin API.
@@ -42,13 +46,19 @@ const maxBody = 1 << 20
 //
 //	GET  /letters?topic=&motiu=&since=&until=&estat=&id=&limit=   groups and rows (open)
 //	GET  /letters/{id...}                                          one letter with its value (open)
-//	POST /replay  {"ids":[],"topic":"","motiu":"","since":"","until":"","dry_run":false,"force":false,"retention":"336h"}
-//	POST /purge   {"ids":[],"topic":"","motiu":"","since":"","until":"","yes":true,"delete_records":false}
+//	POST /replay  {"ids":[],"topic":"","motiu":"","since":"","until":"","all":false,"dry_run":false,"force":false,"retention":"336h"}
+//	POST /purge   {"ids":[],"topic":"","motiu":"","since":"","until":"","all":false,"yes":true,"delete_records":false}
+//
+// A POST body is decoded strictly (see decodeAction): exact member names,
+// no duplicates, no null, no unknown member. It must select letters: ids or
+// at least one filter, or "all": true (and then nothing else) for every
+// letter; an empty selection is a 400, never "everything".
 //
 // The POSTs need the bearer token (401 without it or with a wrong one; 403
 // when no token is configured). estat defaults to pendent (estat=totes for
 // all); limit defaults to 100 and is at most MaxListLimit. Errors are JSON {"error": "..."}: 400 for bad
-// input, 404 for an unknown letter, 409 for an unconfirmed purge, 500 else.
+// input, 404 for an unknown letter, 409 for an unconfirmed purge, 503 when
+// the index or the broker fails (a generic message; the error is logged).
 func Handler(src Source, cfg HandlerConfig) http.Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -157,7 +167,12 @@ func (h *handler) show(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	l, err := h.src.Get(r.Context(), r.PathValue("id"))
+	id := r.PathValue("id")
+	if err := checkText("id", id); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	l, err := h.src.Get(r.Context(), id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -177,16 +192,15 @@ type actionRequest struct {
 	Retention     string   `json:"retention"`
 	Yes           bool     `json:"yes"`
 	DeleteRecords bool     `json:"delete_records"`
+	All           bool     `json:"all"`
 }
 
+// errEmptySelection is the answer to a replay or purge that selects nothing
+// and does not say "all": true.
+const errEmptySelection = `empty selection: give "ids" or a filter (topic, motiu, since, until), or "all": true to select every letter`
+
 func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*actionRequest, Filter, bool) {
-	var req actionRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&req)
-	if _, terr := dec.Token(); err == nil && !errors.Is(terr, io.EOF) {
-		err = errors.New("data after the JSON object") // Decode alone would ignore it
-	}
+	req, err := decodeAction(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "body: "+err.Error())
 		return nil, Filter{}, false
@@ -196,7 +210,41 @@ func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*actionRequest
 		writeError(w, http.StatusBadRequest, err.Error())
 		return nil, Filter{}, false
 	}
-	return &req, f, true
+	switch {
+	case f.Empty() && !req.All:
+		writeError(w, http.StatusBadRequest, errEmptySelection)
+		return nil, Filter{}, false
+	case !f.Empty() && req.All:
+		writeError(w, http.StatusBadRequest, `"all": true selects every letter: send it without ids or filters`)
+		return nil, Filter{}, false
+	}
+	return req, f, true
+}
+
+// decodeAction reads a POST body strictly (internal/strictjson): exactly one
+// JSON object, member names in their exact case, each at most once, only the
+// members of actionRequest, no null (neither the body nor a member), nothing
+// after the object. A body the handler would read differently from its
+// sender is refused rather than guessed at.
+func decodeAction(r io.Reader) (*actionRequest, error) {
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	var req actionRequest
+	if err := (strictjson.Options{DisallowUnknownFields: true}).Unmarshal(body, &req); err != nil {
+		return nil, err
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(body, &members); err != nil || members == nil {
+		return nil, errors.New("want a JSON object")
+	}
+	for k, v := range members {
+		if string(v) == "null" {
+			return nil, fmt.Errorf("%s: null is not a value here; leave the member out", k)
+		}
+	}
+	return &req, nil
 }
 
 func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
@@ -234,7 +282,12 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, rep)
 }
 
+// fail answers err without internals: a remote caller never sees SQL text,
+// hosts, users or database names; the full error is logged. Bad input (a
+// value the index cannot compare, such as a NUL byte) is a 400; any other
+// failure of the index or the broker is a 503.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var pe *pgconn.PgError
 	switch {
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
@@ -242,15 +295,37 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, `purge not confirmed: send "yes": true`)
 	case errors.Is(err, errBadRequest):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22"): // data exception
+		h.cfg.Logger.Warn("dlq: admin API: bad input", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusBadRequest, "bad input: a value the index cannot store or compare")
 	default:
 		h.cfg.Logger.Error("dlq: admin API", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeError(w, http.StatusServiceUnavailable, "the dead-letter index is unavailable; the server log has the details")
 	}
+}
+
+// checkText refuses text the index cannot hold (PostgreSQL TEXT takes
+// neither NUL nor invalid UTF-8); such a filter could match no letter.
+func checkText(name, v string) error {
+	if strings.ContainsRune(v, 0) || !utf8.ValidString(v) {
+		return fmt.Errorf("%w: %s: a NUL byte or invalid UTF-8 cannot match any letter", errBadRequest, name)
+	}
+	return nil
 }
 
 // filterOf builds a Filter from textual input; errors wrap errBadRequest.
 func filterOf(topic, reason, since, until string, ids []string, now time.Time) (Filter, error) {
 	f := Filter{Topic: topic, Reason: reason, IDs: ids}
+	for _, c := range [][2]string{{"topic", topic}, {"motiu", reason}} {
+		if err := checkText(c[0], c[1]); err != nil {
+			return f, err
+		}
+	}
+	for _, id := range ids {
+		if err := checkText("id", id); err != nil {
+			return f, err
+		}
+	}
 	var err error
 	if f.Since, err = ParseTime(since, now); err != nil {
 		return f, fmt.Errorf("%w: since: %w", errBadRequest, err)

@@ -82,14 +82,14 @@ func TestAdminAPIRequiresTokenForStateChanges(t *testing.T) {
 	if n := b.records(t, comandes); n != 1 {
 		t.Fatalf("%d records after the replay, want 1", n)
 	}
-	if code, _ := call(t, "POST", srv.URL+"/purge", "s3cret-token", `{}`); code != 409 {
+	if code, _ := call(t, "POST", srv.URL+"/purge", "s3cret-token", `{"all":true}`); code != 409 {
 		t.Fatalf("unconfirmed purge: %d, want 409", code)
 	}
 	// The scheme name is case-insensitive (RFC 9110 11.1); the token is not.
-	if code, _ := call(t, "POST", srv.URL+"/purge", "bearer s3cret-token", `{}`); code != 409 {
+	if code, _ := call(t, "POST", srv.URL+"/purge", "bearer s3cret-token", `{"all":true}`); code != 409 {
 		t.Fatalf("unconfirmed purge with scheme \"bearer\": %d, want 409", code)
 	}
-	if code, _ := call(t, "POST", srv.URL+"/purge", "Bearer S3CRET-TOKEN", `{}`); code != 401 {
+	if code, _ := call(t, "POST", srv.URL+"/purge", "Bearer S3CRET-TOKEN", `{"all":true}`); code != 401 {
 		t.Fatalf("purge with the token in upper case: %d, want 401", code)
 	}
 	if code, _ := call(t, "POST", srv.URL+"/replay", "s3cret-token", `{"since":"yesterday-ish"}`); code != 400 {

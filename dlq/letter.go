@@ -92,12 +92,17 @@ type Letter struct {
 	EventID string // id_esdeveniment header, else from the envelope; "" if unknown
 	Type    string // tipus header, else from the envelope; "" if unknown
 
-	Reason        string    // motiu, as written
-	Attempts      int       // intents; 0 when absent or not a number
-	FirstFailure  time.Time // primera_fallada; zero when absent
-	EventTime     time.Time // the earliest of the envelope's data_ms and data_original; zero when neither is known
-	DeadAt        time.Time // the record's timestamp
-	ConsumerGroup string    // grup_consumidor
+	Reason       string    // motiu, as written
+	Attempts     int       // intents; 0 when absent or not a number
+	FirstFailure time.Time // primera_fallada; zero when absent
+	EventTime    time.Time // the earliest of the envelope's data_ms and data_original; zero when neither is known
+	DeadAt       time.Time // the record's timestamp; zero when unknown (TimeUnknown)
+	// TimeUnknown is true when a time of the letter (DeadAt, FirstFailure or
+	// EventTime) was given but outside InRange: that time is zero
+	// instead, and the letter's age is unknown (Replay refuses it without
+	// Force; --since/--until never select a letter whose DeadAt is unknown).
+	TimeUnknown   bool
+	ConsumerGroup string // grup_consumidor
 
 	Key     []byte
 	Value   []byte // the original envelope bytes, possibly malformed
@@ -115,6 +120,8 @@ func (l *Letter) Class() string { return ReasonClass(l.Reason) }
 // Oldest returns the earliest of the letter's known times (event time, first
 // failure, dead time): the earliest moment a consumer can have recorded its
 // idempotency key, which is what the retention check of Replay measures.
+//
+// It is zero when DeadAt is unknown and no other time is known.
 func (l *Letter) Oldest() time.Time {
 	t := l.DeadAt
 	for _, c := range []time.Time{l.FirstFailure, l.EventTime} {
@@ -185,12 +192,26 @@ func ParseKafkaID(id string) (topic string, partition int32, offset int64, err e
 // NewLetter builds the Letter of a record read from a DLQ topic. It never
 // fails: missing or malformed headers leave their fields at the documented
 // "unknown" values, because a letter that cannot be indexed would be lost.
+//
+// A time outside InRange (ts included) is stored as unknown: zero,
+// with TimeUnknown set, so that the letter is indexed like the others.
 func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *transport.Message) *Letter {
 	l := &Letter{
 		ID: KafkaID(topic, partition, offset), Topic: topic, Partition: partition, Offset: offset,
 		OriginalPartition: -1, OriginalOffset: -1,
 		DeadAt: ts.UTC(), Key: m.Key, Value: m.Value, Headers: m.Headers, State: StatePending,
 	}
+	defer func() {
+		now := time.Now()
+		for _, t := range []*time.Time{&l.DeadAt, &l.FirstFailure, &l.EventTime} {
+			if !t.IsZero() && !InRange(*t, now) {
+				*t, l.TimeUnknown = time.Time{}, true
+			}
+		}
+		if l.DeadAt.IsZero() {
+			l.TimeUnknown = true
+		}
+	}()
 	h := func(k string) string { v, _ := m.Header(k); return v }
 	l.OriginalTopic = h(HeaderOriginalTopic)
 	if l.OriginalTopic == "" {
@@ -228,6 +249,20 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 	}
 	return l
 }
+
+// MinTime and MaxFuture bound the times the index stores (see NewLetter):
+// no dead letter predates the unix epoch, and none dies, fails or is
+// produced more than MaxFuture (clock skew) after it is indexed. A time
+// outside them is a broken clock or a wrapped encoding (a Kafka timestamp of
+// the year -10700 reads back as the 22nd century), not a time to filter or
+// age by.
+var (
+	MinTime   = time.Unix(0, 0).UTC()
+	MaxFuture = 24 * time.Hour
+)
+
+// InRange reports whether t is within [MinTime, now+MaxFuture].
+func InRange(t, now time.Time) bool { return !t.Before(MinTime) && !t.After(now.Add(MaxFuture)) }
 
 // unixSeconds reads a time header (contract.ParseTime: unix seconds, or the
 // milliseconds RabbitMQ copies carried before); anything else is the zero

@@ -307,6 +307,10 @@ func refuse(l *Letter, o ReplayOptions, now time.Time) string {
 		return "the value is not a valid envelope (" + err.Error() + "): replayed as it is, it would " +
 			"dead-letter again (use --force to replay it anyway)"
 	}
+	if l.TimeUnknown || l.Oldest().IsZero() {
+		return "its age is unknown (a time out of range was indexed as unknown): a duplicate might no " +
+			"longer be recognised (use --force if the effect is known not to have been applied)"
+	}
 	if age := now.Sub(l.Oldest()); age > o.Retention {
 		return fmt.Sprintf("older than the idempotency retention (%s > %s): a duplicate could no longer "+
 			"be recognised (use --force if the effect is known not to have been applied)",

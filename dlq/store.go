@@ -134,7 +134,7 @@ func likePrefix(p string) string {
 const columns = `id, topic, particio, offset_dlq, topic_original, particio_original, offset_original,
 	id_esdeveniment, tipus, motiu, intents, primera_fallada, data_esdeveniment, morta_en,
 	grup_consumidor, clau, valor, capcaleres_claus, capcaleres_valors, estat, reproduccions,
-	reproduida_en, purgada_en`
+	reproduida_en, purgada_en, temps_desconegut`
 
 // Insert indexes letters in one transaction and returns those that were new.
 // A letter already indexed (same ID) is left as it is, state included.
@@ -161,7 +161,7 @@ func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*
 	}
 	q := `INSERT INTO ` + s.table + ` (` + columns + `, classe_motiu)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-		        'pendent', 0, NULL, NULL, $20)
+		        'pendent', 0, NULL, NULL, $20, $21)
 		ON CONFLICT (id) DO NOTHING RETURNING true`
 	b := &pgx.Batch{}
 	for _, l := range letters {
@@ -169,8 +169,8 @@ func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*
 		b.Queue(q, l.ID, pgText(l.Topic), l.Partition, l.Offset, pgText(l.OriginalTopic),
 			nullInt(int64(l.OriginalPartition)), nullInt(l.OriginalOffset),
 			nullText(l.EventID), nullText(l.Type), pgText(l.Reason), l.Attempts,
-			nullTime(l.FirstFailure), nullTime(l.EventTime), l.DeadAt,
-			nullText(l.ConsumerGroup), l.Key, nonNil(l.Value), keys, vals, pgText(l.Class()))
+			nullTime(l.FirstFailure), nullTime(l.EventTime), nullTime(l.DeadAt),
+			nullText(l.ConsumerGroup), l.Key, nonNil(l.Value), keys, vals, l.TimeUnknown, pgText(l.Class()))
 	}
 	br := tx.SendBatch(ctx, b)
 	var added []*Letter
@@ -209,7 +209,7 @@ const (
 const idColumns = `id, topic, particio, offset_dlq, topic_original, particio_original, offset_original,
 	id_esdeveniment, tipus, motiu, intents, primera_fallada, data_esdeveniment, morta_en,
 	grup_consumidor, NULL::bytea, ''::bytea, '{}'::bytea[], '{}'::bytea[], estat, reproduccions,
-	reproduida_en, purgada_en`
+	reproduida_en, purgada_en, temps_desconegut`
 
 func (s *Store) list(ctx context.Context, q querier, f Filter, order, suffix string) ([]*Letter, error) {
 	return s.listColumns(ctx, q, columns, f, order, suffix)
@@ -264,8 +264,9 @@ func (s *Store) Summary(ctx context.Context, f Filter) ([]Group, error) {
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Group, error) {
 		var g Group
-		err := r.Scan(&g.Topic, &g.Class, &g.Count, &g.Oldest, &g.Newest)
-		g.Oldest, g.Newest = g.Oldest.UTC(), g.Newest.UTC()
+		var oldest, newest *time.Time // NULL when every letter of the group has an unknown time
+		err := r.Scan(&g.Topic, &g.Class, &g.Count, &oldest, &newest)
+		g.Oldest, g.Newest = derefTime(oldest), derefTime(newest)
 		return g, err
 	})
 	if err != nil {
@@ -364,14 +365,15 @@ func scanLetter(r pgx.CollectableRow) (*Letter, error) {
 		op, oo              *int64
 		eid, typ, group     *string
 		ff, et, rep, pur    *time.Time
+		dead                *time.Time
 		hkeys, hvals        [][]byte
 		state               string
 		partition, attempts int32
 		replays             int32
 	)
 	err := r.Scan(&l.ID, &l.Topic, &partition, &l.Offset, &l.OriginalTopic, &op, &oo,
-		&eid, &typ, &l.Reason, &attempts, &ff, &et, &l.DeadAt, &group, &l.Key, &l.Value,
-		&hkeys, &hvals, &state, &replays, &rep, &pur)
+		&eid, &typ, &l.Reason, &attempts, &ff, &et, &dead, &group, &l.Key, &l.Value,
+		&hkeys, &hvals, &state, &replays, &rep, &pur, &l.TimeUnknown)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +387,7 @@ func scanLetter(r pgx.CollectableRow) (*Letter, error) {
 	}
 	l.EventID, l.Type, l.ConsumerGroup = deref(eid), deref(typ), deref(group)
 	l.FirstFailure, l.EventTime, l.ReplayedAt, l.PurgedAt = derefTime(ff), derefTime(et), derefTime(rep), derefTime(pur)
-	l.DeadAt = l.DeadAt.UTC()
+	l.DeadAt = derefTime(dead)
 	if len(hkeys) != len(hvals) {
 		return nil, fmt.Errorf("dlq: letter %s: %d header keys, %d values", l.ID, len(hkeys), len(hvals))
 	}

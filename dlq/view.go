@@ -27,7 +27,8 @@ type LetterView struct {
 	Attempts          int          `json:"intents"`
 	FirstFailure      *time.Time   `json:"primera_fallada,omitempty"`
 	EventTime         *time.Time   `json:"data_esdeveniment,omitempty"`
-	DeadAt            time.Time    `json:"morta_en"`
+	DeadAt            *time.Time   `json:"morta_en"`                   // null when unknown
+	TimeUnknown       bool         `json:"temps_desconegut,omitempty"` // a time was out of range (Letter.TimeUnknown)
 	ConsumerGroup     string       `json:"grup_consumidor,omitempty"`
 	State             State        `json:"estat"`
 	Replays           int          `json:"reproduccions"`
@@ -56,7 +57,7 @@ func View(l *Letter, detail bool) LetterView {
 	v := LetterView{
 		ID: l.ID, Topic: l.Topic, Partition: l.Partition, Offset: l.Offset,
 		OriginalTopic: l.OriginalTopic, EventID: l.EventID, Type: l.Type,
-		Reason: l.Reason, Class: l.Class(), Attempts: l.Attempts, DeadAt: l.DeadAt,
+		Reason: l.Reason, Class: l.Class(), Attempts: l.Attempts, DeadAt: timePtr(l.DeadAt), TimeUnknown: l.TimeUnknown,
 		ConsumerGroup: l.ConsumerGroup, State: l.State, Replays: l.Replays,
 		FirstFailure: timePtr(l.FirstFailure), EventTime: timePtr(l.EventTime),
 		ReplayedAt: timePtr(l.ReplayedAt), PurgedAt: timePtr(l.PurgedAt),

@@ -262,6 +262,22 @@ func (f *filterFlags) filter(now time.Time) (dlq.Filter, error) {
 	return out, err
 }
 
+// addAllFlag registers --all on replay and purge and returns the check start
+// runs: a selection without any filter is refused unless --all says it is
+// meant to be every letter, and --all with a filter is refused as ambiguous.
+func addAllFlag(fs *flag.FlagSet, verb string) func(*dlq.Filter) error {
+	all := fs.Bool("all", false, "select every letter (required to "+verb+" without --id, --topic, --motiu, --since or --until)")
+	return func(f *dlq.Filter) error {
+		switch {
+		case f.Empty() && !*all:
+			return fmt.Errorf("refusing to %s every letter: no --id, --topic, --motiu, --since or --until given; pass --all to select every letter", verb)
+		case !f.Empty() && *all:
+			return fmt.Errorf("--all selects every letter: give it without --id, --topic, --motiu, --since or --until")
+		}
+		return nil
+	}
+}
+
 // listFlag is a repeatable string flag.
 type listFlag []string
 
@@ -322,7 +338,7 @@ func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintln(tw, "\nID\tMORTA_EN\tINTENTS\tESTAT\tTIPUS\tID_ESDEVENIMENT\tMOTIU")
 	for _, l := range ls.Letters {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, stamp(l.DeadAt), l.Attempts, l.State,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, deadStamp(l), l.Attempts, l.State,
 			orDash(dlq.Safe(l.Type)), orDash(dlq.Safe(l.EventID)), clip(dlq.Safe(l.Reason), 80))
 	}
 	if err := tw.Flush(); err != nil {
@@ -373,7 +389,7 @@ func (c *dlqCLI) show(ctx context.Context, args []string) error {
 	row("clau", fmt.Sprintf("%q", l.Key))
 	row("primera fallada", orDash(stamp(l.FirstFailure)))
 	row("data esdeveniment", orDash(stamp(l.EventTime)))
-	row("morta en", stamp(l.DeadAt))
+	row("morta en", deadStamp(l))
 	row("grup consumidor", orDash(dlq.Safe(l.ConsumerGroup)))
 	_ = tw.Flush()
 	fmt.Fprintln(c.out, "\ncapçaleres:")
@@ -399,7 +415,7 @@ func (c *dlqCLI) replay(ctx context.Context, args []string) error {
 	dry := fs.Bool("dry-run", false, "say what would be replayed; publish and mark nothing")
 	force := fs.Bool("force", false, "also replay letters already replayed or purged, or older than --retention")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: older letters are refused without --force")
-	f, env, err := c.start(ctx, fs, o, ff, args, nil)
+	f, env, err := c.start(ctx, fs, o, ff, args, addAllFlag(fs, "replay"))
 	if err != nil {
 		return err
 	}
@@ -437,7 +453,7 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 	ff := addFilterFlags(fs)
 	yes := fs.Bool("yes", false, "confirm without asking (needed when stdin is not a terminal)")
 	del := fs.Bool("delete-records", false, "also delete the records on the DLQ topic, per partition up to the lowest offset still pending")
-	f, env, err := c.start(ctx, fs, o, ff, args, nil)
+	f, env, err := c.start(ctx, fs, o, ff, args, addAllFlag(fs, "purge"))
 	if err != nil {
 		return err
 	}
@@ -592,6 +608,18 @@ func (c *dlqCLI) printJSON(v any) error {
 	enc := json.NewEncoder(c.out)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// deadStamp is the dead time of l, or "desconegut" when a time of the letter
+// was out of range (dlq.Letter.TimeUnknown).
+func deadStamp(l *dlq.Letter) string {
+	if l.DeadAt.IsZero() {
+		return "desconegut"
+	}
+	if l.TimeUnknown {
+		return stamp(l.DeadAt) + " (temps desconegut)"
+	}
+	return stamp(l.DeadAt)
 }
 
 func stamp(t time.Time) string {

@@ -180,7 +180,7 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	}
 
 	r.fixed.Store(true)
-	out, err = r.run("replay")
+	out, err = r.run("replay", "--all")
 	if err != nil || !strings.Contains(out, "2 selected, 2 replayed, 0 refused") {
 		t.Fatalf("replay: %v\n%s", err, out)
 	}
@@ -200,10 +200,10 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 		t.Fatalf("after replaying an applied event: %d effects, %d for it; want 2 and 1", all, n)
 	}
 
-	if _, err := r.run("purge"); err == nil || !strings.Contains(err.Error(), "--yes") {
+	if _, err := r.run("purge", "--all"); err == nil || !strings.Contains(err.Error(), "--yes") {
 		t.Fatalf("purge without confirmation: %v", err)
 	}
-	if out, err := r.run("purge", "--yes"); err != nil || !strings.Contains(out, "2 letter(s) marked purged") ||
+	if out, err := r.run("purge", "--all", "--yes"); err != nil || !strings.Contains(out, "2 letter(s) marked purged") ||
 		!strings.Contains(out, "left the broker") {
 		t.Fatalf("purge --yes: %v\n%s", err, out)
 	}

@@ -108,7 +108,7 @@ func TestDLQCommands(t *testing.T) {
 		t.Fatalf("purge answered y: %v\n%s", err, out)
 	}
 
-	out, err = h.run("", false, "replay", "--dry-run")
+	out, err = h.run("", false, "replay", "--dry-run", "--all")
 	if err != nil || !strings.Contains(out, "1 selected, 1 would replay, 0 refused") {
 		t.Fatalf("replay --dry-run: %v\n%s", err, out)
 	}
@@ -169,5 +169,24 @@ func TestDLQPurgeQuestionDoesNotLoadTheLetters(t *testing.T) {
 	}
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 10<<20 {
 		t.Fatalf("asking to purge 200 letters allocated %d MiB, more than a fifth of their 50 MiB of values", alloc>>20)
+	}
+}
+
+// replay and purge without any filter refuse, naming --all, before they
+// connect to anything; --all with a filter is refused as ambiguous.
+func TestDLQReplayAndPurgeNeedAnExplicitAll(t *testing.T) {
+	c := &dlqCLI{out: &bytes.Buffer{}, errOut: &bytes.Buffer{}, in: strings.NewReader(""), now: time.Now}
+	conn := []string{"--brokers", "127.0.0.1:1", "--database-url", "postgres://nobody@127.0.0.1:1/none"}
+	for _, args := range [][]string{{"replay"}, {"replay", "--dry-run"}, {"purge", "--yes"}, {"purge", "--yes", "--delete-records"}} {
+		err := c.run(context.Background(), append(args, conn...))
+		if err == nil || !strings.Contains(err.Error(), "--all") || !strings.Contains(err.Error(), "refusing") {
+			t.Errorf("km0 dlq %v without a filter: %v, want a refusal naming --all", args, err)
+		}
+	}
+	for _, args := range [][]string{{"replay", "--all", "--motiu", "x"}, {"purge", "--all", "--id", "a.dlq/0/1", "--yes"}} {
+		err := c.run(context.Background(), append(args, conn...))
+		if err == nil || !strings.Contains(err.Error(), "--all selects every letter") {
+			t.Errorf("km0 dlq %v: %v, want a refusal of --all with a filter", args, err)
+		}
 	}
 }
