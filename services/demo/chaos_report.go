@@ -70,18 +70,7 @@ func (r *ChaosReport) Print(w io.Writer) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	fmt.Fprintln(tw, "DLQ (consumidor · motiu)\tentrades")
-	for _, k := range sortedKeys(r.DLQ) {
-		fmt.Fprintf(tw, "%s\t%d\n", k, r.DLQ[k])
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	fmt.Fprintln(tw, "Producte\tinicial\t+ reposat\t− aplicat\t= esperat\tfinal\tcataleg\testoc baix")
-	for _, p := range sortedKeys(r.Stock) {
-		s := r.Stock[p]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\n", p, s.Initial, s.Restocked, s.Accepted, s.Expected, s.Final, s.Catalog, s.LowStock)
-	}
-	tw.Flush()
+	writeDLQAndStock(w, tw, r.DLQ, r.Stock, "aplicat")
 	p := r.Payments
 	fmt.Fprintf(w, "\nPagaments: %d comandes pagades · %d pagaments · %d cobraments a la passarel·la · %d sobrers · %d crides repetides absorbides\n",
 		p.OrdersPaid, p.Payments, p.GatewayCharges, p.ChargedTwice, p.GatewayReplays)

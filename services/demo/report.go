@@ -502,18 +502,7 @@ func (r *Report) Print(w io.Writer) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	fmt.Fprintln(tw, "DLQ (consumidor · motiu)\tentrades")
-	for _, k := range sortedKeys(r.DLQ) {
-		fmt.Fprintf(tw, "%s\t%d\n", k, r.DLQ[k])
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	fmt.Fprintln(tw, "Producte\tinicial\t+ reposat\t− acceptat\t= esperat\tfinal\tcataleg\testoc baix")
-	for _, p := range sortedKeys(r.Stock) {
-		s := r.Stock[p]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\n", p, s.Initial, s.Restocked, s.Accepted, s.Expected, s.Final, s.Catalog, s.LowStock)
-	}
-	tw.Flush()
+	writeDLQAndStock(w, tw, r.DLQ, r.Stock, "acceptat")
 	p := r.Payments
 	fmt.Fprintf(w, "\nPagaments: %d comandes pagades · %d pagaments · %d cobraments a la passarel·la · %d cobrades dues vegades · passarel·la: %d errors 503, %d penjades, %d respostes repetides per Idempotency-Key\n",
 		p.OrdersPaid, p.Payments, p.GatewayCharges, p.ChargedTwice, p.GatewayFailures, p.GatewayHangs, p.GatewayReplays)
@@ -545,4 +534,21 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// writeDLQAndStock writes the dead letters per consumidor and motiu, then the
+// stock per product; taken names the column of what orders took from stock.
+func writeDLQAndStock(w io.Writer, tw *tabwriter.Writer, dlq map[string]int, stock map[string]StockLine, taken string) {
+	fmt.Fprintln(tw, "DLQ (consumidor · motiu)\tentrades")
+	for _, k := range sortedKeys(dlq) {
+		fmt.Fprintf(tw, "%s\t%d\n", k, dlq[k])
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(tw, "Producte\tinicial\t+ reposat\t− "+taken+"\t= esperat\tfinal\tcataleg\testoc baix")
+	for _, p := range sortedKeys(stock) {
+		s := stock[p]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\n", p, s.Initial, s.Restocked, s.Accepted, s.Expected, s.Final, s.Catalog, s.LowStock)
+	}
+	tw.Flush()
 }
