@@ -1,4 +1,4 @@
--- Pruning (DESIGN.md, outbox invariants): km0 outbox prune and the relay's
+-- Pruning (DESIGN.md O3): km0 outbox prune and the relay's
 -- --prune-older-than delete published rows oldest first. This partial index
 -- holds only published rows, so a writer's INSERT (publicat_en NULL) never
 -- touches it; the relay's mark adds one entry per row (the mark already could
