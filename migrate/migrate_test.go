@@ -112,7 +112,7 @@ func TestSecondTableNameInOneSchemaIsMigrated(t *testing.T) {
 		second.Table("outbox_pagaments")).Scan(&triggers); err != nil {
 		t.Fatal(err)
 	}
-	if n != 3 || tables != 6 || triggers != 2 {
+	if n != 4 || tables != 6 || triggers != 2 {
 		t.Fatalf("second names: applied %d files, %d of 6 tables, %d of 2 triggers on outbox_pagaments", n, tables, triggers)
 	}
 	if n, err := migrate.Up(ctx, s.Pool, second, migrate.Outbox, migrate.Inbox); err != nil || n != 0 {
