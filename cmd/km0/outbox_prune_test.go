@@ -5,8 +5,11 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // `km0 outbox prune` refuses a missing or non-positive --older-than, a bad
@@ -52,5 +55,38 @@ func TestOutboxPruneCommand(t *testing.T) {
 	}
 	if left != 10 || pending != 10 {
 		t.Errorf("after prune: %d rows left, %d pending; want the 10 pending ones", left, pending)
+	}
+}
+
+// `km0 relay --prune-older-than 1h` prunes at start: rows published two
+// hours ago go, the pending ones are published and stay (marked just now).
+func TestRelayCommandPrunesWithPruneOlderThan(t *testing.T) {
+	s := pgtest.NewMigratedSchema(t)
+	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}})
+	ctx := context.Background()
+	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega)
+		SELECT gen_random_uuid(), 'comanda', 'P-' || g, 'comanda.creada', '{}' FROM generate_series(1, 50) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pool.Exec(ctx, `UPDATE outbox SET publicat_en = now() - interval '2 hours'
+		WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 40)`); err != nil {
+		t.Fatal(err)
+	}
+	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
+		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms", "--prune-older-than", "1h")
+	var rows, pending int
+	deadline := time.Now().Add(30 * time.Second)
+	for rows != 10 || pending != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows left (want the 10 published now), %d pending (want 0)", rows, pending)
+		}
+		_ = s.Pool.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE publicat_en IS NULL) FROM outbox").Scan(&rows, &pending)
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if recs := kafkatest.ReadAll(t, b, "comandes.esdeveniments", 10, 10*time.Second); len(recs) != 10 {
+		t.Fatalf("%d records on the topic, want 10", len(recs))
 	}
 }
