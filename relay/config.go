@@ -147,6 +147,17 @@ type Config struct {
 	// Metrics, if set, receives the relay's Prometheus metrics (labelled with
 	// the outbox table). Registration errors fail New.
 	Metrics prometheus.Registerer
+	// PruneOlderThan, if positive, makes Run delete published rows marked
+	// more than this long ago (see Prune), a pass at start and then every
+	// PruneInterval. Keep it at least as long as the window you may want to
+	// replay from the outbox. Default 0: rows are never deleted.
+	PruneOlderThan time.Duration
+	// PruneInterval is the time between pruning passes. Default
+	// PruneIntervalDefault.
+	PruneInterval time.Duration
+	// PruneBatch is the rows per pruning DELETE, 1..PruneBatchMax. Default
+	// PruneBatchDefault.
+	PruneBatch int
 	// Transform, if set, replaces the default of one envelope per row.
 	Transform Transform
 	// Hooks are fault-injection points for tests.
@@ -163,6 +174,8 @@ func (c Config) WithDefaults() Config {
 	c.RebalanceInterval = cmp.Or(c.RebalanceInterval, RebalanceIntervalDefault)
 	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault)
 	c.ApplicationName = cmp.Or(c.ApplicationName, ApplicationNameDefault)
+	c.PruneInterval = cmp.Or(c.PruneInterval, PruneIntervalDefault)
+	c.PruneBatch = cmp.Or(c.PruneBatch, PruneBatchDefault)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -194,13 +207,17 @@ func (c Config) validate() error {
 		name string
 		v    time.Duration
 	}{{"PollInterval", c.PollInterval}, {"PublishTimeout", c.PublishTimeout}, {"BackoffMin", c.BackoffMin},
-		{"BackoffMax", c.BackoffMax}, {"RebalanceInterval", c.RebalanceInterval}} {
+		{"BackoffMax", c.BackoffMax}, {"RebalanceInterval", c.RebalanceInterval},
+		{"PruneOlderThan", c.PruneOlderThan}, {"PruneInterval", c.PruneInterval}} {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)
 		}
 	}
 	if c.BackoffMax < c.BackoffMin {
 		bad("BackoffMax %v is below BackoffMin %v", c.BackoffMax, c.BackoffMin)
+	}
+	if c.PruneBatch < 0 || c.PruneBatch > PruneBatchMax {
+		bad("PruneBatch %d is outside 0 (default %d)..%d", c.PruneBatch, PruneBatchDefault, PruneBatchMax)
 	}
 	if c.MaxRecordBytes < 0 {
 		bad("MaxRecordBytes %d is negative", c.MaxRecordBytes)

@@ -115,6 +115,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancel(nil)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.listen(ctx) })
+	if r.cfg.PruneOlderThan > 0 {
+		wg.Go(func() { r.prune(ctx) })
+	}
 	r.join(ctx)
 	for _, w := range r.workers {
 		wg.Go(func() {

@@ -34,6 +34,8 @@ type queries struct {
 	release  string // $1 shards int[], $2 key of shard 0
 	join     string // $1 member key
 	payload  string // NOTIFY payload of this table
+	size     string // $1 the table's quoted name
+	name     string // the table's quoted, schema-qualified name
 }
 
 func newQueries(n migrate.Names) queries {
@@ -71,6 +73,8 @@ func newQueries(n migrate.Names) queries {
 		release: "SELECT count(*) FILTER (WHERE pg_advisory_unlock($2::bigint + s)) FROM unnest($1::int[]) AS s",
 		join:    "SELECT pg_advisory_lock_shared($1::bigint)",
 		payload: n.Schema + "." + n.Outbox,
+		size:    "SELECT pg_total_relation_size($1::text::regclass)",
+		name:    table,
 	}
 }
 

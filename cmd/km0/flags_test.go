@@ -42,7 +42,7 @@ func TestNoHelpPrintsASecretFromTheEnvironment(t *testing.T) {
 	for name := range benches {
 		argvs = append(argvs, []string{"bench", name, "--help"})
 	}
-	argvs = append(argvs, []string{"outbox", "parked", "--help"}, []string{"outbox", "release", "--help"},
+	argvs = append(argvs, []string{"outbox", "parked", "--help"}, []string{"outbox", "release", "--help"}, []string{"outbox", "prune", "--help"},
 		[]string{"schema", "check", "--help"}, []string{"serve", "cataleg", "--help"})
 	for _, argv := range argvs {
 		out := captureStderr(t, func() { _ = commands[argv[0]].run(context.Background(), argv[1:]) })

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -16,11 +17,11 @@ import (
 )
 
 func init() {
-	register(&command{name: "outbox", summary: "operate the outbox: parked (list rows the broker refused) | release ID|--all", run: runOutbox})
+	register(&command{name: "outbox", summary: "operate the outbox: parked (list rows the broker refused) | release ID|--all | prune --older-than D", run: runOutbox})
 }
 
 func runOutbox(ctx context.Context, args []string) error {
-	if len(args) == 0 || (args[0] != "parked" && args[0] != "release") {
+	if len(args) == 0 || (args[0] != "parked" && args[0] != "release" && args[0] != "prune") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			outboxUsage()
 			return nil
@@ -32,6 +33,7 @@ func runOutbox(ctx context.Context, args []string) error {
 	fs := newFlags("outbox "+sub, map[string]string{
 		"parked":  "list the outbox rows the relay parked (refused for good), with the rows waiting behind each",
 		"release": "release a parked row (km0 outbox release [flags] ID, or --all) so the relay retries it",
+		"prune":   "delete published rows marked more than --older-than ago, in small batches (pending rows are never touched)",
 	}[sub])
 	dbURL := databaseURLFlag(fs)
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
@@ -39,6 +41,12 @@ func runOutbox(ctx context.Context, args []string) error {
 	all := false
 	if sub == "release" {
 		fs.BoolVar(&all, "all", false, "release every parked row")
+	}
+	var olderThan time.Duration
+	var batch int
+	if sub == "prune" {
+		fs.DurationVar(&olderThan, "older-than", 0, "retention (required, positive): delete rows published longer ago than this, e.g. 168h")
+		fs.IntVar(&batch, "batch", relay.PruneBatchDefault, fmt.Sprintf("rows per DELETE, each its own transaction, 1..%d", relay.PruneBatchMax))
 	}
 	// Accept the ID before or after the flags.
 	var id string
@@ -51,9 +59,17 @@ func runOutbox(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 && id == "" {
 		id = fs.Arg(0)
 	}
-	if fs.NArg() > 1 || (sub == "parked" && (id != "" || fs.NArg() > 0)) {
+	if fs.NArg() > 1 || (sub != "release" && (id != "" || fs.NArg() > 0)) {
 		fmt.Fprintf(os.Stderr, "km0 outbox %s: unexpected arguments\n", sub)
 		return errUsage
+	}
+	if sub == "prune" {
+		switch {
+		case olderThan <= 0:
+			return fmt.Errorf("--older-than is required and must be positive (got %v)", olderThan)
+		case batch < 1 || batch > relay.PruneBatchMax:
+			return fmt.Errorf("--batch %d is outside 1..%d", batch, relay.PruneBatchMax)
+		}
 	}
 	names := migrate.Names{Schema: *schema, Outbox: *table}
 	pool, err := openPool(ctx, *dbURL, 1)
@@ -62,6 +78,16 @@ func runOutbox(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	switch sub {
+	case "prune":
+		if err := requireOutbox(ctx, pool, names); err != nil {
+			return err
+		}
+		n, err := relay.Prune(ctx, pool, names, olderThan, batch)
+		if err != nil {
+			return fmt.Errorf("pruned %d row(s), then: %w", n, err)
+		}
+		fmt.Printf("pruned %d published row(s) older than %v\n", n, olderThan)
+		return nil
 	case "parked":
 		rows, err := relay.Parked(ctx, pool, names)
 		if err != nil {
@@ -104,7 +130,7 @@ func runOutbox(ctx context.Context, args []string) error {
 }
 
 func outboxUsage() {
-	fmt.Fprintln(os.Stderr, "usage: km0 outbox parked [flags]\n       km0 outbox release [flags] ID | --all\n(km0 outbox <sub> --help for the flags)")
+	fmt.Fprintln(os.Stderr, "usage: km0 outbox parked [flags]\n       km0 outbox release [flags] ID | --all\n       km0 outbox prune --older-than D [--batch N] [flags]\n(km0 outbox <sub> --help for the flags)")
 }
 
 // parseErr maps a flag error as parse does.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -44,6 +45,7 @@ func runRelay(ctx context.Context, args []string) error {
 	exchange := fs.String("exchange", "", "publish to this RabbitMQ exchange (routing key = --topic) instead of Kafka")
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL, with --exchange (default $KM0_AMQP_URL, else the local guest broker)")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default off)")
+	pruneOlder := fs.Duration("prune-older-than", 0, "delete published rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -65,6 +67,8 @@ func runRelay(ctx context.Context, args []string) error {
 		return fmt.Errorf("--poll %v must be positive", *poll)
 	case *partitions < 1:
 		return fmt.Errorf("--partitions %d must be at least 1", *partitions)
+	case *pruneOlder < 0:
+		return fmt.Errorf("--prune-older-than %v must be positive (or 0: off)", *pruneOlder)
 	}
 	log := logger()
 	pool, err := openPool(ctx, *dbURL, 2)
@@ -73,13 +77,8 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	names := migrate.Names{Schema: *schema, Outbox: *table}.WithDefaults()
-	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
-		pgx.Identifier{names.Schema, names.Outbox}.Sanitize()).Scan(&exists); err != nil {
+	if err := requireOutbox(ctx, pool, names); err != nil {
 		return err
-	}
-	if !exists {
-		return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s first", names.Schema, names.Outbox, names.Schema)
 	}
 	var pub transport.Publisher
 	maxRecord := relay.MaxRecordBytesDefault
@@ -125,7 +124,8 @@ func runRelay(ctx context.Context, args []string) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r, err := relay.New(relay.Config{Pool: pool, Names: names, Publisher: pub, Topic: *topic,
-		Origin: *origin, MaxRecordBytes: maxRecord, BatchSize: *batch, Workers: *workers, PollInterval: *poll, Logger: log, Metrics: reg})
+		Origin: *origin, MaxRecordBytes: maxRecord, BatchSize: *batch, Workers: *workers, PollInterval: *poll, Logger: log, Metrics: reg,
+		PruneOlderThan: *pruneOlder})
 	if err != nil {
 		return err
 	}
@@ -143,10 +143,24 @@ func runRelay(ctx context.Context, args []string) error {
 		log.Info("km0 relay: metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
 	log.Info("km0 relay: running", "outbox", names.Schema+"."+names.Outbox, "topic", *topic, "origin", *origin,
-		"batch", adaptiveOr(*batch), "workers", adaptiveOr(*workers))
+		"batch", adaptiveOr(*batch), "workers", adaptiveOr(*workers), "prune_older_than", *pruneOlder)
 	err = r.Run(ctx)
 	log.Info("km0 relay: stopped")
 	return err
+}
+
+// requireOutbox fails with the fix when the outbox table does not exist.
+func requireOutbox(ctx context.Context, pool *pgxpool.Pool, names migrate.Names) error {
+	names = names.WithDefaults()
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+		pgx.Identifier{names.Schema, names.Outbox}.Sanitize()).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s first", names.Schema, names.Outbox, names.Schema)
+	}
+	return nil
 }
 
 // checkRelayNumbers refuses a --batch or --workers relay.New would refuse.

@@ -188,7 +188,7 @@ func TestRelayCommandKeepsBatchesWithinTheTopicsLimit(t *testing.T) {
 func TestRelayCommandRefusesBadNumbersAtOnce(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
 	for _, bad := range [][]string{{"--batch", "-5"}, {"--batch", "10001"}, {"--workers", "-1"},
-		{"--workers", "65"}, {"--partitions", "-2"}, {"--poll", "-1s"}, {"--poll", "0s"},
+		{"--workers", "65"}, {"--partitions", "-2"}, {"--poll", "-1s"}, {"--poll", "0s"}, {"--prune-older-than", "-1s"},
 		{"--topic", "bad topic!"}, {"--topic", strings.Repeat("t", 250)}} { // a broker refuses these for good
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := runRelay(ctx, append([]string{"--database-url", pgtest.URL(), "--schema", s.Name, "--brokers", "127.0.0.1:1",

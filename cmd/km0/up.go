@@ -64,6 +64,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	allowedHosts := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names the HTTP APIs answer besides their listen address: NAME or NAME:PORT,... or * for any (default $"+svc.AllowedHostsEnv+"; loopback servers answer localhost, 127.0.0.1 and [::1])")
 	deliveryTime := fs.Duration("delivery-time", repartiment.DeliveryTimeDefault, "repartiment: how long a courier stays busy with one delivery")
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
+	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -116,7 +117,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
 		Brokers: brokerList, Services: services, AMQPURL: *amqpURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
-		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, Logger: logger()})
+		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, Logger: logger()})
 	if err != nil {
 		return err
 	}

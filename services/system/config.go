@@ -176,6 +176,12 @@ type Config struct {
 	Backoff time.Duration
 	// MaxConns caps each service's pool. Default MaxConnsDefault.
 	MaxConns int32
+	// RelayPruneOlderThan, if positive, makes each service's relay delete its
+	// published outbox rows marked more than this long ago (relay.Config's
+	// PruneOlderThan: a pass every minute, in small batches). Keep it at least
+	// as long as the window you may want to replay from the outbox. Default 0:
+	// off, the outboxes keep every row; a negative value fails Start.
+	RelayPruneOlderThan time.Duration
 	// RelayHooks are fault-injection hooks of each service's relay, by service name.
 	RelayHooks map[string]relay.Hooks
 	// ConsumerHooks are fault-injection hooks of each consumer, by consumidor name.

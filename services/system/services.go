@@ -54,6 +54,9 @@ func (s *System) relayFor(service string) {
 		PollInterval: 500 * time.Millisecond,
 		Logger:       s.log.With("service", service),
 		Hooks:        s.cfg.RelayHooks[service],
+		// Off (0) unless the operator asked: published rows are the replay
+		// window.
+		PruneOlderThan: s.cfg.RelayPruneOlderThan,
 	})
 }
 

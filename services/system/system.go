@@ -85,6 +85,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			return nil, fmt.Errorf("system: %s has no database: Config.DatabaseURL (an admin URL) or Config.DatabaseURLs[%q] is required", s, s)
 		}
 	}
+	if cfg.RelayPruneOlderThan < 0 {
+		return nil, fmt.Errorf("system: Config.RelayPruneOlderThan %v is negative (0 turns pruning off)", cfg.RelayPruneOlderThan)
+	}
 	if err := cfg.validateNames(); err != nil {
 		return nil, err
 	}
