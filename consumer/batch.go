@@ -256,16 +256,7 @@ func (c *Consumer) conflict(p *partition, code string, err error, wait *time.Dur
 	*wait = min(2**wait, conflictBackoffMax)
 	c.log.Warn("consumer: transaction conflict; rerunning it in place", "topic", p.topic, "partition", p.part,
 		"sqlstate", code, "wait", d, "err", err)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return c.workCtx.Err() == nil
-	case <-p.quit:
-		return false
-	case <-c.workCtx.Done():
-		return false
-	}
+	return c.sleep(p, d)
 }
 
 // Conflict SQLSTATEs: the transaction lost a race with another one and may

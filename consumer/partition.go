@@ -280,9 +280,16 @@ func (c *Consumer) commitNow(p *partition) bool {
 // pause waits *wait (doubling it, up to 5 s) unless the partition stops or
 // the consumer crashes first; it reports whether to carry on.
 func (c *Consumer) pause(p *partition, wait *time.Duration) bool {
-	t := time.NewTimer(*wait)
-	defer t.Stop()
+	d := *wait
 	*wait = min(2**wait, 5*time.Second)
+	return c.sleep(p, d)
+}
+
+// sleep waits d unless the partition stops or the consumer stops or crashes
+// first; it reports whether to carry on.
+func (c *Consumer) sleep(p *partition, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
 	case <-t.C:
 		return c.workCtx.Err() == nil
