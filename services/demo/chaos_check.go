@@ -337,18 +337,12 @@ func (c *chaos) checkStock(ctx context.Context, pools map[string]*pgxpool.Pool, 
 		}
 	}
 	r.check("estoc = inicial + reposat − aplicat", len(bad) == 0, "productes que no quadren: %v", bad)
-	doubled, err := countOf(ctx, pools[inventari.Name], `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE tipus = 'estoc.actualitzat' AND carrega->>'motiu' = 'comanda'
-		GROUP BY carrega->>'comanda_id', carrega->>'producte' HAVING count(*) > 1) d`)
+	doubled, err := doubleDecrements(ctx, pools[inventari.Name])
 	if err != nil {
 		return err
 	}
 	r.check("cap comanda descomptada dues vegades", doubled == 0, "%d parells (comanda, producte) descomptats més d'un cop", doubled)
-	cheeseAccepted := 0
-	for _, p := range plan {
-		if _, ok := sub.accepted[p.order.ID]; ok && p.cheese {
-			cheeseAccepted++
-		}
-	}
+	cheeseAccepted := acceptedCheeseOrders(plan, sub)
 	served := min(cheeseAccepted, inventari.InitialStock[Cheese]/CheesePerOrder)
 	r.check("només el formatge curat s'esgota, i va a la DLQ", len(insufficient) == cheeseAccepted-served && took[Cheese] == served*CheesePerOrder,
 		"%d comandes amb formatge curat, %d servides (se n'esperaven %d), %d a la DLQ per estoc_insuficient",

@@ -351,18 +351,12 @@ func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, su
 		}
 	}
 	r.check("estoc final = inicial + reposat − acceptat", stockOK, "productes que no quadren: %v", bad)
-	doubled, err := countOf(ctx, ip, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE tipus = 'estoc.actualitzat' AND carrega->>'motiu' = 'comanda'
-		GROUP BY carrega->>'comanda_id', carrega->>'producte' HAVING count(*) > 1) d`)
+	doubled, err := doubleDecrements(ctx, ip)
 	if err != nil {
 		return err
 	}
 	r.check("cap comanda descomptada dues vegades", doubled == 0, "%d parells (comanda, producte) descomptats més d'un cop", doubled)
-	cheeseAccepted := 0
-	for _, p := range plan {
-		if _, ok := sub.accepted[p.order.ID]; ok && p.cheese {
-			cheeseAccepted++
-		}
-	}
+	cheeseAccepted := acceptedCheeseOrders(plan, sub)
 	onlyCheese := true
 	for _, dl := range dls {
 		if dl.group == inventari.ConsumerDecrement && !strings.Contains(dl.motiu, "estoc_insuficient: "+Cheese) {
@@ -551,4 +545,23 @@ func writeDLQAndStock(w io.Writer, tw *tabwriter.Writer, dlq map[string]int, sto
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\n", p, s.Initial, s.Restocked, s.Accepted, s.Expected, s.Final, s.Catalog, s.LowStock)
 	}
 	tw.Flush()
+}
+
+// doubleDecrements counts the (order, product) pairs inventari took from
+// stock more than once, from its own estoc.actualitzat events.
+func doubleDecrements(ctx context.Context, inv *pgxpool.Pool) (int, error) {
+	return countOf(ctx, inv, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE tipus = 'estoc.actualitzat' AND carrega->>'motiu' = 'comanda'
+		GROUP BY carrega->>'comanda_id', carrega->>'producte' HAVING count(*) > 1) d`)
+}
+
+// acceptedCheeseOrders counts the accepted orders of the plan that ask for
+// the cheese that runs out.
+func acceptedCheeseOrders(plan []*planned, sub Submissions) int {
+	n := 0
+	for _, p := range plan {
+		if _, ok := sub.accepted[p.order.ID]; ok && p.cheese {
+			n++
+		}
+	}
+	return n
 }
