@@ -75,7 +75,7 @@ func TestPublishesEnvelopeWithKeyAndHeadersThenMarks(t *testing.T) {
 	}
 }
 
-// Crash point: the relay dies after Kafka confirmed every record of
+// Proof 4. Crash point: the relay dies after Kafka confirmed every record of
 // the batch and before the UPDATE that marks the rows (Hooks.AfterPublish).
 func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	t.Parallel()
