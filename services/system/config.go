@@ -57,9 +57,10 @@ func domainTopics(renames map[string]string) []string {
 }
 
 // ConsumerNames are the consumidors of the six services, each the default
-// name of its consumer group.
+// name of its consumer group: the first six in the order of Services (one
+// per service), then the services' further consumers.
 var ConsumerNames = []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
-	repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock}
+	repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock, comandes.ConsumerStockRefused}
 
 // topicRE: a Kafka topic name (249 characters at most, less the .retry suffix).
 var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,243}$`)
