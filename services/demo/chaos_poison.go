@@ -24,18 +24,19 @@ var (
 	topicGroups = map[string][]string{
 		comandes.Topic:    {inventari.ConsumerDecrement, pagaments.ConsumerCharge, repartiment.ConsumerAssign, analitica.ConsumerCount},
 		pagaments.Topic:   {comandes.ConsumerPaymentConfirmed, analitica.ConsumerCount},
-		inventari.Topic:   {cataleg.ConsumerLowStock, analitica.ConsumerCount},
+		inventari.Topic:   {cataleg.ConsumerLowStock, comandes.ConsumerStockRefused, analitica.ConsumerCount},
 		repartiment.Topic: {analitica.ConsumerCount},
 	}
 	handledBy = map[string]string{
 		inventari.ConsumerDecrement: comandes.TypeCreated, pagaments.ConsumerCharge: comandes.TypeCreated,
 		repartiment.ConsumerAssign: repartiment.TypeOrderPaid, comandes.ConsumerPaymentConfirmed: comandes.TypePaymentConfirmed,
-		cataleg.ConsumerLowStock: cataleg.TypeStockUpdated, analitica.ConsumerCount: "",
+		cataleg.ConsumerLowStock: cataleg.TypeStockUpdated, analitica.ConsumerCount: "", comandes.ConsumerStockRefused: comandes.TypeStockRefused,
 	}
 	// inboxGroups record every processed key in missatges_processats.
 	inboxGroups = map[string]string{
 		inventari.ConsumerDecrement: inventari.Name, pagaments.ConsumerCharge: pagaments.Name,
 		repartiment.ConsumerAssign: repartiment.Name, comandes.ConsumerPaymentConfirmed: comandes.Name,
+		comandes.ConsumerStockRefused: comandes.Name,
 	}
 )
 

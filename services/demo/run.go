@@ -164,7 +164,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			say("comandes enviades %d/%d", done, cfg.Orders)
 		}
 	}
-	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
+	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més que es cancel·la i es reemborsa, cancel·lacions, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
 	sub := d.run(ctx, plan, cfg.Clients)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -208,7 +208,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // and no delivery is pending, three polls in a row.
 func settle(ctx context.Context, sys *system.System, kcl *kgo.Client, timeout time.Duration, say func(string, ...any)) (bool, string) {
 	deadline := time.Now().Add(timeout)
-	groups := []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
+	groups := []string{comandes.ConsumerPaymentConfirmed, comandes.ConsumerStockRefused, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
 		repartiment.ConsumerAssign, "analitica.comptadors", "cataleg.estoc_baix"}
 	stable, last := 0, ""
 	lastSaid := time.Now()
