@@ -346,7 +346,8 @@ func newSim(t *testing.T, b *bundle, keys, perKey int, seed uint64) (*sim, []msg
 		if r.IntN(10) == 0 { // a blocked head in 10% of the keys, anywhere in the key
 			m := queues[k][r.IntN(perKey)]
 			s.fails[m.id()] = []int{1, 2, 3, 4}[r.IntN(4)] // 3 and 4: dead-lettered, then replayed
-			if r.IntN(3) == 0 {                            // and a second head behind it
+			// And in a third of them a second head, before or behind it.
+			if r.IntN(3) == 0 {
 				m2 := queues[k][r.IntN(perKey)]
 				if s.fails[m2.id()] == 0 {
 					s.fails[m2.id()] = 1
