@@ -305,9 +305,10 @@ func (c *chaos) checkStock(ctx context.Context, pools map[string]*pgxpool.Pool, 
 			took[prod] += n
 		}
 	}
-	// What inventari says it applied: its own estoc.actualitzat events of motiu comanda.
+	// What inventari says it applied: its own estoc.actualitzat events of
+	// motiu comanda, less those of motiu cancellacio (units given back).
 	applied, err := scanPair[string, int](ctx, pools[inventari.Name], `SELECT carrega->>'producte', sum((carrega->>'abans')::int - (carrega->>'despres')::int)::int
-		FROM outbox WHERE tipus = 'estoc.actualitzat' AND carrega->>'motiu' = 'comanda' GROUP BY 1`)
+		FROM outbox WHERE tipus = 'estoc.actualitzat' AND carrega->>'motiu' IN ('comanda', 'cancellacio') GROUP BY 1`)
 	if err != nil {
 		return err
 	}
