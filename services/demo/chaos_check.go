@@ -414,7 +414,7 @@ func (c *chaos) checkPayments(ctx context.Context, pools map[string]*pgxpool.Poo
 		}
 	}
 	for oid := range charges {
-		if _, ok := payments[oid]; !ok {
+		if _, ok := payments[oid]; !ok && !comp.cancelled[oid] { // a cancelled order's: refunded (Compensation)
 			ps.ChargedTwice++ // a charge with no payment: outside the books
 		}
 	}
@@ -428,7 +428,8 @@ func (c *chaos) checkPayments(ctx context.Context, pools map[string]*pgxpool.Poo
 		}
 	}
 	r.check("un pagament i un cobrament a la passarel·la per comanda pagada; cada comanda pagada marcada pagada",
-		ps.Payments == sub.Accepted-comp.NeverCharged && ps.GatewayCharges == ps.Payments && ps.OrdersPaid == ps.Payments-comp.Charged && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
+		ps.Payments == sub.Accepted-comp.NeverCharged-comp.ChargedUnbooked && ps.GatewayCharges == ps.Payments+comp.ChargedUnbooked &&
+			ps.OrdersPaid == ps.Payments-(comp.Charged-comp.ChargedUnbooked) && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
 		"%d acceptades, %d pagaments, %d cobraments, %d marcades pagades, %d sense pagar, %d imports o referències incorrectes, %d cobraments sobrers, %d a la DLQ de cobrament; %d crides repetides a la passarel·la absorbides",
 		sub.Accepted, ps.Payments, ps.GatewayCharges, ps.OrdersPaid, ps.Unpaid, ps.WrongAmount, ps.ChargedTwice, chargeDLQ, ps.GatewayReplays)
 	return paid, nil

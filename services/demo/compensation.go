@@ -18,6 +18,7 @@ type Compensation struct {
 	Cancelled           int            `json:"cancellades"`
 	ByReason            map[string]int `json:"per_motiu"`
 	Charged             int            `json:"cobrades"`                      // cancelled orders the gateway had charged
+	ChargedUnbooked     int            `json:"cobrades_sense_pagament"`       // of those, charged by an attempt that timed out: no payment recorded
 	Refunded            int            `json:"reemborsades"`                  // charged, then refunded once
 	NeverCharged        int            `json:"mai_cobrades"`                  // cancelled before the charge (its creation in retry): nothing to refund
 	Owed                int            `json:"cobrades_sense_reemborsar"`     // must be 0
@@ -81,11 +82,15 @@ func compensate(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*pla
 	if err != nil {
 		return nil, err
 	}
-	refunds, nRefunds, err := scanMoney(`SELECT comanda_id, import_centims, ref_cobrament FROM passarella.reemborsaments`)
+	refunds, nRefunds, err := scanMoney(`SELECT comanda_id, import_centims, ref_cobrament FROM passarella.reemborsaments WHERE ref_cobrament IS NOT NULL`)
 	if err != nil {
 		return nil, err
 	}
 	booked, _, err := scanMoney(`SELECT comanda_id, import_centims, ref_passarella FROM reemborsaments`)
+	if err != nil {
+		return nil, err
+	}
+	paid, _, err := scanMoney(`SELECT comanda_id, import_centims, ref_passarella FROM pagaments`)
 	if err != nil {
 		return nil, err
 	}
@@ -94,6 +99,9 @@ func compensate(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*pla
 		rf, refunded := refunds[id]
 		if charged {
 			c.Charged++
+			if _, ok := paid[id]; !ok {
+				c.ChargedUnbooked++
+			}
 		}
 		switch {
 		case !charged && !refunded:
@@ -153,6 +161,6 @@ func (c *Compensation) ok() bool {
 }
 
 func (c *Compensation) String() string {
-	return fmt.Sprintf("%d cancel·lades %v: %d reemborsades un cop, %d mai cobrades (cancel·lades mentre el cobrament esperava el reintent), %d cobrades sense reemborsar, %d reemborsaments incorrectes; estoc retornat a %d, %d cancel·lacions abans que la creació, %d amb estoc retingut; %d repartidors alliberats, %d retinguts; %d refusades per estoc sense cancel·lar, %d cancel·lacions no previstes",
-		c.Cancelled, c.ByReason, c.Refunded, c.NeverCharged, c.Owed, c.RefundWrong, c.StockRestored, c.Tombstones, c.StockHeld, c.Released, c.CourierHeld, c.RefusedNotCancelled, c.UnplannedCancel)
+	return fmt.Sprintf("%d cancel·lades %v: %d reemborsades un cop (%d cobrades per un intent que va expirar, sense pagament desat), %d mai cobrades (cancel·lades mentre el cobrament esperava el reintent), %d cobrades sense reemborsar, %d reemborsaments incorrectes; estoc retornat a %d, %d cancel·lacions abans que la creació, %d amb estoc retingut; %d repartidors alliberats, %d retinguts; %d refusades per estoc sense cancel·lar, %d cancel·lacions no previstes",
+		c.Cancelled, c.ByReason, c.Refunded, c.ChargedUnbooked, c.NeverCharged, c.Owed, c.RefundWrong, c.StockRestored, c.Tombstones, c.StockHeld, c.Released, c.CourierHeld, c.RefusedNotCancelled, c.UnplannedCancel)
 }

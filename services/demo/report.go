@@ -414,7 +414,8 @@ func reconcilePayments(ctx context.Context, sys *system.System, orders map[strin
 		}
 	}
 	for key := range charges {
-		if _, ok := payments[strings.TrimPrefix(key, "cobrament-")]; !ok {
+		id := strings.TrimPrefix(key, "cobrament-")
+		if _, ok := payments[id]; !ok && !comp.cancelled[id] { // a cancelled order's: refunded (Compensation)
 			ps.ChargedTwice++ // a charge with no payment record: charged outside the books
 		}
 	}
@@ -428,7 +429,8 @@ func reconcilePayments(ctx context.Context, sys *system.System, orders map[strin
 		}
 	}
 	r.check("cada comanda pagada cobrada exactament una vegada a la passarel·la",
-		ps.Payments == sub.Accepted-comp.NeverCharged && ps.GatewayCharges == ps.Payments && ps.OrdersPaid == ps.Payments-comp.Charged && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
+		ps.Payments == sub.Accepted-comp.NeverCharged-comp.ChargedUnbooked && ps.GatewayCharges == ps.Payments+comp.ChargedUnbooked &&
+			ps.OrdersPaid == ps.Payments-(comp.Charged-comp.ChargedUnbooked) && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
 		"%d acceptades (%d cancel·lades abans del cobrament), %d pagaments, %d cobraments a la passarel·la (una clau cobrament-<id> cadascun), %d comandes pagades (%d cobrades i cancel·lades), %d sense pagar, %d imports o referències incorrectes, %d cobraments sense registre; la passarel·la va fallar %d cop(s), es va penjar %d cop(s) i va repetir %d resposta(es)",
 		sub.Accepted, comp.NeverCharged, ps.Payments, ps.GatewayCharges, ps.OrdersPaid, comp.Charged, ps.Unpaid, ps.WrongAmount, ps.ChargedTwice, ps.GatewayFailures, ps.GatewayHangs, ps.GatewayReplays)
 	return nil

@@ -59,8 +59,9 @@ var Migrations = migrate.Set{Name: "pagaments", FS: sqlFS, Dir: "sql"}
 // the commit safe.
 type Gateway interface {
 	Charge(ctx context.Context, key, orderID string, totalCents int64) (passarella.Charge, error)
-	// Refund refunds the whole charge chargeRef, deduplicated by key too.
-	Refund(ctx context.Context, key, orderID, chargeRef string, totalCents int64) (passarella.Refund, error)
+	// Refund refunds the whole charge made under chargeKey (or voids the
+	// key when nothing was charged), deduplicated by key too.
+	Refund(ctx context.Context, key, orderID, chargeKey string) (passarella.Refund, error)
 }
 
 // Hooks are fault-injection points for tests and the demo.

@@ -45,10 +45,12 @@ func (s *Service) HandleOrder(ctx context.Context, tx pgx.Tx, m *consumer.Messag
 
 // HandleOrderCancelled is the consumer.Handler of comanda.cancellada: under
 // the order's lock it records the cancellation (a tombstone: a charge that
-// comes later charges nothing) and, if the order was charged and not yet
-// refunded, refunds the whole charge through the gateway with
-// Idempotency-Key reemborsament-<order id> and records the refund, in the
-// consumer's transaction. A crash between the gateway call and the commit
+// comes later charges nothing) and, unless a refund is recorded, asks the
+// gateway to refund whatever the charge key cobrament-<order id> charged,
+// with Idempotency-Key reemborsament-<order id> (a charge attempt that timed
+// out may have charged without a payment here; with no charge the gateway
+// voids the key, so a charge request still in flight charges nothing), and
+// records the refund, in the consumer's transaction. A crash between the gateway call and the commit
 // refunds again with the same key, and the gateway returns the refund it
 // made: one refund. A second cancellation changes nothing. Gateway
 // unavailable → transient; refused → permanent "reemborsament_refusat".
@@ -75,22 +77,20 @@ func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, m *consum
 	if _, err := tx.Exec(ctx, `INSERT INTO cancellacions (comanda_id, motiu) VALUES ($1, $2) ON CONFLICT DO NOTHING`, c.OrderID, c.Reason); err != nil {
 		return err
 	}
-	var (
-		cents int64
-		ref   string
-	)
-	err := tx.QueryRow(ctx, `SELECT p.import_centims, p.ref_passarella FROM pagaments p
-		WHERE p.comanda_id = $1 AND NOT EXISTS (SELECT 1 FROM reemborsaments r WHERE r.comanda_id = p.comanda_id)`, c.OrderID).Scan(&cents, &ref)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil // never charged (the tombstone stops a later charge), or refunded already
-	}
-	if err != nil {
+	var refunded bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM reemborsaments WHERE comanda_id = $1)`, c.OrderID).Scan(&refunded); err != nil {
 		return err
+	}
+	if refunded {
+		return nil
 	}
 	if s.cfg.Gateway == nil {
 		return errors.New("pagaments: Config.Gateway is required to refund")
 	}
-	rf, err := s.cfg.Gateway.Refund(ctx, RefundKey(c.OrderID), c.OrderID, ref, cents)
+	// Asked whether or not a payment is recorded: a charge attempt that
+	// timed out may have charged at the gateway and rolled back here. The
+	// gateway refunds what its charge key charged, or voids the key.
+	rf, err := s.cfg.Gateway.Refund(ctx, RefundKey(c.OrderID), c.OrderID, ChargeKey(c.OrderID))
 	switch {
 	case errors.Is(err, passarella.ErrRefused):
 		return outcome.Permanentf("reemborsament_refusat: %s: %v", c.OrderID, err)
@@ -102,8 +102,11 @@ func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, m *consum
 			return err
 		}
 	}
+	if rf.Void {
+		return nil // nothing was charged, and now nothing can be
+	}
 	_, err = tx.Exec(ctx, `INSERT INTO reemborsaments (comanda_id, import_centims, ref_passarella, ref_reemborsament) VALUES ($1, $2, $3, $4)`,
-		c.OrderID, rf.TotalCents, ref, rf.Ref)
+		c.OrderID, rf.TotalCents, rf.ChargeRef, rf.Ref)
 	return err
 }
 

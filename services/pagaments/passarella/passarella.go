@@ -216,7 +216,7 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, created, err := s.record(r.Context(), key, req)
-	if errors.Is(err, errMismatch) {
+	if errors.Is(err, errMismatch) || errors.Is(err, errVoided) {
 		svc.WriteError(w, http.StatusUnprocessableEntity, "Idempotency-Key", err.Error())
 		return
 	}
@@ -263,10 +263,21 @@ func (s *Server) record(ctx context.Context, key string, req ChargeRequest) (Cha
 	ref := newRef()
 	c := Charge{Key: key}
 	var inserted bool
-	err := s.cfg.Pool.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (clau, comanda_id, import_centims, ref) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (clau) DO UPDATE SET crides = c.crides + 1
-		RETURNING comanda_id, import_centims, ref, crides, (xmax = 0)`, key, req.OrderID, req.TotalCents, ref).
-		Scan(&c.OrderID, &c.TotalCents, &c.Ref, &c.Calls, &inserted)
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		// Under the key's lock: a key voided by a refund charges nothing.
+		var voided bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.refunds+` WHERE clau_cobrament = $2 AND ref_cobrament IS NULL)
+			FROM pg_advisory_xact_lock($1, hashtext($2))`, keyLockClass, key).Scan(&voided); err != nil {
+			return err
+		}
+		if voided {
+			return errVoided
+		}
+		return tx.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (clau, comanda_id, import_centims, ref) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (clau) DO UPDATE SET crides = c.crides + 1
+			RETURNING comanda_id, import_centims, ref, crides, (xmax = 0)`, key, req.OrderID, req.TotalCents, ref).
+			Scan(&c.OrderID, &c.TotalCents, &c.Ref, &c.Calls, &inserted)
+	})
 	if err != nil {
 		return Charge{}, false, err
 	}
