@@ -44,7 +44,7 @@ func compensate(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*pla
 	}
 	planned := map[string]bool{}
 	for _, p := range plan {
-		if p.cancel {
+		if p.cancel || p.late {
 			planned[p.order.ID] = true
 		}
 	}

@@ -45,10 +45,11 @@ func TestSystemDemoReconciles(t *testing.T) {
 	// cancelled by the client right after the 201 (4 of them, 17, 51, 85 and
 	// 119, with a first charge attempt that fails; 17 is refused by the card
 	// authorisation when it runs and 85 is a duplicate, not cancelled; so is
-	// 118).
-	refused, cancelled := 0, 11
+	// 118), and 2 cancelled once paid and assigned (9 and 62; 115 is a
+	// duplicate).
+	refused, cancelled := 0, 13
 	if system.RequestReplyAvailable {
-		refused, cancelled = 2, 9
+		refused, cancelled = 2, 11
 	}
 	o := r.Orders
 	if o.Accepted != 148-refused || o.Invalid != 2 || o.Refused != refused || o.Replayed != 15 {
@@ -59,7 +60,7 @@ func TestSystemDemoReconciles(t *testing.T) {
 	}
 	c := r.Compensation
 	if o.Cancelled != cancelled || c.ByReason["client"] != cancelled || c.ByReason["estoc_insuficient"] != 4 || c.Cancelled != cancelled+4 ||
-		c.Charged+c.NeverCharged != c.Cancelled || c.Refunded != c.Charged || c.Owed != 0 {
+		c.Charged+c.NeverCharged != c.Cancelled || c.Refunded != c.Charged || c.Owed != 0 || c.Released < 2 {
 		t.Errorf("cancellations %d, compensation %s", o.Cancelled, c)
 	}
 	// Every cancelled order has a normal address: it would have been assigned.

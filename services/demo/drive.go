@@ -238,3 +238,25 @@ func (d *driver) cancel(ctx context.Context, p *planned) {
 		d.res.CancelDiffers++
 	}
 }
+
+// cancelLate cancels the planned late cancellations of the accepted orders.
+func (d *driver) cancelLate(ctx context.Context, plan []*planned) int {
+	n := 0
+	for _, p := range plan {
+		d.mu.Lock()
+		_, ok := d.res.accepted[p.order.ID]
+		d.mu.Unlock()
+		if p.late && ok && ctx.Err() == nil {
+			d.cancel(ctx, p)
+			n++
+		}
+	}
+	return n
+}
+
+// result returns the submissions so far.
+func (d *driver) result() Submissions {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.res
+}

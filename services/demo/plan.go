@@ -39,6 +39,7 @@ type planned struct {
 	uncovered bool   // delivery city not covered
 	legacy    bool   // no address: comanda.creada / comanda.pagada versio 1
 	cancel    bool   // cancelled by the client right after its 201
+	late      bool   // cancelled once the system has settled: paid, assigned a courier
 }
 
 // Scenario rules, by order number.
@@ -56,6 +57,10 @@ func isRefused(n int) bool   { return n%101 == 17 }
 // orders are not cancelled by the client (their own outcomes are checked
 // apart; a cheese order refused for stock is cancelled by the compensation).
 func isCancelled(n int) bool { return n%19 == 4 || n%34 == 17 }
+
+// isCancelledLate: the client cancels these once everything settled (paid,
+// courier assigned): the courier is released, the charge refunded.
+func isCancelledLate(n int) bool { return n%53 == 9 }
 
 // GatewayFails: the gateway answers 503 to the first charge attempt of these orders.
 func gatewayFails(n, attempt int) bool { return attempt == 1 && n%17 == 0 }
@@ -106,7 +111,9 @@ func makePlan(n int, seed uint64, run string, authorize bool) []*planned {
 		default:
 			o.Address = &comandes.Address{City: strings.ToUpper(market[:1]) + market[1:], PostalCode: postcode[market]}
 		}
-		p.cancel = isCancelled(num) && !p.invalid && !p.refused && !p.cheese && !p.uncovered && !p.legacy && !p.duplicate
+		normal := !p.invalid && !p.refused && !p.cheese && !p.uncovered && !p.legacy && !p.duplicate
+		p.cancel = isCancelled(num) && normal
+		p.late = isCancelledLate(num) && normal && !p.cancel
 		p.order = o
 		p.body, _ = json.Marshal(o)
 		out = append(out, p)

@@ -181,6 +181,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		report.RequestReply += " (autoritzacions desactivades)"
 	}
 	settled, why := settle(ctx, sys, kcl, cfg.SettleTimeout, say)
+	if settled {
+		// Orders paid and assigned a courier, cancelled now: the courier is
+		// released and the charge refunded.
+		n := d.cancelLate(ctx, plan)
+		say("%d comandes ja pagades i assignades, cancel·lades; esperant que el sistema s'assenti", n)
+		sub = d.result()
+		settled, why = settle(ctx, sys, kcl, cfg.SettleTimeout, say)
+	}
 	report.check("sistema assentat (outbox buits, lag 0, cap lliurament pendent)", settled, "%s", why)
 	report.Injected = faults.fired() // after settling: the charge may fire late
 	if err := reconcile(ctx, sys, kcl, broker.Addrs(), plan, sub, restock, report); err != nil {
