@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,8 +112,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	sysCfg := system.Config{
 		DatabaseURL: server.URL, DatabaseSuffix: "demo_" + run, Brokers: broker.Addrs(), AMQPURL: cfg.AMQPURL, Authorize: !cfg.NoAuthorize,
 		GatewayFaults: passarella.Faults{
-			Fail:    func(key string, attempt int) bool { return gatewayFails(orderNum(key), attempt) },
-			Hang:    func(key string, attempt int) bool { return gatewayHangs(orderNum(key), attempt) },
+			// Charges only: a refund is asked while its order's charge may
+			// be waiting for the retry these faults cause.
+			Fail: func(key string, attempt int) bool {
+				return strings.HasPrefix(key, "cobrament-") && gatewayFails(orderNum(key), attempt)
+			},
+			Hang: func(key string, attempt int) bool {
+				return strings.HasPrefix(key, "cobrament-") && gatewayHangs(orderNum(key), attempt)
+			},
 			HangFor: 1500 * time.Millisecond,
 		},
 		GatewayTimeout: 500 * time.Millisecond,
