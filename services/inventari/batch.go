@@ -34,8 +34,9 @@ const (
 // also holds the messages' idempotency keys, it
 //
 //  1. decodes every order and sums its lines per product;
-//  2. locks the batch's orders' rows of comandes_estoc (what inventari did
-//     for each order), in comanda_id order, creating the missing ones;
+//  2. takes the batch's orders' advisory locks in comanda_id order (an
+//     order's row of comandes_estoc, what inventari did for it, may not
+//     exist yet) and reads their rows;
 //  3. locks the estoc rows of all the batch's products at once (those the
 //     orders ask for and those the cancellations give back), in product
 //     order (SELECT … ORDER BY producte FOR UPDATE), so concurrent batches
@@ -54,7 +55,7 @@ const (
 //
 // The outbox trigger takes a per-aggregate advisory lock for each event; a
 // transaction writes product p's events only while it holds p's estoc row
-// lock (and an order's refusal only while it holds the order's row), so no
+// lock (and an order's refusal only while it holds the order's lock), so no
 // inventari transaction ever waits on those locks (two aggregates whose
 // agregat_id hash the same are the exception, and a deadlock between them is
 // rerun in place by the consumer).

@@ -42,19 +42,24 @@ type orderRecord struct {
 	dirty    bool
 }
 
-// SQL of the orders' rows. lockOrders creates the missing rows (pendent) and
-// locks every row of the batch in comanda_id order (rows are inserted, and
-// locked, in the order the SELECT returns them); DO UPDATE is there only to
-// lock and return a row that exists.
+// orderLockClass is the first key of the transaction-scoped advisory lock
+// of an order (the second is hashtext(comanda_id)); the two-key space does
+// not overlap the outbox trigger's one-key locks.
+const orderLockClass = 0x696e76 // "inv"
+
+// SQL of the orders' rows. lockOrdersSQL takes every order's advisory lock
+// in comanda_id order, whether or not its row exists yet (a cancellation
+// may be writing its tombstone); readOrdersSQL then reads the rows and
+// writeOrdersSQL writes the changed ones in one upsert: one row write per
+// order.
 const (
-	lockOrdersSQL = `INSERT INTO comandes_estoc AS c (comanda_id) SELECT id FROM unnest($1::text[]) AS id ORDER BY id
-		ON CONFLICT (comanda_id) DO UPDATE SET comanda_id = EXCLUDED.comanda_id
-		RETURNING c.comanda_id, c.estat, c.linies, c.restaurada, coalesce(c.motiu, '')`
-	writeOrdersSQL = `UPDATE comandes_estoc c SET estat = v.estat, linies = v.linies::jsonb, restaurada = v.restaurada,
-		motiu = nullif(v.motiu, ''), actualitzat_en = now()
+	lockOrdersSQL  = `SELECT count(pg_advisory_xact_lock($2::int, hashtext(id))) FROM (SELECT id FROM unnest($1::text[]) AS id ORDER BY id) o`
+	readOrdersSQL  = `SELECT comanda_id, estat, linies, restaurada, coalesce(motiu, '') FROM comandes_estoc WHERE comanda_id = ANY($1::text[])`
+	writeOrdersSQL = `INSERT INTO comandes_estoc AS c (comanda_id, estat, linies, restaurada, motiu)
+		SELECT v.comanda_id, v.estat, v.linies::jsonb, v.restaurada, nullif(v.motiu, '')
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::text[]) AS v(comanda_id, estat, linies, restaurada, motiu)
-		WHERE c.comanda_id = v.comanda_id`
-	dropPendingSQL = `DELETE FROM comandes_estoc WHERE comanda_id = ANY($1::text[]) AND estat = 'pendent'`
+		ON CONFLICT (comanda_id) DO UPDATE SET estat = EXCLUDED.estat, linies = EXCLUDED.linies, restaurada = EXCLUDED.restaurada,
+		motiu = EXCLUDED.motiu, actualitzat_en = now()`
 )
 
 func lockOrders(ctx context.Context, tx pgx.Tx, ids []string) (map[string]*orderRecord, error) {
@@ -65,9 +70,16 @@ func lockOrders(ctx context.Context, tx pgx.Tx, ids []string) (map[string]*order
 	ids = slices.Clone(ids)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	rows, err := tx.Query(ctx, lockOrdersSQL, ids)
+	var n int
+	if err := tx.QueryRow(ctx, lockOrdersSQL, ids, orderLockClass).Scan(&n); err != nil {
+		return nil, fmt.Errorf("inventari: lock orders: %w", err)
+	}
+	for _, id := range ids {
+		recs[id] = &orderRecord{id: id, state: statePending}
+	}
+	rows, err := tx.Query(ctx, readOrdersSQL, ids)
 	if err != nil {
-		return nil, fmt.Errorf("inventari: lock comandes_estoc: %w", err)
+		return nil, fmt.Errorf("inventari: read comandes_estoc: %w", err)
 	}
 	var (
 		r     orderRecord
@@ -85,19 +97,16 @@ func lockOrders(ctx context.Context, tx pgx.Tx, ids []string) (map[string]*order
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("inventari: lock comandes_estoc: %w", err)
+		return nil, fmt.Errorf("inventari: read comandes_estoc: %w", err)
 	}
 	return recs, nil
 }
 
 func writeOrders(ctx context.Context, tx pgx.Tx, recs map[string]*orderRecord) error {
-	var ids, states, lines, reasons, pending []string
+	var ids, states, lines, reasons []string
 	var restored []bool
 	for _, r := range recs {
 		if !r.dirty {
-			if r.state == statePending {
-				pending = append(pending, r.id)
-			}
 			continue
 		}
 		b, _ := json.Marshal(r.lines)
@@ -106,15 +115,11 @@ func writeOrders(ctx context.Context, tx pgx.Tx, recs map[string]*orderRecord) e
 		}
 		ids, states, lines, restored, reasons = append(ids, r.id), append(states, r.state), append(lines, string(b)), append(restored, r.restored), append(reasons, r.reason)
 	}
-	if len(ids) > 0 {
-		if _, err := tx.Exec(ctx, writeOrdersSQL, ids, states, lines, restored, reasons); err != nil {
-			return fmt.Errorf("inventari: write comandes_estoc: %w", err)
-		}
+	if len(ids) == 0 {
+		return nil
 	}
-	if len(pending) > 0 {
-		if _, err := tx.Exec(ctx, dropPendingSQL, pending); err != nil {
-			return fmt.Errorf("inventari: write comandes_estoc: %w", err)
-		}
+	if _, err := tx.Exec(ctx, writeOrdersSQL, ids, states, lines, restored, reasons); err != nil {
+		return fmt.Errorf("inventari: write comandes_estoc: %w", err)
 	}
 	return nil
 }

@@ -3,13 +3,13 @@
 -- product), refusada (nothing taken; estoc.refusat published), cancellada
 -- (restaurada: whether the taken lines were given back; a cancellation seen
 -- before the order's comanda.creada leaves a tombstone with nothing taken,
--- and the creation then takes nothing). pendent only exists inside the
--- transaction that locked a new order's row. The row is the order's lock:
--- every transaction that changes it takes it before any estoc row.
+-- and the creation then takes nothing). Every transaction that reads or
+-- writes an order's row first takes the order's advisory lock (two-key,
+-- class 0x696e76, hashtext(comanda_id)), before any estoc row.
 CREATE TABLE IF NOT EXISTS comandes_estoc (
     comanda_id     TEXT        PRIMARY KEY,
-    estat          TEXT        NOT NULL DEFAULT 'pendent'
-                   CHECK (estat IN ('pendent', 'servida', 'refusada', 'cancellada')),
+    estat          TEXT        NOT NULL
+                   CHECK (estat IN ('servida', 'refusada', 'cancellada')),
     linies         JSONB       NOT NULL DEFAULT '[]',   -- [{producte, quantitat}] taken
     restaurada     BOOLEAN     NOT NULL DEFAULT false,
     motiu          TEXT,                                -- of the refusal
