@@ -47,7 +47,7 @@ func (s *System) outbox() *outbox.Outbox {
 func (s *System) relayFor(service string) {
 	s.sup.runRelay(service, relay.Config{
 		Pool:         s.pools[service],
-		Publisher:    s.pub,
+		Publisher:    s.eventsPublisher(Topics[service]),
 		Topic:        s.topic(Topics[service]),
 		Origin:       service,
 		Workers:      1,
@@ -60,14 +60,32 @@ func (s *System) relayFor(service string) {
 	})
 }
 
-// consumerFor supervises a consumer of service whose group is its consumidor
-// (Config.Groups renames it), on the topics of Config.Topics.
+// consumerFor supervises the consumer cfg.Name of service on its topics
+// (Subscriptions), whose group is its consumidor (Config.Groups renames it):
+// over Kafka, over RabbitMQ (amqpConsumerFor), or one over each when its
+// topics are on both.
 func (s *System) consumerFor(service string, cfg consumer.Config) {
+	topics := Subscriptions[cfg.Name]
+	worker := "consumer " + cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
+	var onKafka []string
+	for _, t := range topics {
+		if s.cfg.eventsBroker(t) == EventsKafka {
+			onKafka = append(onKafka, s.topic(t))
+		}
+	}
+	if rabbit := s.rabbitTopics(topics); len(rabbit) > 0 {
+		w := worker
+		if len(onKafka) > 0 {
+			w += " (RabbitMQ)"
+		}
+		s.amqpConsumerFor(service, w, cfg, rabbit)
+	}
+	if len(onKafka) == 0 {
+		return
+	}
+	cfg.Topics = onKafka
 	cfg.Brokers = s.cfg.Brokers
 	cfg.Group = cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
-	for i, t := range cfg.Topics {
-		cfg.Topics[i] = s.topic(t)
-	}
 	cfg.Pool = s.pools[service]
 	cfg.Backoff = s.cfg.Backoff
 	cfg.Concurrency = 2
@@ -78,6 +96,24 @@ func (s *System) consumerFor(service string, cfg consumer.Config) {
 	cfg.Hooks = s.cfg.ConsumerHooks[cfg.Name]
 	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
 	s.sup.runConsumer(cfg)
+}
+
+// keyless returns the migrations of a service whose consumer records no
+// keys on Kafka (NoInbox) but does over RabbitMQ, where every consumer
+// records them: with migrate.Inbox and its purger when any of its topics is
+// on RabbitMQ.
+func (s *System) keyless(name string, sets ...migrate.Set) []migrate.Set {
+	if len(s.rabbitTopics(Subscriptions[name])) > 0 {
+		return append([]migrate.Set{migrate.Inbox}, sets...)
+	}
+	return sets
+}
+
+// purgeKeyless runs the key purger of service when keyless gave it keys.
+func (s *System) purgeKeyless(service, name string) {
+	if len(s.rabbitTopics(Subscriptions[name])) > 0 {
+		s.housekeep(service, s.inboxPurger(service))
+	}
 }
 
 func (s *System) startComandes(ctx context.Context) error {
@@ -103,7 +139,7 @@ func (s *System) startComandes(ctx context.Context) error {
 		purge: func(ctx context.Context) (int64, error) {
 			return s.Comandes.PurgeRequests(ctx, s.cfg.RequestKeyRetention)
 		}})
-	s.consumerFor(comandes.Name, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Topics: []string{pagaments.Topic}, Decode: dec,
+	s.consumerFor(comandes.Name, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Decode: dec,
 		Types: []string{comandes.TypePaymentConfirmed}, Handle: s.Comandes.HandlePaymentConfirmed})
 	return s.serve(comandes.Name, s.Comandes.Handler())
 }
@@ -122,7 +158,7 @@ func (s *System) startInventari(ctx context.Context) error {
 	}
 	s.relayFor(inventari.Name)
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
-	s.consumerFor(inventari.Name, consumer.Config{Name: inventari.ConsumerDecrement, Topics: []string{comandes.Topic}, Decode: dec,
+	s.consumerFor(inventari.Name, consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec,
 		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
@@ -168,7 +204,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))
 	// One order per transaction: each attempt calls the gateway, and a failed
 	// neighbour must not make a whole batch call it again.
-	s.consumerFor(pagaments.Name, consumer.Config{Name: pagaments.ConsumerCharge, Topics: []string{comandes.Topic}, BatchSize: 1, Decode: dec,
+	s.consumerFor(pagaments.Name, consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec,
 		Types: []string{pagaments.TypeOrderCreated}, Handle: s.Pagaments.HandleOrderCreated})
 	return s.rr.serve(ctx, pagaments.AuthQueue, rrWorkersAuthorize, s.Pagaments.Authorize)
 }
@@ -200,40 +236,42 @@ func (s *System) startRepartiment(ctx context.Context) error {
 	}
 	s.relayFor(repartiment.Name)
 	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
-	s.consumerFor(repartiment.Name, consumer.Config{Name: repartiment.ConsumerAssign, Topics: []string{comandes.Topic}, Decode: dec,
+	s.consumerFor(repartiment.Name, consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec,
 		Types: []string{repartiment.TypeOrderPaid}, Handle: s.Repartiment.HandleOrderPaid, Classifier: repartiment.Classifier})
 	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })
 	return s.serve(repartiment.Name, s.Repartiment.Handler())
 }
 
 func (s *System) startAnalitica(ctx context.Context) error {
-	pool, err := s.open(ctx, analitica.Name, 3, analitica.Migrations)
+	pool, err := s.open(ctx, analitica.Name, 3, s.keyless(analitica.ConsumerCount, analitica.Migrations)...)
 	if err != nil {
 		return err
 	}
 	if s.Analitica, err = analitica.New(pool); err != nil {
 		return err
 	}
+	s.purgeKeyless(analitica.Name, analitica.ConsumerCount)
 	// At-most-once: offsets committed before processing, no inbox.
 	s.consumerFor(analitica.Name, consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
-		Topics: []string{comandes.Topic, inventari.Topic, pagaments.Topic, repartiment.Topic}, Handle: s.Analitica.HandleEvent})
+		Handle: s.Analitica.HandleEvent})
 	return s.serve(analitica.Name, s.Analitica.Handler())
 }
 
 func (s *System) startCataleg(ctx context.Context) error {
-	pool, err := s.open(ctx, cataleg.Name, 3, cataleg.Migrations)
+	pool, err := s.open(ctx, cataleg.Name, 3, s.keyless(cataleg.ConsumerLowStock, cataleg.Migrations)...)
 	if err != nil {
 		return err
 	}
 	if s.Cataleg, err = cataleg.New(pool); err != nil {
 		return err
 	}
+	s.purgeKeyless(cataleg.Name, cataleg.ConsumerLowStock)
 	// Idempotent by nature: no inbox table, no key.
 	dec, err := s.decoder(map[string]int{cataleg.TypeStockUpdated: 1})
 	if err != nil {
 		return err
 	}
-	s.consumerFor(cataleg.Name, consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Topics: []string{inventari.Topic}, Decode: dec,
+	s.consumerFor(cataleg.Name, consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Decode: dec,
 		Types: []string{cataleg.TypeStockUpdated}, Handle: s.Cataleg.HandleStockUpdated})
 	return s.serve(cataleg.Name, s.Cataleg.Handler())
 }

@@ -3,29 +3,42 @@ package system
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport/amqp"
 )
 
 // supervisor runs relays and consumers and restarts them when they die.
 type supervisor struct {
 	s        *System
 	mu       sync.Mutex
-	restarts map[string]int // by worker name
-	live     map[string]*consumer.Consumer
-	past     map[string]consumer.Stats // counts of dead instances, by consumidor
+	restarts map[string]int            // by worker name
+	live     map[string]liveConsumer   // by worker name
+	past     map[string]consumer.Stats // counts of dead instances, by consumer group
 	relays   map[string]*relay.Relay
 	running  map[string]bool // workers whose goroutine has not returned
+	queues   map[string]bool // RabbitMQ queues of the events declared so far
+}
+
+// liveConsumer is a running consumer instance, on either broker.
+type liveConsumer struct {
+	group  string
+	stats  func() consumer.Stats
+	queues func() []string // nil on Kafka
 }
 
 func (sv *supervisor) init(s *System) {
 	sv.s = s
 	sv.restarts = map[string]int{}
-	sv.live = map[string]*consumer.Consumer{}
+	sv.live = map[string]liveConsumer{}
+	sv.queues = map[string]bool{}
 	sv.past = map[string]consumer.Stats{}
 	sv.relays = map[string]*relay.Relay{}
 	sv.running = map[string]bool{}
@@ -96,28 +109,97 @@ func (sv *supervisor) runRelay(service string, cfg relay.Config) {
 
 // runConsumer supervises one consumer; Stats survive restarts.
 func (sv *supervisor) runConsumer(cfg consumer.Config) {
-	sv.run("consumer "+cfg.Group, func(ctx context.Context) error {
+	worker := "consumer " + cfg.Group
+	sv.run(worker, func(ctx context.Context) error {
 		c, err := consumer.New(cfg)
 		if err != nil {
 			return err
 		}
 		sv.mu.Lock()
-		sv.live[cfg.Group] = c
+		sv.live[worker] = liveConsumer{group: cfg.Group, stats: c.Stats}
 		sv.mu.Unlock()
 		err = c.Run(ctx)
 		sv.mu.Lock()
 		sv.past[cfg.Group] = add(sv.past[cfg.Group], c.Stats())
-		delete(sv.live, cfg.Group)
+		delete(sv.live, worker)
 		sv.mu.Unlock()
 		return err
 	})
+}
+
+// runAMQPConsumer supervises one RabbitMQ consumer of group, built by build
+// for each instance; Stats survive restarts. crash stops the instance
+// without acking what it holds (a fault injection), and the instance then
+// counts as crashed (consumer.ErrCrashed).
+func (sv *supervisor) runAMQPConsumer(worker, group string, build func(ctx context.Context, crash func()) (*amqp.Consumer, error)) {
+	sv.run(worker, func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var crashed atomic.Bool
+		c, err := build(ctx, func() {
+			crashed.Store(true)
+			cancel()
+		})
+		if err != nil {
+			return err
+		}
+		stats := func() consumer.Stats { return amqpStats(c.Stats()) }
+		sv.mu.Lock()
+		sv.live[worker] = liveConsumer{group: group, stats: stats, queues: c.Queues}
+		sv.mu.Unlock()
+		err = c.Run(ctx)
+		sv.mu.Lock()
+		sv.past[group] = add(sv.past[group], stats())
+		delete(sv.live, worker)
+		for _, q := range c.Queues() {
+			sv.queues[q] = true
+		}
+		sv.mu.Unlock()
+		if crashed.Load() {
+			return consumer.ErrCrashed
+		}
+		return err
+	})
+}
+
+// amqpStats are a RabbitMQ consumer's counts as consumer.Stats.
+func amqpStats(st amqp.Stats) consumer.Stats {
+	return consumer.Stats{Processed: st.Processed, Duplicates: st.Duplicates, Ignored: st.Ignored,
+		Retried: st.Retried, DeadLettered: st.DeadLettered}
+}
+
+// noteQueues records declared RabbitMQ queues (EventQueues).
+func (sv *supervisor) noteQueues(names []string) {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	for _, q := range names {
+		sv.queues[q] = true
+	}
+}
+
+// EventQueues returns the RabbitMQ queues of the events this process
+// declared: every consumer's work or shard queues and DLQ, and the wait
+// queues its consumers used. Nil when no event travels over RabbitMQ.
+func (s *System) EventQueues() []string {
+	sv := &s.sup
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	set := maps.Clone(sv.queues)
+	for _, l := range sv.live {
+		if l.queues != nil {
+			for _, q := range l.queues() {
+				set[q] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
 }
 
 func add(a, b consumer.Stats) consumer.Stats {
 	return consumer.Stats{
 		Processed: a.Processed + b.Processed, Duplicates: a.Duplicates + b.Duplicates, Ignored: a.Ignored + b.Ignored,
 		Foreign: a.Foreign + b.Foreign, Retried: a.Retried + b.Retried, DeadLettered: a.DeadLettered + b.DeadLettered,
-		Panics: a.Panics + b.Panics,
+		Panics: a.Panics + b.Panics, Conflicts: a.Conflicts + b.Conflicts,
 	}
 }
 
@@ -131,8 +213,8 @@ func (s *System) ConsumerStats() map[string]consumer.Stats {
 	for g, st := range sv.past {
 		out[g] = st
 	}
-	for g, c := range sv.live {
-		out[g] = add(out[g], c.Stats())
+	for _, l := range sv.live {
+		out[l.group] = add(out[l.group], l.stats())
 	}
 	return out
 }

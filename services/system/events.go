@@ -1,0 +1,374 @@
+package system
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/services/analitica"
+	"github.com/km0/km0/services/cataleg"
+	"github.com/km0/km0/services/comandes"
+	"github.com/km0/km0/services/inventari"
+	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/services/repartiment"
+	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/kafka"
+)
+
+// Brokers of Config.Events and Config.EventsByTopic.
+const (
+	EventsKafka    = "kafka"
+	EventsRabbitMQ = "rabbitmq"
+)
+
+// EventsExchangeDefault is the topic exchange of the domain events over
+// RabbitMQ (Config.EventsExchange).
+const EventsExchangeDefault = "km0.esdeveniments"
+
+// EventShards is the number of ordered-mode queues of each consumer of the
+// events over RabbitMQ, and the modulus of the relays' routing
+// (amqp.Shard(agregat_id, EventShards)): the partitions of the Kafka topics.
+// Publishers and consumers must agree on it.
+const EventShards = kafka.PartitionsDefault
+
+// Subscriptions are the domain topics each consumidor reads (CONTRACT.md's
+// event flow), by their contract names.
+var Subscriptions = map[string][]string{
+	comandes.ConsumerPaymentConfirmed: {pagaments.Topic},
+	inventari.ConsumerDecrement:       {comandes.Topic},
+	pagaments.ConsumerCharge:          {comandes.Topic},
+	repartiment.ConsumerAssign:        {comandes.Topic},
+	analitica.ConsumerCount:           {comandes.Topic, inventari.Topic, pagaments.Topic, repartiment.Topic},
+	cataleg.ConsumerLowStock:          {inventari.Topic},
+}
+
+// unordered are the consumidors that need no order per key over RabbitMQ:
+// analitica counts, at most once. Every other consumer reads EventShards
+// single-active-consumer queues, so that the events of one aggregate reach
+// it in the order they were committed (cataleg's flag must follow the last
+// stock; comandes, repartiment and pagaments see an order's events in order).
+var unordered = []string{analitica.ConsumerCount}
+
+// validateEvents checks Config.Events, EventsByTopic and the brokers they need.
+func (cfg *Config) validateEvents() error {
+	valid := func(b string) bool { return b == EventsKafka || b == EventsRabbitMQ }
+	if cfg.Events != "" && !valid(cfg.Events) {
+		return fmt.Errorf("system: Config.Events %q: want %q or %q", cfg.Events, EventsKafka, EventsRabbitMQ)
+	}
+	contract := slices.Sorted(maps.Values(Topics))
+	for t, b := range cfg.EventsByTopic {
+		if !slices.Contains(contract, t) {
+			return fmt.Errorf("system: events broker of unknown topic %q (known: %v)", t, contract)
+		}
+		if !valid(b) {
+			return fmt.Errorf("system: events broker %q of %s: want %q or %q", b, t, EventsKafka, EventsRabbitMQ)
+		}
+	}
+	if cfg.onRabbitMQ() && cfg.AMQPURL == "" {
+		return errors.New("system: events over RabbitMQ need Config.AMQPURL")
+	}
+	if len(cfg.Brokers) == 0 && (cfg.onKafka() || cfg.AMQPURL == "") {
+		return errors.New("system: Config.Brokers is required (Kafka carries events or request/reply)")
+	}
+	return nil
+}
+
+// eventsBroker returns the broker of contract topic t.
+func (cfg *Config) eventsBroker(t string) string {
+	return cmp.Or(cfg.EventsByTopic[t], cfg.Events, EventsKafka)
+}
+
+func (cfg *Config) onKafka() bool    { return cfg.anyTopicOn(EventsKafka) }
+func (cfg *Config) onRabbitMQ() bool { return cfg.anyTopicOn(EventsRabbitMQ) }
+
+func (cfg *Config) anyTopicOn(broker string) bool {
+	for _, t := range Topics {
+		if cfg.eventsBroker(t) == broker {
+			return true
+		}
+	}
+	return false
+}
+
+// kafkaTopics are the domain topics on Kafka with their .retry and .dlq
+// topics, renamed (Config.Topics).
+func (cfg *Config) kafkaTopics() []string {
+	var out []string
+	for _, s := range Services {
+		if t, ok := Topics[s]; ok && cfg.eventsBroker(t) == EventsKafka {
+			t = cmp.Or(cfg.Topics[t], t)
+			out = append(out, t, t+consumer.RetrySuffix, t+consumer.DLQSuffix)
+		}
+	}
+	return out
+}
+
+// EventsBroker names the broker of each domain topic (contract names).
+func (s *System) EventsBroker() map[string]string {
+	out := map[string]string{}
+	for _, t := range Topics {
+		out[t] = s.cfg.eventsBroker(t)
+	}
+	return out
+}
+
+func (s *System) exchange() string { return cmp.Or(s.cfg.EventsExchange, EventsExchangeDefault) }
+
+// amqpSub is one consumer's subscription over RabbitMQ.
+type amqpSub struct {
+	queue  string   // the logical queue: its shards are <queue>.<i>, its DLQ <queue>.dlq
+	keys   []string // routing keys; in ordered mode each shard i binds <key>.<i>
+	shards int      // 0: one plain queue
+}
+
+// amqpSub returns the subscription of consumidor name to topics (contract
+// names): the queue named after its group, behind Config.EventsQueuePrefix.
+func (s *System) amqpSub(name string, topics []string) amqpSub {
+	sub := amqpSub{queue: s.cfg.EventsQueuePrefix + cmp.Or(s.cfg.Groups[name], name)}
+	ordered := !slices.Contains(unordered, name)
+	if ordered {
+		sub.shards = EventShards
+	}
+	for _, t := range topics {
+		k := s.topic(t)
+		if !ordered {
+			k += ".*" // every shard of the topic
+		}
+		sub.keys = append(sub.keys, k)
+	}
+	return sub
+}
+
+// topology is what amqp.NewConsumer declares for sub: the same arguments,
+// so that declaring it early (declareEvents) and again later agree.
+func (sub amqpSub) topology(exchange string) amqp.Topology {
+	t := amqp.Topology{Exchanges: []amqp.Exchange{{Name: exchange, Kind: "topic", Durable: true}}}
+	if sub.shards > 1 {
+		for i := range sub.shards {
+			q := amqp.ShardQueueName(sub.queue, i)
+			t = t.Merge(amqp.WorkQueueTopology(amqp.DLXDefault, q, sub.queue, true))
+			for _, k := range sub.keys {
+				t.Bindings = append(t.Bindings, amqp.Binding{Queue: q, Exchange: exchange, Key: fmt.Sprintf("%s.%d", k, i)})
+			}
+		}
+		return t
+	}
+	t = t.Merge(amqp.WorkQueueTopology(amqp.DLXDefault, sub.queue, sub.queue, false))
+	for _, k := range sub.keys {
+		t.Bindings = append(t.Bindings, amqp.Binding{Queue: sub.queue, Exchange: exchange, Key: k})
+	}
+	return t
+}
+
+// rabbitTopics returns those of topics (contract names) that travel over RabbitMQ.
+func (s *System) rabbitTopics(topics []string) []string {
+	var out []string
+	for _, t := range topics {
+		if s.cfg.eventsBroker(t) == EventsRabbitMQ {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// startEvents connects to RabbitMQ for the events, declares the exchange and
+// the queues of every consumer of the system (of the services this process
+// does not run too: a relay must never publish before the queues that will
+// read its events exist, or RabbitMQ drops those events for them), and
+// opens the relays' publisher.
+func (s *System) startEvents(ctx context.Context) error {
+	conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-events", Logger: s.log})
+	if err != nil {
+		return fmt.Errorf("system: events over RabbitMQ: %w", err)
+	}
+	s.events = conn
+	var topo amqp.Topology
+	for _, name := range ConsumerNames {
+		if topics := s.rabbitTopics(Subscriptions[name]); len(topics) > 0 {
+			topo = topo.Merge(s.amqpSub(name, topics).topology(s.exchange()))
+		}
+	}
+	if err := conn.Declare(ctx, topo); err != nil {
+		return fmt.Errorf("system: events topology: %w", err)
+	}
+	s.sup.noteQueues(topo.QueueNames())
+	pub, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{Exchange: s.exchange(), Logger: s.log})
+	if err != nil {
+		return err
+	}
+	s.amqpPub = pub
+	return nil
+}
+
+// eventsPublisher is the relays' publisher of contract topic t.
+func (s *System) eventsPublisher(t string) transport.Publisher {
+	if s.cfg.eventsBroker(t) == EventsRabbitMQ {
+		return amqp.ShardedPublisher{Next: s.amqpPub, Shards: EventShards}
+	}
+	return s.pub
+}
+
+// amqpConsumerFor supervises the RabbitMQ consumer of consumidor cfg.Name on
+// topics (contract names), configured from the same consumer.Config as its
+// Kafka consumer: name, handler, Types, Decode, Mode, Classifier, Backoff
+// and fault-injection Hooks. The differences, until the consume pipeline
+// takes a RabbitMQ source:
+//   - the handler is per message (HandleBatchOutcomes is not used);
+//   - Decode (schema validation and upcasting) runs in the handler, after
+//     the envelope decoder, so a schema failure is a permanent failure of
+//     the handler;
+//   - every consumer records its keys (NoInbox is not available), so
+//     analitica and cataleg get missatges_processats too;
+//   - Hooks.BeforeTxCommit and AfterCommit fire around the transaction's
+//     COMMIT (hookPool); BeforeSourceCommit, which names Kafka records, is
+//     not called.
+func (s *System) amqpConsumerFor(service, worker string, cfg consumer.Config, topics []string) {
+	sub := s.amqpSub(cfg.Name, topics)
+	group := cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
+	log := s.log.With("service", service, "consumidor", cfg.Name, "queue", sub.queue)
+	hooks := s.cfg.ConsumerHooks[cfg.Name]
+	handler := s.amqpHandler(cfg)
+	s.sup.runAMQPConsumer(worker, group, func(ctx context.Context, crash func()) (*amqp.Consumer, error) {
+		return amqp.NewConsumer(ctx, amqp.ConsumerConfig{
+			Conn: s.events, Queue: sub.queue, Exchange: s.exchange(), RoutingKeys: sub.keys, Shards: sub.shards,
+			BackoffBase: s.cfg.Backoff, Classifier: cfg.Classifier, Pool: &hookPool{pool: s.pools[service], hooks: hooks, crash: crash},
+			Name: cfg.Name, Handler: handler, Types: cfg.Types, Mode: cfg.Mode, Logger: log,
+		})
+	})
+}
+
+// amqpHandler is cfg's handler for the RabbitMQ consumer: Decode, then
+// Handle; a permanent failure's motiu is noted (DeadLetterReasons), since a
+// native nack cannot carry it to the DLQ.
+func (s *System) amqpHandler(cfg consumer.Config) consumer.Handler {
+	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if ht, ok := tx.(*hookTx); ok {
+			ht.msg = m
+		}
+		if cfg.Decode != nil {
+			env, err := cfg.Decode(m.Value)
+			if errors.Is(err, outcome.ErrIgnore) {
+				return nil
+			}
+			if err != nil {
+				err = outcome.Permanent(err)
+				s.reasons.note(cfg.Name, m.Envelope.ID, err)
+				return err
+			}
+			m.Envelope = env
+		}
+		err := cfg.Handle(ctx, tx, m)
+		if err != nil {
+			if kind, _ := outcome.Classify(err, cfg.Classifier); kind == outcome.KindPermanent {
+				s.reasons.note(cfg.Name, m.Envelope.ID, err)
+			}
+		}
+		return err
+	}
+}
+
+// DeadLetterReasons returns the motiu of each message this process's
+// RabbitMQ consumers dead-lettered as a permanent failure, by consumidor and
+// then id_esdeveniment. RabbitMQ moves such a message to <queue>.dlq by a
+// native nack, which carries no motiu; this is where it is kept (the
+// first maxReasons of them).
+func (s *System) DeadLetterReasons() map[string]map[string]string {
+	return s.reasons.snapshot()
+}
+
+const maxReasons = 100_000
+
+type reasons struct {
+	mu sync.Mutex
+	n  int
+	by map[string]map[string]string
+}
+
+func (r *reasons) note(name, eventID string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n >= maxReasons {
+		return
+	}
+	if r.by == nil {
+		r.by = map[string]map[string]string{}
+	}
+	if r.by[name] == nil {
+		r.by[name] = map[string]string{}
+	}
+	if _, ok := r.by[name][eventID]; !ok {
+		r.n++
+	}
+	r.by[name][eventID] = outcome.Reason(outcome.KindPermanent, err)
+}
+
+func (r *reasons) snapshot() map[string]map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]map[string]string{}
+	for k, v := range r.by {
+		out[k] = maps.Clone(v)
+	}
+	return out
+}
+
+// hookPool begins the RabbitMQ consumer's transactions, wrapping them in a
+// hookTx when fault-injection hooks are set.
+type hookPool struct {
+	pool  *pgxpool.Pool
+	hooks consumer.Hooks
+	crash func() // stops the consumer instance without acking
+}
+
+func (p *hookPool) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := p.pool.Begin(ctx)
+	if err != nil || (p.hooks.BeforeTxCommit == nil && p.hooks.AfterCommit == nil) {
+		return tx, err
+	}
+	return &hookTx{Tx: tx, p: p}, nil
+}
+
+// hookTx runs Hooks.BeforeTxCommit before COMMIT and Hooks.AfterCommit after
+// it. A hook's error is a crash at that point: the consumer instance is
+// stopped before it acks (crash), so the delivery is redelivered to the
+// next instance, and the error is returned to the inbox, which then leaves
+// the delivery unacked.
+type hookTx struct {
+	pgx.Tx
+	p   *hookPool
+	msg *consumer.Message
+}
+
+func (t *hookTx) Commit(ctx context.Context) error {
+	var msgs []*consumer.Message
+	if t.msg != nil {
+		msgs = []*consumer.Message{t.msg}
+	}
+	if h := t.p.hooks.BeforeTxCommit; h != nil {
+		if err := h(ctx, t.Tx, msgs); err != nil {
+			t.p.crash()
+			_ = t.Tx.Rollback(context.WithoutCancel(ctx))
+			return err
+		}
+	}
+	if err := t.Tx.Commit(ctx); err != nil {
+		return err
+	}
+	if h := t.p.hooks.AfterCommit; h != nil {
+		if err := h(ctx, msgs); err != nil {
+			t.p.crash()
+			return err
+		}
+	}
+	return nil
+}
