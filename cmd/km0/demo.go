@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/km0/km0/services/demo"
+	"github.com/km0/km0/services/system"
 )
 
 func init() {
@@ -26,7 +27,7 @@ func runDemo(ctx context.Context, args []string) error {
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
 	keep := fs.Bool("keep-running", false, "leave the services and their HTTP APIs up after the report (Ctrl-C stops them)")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
-	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set, else the embedded Kafka)")
+	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set or --events puts events there, else the embedded Kafka)")
 	keepDB := fs.Bool("keep-databases", false, "do not drop the run's km0_<service>_demo_<run> databases")
 	seed := fs.Uint64("seed", 1, "scenario seed (with --chaos: also the fault schedule; default there a random seed, printed)")
 	chaos := fs.Bool("chaos", false, "run the services and the broker as separate processes, SIGKILL and restart them while orders flow, "+
@@ -37,10 +38,18 @@ func runDemo(ctx context.Context, args []string) error {
 	ownPG := fs.Bool("own-postgres", false, "with --chaos: run a throwaway PostgreSQL cluster (initdb, the machine's binaries) and restart it -m fast and -m immediate during the run")
 	settle := fs.Duration("settle-timeout", demo.ChaosSettleTimeoutDefault, "with --chaos: how long to wait for the system to settle after the last fault")
 	keepDir := fs.Bool("keep-logs", false, "with --chaos: keep the folder with the processes' logs (always kept when the run fails)")
+	events := eventsFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	evBroker, evTopics, err := system.ParseEvents(*events)
+	if err != nil {
+		return fmt.Errorf("--events: %w", err)
+	}
 	if *chaos {
+		if evBroker == system.EventsRabbitMQ || len(evTopics) > 0 {
+			return errors.New("--chaos runs its events on Kafka only: it SIGKILLs its own broker process, and the RabbitMQ it would kill is the machine's (drop --events)")
+		}
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		return runChaos(ctx, set, demo.ChaosConfig{Orders: pick(set["orders"], *orders, demo.ChaosOrdersDefault), Clients: *clients,
@@ -52,8 +61,9 @@ func runDemo(ctx context.Context, args []string) error {
 		progress = os.Stderr
 	}
 	var report *demo.Report
-	_, err := demo.Run(ctx, demo.Config{
+	_, err = demo.Run(ctx, demo.Config{
 		Orders: *orders, Clients: *clients, AMQPURL: os.Getenv("KM0_AMQP_URL"), NoAuthorize: !*authorize,
+		Events: evBroker, EventsByTopic: evTopics,
 		KeepRunning: *keep, KeepDatabases: *keepDB, Seed: *seed, Out: progress, Logger: demoLogger(),
 		OnReport: func(r *demo.Report) {
 			report = r

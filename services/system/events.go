@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -371,4 +372,43 @@ func (t *hookTx) Commit(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// NeedsKafka reports whether cfg puts anything on Kafka: a domain topic, or
+// request/reply (no AMQPURL).
+func (cfg *Config) NeedsKafka() bool { return cfg.onKafka() || cfg.AMQPURL == "" }
+
+// NeedsRabbitMQ reports whether cfg puts a domain topic on RabbitMQ.
+func (cfg *Config) NeedsRabbitMQ() bool { return cfg.onRabbitMQ() }
+
+// ParseEvents parses the events choice of km0 up, serve and demo:
+// BROKER[,TOPIC=BROKER...], e.g. "rabbitmq" or
+// "kafka,comandes.esdeveniments=rabbitmq". Empty: Kafka for every topic.
+func ParseEvents(s string) (broker string, byTopic map[string]string, err error) {
+	for i, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		t, b, ok := strings.Cut(part, "=")
+		if !ok {
+			if i != 0 {
+				return "", nil, fmt.Errorf("events %q: only the first item may be a broker without a topic", s)
+			}
+			broker = t
+			continue
+		}
+		if byTopic == nil {
+			byTopic = map[string]string{}
+		}
+		if _, dup := byTopic[strings.TrimSpace(t)]; dup {
+			return "", nil, fmt.Errorf("events %q: %s given twice", s, t)
+		}
+		byTopic[strings.TrimSpace(t)] = strings.TrimSpace(b)
+	}
+	cfg := Config{Events: broker, EventsByTopic: byTopic, AMQPURL: "-", Brokers: []string{"-"}}
+	if err := cfg.validateEvents(); err != nil {
+		return "", nil, err
+	}
+	return broker, byTopic, nil
 }
