@@ -39,6 +39,7 @@ func runDemo(ctx context.Context, args []string) error {
 	settle := fs.Duration("settle-timeout", demo.ChaosSettleTimeoutDefault, "with --chaos: how long to wait for the system to settle after the last fault")
 	keepDir := fs.Bool("keep-logs", false, "with --chaos: keep the folder with the processes' logs (always kept when the run fails)")
 	events := eventsFlag(fs)
+	kafkaDown := fs.Duration("kafka-down", 0, "make the embedded Kafka unreachable for this long once a third of the orders are in: with --events kafka,comandes.esdeveniments=rabbitmq inventari keeps taking stock meanwhile, with the orders on Kafka it stops; nothing is lost either way (default 0: never)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -47,8 +48,8 @@ func runDemo(ctx context.Context, args []string) error {
 		return fmt.Errorf("--events: %w", err)
 	}
 	if *chaos {
-		if evBroker == system.EventsRabbitMQ || len(evTopics) > 0 {
-			return errors.New("--chaos runs its events on Kafka only: it SIGKILLs its own broker process, and the RabbitMQ it would kill is the machine's (drop --events)")
+		if evBroker == system.EventsRabbitMQ || len(evTopics) > 0 || *kafkaDown > 0 {
+			return errors.New("--chaos runs its events on Kafka only: it SIGKILLs its own broker process, and the RabbitMQ it would kill is the machine's (drop --events; --broker-down is its Kafka outage)")
 		}
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -63,7 +64,7 @@ func runDemo(ctx context.Context, args []string) error {
 	var report *demo.Report
 	_, err = demo.Run(ctx, demo.Config{
 		Orders: *orders, Clients: *clients, AMQPURL: os.Getenv("KM0_AMQP_URL"), NoAuthorize: !*authorize,
-		Events: evBroker, EventsByTopic: evTopics,
+		Events: evBroker, EventsByTopic: evTopics, KafkaDown: *kafkaDown,
 		KeepRunning: *keep, KeepDatabases: *keepDB, Seed: *seed, Out: progress, Logger: demoLogger(),
 		OnReport: func(r *demo.Report) {
 			report = r

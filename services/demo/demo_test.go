@@ -55,6 +55,21 @@ func TestSystemDemoReconcilesWithEventsOnRabbitMQ(t *testing.T) {
 	}
 }
 
+// TestSystemDemoKafkaDownWhileInventariReadsRabbitMQ runs the scenario with
+// the orders (comandes.esdeveniments) on RabbitMQ, the other events on the
+// embedded Kafka, and Kafka unreachable for 3 s once a third of the orders
+// are in: inventari keeps taking stock meanwhile, its estoc.actualitzat
+// wait in its outbox, and every invariant holds once Kafka is back.
+func TestSystemDemoKafkaDownWhileInventariReadsRabbitMQ(t *testing.T) {
+	amqptest.Shared(t)
+	r := checkDemo(t, demo.Config{EventsByTopic: map[string]string{"comandes.esdeveniments": system.EventsRabbitMQ}, AMQPURL: amqptest.URL(),
+		KafkaDown: 3 * time.Second})
+	k := r.KafkaOutage
+	if k == nil || k.InventariReads != system.EventsRabbitMQ || k.StockEvents == 0 || k.InventariPending == 0 {
+		t.Errorf("outage %+v: want inventari working from RabbitMQ and its events waiting", k)
+	}
+}
+
 // checkDemo runs the 150 orders of the scenario with cfg and checks the report.
 func checkDemo(t *testing.T, cfg demo.Config) *demo.Report {
 	t.Helper()

@@ -39,6 +39,7 @@ type Report struct {
 	Analytics    *analitica.Counters      `json:"analitica,omitempty"`
 	Restarts     map[string]int           `json:"reinicis"`
 	Injected     map[string]bool          `json:"fallades_injectades"` // which injected failures fired (relay, consumidor, cobrament)
+	KafkaOutage  *KafkaOutage             `json:"kafka_caigut,omitempty"`
 	Invariants   []Invariant              `json:"invariants"`
 	OK           bool                     `json:"ok"`
 }
@@ -486,6 +487,10 @@ func (r *Report) Print(w io.Writer) {
 	if r.Analytics != nil {
 		fmt.Fprintf(w, "Analitica (at-most-once): per tipus %v · per mercat %v\n", r.Analytics.PerType, r.Analytics.PerMarket)
 	}
+	if k := r.KafkaOutage; k != nil {
+		fmt.Fprintf(w, "Kafka caigut %.0f s (inventari llegeix de %s): %d esdeveniments d'estoc escrits durant la caiguda · pendents en tornar: outbox d'inventari %d, de comandes %d\n",
+			k.Seconds, brokerName(k.InventariReads), k.StockEvents, k.InventariPending, k.ComandesPending)
+	}
 	fmt.Fprintf(w, "Reinicis (fallades injectades): %v\n\nInvariants:\n", r.Restarts)
 	for _, inv := range r.Invariants {
 		mark := "OK   "
@@ -544,4 +549,12 @@ func acceptedCheeseOrders(plan []*planned, sub Submissions) int {
 		}
 	}
 	return n
+}
+
+// brokerName is the display name of a system.Events broker.
+func brokerName(b string) string {
+	if b == system.EventsRabbitMQ {
+		return "RabbitMQ"
+	}
+	return "Kafka"
 }

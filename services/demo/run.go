@@ -54,6 +54,12 @@ type Config struct {
 	// at the end, and no Kafka at all unless a topic stays there.
 	Events        string
 	EventsByTopic map[string]string
+	// KafkaDown, if positive, makes the embedded Kafka unreachable for this
+	// long once a third of the orders are in: with the orders on RabbitMQ
+	// (EventsByTopic) inventari keeps taking stock and its estoc.actualitzat
+	// wait in its outbox; with them on Kafka it stops. The report says which
+	// and checks that nothing was lost. Needs Kafka in the run.
+	KafkaDown time.Duration
 	// NoAuthorize turns off the card authorisation that comandes asks
 	// pagaments for by request/reply before accepting each order.
 	NoAuthorize bool
@@ -142,6 +148,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		sysCfg.Brokers = broker.Addrs()
 		say("Kafka: broker embegut (kfake) a %v", broker.Addrs())
 	}
+	if cfg.KafkaDown > 0 && broker == nil {
+		return nil, errors.New("demo: --kafka-down needs Kafka in the run: keep some topic on it, e.g. --events kafka,comandes.esdeveniments=rabbitmq")
+	}
 	var rmq *rabbit
 	if sysCfg.NeedsRabbitMQ() {
 		var topics []string
@@ -201,15 +210,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	d := &driver{url: sys.Addrs()[comandes.Name], client: &http.Client{Timeout: 30 * time.Second}}
 	step := max(cfg.Orders/10, 1)
+	var out *outage
+	if cfg.KafkaDown > 0 {
+		out = newOutage(cfg.KafkaDown, broker, sys, say)
+	}
 	d.onOrder = func(done int) {
 		if done%step == 0 || done == cfg.Orders {
 			say("comandes enviades %d/%d", done, cfg.Orders)
+		}
+		if out != nil && done >= max(cfg.Orders/3, 1) {
+			out.start(ctx)
 		}
 	}
 	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
 	sub := d.run(ctx, plan, cfg.Clients)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
+	}
+	if out != nil {
+		out.wait(ctx)
 	}
 	say("enviament acabat: %d acceptades, %d duplicats absorbits; esperant que el sistema s'assenti", sub.Accepted, sub.Replayed)
 
@@ -230,6 +249,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	report.Injected = faults.fired() // after settling: the charge may fire late
 	if err := reconcile(ctx, sys, ev, plan, sub, restock, report); err != nil {
 		return nil, fmt.Errorf("demo: reconcile: %w", err)
+	}
+	if out != nil {
+		out.check(report)
 	}
 	report.Elapsed = time.Since(start).Seconds()
 	report.OK = len(report.Failed()) == 0
