@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -59,6 +60,8 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	brokers := brokersFlag(fs)
 	embedded := fs.Bool("embedded-kafka", false, "start an embedded Kafka broker in this process instead of using --brokers")
 	events := eventsFlag(fs)
+	eventsExchange := fs.String("events-exchange", cmp.Or(os.Getenv("KM0_EVENTS_EXCHANGE"), system.EventsExchangeDefault), "RabbitMQ topic exchange of the events --events puts there (default $KM0_EVENTS_EXCHANGE, else "+system.EventsExchangeDefault+")")
+	eventsPrefix := fs.String("events-queue-prefix", os.Getenv("KM0_EVENTS_QUEUE_PREFIX"), "put this before the name of every RabbitMQ queue of the events, e.g. staging. (default $KM0_EVENTS_QUEUE_PREFIX; give every process the same)")
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply and for the events --events puts there (default $KM0_AMQP_URL; empty: request/reply over Kafka, and with --events rabbitmq the local guest broker)")
 	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply")
 	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
@@ -94,7 +97,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err != nil {
 		return fmt.Errorf("--events: %w", err)
 	}
-	cfg := system.Config{Events: evBroker, EventsByTopic: evTopics, AMQPURL: *amqpURL}
+	cfg := system.Config{Events: evBroker, EventsByTopic: evTopics, AMQPURL: *amqpURL, EventsExchange: *eventsExchange, EventsQueuePrefix: *eventsPrefix}
 	if cfg.NeedsRabbitMQ() && cfg.AMQPURL == "" {
 		cfg.AMQPURL = amqp.URLDefault
 	}
@@ -126,7 +129,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		addrs[k] = v
 	}
 	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
-		Brokers: brokerList, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, Services: services, AMQPURL: cfg.AMQPURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
+		Brokers: brokerList, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
 		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, Logger: logger()})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -60,8 +61,32 @@ var Subscriptions = map[string][]string{
 // stock; comandes, repartiment and pagaments see an order's events in order).
 var unordered = []string{analitica.ConsumerCount}
 
+// amqpNameRE: an exchange name or queue prefix RabbitMQ takes, leaving room
+// for the queue names built on it (short strings are 255 bytes at most).
+var amqpNameRE = regexp.MustCompile(`^[a-zA-Z0-9._:-]{0,200}$`)
+
 // validateEvents checks Config.Events, EventsByTopic and the brokers they need.
 func (cfg *Config) validateEvents() error {
+	if err := cfg.validateEventBrokers(); err != nil {
+		return err
+	}
+	if cfg.onRabbitMQ() && cfg.AMQPURL == "" {
+		return errors.New("system: events over RabbitMQ need Config.AMQPURL")
+	}
+	if !amqpNameRE.MatchString(cfg.EventsExchange) || strings.HasPrefix(cfg.EventsExchange, "amq.") {
+		return fmt.Errorf("system: Config.EventsExchange %q: want at most 200 of a-z A-Z 0-9 . _ : - (amq.* is reserved)", cfg.EventsExchange)
+	}
+	if !amqpNameRE.MatchString(cfg.EventsQueuePrefix) || strings.HasPrefix(cfg.EventsQueuePrefix, "amq.") {
+		return fmt.Errorf("system: Config.EventsQueuePrefix %q: want at most 200 of a-z A-Z 0-9 . _ : - (amq.* is reserved)", cfg.EventsQueuePrefix)
+	}
+	if len(cfg.Brokers) == 0 && (cfg.onKafka() || cfg.AMQPURL == "") {
+		return errors.New("system: Config.Brokers is required (Kafka carries events or request/reply)")
+	}
+	return nil
+}
+
+// validateEventBrokers checks the names in Config.Events and EventsByTopic.
+func (cfg *Config) validateEventBrokers() error {
 	valid := func(b string) bool { return b == EventsKafka || b == EventsRabbitMQ }
 	if cfg.Events != "" && !valid(cfg.Events) {
 		return fmt.Errorf("system: Config.Events %q: want %q or %q", cfg.Events, EventsKafka, EventsRabbitMQ)
@@ -74,12 +99,6 @@ func (cfg *Config) validateEvents() error {
 		if !valid(b) {
 			return fmt.Errorf("system: events broker %q of %s: want %q or %q", b, t, EventsKafka, EventsRabbitMQ)
 		}
-	}
-	if cfg.onRabbitMQ() && cfg.AMQPURL == "" {
-		return errors.New("system: events over RabbitMQ need Config.AMQPURL")
-	}
-	if len(cfg.Brokers) == 0 && (cfg.onKafka() || cfg.AMQPURL == "") {
-		return errors.New("system: Config.Brokers is required (Kafka carries events or request/reply)")
 	}
 	return nil
 }
@@ -406,8 +425,8 @@ func ParseEvents(s string) (broker string, byTopic map[string]string, err error)
 		}
 		byTopic[strings.TrimSpace(t)] = strings.TrimSpace(b)
 	}
-	cfg := Config{Events: broker, EventsByTopic: byTopic, AMQPURL: "-", Brokers: []string{"-"}}
-	if err := cfg.validateEvents(); err != nil {
+	cfg := Config{Events: broker, EventsByTopic: byTopic}
+	if err := cfg.validateEventBrokers(); err != nil {
 		return "", nil, err
 	}
 	return broker, byTopic, nil

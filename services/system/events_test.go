@@ -243,3 +243,41 @@ func queueOf(t *testing.T, sys *system.System, name string) string {
 	t.Fatalf("no queue of %s in %v", name, sys.EventQueues())
 	return ""
 }
+
+// Bad choices of broker are refused with an error naming them, before
+// anything starts.
+func TestEventsConfigIsChecked(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  system.Config
+		want string
+	}{
+		{system.Config{Events: "nats", Brokers: []string{"x"}}, `Config.Events "nats"`},
+		{system.Config{EventsByTopic: map[string]string{"comandes": "rabbitmq"}, Brokers: []string{"x"}}, `unknown topic "comandes"`},
+		{system.Config{EventsByTopic: map[string]string{"comandes.esdeveniments": "sqs"}, Brokers: []string{"x"}}, `broker "sqs"`},
+		{system.Config{Events: system.EventsRabbitMQ}, "need Config.AMQPURL"},
+		{system.Config{Events: system.EventsRabbitMQ, EventsByTopic: map[string]string{"inventari.esdeveniments": "kafka"}, AMQPURL: "amqp://x"}, "Config.Brokers is required"},
+		{system.Config{}, "Config.Brokers is required"},
+		{system.Config{Events: system.EventsRabbitMQ, AMQPURL: "amqp://x", EventsExchange: "amq.topic"}, "EventsExchange"},
+		{system.Config{Events: system.EventsRabbitMQ, AMQPURL: "amqp://x", EventsQueuePrefix: "a b"}, "EventsQueuePrefix"},
+	} {
+		if _, err := system.Start(context.Background(), tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want an error with %q", tc.cfg, err, tc.want)
+		}
+	}
+	for in, want := range map[string]string{
+		"":         " map[]",
+		"rabbitmq": "rabbitmq map[]",
+		"kafka,comandes.esdeveniments=rabbitmq": "kafka map[comandes.esdeveniments:rabbitmq]",
+		" comandes.esdeveniments = rabbitmq ":   " map[comandes.esdeveniments:rabbitmq]",
+	} {
+		b, m, err := system.ParseEvents(in)
+		if got := fmt.Sprintf("%s %v", b, m); err != nil || got != want {
+			t.Errorf("ParseEvents(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"pigeon", "kafka,rabbitmq", "x.esdeveniments=kafka", "comandes.esdeveniments=kafka,comandes.esdeveniments=rabbitmq"} {
+		if _, _, err := system.ParseEvents(in); err == nil {
+			t.Errorf("ParseEvents(%q) accepted", in)
+		}
+	}
+}
