@@ -265,8 +265,8 @@ func TestEventsConfigIsChecked(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]string{
-		"":         " map[]",
-		"rabbitmq": "rabbitmq map[]",
+		"":                                      " map[]",
+		"rabbitmq":                              "rabbitmq map[]",
 		"kafka,comandes.esdeveniments=rabbitmq": "kafka map[comandes.esdeveniments:rabbitmq]",
 		" comandes.esdeveniments = rabbitmq ":   " map[comandes.esdeveniments:rabbitmq]",
 	} {
