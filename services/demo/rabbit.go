@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -39,8 +40,8 @@ type rabbit struct {
 
 // newRabbit connects and declares the exchange and the audit queues of
 // topics, before the system starts (so they see every event).
-func newRabbit(ctx context.Context, url, run string, topics []string) (*rabbit, error) {
-	conn, err := amqp.Dial(ctx, amqp.Config{URL: url, Name: "km0-demo"})
+func newRabbit(ctx context.Context, url, run string, topics []string, log *slog.Logger) (*rabbit, error) {
+	conn, err := amqp.Dial(ctx, amqp.Config{URL: url, Name: "km0-demo", Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("demo: RabbitMQ: %w", err)
 	}

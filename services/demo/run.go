@@ -160,7 +160,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 		var err error
-		if rmq, err = newRabbit(ctx, sysCfg.AMQPURL, run, topics); err != nil {
+		if rmq, err = newRabbit(ctx, sysCfg.AMQPURL, run, topics, cfg.Logger); err != nil {
 			return nil, err
 		}
 		rmq.configure(&sysCfg)
