@@ -3,7 +3,6 @@ package consumer
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -164,13 +163,7 @@ var errNoID = errors.New("envelope: id_esdeveniment: empty (from the Decode hook
 // "correlacio" member when that is a non-empty string (the shared id of a
 // dual-published pair; see Message.IdempotencyKey), else its id_esdeveniment.
 func IdempotencyKey(env *envelope.Envelope) string {
-	if raw, ok := env.Extra[transport.HeaderCorrelator]; ok {
-		var s string
-		if json.Unmarshal(raw, &s) == nil && s != "" && envelope.CheckKey(s) == nil {
-			return s
-		}
-	}
-	return env.ID
+	return contract.IdempotencyKey(env.ID, env.Extra[contract.HeaderCorrelator])
 }
 
 func (c *Consumer) handles(tipus string) bool { return c.types == nil || c.types[tipus] }

@@ -56,20 +56,3 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 		t.Fatalf("NoInbox without Name refused: %v", err)
 	}
 }
-
-func TestReasonClassBoundsLabelValues(t *testing.T) {
-	for motiu, want := range map[string]string{
-		"permanent: esquema: comanda.creada v1 sense adreca_lliurament": "permanent: esquema",
-		"permanent: envelope: malformed JSON: unexpected end":           "permanent: envelope",
-		"permanent: estoc insuficient: formatge-curat":                  "permanent: estoc insuficient",
-		"permanent: Ciutat_No_Coberta: Figueres":                        "permanent: ciutat_no_coberta",
-		"transitori esgotat: mapes 503: timeout":                        "transitori esgotat",
-		"transitori esgotat: comanda P-2026-000123 sense resposta":      "transitori esgotat",
-		"permanent: " + strings.Repeat("a", 40) + ": x":                 "permanent",
-		"alguna altra cosa": "altres",
-	} {
-		if got := consumer.ReasonClass(motiu); got != want {
-			t.Errorf("ReasonClass(%q) = %q, want %q", motiu, got, want)
-		}
-	}
-}

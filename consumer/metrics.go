@@ -3,9 +3,7 @@ package consumer
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
-	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -76,7 +74,7 @@ func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
 		}, []string{"topic", "resultat"}),
 		dlq: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDLQ,
-			Help: "Dead letters produced, by domain topic and motiu class (see consumer.ReasonClass).",
+			Help: "Dead letters produced, by domain topic and motiu class (see contract.ReasonClass).",
 		}, []string{"topic", "motiu"}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: MetricHeld,
@@ -141,36 +139,4 @@ func (c *Consumer) count(topic, res string, n int64) {
 	}
 	c.counts[res].Add(n)
 	c.m.messages.WithLabelValues(topic, res).Add(float64(n))
-}
-
-// ReasonClass maps a motiu to a label value of bounded cardinality: the
-// prefix ("permanent" or "transitori esgotat"), followed by ": " and the first
-// segment of the reason when that segment is a short word-like class such as
-// "esquema", "envelope" or "estoc insuficient" (letters, spaces, '_', '-',
-// '.', at most 32 bytes). Anything else (ids, numbers, long text) is dropped.
-// A motiu without a known prefix maps to "altres".
-//
-//	ReasonClass("permanent: esquema: falta adreca_lliurament") == "permanent: esquema"
-//	ReasonClass("transitori esgotat: timeout after 5s")         == "transitori esgotat"
-func ReasonClass(motiu string) string {
-	var prefix, rest string
-	switch {
-	case strings.HasPrefix(motiu, "permanent:"):
-		prefix, rest = "permanent", motiu[len("permanent:"):]
-	case strings.HasPrefix(motiu, "transitori esgotat:"):
-		prefix, rest = "transitori esgotat", motiu[len("transitori esgotat:"):]
-	default:
-		return "altres"
-	}
-	seg, _, found := strings.Cut(rest, ":")
-	seg = strings.TrimSpace(seg)
-	if !found || seg == "" || len(seg) > 32 {
-		return prefix
-	}
-	for _, r := range seg {
-		if !unicode.IsLetter(r) && r != ' ' && r != '_' && r != '-' && r != '.' {
-			return prefix
-		}
-	}
-	return prefix + ": " + strings.ToLower(seg)
 }

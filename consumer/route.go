@@ -125,7 +125,7 @@ func (c *Consumer) route(p *partition, fails []failure) error {
 			continue
 		}
 		c.count(p.source, resDLQ, 1)
-		c.m.dlq.WithLabelValues(p.source, ReasonClass(dead[i])).Inc()
+		c.m.dlq.WithLabelValues(p.source, contract.ReasonClass(dead[i])).Inc()
 		c.log.Error("consumer: dead letter", "id", eventID(m), "motiu", dead[i], "topic", p.source,
 			"partition", header(recs[i], HeaderOriginalPartition), "offset", header(recs[i], HeaderOriginalOffset),
 			"intents", f.it.attempt, "dlq", recs[i].Topic)

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/inventari"
@@ -96,7 +97,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	defer server.Close()
-	say("PostgreSQL: %s (%s)", server.Source, svc.Redact(server.URL))
+	say("PostgreSQL: %s (%s)", server.Source, redact.URL(server.URL))
 
 	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()})
 	if err != nil {
