@@ -45,7 +45,7 @@ func (s *System) outbox() *outbox.Outbox {
 
 // relayFor supervises the outbox relay of a publishing service.
 func (s *System) relayFor(service string) {
-	s.sup.runRelay(service, relay.Config{
+	s.sup.runRelay(service, s.cfg.RelayFaults[service], relay.Config{
 		Pool:         s.pools[service],
 		Publisher:    s.pub,
 		Topic:        s.topic(Topics[service]),
@@ -53,7 +53,6 @@ func (s *System) relayFor(service string) {
 		Workers:      1,
 		PollInterval: 500 * time.Millisecond,
 		Logger:       s.log.With("service", service),
-		Hooks:        s.cfg.RelayHooks[service],
 		// Off (0) unless the operator asked: published rows are the replay
 		// window.
 		PruneOlderThan: s.cfg.RelayPruneOlderThan,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/relay"
 )
 
@@ -66,7 +67,7 @@ func (sv *supervisor) run(name string, start func(ctx context.Context) error) {
 			n := sv.restarts[name]
 			sv.mu.Unlock()
 			level := s.log.Warn
-			if errors.Is(err, relay.ErrCrashed) || errors.Is(err, consumer.ErrCrashed) {
+			if errors.Is(err, faults.ErrCrashed) || errors.Is(err, consumer.ErrCrashed) {
 				level = s.log.Info
 			}
 			level("system: worker died; restarting", "worker", name, "restart", n, "err", err)
@@ -80,7 +81,7 @@ func (sv *supervisor) run(name string, start func(ctx context.Context) error) {
 }
 
 // runRelay supervises the outbox relay of service.
-func (sv *supervisor) runRelay(service string, cfg relay.Config) {
+func (sv *supervisor) runRelay(service string, probes faults.Relay, cfg relay.Config) {
 	sv.run("relay "+service, func(ctx context.Context) error {
 		r, err := relay.New(cfg)
 		if err != nil {
@@ -90,7 +91,7 @@ func (sv *supervisor) runRelay(service string, cfg relay.Config) {
 		sv.mu.Lock()
 		sv.relays[service] = r
 		sv.mu.Unlock()
-		return r.Run(ctx)
+		return r.Run(faults.WithRelay(ctx, probes))
 	})
 }
 
