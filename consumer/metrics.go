@@ -8,16 +8,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Stats are a Consumer's counts since New. Every delivered record ends in
-// exactly one of Processed, Duplicates, Ignored, Foreign, Retried or
-// DeadLettered (a record redelivered after a crash counts again).
+// Stats are a Consumer's counts since New, the same on every source. Every
+// delivered message ends in exactly one of Processed, Duplicates, Ignored,
+// Foreign, Retried or DeadLettered (a message redelivered after a crash
+// counts again).
 type Stats struct {
 	Processed    int64 // handler succeeded; effect and key committed
 	Duplicates   int64 // key already recorded: redelivery absorbed, effect not run
 	Ignored      int64 // tipus not in Config.Types
 	Foreign      int64 // retry copies of another consumer group, skipped
-	Retried      int64 // failed attempts copied to <topic>.retry
-	DeadLettered int64 // copied to <topic>.dlq
+	Retried      int64 // failed attempts sent to retry (Kafka <topic>.retry, RabbitMQ a wait queue)
+	DeadLettered int64 // dead-lettered (<topic>.dlq, <queue>.dlq)
 	Panics       int64 // handler and Decode panics recovered (each is also a failed attempt)
 	// Conflicts counts transactions that PostgreSQL rolled back for a
 	// deadlock (SQLSTATE 40P01) or a serialisation failure (40001) and that
@@ -66,7 +67,7 @@ type metrics struct {
 	conflicts *prometheus.CounterVec // topic, sqlstate
 }
 
-func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error) {
 	m := &metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricMessages,
@@ -88,7 +89,7 @@ func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	reg = prometheus.WrapRegistererWith(prometheus.Labels{"grup": cfg.Group, "consumidor": cfg.Name}, reg)
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"grup": label, "consumidor": name}, reg)
 	var err error
 	if m.messages, err = register(reg, m.messages); err != nil {
 		return nil, err

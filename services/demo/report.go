@@ -205,13 +205,13 @@ func reconcile(ctx context.Context, sys *system.System, kcl *kgo.Client, brokers
 	// 3. Dead letters.
 	var dls []deadLetter
 	for _, svcName := range []string{comandes.Name, inventari.Name, pagaments.Name, repartiment.Name} {
-		topic := system.Topics[svcName] + consumer.DLQSuffix
+		topic := system.Topics[svcName] + contract.DLQSuffix
 		recs, err := readTopic(ctx, kcl, brokers, topic)
 		if err != nil {
 			return err
 		}
 		for _, rec := range recs {
-			dl := deadLetter{topic: topic, group: header(rec, consumer.HeaderGroup), motiu: header(rec, transport.HeaderReason),
+			dl := deadLetter{topic: topic, group: header(rec, contract.HeaderGroup), motiu: header(rec, transport.HeaderReason),
 				eventID: header(rec, transport.HeaderEventID)}
 			if env, err := envelope.Decode(rec.Value); err == nil {
 				var d struct {

@@ -122,7 +122,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		AssignInterval: 100 * time.Millisecond,
 		Backoff:        200 * time.Millisecond,
 		RelayFaults:    map[string]faults.Relay{comandes.Name: {AfterPublish: inject.relayAfterPublish}},
-		ConsumerHooks:  map[string]consumer.Hooks{inventari.ConsumerDecrement: {AfterCommit: inject.consumerAfterCommit}},
+		ConsumerFaults: map[string]faults.Consumer[*consumer.Message]{inventari.ConsumerDecrement: {AfterCommit: inject.consumerAfterCommit}},
 		PaymentHooks:   pagaments.Hooks{AfterCharge: inject.afterCharge},
 		Logger:         cfg.Logger,
 	}
@@ -298,7 +298,7 @@ func (f *injector) relayAfterPublish(rows int) error {
 // committed and before its offsets are committed: the batch is redelivered.
 func (f *injector) consumerAfterCommit(_ context.Context, msgs []*consumer.Message) error {
 	if f.committed.Add(int64(len(msgs))) >= f.consumerAt && f.consumerDone.CompareAndSwap(false, true) {
-		return consumer.ErrCrashed
+		return faults.ErrCrashed
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"unicode"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
@@ -49,7 +50,7 @@ func domainTopics(renames map[string]string) []string {
 	for _, s := range Services {
 		if t, ok := Topics[s]; ok {
 			t = cmp.Or(renames[t], t)
-			out = append(out, t, t+consumer.RetrySuffix, t+consumer.DLQSuffix)
+			out = append(out, t, contract.RetryTopic(t), contract.DLQName(t))
 		}
 	}
 	return out
@@ -184,8 +185,9 @@ type Config struct {
 	// RelayFaults are crash points of each service's relay, by service name
 	// (internal/faults: the demo's chaos run and tests).
 	RelayFaults map[string]faults.Relay
-	// ConsumerHooks are fault-injection hooks of each consumer, by consumidor name.
-	ConsumerHooks map[string]consumer.Hooks
+	// ConsumerFaults are crash points of each consumer, by consumidor name
+	// (internal/faults: the demo's chaos run and tests).
+	ConsumerFaults map[string]faults.Consumer[*consumer.Message]
 	// PaymentHooks are the charging handler's fault-injection hooks.
 	PaymentHooks pagaments.Hooks
 	// RestartDelay is how long the supervisor waits before restarting a dead
