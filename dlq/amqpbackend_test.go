@@ -118,11 +118,7 @@ func amqpEvent(t *testing.T, id string, at time.Time) []byte {
 
 func (r *rabbit) onBroker(t *testing.T) int {
 	t.Helper()
-	n, err := amqp.NewDLQ(r.conn, r.queue).Count(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return amqptest.DLQLen(t, r.conn, r.queue)
 }
 
 func (r *rabbit) indexed(t *testing.T) []*Letter {
