@@ -175,7 +175,9 @@ func TestSlowMessageDoesNotStallTheMessagesBehindIt(t *testing.T) {
 		}
 		return recordEffect(ctx, tx, m, 0)
 	})
-	cfg.Workers, cfg.Prefetch = 2, 4
+	// One message per transaction: a batch waits for its slowest message
+	// (as on Kafka); this proves the acks, not the batching.
+	cfg.Workers, cfg.Prefetch, cfg.BatchSize = 2, 4, 1
 	c, stop := startConsumer(t, cfg)
 	t.Cleanup(free)
 	msgs := []*transport.Message{event(t, b.queue, "lent", 0)}
