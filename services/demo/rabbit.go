@@ -15,7 +15,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/inventari"
@@ -283,13 +283,13 @@ func (e *eventLog) deadLetters(ctx context.Context) ([]deadLetter, error) {
 		if e.broker(system.Topics[svcName]) != system.EventsKafka {
 			continue
 		}
-		topic := system.Topics[svcName] + consumer.DLQSuffix
+		topic := contract.DLQName(system.Topics[svcName])
 		recs, err := readTopic(ctx, e.kcl, e.brokers, topic)
 		if err != nil {
 			return nil, err
 		}
 		for _, rec := range recs {
-			dls = append(dls, deadLetter{topic: topic, group: header(rec, consumer.HeaderGroup), motiu: header(rec, transport.HeaderReason),
+			dls = append(dls, deadLetter{topic: topic, group: header(rec, contract.HeaderGroup), motiu: header(rec, transport.HeaderReason),
 				eventID: header(rec, transport.HeaderEventID), orderID: orderOf(rec.Value)})
 		}
 	}

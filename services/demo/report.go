@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
@@ -110,17 +111,9 @@ type deadLetter struct {
 	topic, group, motiu, orderID, eventID string
 }
 
-// reasonKey groups a motiu: "permanent: estoc_insuficient: x" → "permanent: estoc_insuficient".
-func reasonKey(m string) string {
-	parts := strings.SplitN(m, ": ", 3)
-	if len(parts) >= 2 {
-		head := strings.Fields(parts[1])
-		if len(head) > 0 {
-			return parts[0] + ": " + strings.TrimSuffix(head[0], ":")
-		}
-	}
-	return m
-}
+// reasonKey groups a motiu by its class (contract.ReasonClass):
+// "permanent: estoc_insuficient: x" → "permanent: estoc_insuficient".
+func reasonKey(m string) string { return contract.ReasonClass(m) }
 
 func queryMap[V any](ctx context.Context, pool *pgxpool.Pool, sql string, scan func(pgx.Rows) (string, V, error)) (map[string]V, error) {
 	rows, err := pool.Query(ctx, sql)

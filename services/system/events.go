@@ -11,11 +11,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
@@ -127,7 +124,7 @@ func (cfg *Config) kafkaTopics() []string {
 	for _, s := range Services {
 		if t, ok := Topics[s]; ok && cfg.eventsBroker(t) == EventsKafka {
 			t = cmp.Or(cfg.Topics[t], t)
-			out = append(out, t, t+consumer.RetrySuffix, t+consumer.DLQSuffix)
+			out = append(out, t, contract.RetryTopic(t), contract.DLQName(t))
 		}
 	}
 	return out
@@ -238,63 +235,12 @@ func (s *System) eventsPublisher(t string) transport.Publisher {
 	return s.pub
 }
 
-// amqpConsumerFor supervises the RabbitMQ consumer of consumidor cfg.Name on
-// topics (contract names), configured from the same consumer.Config as its
-// Kafka consumer: name, handler, Types, Decode, Mode, Classifier, Backoff
-// and fault-injection Hooks. The differences, until the consume pipeline
-// takes a RabbitMQ source:
-//   - the handler is per message (HandleBatchOutcomes is not used);
-//   - Decode (schema validation and upcasting) runs in the handler, after
-//     the envelope decoder, so a schema failure is a permanent failure of
-//     the handler;
-//   - every consumer records its keys (NoInbox is not available), so
-//     analitica and cataleg get missatges_processats too;
-//   - Hooks.BeforeTxCommit and AfterCommit fire around the transaction's
-//     COMMIT (hookPool); BeforeSourceCommit, which names Kafka records, is
-//     not called.
-func (s *System) amqpConsumerFor(service, worker string, cfg consumer.Config, topics []string) {
+// amqpSource is the RabbitMQ source of consumer cfg on topics (contract
+// names): its queues (amqpSub), with a prefetch that fills its batches.
+func (s *System) amqpSource(cfg consumer.Config, topics []string) amqp.SourceConfig {
 	sub := s.amqpSub(cfg.Name, topics)
-	group := cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
-	log := s.log.With("service", service, "consumidor", cfg.Name, "queue", sub.queue)
-	hooks := s.cfg.ConsumerHooks[cfg.Name]
-	handler := s.amqpHandler(cfg)
-	s.sup.runAMQPConsumer(worker, group, func(ctx context.Context, crash func()) (*amqp.Consumer, error) {
-		return amqp.NewConsumer(ctx, amqp.ConsumerConfig{
-			Conn: s.events, Queue: sub.queue, Exchange: s.exchange(), RoutingKeys: sub.keys, Shards: sub.shards,
-			BackoffBase: s.cfg.Backoff, Classifier: cfg.Classifier, Pool: &hookPool{pool: s.pools[service], hooks: hooks, crash: crash},
-			Name: cfg.Name, Handler: handler, Types: cfg.Types, Mode: cfg.Mode, Logger: log,
-		})
-	})
-}
-
-// amqpHandler is cfg's handler for the RabbitMQ consumer: Decode, then
-// Handle; a permanent failure's motiu is noted (DeadLetterReasons), since a
-// native nack cannot carry it to the DLQ.
-func (s *System) amqpHandler(cfg consumer.Config) consumer.Handler {
-	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if ht, ok := tx.(*hookTx); ok {
-			ht.msg = m
-		}
-		if cfg.Decode != nil {
-			env, err := cfg.Decode(m.Value)
-			if errors.Is(err, outcome.ErrIgnore) {
-				return nil
-			}
-			if err != nil {
-				err = outcome.Permanent(err)
-				s.reasons.note(cfg.Name, m.Envelope.ID, err)
-				return err
-			}
-			m.Envelope = env
-		}
-		err := cfg.Handle(ctx, tx, m)
-		if err != nil {
-			if kind, _ := outcome.Classify(err, cfg.Classifier); kind == outcome.KindPermanent {
-				s.reasons.note(cfg.Name, m.Envelope.ID, err)
-			}
-		}
-		return err
-	}
+	return amqp.SourceConfig{Conn: s.events, Queue: sub.queue, Exchange: s.exchange(), RoutingKeys: sub.keys, Shards: sub.shards,
+		Prefetch: max(amqp.PrefetchDefault, cfg.BatchSize)}
 }
 
 // DeadLetterReasons returns the motiu of each message this process's
@@ -314,7 +260,24 @@ type reasons struct {
 	by map[string]map[string]string
 }
 
-func (r *reasons) note(name, eventID string, err error) {
+// observer is a consumer's OnDeadLetter that notes the motiu of each
+// permanent failure (the one a native nack cannot carry).
+func (r *reasons) observer(name string) func(context.Context, *consumer.Message, string) {
+	return func(_ context.Context, m *consumer.Message, motiu string) {
+		if !strings.HasPrefix(motiu, contract.ReasonPermanent) {
+			return // an exhausted copy carries its motiu itself
+		}
+		id := ""
+		if m.Envelope != nil {
+			id = m.Envelope.ID
+		} else if m.Message != nil {
+			id, _ = m.Header(transport.HeaderEventID)
+		}
+		r.note(name, id, motiu)
+	}
+}
+
+func (r *reasons) note(name, eventID, motiu string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.n >= maxReasons {
@@ -329,7 +292,7 @@ func (r *reasons) note(name, eventID string, err error) {
 	if _, ok := r.by[name][eventID]; !ok {
 		r.n++
 	}
-	r.by[name][eventID] = outcome.Reason(outcome.KindPermanent, err)
+	r.by[name][eventID] = motiu
 }
 
 func (r *reasons) snapshot() map[string]map[string]string {
@@ -340,57 +303,6 @@ func (r *reasons) snapshot() map[string]map[string]string {
 		out[k] = maps.Clone(v)
 	}
 	return out
-}
-
-// hookPool begins the RabbitMQ consumer's transactions, wrapping them in a
-// hookTx when fault-injection hooks are set.
-type hookPool struct {
-	pool  *pgxpool.Pool
-	hooks consumer.Hooks
-	crash func() // stops the consumer instance without acking
-}
-
-func (p *hookPool) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := p.pool.Begin(ctx)
-	if err != nil || (p.hooks.BeforeTxCommit == nil && p.hooks.AfterCommit == nil) {
-		return tx, err
-	}
-	return &hookTx{Tx: tx, p: p}, nil
-}
-
-// hookTx runs Hooks.BeforeTxCommit before COMMIT and Hooks.AfterCommit after
-// it. A hook's error is a crash at that point: the consumer instance is
-// stopped before it acks (crash), so the delivery is redelivered to the
-// next instance, and the error is returned to the inbox, which then leaves
-// the delivery unacked.
-type hookTx struct {
-	pgx.Tx
-	p   *hookPool
-	msg *consumer.Message
-}
-
-func (t *hookTx) Commit(ctx context.Context) error {
-	var msgs []*consumer.Message
-	if t.msg != nil {
-		msgs = []*consumer.Message{t.msg}
-	}
-	if h := t.p.hooks.BeforeTxCommit; h != nil {
-		if err := h(ctx, t.Tx, msgs); err != nil {
-			t.p.crash()
-			_ = t.Tx.Rollback(context.WithoutCancel(ctx))
-			return err
-		}
-	}
-	if err := t.Tx.Commit(ctx); err != nil {
-		return err
-	}
-	if h := t.p.hooks.AfterCommit; h != nil {
-		if err := h(ctx, msgs); err != nil {
-			t.p.crash()
-			return err
-		}
-	}
-	return nil
 }
 
 // NeedsKafka reports whether cfg puts anything on Kafka: a domain topic, or

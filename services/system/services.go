@@ -20,6 +20,7 @@ import (
 	"github.com/km0/km0/services/pagaments/passarella"
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // decoder returns the consumer Decode of a handler written against handles
@@ -45,7 +46,7 @@ func (s *System) outbox() *outbox.Outbox {
 
 // relayFor supervises the outbox relay of a publishing service.
 func (s *System) relayFor(service string) {
-	s.sup.runRelay(service, relay.Config{
+	s.sup.runRelay(service, s.cfg.RelayFaults[service], relay.Config{
 		Pool:         s.pools[service],
 		Publisher:    s.eventsPublisher(Topics[service]),
 		Topic:        s.topic(Topics[service]),
@@ -53,20 +54,29 @@ func (s *System) relayFor(service string) {
 		Workers:      1,
 		PollInterval: 500 * time.Millisecond,
 		Logger:       s.log.With("service", service),
-		Hooks:        s.cfg.RelayHooks[service],
 		// Off (0) unless the operator asked: published rows are the replay
 		// window.
 		PruneOlderThan: s.cfg.RelayPruneOlderThan,
 	})
 }
 
-// consumerFor supervises the consumer cfg.Name of service on its topics
-// (Subscriptions), whose group is its consumidor (Config.Groups renames it):
-// over Kafka, over RabbitMQ (amqpConsumerFor), or one over each when its
-// topics are on both.
-func (s *System) consumerFor(service string, cfg consumer.Config) {
-	topics := Subscriptions[cfg.Name]
-	worker := "consumer " + cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
+// consumerFor supervises the consumer cfg.Name of service on topics
+// (contract names; Subscriptions), whose group is its consumidor
+// (Config.Groups renames it): over Kafka, over RabbitMQ, or one over each
+// when its topics are on both. Only the source differs; the rest of cfg is
+// the same on both brokers.
+func (s *System) consumerFor(service string, topics []string, cfg consumer.Config) {
+	group := cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
+	cfg.Pool = s.pools[service]
+	cfg.Backoff = s.cfg.Backoff
+	cfg.Concurrency = 2
+	// In-flight work is abandoned (rolled back, redelivered later) well
+	// within Close's wait for the workers; consumer.ShutdownTimeoutDefault
+	// (30 s) would outlast it and the consumer would be left behind.
+	cfg.ShutdownTimeout = ShutdownGraceDefault / 2
+	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
+	probes := s.cfg.ConsumerFaults[cfg.Name]
+	worker := "consumer " + group
 	var onKafka []string
 	for _, t := range topics {
 		if s.cfg.eventsBroker(t) == EventsKafka {
@@ -78,41 +88,12 @@ func (s *System) consumerFor(service string, cfg consumer.Config) {
 		if len(onKafka) > 0 {
 			w += " (RabbitMQ)"
 		}
-		s.amqpConsumerFor(service, w, cfg, rabbit)
+		rcfg := cfg
+		rcfg.OnDeadLetter = s.reasons.observer(cfg.Name)
+		s.sup.runAMQPConsumer(w, group, s.amqpSource(cfg, rabbit), probes, rcfg)
 	}
-	if len(onKafka) == 0 {
-		return
-	}
-	cfg.Topics = onKafka
-	cfg.Brokers = s.cfg.Brokers
-	cfg.Group = cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
-	cfg.Pool = s.pools[service]
-	cfg.Backoff = s.cfg.Backoff
-	cfg.Concurrency = 2
-	// In-flight work is abandoned (rolled back, redelivered later) well
-	// within Close's wait for the workers; consumer.ShutdownTimeoutDefault
-	// (30 s) would outlast it and the consumer would be left behind.
-	cfg.ShutdownTimeout = ShutdownGraceDefault / 2
-	cfg.Hooks = s.cfg.ConsumerHooks[cfg.Name]
-	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
-	s.sup.runConsumer(cfg)
-}
-
-// keyless returns the migrations of a service whose consumer records no
-// keys on Kafka (NoInbox) but does over RabbitMQ, where every consumer
-// records them: with migrate.Inbox and its purger when any of its topics is
-// on RabbitMQ.
-func (s *System) keyless(name string, sets ...migrate.Set) []migrate.Set {
-	if len(s.rabbitTopics(Subscriptions[name])) > 0 {
-		return append([]migrate.Set{migrate.Inbox}, sets...)
-	}
-	return sets
-}
-
-// purgeKeyless runs the key purger of service when keyless gave it keys.
-func (s *System) purgeKeyless(service, name string) {
-	if len(s.rabbitTopics(Subscriptions[name])) > 0 {
-		s.housekeep(service, s.inboxPurger(service))
+	if len(onKafka) > 0 {
+		s.sup.runConsumer(kafka.SourceConfig{Brokers: s.cfg.Brokers, Group: group, Topics: onKafka}, probes, cfg)
 	}
 }
 
@@ -139,7 +120,7 @@ func (s *System) startComandes(ctx context.Context) error {
 		purge: func(ctx context.Context) (int64, error) {
 			return s.Comandes.PurgeRequests(ctx, s.cfg.RequestKeyRetention)
 		}})
-	s.consumerFor(comandes.Name, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Decode: dec,
+	s.consumerFor(comandes.Name, Subscriptions[comandes.ConsumerPaymentConfirmed], consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Decode: dec,
 		Types: []string{comandes.TypePaymentConfirmed}, Handle: s.Comandes.HandlePaymentConfirmed})
 	return s.serve(comandes.Name, s.Comandes.Handler())
 }
@@ -158,7 +139,7 @@ func (s *System) startInventari(ctx context.Context) error {
 	}
 	s.relayFor(inventari.Name)
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
-	s.consumerFor(inventari.Name, consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec,
+	s.consumerFor(inventari.Name, Subscriptions[inventari.ConsumerDecrement], consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec,
 		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
@@ -204,7 +185,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))
 	// One order per transaction: each attempt calls the gateway, and a failed
 	// neighbour must not make a whole batch call it again.
-	s.consumerFor(pagaments.Name, consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec,
+	s.consumerFor(pagaments.Name, Subscriptions[pagaments.ConsumerCharge], consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec,
 		Types: []string{pagaments.TypeOrderCreated}, Handle: s.Pagaments.HandleOrderCreated})
 	return s.rr.serve(ctx, pagaments.AuthQueue, rrWorkersAuthorize, s.Pagaments.Authorize)
 }
@@ -236,42 +217,40 @@ func (s *System) startRepartiment(ctx context.Context) error {
 	}
 	s.relayFor(repartiment.Name)
 	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
-	s.consumerFor(repartiment.Name, consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec,
+	s.consumerFor(repartiment.Name, Subscriptions[repartiment.ConsumerAssign], consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec,
 		Types: []string{repartiment.TypeOrderPaid}, Handle: s.Repartiment.HandleOrderPaid, Classifier: repartiment.Classifier})
 	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })
 	return s.serve(repartiment.Name, s.Repartiment.Handler())
 }
 
 func (s *System) startAnalitica(ctx context.Context) error {
-	pool, err := s.open(ctx, analitica.Name, 3, s.keyless(analitica.ConsumerCount, analitica.Migrations)...)
+	pool, err := s.open(ctx, analitica.Name, 3, analitica.Migrations)
 	if err != nil {
 		return err
 	}
 	if s.Analitica, err = analitica.New(pool); err != nil {
 		return err
 	}
-	s.purgeKeyless(analitica.Name, analitica.ConsumerCount)
 	// At-most-once: offsets committed before processing, no inbox.
-	s.consumerFor(analitica.Name, consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
+	s.consumerFor(analitica.Name, Subscriptions[analitica.ConsumerCount], consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
 		Handle: s.Analitica.HandleEvent})
 	return s.serve(analitica.Name, s.Analitica.Handler())
 }
 
 func (s *System) startCataleg(ctx context.Context) error {
-	pool, err := s.open(ctx, cataleg.Name, 3, s.keyless(cataleg.ConsumerLowStock, cataleg.Migrations)...)
+	pool, err := s.open(ctx, cataleg.Name, 3, cataleg.Migrations)
 	if err != nil {
 		return err
 	}
 	if s.Cataleg, err = cataleg.New(pool); err != nil {
 		return err
 	}
-	s.purgeKeyless(cataleg.Name, cataleg.ConsumerLowStock)
 	// Idempotent by nature: no inbox table, no key.
 	dec, err := s.decoder(map[string]int{cataleg.TypeStockUpdated: 1})
 	if err != nil {
 		return err
 	}
-	s.consumerFor(cataleg.Name, consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Decode: dec,
+	s.consumerFor(cataleg.Name, Subscriptions[cataleg.ConsumerLowStock], consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Decode: dec,
 		Types: []string{cataleg.TypeStockUpdated}, Handle: s.Cataleg.HandleStockUpdated})
 	return s.serve(cataleg.Name, s.Cataleg.Handler())
 }

@@ -7,12 +7,13 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // supervisor runs relays and consumers and restarts them when they die.
@@ -30,7 +31,7 @@ type supervisor struct {
 // liveConsumer is a running consumer instance, on either broker.
 type liveConsumer struct {
 	group  string
-	stats  func() consumer.Stats
+	c      *consumer.Consumer
 	queues func() []string // nil on Kafka
 }
 
@@ -79,7 +80,7 @@ func (sv *supervisor) run(name string, start func(ctx context.Context) error) {
 			n := sv.restarts[name]
 			sv.mu.Unlock()
 			level := s.log.Warn
-			if errors.Is(err, relay.ErrCrashed) || errors.Is(err, consumer.ErrCrashed) {
+			if errors.Is(err, faults.ErrCrashed) {
 				level = s.log.Info
 			}
 			level("system: worker died; restarting", "worker", name, "restart", n, "err", err)
@@ -93,7 +94,7 @@ func (sv *supervisor) run(name string, start func(ctx context.Context) error) {
 }
 
 // runRelay supervises the outbox relay of service.
-func (sv *supervisor) runRelay(service string, cfg relay.Config) {
+func (sv *supervisor) runRelay(service string, probes faults.Relay, cfg relay.Config) {
 	sv.run("relay "+service, func(ctx context.Context) error {
 		r, err := relay.New(cfg)
 		if err != nil {
@@ -103,69 +104,51 @@ func (sv *supervisor) runRelay(service string, cfg relay.Config) {
 		sv.mu.Lock()
 		sv.relays[service] = r
 		sv.mu.Unlock()
-		return r.Run(ctx)
+		return r.Run(faults.WithRelay(ctx, probes))
 	})
 }
 
 // runConsumer supervises one consumer; Stats survive restarts.
-func (sv *supervisor) runConsumer(cfg consumer.Config) {
-	worker := "consumer " + cfg.Group
+// Each start gets a new Kafka source of src (a source runs once).
+func (sv *supervisor) runConsumer(src kafka.SourceConfig, probes faults.Consumer[*consumer.Message], cfg consumer.Config) {
+	worker := "consumer " + src.Group
 	sv.run(worker, func(ctx context.Context) error {
-		c, err := consumer.New(cfg)
+		cfg.Source = kafka.NewSource(src)
+		return sv.runOnce(ctx, worker, src.Group, nil, probes, cfg)
+	})
+}
+
+// runAMQPConsumer supervises one RabbitMQ consumer of group; Stats survive
+// restarts. Each start gets a new source of src, which declares its
+// topology again.
+func (sv *supervisor) runAMQPConsumer(worker, group string, src amqp.SourceConfig, probes faults.Consumer[*consumer.Message], cfg consumer.Config) {
+	sv.run(worker, func(ctx context.Context) error {
+		source, err := amqp.NewSource(ctx, src)
 		if err != nil {
 			return err
 		}
-		sv.mu.Lock()
-		sv.live[worker] = liveConsumer{group: cfg.Group, stats: c.Stats}
-		sv.mu.Unlock()
-		err = c.Run(ctx)
-		sv.mu.Lock()
-		sv.past[cfg.Group] = add(sv.past[cfg.Group], c.Stats())
-		delete(sv.live, worker)
-		sv.mu.Unlock()
+		cfg.Source = source
+		err = sv.runOnce(ctx, worker, group, source.Queues, probes, cfg)
+		sv.noteQueues(source.Queues())
 		return err
 	})
 }
 
-// runAMQPConsumer supervises one RabbitMQ consumer of group, built by build
-// for each instance; Stats survive restarts. crash stops the instance
-// without acking what it holds (a fault injection), and the instance then
-// counts as crashed (consumer.ErrCrashed).
-func (sv *supervisor) runAMQPConsumer(worker, group string, build func(ctx context.Context, crash func()) (*amqp.Consumer, error)) {
-	sv.run(worker, func(ctx context.Context) error {
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		var crashed atomic.Bool
-		c, err := build(ctx, func() {
-			crashed.Store(true)
-			cancel()
-		})
-		if err != nil {
-			return err
-		}
-		stats := func() consumer.Stats { return amqpStats(c.Stats()) }
-		sv.mu.Lock()
-		sv.live[worker] = liveConsumer{group: group, stats: stats, queues: c.Queues}
-		sv.mu.Unlock()
-		err = c.Run(ctx)
-		sv.mu.Lock()
-		sv.past[group] = add(sv.past[group], stats())
-		delete(sv.live, worker)
-		for _, q := range c.Queues() {
-			sv.queues[q] = true
-		}
-		sv.mu.Unlock()
-		if crashed.Load() {
-			return consumer.ErrCrashed
-		}
+// runOnce runs one consumer instance of cfg to its end.
+func (sv *supervisor) runOnce(ctx context.Context, worker, group string, queues func() []string, probes faults.Consumer[*consumer.Message], cfg consumer.Config) error {
+	c, err := consumer.New(cfg)
+	if err != nil {
 		return err
-	})
-}
-
-// amqpStats are a RabbitMQ consumer's counts as consumer.Stats.
-func amqpStats(st amqp.Stats) consumer.Stats {
-	return consumer.Stats{Processed: st.Processed, Duplicates: st.Duplicates, Ignored: st.Ignored,
-		Retried: st.Retried, DeadLettered: st.DeadLettered}
+	}
+	sv.mu.Lock()
+	sv.live[worker] = liveConsumer{group: group, c: c, queues: queues}
+	sv.mu.Unlock()
+	err = c.Run(faults.WithConsumer(ctx, probes))
+	sv.mu.Lock()
+	sv.past[group] = add(sv.past[group], c.Stats())
+	delete(sv.live, worker)
+	sv.mu.Unlock()
+	return err
 }
 
 // noteQueues records declared RabbitMQ queues (EventQueues).
@@ -214,7 +197,7 @@ func (s *System) ConsumerStats() map[string]consumer.Stats {
 		out[g] = st
 	}
 	for _, l := range sv.live {
-		out[l.group] = add(out[l.group], l.stats())
+		out[l.group] = add(out[l.group], l.c.Stats())
 	}
 	return out
 }
