@@ -236,11 +236,12 @@ func (s *System) eventsPublisher(t string) transport.Publisher {
 }
 
 // amqpSource is the RabbitMQ source of consumer cfg on topics (contract
-// names): its queues (amqpSub), with a prefetch that fills its batches.
+// names): its queues (amqpSub), each channel's prefetch at least a batch
+// (a batch takes only what the client already holds).
 func (s *System) amqpSource(cfg consumer.Config, topics []string) amqp.SourceConfig {
 	sub := s.amqpSub(cfg.Name, topics)
 	return amqp.SourceConfig{Conn: s.events, Queue: sub.queue, Exchange: s.exchange(), RoutingKeys: sub.keys, Shards: sub.shards,
-		Prefetch: max(amqp.PrefetchDefault, cfg.BatchSize)}
+		Prefetch: max(amqp.PrefetchDefault, cmp.Or(cfg.BatchSize, consumer.BatchSizeDefault))}
 }
 
 // DeadLetterReasons returns the motiu of each message this process's
