@@ -177,7 +177,7 @@ func NewServer(ln net.Listener, h http.Handler, allowed []string) *http.Server {
 
 // headers sets the security headers of every answer: nothing but the
 // console's own scripts and styles, no framing, no caching (pages hold
-// customer data), no referrer.
+// customer data), no referrer to other sites.
 func (c *Console) headers(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hd := w.Header()
@@ -185,7 +185,7 @@ func (c *Console) headers(h http.Handler) http.Handler {
 			"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		hd.Set("X-Frame-Options", "DENY")
 		hd.Set("X-Content-Type-Options", "nosniff")
-		hd.Set("Referrer-Policy", "no-referrer")
+		hd.Set("Referrer-Policy", "same-origin") // no-referrer would make browsers send Origin: null
 		hd.Set("Cache-Control", "no-store")
 		if r.Method == http.MethodPost && !sameOrigin(r) {
 			c.errorPage(w, r, http.StatusForbidden, "cross-origin request refused")
@@ -195,12 +195,17 @@ func (c *Console) headers(h http.Handler) http.Handler {
 	})
 }
 
-// sameOrigin reports whether a POST comes from the console's own pages: an
-// Origin header, when the browser sends one, must name this host.
+// sameOrigin reports whether a POST comes from the console's own pages.
+// A browser says where a request comes from in Sec-Fetch-Site (it must be
+// same-origin) or, older ones, in Origin (it must name this host). A client
+// that sends neither is not a browser that another site could drive.
 func sameOrigin(r *http.Request) bool {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
+		return site == "same-origin"
+	}
 	o := r.Header.Get("Origin")
 	if o == "" {
-		return r.Header.Get("Sec-Fetch-Site") == "" || r.Header.Get("Sec-Fetch-Site") == "same-origin"
+		return true
 	}
 	_, host, ok := strings.Cut(o, "://")
 	return ok && strings.EqualFold(host, r.Host)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"sort"
 
 	"github.com/km0/km0/dlq"
@@ -14,15 +13,6 @@ import (
 type groupRow struct {
 	dlq.Group
 	Sample *dlq.Letter // logged in only
-	Link   string      // query of its page
-}
-
-func groupLink(g dlq.Group, estat string) string {
-	v := url.Values{"topic": {g.Topic}, "classe": {g.Class}}
-	if estat != "" && estat != string(dlq.StatePending) {
-		v.Set("estat", estat)
-	}
-	return v.Encode()
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -46,7 +36,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			total := 0
 			loggedIn := c.auth.lookup(r) != nil
 			for i, g := range ls.Groups {
-				rows[i] = groupRow{Group: g, Link: groupLink(g, estat)}
+				rows[i] = groupRow{Group: g}
 				total += g.Count
 				if loggedIn {
 					s, err := c.cfg.Source.List(r.Context(), dlq.Filter{Topic: g.Topic, Class: g.Class, States: states, Limit: 1})
