@@ -61,8 +61,8 @@ type Config struct {
 	// before the wait, with the running system (km0 demo --keep-running
 	// starts the operator console there); stop is called when the demo ends.
 	OnRunning func(ctx context.Context, r Running) (stop func(), err error)
-	Out      io.Writer    // progress and addresses; default io.Discard
-	Logger   *slog.Logger // default: discard
+	Out       io.Writer    // progress and addresses; default io.Discard
+	Logger    *slog.Logger // default: discard
 }
 
 // Running is what Config.OnRunning gets: the system left running, its
