@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/lag"
+	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/transport/amqp"
 )
@@ -26,7 +27,7 @@ func init() {
 	register(&command{name: "console", summary: "the operator console in the browser: dead letters by failure group (read, replay, purge), lag and health", run: runConsole})
 }
 
-// ConsoleAddrDefault is where km0 console listens: loopback only.
+// consoleAddrDefault is where km0 console listens: loopback only.
 const consoleAddrDefault = "127.0.0.1:8090"
 
 // adminTokenEnv holds the admin token of the DLQ admin API and the console.
@@ -37,13 +38,16 @@ const adminTokenEnv = "KM0_DLQ_ADMIN_TOKEN"
 type lagFlags struct {
 	outboxes, services         *mapFlag
 	groups, management         *string
+	outboxSchema, outboxTable  *string
 	interval, maxAge, alertFor *time.Duration
 	maxLag                     *int64
 }
 
 func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	f := &lagFlags{outboxes: &mapFlag{}, services: &mapFlag{}}
-	fs.Var(f.outboxes, "outbox", "an outbox to watch: NAME=DATABASE_URL (table public.outbox; repeatable)")
+	fs.Var(f.outboxes, "outbox", "an outbox to watch: NAME=DATABASE_URL (repeatable; the table is --outbox-schema.--outbox-table)")
+	f.outboxSchema = fs.String("outbox-schema", migrate.SchemaDefault, "PostgreSQL schema of the --outbox tables")
+	f.outboxTable = fs.String("outbox-table", migrate.OutboxDefault, "table name of the --outbox tables")
 	f.groups = fs.String("consumer-groups", "", "Kafka consumer groups to report, comma separated (default: every group)")
 	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
 		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL; empty: unacked unknown)")
@@ -216,7 +220,7 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, queues []string, lf
 			return cfg, nil, fmt.Errorf("--outbox %s: %w", name, err)
 		}
 		closers = append(closers, pool.Close)
-		cfg.Outboxes = append(cfg.Outboxes, lag.Outbox{Name: name, DB: pool})
+		cfg.Outboxes = append(cfg.Outboxes, lag.Outbox{Name: name, DB: pool, Names: migrate.Names{Schema: *lf.outboxSchema, Outbox: *lf.outboxTable}})
 	}
 	if qs := queues; len(qs) > 0 {
 		conn, err := amqp.Dial(ctx, amqp.Config{URL: amqpURL, Name: "km0 lag", Logger: logger()})
