@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -99,12 +100,19 @@ type consoleParts struct {
 	services []console.Service
 	reg      *prometheus.Registry // served at /metrics with the lag collector
 	out      io.Writer
-	name     string // the command, for the printed lines
+	name     string       // the command, for the printed lines
+	log      *slog.Logger // default logger()
 }
 
 // serveConsole starts the console's HTTP server and its lag sampler; both
 // stop when ctx ends (then stop returns after they did).
 func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(), err error) {
+	if p.log == nil {
+		p.log = logger()
+	}
+	if p.lag.Logger == nil {
+		p.lag.Logger = p.log
+	}
 	m, err := lag.NewMeasurer(p.lag)
 	if err != nil {
 		return "", nil, err
@@ -113,7 +121,7 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	if p.alerter != nil && (p.rule.MaxLag > 0 || p.rule.MaxAge > 0) {
 		watch = lag.NewWatch(p.rule, p.alerter)
 	}
-	sampler := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: p.interval, Watch: watch, Logger: logger()})
+	sampler := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: p.interval, Watch: watch, Logger: p.log})
 	if p.reg == nil {
 		p.reg = prometheus.NewRegistry()
 	}
@@ -122,7 +130,7 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 		return "", nil, err
 	}
 	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Token: p.token, Sampler: sampler,
-		Services: p.services, Logger: logger()})
+		Services: p.services, Logger: p.log})
 	if err != nil {
 		m.Close()
 		return "", nil, err
@@ -136,7 +144,7 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	// The lag collector, and the dead-letter counters of the default registry.
 	mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{p.reg, prometheus.DefaultGatherer}, promhttp.HandlerOpts{}))
 	if p.source != nil {
-		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(p.source, dlq.HandlerConfig{Token: p.token, Logger: logger()})))
+		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(p.source, dlq.HandlerConfig{Token: p.token, Logger: p.log})))
 	}
 	mux.Handle("/", con.Handler())
 	srv := console.NewServer(ln, mux, p.allowed)

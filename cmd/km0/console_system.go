@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"maps"
 	"os"
 	"slices"
@@ -27,7 +28,7 @@ import (
 // group, and the health of its HTTP servers. It prints the console's URL.
 // Lag alerts need km0 console or km0 lag --serve, whose flags set the
 // thresholds.
-func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suffix string, brokers []string, drop bool, out io.Writer, name string) (stop func(), err error) {
+func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suffix string, brokers []string, drop bool, out io.Writer, name string, log *slog.Logger) (stop func(), err error) {
 	if adminURL == "" {
 		return nil, errors.New("--console needs --database-url (or $KM0_DATABASE_URL): the dead-letter index gets its own database km0_dlq on that server")
 	}
@@ -59,7 +60,7 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 		return fail(err)
 	}
 	reg := prometheus.NewRegistry()
-	al, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, Logger: logger(), WebhookURL: os.Getenv("KM0_DLQ_WEBHOOK")})
+	al, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, Logger: log, WebhookURL: os.Getenv("KM0_DLQ_WEBHOOK")})
 	if err != nil {
 		return fail(err)
 	}
@@ -68,14 +69,14 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 		defer cancel()
 		_ = al.Close(cctx)
 	})
-	kcfg := dlq.KafkaConfig{Brokers: brokers, Logger: logger()}
+	kcfg := dlq.KafkaConfig{Brokers: brokers, Logger: log}
 	backend, err := dlq.NewKafkaBackend(kcfg)
 	if err != nil {
 		return fail(err)
 	}
 	closers = append(closers, backend.Close)
 	store := dlq.NewStore(pool, "")
-	src, err := dlq.NewService(dlq.ServiceConfig{Store: store, Backend: backend, Alerter: al, Logger: logger()})
+	src, err := dlq.NewService(dlq.ServiceConfig{Store: store, Backend: backend, Alerter: al, Logger: log})
 	if err != nil {
 		return fail(err)
 	}
@@ -88,7 +89,7 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	go func() {
 		defer close(ixDone)
 		if err := ix.Run(ictx); err != nil && ictx.Err() == nil {
-			logger().Error(name+": dead-letter indexer stopped", "err", err)
+			log.Error(name+": dead-letter indexer stopped", "err", err)
 		}
 	}()
 	closers = append(closers, func() { cancelIx(); <-ixDone })
@@ -105,8 +106,8 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	}
 	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(svc.AllowedHostsEnv), ","),
 		token: os.Getenv(adminTokenEnv), source: src, broker: "Kafka", alerter: al,
-		lag:      lag.Config{Outboxes: outboxes, Brokers: brokers, Logger: logger()},
-		interval: lag.IntervalDefault, services: services, reg: reg, out: out, name: name})
+		lag:      lag.Config{Outboxes: outboxes, Brokers: brokers, Logger: log},
+		interval: lag.IntervalDefault, services: services, reg: reg, out: out, name: name, log: log})
 	if err != nil {
 		return fail(err)
 	}

@@ -94,7 +94,7 @@ func TestServeConsole(t *testing.T) {
 	defer cancel()
 	var printed bytes.Buffer
 	url, stop, err := serveConsole(ctx, consoleParts{addr: "127.0.0.1:0", token: "t0k3n", broker: "Kafka",
-		lag: lag.Config{Brokers: strings.Split(brokers, ","), Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()},
+		lag:      lag.Config{Brokers: strings.Split(brokers, ","), Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()},
 		interval: time.Hour, out: &printed, name: "km0 console"})
 	if err != nil {
 		t.Fatal(err)

@@ -60,7 +60,7 @@ func runDemo(ctx context.Context, args []string) error {
 			if *consoleAddr == "" {
 				return func() {}, nil
 			}
-			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, progress, "km0 demo")
+			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, progress, "km0 demo", demoLogger())
 		},
 		OnReport: func(r *demo.Report) {
 			report = r

@@ -142,7 +142,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		}
 	}
 	if *consoleAddr != "" {
-		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, os.Stdout, "km0 "+name)
+		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, os.Stdout, "km0 "+name, logger())
 		if err != nil {
 			return err
 		}
