@@ -2,6 +2,8 @@ package console_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -11,7 +13,12 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/km0/km0/console"
+	"github.com/km0/km0/lag"
 )
+
+func abs(n int) int { return max(n, -n) }
 
 // chromiumPath is Debian's Chromium (apt-get install chromium).
 const chromiumPath = "/usr/bin/chromium"
@@ -81,7 +88,24 @@ func eval[T any](t *testing.T, ctx context.Context, js string) T {
 // way to read a letter or act; logged in, an operator finds the group with
 // its count, replays it (dry run, then for real) and sees the count fall.
 func TestBrowserReplayGroup(t *testing.T) {
-	b := setup(t, token)
+	// A lag history for the chart of the screenshot: one group falling
+	// behind and catching up over the last hour, and a healthy service.
+	sampler := lag.NewSampler(lag.SamplerConfig{})
+	for i := 0; i <= 12; i++ {
+		behind := int64(40 * (6 - abs(i-6)))
+		sampler.Add(&lag.Snapshot{At: time.Now().Add(time.Duration(i-12) * 5 * time.Minute),
+			Groups:   []lag.GroupLag{{Group: "repartiment.assignacio", Total: behind}},
+			Outboxes: []lag.OutboxLag{{Name: "comandes", Pending: behind / 4}}})
+	}
+	health := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"servei":"comandes","estat":"ok"}`))
+	}))
+	defer health.Close()
+	b := setupWith(t, token, func(c *console.Config) {
+		c.Sampler = sampler
+		c.Services = []console.Service{{Name: "comandes", URL: health.URL}}
+	})
 	ids := b.produceDead(t, 3, class+": falta adreca_lliurament")
 	b.produceDead(t, 2, class2+": timeout after 5s")
 	ctx := newBrowser(t)
@@ -134,6 +158,9 @@ func TestBrowserReplayGroup(t *testing.T) {
 	}
 	if n := text(t, ctx, row(class2)+" .count"); n != "2" {
 		t.Fatalf("the other group: %q, want 2", n)
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll("#lag-chart polyline").length`); n != 2 {
+		t.Fatalf("lag chart: %d lines, want 2", n)
 	}
 	if total := text(t, ctx, "#total"); total != "2" {
 		t.Fatalf("total %q, want 2", total)

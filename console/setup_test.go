@@ -50,7 +50,10 @@ type bundle struct {
 
 // setup starts a broker with the DLQ topic, a migrated index, a Service and
 // a console with token tok ("" = none) behind an httptest server.
-func setup(t *testing.T, tok string) *bundle {
+func setup(t *testing.T, tok string) *bundle { t.Helper(); return setupWith(t, tok, nil) }
+
+// setupWith is setup with more of the console's Config set by more.
+func setupWith(t *testing.T, tok string, more func(*console.Config)) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
@@ -70,7 +73,11 @@ func setup(t *testing.T, tok string) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	con, err := console.New(console.Config{Source: svc, Token: tok, Logger: log})
+	cfg := console.Config{Source: svc, Token: tok, Logger: log}
+	if more != nil {
+		more(&cfg)
+	}
+	con, err := console.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,3 +210,5 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for work
 	}
 }
+
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
