@@ -72,6 +72,7 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 	}
 	j := &job{ID: randomToken()[:16], Sel: sel, Started: c.cfg.Now(), state: "running"}
 	c.jobsMu.Lock()
+	c.pruneJobs()
 	c.jobs[j.ID] = j
 	c.jobsMu.Unlock()
 	c.wg.Add(1)
@@ -136,6 +137,21 @@ func (c *Console) runReplay(j *job) {
 		j.mu.Unlock()
 	}
 	end("done", "")
+}
+
+// keepJobs is how long a finished job's page stays available.
+const keepJobs = 24 * time.Hour
+
+// pruneJobs forgets jobs finished more than keepJobs ago. c.jobsMu is held.
+func (c *Console) pruneJobs() {
+	for id, j := range c.jobs {
+		j.mu.Lock()
+		old := !j.finished.IsZero() && c.cfg.Now().Sub(j.finished) > keepJobs
+		j.mu.Unlock()
+		if old {
+			delete(c.jobs, id)
+		}
+	}
 }
 
 func (c *Console) job(w http.ResponseWriter, r *http.Request) *job {
