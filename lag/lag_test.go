@@ -258,7 +258,7 @@ func TestLagAlertThroughTheDLQWebhook(t *testing.T) {
 	sample() // still over: no second alert
 	commit(t, adm, map[int32]int64{0: 5})
 	now = now.Add(time.Minute)
-	sample() // caught up: resolved
+	sample()                              // caught up: resolved
 	if err := al.Close(ctx); err != nil { // delivers what is queued
 		t.Fatal(err)
 	}
