@@ -141,7 +141,7 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 		return "", nil, fmt.Errorf("console: listen %s: %w", p.addr, err)
 	}
 	mux := http.NewServeMux()
-	// The lag collector, and the dead-letter counters of the default registry.
+	// The console's registry, and the default one (the process's own metrics).
 	mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{p.reg, prometheus.DefaultGatherer}, promhttp.HandlerOpts{}))
 	if p.source != nil {
 		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(p.source, dlq.HandlerConfig{Token: p.token, Logger: p.log})))
@@ -169,8 +169,12 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 }
 
 func runConsole(ctx context.Context, args []string) error {
-	c := &dlqCLI{out: os.Stdout, errOut: os.Stderr, in: os.Stdin, now: time.Now}
-	fs, o := c.flags("console", "serve the operator console: dead letters by failure group, lag and health")
+	return consoleCmd(ctx, os.Stdout, os.Stderr, args)
+}
+
+func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
+	c := &dlqCLI{out: out, errOut: errOut, in: strings.NewReader(""), now: time.Now}
+	fs, o := c.flagsFor("console", "serve the operator console (dead letters by failure group: read, replay, purge; lag and health), index every new dead letter and alert on it, as km0 dlq index")
 	addr := fs.String("http-addr", consoleAddrDefault, "listen address of the console (loopback by default; the Host header is checked)")
 	allowed := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names the console answers besides its listen address: NAME or NAME:PORT,... (default $"+svc.AllowedHostsEnv+")")
 	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
@@ -178,7 +182,8 @@ func runConsole(ctx context.Context, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	env, err := c.open(ctx, o, prometheus.DefaultRegisterer, false)
+	reg := prometheus.NewRegistry() // the console's /metrics: dead letters and lag
+	env, err := c.open(ctx, o, reg, false)
 	if err != nil {
 		return err
 	}
@@ -192,7 +197,6 @@ func runConsole(ctx context.Context, args []string) error {
 	if env.rabbit {
 		broker = "RabbitMQ"
 	}
-	reg := prometheus.NewRegistry()
 	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(adminTokenEnv),
 		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
 		rule:     lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor},

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -133,5 +135,71 @@ func TestServeConsole(t *testing.T) {
 	}
 	if code, _ := get("/", "evil.example"); code != http.StatusMisdirectedRequest {
 		t.Fatalf("GET / with another Host: %d, want 421", code)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// km0 console indexes new dead letters by itself (it replaces km0 dlq
+// index): one written to the DLQ after it started shows up in its overview
+// and its metrics, and it stops cleanly with its context.
+func TestConsoleCommandIndexesAndServes(t *testing.T) {
+	h := newDLQHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- consoleCmd(ctx, &out, &errOut, append(append([]string{}, h.base...), "--http-addr", "127.0.0.1:0", "--lag-interval", "1h"))
+	}()
+	urlRE := regexp.MustCompile(`console at (http://[0-9.:]+)/`)
+	var base string
+	waitUntil(t, "the console's URL", func() bool {
+		if m := urlRE.FindStringSubmatch(errOut.String()); m != nil {
+			base = m[1]
+		}
+		return base != ""
+	})
+	h.dead("P-9", "permanent: esquema: falta client", []byte(`{}`))
+	get := func(path string) string {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	waitUntil(t, "the letter in the console", func() bool {
+		return strings.Contains(get("/"), `<td class="num count">1</td>`)
+	})
+	if m := get("/metrics"); !strings.Contains(m, `km0_dlq_letters_total{motiu="permanent: esquema",topic="comandes.esdeveniments"} 1`) {
+		t.Fatalf("no dead-letter counter on /metrics:\n%s", m)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("km0 console: %v\n%s", err, errOut.String())
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
 	}
 }
