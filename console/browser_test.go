@@ -34,14 +34,32 @@ func newBrowser(t *testing.T) context.Context {
 		}
 		t.Skipf("%s is missing: install Debian's chromium to run the browser test", chromiumPath)
 	}
+	// Not t.TempDir: Chromium's child processes may still write to the
+	// profile for a moment after the browser stops, and RemoveAll must be
+	// tried again then.
+	profile, err := os.MkdirTemp("", "km0-console-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(chromiumPath), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
 		chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
 		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1000))
+		chromedp.UserDataDir(profile), chromedp.WindowSize(1280, 1000))
 	ctx, cancel := chromedp.NewContext(alloc)
-	t.Cleanup(func() { cancel(); cancelAlloc() })
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc()
+		deadline := time.Now().Add(10 * time.Second)
+		for err := os.RemoveAll(profile); err != nil; err = os.RemoveAll(profile) {
+			if time.Now().After(deadline) {
+				t.Errorf("remove the browser profile %s: %v", profile, err)
+				return
+			}
+			time.Sleep(50 * time.Millisecond) // retry interval
+		}
+	})
 	if err := chromedp.Do(ctx); err != nil { // starts the browser (no timeout on this first call)
 		t.Fatalf("start %s: %v", chromiumPath, err)
 	}
