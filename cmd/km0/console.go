@@ -18,6 +18,7 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/services/svc"
@@ -88,20 +89,21 @@ func (m *mapFlag) Set(v string) error {
 // consoleParts is what serveConsole puts together: the dead-letter source,
 // the lag measurer and the services.
 type consoleParts struct {
-	addr     string
-	allowed  []string
-	token    string
-	source   dlq.Source
-	broker   string
-	alerter  *dlq.Alerter // lag alerts go through its webhook; nil: none
-	lag      lag.Config
-	rule     lag.Rule
-	interval time.Duration
-	services []console.Service
-	reg      *prometheus.Registry // served at /metrics with the lag collector
-	out      io.Writer
-	name     string       // the command, for the printed lines
-	log      *slog.Logger // default logger()
+	addr      string
+	allowed   []string
+	token     string
+	source    dlq.Source
+	broker    string
+	alerter   *dlq.Alerter // lag alerts go through its webhook; nil: none
+	lag       lag.Config
+	rule      lag.Rule
+	interval  time.Duration
+	services  []console.Service
+	reg       *prometheus.Registry // served at /metrics with the lag collector
+	out       io.Writer
+	name      string        // the command, for the printed lines
+	log       *slog.Logger  // default logger()
+	retention time.Duration // default inbox.RetentionDefault
 }
 
 // serveConsole starts the console's HTTP server and its lag sampler; both
@@ -130,7 +132,7 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 		return "", nil, err
 	}
 	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Token: p.token, Sampler: sampler,
-		Services: p.services, Logger: p.log})
+		Services: p.services, Logger: p.log, Retention: p.retention})
 	if err != nil {
 		m.Close()
 		return "", nil, err
@@ -178,9 +180,13 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	addr := fs.String("http-addr", consoleAddrDefault, "listen address of the console (loopback by default; the Host header is checked)")
 	allowed := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names the console answers besides its listen address: NAME or NAME:PORT,... (default $"+svc.AllowedHostsEnv+")")
 	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
+	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: replays refuse older letters unless forced")
 	lf := addLagFlags(fs, true)
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *retention <= 0 || *interval <= 0 {
+		return errors.New("--retention and --interval must be positive")
 	}
 	reg := prometheus.NewRegistry() // the console's /metrics: dead letters and lag
 	env, err := c.open(ctx, o, reg, false)
@@ -200,7 +206,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(adminTokenEnv),
 		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
 		rule:     lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor},
-		services: services(lf.services), reg: reg, out: c.errOut, name: "km0 console"})
+		services: services(lf.services), reg: reg, out: c.errOut, name: "km0 console", retention: *retention})
 	if err != nil {
 		return err
 	}
