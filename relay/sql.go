@@ -43,7 +43,7 @@ func newQueries(n migrate.Names) queries {
 	table := pgx.Identifier{n.Schema, n.Outbox}.Sanitize()
 	parked := pgx.Identifier{n.Schema, n.Outbox + "_aparcats"}.Sanitize()
 	claim := func(shardFilter, limit string) string {
-		return "SELECT o.id, o.agregat, o.agregat_id, o.tipus, o.versio, o.carrega, o.creat_en, o.ctid FROM " + table + " o" +
+		return "SELECT o.id, o.agregat, o.agregat_id, o.tipus, o.versio, o.carrega, o.creat_en, o.ctid, o.capcaleres FROM " + table + " o" +
 			" WHERE o.publicat_en IS NULL" + shardFilter +
 			// Skip aggregates with a parked row. Written as an OR so that
 			// PostgreSQL hashes the (small) parking table once instead of
