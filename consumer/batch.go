@@ -482,6 +482,8 @@ var errBatchFailed = errors.New("consumer: batch handler failed")
 // callBatch runs HandleBatch; a panic is an error like any other (the
 // messages then run one by one with Handle, which decides their fate).
 func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
+	ctx, end := c.startBatchSpans(ctx, msgs)
+	defer func() { end(nil, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
@@ -494,6 +496,8 @@ func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (e
 // callBatchOutcomes runs HandleBatchOutcomes; a panic fails the whole batch,
 // as in callBatch.
 func (c *Consumer) callBatchOutcomes(ctx context.Context, tx pgx.Tx, msgs []*Message) (outcomes []error, err error) {
+	ctx, end := c.startBatchSpans(ctx, msgs)
+	defer func() { end(outcomes, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			outcomes, err = nil, &PanicError{Value: r, Stack: debug.Stack()}
@@ -520,6 +524,8 @@ func (c *Consumer) decode(r *kgo.Record) (env *envelope.Envelope, err error) {
 
 // call runs the handler, turning a panic into a transient *PanicError.
 func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	ctx, span := c.startSpan(ctx, m)
+	defer func() { tracing.End(span, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			pe := &PanicError{Value: r, Stack: debug.Stack()}
@@ -528,7 +534,6 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) 
 			err = outcome.Transient(pe)
 		}
 	}()
-	ctx = tracing.Extract(ctx, m.Message)
 	if c.cfg.Handle != nil {
 		return c.cfg.Handle(ctx, tx, m)
 	}

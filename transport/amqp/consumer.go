@@ -447,13 +447,19 @@ func typeHeader(t amqp.Table) contract.TypeHeader {
 
 // run calls the handler, turning a panic into a transient error.
 func (c *Consumer) run(ctx context.Context, tx pgx.Tx, m *consumer.Message) (err error) {
+	// Tracing: the consumer span of this attempt, the child of the trace
+	// context the message carries.
+	ctx, span := tracing.ConsumerContext(ctx, m.Message, tracing.Delivery{System: tracing.SystemRabbitMQ,
+		Destination: c.cfg.Queue, Group: c.cfg.Name, MessageID: m.Envelope.ID, RoutingKey: m.Topic})
+	m.SetContext(ctx)
+	defer func() { tracing.End(span, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			c.cfg.Logger.Error("amqp: handler panicked", "id_esdeveniment", m.Envelope.ID, "panic", r, "stack", string(debug.Stack()))
 			err = outcome.Transient(fmt.Errorf("panic: %v", r))
 		}
 	}()
-	return c.cfg.Handler(tracing.Extract(ctx, m.Message), tx, m)
+	return c.cfg.Handler(ctx, tx, m)
 }
 
 // backoff is base × 2^(attempt−1), capped.
