@@ -151,7 +151,7 @@ func (o *Outbox) EnqueueBatch(ctx context.Context, tx DBTX, events []*Event) err
 	n := len(events)
 	prepared := make([][]byte, n)
 	traced := tracing.Headers(ctx)
-	var headers []*string // nil unless some event has capcaleres
+	var headers []*string      // nil unless some event has capcaleres
 	for i, e := range events { // in the caller's order: the error names the caller's index
 		p, err := o.prepare(e)
 		if err != nil {
