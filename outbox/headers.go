@@ -32,14 +32,21 @@ var reserved = []string{
 	contract.HeaderOriginalTopic, contract.HeaderOriginalPartition, contract.HeaderOriginalOffset,
 	contract.HeaderFirstFailure, contract.HeaderGroup, contract.HeaderOriginalTime,
 	contract.HeaderDeadAt, contract.HeaderDeadline,
+	// Written by km0's transports and patterns (spelled here: those
+	// packages import this one's dependents).
+	"clau", "cua_origen", // transport/amqp HeaderKey, HeaderOriginQueue
+	"respondre_a", "id_peticio", "resultat", // requestreply
+	"reproduida_de", // dlq HeaderReplayedFrom
 }
 
 // Reserved reports whether name is a header an event may not set: one of the
 // contract's (tipus, id_esdeveniment, correlacio, intents, no_abans,
-// ultim_error, motiu, the *_original and time headers), or a name starting
-// with "x-" (RabbitMQ's own, such as x-death), compared case-insensitively.
+// ultim_error, motiu, the *_original and time headers), one km0's transports
+// and patterns write (clau, cua_origen, respondre_a, id_peticio, resultat,
+// reproduida_de), or a name starting with "km0" or "x-" (RabbitMQ's own, such
+// as x-death), compared case-insensitively.
 func Reserved(name string) bool {
-	if len(name) >= 2 && strings.EqualFold(name[:2], "x-") {
+	if len(name) >= 2 && strings.EqualFold(name[:2], "x-") || len(name) >= 3 && strings.EqualFold(name[:3], "km0") {
 		return true
 	}
 	for _, r := range reserved {
