@@ -11,10 +11,15 @@ import (
 // BenchmarkEnqueue writes one comanda.creada per iteration inside one open
 // transaction (rolled back at the end), so a round trip to PostgreSQL and the
 // encoding are what is measured, not COMMIT.
-func BenchmarkEnqueue(b *testing.B) {
+func BenchmarkEnqueue(b *testing.B) { benchEnqueue(b, context.Background()) }
+
+// BenchmarkEnqueueTraced is BenchmarkEnqueue with a sampled span in ctx:
+// each row also stores its traceparent in capcaleres.
+func BenchmarkEnqueueTraced(b *testing.B) { benchEnqueue(b, tracedCtx()) }
+
+func benchEnqueue(b *testing.B, ctx context.Context) {
 	s := pgtest.NewMigratedSchema(b)
 	ob := outbox.New(outbox.Config{Names: s.Names()})
-	ctx := context.Background()
 	tx, err := s.Pool.Begin(ctx)
 	if err != nil {
 		b.Fatal(err)
