@@ -128,3 +128,36 @@ func TestRelayPublishesCapcaleresOverRabbitMQ(t *testing.T) {
 		t.Fatalf("consumer side extracts %v", sc)
 	}
 }
+
+// A relay run with a traced ctx publishes each row with its own row's trace
+// (or none), never the relay's: the publishers inject the trace of their
+// ctx, and the relay hides its own from them.
+func TestRelayNeverStampsItsOwnTraceOnRows(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	r := b.newRelay(t, b.config())
+	own := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	e := &outbox.Event{Aggregate: "comanda", AggregateID: "A", Type: "comanda.creada", Payload: seqPayload{Seq: 1},
+		Headers: map[string]string{"traceparent": own}}
+	if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.Enqueue(ctx, tx, e) }); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(t, "B", seqPayload{Seq: 1}) // untraced
+	n, err := r.RunOnce(tracedCtx(t))     // the relay's own ctx is traced
+	if err != nil || n != 2 {
+		t.Fatalf("RunOnce: %d %v, want 2", n, err)
+	}
+	for _, rec := range b.read(t, 2) {
+		h := recordHeaders(rec)
+		switch string(rec.Key) {
+		case "A":
+			if len(h["traceparent"]) != 1 || h["traceparent"][0] != own {
+				t.Fatalf("A: traceparent %v, want its row's %s", h["traceparent"], own)
+			}
+		case "B":
+			if _, ok := h["traceparent"]; ok {
+				t.Fatalf("B (untraced row): traceparent %v, want none", h["traceparent"])
+			}
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outbox"
@@ -346,6 +347,9 @@ func (w *worker) publish(ctx context.Context, msgs []*transport.Message) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.r.cfg.PublishTimeout)
 	defer cancel()
+	// Each record carries its own row's trace (capcaleres), never the
+	// relay's: publishers inject the trace of their ctx, so hide any.
+	ctx = trace.ContextWithSpanContext(ctx, trace.SpanContext{})
 	return w.r.cfg.Publisher.Publish(ctx, msgs)
 }
 
