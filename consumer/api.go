@@ -40,7 +40,26 @@ type Message struct {
 	Envelope       *envelope.Envelope // decoded (and upcast) envelope
 	Attempt        int                // 1 for the first delivery, 2 for the first retry...
 	FirstFailure   time.Time          // zero on the first attempt
+
+	ctx context.Context // the context of the message's consumer span; see Context
 }
+
+// Context returns the context of this message's consumer span, the child of
+// the trace its producer stored in the outbox (package tracing). A Handler
+// receives it as its ctx already; a batch handler, whose ctx is the batch's,
+// uses it for what one message causes, e.g. outbox.Event.Headers:
+// tracing.Headers(m.Context()), so each event continues its own message's
+// trace. context.Background() when unset.
+func (m *Message) Context() context.Context {
+	if m.ctx == nil {
+		return context.Background()
+	}
+	return m.ctx
+}
+
+// SetContext sets what Context returns. Consumers call it when they start
+// the message's consumer span (tracing.ConsumerContext).
+func (m *Message) SetContext(ctx context.Context) { m.ctx = ctx }
 
 // Handler applies the effect of one event inside tx, the transaction in which
 // the consumer also records (id_esdeveniment, consumidor). It returns nil on
