@@ -40,7 +40,26 @@ type Message struct {
 	Envelope       *envelope.Envelope // decoded (and upcast) envelope
 	Attempt        int                // 1 for the first delivery, 2 for the first retry...
 	FirstFailure   time.Time          // zero on the first attempt
+
+	ctx context.Context // the context of the message's consumer span; see Context
 }
+
+// Context returns the context of this message's consumer span, the child of
+// the trace its producer stored in the outbox (package tracing). A Handler
+// receives it as its ctx already; a batch handler, whose ctx is the batch's,
+// uses it for what one message causes, e.g. outbox.Event.Headers:
+// tracing.Headers(m.Context()), so each event continues its own message's
+// trace. context.Background() when unset.
+func (m *Message) Context() context.Context {
+	if m.ctx == nil {
+		return context.Background()
+	}
+	return m.ctx
+}
+
+// SetContext sets what Context returns. Consumers call it when they start
+// the message's consumer span (tracing.ConsumerContext).
+func (m *Message) SetContext(ctx context.Context) { m.ctx = ctx }
 
 // Handler applies the effect of one event inside tx, the transaction in which
 // the consumer also records (id_esdeveniment, consumidor). It returns nil on
@@ -52,19 +71,20 @@ type Message struct {
 // and so is the key: nothing of a failed attempt persists.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
-// BatchHandler applies the effects of several messages of one partition, in
-// offset order, inside tx (see Config.HandleBatch). It must apply all of them
-// or return an error; it needs no error attribution, since on any error the
-// consumer rolls back and runs the messages one by one with the Handler.
+// BatchHandler applies the effects of several messages of one lane (a Kafka
+// partition, a RabbitMQ queue worker), in their order, inside tx (see
+// Config.HandleBatch). It must apply all of them or return an error; it
+// needs no error attribution, since on any error the consumer rolls back
+// and runs the messages one by one with the Handler.
 // A deadlock or serialisation failure (SQLSTATE 40P01, 40001) is not such an
 // error: the consumer reruns the whole batch in place (see
 // Config.HandleBatchOutcomes).
 type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 
 // BatchOutcomeHandler applies the effects of several messages of one
-// partition inside tx, and may refuse some of them on their own (see
+// lane inside tx, and may refuse some of them on their own (see
 // Config.HandleBatchOutcomes). msgs are the new messages of the transaction
-// (duplicates are already absorbed), in offset order.
+// (duplicates are already absorbed), in their order.
 //
 // It returns one error per message, outcomes[i] for msgs[i]:
 //   - nil: message i is applied; its effect and its idempotency key commit

@@ -503,6 +503,8 @@ var errBatchFailed = errors.New("consumer: batch handler failed")
 // callBatch runs HandleBatch; a panic is an error like any other (the
 // messages then run one by one with Handle, which decides their fate).
 func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
+	ctx, end := c.startBatchSpans(ctx, msgs)
+	defer func() { end(nil, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
@@ -515,6 +517,8 @@ func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (e
 // callBatchOutcomes runs HandleBatchOutcomes; a panic fails the whole batch,
 // as in callBatch.
 func (c *Consumer) callBatchOutcomes(ctx context.Context, tx pgx.Tx, msgs []*Message) (outcomes []error, err error) {
+	ctx, end := c.startBatchSpans(ctx, msgs)
+	defer func() { end(outcomes, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			outcomes, err = nil, &PanicError{Value: r, Stack: debug.Stack()}
@@ -541,6 +545,8 @@ func (c *Consumer) decode(d *transport.Delivery) (env *envelope.Envelope, err er
 
 // call runs the handler, turning a panic into a transient *PanicError.
 func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	ctx, span := c.startSpan(ctx, m)
+	defer func() { tracing.End(span, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			pe := &PanicError{Value: r, Stack: debug.Stack()}
@@ -549,7 +555,6 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) 
 			err = outcome.Transient(pe)
 		}
 	}()
-	ctx = c.messageContext(ctx, m)
 	if c.cfg.Handle != nil {
 		return c.cfg.Handle(ctx, tx, m)
 	}
@@ -566,9 +571,3 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) 
 	return outcomes[0]
 }
 
-// messageContext builds the context a handler runs one message with: the
-// one place where per-message context is made (trace context continued from
-// the message's headers).
-func (c *Consumer) messageContext(ctx context.Context, m *Message) context.Context {
-	return tracing.Extract(ctx, m.Message)
-}

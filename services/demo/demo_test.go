@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -76,8 +77,30 @@ func checkDemo(t *testing.T, cfg demo.Config) *demo.Report {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	var progress bytes.Buffer
+	// With KeepRunning, OnRunning (km0 demo --keep-running's console) gets
+	// the running system; every HTTP server answers its health endpoint.
+	runCtx, stopRunning := context.WithCancel(ctx)
+	defer stopRunning()
+	var healthy []string
+	servers := 0
+	onRunning := func(_ context.Context, rn demo.Running) (func(), error) {
+		defer stopRunning() // the demo returns instead of waiting for Ctrl-C
+		servers = len(rn.System.Addrs())
+		for name, base := range rn.System.Addrs() {
+			resp, err := http.Get(base + system.HealthPath)
+			if err != nil {
+				return nil, err
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				healthy = append(healthy, name)
+			}
+		}
+		return func() {}, nil
+	}
 	cfg.Orders, cfg.Clients, cfg.DatabaseURL, cfg.Out, cfg.SettleTimeout = 150, 6, pgtest.URL(), &progress, 90*time.Second
-	r, err := demo.Run(ctx, cfg)
+	cfg.KeepRunning, cfg.OnRunning = true, onRunning
+	r, err := demo.Run(runCtx, cfg)
 	if err != nil {
 		t.Fatalf("demo did not run: %v\n%s", err, progress.String())
 	}
@@ -114,6 +137,9 @@ func checkDemo(t *testing.T, cfg demo.Config) *demo.Report {
 	}
 	if s := r.Stock["formatge-curat"]; s.Final != 1 || !s.LowStock {
 		t.Errorf("cheese %+v", s)
+	}
+	if len(healthy) != servers || servers < 7 {
+		t.Errorf("healthy HTTP servers while kept running: %v of %d, want every one (5 services with an API, passarella, mapes)", healthy, servers)
 	}
 	// The JSON form carries the same verdict.
 	b, err := json.Marshal(r)

@@ -205,3 +205,46 @@ func TestHandlerPanicIsATransientFailureOnRabbitMQ(t *testing.T) {
 		t.Fatalf("stats %+v: want 1 panic, retried once, not dead-lettered", st)
 	}
 }
+
+// Crash point on RabbitMQ: the consumer dies after the broker confirmed a
+// failure's retry copy and before the original was acked
+// (BeforeSourceCommit). Both come back: the original at once (unacked), the
+// copy from its wait queue. The effect is applied once and the second of
+// the two is a duplicate for the inbox.
+func TestCrashAfterRetryCopyBeforeAckAppliesOnce(t *testing.T) {
+	b := setup(t)
+	var fail atomic.Bool
+	fail.Store(true)
+	cfg := b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if fail.Load() {
+			return errors.New("mapes: 503")
+		}
+		return recordEffect(ctx, tx, m, 0)
+	})
+	cfg.Hooks.BeforeSourceCommit = func(context.Context, int) error { return faults.ErrCrashed }
+	c, err := newConsumer(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(faults.WithConsumer(context.Background(), cfg.Hooks)) }()
+	publish(t, b, event(t, b.queue, "k", 1))
+	select {
+	case err := <-done:
+		if !errors.Is(err, faults.ErrCrashed) {
+			t.Fatalf("Run returned %v, want the crash", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the consumer did not crash")
+	}
+	fail.Store(false)
+	cfg.Hooks = faults.Consumer[*consumer.Message]{}
+	c2, _ := startConsumer(t, cfg)
+	waitFor(t, 20*time.Second, "the original applied and the copy absorbed", func() bool {
+		st := c2.Stats()
+		return st.Processed == 1 && st.Duplicates == 1
+	})
+	if rows, _ := countEffects(t, b.db); rows != 1 || c2.Stats().DeadLettered != 0 {
+		t.Fatalf("%d effects, stats %+v: want 1 effect, the copy a duplicate", rows, c2.Stats())
+	}
+}

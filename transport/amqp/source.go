@@ -493,3 +493,7 @@ func randomTag() string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// MessagingSystem names the broker in the consumer's trace spans
+// (messaging.system).
+func (s *Source) MessagingSystem() string { return "rabbitmq" }

@@ -518,3 +518,7 @@ func commitError(resp *kmsg.OffsetCommitResponse, err error) error {
 	}
 	return nil
 }
+
+// MessagingSystem names the broker in the consumer's trace spans
+// (messaging.system).
+func (s *Source) MessagingSystem() string { return "kafka" }
