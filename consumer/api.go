@@ -1,9 +1,19 @@
-// Package consumer is km0's Kafka consumer: a consumer-group member that runs a
-// Handler for each event of the tipus it handles, records the idempotency key
-// in the same transaction as the effect (package inbox), commits offsets only
-// after that transaction (at-least-once; AtMostOnce is explicit), and moves
-// failures off the partition: transient ones to <topic>.retry with backoff,
-// permanent ones (and exhausted transients) to <topic>.dlq.
+// Package consumer is km0's consume pipeline, the same over every broker: it
+// runs a Handler for each event of the tipus it handles, records the
+// idempotency key in the same transaction as the effect (the idempotent
+// consumer pattern; table missatges_processats), settles a message with the
+// broker only after that transaction (at-least-once; AtMostOnce is
+// explicit), reruns a transaction in place after a deadlock or a
+// serialisation failure and waits out a database outage without spending an
+// attempt, and moves failures off the stream: transient ones to a retry with
+// backoff, permanent ones (and exhausted transients) to a dead letter with a
+// motiu.
+//
+// The broker is a Source: kafka.NewSource (a consumer group; retries on
+// <topic>.retry, dead letters on <topic>.dlq) or amqp.NewSource (a work
+// queue or ordered shard queues; retries through wait queues, dead letters
+// to <queue>.dlq through the DLX). Everything else in Config is the same on
+// both.
 package consumer
 
 import (
@@ -18,10 +28,10 @@ import (
 
 // Message is one delivered event as a Handler sees it.
 type Message struct {
-	*transport.Message        // topic, key, raw value, headers
-	OriginalTopic      string // the domain topic: Topic, or the topic a retry copy came from
-	Partition          int32  // source partition
-	Offset             int64  // source offset
+	*transport.Message        // topic (AMQP: routing key), key, raw value, headers
+	OriginalTopic      string // the domain topic (Topic, or the topic a retry copy came from), or the work queue
+	Partition          int32  // Kafka partition; RabbitMQ shard (0 on a plain queue)
+	Offset             int64  // Kafka offset; -1 on RabbitMQ
 	// IdempotencyKey is what the inbox records: the envelope member
 	// "correlacio" when present (the shared id of a dual-published pair, so a
 	// consumer accepting both copies handles the pair once), else
@@ -63,10 +73,10 @@ type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 //     message i in tx (compute first, then write only the accepted ones, or
 //     use a savepoint). The consumer deletes message i's key in tx, so the
 //     refusal rolls the key back exactly as a failed Handler does, and routes
-//     the error as the one-message path does: outcome.Permanent goes to
-//     <topic>.dlq at this attempt, a transient error to <topic>.retry
-//     (attempt n+1) or to the DLQ when the attempts are spent; other errors
-//     are classified by Config.Classifier.
+//     the error as the one-message path does: outcome.Permanent is
+//     dead-lettered at this attempt, a transient error retried (attempt
+//     n+1) or dead-lettered when the attempts are spent; other errors are
+//     classified by Config.Classifier.
 //
 // A nil slice means every message was applied. The second result fails the
 // whole batch: the transaction rolls back, and the messages run again one by
@@ -76,14 +86,16 @@ type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 // of the wrong length, or a panic, is a failure of the whole batch too.
 type BatchOutcomeHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) (outcomes []error, err error)
 
-// Mode says where the offset commit goes relative to the effect.
+// Mode says where the settlement (Kafka offset commit, RabbitMQ ack) goes
+// relative to the effect.
 type Mode int
 
 const (
-	// AtLeastOnce (default): commit the offset after the effect's transaction.
-	// A crash in between redelivers; the inbox absorbs the duplicate.
+	// AtLeastOnce (default): settle after the effect's transaction. A crash
+	// in between redelivers; the inbox absorbs the duplicate.
 	AtLeastOnce Mode = iota
-	// AtMostOnce: commit the offset before processing. A crash loses the
-	// message. Only for data the next message replaces (analitica, telemetry).
+	// AtMostOnce: settle before processing. A crash loses the message. Only
+	// for data the next message replaces (analitica, telemetry). Failures
+	// are still retried and dead-lettered.
 	AtMostOnce
 )

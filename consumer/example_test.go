@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // The inventari service: decrement stock once per comanda.creada,
@@ -25,12 +26,16 @@ func Example() {
 	}
 	defer pool.Close()
 	c, err := consumer.New(consumer.Config{
-		Brokers: []string{"127.0.0.1:9092"},
-		Group:   "inventari",
-		Topics:  []string{"comandes.esdeveniments"},
-		Name:    "inventari.descompte_estoc", // the consumidor of missatges_processats
-		Pool:    pool,
-		Types:   []string{"comanda.creada"},
+		// The broker is the Source; the rest of Config is the same over
+		// RabbitMQ (amqp.NewSource).
+		Source: kafka.NewSource(kafka.SourceConfig{
+			Brokers: []string{"127.0.0.1:9092"},
+			Group:   "inventari",
+			Topics:  []string{"comandes.esdeveniments"},
+		}),
+		Name:  "inventari.descompte_estoc", // the consumidor of missatges_processats
+		Pool:  pool,
+		Types: []string{"comanda.creada"},
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			var d struct {
 				Linies []struct {

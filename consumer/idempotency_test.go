@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/faults"
 )
 
 func order(key string, lines ...linia) event { return newEvent(key, comanda{ID: key, Linies: lines}) }
@@ -23,9 +24,9 @@ func TestCrashAfterDBCommitBeforeOffsetCommitIsAbsorbedAsDuplicate(t *testing.T)
 	b.publishEvents(order("P-1", linia{"tomaquet-rosa", 3}))
 
 	cfg := b.config(inventari)
-	cfg.Hooks.AfterCommit = func(context.Context, []*consumer.Message) error { return consumer.ErrCrashed }
+	cfg.Hooks.AfterCommit = func(context.Context, []*consumer.Message) error { return faults.ErrCrashed }
 	first := b.run(cfg)
-	if err := first.wait(t); !errors.Is(err, consumer.ErrCrashed) {
+	if err := first.wait(t); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("first consumer: %v, want ErrCrashed", err)
 	}
 	if got := b.stock("tomaquet-rosa"); got != 117 {
@@ -64,10 +65,10 @@ func TestCrashMidTransactionLeavesNothingAndProcessesOnceLater(t *testing.T) {
 			return err
 		}
 		insideTx.Store(n)
-		return consumer.ErrCrashed
+		return faults.ErrCrashed
 	}
 	first := b.run(cfg)
-	if err := first.wait(t); !errors.Is(err, consumer.ErrCrashed) {
+	if err := first.wait(t); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("first consumer: %v, want ErrCrashed", err)
 	}
 	if insideTx.Load() != 75 {
@@ -181,9 +182,9 @@ func TestAtMostOnceCommitsBeforeProcessingSoACrashLosesTheMessage(t *testing.T) 
 	b.publishEvents(lost)
 	cfg := b.config(inventari)
 	cfg.Mode = consumer.AtMostOnce
-	cfg.Hooks.BeforeTxCommit = func(context.Context, pgx.Tx, []*consumer.Message) error { return consumer.ErrCrashed }
+	cfg.Hooks.BeforeTxCommit = func(context.Context, pgx.Tx, []*consumer.Message) error { return faults.ErrCrashed }
 	first := b.run(cfg)
-	if err := first.wait(t); !errors.Is(err, consumer.ErrCrashed) {
+	if err := first.wait(t); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("first consumer: %v, want ErrCrashed", err)
 	}
 	if got := b.committed(topic); got != 1 {

@@ -17,7 +17,9 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/transport/kafka"
 )
 
 func seqEvent(key string, n int) event { return newEvent(key, comanda{ID: key, N: n}) }
@@ -209,9 +211,9 @@ func TestCrashAfterRetryCopyBeforeSourceCommitAppliesOnce(t *testing.T) {
 		return outcome.Transient(errors.New("mapes: 503"))
 	}
 	cfg := b.config(failing)
-	cfg.Hooks.BeforeSourceCommit = func(context.Context, []*kgo.Record) error { return consumer.ErrCrashed }
+	cfg.Hooks.BeforeSourceCommit = func(context.Context, int) error { return faults.ErrCrashed }
 	first := b.run(cfg)
-	if err := first.wait(t); !errors.Is(err, consumer.ErrCrashed) {
+	if err := first.wait(t); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("first consumer: %v, want ErrCrashed", err)
 	}
 	if st := first.c.Stats(); st.Retried != 1 {
@@ -264,7 +266,7 @@ func TestFixAndReplayAppliesOnce(t *testing.T) {
 
 	fixed.Store(true)
 	for range 2 {
-		if err := consumer.Republish(context.Background(), b.pub, d[0]); err != nil {
+		if err := kafka.Republish(context.Background(), b.pub, d[0]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -443,7 +445,7 @@ func TestDecodePanicIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 	if st.Retried != 0 || b.effects() != 2 || b.committed(topic) != 3 {
 		t.Fatalf("stats %+v, effects %d (want 2), committed %d (want 3)", st, b.effects(), b.committed(topic))
 	}
-	recs := b.read(topic+consumer.DLQSuffix, 1)
+	recs := b.read(topic+contract.DLQSuffix, 1)
 	if len(recs) != 1 || hdr(recs[0], "id_esdeveniment") != poison.id || !strings.HasPrefix(hdr(recs[0], "motiu"), "permanent: ") ||
 		!strings.Contains(hdr(recs[0], "motiu"), "panic") {
 		t.Fatalf("dead letters %d, motiu %q", len(recs), hdr(recs[0], "motiu"))
@@ -507,7 +509,7 @@ func TestOffsetNeverPassesARecordWhoseCopyIsNotSafe(t *testing.T) {
 		return effect(ctx, tx, m)
 	})
 	cfg.Backoff = time.Hour // the copy waits in .retry; only its safety matters here
-	cfg.Hooks.BeforeSourceCommit = func(ctx context.Context, _ []*kgo.Record) error {
+	cfg.Hooks.BeforeSourceCommit = func(ctx context.Context, _ int) error {
 		once.Do(func() {
 			select {
 			case <-release:

@@ -43,13 +43,7 @@ const (
 )
 
 // Suffix is the suffix of a dead-letter topic: `<topic>.dlq`.
-const Suffix = ".dlq"
-
-// Reason prefixes of CONTRACT.md.
-const (
-	ReasonPermanent = "permanent:"
-	ReasonExhausted = "transitori esgotat:"
-)
+const Suffix = contract.DLQSuffix
 
 // State is where a letter stands in the index.
 type State string
@@ -114,8 +108,8 @@ type Letter struct {
 	PurgedAt   time.Time // zero if not purged
 }
 
-// Class returns the bounded reason class of the letter (see ReasonClass).
-func (l *Letter) Class() string { return ReasonClass(l.Reason) }
+// Class returns the bounded reason class of the letter (contract.ReasonClass).
+func (l *Letter) Class() string { return contract.ReasonClass(l.Reason) }
 
 // Oldest returns the earliest of the letter's known times (event time, first
 // failure, dead time): the earliest moment a consumer can have recorded its
@@ -135,32 +129,6 @@ func (l *Letter) Oldest() time.Time {
 // Envelope decodes the letter's value, or returns the permanent decoding error
 // (for a poison message).
 func (l *Letter) Envelope() (*envelope.Envelope, error) { return envelope.Decode(l.Value) }
-
-// maxClass bounds the length of a reason class (and so of a metric label).
-const maxClass = 48
-
-// ReasonClass returns the part of a motiu that names its class, to group and
-// label by without unbounded cardinality: the prefix ("permanent: " or
-// "transitori esgotat: ") and the text up to the next ':', trimmed and cut to
-// 48 bytes. "permanent: esquema: adreca_lliurament missing" → "permanent:
-// esquema". A motiu with neither prefix gives "desconegut".
-func ReasonClass(motiu string) string {
-	var prefix, rest string
-	switch {
-	case strings.HasPrefix(motiu, ReasonPermanent):
-		prefix, rest = ReasonPermanent, motiu[len(ReasonPermanent):]
-	case strings.HasPrefix(motiu, ReasonExhausted):
-		prefix, rest = ReasonExhausted, motiu[len(ReasonExhausted):]
-	default:
-		return "desconegut"
-	}
-	head, _, _ := strings.Cut(rest, ":")
-	head = strings.TrimSpace(head)
-	if head == "" {
-		return strings.TrimSuffix(prefix, ":")
-	}
-	return outcome.Truncate(prefix+" "+head, maxClass)
-}
 
 // ErrBadID is returned for a letter ID that is not "<topic>/<partition>/<offset>".
 var ErrBadID = errors.New("dlq: bad letter id")

@@ -66,7 +66,7 @@ func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 	}
 	res.claimed = len(rows)
 	w.adapt(res.limit, res.claimed)
-	if h := w.r.cfg.Hooks.Claimed; h != nil && len(rows) > 0 {
+	if h := probes(ctx).Claimed; h != nil && len(rows) > 0 {
 		h(w.idx, res.limit, len(rows))
 	}
 	if len(rows) == 0 {
@@ -106,7 +106,7 @@ func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 			}
 		}
 	}
-	if h := w.r.cfg.Hooks.AfterPublish; h != nil {
+	if h := probes(ctx).AfterPublish; h != nil {
 		if err := h(res.published); err != nil {
 			// The process "dies" here: after the broker confirmed, before
 			// the mark commits. Closing the session rolls the claim back.

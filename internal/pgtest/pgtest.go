@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/migrate"
 )
 
@@ -119,7 +120,7 @@ func connect(t testing.TB, ctx context.Context, u string) *pgx.Conn {
 	conn, err := pgx.Connect(ctx, u)
 	if err != nil {
 		t.Fatalf("PostgreSQL is required and did not answer at %s: %v "+
-			"(start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", Redact(u), err)
+			"(start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", redact.URL(u), err)
 	}
 	return conn
 }
@@ -143,13 +144,4 @@ func withParam(u, key, value string) string {
 	q.Set(key, value)
 	pu.RawQuery = q.Encode()
 	return pu.String()
-}
-
-// Redact hides a password in a connection URL.
-func Redact(u string) string {
-	pu, err := url.Parse(u)
-	if err != nil {
-		return "<unparseable URL>"
-	}
-	return pu.Redacted()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
@@ -112,17 +113,9 @@ type deadLetter struct {
 	topic, group, motiu, orderID, eventID string
 }
 
-// reasonKey groups a motiu: "permanent: estoc_insuficient: x" → "permanent: estoc_insuficient".
-func reasonKey(m string) string {
-	parts := strings.SplitN(m, ": ", 3)
-	if len(parts) >= 2 {
-		head := strings.Fields(parts[1])
-		if len(head) > 0 {
-			return parts[0] + ": " + strings.TrimSuffix(head[0], ":")
-		}
-	}
-	return m
-}
+// reasonKey groups a motiu by its class (contract.ReasonClass):
+// "permanent: estoc_insuficient: x" → "permanent: estoc_insuficient".
+func reasonKey(m string) string { return contract.ReasonClass(m) }
 
 func queryMap[V any](ctx context.Context, pool *pgxpool.Pool, sql string, scan func(pgx.Rows) (string, V, error)) (map[string]V, error) {
 	rows, err := pool.Query(ctx, sql)
@@ -212,13 +205,13 @@ func reconcile(ctx context.Context, sys *system.System, kcl *kgo.Client, brokers
 	// 3. Dead letters.
 	var dls []deadLetter
 	for _, svcName := range []string{comandes.Name, inventari.Name, pagaments.Name, repartiment.Name} {
-		topic := system.Topics[svcName] + consumer.DLQSuffix
+		topic := system.Topics[svcName] + contract.DLQSuffix
 		recs, err := readTopic(ctx, kcl, brokers, topic)
 		if err != nil {
 			return err
 		}
 		for _, rec := range recs {
-			dl := deadLetter{topic: topic, group: header(rec, consumer.HeaderGroup), motiu: header(rec, transport.HeaderReason),
+			dl := deadLetter{topic: topic, group: header(rec, contract.HeaderGroup), motiu: header(rec, transport.HeaderReason),
 				eventID: header(rec, transport.HeaderEventID)}
 			if env, err := envelope.Decode(rec.Value); err == nil {
 				var d struct {

@@ -17,7 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/relay"
+	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/inventari"
 	"github.com/km0/km0/services/pagaments"
@@ -96,7 +97,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	defer server.Close()
-	say("PostgreSQL: %s (%s)", server.Source, svc.Redact(server.URL))
+	say("PostgreSQL: %s (%s)", server.Source, redact.URL(server.URL))
 
 	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()})
 	if err != nil {
@@ -107,7 +108,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	run := randomSuffix()
 	plan := makePlan(cfg.Orders, cfg.Seed, run, !cfg.NoAuthorize)
-	faults := newFaults(cfg.Orders)
+	inject := newInjector(cfg.Orders)
 	sysCfg := system.Config{
 		DatabaseURL: server.URL, DatabaseSuffix: "demo_" + run, Brokers: broker.Addrs(), AMQPURL: cfg.AMQPURL, Authorize: !cfg.NoAuthorize,
 		GatewayFaults: passarella.Faults{
@@ -120,9 +121,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		DeliveryTime:   150 * time.Millisecond,
 		AssignInterval: 100 * time.Millisecond,
 		Backoff:        200 * time.Millisecond,
-		RelayHooks:     map[string]relay.Hooks{comandes.Name: {AfterPublish: faults.relayAfterPublish}},
-		ConsumerHooks:  map[string]consumer.Hooks{inventari.ConsumerDecrement: {AfterCommit: faults.consumerAfterCommit}},
-		PaymentHooks:   pagaments.Hooks{AfterCharge: faults.afterCharge},
+		RelayFaults:    map[string]faults.Relay{comandes.Name: {AfterPublish: inject.relayAfterPublish}},
+		ConsumerFaults: map[string]faults.Consumer[*consumer.Message]{inventari.ConsumerDecrement: {AfterCommit: inject.consumerAfterCommit}},
+		PaymentHooks:   pagaments.Hooks{AfterCharge: inject.afterCharge},
 		Logger:         cfg.Logger,
 	}
 	sys, err := system.Start(ctx, sysCfg)
@@ -182,7 +183,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	settled, why := settle(ctx, sys, kcl, cfg.SettleTimeout, say)
 	report.check("sistema assentat (outbox buits, lag 0, cap lliurament pendent)", settled, "%s", why)
-	report.Injected = faults.fired() // after settling: the charge may fire late
+	report.Injected = inject.fired() // after settling: the charge may fire late
 	if err := reconcile(ctx, sys, kcl, broker.Addrs(), plan, sub, restock, report); err != nil {
 		return nil, fmt.Errorf("demo: reconcile: %w", err)
 	}
@@ -266,8 +267,8 @@ func settle(ctx context.Context, sys *system.System, kcl *kgo.Client, timeout ti
 	}
 }
 
-// faults injects the crashes of the scenario, once each.
-type faults struct {
+// injector injects the crashes of the scenario, once each.
+type injector struct {
 	relayAt, consumerAt, chargeAt int64
 	published, committed          atomic.Int64
 	relayDone, consumerDone       atomic.Bool
@@ -276,35 +277,35 @@ type faults struct {
 }
 
 // fired reports which injected failures happened, for the reconciliation.
-func (f *faults) fired() map[string]bool {
+func (f *injector) fired() map[string]bool {
 	return map[string]bool{"relay": f.relayDone.Load(), "consumidor": f.consumerDone.Load(), "cobrament": f.chargeDone.Load()}
 }
 
-func newFaults(orders int) *faults {
-	return &faults{relayAt: int64(max(orders/3, 1)), consumerAt: int64(max(orders/2, 1)), chargeAt: int64(max(orders/4, 1))}
+func newInjector(orders int) *injector {
+	return &injector{relayAt: int64(max(orders/3, 1)), consumerAt: int64(max(orders/2, 1)), chargeAt: int64(max(orders/4, 1))}
 }
 
 // relayAfterPublish kills comandes' relay once, after the broker confirmed a
 // batch and before the rows are marked: the batch is published again.
-func (f *faults) relayAfterPublish(rows int) error {
+func (f *injector) relayAfterPublish(rows int) error {
 	if f.published.Add(int64(rows)) >= f.relayAt && f.relayDone.CompareAndSwap(false, true) {
-		return relay.ErrCrashed
+		return faults.ErrCrashed
 	}
 	return nil
 }
 
 // consumerAfterCommit kills inventari's consumer once, after its transaction
 // committed and before its offsets are committed: the batch is redelivered.
-func (f *faults) consumerAfterCommit(_ context.Context, msgs []*consumer.Message) error {
+func (f *injector) consumerAfterCommit(_ context.Context, msgs []*consumer.Message) error {
 	if f.committed.Add(int64(len(msgs))) >= f.consumerAt && f.consumerDone.CompareAndSwap(false, true) {
-		return consumer.ErrCrashed
+		return faults.ErrCrashed
 	}
 	return nil
 }
 
 // afterCharge makes one charging attempt die after the gateway charged and
 // before the payment commits: the retry must not charge twice.
-func (f *faults) afterCharge(orderID string) error {
+func (f *injector) afterCharge(orderID string) error {
 	var err error
 	if int64(orderNum(orderID)) >= f.chargeAt {
 		f.chargeOnce.Do(func() {

@@ -4,8 +4,7 @@
 // request/reply servers and its HTTP API. Start runs all of them in one
 // process (`km0 up`) or a chosen subset (`km0 serve NAME`). Relays and
 // consumers run under a supervisor that restarts them when they die, which is
-// how the demo's injected crashes (relay.ErrCrashed, consumer.ErrCrashed)
-// heal.
+// how the demo's injected crashes (internal/faults) heal.
 package system
 
 import (
@@ -20,7 +19,8 @@ import (
 	"unicode"
 
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/relay"
+	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
@@ -50,7 +50,7 @@ func domainTopics(renames map[string]string) []string {
 	for _, s := range Services {
 		if t, ok := Topics[s]; ok {
 			t = cmp.Or(renames[t], t)
-			out = append(out, t, t+consumer.RetrySuffix, t+consumer.DLQSuffix)
+			out = append(out, t, contract.RetryTopic(t), contract.DLQName(t))
 		}
 	}
 	return out
@@ -182,10 +182,12 @@ type Config struct {
 	// as long as the window you may want to replay from the outbox. Default 0:
 	// off, the outboxes keep every row; a negative value fails Start.
 	RelayPruneOlderThan time.Duration
-	// RelayHooks are fault-injection hooks of each service's relay, by service name.
-	RelayHooks map[string]relay.Hooks
-	// ConsumerHooks are fault-injection hooks of each consumer, by consumidor name.
-	ConsumerHooks map[string]consumer.Hooks
+	// RelayFaults are crash points of each service's relay, by service name
+	// (internal/faults: the demo's chaos run and tests).
+	RelayFaults map[string]faults.Relay
+	// ConsumerFaults are crash points of each consumer, by consumidor name
+	// (internal/faults: the demo's chaos run and tests).
+	ConsumerFaults map[string]faults.Consumer[*consumer.Message]
 	// PaymentHooks are the charging handler's fault-injection hooks.
 	PaymentHooks pagaments.Hooks
 	// RestartDelay is how long the supervisor waits before restarting a dead

@@ -20,6 +20,7 @@ import (
 	"github.com/km0/km0/services/pagaments/passarella"
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // decoder returns the consumer Decode of a handler written against handles
@@ -45,7 +46,7 @@ func (s *System) outbox() *outbox.Outbox {
 
 // relayFor supervises the outbox relay of a publishing service.
 func (s *System) relayFor(service string) {
-	s.sup.runRelay(service, relay.Config{
+	s.sup.runRelay(service, s.cfg.RelayFaults[service], relay.Config{
 		Pool:         s.pools[service],
 		Publisher:    s.pub,
 		Topic:        s.topic(Topics[service]),
@@ -53,7 +54,6 @@ func (s *System) relayFor(service string) {
 		Workers:      1,
 		PollInterval: 500 * time.Millisecond,
 		Logger:       s.log.With("service", service),
-		Hooks:        s.cfg.RelayHooks[service],
 		// Off (0) unless the operator asked: published rows are the replay
 		// window.
 		PruneOlderThan: s.cfg.RelayPruneOlderThan,
@@ -62,11 +62,10 @@ func (s *System) relayFor(service string) {
 
 // consumerFor supervises a consumer of service whose group is its consumidor
 // (Config.Groups renames it), on the topics of Config.Topics.
-func (s *System) consumerFor(service string, cfg consumer.Config) {
-	cfg.Brokers = s.cfg.Brokers
-	cfg.Group = cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
-	for i, t := range cfg.Topics {
-		cfg.Topics[i] = s.topic(t)
+func (s *System) consumerFor(service string, topics []string, cfg consumer.Config) {
+	src := kafka.SourceConfig{Brokers: s.cfg.Brokers, Group: cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)}
+	for _, t := range topics {
+		src.Topics = append(src.Topics, s.topic(t))
 	}
 	cfg.Pool = s.pools[service]
 	cfg.Backoff = s.cfg.Backoff
@@ -75,9 +74,8 @@ func (s *System) consumerFor(service string, cfg consumer.Config) {
 	// within Close's wait for the workers; consumer.ShutdownTimeoutDefault
 	// (30 s) would outlast it and the consumer would be left behind.
 	cfg.ShutdownTimeout = ShutdownGraceDefault / 2
-	cfg.Hooks = s.cfg.ConsumerHooks[cfg.Name]
 	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
-	s.sup.runConsumer(cfg)
+	s.sup.runConsumer(src, s.cfg.ConsumerFaults[cfg.Name], cfg)
 }
 
 func (s *System) startComandes(ctx context.Context) error {
@@ -103,7 +101,7 @@ func (s *System) startComandes(ctx context.Context) error {
 		purge: func(ctx context.Context) (int64, error) {
 			return s.Comandes.PurgeRequests(ctx, s.cfg.RequestKeyRetention)
 		}})
-	s.consumerFor(comandes.Name, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Topics: []string{pagaments.Topic}, Decode: dec,
+	s.consumerFor(comandes.Name, []string{pagaments.Topic}, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Decode: dec,
 		Types: []string{comandes.TypePaymentConfirmed}, Handle: s.Comandes.HandlePaymentConfirmed})
 	return s.serve(comandes.Name, s.Comandes.Handler())
 }
@@ -122,7 +120,7 @@ func (s *System) startInventari(ctx context.Context) error {
 	}
 	s.relayFor(inventari.Name)
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
-	s.consumerFor(inventari.Name, consumer.Config{Name: inventari.ConsumerDecrement, Topics: []string{comandes.Topic}, Decode: dec,
+	s.consumerFor(inventari.Name, []string{comandes.Topic}, consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec,
 		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
@@ -168,7 +166,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))
 	// One order per transaction: each attempt calls the gateway, and a failed
 	// neighbour must not make a whole batch call it again.
-	s.consumerFor(pagaments.Name, consumer.Config{Name: pagaments.ConsumerCharge, Topics: []string{comandes.Topic}, BatchSize: 1, Decode: dec,
+	s.consumerFor(pagaments.Name, []string{comandes.Topic}, consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec,
 		Types: []string{pagaments.TypeOrderCreated}, Handle: s.Pagaments.HandleOrderCreated})
 	return s.rr.serve(ctx, pagaments.AuthQueue, rrWorkersAuthorize, s.Pagaments.Authorize)
 }
@@ -200,7 +198,7 @@ func (s *System) startRepartiment(ctx context.Context) error {
 	}
 	s.relayFor(repartiment.Name)
 	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
-	s.consumerFor(repartiment.Name, consumer.Config{Name: repartiment.ConsumerAssign, Topics: []string{comandes.Topic}, Decode: dec,
+	s.consumerFor(repartiment.Name, []string{comandes.Topic}, consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec,
 		Types: []string{repartiment.TypeOrderPaid}, Handle: s.Repartiment.HandleOrderPaid, Classifier: repartiment.Classifier})
 	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })
 	return s.serve(repartiment.Name, s.Repartiment.Handler())
@@ -215,8 +213,8 @@ func (s *System) startAnalitica(ctx context.Context) error {
 		return err
 	}
 	// At-most-once: offsets committed before processing, no inbox.
-	s.consumerFor(analitica.Name, consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
-		Topics: []string{comandes.Topic, inventari.Topic, pagaments.Topic, repartiment.Topic}, Handle: s.Analitica.HandleEvent})
+	s.consumerFor(analitica.Name, []string{comandes.Topic, inventari.Topic, pagaments.Topic, repartiment.Topic}, consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
+		Handle: s.Analitica.HandleEvent})
 	return s.serve(analitica.Name, s.Analitica.Handler())
 }
 
@@ -233,7 +231,7 @@ func (s *System) startCataleg(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.consumerFor(cataleg.Name, consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Topics: []string{inventari.Topic}, Decode: dec,
+	s.consumerFor(cataleg.Name, []string{inventari.Topic}, consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Decode: dec,
 		Types: []string{cataleg.TypeStockUpdated}, Handle: s.Cataleg.HandleStockUpdated})
 	return s.serve(cataleg.Name, s.Cataleg.Handler())
 }

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // supervisor runs relays and consumers and restarts them when they die.
@@ -66,7 +68,7 @@ func (sv *supervisor) run(name string, start func(ctx context.Context) error) {
 			n := sv.restarts[name]
 			sv.mu.Unlock()
 			level := s.log.Warn
-			if errors.Is(err, relay.ErrCrashed) || errors.Is(err, consumer.ErrCrashed) {
+			if errors.Is(err, faults.ErrCrashed) {
 				level = s.log.Info
 			}
 			level("system: worker died; restarting", "worker", name, "restart", n, "err", err)
@@ -80,7 +82,7 @@ func (sv *supervisor) run(name string, start func(ctx context.Context) error) {
 }
 
 // runRelay supervises the outbox relay of service.
-func (sv *supervisor) runRelay(service string, cfg relay.Config) {
+func (sv *supervisor) runRelay(service string, probes faults.Relay, cfg relay.Config) {
 	sv.run("relay "+service, func(ctx context.Context) error {
 		r, err := relay.New(cfg)
 		if err != nil {
@@ -90,24 +92,27 @@ func (sv *supervisor) runRelay(service string, cfg relay.Config) {
 		sv.mu.Lock()
 		sv.relays[service] = r
 		sv.mu.Unlock()
-		return r.Run(ctx)
+		return r.Run(faults.WithRelay(ctx, probes))
 	})
 }
 
 // runConsumer supervises one consumer; Stats survive restarts.
-func (sv *supervisor) runConsumer(cfg consumer.Config) {
-	sv.run("consumer "+cfg.Group, func(ctx context.Context) error {
+// Each start gets a new Kafka source of src (a source runs once).
+func (sv *supervisor) runConsumer(src kafka.SourceConfig, probes faults.Consumer[*consumer.Message], cfg consumer.Config) {
+	group := src.Group
+	sv.run("consumer "+group, func(ctx context.Context) error {
+		cfg.Source = kafka.NewSource(src)
 		c, err := consumer.New(cfg)
 		if err != nil {
 			return err
 		}
 		sv.mu.Lock()
-		sv.live[cfg.Group] = c
+		sv.live[group] = c
 		sv.mu.Unlock()
-		err = c.Run(ctx)
+		err = c.Run(faults.WithConsumer(ctx, probes))
 		sv.mu.Lock()
-		sv.past[cfg.Group] = add(sv.past[cfg.Group], c.Stats())
-		delete(sv.live, cfg.Group)
+		sv.past[group] = add(sv.past[group], c.Stats())
+		delete(sv.live, group)
 		sv.mu.Unlock()
 		return err
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/services/analitica"
@@ -158,7 +159,7 @@ func (s *System) open(ctx context.Context, service string, maxConns int32, sets 
 	name := pool.Config().ConnConfig.Database
 	s.pools[service] = pool
 	s.dbNames[service] = name
-	s.log.Info("system: database", "service", service, "database", svc.Redact(u))
+	s.log.Info("system: database", "service", service, "database", redact.URL(u))
 	if err := svc.Migrate(ctx, pool, sets...); err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", name, err)
 	}
