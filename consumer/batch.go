@@ -103,9 +103,13 @@ func (c *Consumer) handle(ctx context.Context, b *transport.Batch) ([]*transport
 		// is unambiguous; a header that disagrees with the envelope is a
 		// permanent failure, never a silent skip.
 		var th contract.TypeHeader
-		for _, h := range m.Headers {
-			if h.Key == contract.HeaderType {
-				th.Add(h.Value)
+		if d.Types != nil {
+			th = *d.Types
+		} else {
+			for _, h := range m.Headers {
+				if h.Key == contract.HeaderType {
+					th.Add(h.Value)
+				}
 			}
 		}
 		if t, ok := th.Filter(); ok && !c.handles(t) {

@@ -38,7 +38,7 @@ func (c *Consumer) decide(fails []failure) []*transport.Settlement {
 			if wait <= 0 {
 				wait = outcome.Backoff(c.cfg.Backoff, c.cfg.BackoffMax, f.it.msg.Attempt)
 			}
-			s.NotBefore = now.Add(wait)
+			s.Delay, s.NotBefore = wait, now.Add(wait)
 		}
 		out[i] = s
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/km0/km0/contract"
 )
 
 // Source is a broker's half of a consumer: it subscribes, hands deliveries
@@ -95,6 +97,10 @@ type Delivery struct {
 	// it is on (contract.Attempt of its intents).
 	Attempt      int
 	FirstFailure time.Time // a retry copy's primera_fallada; zero on attempt 1
+	// Types are the delivery's tipus headers as the source read them, when
+	// the broker can carry a header that is not text (an AMQP number); nil:
+	// the pipeline reads the tipus headers of Message.
+	Types *contract.TypeHeader
 	// Ref is the source's own handle of the delivery (*kgo.Record,
 	// *amqp091.Delivery); the pipeline never reads it.
 	Ref any
@@ -108,10 +114,11 @@ type Settlement struct {
 	// permanent (not attempts spent); a RabbitMQ source nacks such a
 	// delivery natively to its DLX when it is still unacked.
 	Dead, Permanent bool
-	Reason          string    // motiu of a dead letter (≤ 200 bytes)
-	NotBefore       time.Time // a retry's earliest next attempt
-	LastError       string    // ultim_error (≤ 200 bytes)
-	Err             error     // the failure
+	Reason          string        // motiu of a dead letter (≤ 200 bytes)
+	NotBefore       time.Time     // a retry's earliest next attempt: the decision's time + Delay
+	Delay           time.Duration // a retry's wait (a RabbitMQ wait queue is named by it)
+	LastError       string        // ultim_error (≤ 200 bytes)
+	Err             error         // the failure
 	// Decoded is the failure's envelope id when the delivery decoded
 	// (logs), else "".
 	EventID string

@@ -214,7 +214,7 @@ func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
 		number:  `permanent: esquema: capçalera tipus no text \"5 (int32)\" no coincideix amb l'envolupant \"prova.feta\"`,
 	}
 	for id, motiu := range want {
-		if !logged(logBuf, `msg="amqp: dead letter (permanent)"`, "message_id="+id, `motiu="`+motiu+`"`) {
+		if !logged(logBuf, `msg="consumer: dead letter"`, "id="+id, `motiu="`+motiu+`"`) {
 			t.Errorf("no dead-letter log line for %s with motiu %s:\n%s", id, motiu, logBuf.String())
 		}
 		if _, err := dlq.Show(context.Background(), id); err != nil {
