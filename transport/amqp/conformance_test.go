@@ -5,9 +5,12 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/km0/km0/consumer/consumertest"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
@@ -71,4 +74,85 @@ func amqpTarget(t *testing.T, gate *transporttest.Gate) transporttest.Target {
 	q := amqptest.Name("t.conformance")
 	create(q)
 	return transporttest.Target{Publisher: pub, Topic: q, Create: create, Read: read}
+}
+
+// TestConsumerConformance runs the consumer suite on the RabbitMQ source,
+// against the machine's RabbitMQ or the broker KM0_TEST_AMQP_URL names: a
+// plain work queue (with several workers, so no order per key), its wait
+// queues and its DLQ; and in ordered mode (shard queues with a single active
+// consumer each), where order per key holds.
+func TestConsumerConformance(t *testing.T) {
+	f := consumertest.Features{
+		RepeatedHeaders: false, // a header table holds one value per name
+		NoOrderPerKey:   "a plain queue with several workers keeps no order per key; ordered mode does (the Ordered run)",
+		// A permanent failure is a native nack to the DLX (CONTRACT.md).
+		PermanentLettersCarryReason: false,
+		DeadLetterExtra:             []string{amqp.HeaderOriginQueue},
+	}
+	t.Run("Plain", func(t *testing.T) {
+		t.Parallel()
+		consumertest.Run(t, consumertest.Harness{Features: f, New: func(t *testing.T) consumertest.Broker { return amqpBroker(t, 1) }})
+	})
+	t.Run("Ordered", func(t *testing.T) {
+		t.Parallel()
+		f := f
+		f.OrderPerKey = true
+		consumertest.Run(t, consumertest.Harness{Features: f, New: func(t *testing.T) consumertest.Broker { return amqpBroker(t, 2) }})
+	})
+}
+
+func amqpBroker(t *testing.T, shards int) consumertest.Broker {
+	conn := amqptest.Dial(t)
+	queue := amqptest.Name("t.conformance")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	source := func(t *testing.T) transport.Source {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		src, err := amqp.NewSource(ctx, amqp.SourceConfig{Conn: conn, Queue: queue, Shards: shards})
+		if err != nil {
+			t.Fatal(err)
+		}
+		amqptest.DeleteQueuesAtCleanup(t, src.Queues)
+		return src
+	}
+	source(t) // declares the work queue and its DLQ before anything is published
+	next, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := amqp.ShardedPublisher{Next: next, Shards: shards}
+	publish := func(t testing.TB, msgs ...*transport.Message) {
+		t.Helper()
+		out := make([]*transport.Message, len(msgs))
+		for i, m := range msgs {
+			c := *m
+			c.Topic = queue
+			out[i] = &c
+		}
+		if err := pub.Publish(context.Background(), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var dead []*transport.Message
+	return consumertest.Broker{
+		Publish:          publish,
+		PublishRetryCopy: func(t testing.TB, m *transport.Message) { publish(t, m) },
+		Source:           source,
+		DeadLetters: func(t testing.TB, n int) []*transport.Message {
+			mu.Lock()
+			defer mu.Unlock()
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				for _, d := range getAll(t, conn, contract.DLQName(queue)) {
+					dead = append(dead, amqp.FromDelivery(&d))
+				}
+				if len(dead) >= n || time.Now().After(deadline) {
+					return dead
+				}
+				time.Sleep(10 * time.Millisecond) // polling the DLQ with a deadline
+			}
+		},
+	}
 }
