@@ -105,3 +105,9 @@ type DBTX interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
+
+// Beginner starts transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx
+// (which then nests through a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}

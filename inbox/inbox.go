@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/pgerr"
 	"github.com/km0/km0/migrate"
 )
@@ -46,9 +47,7 @@ const RetentionDefault = 14 * 24 * time.Hour
 
 // Beginner starts transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx
 // (which then nests through a savepoint).
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
+type Beginner = contract.Beginner
 
 // Config configures an Inbox. The zero value uses CONTRACT.md's names.
 type Config struct {

@@ -20,9 +20,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/migrate"
 )
@@ -41,11 +41,10 @@ type Event struct {
 	Payload any
 }
 
-// DBTX is the part of pgx.Tx (or a pool or connection) Enqueue needs. Pass the
-// transaction of the business write so that state and event commit together.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
+// DBTX is what Enqueue needs (contract.DBTX): a pgx.Tx, a pool or a
+// connection. Pass the transaction of the business write so that state and
+// event commit together.
+type DBTX = contract.DBTX
 
 // ErrInvalid is wrapped by every error about an event that cannot be written.
 var ErrInvalid = errors.New("outbox: invalid event")

@@ -107,11 +107,7 @@ func (r *rabbitDLQ) run(args ...string) (string, error) {
 // onBroker and indexed count the letters in <queue>.dlq and in the index.
 func (r *rabbitDLQ) onBroker() int {
 	r.t.Helper()
-	n, err := amqp.NewDLQ(r.conn, r.queue).Count(context.Background())
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	return n
+	return amqptest.DLQLen(r.t, r.conn, r.queue)
 }
 
 func (r *rabbitDLQ) indexed() int {

@@ -98,7 +98,7 @@ func TestRetryCopyThatCannotBePublishedDeadLettersTheOriginal(t *testing.T) {
 	}
 	lost := event(t, b.queue, "k", 2)
 	publish(t, b, lost)
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 10*time.Second, "the second message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 	id, _ := lost.Header("id_esdeveniment")
 	dl, err := dlq.Show(context.Background(), id)

@@ -52,7 +52,7 @@ func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
 	}
 	publish(t, b, msgs...)
 	waitFor(t, 30*time.Second, "500 effects", func() bool { n, _ := countEffects(t, b.db); return n == 500 })
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 10*time.Second, "the poison message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 	st := c.Stats()
 	if st.Processed != 500 || st.DeadLettered != 1 || st.Retried != 0 || st.Panics != 0 {
@@ -87,7 +87,7 @@ func TestTransientFailureIsRetriedWithGrowingDelaysThenDeadLettered(t *testing.T
 	}))
 	ev := event(t, b.queue, "k", 1)
 	publish(t, b, ev)
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 20*time.Second, "the message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 	mu.Lock()
 	defer mu.Unlock()
@@ -175,7 +175,9 @@ func TestSlowMessageDoesNotStallTheMessagesBehindIt(t *testing.T) {
 		}
 		return recordEffect(ctx, tx, m, 0)
 	})
-	cfg.Workers, cfg.Prefetch = 2, 4
+	// One message per transaction: a batch waits for its slowest message
+	// (as on Kafka); this proves the acks, not the batching.
+	cfg.Workers, cfg.Prefetch, cfg.BatchSize = 2, 4, 1
 	c, stop := startConsumer(t, cfg)
 	t.Cleanup(free)
 	msgs := []*transport.Message{event(t, b.queue, "lent", 0)}
@@ -268,6 +270,6 @@ func TestConsumerRedeclaresItsQueueWhenItIsDeleted(t *testing.T) {
 	// The queue came back with its dead-letter arguments: a poison message
 	// still reaches the DLQ.
 	publish(t, b, &transport.Message{Topic: b.queue, Value: []byte(`{`)})
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 10*time.Second, "the poison message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 }

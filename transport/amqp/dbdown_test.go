@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/transport/amqp"
 )
 
 // Failure point: the consumer's database refuses connections (a restart)
@@ -49,7 +48,7 @@ func TestDatabaseOutageNeverDeadLettersAHealthyMessage(t *testing.T) {
 	// 6 refused connections: past the 3 attempts' backoff (100 + 200 ms) the
 	// old code dead-lettered the message after.
 	waitFor(t, 30*time.Second, "6 refused connections", func() bool { return refused.Load() >= 6 })
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	if n, _ := dlq.Count(context.Background()); n != 0 {
 		t.Fatalf("%d message(s) dead-lettered during the outage", n)
 	}

@@ -79,23 +79,3 @@ func ExampleShardedPublisher() {
 		log.Fatal(err)
 	}
 }
-
-// List the dead letters of a queue by reason, then replay the fixed ones.
-func ExampleDLQ() {
-	ctx := context.Background()
-	conn, err := amqp.Dial(ctx, amqp.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	dlq := amqp.NewDLQ(conn, "repartiment.comandes")
-	letters, err := dlq.List(ctx, amqp.DLQFilter{Reason: "permanent"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, dl := range letters {
-		log.Printf("%s %s %s", dl.EventID, dl.DeadAt.Format(time.RFC3339), dl.Reason)
-	}
-	n, err := dlq.Replay(ctx, amqp.DLQFilter{Reason: "permanent"}, false)
-	log.Printf("replayed %d: %v", n, err)
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -196,4 +197,30 @@ func getAll(t testing.TB, conn *amqp.Conn, queue string) []amqp091.Delivery {
 func queueLen(t testing.TB, conn *amqp.Conn, queue string) int {
 	t.Helper()
 	return amqptest.QueueLen(t, conn, queue)
+}
+
+// testDLQ reads the DLQ of a work queue without changing it (amqptest).
+type testDLQ struct {
+	t     testing.TB
+	conn  *amqp.Conn
+	queue string
+}
+
+func newTestDLQ(t testing.TB, conn *amqp.Conn, queue string) *testDLQ {
+	return &testDLQ{t: t, conn: conn, queue: queue}
+}
+
+func (q *testDLQ) Count(context.Context) (int, error) {
+	return amqptest.DLQLen(q.t, q.conn, q.queue), nil
+}
+
+func (q *testDLQ) List(context.Context, any) ([]*amqp.DeadLetter, error) {
+	return amqptest.DeadLetters(q.t, q.conn, q.queue), nil
+}
+
+func (q *testDLQ) Show(_ context.Context, id string) (*amqp.DeadLetter, error) {
+	if dl := amqptest.DeadLetter(q.t, q.conn, q.queue, id); dl != nil {
+		return dl, nil
+	}
+	return nil, fmt.Errorf("dead letter %s not in %s", id, amqp.DLQName(q.queue))
 }

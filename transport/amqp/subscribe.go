@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync"
 	"time"
 
@@ -129,6 +130,11 @@ func (c *Conn) consumeOnce(ctx context.Context, ch *amqp.Channel, cfg SubscribeC
 					}
 					d.Acknowledger = ack
 					ds := []*amqp.Delivery{&d}
+					// Take what the client library already holds, without
+					// waiting for more: amqp091-go hands deliveries over one
+					// at a time from a goroutine, so a failed take yields
+					// once to let it offer the next before giving up.
+					yielded := false
 				more:
 					for len(ds) < batch {
 						select {
@@ -138,8 +144,13 @@ func (c *Conn) consumeOnce(ctx context.Context, ch *amqp.Channel, cfg SubscribeC
 							}
 							d.Acknowledger = ack
 							ds = append(ds, &d)
+							yielded = false
 						default:
-							break more
+							if yielded {
+								break more
+							}
+							yielded = true
+							runtime.Gosched()
 						}
 					}
 					fn(ctx, ds)
