@@ -52,19 +52,20 @@ type Message struct {
 // and so is the key: nothing of a failed attempt persists.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
-// BatchHandler applies the effects of several messages of one partition, in
-// offset order, inside tx (see Config.HandleBatch). It must apply all of them
-// or return an error; it needs no error attribution, since on any error the
-// consumer rolls back and runs the messages one by one with the Handler.
+// BatchHandler applies the effects of several messages of one lane (a Kafka
+// partition, a RabbitMQ queue worker), in their order, inside tx (see
+// Config.HandleBatch). It must apply all of them or return an error; it
+// needs no error attribution, since on any error the consumer rolls back
+// and runs the messages one by one with the Handler.
 // A deadlock or serialisation failure (SQLSTATE 40P01, 40001) is not such an
 // error: the consumer reruns the whole batch in place (see
 // Config.HandleBatchOutcomes).
 type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 
 // BatchOutcomeHandler applies the effects of several messages of one
-// partition inside tx, and may refuse some of them on their own (see
+// lane inside tx, and may refuse some of them on their own (see
 // Config.HandleBatchOutcomes). msgs are the new messages of the transaction
-// (duplicates are already absorbed), in offset order.
+// (duplicates are already absorbed), in their order.
 //
 // It returns one error per message, outcomes[i] for msgs[i]:
 //   - nil: message i is applied; its effect and its idempotency key commit

@@ -28,9 +28,6 @@ func (c *Consumer) decide(fails []failure) []*transport.Settlement {
 			LastError: outcome.Truncate(errText(f.err), 200),
 			Permanent: f.kind == outcome.KindPermanent,
 		}
-		if f.it.msg.Envelope != nil {
-			s.EventID = f.it.msg.Envelope.ID
-		}
 		if s.Permanent || f.it.msg.Attempt >= c.cfg.MaxAttempts {
 			s.Dead, s.Reason = true, outcome.Reason(f.kind, f.err)
 		} else {

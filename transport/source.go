@@ -107,7 +107,10 @@ type Delivery struct {
 }
 
 // Settlement is the pipeline's decision for a failed delivery: a retry
-// after NotBefore, or a dead letter with Reason.
+// after NotBefore, or a dead letter with Reason. A source that cannot carry
+// a retry out (its copy refused for good, its wait queue gone) makes it a
+// dead letter instead (sets Dead and Reason) before it calls Settled, so the
+// message is never lost and never loops.
 type Settlement struct {
 	D *Delivery
 	// Dead: dead-letter it (else retry it). Permanent: the failure is
@@ -119,9 +122,6 @@ type Settlement struct {
 	Delay           time.Duration // a retry's wait (a RabbitMQ wait queue is named by it)
 	LastError       string        // ultim_error (≤ 200 bytes)
 	Err             error         // the failure
-	// Decoded is the failure's envelope id when the delivery decoded
-	// (logs), else "".
-	EventID string
 	// Panic: the failure is a recovered panic (counted in Stats.Panics).
 	Panic bool
 	// Ref is the pipeline's own view of the message; a source leaves it
