@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer/consumertest"
@@ -87,6 +89,28 @@ func kafkaBroker(t *testing.T, brokers []string, admCl *kgo.Client) consumertest
 				KgoOpts: []kgo.Opt{kgo.FetchMaxWait(200 * time.Millisecond)}})
 		},
 		DeadLetters: dlq.read,
+		Pending: func(t testing.TB) int {
+			t.Helper()
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			adm := kadm.NewClient(admCl)
+			ends, err := adm.ListEndOffsets(ctx, topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n int64
+			ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+			offs, err := adm.FetchOffsets(ctx, group)
+			if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
+				t.Fatal(err)
+			}
+			offs.Each(func(o kadm.OffsetResponse) {
+				if o.Topic == topic && o.Err == nil && o.At > 0 {
+					n -= o.At
+				}
+			})
+			return int(n)
+		},
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -35,6 +34,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/schema"
@@ -76,6 +76,11 @@ type Broker struct {
 	// Source returns a new source reading the input as the consumer group
 	// or queue of the test; each call is a new process of the same consumer.
 	Source func(t *testing.T) transport.Source
+	// Pending returns how many messages of the input are not settled
+	// (Kafka: the domain topic's end offsets minus the group's committed
+	// ones; RabbitMQ: the messages ready on the work queues). The suite
+	// asks only while no consumer of the input runs.
+	Pending func(t testing.TB) int
 	// DeadLetters waits until the input's DLQ holds at least n letters
 	// (or a timeout) and returns every one read so far, headers as strings.
 	DeadLetters func(t testing.TB, n int) []*transport.Message
@@ -124,8 +129,9 @@ func Run(t *testing.T, h Harness) {
 // reason, and the first failure's origin, time and consumer group.
 var DeadLetterHeaders = []string{
 	contract.HeaderType, contract.HeaderEventID, contract.HeaderAttempts, contract.HeaderReason,
-	contract.HeaderOriginalTopic, contract.HeaderOriginalPartition, contract.HeaderOriginalOffset,
-	contract.HeaderFirstFailure, contract.HeaderGroup, contract.HeaderOriginalTime,
+	contract.HeaderLastError, contract.HeaderOriginalTopic, contract.HeaderOriginalPartition,
+	contract.HeaderOriginalOffset, contract.HeaderFirstFailure, contract.HeaderGroup,
+	contract.HeaderOriginalTime, contract.HeaderDeadAt,
 }
 
 const (
@@ -143,6 +149,8 @@ type world struct {
 	label string
 	// reasons holds the motiu Config.OnDeadLetter observed, by event id.
 	reasons sync.Map
+	log     *testlog.Buffer
+	reg     *prometheus.Registry
 }
 
 func newWorld(t *testing.T, h Harness) *world {
@@ -154,7 +162,7 @@ func newWorld(t *testing.T, h Harness) *world {
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE efectes (seq BIGSERIAL PRIMARY KEY, id TEXT NOT NULL, clau TEXT NOT NULL, n INTEGER NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return &world{t: t, h: h, b: h.New(t), db: db}
+	return &world{t: t, h: h, b: h.New(t), db: db, log: &testlog.Buffer{}, reg: prometheus.NewRegistry()}
 }
 
 // config is a consumer of the world's input with test timings.
@@ -164,8 +172,8 @@ func (w *world) config(h consumer.Handler) consumer.Config {
 	return consumer.Config{
 		Source: src, Name: name, Pool: w.db.Pool, Names: w.db.Names(), Handle: h,
 		Types: []string{tipus}, Backoff: 30 * time.Millisecond, BackoffMax: time.Second, MaxAttempts: 3,
-		ShutdownTimeout: 10 * time.Second, Metrics: prometheus.NewRegistry(),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ShutdownTimeout: 10 * time.Second, Metrics: w.reg,
+		Logger: slog.New(slog.NewTextHandler(w.log, nil)),
 		OnDeadLetter: func(_ context.Context, m *consumer.Message, motiu string) {
 			w.reasons.Store(id(m.Message), motiu)
 		},
@@ -323,6 +331,60 @@ func (w *world) distinctEffects() int {
 }
 func (w *world) keys() int { return w.count(`SELECT count(*) FROM missatges_processats`) }
 
+// pending waits until the input holds want unsettled messages (a broker
+// may take a moment to requeue the deliveries of a dead consumer).
+func (w *world) pending(t *testing.T, want int, when string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := w.b.Pending(t)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d messages unsettled on the input, want %d", when, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// dlqTotal reads km0_dlq_total for the motiu class (contract.ReasonClass).
+func (w *world) dlqTotal(class string) float64 {
+	w.t.Helper()
+	mfs, err := w.reg.Gather()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != consumer.MetricDLQ {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "motiu" && l.GetValue() == class {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
+// logged reports whether one log line holds every part.
+func (w *world) logged(parts ...string) bool {
+	for _, line := range strings.Split(w.log.String(), "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
 // runUntil runs a consumer until done holds, stops it cleanly and returns
 // its stats.
 func (w *world) runUntil(cfg consumer.Config, what string, done func(consumer.Stats) bool) consumer.Stats {
@@ -335,19 +397,31 @@ func (w *world) runUntil(cfg consumer.Config, what string, done func(consumer.St
 	return r.c.Stats()
 }
 
-// Every event published twice (a producer that republished after an
-// unknown outcome) has its effect once.
+// Every event published twice, half of them back to back (one fetch) and
+// half again at the end: the end state is that of each published once, and
+// every delivery is settled.
 func duplicates(t *testing.T, w *world) {
-	var msgs []*transport.Message
-	for i := range 20 {
-		m := ev(fmt.Sprintf("K%d", i%4), i)
-		msgs = append(msgs, m, m)
+	var evs, msgs []*transport.Message
+	for i := range 40 {
+		evs = append(evs, ev(fmt.Sprintf("K%d", i%7), i))
+	}
+	for i, m := range evs {
+		msgs = append(msgs, m)
+		if i%2 == 0 {
+			msgs = append(msgs, m) // back to back
+		}
+	}
+	for i, m := range evs {
+		if i%2 == 1 {
+			msgs = append(msgs, m) // much later
+		}
 	}
 	w.b.Publish(t, msgs...)
-	st := w.runUntil(w.config(effect), "40 deliveries finished", func(s consumer.Stats) bool { return s.Processed+s.Duplicates == 40 })
-	if st.Processed != 20 || st.Duplicates != 20 || w.effects() != 20 || w.keys() != 20 {
-		t.Fatalf("stats %+v, %d effects, %d keys; want 20 processed, 20 duplicates, 20 effects, 20 keys", st, w.effects(), w.keys())
+	st := w.runUntil(w.config(effect), "80 deliveries finished", func(s consumer.Stats) bool { return s.Processed+s.Duplicates == 80 })
+	if st.Processed != 40 || st.Duplicates != 40 || w.effects() != 40 || w.distinctEffects() != 40 || w.keys() != 40 {
+		t.Fatalf("stats %+v, %d effects, %d keys; want 40 processed, 40 duplicates, 40 effects, 40 keys", st, w.effects(), w.keys())
 	}
+	w.pending(t, 0, "after a clean stop")
 }
 
 // Crash point: after the transaction committed and before the source
@@ -360,30 +434,45 @@ func crashAfterCommit(t *testing.T, w *world) {
 		AfterCommit: func(context.Context, []*consumer.Message) error { return faults.ErrCrashed },
 	})
 	r.crashed(t)
-	if w.effects() != 1 {
-		t.Fatalf("%d effects after the commit, want 1", w.effects())
+	if w.effects() != 1 || w.keys() != 1 {
+		t.Fatalf("%d effects and %d keys after the commit, want 1 and 1", w.effects(), w.keys())
 	}
+	w.pending(t, 1, "after the crash")
 	st := w.runUntil(w.config(effect), "the redelivery", func(s consumer.Stats) bool { return s.Duplicates == 1 })
 	if st.Processed != 0 || w.effects() != 1 || w.keys() != 1 {
 		t.Fatalf("after the restart: stats %+v, %d effects, %d keys; want the redelivery a duplicate, 1 effect, 1 key", st, w.effects(), w.keys())
 	}
+	w.pending(t, 0, "after the duplicate")
 }
 
 // Crash point: inside the transaction, after the handler and before COMMIT.
 // Nothing of it stays; the restarted consumer applies it once.
 func crashMidTx(t *testing.T, w *world) {
 	w.b.Publish(t, ev("P-1", 1))
+	var inside atomic.Int64
 	r := w.run(w.config(effect), faults.Consumer[*consumer.Message]{
-		BeforeTxCommit: func(context.Context, pgx.Tx, []*consumer.Message) error { return faults.ErrCrashed },
+		BeforeTxCommit: func(ctx context.Context, tx pgx.Tx, _ []*consumer.Message) error {
+			var n int64
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM efectes`).Scan(&n); err != nil {
+				return err
+			}
+			inside.Store(n)
+			return faults.ErrCrashed
+		},
 	})
 	r.crashed(t)
+	if inside.Load() != 1 {
+		t.Fatalf("inside the transaction %d effects, want 1 (the handler ran)", inside.Load())
+	}
 	if w.effects() != 0 || w.keys() != 0 {
 		t.Fatalf("%d effects and %d keys after a crash before COMMIT, want none", w.effects(), w.keys())
 	}
+	w.pending(t, 1, "after the crash")
 	st := w.runUntil(w.config(effect), "the redelivery processed", func(s consumer.Stats) bool { return s.Processed == 1 })
 	if st.Duplicates != 0 || w.effects() != 1 || w.keys() != 1 {
 		t.Fatalf("stats %+v, %d effects, %d keys; want 1 effect and 1 key", st, w.effects(), w.keys())
 	}
+	w.pending(t, 0, "after the redelivery")
 }
 
 // Crash point: after the broker confirmed a failure's retry copy and before
@@ -391,33 +480,37 @@ func crashMidTx(t *testing.T, w *world) {
 // effect is applied once.
 func crashAfterCopy(t *testing.T, w *world) {
 	w.b.Publish(t, ev("P-1", 1))
-	var calls sync.Map
-	failOnce := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if _, seen := calls.LoadOrStore(m.Envelope.ID, true); !seen {
-			return outcome.Transient(errors.New("mapes: 503"))
+	failing := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := effect(ctx, tx, m); err != nil {
+			return err
 		}
-		return effect(ctx, tx, m)
+		return outcome.Transient(errors.New("mapes: 503"))
 	}
-	r := w.run(w.config(failOnce), faults.Consumer[*consumer.Message]{
+	r := w.run(w.config(failing), faults.Consumer[*consumer.Message]{
 		BeforeSourceCommit: func(context.Context, int) error { return faults.ErrCrashed },
 	})
 	r.crashed(t)
-	st := w.runUntil(w.config(failOnce), "the original and its copy handled", func(s consumer.Stats) bool {
-		return s.Processed == 1 && s.Duplicates >= 1
-	})
-	if w.effects() != 1 || w.keys() != 1 || st.DeadLettered != 0 {
-		t.Fatalf("stats %+v, %d effects, %d keys; want 1 effect, 1 key, no dead letter", st, w.effects(), w.keys())
+	if st := r.c.Stats(); st.Retried != 1 {
+		t.Fatalf("first consumer %+v: the retry copy was not confirmed", st)
 	}
+	w.pending(t, 1, "the original after the crash")
+	st := w.runUntil(w.config(effect), "the original and its copy handled", func(s consumer.Stats) bool {
+		return s.Processed+s.Duplicates == 2
+	})
+	if st.Processed != 1 || st.Duplicates != 1 || w.effects() != 1 || w.keys() != 1 || st.DeadLettered != 0 {
+		t.Fatalf("stats %+v, %d effects, %d keys; want 1 processed, 1 duplicate, 1 effect, 1 key", st, w.effects(), w.keys())
+	}
+	w.pending(t, 0, "after both")
 }
 
 // A business failure (outcome.Permanent) after the handler wrote its effect:
 // the effect and the key roll back, the event is dead-lettered at once with a
 // permanent motiu, and its neighbours are processed.
 func businessFailure(t *testing.T, w *world) {
-	bad := ev("P-2", 2)
-	w.b.Publish(t, ev("P-1", 1), bad, ev("P-3", 3))
+	a, bad, c := ev("P-7", 1), ev("P-7", 2), ev("P-7", 3) // one key: one lane, likely one transaction batch
+	w.b.Publish(t, a, bad, c)
 	st := w.runUntil(w.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if err := effect(ctx, tx, m); err != nil {
+		if err := effect(ctx, tx, m); err != nil { // the effect is written before the failure
 			return err
 		}
 		if m.Envelope.ID == id(bad) {
@@ -426,35 +519,56 @@ func businessFailure(t *testing.T, w *world) {
 		return nil
 	}), "2 processed, 1 dead-lettered", func(s consumer.Stats) bool { return s.Processed == 2 && s.DeadLettered == 1 })
 	if st.Retried != 0 || w.effects() != 2 || w.count(`SELECT count(*) FROM efectes WHERE id = $1`, id(bad)) != 0 ||
-		w.count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = $1`, id(bad)) != 0 {
-		t.Fatalf("stats %+v, %d effects; want the failed event's effect and key rolled back", st, w.effects())
+		w.count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = $1`, id(bad)) != 0 || w.keys() != 2 {
+		t.Fatalf("stats %+v, %d effects, %d keys; want the failed event's effect and key rolled back, its neighbours' kept", st, w.effects(), w.keys())
 	}
-	w.permanentLetters(t, w.b.DeadLetters(t, 1), map[string]string{id(bad): contract.ReasonPermanent + "estoc insuficient: formatge-curat"})
+	dead := w.b.DeadLetters(t, 1)
+	w.permanentLetters(t, dead, map[string]string{id(bad): contract.ReasonPermanent + "estoc insuficient: formatge-curat"})
+	if string(dead[0].Key) != "P-7" || string(dead[0].Value) != string(bad.Value) {
+		t.Fatalf("dead letter key %q body %q, want the event's", dead[0].Key, dead[0].Value)
+	}
+	if got := w.dlqTotal("permanent: estoc insuficient"); got != 1 {
+		t.Fatalf("km0_dlq_total{motiu=\"permanent: estoc insuficient\"} = %v, want 1", got)
+	}
+	w.pending(t, 0, "after a clean stop")
 }
 
 // An undecodable message is dead-lettered at its first attempt, its handler
 // never runs, and the messages behind it flow.
 func poison(t *testing.T, w *world) {
-	bad := &transport.Message{Key: []byte("P-1"), Value: []byte(`{"id_esdeveniment": "no acaba`),
+	bad := &transport.Message{Key: []byte("K"), Value: []byte(`{"id_esdeveniment": "verinos-1", "tipus": "comanda.creada", `),
 		Headers: []transport.Header{{Key: contract.HeaderType, Value: tipus}, {Key: contract.HeaderEventID, Value: "verinos-1"}}}
-	w.b.Publish(t, bad, ev("P-1", 1), ev("P-2", 2))
-	var calls sync.Map
-	st := w.runUntil(w.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		calls.Store(m.Envelope.ID, true)
-		return effect(ctx, tx, m)
-	}), "2 processed, 1 dead-lettered", func(s consumer.Stats) bool { return s.Processed == 2 && s.DeadLettered == 1 })
-	if st.Retried != 0 {
-		t.Fatalf("stats %+v: the poison message was retried", st)
+	msgs := []*transport.Message{bad}
+	for i := range 200 {
+		msgs = append(msgs, ev("K", i))
+	}
+	w.b.Publish(t, msgs...)
+	cfg := w.config(effect)
+	cfg.Backoff = time.Hour // had anything waited for a retry, the case would time out
+	st := w.runUntil(cfg, "200 processed, 1 dead-lettered", func(s consumer.Stats) bool { return s.Processed == 200 && s.DeadLettered == 1 })
+	if st.Retried != 0 || w.effects() != 200 {
+		t.Fatalf("stats %+v, %d effects: want none retried, 200 effects", st, w.effects())
+	}
+	if w.h.Features.OrderPerKey {
+		if n := w.count(`SELECT count(*) FROM (SELECT n, lag(n) OVER (ORDER BY seq) AS prev FROM efectes) x WHERE n <> prev + 1`); n != 0 {
+			t.Fatalf("%d effects out of order behind the poison message", n)
+		}
 	}
 	dead := w.b.DeadLetters(t, 1)
 	if len(dead) != 1 || string(dead[0].Value) != string(bad.Value) {
 		t.Fatalf("%d dead letters, want the poison message with its body", len(dead))
 	}
 	motiu, _ := w.reasons.Load("verinos-1")
-	if s, _ := motiu.(string); !strings.HasPrefix(s, contract.ReasonPermanent+"envelope: ") {
+	if s, _ := motiu.(string); !strings.HasPrefix(s, contract.ReasonPermanent+"envelope: malformed JSON") {
 		t.Fatalf("motiu %q, want a permanent envelope failure", motiu)
 	}
 	w.permanentLetters(t, dead, map[string]string{"verinos-1": motiu.(string)})
+	if got := w.dlqTotal("permanent: envelope"); got != 1 {
+		t.Fatalf("km0_dlq_total{motiu=\"permanent: envelope\"} = %v, want 1", got)
+	}
+	if !w.logged(`level=ERROR msg="consumer: dead letter"`, " id=verinos-1 ", `motiu="permanent: envelope: malformed JSON`) {
+		t.Fatalf("no error log line for the dead letter:\n%s", w.log.String())
+	}
 }
 
 // A transient failure is retried after growing delays and, at MaxAttempts,
@@ -471,12 +585,22 @@ func transientExhausted(t *testing.T, w *world) {
 		mu.Lock()
 		at, attempts = append(at, time.Now()), append(attempts, m.Attempt)
 		mu.Unlock()
-		return outcome.Transient(errors.New("mapes: 503 Service Unavailable"))
+		if err := effect(ctx, tx, m); err != nil { // written, then rolled back by the failure
+			return err
+		}
+		return errors.New("mapes: 503 Service Unavailable") // unclassified: transient by default
 	}), "dead-lettered after 3 attempts", func(s consumer.Stats) bool { return s.DeadLettered == 1 })
 	mu.Lock()
 	defer mu.Unlock()
-	if fmt.Sprint(attempts) != "[1 2 3]" || st.Retried != 2 {
-		t.Fatalf("attempts %v, stats %+v; want attempts 1, 2, 3 and 2 retries", attempts, st)
+	if fmt.Sprint(attempts) != "[1 2 3]" || st.Retried != 2 || st.Processed != 0 || w.effects() != 0 || w.keys() != 0 {
+		t.Fatalf("attempts %v, stats %+v, %d effects, %d keys; want attempts 1, 2, 3, 2 retries, nothing kept",
+			attempts, st, w.effects(), w.keys())
+	}
+	if got := w.dlqTotal("transitori esgotat: mapes"); got != 1 {
+		t.Fatalf("km0_dlq_total{motiu=\"transitori esgotat: mapes\"} = %v, want 1", got)
+	}
+	if !w.logged(`level=ERROR msg="consumer: dead letter"`, " id="+id(m)+" ", `motiu="transitori esgotat: mapes: 503`) {
+		t.Fatalf("no error log line for the dead letter:\n%s", w.log.String())
 	}
 	// Backoff 30 ms then 60 ms: each attempt waits at least its delay.
 	for i, d := range []time.Duration{30 * time.Millisecond, 60 * time.Millisecond} {
@@ -495,8 +619,7 @@ func transientExhausted(t *testing.T, w *world) {
 	// The header set: the contract's, plus only what the broker declares.
 	var names []string
 	for _, h := range d.Headers {
-		optional := h.Key == contract.HeaderLastError || h.Key == contract.HeaderDeadAt
-		if !optional && !slices.Contains(w.h.Features.DeadLetterExtra, h.Key) && !strings.HasPrefix(h.Key, "x-") {
+		if !slices.Contains(w.h.Features.DeadLetterExtra, h.Key) && !strings.HasPrefix(h.Key, "x-") {
 			names = append(names, h.Key)
 		}
 	}
@@ -512,8 +635,11 @@ func transientExhausted(t *testing.T, w *world) {
 		get(contract.HeaderGroup) != w.label || get(contract.HeaderOriginalTopic) == "" {
 		t.Fatalf("dead letter headers %q (source label %q)", d.Headers, w.label)
 	}
-	if v, ok := d.Header(contract.HeaderLastError); ok && v != "mapes: 503 Service Unavailable" {
+	if v := get(contract.HeaderLastError); v != "mapes: 503 Service Unavailable" {
 		t.Fatalf("ultim_error %q", v)
+	}
+	if v, ok := d.Header(contract.HeaderNotBefore); ok {
+		t.Fatalf("a dead letter carries no_abans %q", v)
 	}
 	for _, k := range []string{contract.HeaderOriginalPartition, contract.HeaderOriginalOffset} {
 		if v := get(k); v == "" || strings.TrimLeft(v, "-0123456789") != "" {
@@ -522,11 +648,7 @@ func transientExhausted(t *testing.T, w *world) {
 	}
 	// Time headers: unix seconds as a decimal string with 6 decimals
 	// (contract.FormatTime), times of this run.
-	times := []string{contract.HeaderFirstFailure, contract.HeaderOriginalTime}
-	if _, ok := d.Header(contract.HeaderDeadAt); ok {
-		times = append(times, contract.HeaderDeadAt)
-	}
-	for _, k := range times {
+	for _, k := range []string{contract.HeaderFirstFailure, contract.HeaderOriginalTime, contract.HeaderDeadAt} {
 		v := get(k)
 		ts, err := contract.ParseTime(v)
 		if err != nil || v != contract.FormatTime(ts) || ts.Before(start.Add(-5*time.Second)) || ts.After(time.Now().Add(time.Second)) {
@@ -580,14 +702,19 @@ func orderPerKey(t *testing.T, w *world) {
 // A handler panic is one failed, transient attempt: retried, then applied
 // once.
 func panicTransient(t *testing.T, w *world) {
-	w.b.Publish(t, ev("P-1", 1))
-	var once sync.Once
+	w.b.Publish(t, ev("P-1", 1), ev("P-1", 2))
 	st := w.runUntil(w.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		once.Do(func() { panic("nil map a l'handler") })
+		if m.Attempt == 1 {
+			var mp map[string]int
+			mp["boom"]++ // nil map: panics
+		}
 		return effect(ctx, tx, m)
-	}), "processed after the panic", func(s consumer.Stats) bool { return s.Processed == 1 })
-	if st.Panics != 1 || st.Retried != 1 || st.DeadLettered != 0 || w.effects() != 1 {
-		t.Fatalf("stats %+v, %d effects; want 1 panic, 1 retry, 1 effect", st, w.effects())
+	}), "both processed at their second attempt", func(s consumer.Stats) bool { return s.Processed == 2 })
+	if st.Panics != 2 || st.Retried != 2 || st.DeadLettered != 0 || w.effects() != 2 {
+		t.Fatalf("stats %+v, %d effects; want 2 panics, 2 retries, 2 effects", st, w.effects())
+	}
+	if logs := w.log.String(); !strings.Contains(logs, `msg="consumer: handler panic"`) || !strings.Contains(logs, "goroutine ") {
+		t.Fatalf("panic not logged with its stack:\n%s", logs)
 	}
 }
 
@@ -605,6 +732,7 @@ func unknownTipus(t *testing.T, w *world) {
 	if _, ok := handled.Load(id(other)); ok || st.DeadLettered != 0 || st.Retried != 0 || w.keys() != 1 {
 		t.Fatalf("stats %+v, %d keys; want the other tipus ignored, unhandled, without a key", st, w.keys())
 	}
+	w.pending(t, 0, "the ignored event settled too")
 }
 
 // The database refuses connections while a message is due: the message
@@ -718,10 +846,12 @@ func cleanStop(t *testing.T, w *world) {
 	if int(first) != w.effects() {
 		t.Fatalf("%d processed, %d effects", first, w.effects())
 	}
+	w.pending(t, 30-int(first), "after the first clean stop")
 	st := w.runUntil(w.config(effect), "the rest", func(s consumer.Stats) bool { return int(first+s.Processed) == 30 })
 	if st.Duplicates != 0 || w.effects() != 30 || w.distinctEffects() != 30 {
 		t.Fatalf("after the restart: stats %+v, %d effects; want no duplicate (the stop settled what it finished)", st, w.effects())
 	}
+	w.pending(t, 0, "after the second clean stop")
 }
 
 // A forged retry copy is trusted no further than the configuration:

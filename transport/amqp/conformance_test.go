@@ -140,6 +140,17 @@ func amqpBroker(t *testing.T, shards int) consumertest.Broker {
 		Publish:          publish,
 		PublishRetryCopy: func(t testing.TB, m *transport.Message) { publish(t, m) },
 		Source:           source,
+		Pending: func(t testing.TB) int {
+			n := 0
+			for i := range shards {
+				q := queue
+				if shards > 1 {
+					q = amqp.ShardQueueName(queue, i)
+				}
+				n += amqptest.QueueLen(t, conn, q)
+			}
+			return n
+		},
 		DeadLetters: func(t testing.TB, n int) []*transport.Message {
 			mu.Lock()
 			defer mu.Unlock()

@@ -465,6 +465,21 @@ func contextCancel(t *testing.T, h Harness) {
 	}
 	gate.Down()
 	defer gate.Up()
+	// A call may fail at once while the publisher finds its connection
+	// dead (that error claims nothing either); once it knows, a call can
+	// only wait, and the end of its context must end the wait.
+	for try := 0; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := publishWithin(t, tg.Publisher, ctx, []*transport.Message{msg(tg.Topic, "a", 1)}, 10*time.Second)
+		cancel()
+		notRejected(t, err, "broker unreachable")
+		if errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+		if try == 50 {
+			t.Fatalf("50 calls with the broker unreachable failed at once; the last: %v", err)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(200*time.Millisecond, cancel)
 	err := publishWithin(t, tg.Publisher, ctx, []*transport.Message{msg(tg.Topic, "a", 1), msg(tg.Topic, "b", 2)}, 10*time.Second)
