@@ -30,12 +30,12 @@ func TestReasonClassBoundsLabelValues(t *testing.T) {
 
 func TestIdempotencyKeyPrefersAValidCorrelator(t *testing.T) {
 	for raw, want := range map[string]string{
-		"":                                  "E1",
-		`"C1"`:                              "C1",
-		`""`:                                "E1",
-		`42`:                                "E1",
+		"":                                   "E1",
+		`"C1"`:                               "C1",
+		`""`:                                 "E1",
+		`42`:                                 "E1",
 		`"` + strings.Repeat("c", 257) + `"`: "E1",
-		`"a\u0000b"`:                       "E1",
+		`"a\u0000b"`:                         "E1",
 	} {
 		if got := contract.IdempotencyKey("E1", json.RawMessage(raw)); got != want {
 			t.Errorf("IdempotencyKey(E1, %s) = %q, want %q", raw, got, want)
