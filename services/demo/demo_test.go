@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/services/demo"
 	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // TestSystemDemoReconciles runs the demo scenario (150 orders) against the
@@ -21,10 +25,82 @@ import (
 // call and the commit, gateway 503s and hangs, maps 503s), and then checks
 // every invariant of the report and its key numbers.
 func TestSystemDemoReconciles(t *testing.T) {
+	checkDemo(t, demo.Config{})
+}
+
+// TestSystemDemoReconcilesWithEventsOnRabbitMQ is the same scenario with
+// every domain event on the machine's RabbitMQ and no Kafka: the same
+// invariants and numbers hold, and the run's exchange and queues are gone
+// afterwards.
+func TestSystemDemoReconcilesWithEventsOnRabbitMQ(t *testing.T) {
+	amqptest.Shared(t)
+	r := checkDemo(t, demo.Config{Events: system.EventsRabbitMQ, AMQPURL: amqptest.URL()})
+	if r.EventsBroker != "RabbitMQ" || r.RequestReply != "RabbitMQ" {
+		t.Errorf("events on %q, request/reply on %q", r.EventsBroker, r.RequestReply)
+	}
+	conn, err := amqp091.Dial(amqptest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, q := range []string{"demo_" + r.Run + ".inventari.descompte_estoc.0", "demo_" + r.Run + ".inventari.descompte_estoc.dlq",
+		"demo_" + r.Run + ".auditoria.comandes.esdeveniments"} {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err == nil {
+			t.Errorf("queue %s left behind", q)
+			_ = ch.Close()
+		}
+	}
+}
+
+// TestSystemDemoKafkaDownWhileInventariReadsRabbitMQ runs the scenario with
+// the orders (comandes.esdeveniments) on RabbitMQ, the other events on the
+// embedded Kafka, and Kafka unreachable for 3 s once a third of the orders
+// are in: inventari keeps taking stock meanwhile, its estoc.actualitzat
+// wait in its outbox, and every invariant holds once Kafka is back.
+func TestSystemDemoKafkaDownWhileInventariReadsRabbitMQ(t *testing.T) {
+	amqptest.Shared(t)
+	r := checkDemo(t, demo.Config{EventsByTopic: map[string]string{"comandes.esdeveniments": system.EventsRabbitMQ}, AMQPURL: amqptest.URL(),
+		KafkaDown: 3 * time.Second})
+	k := r.KafkaOutage
+	if k == nil || k.InventariReads != system.EventsRabbitMQ || k.StockEvents == 0 || k.InventariPending == 0 {
+		t.Errorf("outage %+v: want inventari working from RabbitMQ and its events waiting", k)
+	}
+}
+
+// checkDemo runs the 150 orders of the scenario with cfg and checks the report.
+func checkDemo(t *testing.T, cfg demo.Config) *demo.Report {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	var progress bytes.Buffer
-	r, err := demo.Run(ctx, demo.Config{Orders: 150, Clients: 6, DatabaseURL: pgtest.URL(), Out: &progress, SettleTimeout: 90 * time.Second})
+	// With KeepRunning, OnRunning (km0 demo --keep-running's console) gets
+	// the running system; every HTTP server answers its health endpoint.
+	runCtx, stopRunning := context.WithCancel(ctx)
+	defer stopRunning()
+	var healthy []string
+	servers := 0
+	onRunning := func(_ context.Context, rn demo.Running) (func(), error) {
+		defer stopRunning() // the demo returns instead of waiting for Ctrl-C
+		servers = len(rn.System.Addrs())
+		for name, base := range rn.System.Addrs() {
+			resp, err := http.Get(base + system.HealthPath)
+			if err != nil {
+				return nil, err
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				healthy = append(healthy, name)
+			}
+		}
+		return func() {}, nil
+	}
+	cfg.Orders, cfg.Clients, cfg.DatabaseURL, cfg.Out, cfg.SettleTimeout = 150, 6, pgtest.URL(), &progress, 90*time.Second
+	cfg.KeepRunning, cfg.OnRunning = true, onRunning
+	r, err := demo.Run(runCtx, cfg)
 	if err != nil {
 		t.Fatalf("demo did not run: %v\n%s", err, progress.String())
 	}
@@ -33,9 +109,10 @@ func TestSystemDemoReconciles(t *testing.T) {
 			t.Errorf("invariant %q fails: %s", inv.Name, inv.Detail)
 		}
 	}
+	var text bytes.Buffer
+	r.Print(&text)
+	t.Logf("%s", text.String())
 	if !r.OK || len(r.Invariants) < 15 {
-		var text bytes.Buffer
-		r.Print(&text)
 		t.Fatalf("report not OK (%d invariants):\n%s\n%s", len(r.Invariants), text.String(), progress.String())
 	}
 	// The plan of 150 orders: 2 invalid (orders 13 and 110), 2 refused by
@@ -73,9 +150,13 @@ func TestSystemDemoReconciles(t *testing.T) {
 	if s := r.Stock["formatge-curat"]; s.Final != 1 || !s.LowStock {
 		t.Errorf("cheese %+v", s)
 	}
+	if len(healthy) != servers || servers < 7 {
+		t.Errorf("healthy HTTP servers while kept running: %v of %d, want every one (5 services with an API, passarella, mapes)", healthy, servers)
+	}
 	// The JSON form carries the same verdict.
 	b, err := json.Marshal(r)
 	if err != nil || !strings.Contains(string(b), `"ok":true`) {
 		t.Fatalf("json: %v %.200s", err, b)
 	}
+	return r
 }

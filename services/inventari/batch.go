@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
+	"github.com/km0/km0/tracing"
 )
 
 // SQL of HandleOrdersCreated. lockStock locks the rows of a batch's products
@@ -119,12 +120,14 @@ func (s *Service) HandleOrdersCreated(ctx context.Context, tx pgx.Tx, msgs []*co
 	}
 	taken := map[string]int{} // net units taken per product (negative: given back)
 	var events []*outbox.Event
-	change := func(o order, l Line, delta int, reason string) {
+	// Each event continues the trace of its own message, not the batch's.
+	change := func(i int, o order, l Line, delta int, reason string) {
 		before := stock[l.Product]
 		stock[l.Product] = before - delta
 		taken[l.Product] += delta
 		events = append(events, &outbox.Event{Aggregate: Aggregate, AggregateID: l.Product, Type: TypeStockUpdated,
-			Payload: StockUpdated{Product: l.Product, Before: before, After: before - delta, Reason: reason, OrderID: o.id}})
+			Payload: StockUpdated{Product: l.Product, Before: before, After: before - delta, Reason: reason, OrderID: o.id},
+			Headers: tracing.Headers(msgs[i].Context())})
 	}
 	for i, o := range orders {
 		if outcomes[i] != nil {
@@ -135,7 +138,7 @@ func (s *Service) HandleOrdersCreated(ctx context.Context, tx pgx.Tx, msgs []*co
 			switch r.state {
 			case stateServed:
 				for _, l := range r.lines {
-					change(o, l, -l.Quantity, ReasonCancel)
+					change(i, o, l, -l.Quantity, ReasonCancel)
 				}
 				r.state, r.restored, r.dirty = stateCancelled, true, true
 			case statePending, stateRefused:
@@ -155,11 +158,11 @@ func (s *Service) HandleOrdersCreated(ctx context.Context, tx pgx.Tx, msgs []*co
 			r.state, r.reason, r.dirty = stateRefused, clip(err.Error()), true
 			reason, detail, _ := strings.Cut(r.reason, ": ")
 			events = append(events, &outbox.Event{Aggregate: AggregateOrder, AggregateID: o.id, Type: TypeStockRefused,
-				Payload: StockRefused{OrderID: o.id, Reason: reason, Detail: detail}})
+				Payload: StockRefused{OrderID: o.id, Reason: reason, Detail: detail}, Headers: tracing.Headers(msgs[i].Context())})
 			continue
 		}
 		for _, l := range o.lines {
-			change(o, l, l.Quantity, ReasonOrder)
+			change(i, o, l, l.Quantity, ReasonOrder)
 		}
 		r.state, r.lines, r.dirty = stateServed, o.lines, true
 	}
