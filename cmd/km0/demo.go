@@ -26,6 +26,7 @@ func runDemo(ctx context.Context, args []string) error {
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
 	keep := fs.Bool("keep-running", false, "leave the services, their HTTP APIs and the operator console up after the report (Ctrl-C stops them)")
 	consoleAddr := fs.String("console", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none)")
+	alerts := addAlertFlags(fs, "with --keep-running")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
 	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set, else the embedded Kafka)")
 	keepDB := fs.Bool("keep-databases", false, "do not drop the run's km0_<service>_demo_<run> databases")
@@ -39,6 +40,9 @@ func runDemo(ctx context.Context, args []string) error {
 	settle := fs.Duration("settle-timeout", demo.ChaosSettleTimeoutDefault, "with --chaos: how long to wait for the system to settle after the last fault")
 	keepDir := fs.Bool("keep-logs", false, "with --chaos: keep the folder with the processes' logs (always kept when the run fails)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := alerts.check(*keep && *consoleAddr != "", "--keep-running (and --console)"); err != nil {
 		return err
 	}
 	if *chaos {
@@ -60,7 +64,7 @@ func runDemo(ctx context.Context, args []string) error {
 			if *consoleAddr == "" {
 				return func() {}, nil
 			}
-			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, progress, "km0 demo", demoLogger())
+			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, alerts.rule(), progress, "km0 demo", demoLogger())
 		},
 		OnReport: func(r *demo.Report) {
 			report = r
@@ -92,7 +96,7 @@ func pick[T any](set bool, v, otherwise T) T {
 
 // runChaos runs km0 demo --chaos: progress on stderr, the report on stdout.
 func runChaos(ctx context.Context, set map[string]bool, cfg demo.ChaosConfig, asJSON bool) error {
-	for _, f := range []string{"keep-running", "keep-databases", "console"} {
+	for _, f := range []string{"keep-running", "keep-databases", "console", "max-lag", "max-age", "alert-for"} {
 		if set[f] {
 			return fmt.Errorf("--%s does not apply to --chaos", f)
 		}
