@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "demo", summary: "run the Quilòmetre Zero system end to end with failures injected and reconcile it (README command 1)", run: runDemo})
+	register(&command{name: "demo", summary: "run the Quilòmetre Zero system end to end with failures injected and reconcile it", run: runDemo})
 }
 
 // errInvariants makes km0 demo exit 1 after printing the failed invariants.
