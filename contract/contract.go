@@ -51,9 +51,9 @@ const (
 )
 
 // MillisThreshold separates the two readings of a time header: a value above
-// it is unix milliseconds (RabbitMQ wrote primera_fallada and mort_en so
-// before they were unified; 1e11 seconds is in the year 5138), a value at or
-// below it unix seconds.
+// it is unix milliseconds (copies written by older RabbitMQ consumers carry
+// primera_fallada and mort_en so; 1e11 seconds is in the year 5138), a value
+// at or below it unix seconds.
 const MillisThreshold = 1e11
 
 // maxMillis bounds a value read as milliseconds: above it, the value names
