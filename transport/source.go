@@ -114,7 +114,8 @@ type Delivery struct {
 type Settlement struct {
 	D *Delivery
 	// Dead: dead-letter it (else retry it). Permanent: the failure is
-	// permanent (not attempts spent).
+	// permanent (not attempts spent); a RabbitMQ source nacks such a
+	// delivery natively to its DLX when it is still unacked.
 	Dead, Permanent bool
 	Reason          string        // motiu of a dead letter (≤ 200 bytes)
 	NotBefore       time.Time     // a retry's earliest next attempt: the decision's time + Delay

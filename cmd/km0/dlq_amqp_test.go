@@ -128,8 +128,8 @@ func (r *rabbitDLQ) effects(id string) (all, forID int) {
 	return all, forID
 }
 
-// `km0 dlq` on a RabbitMQ DLQ: a permanent failure and an exhausted
-// transient, each with its motiu, land in <queue>.dlq; ls moves them into the
+// `km0 dlq` on a RabbitMQ DLQ: a permanent failure (native nack) and an
+// exhausted transient (motiu) land in <queue>.dlq; ls moves them into the
 // index (broker 2 + index 0 → broker 0 + index 2; a second ls changes
 // neither) and groups them by motiu; show prints headers and envelope;
 // replay sends both back with their id_esdeveniment and, once the handler is
@@ -145,7 +145,7 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 
 	out, err := r.run("ls")
 	if err != nil || !strings.Contains(out, "2 new dead letter(s) indexed") || !strings.Contains(out, "2 dead letter(s)") ||
-		!strings.Contains(out, "permanent: esquema: falta adreca_lliurament") || !strings.Contains(out, "transitori esgotat: mapes") {
+		!strings.Contains(out, "permanent: rejected by "+r.queue) || !strings.Contains(out, "transitori esgotat: mapes") {
 		t.Fatalf("ls: %v\n%s", err, out)
 	}
 	if b, i := r.onBroker(), r.indexed(); b != 0 || i != 2 {
@@ -174,7 +174,7 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	}
 
 	out, err = r.run("show", ids[perm])
-	if err != nil || !strings.Contains(out, "capçaleres:") || !strings.Contains(out, "cua_origen: "+r.queue) ||
+	if err != nil || !strings.Contains(out, "capçaleres:") || !strings.Contains(out, "x-death: rejected in "+r.queue) ||
 		!strings.Contains(out, "envolupant:") || !strings.Contains(out, `"id_esdeveniment": "`+perm+`"`) {
 		t.Fatalf("show: %v\n%s", err, out)
 	}

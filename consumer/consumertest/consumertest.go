@@ -52,10 +52,10 @@ type Features struct {
 	OrderPerKey   bool
 	NoOrderPerKey string
 	// PermanentLettersCarryReason: the dead letter of a permanent failure
-	// carries motiu and intents (a copy the source published). Off for a
-	// source whose permanent dead letters are native (a broker's own
-	// rejection, which carries no text): the reason is then checked
-	// through Config.OnDeadLetter only, as on every broker.
+	// carries motiu and intents (Kafka's copy). Off on RabbitMQ, where the
+	// contract makes it a native nack to the DLX (x-death says "rejected"):
+	// the reason is then checked through Config.OnDeadLetter only, as on
+	// every broker.
 	PermanentLettersCarryReason bool
 	// DeadLetterExtra are header names a broker's dead letters carry beyond
 	// the contract's (e.g. RabbitMQ's clau and cua_origen, which hold what

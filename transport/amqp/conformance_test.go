@@ -85,9 +85,8 @@ func TestConsumerConformance(t *testing.T) {
 	f := consumertest.Features{
 		RepeatedHeaders: false, // a header table holds one value per name
 		NoOrderPerKey:   "a plain queue with several workers keeps no order per key; ordered mode does (the Ordered run)",
-		// A permanent failure is a copy with its motiu to the DLX, as an
-		// exhausted one.
-		PermanentLettersCarryReason: true,
+		// A permanent failure is a native nack to the DLX (CONTRACT.md).
+		PermanentLettersCarryReason: false,
 		DeadLetterExtra:             []string{amqp.HeaderOriginQueue},
 	}
 	t.Run("Plain", func(t *testing.T) {

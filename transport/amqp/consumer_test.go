@@ -37,7 +37,7 @@ func (b *bundle) consumerConfig(h consumer.Handler) consumerConfig {
 }
 
 // A poison message (malformed JSON) is dead-lettered
-// at attempt 1 with its motiu, and the 500 messages queued behind it are all
+// natively at attempt 1, and the 500 messages queued behind it are all
 // processed, none of them through a wait queue.
 func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
 	b := setup(t)
@@ -62,8 +62,8 @@ func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dl.Attempts != 1 || !strings.HasPrefix(dl.Reason, "permanent: envelope: ") || dl.Origin != b.queue {
-		t.Fatalf("dead letter %+v: want the decoder's motiu at attempt 1 from %s", dl, b.queue)
+	if dl.Attempts != 1 || !strings.HasPrefix(dl.Reason, "permanent: rejected by "+b.queue) || dl.Origin != b.queue {
+		t.Fatalf("dead letter %+v: want a native rejection at attempt 1 from %s", dl, b.queue)
 	}
 }
 

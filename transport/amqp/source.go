@@ -355,15 +355,15 @@ func typeHeader(t amqp.Table) *contract.TypeHeader {
 // settle carries out the pipeline's decisions for failed deliveries: the
 // copies first (confirmed), then the pipeline's Settled (the crash point
 // before the originals are settled), then the originals (ack, or a native
-// nack to the DLX when a copy could not be made). Every dead letter, a
-// permanent failure's too, is a copy with its motiu, so the DLQ groups it by
-// the class the metrics count it under.
+// nack to the DLX).
 func (s *Source) settle(work context.Context, q consumedQueue, fails []*transport.Settlement) {
 	var native []*transport.Settlement
 	var moved, done []*transport.Settlement
 	for _, f := range fails {
 		d := f.D.Ref.(*amqp.Delivery)
 		switch {
+		case f.Dead && f.Permanent && !s.set.AtMostOnce:
+			native = append(native, f)
 		case f.Dead:
 			if s.deadLetterCopy(work, d, q, f) {
 				moved = append(moved, f)
@@ -389,9 +389,8 @@ func (s *Source) settle(work context.Context, q consumedQueue, fails []*transpor
 		}
 	}
 	for _, f := range native {
-		// The copy could not be made (the DLX refused it, or the channel
-		// broke): the broker dead-letters the original itself. Its text
-		// cannot travel with a native nack; the pipeline logged it.
+		// The handler's text cannot travel with a native nack; the
+		// pipeline logged it with the motiu.
 		_ = f.D.Ref.(*amqp.Delivery).Nack(false, false)
 	}
 }
