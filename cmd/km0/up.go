@@ -72,8 +72,12 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
 	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (dead letters indexed in km0_dlq on the --database-url server, lag, health; token $"+adminTokenEnv+")")
+	alerts := addAlertFlags(fs, "with --console")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := alerts.check(*consoleAddr != "", "--console"); err != nil {
 		return err
 	}
 	if strings.Trim(*dbSuffix, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
@@ -160,7 +164,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		}
 	}
 	if *consoleAddr != "" {
-		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, os.Stdout, "km0 "+name, logger())
+		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, alerts.rule(), os.Stdout, "km0 "+name, logger())
 		if err != nil {
 			return err
 		}
