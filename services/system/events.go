@@ -227,6 +227,35 @@ func (s *System) amqpSource(cfg consumer.Config, topics []string) amqp.SourceCon
 	return src
 }
 
+// EventsConn returns the connection of the events to RabbitMQ (the caller
+// must not close it; Close does), or nil when no event travels there.
+func (s *System) EventsConn() *amqp.Conn { return s.events }
+
+// EventsConsumerQueues returns, for every consumer whose events travel over
+// RabbitMQ (all six, whichever services this process runs: every process
+// declares their queues), the queues it reads (the EventShards shard queues
+// <queue>.<i>, or analitica's one queue) and its dead-letter queue
+// <queue>.dlq, each list sorted. Empty when no event travels over RabbitMQ.
+func (s *System) EventsConsumerQueues() (work, dead []string) {
+	for _, name := range ConsumerNames {
+		topics := s.rabbitTopics(Subscriptions[name])
+		if len(topics) == 0 {
+			continue
+		}
+		sub := s.amqpSub(name, topics)
+		dead = append(dead, amqp.DLQName(sub.queue))
+		if sub.shards == 0 {
+			work = append(work, sub.queue)
+		}
+		for i := range sub.shards {
+			work = append(work, amqp.ShardQueueName(sub.queue, i))
+		}
+	}
+	slices.Sort(work)
+	slices.Sort(dead)
+	return work, dead
+}
+
 // DeadLetterReasons returns the motiu of each message this process's
 // RabbitMQ consumers dead-lettered as a permanent failure, by consumidor and
 // then id_esdeveniment. RabbitMQ moves such a message to <queue>.dlq by a
