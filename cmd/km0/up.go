@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -71,7 +70,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	deliveryTime := fs.Duration("delivery-time", repartiment.DeliveryTimeDefault, "repartiment: how long a courier stays busy with one delivery")
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
 	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
-	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (dead letters indexed in km0_dlq on the --database-url server, lag, health; token $"+adminTokenEnv+")")
+	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+adminTokenEnv+")")
 	alerts := addAlertFlags(fs, "with --console")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
@@ -106,9 +105,6 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	cfg := system.Config{Events: evBroker, EventsByTopic: evTopics, AMQPURL: *amqpURL, EventsExchange: *eventsExchange, EventsQueuePrefix: *eventsPrefix}
 	if cfg.NeedsRabbitMQ() && cfg.AMQPURL == "" {
 		cfg.AMQPURL = amqp.URLDefault
-	}
-	if *consoleAddr != "" && !cfg.NeedsKafka() {
-		return errors.New("--console indexes the dead letters of Kafka: with every event on RabbitMQ, read them with km0 dlq ls --queue <group>")
 	}
 	var brokerList []string
 	switch {
