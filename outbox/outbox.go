@@ -223,6 +223,10 @@ type Row struct {
 	Version     int
 	Payload     []byte // carrega, JSON
 	CreatedAt   time.Time
+	// Headers are the row's capcaleres (string values only), published as
+	// record headers beside the relay's own; nil when the column is absent
+	// or NULL.
+	Headers map[string]string
 }
 
 // Envelope returns the wire envelope of the row: id_esdeveniment = row id,
