@@ -94,7 +94,7 @@ func (b *bundle) config() cdc.Config {
 	return cdc.Config{
 		Config: relay.Config{Pool: b.s.Pool, Names: b.s.Names(), Publisher: b.pub, Topic: topic, Origin: "comandes",
 			BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond, PublishTimeout: 5 * time.Second,
-			Logger: testLogger()},
+			ApplicationName: "km0-relay-cdc-" + b.s.Name, Logger: testLogger()},
 		StatusInterval: 100 * time.Millisecond, ReleaseCheck: 50 * time.Millisecond,
 	}
 }

@@ -168,7 +168,7 @@ func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact
 
 // stream publishes what the reader delivers, batch after batch, until a
 // failure or ctx's end. Between batches it looks for released aggregates.
-func (p *pipeline) stream(ctx context.Context, in <-chan item, readerDone <-chan error, lock *pgx.Conn) error {
+func (p *pipeline) stream(ctx context.Context, in <-chan item, readerExit <-chan struct{}, readerErr func() error, lock *pgx.Conn) error {
 	tick := time.NewTicker(p.r.cfg.ReleaseCheck)
 	defer tick.Stop()
 	var items []item
@@ -176,8 +176,8 @@ func (p *pipeline) stream(ctx context.Context, in <-chan item, readerDone <-chan
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case err := <-readerDone:
-			return err
+		case <-readerExit:
+			return readerErr()
 		case <-p.marker.dead:
 			return p.marker.err
 		case <-tick.C:

@@ -173,7 +173,7 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("cdc: connect: %w", err)
 	}
-	defer lock.Close(context.WithoutCancel(ctx))
+	defer closeConn(lock)
 	if err := r.check(ctx, lock); err != nil {
 		return false, err
 	}
@@ -204,12 +204,12 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("cdc: connect: %w", err)
 	}
-	defer markConn.Close(context.WithoutCancel(ctx))
+	defer closeConn(markConn)
 	repl, err := pgconn.ConnectConfig(ctx, r.replCfg)
 	if err != nil {
 		return false, fmt.Errorf("cdc: replication connection: %w", err)
 	}
-	defer repl.Close(context.WithoutCancel(ctx))
+	defer closeConn(repl)
 
 	p := newPipeline(r, blocked, newMarker(r, markConn))
 	var catchUp pgx.Tx
@@ -244,16 +244,20 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 	log.Info("cdc: holding the slot", "start", start.String())
 
 	rd := newReader(r, repl, p.marker, start)
-	readerDone := make(chan error, 1)
+	var readerErr error
+	readerExit := make(chan struct{})
 	rctx, stopReader := context.WithCancel(ctx)
-	go func() { readerDone <- rd.run(rctx) }()
+	go func() {
+		readerErr = rd.run(rctx)
+		close(readerExit)
+	}()
 	var mwg sync.WaitGroup
 	mctx, stopMarker := context.WithCancel(context.WithoutCancel(ctx))
 	mwg.Go(func() { p.marker.run(mctx) })
 	crashed := false
 	defer func() {
 		stopReader()
-		<-readerDone
+		<-readerExit
 		if !crashed && parent.Err() != nil {
 			// A graceful stop: mark what the broker confirmed and tell the
 			// server, so that a restart republishes as little as possible.
@@ -272,9 +276,16 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 	if h := r.cfg.CDCHooks.Streaming; h != nil {
 		h()
 	}
-	err = p.stream(ctx, rd.out, readerDone, lock)
+	err = p.stream(ctx, rd.out, readerExit, func() error { return readerErr }, lock)
 	crashed = isCrash(err)
 	return true, err
+}
+
+// closeConn closes a session, waiting at most a second for a clean goodbye.
+func closeConn(c interface{ Close(context.Context) error }) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = c.Close(ctx)
 }
 
 func isCrash(err error) bool {
