@@ -85,6 +85,9 @@ const maxName = 63
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
+// ValidSlot reports whether s is a slot name PostgreSQL accepts.
+func ValidSlot(s string) bool { return slotName.MatchString(s) }
+
 // DefaultSlot is the default slot of an outbox: km0_<schema>_<table> when
 // that is a valid slot name (km0_public_outbox for the contract's table);
 // otherwise the name lower-cased with every other character replaced by '_',

@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/migrate"
 )
 
 // ErrSetup is wrapped by every error about a server, role, publication or
@@ -26,6 +30,27 @@ func (r *Relay) Check(ctx context.Context) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return r.check(ctx, conn)
+}
+
+// CheckServer is Check before a Relay exists (the command line runs it
+// before it connects to the broker): the server behind pool, for the outbox
+// of names. The relay itself warns about an unlimited max_slot_wal_keep_size when
+// it starts; log is unused otherwise (nil is fine).
+func CheckServer(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, log *slog.Logger) error {
+	cfg := Config{}
+	cfg.Names, cfg.Logger = names, log
+	if log == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg = cfg.WithDefaults()
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names)}
+	r.warnedKeep.Store(true) // the relay warns when it starts
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("cdc: connect: %w", err)
+	}
+	defer conn.Release()
+	return r.check(ctx, conn.Conn())
 }
 
 func (r *Relay) check(ctx context.Context, conn *pgx.Conn) error {
