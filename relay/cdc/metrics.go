@@ -3,6 +3,7 @@ package cdc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -152,4 +153,16 @@ func (r *Relay) SlotLag(ctx context.Context) (SlotLag, error) {
 	}
 	s.Exists = true
 	return s, nil
+}
+
+// Lag measures the pending rows of the outbox and the age of the oldest one,
+// as the polling relay's Lag does.
+func (r *Relay) Lag(ctx context.Context) (relay.Lag, error) {
+	var l relay.Lag
+	var secs float64
+	if err := r.stats.QueryRow(ctx, r.q.lag).Scan(&l.Pending, &secs); err != nil {
+		return relay.Lag{}, fmt.Errorf("cdc: lag: %w", err)
+	}
+	l.Oldest = time.Duration(secs * float64(time.Second))
+	return l, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/cdc"
 )
 
 // supervisor runs relays and consumers and restarts them when they die.
@@ -18,7 +19,7 @@ type supervisor struct {
 	restarts map[string]int // by worker name
 	live     map[string]*consumer.Consumer
 	past     map[string]consumer.Stats // counts of dead instances, by consumidor
-	relays   map[string]*relay.Relay
+	relays   map[string]lagger
 	running  map[string]bool // workers whose goroutine has not returned
 }
 
@@ -27,7 +28,7 @@ func (sv *supervisor) init(s *System) {
 	sv.restarts = map[string]int{}
 	sv.live = map[string]*consumer.Consumer{}
 	sv.past = map[string]consumer.Stats{}
-	sv.relays = map[string]*relay.Relay{}
+	sv.relays = map[string]lagger{}
 	sv.running = map[string]bool{}
 }
 
@@ -83,6 +84,26 @@ func (sv *supervisor) run(name string, start func(ctx context.Context) error) {
 func (sv *supervisor) runRelay(service string, cfg relay.Config) {
 	sv.run("relay "+service, func(ctx context.Context) error {
 		r, err := relay.New(cfg)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		sv.mu.Lock()
+		sv.relays[service] = r
+		sv.mu.Unlock()
+		return r.Run(ctx)
+	})
+}
+
+// lagger is a relay of either mode.
+type lagger interface {
+	Lag(ctx context.Context) (relay.Lag, error)
+}
+
+// runCDCRelay supervises the CDC relay of service.
+func (sv *supervisor) runCDCRelay(service string, cfg cdc.Config) {
+	sv.run("relay "+service, func(ctx context.Context) error {
+		r, err := cdc.New(cfg)
 		if err != nil {
 			return err
 		}
@@ -153,7 +174,7 @@ func (s *System) Restarts() map[string]int {
 func (s *System) RelayLag(ctx context.Context) (map[string]relay.Lag, error) {
 	sv := &s.sup
 	sv.mu.Lock()
-	relays := make(map[string]*relay.Relay, len(sv.relays))
+	relays := make(map[string]lagger, len(sv.relays))
 	for k, v := range sv.relays {
 		relays[k] = v
 	}
