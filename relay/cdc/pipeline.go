@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -27,6 +28,7 @@ type queries struct {
 	parked  string // aggregates with a parked row
 	pending string // catch-up: pending rows in commit order per aggregate
 	pendOf  string // $1 agregat_ids text[]: the same, of some aggregates
+	hasHdr  string // whether the outbox has the capcaleres column
 	lag     string
 	size    string
 }
@@ -35,9 +37,10 @@ func newQueries(n migrate.Names) queries {
 	n = n.WithDefaults()
 	table := pgx.Identifier{n.Schema, n.Outbox}.Sanitize()
 	parked := pgx.Identifier{n.Schema, n.Outbox + "_aparcats"}.Sanitize()
-	// to_jsonb(o)->'capcaleres' is NULL when the column does not exist.
+	// The catch-up reads capcaleres when the column exists (pendingHdr),
+	// NULL otherwise.
 	pending := func(filter string) string {
-		return "SELECT o.id, o.agregat, o.agregat_id, o.tipus, o.versio, o.carrega, o.creat_en, to_jsonb(o)->'capcaleres'" +
+		return "SELECT o.id, o.agregat, o.agregat_id, o.tipus, o.versio, o.carrega, o.creat_en, NULL::jsonb" +
 			" FROM " + table + " o WHERE o.publicat_en IS NULL" + filter + " ORDER BY o.creat_en, o.id"
 	}
 	return queries{
@@ -48,6 +51,8 @@ func newQueries(n migrate.Names) queries {
 		parked:  "SELECT DISTINCT agregat_id FROM " + parked,
 		pending: pending(""),
 		pendOf:  pending(" AND o.agregat_id = ANY($1::text[])"),
+		hasHdr: "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::text::regclass AND attname = '" + colHeaders +
+			"' AND NOT attisdropped)",
 		lag: "SELECT count(*), coalesce(extract(epoch FROM now() - min(creat_en)), 0)::float8 FROM " + table +
 			" WHERE publicat_en IS NULL",
 		size: "SELECT pg_total_relation_size($1::text::regclass)",
@@ -100,12 +105,18 @@ func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact
 		}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read only
-	var rows pgx.Rows
-	if aggs == nil {
-		rows, err = tx.Query(ctx, p.r.q.pending)
-	} else {
-		rows, err = tx.Query(ctx, p.r.q.pendOf, aggs)
+	var hasHdr bool
+	if err := tx.QueryRow(ctx, p.r.q.hasHdr, p.r.q.table).Scan(&hasHdr); err != nil {
+		return fmt.Errorf("cdc: catch-up: %w", err)
 	}
+	sql, args := p.r.q.pending, []any(nil)
+	if aggs != nil {
+		sql, args = p.r.q.pendOf, []any{aggs}
+	}
+	if hasHdr {
+		sql = strings.Replace(sql, "NULL::jsonb", "o."+colHeaders, 1)
+	}
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
 		return fmt.Errorf("cdc: catch-up: %w", err)
 	}

@@ -177,3 +177,27 @@ func TestCapcaleresBecomeHeadersWhateverTheColumnOrder(t *testing.T) {
 		}
 	}
 }
+
+// A row pending at the first start goes out from the catch-up, not the
+// stream: its capcaleres become headers there too.
+func TestCapcaleresOfPendingRowsAtTheFirstStartBecomeHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.s.Pool.Exec(ctx, "ALTER TABLE outbox ADD COLUMN capcaleres JSONB"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.s.Pool.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, capcaleres)
+		VALUES (gen_random_uuid(), 'comanda', 'P-1', 'comanda.creada', '{"seq": 1}', '{"traceparent": "00-abc-def-01"}')`); err != nil {
+		t.Fatal(err)
+	}
+	start(t, newRelay(t, b.config()))
+	waitFor(t, "the row published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	rec := b.read(t, 1)[0]
+	for _, h := range rec.Headers {
+		if h.Key == "traceparent" && string(h.Value) == "00-abc-def-01" {
+			return
+		}
+	}
+	t.Fatalf("headers %v: no traceparent from capcaleres", rec.Headers)
+}

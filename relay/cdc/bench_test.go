@@ -1,0 +1,49 @@
+package cdc_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/outbox"
+)
+
+// BenchmarkCatchUpThenStream measures the two paths of the CDC relay with
+// kfake in this process: b.N rows pending at the first start (published
+// from the slot's snapshot), then b.N rows written while it streams.
+func BenchmarkCatchUpThenStream(b *testing.B) {
+	bu := setup(b)
+	ctx := context.Background()
+	write := func(from, n int) {
+		for done := 0; done < n; {
+			c := min(500, n-done)
+			evs := make([]*outbox.Event, c)
+			for i := range evs {
+				evs[i] = &outbox.Event{Aggregate: "comanda", AggregateID: fmt.Sprintf("P-%07d", from+done+i), Type: "comanda.creada",
+					Payload: map[string]any{"id": from + done + i, "client": "anna", "mercat": "girona"}}
+			}
+			if err := pgx.BeginFunc(ctx, bu.s.Pool, func(tx pgx.Tx) error { return bu.ob.EnqueueBatch(ctx, tx, evs) }); err != nil {
+				b.Fatal(err)
+			}
+			done += c
+		}
+	}
+	write(0, b.N)
+	r := newRelay(b, bu.config())
+	b.ResetTimer()
+	t0 := time.Now()
+	start(b, r)
+	waitFor(b, "the catch-up", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
+	catchUp := time.Since(t0)
+	t1 := time.Now()
+	write(b.N, b.N)
+	written := time.Since(t1)
+	waitFor(b, "the stream", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
+	stream := time.Since(t1)
+	b.ReportMetric(float64(b.N)/catchUp.Seconds(), "catchup_rows/s")
+	b.ReportMetric(float64(b.N)/stream.Seconds(), "stream_rows/s")
+	b.ReportMetric(float64(b.N)/written.Seconds(), "write_rows/s")
+}
