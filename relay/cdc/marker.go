@@ -17,6 +17,7 @@ import (
 // position to confirm once both are committed (0: none, a catch-up batch).
 type job struct {
 	ids      []pgtype.UUID
+	tids     []pgtype.TID // the ctids of ids (catch-up batches), or nil
 	parkIDs  []uuid.UUID
 	parkAggs []string
 	parkWhy  []string
@@ -127,7 +128,8 @@ func (m *marker) run(ctx context.Context) {
 // commit marks and parks the rows of batch in one implicit transaction (one
 // round trip), then confirms the batch's last position.
 func (m *marker) commit(ctx context.Context, batch []job) error {
-	var ids []pgtype.UUID
+	var ids, byTID []pgtype.UUID // every id; those of byTID's rows
+	var tids []pgtype.TID
 	var parkIDs []uuid.UUID
 	var parkAggs, parkWhy []string
 	var end pglogrepl.LSN
@@ -136,23 +138,34 @@ func (m *marker) commit(ctx context.Context, batch []job) error {
 		parkIDs, parkAggs, parkWhy = append(parkIDs, j.parkIDs...), append(parkAggs, j.parkAggs...), append(parkWhy, j.parkWhy...)
 		end = max(end, j.end)
 	}
+	var byID []pgtype.UUID
+	for _, j := range batch {
+		if j.tids != nil {
+			tids, byTID = append(tids, j.tids...), append(byTID, j.ids...)
+		} else {
+			byID = append(byID, j.ids...)
+		}
+	}
 	if len(ids) > 0 || len(parkIDs) > 0 {
 		b := &pgx.Batch{}
-		if len(ids) > 0 {
-			b.Queue(m.r.q.mark, ids)
+		if len(byTID) > 0 {
+			b.Queue(m.r.q.markTID, tids, byTID)
+		}
+		if len(byID) > 0 {
+			b.Queue(m.r.q.mark, byID)
 		}
 		if len(parkIDs) > 0 {
 			b.Queue(m.r.q.park, parkIDs, parkAggs, parkWhy)
 		}
 		br := m.conn.SendBatch(ctx, b)
 		var marked int64
-		if len(ids) > 0 {
+		for range min(len(byTID), 1) + min(len(byID), 1) {
 			tag, err := br.Exec()
 			if err != nil {
 				_ = br.Close()
 				return fmt.Errorf("cdc: mark %d rows: %w", len(ids), err)
 			}
-			marked = tag.RowsAffected()
+			marked += tag.RowsAffected()
 		}
 		if err := br.Close(); err != nil {
 			return fmt.Errorf("cdc: mark %d rows, park %d: %w", len(ids), len(parkIDs), err)
