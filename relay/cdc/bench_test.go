@@ -47,3 +47,37 @@ func BenchmarkCatchUpThenStream(b *testing.B) {
 	b.ReportMetric(float64(b.N)/stream.Seconds(), "stream_rows/s")
 	b.ReportMetric(float64(b.N)/written.Seconds(), "write_rows/s")
 }
+
+// BenchmarkStream measures the stream alone: b.N rows are written after the
+// slot exists while the relay holds back (its Streaming hook waits), then
+// it drains them from the WAL.
+func BenchmarkStream(b *testing.B) {
+	bu := setup(b)
+	ctx := context.Background()
+	entered, release := make(chan struct{}), make(chan struct{})
+	cfg := bu.config()
+	cfg.CDCHooks.Streaming = func() {
+		close(entered)
+		<-release
+	}
+	r := newRelay(b, cfg)
+	start(b, r)
+	<-entered
+	for done := 0; done < b.N; {
+		c := min(500, b.N-done)
+		evs := make([]*outbox.Event, c)
+		for i := range evs {
+			evs[i] = &outbox.Event{Aggregate: "comanda", AggregateID: fmt.Sprintf("P-%07d", done+i), Type: "comanda.creada",
+				Payload: map[string]any{"id": done + i, "client": "anna", "mercat": "girona"}}
+		}
+		if err := pgx.BeginFunc(ctx, bu.s.Pool, func(tx pgx.Tx) error { return bu.ob.EnqueueBatch(ctx, tx, evs) }); err != nil {
+			b.Fatal(err)
+		}
+		done += c
+	}
+	b.ResetTimer()
+	t0 := time.Now()
+	close(release)
+	waitFor(b, "the stream", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
+	b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "stream_rows/s")
+}
