@@ -241,6 +241,7 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 	}
 	r.m.active(true)
 	defer r.m.active(false)
+	defer r.lag.reset() // a new session receives the unconfirmed transactions again
 	log.Info("cdc: holding the slot", "start", start.String())
 
 	rd := newReader(r, repl, p.marker, start)
