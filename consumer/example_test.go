@@ -13,7 +13,7 @@ import (
 	"github.com/km0/km0/outcome"
 )
 
-// The inventari service of the seed: decrement stock once per comanda.creada,
+// The inventari service: decrement stock once per comanda.creada,
 // dead-letter an order that cannot be served.
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

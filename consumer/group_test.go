@@ -16,7 +16,7 @@ import (
 	"github.com/km0/km0/outcome"
 )
 
-// Proof 6 (issue 3). Three members of one group on 6 partitions share 10,000
+// Competing consumers. Three members of one group on 6 partitions share 10,000
 // keyed events (200 keys × 50). About 1% fail transiently once and go through
 // .retry. Crash point: member 2 is killed right after a DB commit and before
 // its offsets are committed, once the other two are processing too; its

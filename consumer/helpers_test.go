@@ -33,7 +33,7 @@ const (
 	name  = "inventari.descompte_estoc"
 )
 
-// bundle is one test's world: a schema with the inbox, the seed's estoc table
+// bundle is one test's world: a schema with the inbox, the contract's estoc table
 // and an efectes table; an embedded broker with the domain topic; a producer.
 type bundle struct {
 	t      *testing.T
@@ -199,7 +199,7 @@ func (b *bundle) publishEvents(evs ...event) {
 	b.publish(recs...)
 }
 
-// inventari is the seed's handler: decrement each line's product if there is
+// inventari is the contract's inventari handler: decrement each line's product if there is
 // enough stock, else fail permanently (and roll everything back).
 func inventari(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	var d comanda

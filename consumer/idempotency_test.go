@@ -16,7 +16,7 @@ import (
 
 func order(key string, lines ...linia) event { return newEvent(key, comanda{ID: key, Linies: lines}) }
 
-// Proof 1 (issue 2). Crash point: the consumer dies after the DB transaction
+// Crash point: the consumer dies after the DB transaction
 // committed (key + stock decrement) and before the offset commit.
 func TestCrashAfterDBCommitBeforeOffsetCommitIsAbsorbedAsDuplicate(t *testing.T) {
 	b := setup(t)
@@ -50,7 +50,7 @@ func TestCrashAfterDBCommitBeforeOffsetCommitIsAbsorbedAsDuplicate(t *testing.T)
 	}
 }
 
-// Proof 2 (issue 2). Crash point: mid-transaction, after the handler
+// Crash point: mid-transaction, after the handler
 // decremented the stock and the key was recorded, before COMMIT.
 func TestCrashMidTransactionLeavesNothingAndProcessesOnceLater(t *testing.T) {
 	b := setup(t)
@@ -86,7 +86,7 @@ func TestCrashMidTransactionLeavesNothingAndProcessesOnceLater(t *testing.T) {
 	}
 }
 
-// Proof 3 (issue 2). Every event is published twice (back to back, so both
+// Every event is published twice (back to back, so both
 // copies land in one fetch, and again at the end): the end state equals a run
 // where each event was published once.
 func TestEveryEventPublishedTwiceEqualsPublishedOnce(t *testing.T) {
@@ -138,7 +138,7 @@ func TestEveryEventPublishedTwiceEqualsPublishedOnce(t *testing.T) {
 	}
 }
 
-// Proof 7 (issue 2). Insufficient stock: the failing order's key and its
+// Insufficient stock: the failing order's key and its
 // partial effect roll back, its neighbours in the same transaction batch keep
 // theirs, the failure is permanent and the message is in the DLQ at attempt 1.
 func TestInsufficientStockRollsBackKeyAndGoesToDLQ(t *testing.T) {
@@ -173,7 +173,7 @@ func TestInsufficientStockRollsBackKeyAndGoesToDLQ(t *testing.T) {
 }
 
 // At-most-once: the offset is committed before processing. Crash point:
-// mid-transaction (as in proof 2). The message is lost: a new member of the
+// mid-transaction (as in TestCrashMidTransactionLeavesNothingAndProcessesOnceLater). The message is lost: a new member of the
 // group never sees it again, unlike at-least-once.
 func TestAtMostOnceCommitsBeforeProcessingSoACrashLosesTheMessage(t *testing.T) {
 	b := setup(t)
@@ -269,7 +269,7 @@ func inventariBatch(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) er
 }
 
 // With HandleBatch, a healthy batch takes one call; a batch with a failing
-// message falls back to Handle one by one, and ends as proof 7 does.
+// message falls back to Handle one by one, and ends as TestInsufficientStockRollsBackKeyAndGoesToDLQ does.
 func TestBatchHandlerFallsBackToHandleToIsolateTheFailure(t *testing.T) {
 	b := setup(t)
 	var batches, singles atomic.Int64

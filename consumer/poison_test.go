@@ -46,7 +46,7 @@ func (b *bundle) dlqTotalOf(motiu string) float64 {
 	return sum
 }
 
-// Proof 1 (issue 3). A malformed-JSON record goes to the DLQ at attempt 1 and
+// A malformed-JSON record goes to the DLQ at attempt 1 and
 // the 1,000 records behind it on the same partition are all processed. The
 // backoff is an hour, so had any record waited for one the test would time
 // out; none was copied to .retry.
@@ -102,7 +102,7 @@ func (l *attemptLog) add(m *consumer.Message) {
 	l.intents = append(l.intents, v)
 }
 
-// Proof 2 (issue 3). The handler fails transiently twice, then succeeds: the
+// The handler fails transiently twice, then succeeds: the
 // effect is applied once, the copies carried intents 1 then 2, and each
 // attempt came at least the backoff (50 ms, then 100 ms) after the previous.
 func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
@@ -159,7 +159,7 @@ func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
 	}
 }
 
-// Proof 3 (issue 3). Transient failures exhaust the attempts: the message
+// Transient failures exhaust the attempts: the message
 // ends in the DLQ with "transitori esgotat", counted, logged at error, and the
 // effect (written before each failure) is never kept.
 func TestTransientFailuresExhaustAttemptsAndDeadLetter(t *testing.T) {
@@ -195,7 +195,7 @@ func TestTransientFailuresExhaustAttemptsAndDeadLetter(t *testing.T) {
 	}
 }
 
-// Proof 4 (issue 3). Crash point: after the broker confirmed the retry copy
+// Crash point: after the broker confirmed the retry copy
 // and before the source offset was committed. The next member sees both the
 // redelivered original and the retry copy; the effect is applied once.
 func TestCrashAfterRetryCopyBeforeSourceCommitAppliesOnce(t *testing.T) {
@@ -230,7 +230,7 @@ func TestCrashAfterRetryCopyBeforeSourceCommitAppliesOnce(t *testing.T) {
 	}
 }
 
-// Proof 5 (issue 3). Fix and replay: a versio-1 event without a field the
+// Fix and replay: a versio-1 event without a field the
 // handler requires dead-letters with an "esquema" reason; the handler is fixed
 // to accept both versions; the dead letter is republished to the original
 // topic with the same id_esdeveniment: the effect is applied once, and a

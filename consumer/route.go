@@ -42,7 +42,7 @@ var retryHeaders = map[string]bool{
 
 // retryItem reads the headers of a retry copy. It returns nil for a copy of
 // another consumer group (its grup_consumidor differs). A copy without the
-// header or with an empty one, e.g. from the seed's Python consumer, is taken.
+// header or with an empty one, e.g. from a plain Python consumer, is taken.
 // The copy's headers are trusted no further than the configuration
 // (contract.Attempt, contract.NotBefore): intents counts as at least 1 and
 // makes at most the last attempt, and no_abans is at most BackoffMax away,

@@ -79,7 +79,7 @@ type Alerter struct {
 	mu      sync.Mutex
 	classes map[string]map[string]bool
 
-	queue   chan Notice
+	queue   chan outgoing
 	stop    chan struct{}
 	done    chan struct{}
 	closing sync.Once
@@ -136,7 +136,7 @@ func NewAlerter(cfg AlerterConfig) (*Alerter, error) {
 		return nil, err
 	}
 	if cfg.WebhookURL != "" {
-		a.queue = make(chan Notice, cfg.WebhookQueue)
+		a.queue = make(chan outgoing, cfg.WebhookQueue)
 		a.stop = make(chan struct{})
 		a.done = make(chan struct{})
 		go a.deliver()
@@ -169,22 +169,63 @@ func (a *Alerter) DeadLetter(ctx context.Context, l *Letter) {
 		slog.String("id", l.ID), slog.String("topic", l.OriginalTopic),
 		slog.String("id_esdeveniment", l.EventID), slog.String("tipus", l.Type),
 		slog.String("motiu", l.Reason), slog.Int("intents", l.Attempts))
+	a.enqueue(outgoing{id: l.ID, body: Notice{Topic: l.OriginalTopic, ID: l.ID, EventID: l.EventID, Type: l.Type,
+		Reason: l.Reason, Attempts: l.Attempts, DLQTopic: l.Topic, DeadAt: l.DeadAt}})
+}
+
+// outgoing is one queued webhook body (a Notice or a LagNotice) and the name
+// its log lines use.
+type outgoing struct {
+	id   string
+	body any
+}
+
+// enqueue queues o for the webhook without ever waiting.
+func (a *Alerter) enqueue(o outgoing) {
 	if a.queue == nil {
 		return
 	}
-	n := Notice{Topic: l.OriginalTopic, ID: l.ID, EventID: l.EventID, Type: l.Type,
-		Reason: l.Reason, Attempts: l.Attempts, DLQTopic: l.Topic, DeadAt: l.DeadAt}
 	select {
 	case <-a.stop:
 		a.failures.WithLabelValues("cua_plena").Inc()
 	default:
 		select {
-		case a.queue <- n:
+		case a.queue <- o:
 		default:
 			a.failures.WithLabelValues("cua_plena").Inc()
-			a.cfg.Logger.Warn("dlq: webhook queue full; notice dropped", "id", l.ID)
+			a.cfg.Logger.Warn("dlq: webhook queue full; notice dropped", "id", o.id)
 		}
 	}
+}
+
+// LagNotice is the JSON body the webhook receives when a lag stays over its
+// threshold for the configured duration (Estat "alerta"), and once more when
+// it is back under (Estat "resolta"). Avis is always "lag", which tells it
+// from a dead-letter Notice.
+type LagNotice struct {
+	Avis          string    `json:"avis"`    // "lag"
+	Estat         string    `json:"estat"`   // "alerta" or "resolta"
+	Objecte       string    `json:"objecte"` // "grup <g>", "outbox <name>" or "cua <q>"
+	Lag           int64     `json:"lag"`     // records, rows or ready messages
+	OldestSeconds float64   `json:"antiguitat_s"`
+	MaxLag        int64     `json:"llindar_lag,omitempty"`
+	MaxAgeSeconds float64   `json:"llindar_antiguitat_s,omitempty"`
+	Since         time.Time `json:"des_de"` // when it went over
+	At            time.Time `json:"en"`
+}
+
+// Lag raises the alert n: an error-level log line (a warning when resolved)
+// and, with a webhook URL, n posted like a dead-letter Notice (background,
+// timeout, retries; never blocks).
+func (a *Alerter) Lag(ctx context.Context, n LagNotice) {
+	n.Avis = "lag"
+	lvl := slog.LevelError
+	if n.Estat == "resolta" {
+		lvl = slog.LevelWarn
+	}
+	a.cfg.Logger.LogAttrs(ctx, lvl, "lag: "+n.Estat, slog.String("objecte", n.Objecte),
+		slog.Int64("lag", n.Lag), slog.Float64("antiguitat_s", n.OldestSeconds), slog.Time("des_de", n.Since))
+	a.enqueue(outgoing{id: n.Objecte, body: n})
 }
 
 // label bounds the motiu label values of one topic to MaxClasses.
@@ -226,8 +267,8 @@ func (a *Alerter) deliver() {
 	}
 }
 
-func (a *Alerter) send(n Notice) {
-	body, _ := json.Marshal(n) // a Notice always marshals
+func (a *Alerter) send(n outgoing) {
+	body, _ := json.Marshal(n.body) // a Notice or LagNotice always marshals
 	wait := a.cfg.WebhookBackoff
 	var lastErr error
 	for attempt := 1; attempt <= a.cfg.WebhookAttempts; attempt++ {
@@ -250,7 +291,7 @@ func (a *Alerter) send(n Notice) {
 		wait *= 2
 	}
 	a.failures.WithLabelValues("error").Inc()
-	a.cfg.Logger.Warn("dlq: webhook did not take the notice", "id", n.ID, "err", lastErr)
+	a.cfg.Logger.Warn("dlq: webhook did not take the notice", "id", n.id, "err", lastErr)
 }
 
 // post sends one notice; retry says whether another attempt may help.

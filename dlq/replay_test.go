@@ -19,7 +19,7 @@ import (
 	"github.com/km0/km0/transport/kafka"
 )
 
-// Fix-and-replay (issue 3, proof 5, the replay step). One comanda.creada has
+// Fix-and-replay, the replay step. One comanda.creada has
 // two consumers: inventari.descompte_estoc applied it; repartiment.assignacio
 // dead-lettered it (permanent: esquema). Replay republishes the letter to
 // comandes.esdeveniments with the same key, value and id_esdeveniment and no

@@ -64,6 +64,10 @@ type Filter struct {
 	Topic string
 	// Reason keeps letters whose motiu starts with it, e.g. "permanent: esquema".
 	Reason string
+	// Class keeps letters whose reason class (Letter.Class, the grouping of
+	// Summary) is exactly this: one failure group, where a Reason prefix
+	// would also match longer classes.
+	Class string
 	// Since and Until bound the dead time (morta_en) to [Since, Until); zero = open.
 	Since, Until time.Time
 	// IDs, when not empty, keeps only these letters.
@@ -78,7 +82,7 @@ type Filter struct {
 
 // Empty reports whether f selects every letter (no condition at all).
 func (f Filter) Empty() bool {
-	return f.Topic == "" && f.Reason == "" && f.Since.IsZero() && f.Until.IsZero() &&
+	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Since.IsZero() && f.Until.IsZero() &&
 		len(f.IDs) == 0 && len(f.States) == 0
 }
 
@@ -99,6 +103,9 @@ func (f Filter) where(args *[]any) string {
 	}
 	if f.Reason != "" {
 		conds = append(conds, "motiu LIKE "+arg(likePrefix(f.Reason)))
+	}
+	if f.Class != "" {
+		conds = append(conds, "classe_motiu = "+arg(f.Class))
 	}
 	if !f.Since.IsZero() {
 		conds = append(conds, "morta_en >= "+arg(f.Since))

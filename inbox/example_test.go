@@ -12,7 +12,7 @@ import (
 	"github.com/km0/km0/inbox"
 )
 
-// The seed's processar_comanda_creada: the key and the stock decrement in one
+// The idempotent consumer's processar_comanda_creada: the key and the stock decrement in one
 // transaction, so a redelivered comanda.creada is reported as a duplicate.
 func Example() {
 	ctx := context.Background()

@@ -1,4 +1,4 @@
-// Package inbox is the idempotent consumer of the seed's section 2: it records
+// Package inbox is the idempotent consumer (inbox pattern): it records
 // the idempotency key (id_missatge, consumidor) in missatges_processats and runs
 // the effect in the same database transaction. Either both persist or neither
 // does, so a redelivered message is recognised as a duplicate and changes

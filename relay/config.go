@@ -19,7 +19,7 @@ import (
 // Defaults of Config.
 const (
 	// BatchSizeStart is the first claim size of an adaptive relay (BatchSize
-	// 0, the default): the seed's LOT.
+	// 0, the default): the LOT of the textbook polling relay.
 	BatchSizeStart = 100
 	// BatchSizeAdaptiveMax is the largest claim an adaptive relay grows to
 	// under a backlog. Past it a claim only lengthens its transaction: with

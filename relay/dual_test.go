@@ -14,7 +14,7 @@ import (
 	"github.com/km0/km0/transport"
 )
 
-// Producer transition (issue 6): the relay publishes a comanda.creada v2 row as
+// Producer transition: the relay publishes a comanda.creada v2 row as
 // v2 and as v1, two records with distinct ids and one shared correlacio header;
 // a consumer that accepts both versions applies the effect once.
 func TestDualPublishedPairReachesAConsumerOnce(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"github.com/km0/km0/relay"
 )
 
-// Proof 5. Kafka refuses every produce request (NOT_ENOUGH_REPLICAS, as when
+// Kafka refuses every produce request (NOT_ENOUGH_REPLICAS, as when
 // the cluster lost its replicas) while 4 writers keep committing; the relay
 // rolls back and backs off, rows wait in the outbox; once Kafka is back every
 // event arrives, and each aggregate's events are in commit order.

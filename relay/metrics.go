@@ -55,7 +55,7 @@ func newMetrics(r *Relay) (*metrics, error) {
 	return m, nil
 }
 
-// lagCollector reports the seed's "relay lag" at scrape time: pending rows and
+// lagCollector reports the relay lag at scrape time: pending rows and
 // the age of the oldest one.
 type lagCollector struct {
 	r      *Relay

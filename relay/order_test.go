@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// CONTRACT 5, DESIGN.md I3/R4/R5, for a writer that is not km0 (psql, the
-// seed's Python service): its ids are random UUIDs, so only creat_en carries
+// CONTRACT 5, docs/design/outbox-relay.md I3/R4/R5, for a writer that is not
+// km0 (psql, a Python service): its ids are random UUIDs, so only creat_en carries
 // the order. Failure point: writer B's INSERT of aggregate X waits for X's
 // lock while writer A, which holds it, writes a second row of X and commits
 // first. Commit order is X1 (A), X2 (A), X3 (B); B's row must be stamped

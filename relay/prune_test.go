@@ -33,7 +33,7 @@ func insertRows(t testing.TB, b *bundle, agg string, n int, published bool, age 
 	}
 }
 
-// DESIGN.md O3. Failure points: a pruning DELETE that touched pending rows
+// docs/design/outbox-relay.md O3. Failure points: a pruning DELETE that touched pending rows
 // (even ones created long ago, or parked), rows published within the
 // retention, a row another transaction holds (it must be skipped, not waited
 // for), or that ran as one big statement. The end state is counted per kind,
@@ -122,7 +122,7 @@ func TestPruneRefusesBadSettings(t *testing.T) {
 	}
 }
 
-// DESIGN.md O4 with I3. Failure points: pruning that deletes a row before
+// docs/design/outbox-relay.md O4 with I3. Failure points: pruning that deletes a row before
 // it is published (lost event), that blocks the claims, or that disturbs
 // commit order. 4 writers commit 2 events each on 200 aggregates while the
 // relay runs with an aggressive retention (5 ms, a pass every 5 ms, 50 rows a

@@ -7,8 +7,8 @@
 // shard is served by one worker at a time, the one holding its session
 // advisory lock on the very connection that claims and marks. Within a shard
 // rows go out in creat_en order, which the outbox trigger makes equal to commit
-// order per aggregate. DESIGN.md (Relay) states the invariants and the
-// lines that enforce them.
+// order per aggregate. docs/design/outbox-relay.md states the invariants and
+// the code that enforces them.
 //
 // The relay wakes on LISTEN km0_outbox at once and polls as a fallback; it
 // reconnects by itself after the database or the broker went away, backing
@@ -241,7 +241,7 @@ func (r *Relay) closePool() {
 	}
 }
 
-// Lag is the seed's relay lag.
+// Lag is the relay lag.
 type Lag struct {
 	Pending int64         // rows with publicat_en IS NULL, parked ones included
 	Oldest  time.Duration // age of the oldest of them; 0 when none

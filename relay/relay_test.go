@@ -188,7 +188,7 @@ func TestCommitOrderBeatsTransactionStartOrder(t *testing.T) {
 	}
 }
 
-// Proof 6. Two relay instances (two workers each, so four shard owners) and
+// Two relay instances (two workers each, so four shard owners) and
 // 8 concurrent writers on 1,000 aggregates. A backlog is written first, so
 // that both instances drain it in parallel in small batches (where a plain
 // SKIP LOCKED relay splits an aggregate's events across concurrent batches and

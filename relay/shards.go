@@ -15,7 +15,7 @@ import (
 // shards the worker owns; it also runs every claim and mark transaction of
 // the worker. If the session dies, PostgreSQL drops the locks and aborts the
 // open claim together, so no other worker can take a shard while a claimed,
-// unmarked batch of it is alive (DESIGN.md, relay R2).
+// unmarked batch of it is alive (docs/design/outbox-relay.md, R2).
 type worker struct {
 	r        *Relay
 	idx      int

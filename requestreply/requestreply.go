@@ -1,5 +1,5 @@
-// Package requestreply is request/reply over a message broker (seed section
-// 3): a requester sends a request with a correlation id and a reply address
+// Package requestreply is request/reply over a message broker (the request/reply
+// pattern): a requester sends a request with a correlation id and a reply address
 // and waits, with a deadline, for the reply that carries the same correlation
 // id. The API here is shared by two transports: requestreply/amqprr
 // (RabbitMQ: reply_to, correlation_id) and requestreply/kafkarr (Kafka: a reply
@@ -8,7 +8,7 @@
 //
 // Servers run a Handler. Idempotent makes a handler safe to retry: the
 // response is stored with the effect, keyed by request id, and a repeat gets
-// the stored response without running the effect again (the seed's
+// the stored response without running the effect again (like inventari's
 // id_reserva / ReservarEstoc).
 package requestreply
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// Rule names one compatibility rule of the seed's section 8 as `km0 schema
+// Rule names one schema-evolution compatibility rule as `km0 schema
 // check` applies it to two revisions of the same <tipus>/v<N>.json.
 type Rule string
 
@@ -28,7 +28,7 @@ const (
 	// added as required (events already written lack it).
 	RuleRequire Rule = "require"
 	// RuleUnrequire: a required field became optional; readers that rely on
-	// it break (the seed's KeyError: 'adreca_lliurament').
+	// it break (a reader's KeyError: 'adreca_lliurament').
 	RuleUnrequire Rule = "unrequire"
 	// RuleEnum: an enum (or const) lost values or appeared on a free field.
 	RuleEnum Rule = "enum"

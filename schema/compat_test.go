@@ -165,8 +165,8 @@ func TestCompareSets(t *testing.T) {
 }
 
 // The embedded schemas are compatible with themselves and v1 → v2 of
-// comanda.creada is, schema-wise, only an added optional field: the seed
-// bumped the versio for what it means to repartiment, not for its shape.
+// comanda.creada is, schema-wise, only an added optional field: the contract
+// bumps the versio for what it means to repartiment, not for its shape.
 func TestEmbeddedComandaCreadaV2IsV1PlusAnOptionalField(t *testing.T) {
 	reg := registry(t)
 	v1 := reg.Document(schema.Key{Type: "comanda.creada", Version: 1})

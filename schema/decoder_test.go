@@ -123,7 +123,7 @@ func TestHandlersReadTolerantly(t *testing.T) {
 			}
 		})
 	}
-	// The tolerant reader's promise made explicit on the seed's example.
+	// The tolerant reader's promise made explicit on the contract's example.
 	env, err := d.Decode(event(t, "comanda.creada", 1, minimal(t, reg, schema.Key{Type: "comanda.creada", Version: 1}, examples(t)[schema.Key{Type: "comanda.creada", Version: 1}])))
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +212,7 @@ func TestDecodeUnsupportedVersionIsPermanent(t *testing.T) {
 	}
 }
 
-// The seed's exercise 3, row 3: repartiment assumes the address and gets an
+// The failure table's row 3: repartiment assumes the address and gets an
 // order from before addresses existed. Expressed as repartiment's own
 // requirement on comanda.pagada, or as a minimum versio on comanda.creada,
 // it is a permanent "esquema: " failure instead of a KeyError.

@@ -25,7 +25,7 @@ func ExampleRegistry_Validate() {
 // The consumer side: inventari is written against comanda.creada v2 and
 // receives v1 events upcast; repartiment needs the delivery address, so an
 // order from before addresses existed is a permanent "esquema" failure, the
-// seed's KeyError: 'adreca_lliurament', dead-lettered instead of crashing.
+// reader's KeyError: 'adreca_lliurament', dead-lettered instead of crashing.
 func ExampleDecoder() {
 	inventari, err := schema.NewDecoder(schema.DecoderConfig{
 		Handles:   map[string]int{"comanda.creada": 2},

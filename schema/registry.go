@@ -1,4 +1,4 @@
-// Package schema makes the event-versioning rules of the seed's section 8
+// Package schema makes the event-versioning (schema evolution) rules
 // automatic. Every (tipus, versio) km0 publishes has a JSON Schema (directory
 // schemas/, embedded by package schemas):
 //

@@ -15,10 +15,10 @@ import (
 	"github.com/km0/km0/migrate"
 )
 
-// portBatch is the seed's LOT.
+// portBatch is the reference relay's LOT.
 const portBatch = 100
 
-// portEnvelope is the seed's embolcall dict.
+// portEnvelope is the reference relay's embolcall dict.
 type portEnvelope struct {
 	ID      string          `json:"id_esdeveniment"`
 	Type    string          `json:"tipus"`
@@ -28,7 +28,7 @@ type portEnvelope struct {
 	Data    json.RawMessage `json:"dades"`
 }
 
-// runPort is a straight Go port of the seed's outbox_relay.py (pgx and
+// runPort is a straight Go port of the reference polling relay, outbox_relay.py (pgx and
 // franz-go in place of psycopg and librdkafka): one connection, LOT 100,
 // SELECT ... ORDER BY creat_en LIMIT 100 FOR UPDATE SKIP LOCKED, produce each,
 // flush, UPDATE ... WHERE id = ANY, commit; sleep 200 ms when idle. With
@@ -59,7 +59,7 @@ func runPort(ctx context.Context, env *benchEnv, names migrate.Names, topic stri
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(200 * time.Millisecond): // the seed's time.sleep(0.2)
+			case <-time.After(200 * time.Millisecond): // the reference relay's time.sleep(0.2)
 			}
 		}
 	}

@@ -32,7 +32,7 @@ func init() {
 	registerBench("latency", benchLatency)
 }
 
-// benchPayload is a comanda.creada of the seed, about 150 bytes.
+// benchPayload is a comanda.creada of the contract, about 150 bytes.
 func benchPayload(i int) json.RawMessage {
 	return json.RawMessage(fmt.Sprintf(`{"id":"P-2026-%06d","client":"anna","mercat":"girona",`+
 		`"linies":[{"producte":"formatge-curat","quantitat":2,"preu_centims":1450},`+

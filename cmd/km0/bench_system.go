@@ -38,7 +38,7 @@ var systemSections = []string{"relay", "inventari", "pagaments"}
 var systemExtras = []string{"relay-cdc"}
 
 // Hidden subcommands of `km0 bench system`: the straight ports of the
-// seed's loops, run as processes of their own beside km0's (the first
+// reference Python loops (polling relay, idempotent consumer, request/reply server), run as processes of their own beside km0's (the first
 // argument selects them; they are not listed in --help).
 var systemPorts = map[string]func(ctx context.Context, args []string) error{
 	"_port-relay":     runPortRelayProcess,
@@ -48,7 +48,7 @@ var systemPorts = map[string]func(ctx context.Context, args []string) error{
 
 // benchSystem runs km0 as a user runs it (the km0 binary with its defaults,
 // the broker in another process over TCP, PostgreSQL with fsync on, the
-// seed's workload), each part beside a straight port of the seed's loop in
+// contract's workload), each part beside a straight port of the reference loop in
 // the same run, and prints the ratios. Every process it starts is stopped and
 // every database it creates is dropped when it returns (also on Ctrl-C).
 func benchSystem(ctx context.Context, args []string) error {

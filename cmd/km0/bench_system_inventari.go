@@ -118,7 +118,7 @@ func (b *sysBench) serviceDB(ctx context.Context, service, round string) (name, 
 
 // inventari: n comanda.creada on a fresh `km0 kafka` process each round,
 // consumed by `km0 serve inventari` with its defaults and by a port of the
-// seed's idempotent consumer, each on its own fresh database and group.
+// reference idempotent consumer, each on its own fresh database and group.
 func (b *sysBench) inventari(ctx context.Context, n, rounds int, cheeseRunsOut, portOutbox bool) error {
 	reg, err := schema.Default()
 	if err != nil {
@@ -417,15 +417,15 @@ func checkStock(ctx context.Context, pool *pgxpool.Pool, orders map[string]bench
 }
 
 // runPortInventariProcess is `km0 bench system _port-inventari`: a straight
-// Go port of the seed's consumidor_idempotent.py (section 2), franz-go in
+// Go port of the reference idempotent consumer, consumidor_idempotent.py, franz-go in
 // place of confluent-kafka and pgx in place of psycopg: one connection, one
 // message at a time, one transaction each (INSERT the key ON CONFLICT DO
 // NOTHING RETURNING; a duplicate does nothing; UPDATE estoc ... WHERE unitats
 // >= q per line; a line without stock rolls back, key included), then the
 // offset commit (asynchronous, as confluent-kafka's commit(message=msg)).
-// With --outbox it also writes the seed's exercise 2: one estoc.actualitzat
-// per line into its outbox, in the same transaction. The seed's consumer
-// raises on insufficient stock (section 6 sends such a message to the DLQ):
+// With --outbox it also writes one estoc.actualitzat per line into its
+// outbox in the same transaction (transactional outbox). The reference
+// consumer raises on insufficient stock (a dead-letter queue takes such a message):
 // the port produces it to --dlq-topic and goes on.
 func runPortInventariProcess(ctx context.Context, args []string) error {
 	fs := newFlags("bench system _port-inventari", "the seed's idempotent consumer, ported to Go (benchmark peer)")
@@ -501,7 +501,7 @@ func runPortInventariProcess(ctx context.Context, args []string) error {
 
 var errPortInsufficient = errors.New("sense estoc")
 
-// portProcessOrder is the seed's processar_comanda_creada.
+// portProcessOrder is the reference consumer's processar_comanda_creada.
 func portProcessOrder(ctx context.Context, conn *pgx.Conn, e *portEnvelope, withOutbox bool) error {
 	var o struct {
 		ID    string `json:"id"`

@@ -28,9 +28,9 @@ func sidesOf(r int) []string {
 	return []string{sidePort, sideKm0}
 }
 
-// relay: n pre-inserted outbox rows (the seed's comanda.creada, one aggregate
+// relay: n pre-inserted outbox rows (the contract's comanda.creada, one aggregate
 // per order) moved by `km0 relay` with its defaults, then by the port of the
-// seed's relay, each as its own process against the same `km0 kafka`
+// reference polling relay, each as its own process against the same `km0 kafka`
 // process, each on a fresh database and topic.
 func (b *sysBench) relay(ctx context.Context, n, rounds int) error {
 	k, err := b.startKafka(ctx)
@@ -141,7 +141,7 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 }
 
 // runPortRelayProcess is `km0 bench system _port-relay`: runPort (the
-// straight port of the seed's relay) as a process of its own, until SIGTERM.
+// straight port of the reference polling relay) as a process of its own, until SIGTERM.
 func runPortRelayProcess(ctx context.Context, args []string) error {
 	fs := newFlags("bench system _port-relay", "the seed's relay loop, ported to Go (benchmark peer)")
 	dbURL := databaseURLFlag(fs)

@@ -24,7 +24,8 @@ func runDemo(ctx context.Context, args []string) error {
 	fs := newFlags("demo", "start an embedded Kafka, PostgreSQL databases and the six services, drive orders with failures injected, and print a reconciliation report (exit 0 only if every invariant holds)")
 	orders := fs.Int("orders", demo.OrdersDefault, "number of orders to submit (with --chaos the default is 2000)")
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
-	keep := fs.Bool("keep-running", false, "leave the services and their HTTP APIs up after the report (Ctrl-C stops them)")
+	keep := fs.Bool("keep-running", false, "leave the services, their HTTP APIs and the operator console up after the report (Ctrl-C stops them)")
+	consoleAddr := fs.String("console", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none)")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
 	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set, else the embedded Kafka)")
 	keepDB := fs.Bool("keep-databases", false, "do not drop the run's km0_<service>_demo_<run> databases")
@@ -55,6 +56,12 @@ func runDemo(ctx context.Context, args []string) error {
 	_, err := demo.Run(ctx, demo.Config{
 		Orders: *orders, Clients: *clients, AMQPURL: os.Getenv("KM0_AMQP_URL"), NoAuthorize: !*authorize,
 		KeepRunning: *keep, KeepDatabases: *keepDB, Seed: *seed, Out: progress, Logger: demoLogger(),
+		OnRunning: func(ctx context.Context, r demo.Running) (func(), error) {
+			if *consoleAddr == "" {
+				return func() {}, nil
+			}
+			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, progress, "km0 demo", demoLogger())
+		},
 		OnReport: func(r *demo.Report) {
 			report = r
 			if *asJSON {
@@ -85,7 +92,7 @@ func pick[T any](set bool, v, otherwise T) T {
 
 // runChaos runs km0 demo --chaos: progress on stderr, the report on stdout.
 func runChaos(ctx context.Context, set map[string]bool, cfg demo.ChaosConfig, asJSON bool) error {
-	for _, f := range []string{"keep-running", "keep-databases"} {
+	for _, f := range []string{"keep-running", "keep-databases", "console"} {
 		if set[f] {
 			return fmt.Errorf("--%s does not apply to --chaos", f)
 		}

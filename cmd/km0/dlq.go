@@ -117,7 +117,15 @@ func (o *dlqOpts) queueNames() []string {
 }
 
 func (c *dlqCLI) flags(name, summary string) (*flag.FlagSet, *dlqOpts) {
-	fs := newFlags("dlq "+name, summary)
+	fs, o := c.flagsFor("dlq "+name, summary)
+	o.json = fs.Bool("json", false, "print JSON for scripts")
+	return fs, o
+}
+
+// flagsFor registers the flags every dlq command shares (but --json) on a
+// flag set named command; km0 console uses them too.
+func (c *dlqCLI) flagsFor(command, summary string) (*flag.FlagSet, *dlqOpts) {
+	fs := newFlags(command, summary)
 	fs.SetOutput(c.errOut)
 	o := &dlqOpts{
 		// Not databaseURLFlag: its default, printed by --help, would show a
@@ -130,7 +138,6 @@ func (c *dlqCLI) flags(name, summary string) (*flag.FlagSet, *dlqOpts) {
 		group:       fs.String("group", dlq.GroupDefault, "consumer group whose offsets mark what is indexed"),
 		webhook:     secretString(fs, "webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "URL that gets a JSON notice per new dead letter (default $KM0_DLQ_WEBHOOK)"),
 		syncTimeout: fs.Duration("sync-timeout", dlq.SyncTimeoutDefault, "how long reading the DLQ topics may take"),
-		json:        fs.Bool("json", false, "print JSON for scripts"),
 		queues:      &listFlag{},
 		fs:          fs,
 	}

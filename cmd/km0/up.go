@@ -66,6 +66,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
 	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	relayMode := fs.String("relay", system.RelayPolling, "how each service's relay finds its outbox rows: polling (claim them from the table) or cdc (stream the inserts from the WAL; the server needs wal_level = logical and the REPLICATION privilege; slots km0_<database>_outbox)")
+	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (dead letters indexed in km0_dlq on the --database-url server, lag, health; token $"+adminTokenEnv+")")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -140,6 +141,13 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		for _, k := range slices.Sorted(maps.Keys(r.m)) {
 			fmt.Printf("  %s %s → %s\n", r.what, k, r.m[k])
 		}
+	}
+	if *consoleAddr != "" {
+		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, os.Stdout, "km0 "+name, logger())
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	<-ctx.Done()
 	fmt.Printf("km0 %s: stopping\n", name)

@@ -5,7 +5,7 @@
 // correlation_id into its reply.
 //
 // Why an exclusive queue and not direct reply-to (amq.rabbitmq.reply-to):
-// CONTRACT.md names the requester's exclusive queue, which the seed's Python
+// CONTRACT.md names the requester's exclusive queue, which a Python
 // client also uses; a reply to it can be published with mandatory and
 // confirmed, so the server learns when the client is gone (the reply is
 // returned) instead of losing it silently; and it can be inspected with

@@ -68,7 +68,7 @@ func echo(_ context.Context, req *requestreply.Request) ([]byte, error) {
 	return json.Marshal(echoResp{N: in.N * 2, Upper: strings.ToUpper(in.Word)})
 }
 
-// Proof 1: 1,000 concurrent requests from 50 goroutines get 1,000 replies,
+// 1,000 concurrent requests from 50 goroutines get 1,000 replies,
 // each the answer to its own request.
 func manyConcurrent(t *testing.T, start Transport) {
 	s := start(t, echo)
@@ -113,7 +113,7 @@ func manyConcurrent(t *testing.T, start Transport) {
 	}
 }
 
-// Proof 2: a server slower than the deadline gives a typed timeout; its reply,
+// A server slower than the deadline gives a typed timeout; its reply,
 // arriving later, is dropped and counted, and is not delivered to the next
 // request, which gets its own reply.
 func slowServer(t *testing.T, start Transport) {
@@ -145,7 +145,7 @@ func slowServer(t *testing.T, start Transport) {
 	}
 }
 
-// Proof 3: the same request id, sent twice (one after the other, then twice at
+// The same request id, sent twice (one after the other, then twice at
 // once), runs the effect once and gets the same response every time.
 func idempotent(t *testing.T, start Transport) {
 	db := pgtest.NewSchema(t)

@@ -1,7 +1,7 @@
 // Package cataleg keeps a low-stock flag per product from estoc.actualitzat:
 // SET estoc_baix = (despres < 5). Applying the same event twice leaves the
-// same state, so it is idempotent by nature and needs no inbox table (the
-// seed's exercise 2, answer b). Served at GET /cataleg.
+// same state, so it is idempotent by nature and needs no inbox table (an
+// idempotent-by-nature consumer). Served at GET /cataleg.
 package cataleg
 
 import (

@@ -43,7 +43,7 @@ var Migrations = migrate.Set{Name: "comandes", FS: sqlFS, Dir: "sql"}
 var MarketsDefault = []string{"girona", "barcelona", "tarragona", "lleida", "vic", "figueres"}
 
 // ProductsDefault is the catalogue of Config.Products: the products that
-// inventari stocks from its first migration (CONTRACT.md's seed).
+// inventari stocks from its first migration (CONTRACT.md's initial stock).
 var ProductsDefault = []string{"tomaquet-rosa", "carbasso", "formatge-curat", "formatge-fresc", "vi-crianca"}
 
 // checkProducts returns a *FieldError naming the first line whose producte

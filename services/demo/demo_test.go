@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +25,29 @@ func TestSystemDemoReconciles(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	var progress bytes.Buffer
-	r, err := demo.Run(ctx, demo.Config{Orders: 150, Clients: 6, DatabaseURL: pgtest.URL(), Out: &progress, SettleTimeout: 90 * time.Second})
+	// With KeepRunning, OnRunning (km0 demo --keep-running's console) gets
+	// the running system; every HTTP server answers its health endpoint.
+	runCtx, stopRunning := context.WithCancel(ctx)
+	defer stopRunning()
+	var healthy []string
+	servers := 0
+	onRunning := func(_ context.Context, rn demo.Running) (func(), error) {
+		defer stopRunning() // the demo returns instead of waiting for Ctrl-C
+		servers = len(rn.System.Addrs())
+		for name, base := range rn.System.Addrs() {
+			resp, err := http.Get(base + system.HealthPath)
+			if err != nil {
+				return nil, err
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				healthy = append(healthy, name)
+			}
+		}
+		return func() {}, nil
+	}
+	r, err := demo.Run(runCtx, demo.Config{Orders: 150, Clients: 6, DatabaseURL: pgtest.URL(), Out: &progress, SettleTimeout: 90 * time.Second,
+		KeepRunning: true, OnRunning: onRunning})
 	if err != nil {
 		t.Fatalf("demo did not run: %v\n%s", err, progress.String())
 	}
@@ -60,6 +83,9 @@ func TestSystemDemoReconciles(t *testing.T) {
 	}
 	if s := r.Stock["formatge-curat"]; s.Final != 1 || !s.LowStock {
 		t.Errorf("cheese %+v", s)
+	}
+	if len(healthy) != servers || servers < 7 {
+		t.Errorf("healthy HTTP servers while kept running: %v of %d, want every one (5 services with an API, passarella, mapes)", healthy, servers)
 	}
 	// The JSON form carries the same verdict.
 	b, err := json.Marshal(r)

@@ -57,8 +57,22 @@ type Config struct {
 	// OnReport, if set, receives the report before the services stop (and
 	// before KeepRunning waits).
 	OnReport func(*Report)
-	Out      io.Writer    // progress and addresses; default io.Discard
-	Logger   *slog.Logger // default: discard
+	// OnRunning, with KeepRunning, is called once the report is out and
+	// before the wait, with the running system (km0 demo --keep-running
+	// starts the operator console there); stop is called when the demo ends.
+	OnRunning func(ctx context.Context, r Running) (stop func(), err error)
+	Out       io.Writer    // progress and addresses; default io.Discard
+	Logger    *slog.Logger // default: discard
+}
+
+// Running is what Config.OnRunning gets: the system left running, its
+// brokers, and the PostgreSQL server (an admin URL) and database suffix of
+// the run.
+type Running struct {
+	System         *system.System
+	Brokers        []string
+	DatabaseURL    string
+	DatabaseSuffix string
 }
 
 // Run runs the whole demo and returns its report. The error is for a demo
@@ -199,6 +213,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		fmt.Fprintf(cfg.Out, "  %-12s %v\n  proveu: curl %s/comandes/P-2026-000001 · curl %s/analitica · curl %s/cataleg\n",
 			"kafka", broker.Addrs(), addrs[comandes.Name], addrs["analitica"], addrs["cataleg"])
+		if cfg.OnRunning != nil {
+			stop, err := cfg.OnRunning(ctx, Running{System: sys, Brokers: broker.Addrs(), DatabaseURL: server.URL, DatabaseSuffix: sysCfg.DatabaseSuffix})
+			if err != nil {
+				return report, err
+			}
+			defer stop()
+		}
 		<-ctx.Done()
 	}
 	return report, nil

@@ -198,7 +198,7 @@ func stockEvents(t *testing.T, pool *pgxpool.Pool) map[string][]inventari.StockU
 // refused order is in the DLQ once with estoc_insuficient and its key
 // absent; every other order applied once (one estoc.actualitzat per
 // product, key present). The outbox's estoc.actualitzat of each product
-// chain (abans = the previous despres, from the seed stock to the final one)
+// chain (abans = the previous despres, from the initial stock to the final one)
 // and, per source partition, follow offset order.
 func TestHotRowsConcurrentBatchesNeverDeadlockAndStockIsExact(t *testing.T) {
 	w := newWorld(t, 4)

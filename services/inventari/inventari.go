@@ -2,7 +2,7 @@
 // comanda.creada idempotently (consumidor inventari.descompte_estoc), never
 // lets stock go negative, dead-letters an order it cannot serve, and publishes
 // estoc.actualitzat through its own outbox in the same transaction (the
-// seed's exercise 2). ReservarEstoc is its request/reply operation, idempotent
+// transactional outbox). ReservarEstoc is its request/reply operation, idempotent
 // by id_reserva.
 package inventari
 
@@ -71,7 +71,7 @@ var Migrations = migrate.Set{Name: "inventari", FS: sqlFS, Dir: "sql"}
 // queued, so when idle it is one order and costs no latency.
 const ConsumerBatchSize = 1000
 
-// InitialStock is the seed of estoc (CONTRACT.md).
+// InitialStock is the initial contents of estoc (CONTRACT.md).
 var InitialStock = map[string]int{"tomaquet-rosa": 120, "carbasso": 80, "formatge-curat": 5, "formatge-fresc": 30, "vi-crianca": 200}
 
 // Sentinels of a stock change that cannot be applied; both are permanent.

@@ -1,6 +1,6 @@
 // Package pagaments is the payments service of Quilòmetre Zero: the card
 // authorisation server of pagaments.autoritzacions (request/reply) and the
-// charging consumer of the seed's exercise 1 (consumidor pagaments.cobrament),
+// idempotent charging consumer (consumidor pagaments.cobrament),
 // which charges through the payment gateway with Idempotency-Key
 // cobrament-<order id>, records the payment and writes pagament.confirmat
 // through the outbox in one transaction.
@@ -120,7 +120,7 @@ type orderCreated struct {
 func ChargeKey(orderID string) string { return "cobrament-" + orderID }
 
 // HandleOrderCreated is the consumer.Handler of comanda.creada (consumidor
-// ConsumerCharge), the rewrite of the seed's exercise 1. Inside the
+// ConsumerCharge), an idempotent consumer with an idempotent gateway call. Inside the
 // consumer's transaction, which holds the idempotency key, it charges through
 // the gateway with Idempotency-Key cobrament-<order id>, inserts the payment
 // and writes pagament.confirmat. If the process dies between the charge and

@@ -1,5 +1,5 @@
-// Package repartiment is the delivery service of Quilòmetre Zero (the seed's
-// exercise 3). It assigns a courier to each comanda.pagada and handles every
+// Package repartiment is the delivery service of Quilòmetre Zero (failure
+// classification). It assigns a courier to each comanda.pagada and handles every
 // row of CONTRACT.md's failure table:
 //
 //	maps service answers 503                 → outcome.Transient: retry with backoff, then DLQ

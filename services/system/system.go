@@ -188,7 +188,10 @@ func (s *System) serve(name string, h http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("listen %s for %s: %w", addr, name, err)
 	}
-	srv := s.httpServer(addr, l.Addr(), h)
+	mux := http.NewServeMux()
+	mux.Handle("GET "+HealthPath, s.health(name, s.pools[name])) // read here: Start is still adding pools
+	mux.Handle("/", h)
+	srv := s.httpServer(addr, l.Addr(), mux)
 	s.servers = append(s.servers, srv)
 	s.addrs[name] = "http://" + l.Addr().String()
 	s.wg.Go(func() {
@@ -197,6 +200,37 @@ func (s *System) serve(name string, h http.Handler) error {
 		}
 	})
 	return nil
+}
+
+// HealthPath is the health endpoint of every HTTP server Start runs: 200
+// {"servei": name, "estat": "ok"} while the service's database answers a
+// ping within HealthTimeout, else 503 with a short reason (no internals).
+const HealthPath = "/salut"
+
+// HealthTimeout bounds the database ping of a health check.
+const HealthTimeout = 2 * time.Second
+
+// Health is the body of HealthPath.
+type Health struct {
+	Service string `json:"servei"`
+	State   string `json:"estat"` // "ok", or why not
+}
+
+func (s *System) health(name string, pool *pgxpool.Pool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, code := Health{Service: name, State: "ok"}, http.StatusOK
+		if s.ctx.Err() != nil {
+			h.State, code = "aturant-se", http.StatusServiceUnavailable
+		} else if pool != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), HealthTimeout)
+			defer cancel()
+			if err := pool.Ping(ctx); err != nil {
+				s.log.Warn("system: health: database ping failed", "service", name, "err", err)
+				h.State, code = "la base de dades no respon", http.StatusServiceUnavailable
+			}
+		}
+		svc.WriteJSON(w, code, h)
+	})
 }
 
 // httpServer returns the server of h listening on listen (configured as

@@ -36,7 +36,7 @@ func (b *bundle) consumerConfig(h consumer.Handler) amqp.ConsumerConfig {
 		Handler: h, BackoffBase: 100 * time.Millisecond, Workers: 1}
 }
 
-// Proof 4a and 4c: a poison message (malformed JSON) is dead-lettered
+// A poison message (malformed JSON) is dead-lettered
 // natively at attempt 1, and the 500 messages queued behind it are all
 // processed, none of them through a wait queue.
 func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
@@ -67,7 +67,7 @@ func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
 	}
 }
 
-// Proof 4b: a transient failure is tried 3 times, with growing delays
+// A transient failure is tried 3 times, with growing delays
 // (100 ms then 200 ms, the TTLs of two wait queues), then lands in the DLQ
 // with intents 3 and motiu "transitori esgotat: …"; no effect persists.
 func TestTransientFailureIsRetriedWithGrowingDelaysThenDeadLettered(t *testing.T) {

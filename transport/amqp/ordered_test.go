@@ -15,7 +15,7 @@ import (
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
-// Proof 6: ordered mode. 4 consumer instances (each its own connection)
+// Ordered mode. 4 consumer instances (each its own connection)
 // share 4 shard queues with x-single-active-consumer; 10,000 messages over
 // 200 keys are published interleaved. Each instance becomes the active
 // consumer of one shard, and halfway through instance 0 stops, so its shard

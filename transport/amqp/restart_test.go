@@ -16,7 +16,7 @@ import (
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
-// Proof 5: RabbitMQ is restarted (rabbitmqctl stop_app / start_app) in the
+// RabbitMQ is restarted (rabbitmqctl stop_app / start_app) in the
 // middle of a 5,000-message publish-and-consume run. Every message is
 // processed, and the effect count is exactly 5,000.
 //

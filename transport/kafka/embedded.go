@@ -38,8 +38,8 @@ type EmbeddedConfig struct {
 // Embedded is an in-process Kafka broker (kfake) speaking the real protocol.
 // External clients (kcat, librdkafka, Python) can use it at Addr().
 //
-// What kfake lacks compared with a real cluster is listed in the README
-// ("Embedded Kafka"): no replication, so acks=all means one copy.
+// What kfake lacks compared with a real cluster is listed in docs/operations.md
+// ("Embedded Kafka and what kfake lacks"): no replication, so acks=all means one copy.
 type Embedded struct {
 	c *kfake.Cluster
 }

@@ -1,6 +1,6 @@
 // Package passarella is a simulated payment gateway: a real HTTP server with
-// its own storage that honours the Idempotency-Key header like the external
-// gateway of the seed's exercise 1. A repeated key returns the charge already
+// its own storage that honours the Idempotency-Key header like an external
+// payment gateway. A repeated key returns the charge already
 // made instead of charging again. It can be told to fail (503, before
 // charging) or to hang (after charging, before answering) for chosen requests,
 // which is how the demo and the tests reproduce the dangerous windows.

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/km0/km0/console"
+	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/lag"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/transport/amqp"
+)
+
+func init() {
+	register(&command{name: "console", summary: "the operator console in the browser: dead letters by failure group (read, replay, purge), lag and health", run: runConsole})
+}
+
+// consoleAddrDefault is where km0 console listens: loopback only.
+const consoleAddrDefault = "127.0.0.1:8090"
+
+// adminTokenEnv holds the admin token of the DLQ admin API and the console.
+const adminTokenEnv = "KM0_DLQ_ADMIN_TOKEN"
+
+// lagFlags are the flags of what km0 console and km0 lag measure besides
+// what the DLQ flags name.
+type lagFlags struct {
+	outboxes, services         *mapFlag
+	groups, management         *string
+	outboxSchema, outboxTable  *string
+	interval, maxAge, alertFor *time.Duration
+	maxLag                     *int64
+}
+
+func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
+	f := &lagFlags{outboxes: &mapFlag{}, services: &mapFlag{}}
+	fs.Var(f.outboxes, "outbox", "an outbox to watch: NAME=DATABASE_URL (repeatable; the table is --outbox-schema.--outbox-table)")
+	f.outboxSchema = fs.String("outbox-schema", migrate.SchemaDefault, "PostgreSQL schema of the --outbox tables")
+	f.outboxTable = fs.String("outbox-table", migrate.OutboxDefault, "table name of the --outbox tables")
+	f.groups = fs.String("consumer-groups", "", "Kafka consumer groups to report, comma separated (default: every group)")
+	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
+		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL; empty: unacked unknown)")
+	f.maxLag = fs.Int64("max-lag", 0, "alert threshold: a group's lag, an outbox's pending rows or a queue's ready messages over this (0: off)")
+	f.maxAge = fs.Duration("max-age", 0, "alert threshold: a group's oldest unprocessed record or an outbox's oldest row older than this (0: off)")
+	if alerts {
+		fs.Var(f.services, "service", "a service whose health to show: NAME=BASE_URL (GET BASE_URL/salut; repeatable)")
+		f.interval = fs.Duration("lag-interval", lag.IntervalDefault, "time between two lag samples")
+		f.alertFor = fs.Duration("alert-for", 5*time.Minute, "the webhook gets a lag alert once a threshold has been exceeded this long")
+	}
+	return f
+}
+
+// mapFlag is a repeatable NAME=VALUE flag.
+type mapFlag struct {
+	keys []string
+	vals map[string]string
+}
+
+func (m *mapFlag) String() string { return strings.Join(m.keys, ",") } // never the values: URLs hold passwords
+func (m *mapFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if k = strings.TrimSpace(k); !ok || k == "" || val == "" {
+		return errors.New("want NAME=VALUE")
+	}
+	if m.vals == nil {
+		m.vals = map[string]string{}
+	}
+	if _, dup := m.vals[k]; dup {
+		return fmt.Errorf("%s given twice", k)
+	}
+	m.keys = append(m.keys, k)
+	m.vals[k] = val
+	return nil
+}
+
+// consoleParts is what serveConsole puts together: the dead-letter source,
+// the lag measurer and the services.
+type consoleParts struct {
+	addr      string
+	allowed   []string
+	token     string
+	source    dlq.Source
+	broker    string
+	alerter   *dlq.Alerter // lag alerts go through its webhook; nil: none
+	lag       lag.Config
+	rule      lag.Rule
+	interval  time.Duration
+	services  []console.Service
+	reg       *prometheus.Registry // served at /metrics with the lag collector
+	out       io.Writer
+	name      string        // the command, for the printed lines
+	log       *slog.Logger  // default logger()
+	retention time.Duration // default inbox.RetentionDefault
+}
+
+// serveConsole starts the console's HTTP server and its lag sampler; both
+// stop when ctx ends (then stop returns after they did).
+func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(), err error) {
+	if p.log == nil {
+		p.log = logger()
+	}
+	if p.lag.Logger == nil {
+		p.lag.Logger = p.log
+	}
+	m, err := lag.NewMeasurer(p.lag)
+	if err != nil {
+		return "", nil, err
+	}
+	var watch *lag.Watch
+	if p.alerter != nil && (p.rule.MaxLag > 0 || p.rule.MaxAge > 0) {
+		watch = lag.NewWatch(p.rule, p.alerter)
+	}
+	sampler := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: p.interval, Watch: watch, Logger: p.log})
+	if p.reg == nil {
+		p.reg = prometheus.NewRegistry()
+	}
+	if err := p.reg.Register(lag.Collector{S: sampler}); err != nil {
+		m.Close()
+		return "", nil, err
+	}
+	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Token: p.token, Sampler: sampler,
+		Services: p.services, Logger: p.log, Retention: p.retention})
+	if err != nil {
+		m.Close()
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		m.Close()
+		return "", nil, fmt.Errorf("console: listen %s: %w", p.addr, err)
+	}
+	mux := http.NewServeMux()
+	// The console's registry, and the default one (the process's own metrics).
+	mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{p.reg, prometheus.DefaultGatherer}, promhttp.HandlerOpts{}))
+	if p.source != nil {
+		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(p.source, dlq.HandlerConfig{Token: p.token, Logger: p.log})))
+	}
+	mux.Handle("/", con.Handler())
+	srv := console.NewServer(ln, mux, p.allowed)
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{}, 2)
+	go func() { _ = srv.Serve(ln); done <- struct{}{} }()
+	go func() { _ = sampler.Run(sctx); done <- struct{}{} }()
+	url = "http://" + ln.Addr().String()
+	access := "log in with $" + adminTokenEnv + " to read letters, replay and purge"
+	if p.token == "" {
+		access = "counts only: set $" + adminTokenEnv + " to read letters, replay and purge"
+	}
+	fmt.Fprintf(p.out, "%s: console at %s/ (%s; metrics at /metrics)\n", p.name, url, access)
+	return url, func() {
+		cancel()
+		_ = srv.Close()
+		<-done
+		<-done
+		con.Close()
+		m.Close()
+	}, nil
+}
+
+func runConsole(ctx context.Context, args []string) error {
+	return consoleCmd(ctx, os.Stdout, os.Stderr, args)
+}
+
+func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
+	c := &dlqCLI{out: out, errOut: errOut, in: strings.NewReader(""), now: time.Now}
+	fs, o := c.flagsFor("console", "serve the operator console (dead letters by failure group: read, replay, purge; lag and health), index every new dead letter and alert on it, as km0 dlq index")
+	addr := fs.String("http-addr", consoleAddrDefault, "listen address of the console (loopback by default; the Host header is checked)")
+	allowed := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names the console answers besides its listen address: NAME or NAME:PORT,... (default $"+svc.AllowedHostsEnv+")")
+	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
+	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: replays refuse older letters unless forced")
+	lf := addLagFlags(fs, true)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *retention <= 0 || *interval <= 0 {
+		return errors.New("--retention and --interval must be positive")
+	}
+	reg := prometheus.NewRegistry() // the console's /metrics: dead letters and lag
+	env, err := c.open(ctx, o, reg, false)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	lcfg, closeLag, err := lagConfig(ctx, *o.brokers, *o.amqpURL, o.queueNames(), lf)
+	if err != nil {
+		return err
+	}
+	defer closeLag()
+	broker := "Kafka"
+	if env.rabbit {
+		broker = "RabbitMQ"
+	}
+	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(adminTokenEnv),
+		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
+		rule:     lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor},
+		services: services(lf.services), reg: reg, out: c.errOut, name: "km0 console", retention: *retention})
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if env.rabbit {
+		return syncEvery(ctx, env.svc, *interval, logger())
+	}
+	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter})
+	if err != nil {
+		return err
+	}
+	return ix.Run(ctx)
+}
+
+// lagConfig builds what km0 console and km0 lag measure from the flags: the
+// outboxes of --outbox, the groups of --brokers, the queues of --queue.
+func lagConfig(ctx context.Context, brokers, amqpURL string, queues []string, lf *lagFlags) (lag.Config, func(), error) {
+	cfg := lag.Config{Brokers: splitList(brokers), Groups: splitList(*lf.groups), ManagementURL: *lf.management, Logger: logger()}
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for _, name := range lf.outboxes.keys {
+		pool, err := openPool(ctx, lf.outboxes.vals[name], 2)
+		if err != nil {
+			closeAll()
+			return cfg, nil, fmt.Errorf("--outbox %s: %w", name, err)
+		}
+		closers = append(closers, pool.Close)
+		cfg.Outboxes = append(cfg.Outboxes, lag.Outbox{Name: name, DB: pool, Names: migrate.Names{Schema: *lf.outboxSchema, Outbox: *lf.outboxTable}})
+	}
+	if qs := queues; len(qs) > 0 {
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: amqpURL, Name: "km0 lag", Logger: logger()})
+		if err != nil {
+			closeAll()
+			return cfg, nil, err
+		}
+		closers = append(closers, func() { _ = conn.Close() })
+		cfg.AMQP, cfg.Queues = conn, qs
+	}
+	return cfg, closeAll, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func services(m *mapFlag) []console.Service {
+	var out []console.Service
+	for _, k := range m.keys {
+		out = append(out, console.Service{Name: k, URL: m.vals[k]})
+	}
+	return out
+}

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/lag"
+	"github.com/km0/km0/outbox"
+)
+
+// lagFixture: a broker where group "inventari" is 4 records behind on
+// comandes.esdeveniments, and an outbox with 2 pending rows.
+func lagFixture(t *testing.T) (brokers string, s *pgtest.Schema) {
+	t.Helper()
+	b := kafkatest.New(t, "comandes.esdeveniments")
+	cl := kafkatest.Client(t, b, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	ctx := context.Background()
+	for i := 0; i < 4; i++ {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "comandes.esdeveniments", Partition: 2, Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var o kadm.Offsets
+	o.Add(kadm.Offset{Topic: "comandes.esdeveniments", Partition: 2, At: 0, LeaderEpoch: -1})
+	if resp, err := kadm.NewClient(cl).CommitOffsets(ctx, "inventari", o); err != nil || resp.Error() != nil {
+		t.Fatalf("commit: %v %v", err, resp.Error())
+	}
+	s = pgtest.NewMigratedSchema(t)
+	ob := outbox.New(outbox.Config{Names: s.Names()})
+	for i := 0; i < 2; i++ {
+		if err := ob.Enqueue(ctx, s.Pool, &outbox.Event{Aggregate: "comanda", AggregateID: "P-1", Type: "comanda.creada", Payload: map[string]any{"i": i}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return strings.Join(b.Addrs(), ","), s
+}
+
+func TestLagCommand(t *testing.T) {
+	brokers, s := lagFixture(t)
+	base := []string{"--brokers", brokers, "--outbox", "comandes=" + s.URL, "--outbox-schema", s.Name}
+	run := func(args ...string) (string, string, error) {
+		var out, errOut bytes.Buffer
+		err := lagCmd(context.Background(), &out, &errOut, append(append([]string{}, base...), args...))
+		return out.String(), errOut.String(), err
+	}
+	out, _, err := run("--json")
+	var snap lag.Snapshot
+	if err != nil || json.Unmarshal([]byte(out), &snap) != nil {
+		t.Fatalf("km0 lag --json: %v\n%s", err, out)
+	}
+	if len(snap.Outboxes) != 1 || snap.Outboxes[0].Pending != 2 || len(snap.Groups) != 1 || snap.Groups[0].Total != 4 {
+		t.Fatalf("snapshot: %+v", snap)
+	}
+	out, _, err = run()
+	if err != nil || !strings.Contains(out, "OUTBOX") || !strings.Contains(out, "inventari") || !strings.Contains(out, "comandes.esdeveniments") {
+		t.Fatalf("km0 lag: %v\n%s", err, out)
+	}
+	_, errOut, err := run("--max-lag", "3")
+	if !errors.Is(err, errOverThreshold) || !strings.Contains(errOut, "group inventari: lag 4 > 3") || strings.Contains(errOut, "outbox comandes") {
+		t.Fatalf("km0 lag --max-lag 3: %v\n%s", err, errOut)
+	}
+	if _, _, err := run("--max-lag", "4"); err != nil {
+		t.Fatalf("km0 lag --max-lag 4 (at the threshold): %v", err)
+	}
+	if _, _, err := run("--max-age", "1h"); err != nil {
+		t.Fatalf("km0 lag --max-age 1h: %v", err)
+	}
+	if _, errOut, err := run("--max-age", "1ms"); !errors.Is(err, errOverThreshold) || !strings.Contains(errOut, "outbox comandes: oldest") {
+		t.Fatalf("km0 lag --max-age 1ms: %v\n%s", err, errOut)
+	}
+	var out2, errOut2 bytes.Buffer
+	if err := lagCmd(context.Background(), &out2, &errOut2, []string{"--brokers", ""}); err == nil || !strings.Contains(err.Error(), "nothing to measure") {
+		t.Fatalf("km0 lag with nothing to measure: %v", err)
+	}
+}
+
+// The console's server: the page, and /metrics with the consumer-group and
+// outbox lag; another Host gets 421.
+func TestServeConsole(t *testing.T) {
+	brokers, s := lagFixture(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var printed bytes.Buffer
+	url, stop, err := serveConsole(ctx, consoleParts{addr: "127.0.0.1:0", token: "t0k3n", broker: "Kafka",
+		lag:      lag.Config{Brokers: strings.Split(brokers, ","), Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()},
+		interval: time.Hour, out: &printed, name: "km0 console"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if !strings.Contains(printed.String(), url+"/") {
+		t.Fatalf("the console's URL is not printed: %q", printed.String())
+	}
+	get := func(path, host string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, url+path, nil)
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	var metrics string
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(metrics, `km0_consumer_group_lag{grup="inventari",particio="2",topic="comandes.esdeveniments"} 4`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no group lag on /metrics:\n%s", metrics)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+		_, metrics = get("/metrics", "")
+	}
+	if !strings.Contains(metrics, `km0_outbox_pending_rows{outbox="comandes"} 2`) {
+		t.Fatalf("no outbox lag on /metrics:\n%s", metrics)
+	}
+	if code, body := get("/lag", ""); code != 200 || !strings.Contains(body, `id="lag-chart"`) || !strings.Contains(body, "inventari") {
+		t.Fatalf("GET /lag: %d\n%s", code, body)
+	}
+	if code, _ := get("/", "evil.example"); code != http.StatusMisdirectedRequest {
+		t.Fatalf("GET / with another Host: %d, want 421", code)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// km0 console indexes new dead letters by itself (it replaces km0 dlq
+// index): one written to the DLQ after it started shows up in its overview
+// and its metrics, and it stops cleanly with its context.
+func TestConsoleCommandIndexesAndServes(t *testing.T) {
+	h := newDLQHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- consoleCmd(ctx, &out, &errOut, append(append([]string{}, h.base...), "--http-addr", "127.0.0.1:0", "--lag-interval", "1h"))
+	}()
+	urlRE := regexp.MustCompile(`console at (http://[0-9.:]+)/`)
+	var base string
+	waitUntil(t, "the console's URL", func() bool {
+		if m := urlRE.FindStringSubmatch(errOut.String()); m != nil {
+			base = m[1]
+		}
+		return base != ""
+	})
+	h.dead("P-9", "permanent: esquema: falta client", []byte(`{}`))
+	get := func(path string) string {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	waitUntil(t, "the letter in the console", func() bool {
+		return strings.Contains(get("/"), `<td class="num count">1</td>`)
+	})
+	if m := get("/metrics"); !strings.Contains(m, `km0_dlq_letters_total{motiu="permanent: esquema",topic="comandes.esdeveniments"} 1`) {
+		t.Fatalf("no dead-letter counter on /metrics:\n%s", m)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("km0 console: %v\n%s", err, errOut.String())
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/lag"
+)
+
+func init() {
+	register(&command{name: "lag", summary: "outbox pending rows, consumer-group lag per partition and RabbitMQ queue depth; exit 1 over a threshold (or --serve them as metrics)", run: runLag})
+}
+
+// errOverThreshold makes km0 lag exit 1 after printing the table.
+var errOverThreshold = errors.New("over threshold")
+
+func runLag(ctx context.Context, args []string) error {
+	return lagCmd(ctx, os.Stdout, os.Stderr, args)
+}
+
+func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
+	fs := newFlags("lag", "measure each outbox's pending rows and oldest age, each Kafka consumer group's lag per partition and the age of its oldest unprocessed record, and RabbitMQ ready/unacked messages per queue")
+	fs.SetOutput(errOut)
+	brokers := brokersFlag(fs)
+	amqpURL := fs.String("amqp-url", "", "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
+	*amqpURL = os.Getenv("KM0_AMQP_URL")
+	queues := &listFlag{}
+	fs.Var(queues, "queue", "a RabbitMQ queue to report, with its .dlq (repeatable or comma separated)")
+	asJSON := fs.Bool("json", false, "print the snapshot as JSON")
+	serve := fs.String("serve", "", "instead of printing once: sample every --lag-interval and serve Prometheus metrics at http://ADDR/metrics")
+	webhook := secretString(fs, "webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "with --serve: URL that gets a JSON notice when a threshold is exceeded for --alert-for (default $KM0_DLQ_WEBHOOK)")
+	lf := addLagFlags(fs, true)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var qs []string
+	for _, q := range *queues {
+		qs = append(qs, splitList(q)...)
+	}
+	cfg, closeLag, err := lagConfig(ctx, *brokers, *amqpURL, qs, lf)
+	if err != nil {
+		return err
+	}
+	defer closeLag()
+	if len(cfg.Outboxes) == 0 && len(cfg.Brokers) == 0 && len(cfg.Queues) == 0 {
+		return errors.New("nothing to measure: give --outbox, --brokers (or $KM0_KAFKA_BROKERS) or --queue")
+	}
+	rule := lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor}
+	m, err := lag.NewMeasurer(cfg)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if *serve != "" {
+		return serveLag(ctx, m, *serve, *webhook, rule, *lf.interval, errOut)
+	}
+	snap, err := m.Measure(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(snap); err != nil {
+			return err
+		}
+	} else {
+		printLag(out, snap)
+	}
+	over := overThreshold(snap, rule)
+	for _, o := range over {
+		fmt.Fprintf(errOut, "km0 lag: over threshold: %s\n", o)
+	}
+	switch {
+	case len(over) > 0:
+		return fmt.Errorf("%w: %d", errOverThreshold, len(over))
+	case len(snap.Errors) > 0:
+		return fmt.Errorf("%d part(s) could not be measured: %s", len(snap.Errors), strings.Join(snap.Errors, "; "))
+	}
+	return nil
+}
+
+// overThreshold names what exceeds rule now (no duration: a one-shot check).
+func overThreshold(s *lag.Snapshot, r lag.Rule) []string {
+	var out []string
+	over := func(obj string, n int64, age float64, hasAge bool) {
+		if r.MaxLag > 0 && n > r.MaxLag {
+			out = append(out, fmt.Sprintf("%s: lag %d > %d", obj, n, r.MaxLag))
+		}
+		if hasAge && r.MaxAge > 0 && age > r.MaxAge.Seconds() {
+			out = append(out, fmt.Sprintf("%s: oldest %s > %s", obj, time.Duration(age*float64(time.Second)).Round(time.Second), r.MaxAge))
+		}
+	}
+	for _, o := range s.Outboxes {
+		over("outbox "+o.Name, o.Pending, o.OldestSeconds, true)
+	}
+	for _, g := range s.Groups {
+		over("group "+g.Group, g.Total, g.OldestSeconds, true)
+	}
+	for _, q := range s.Queues {
+		over("queue "+q.Queue, int64(q.Ready), 0, false)
+	}
+	return out
+}
+
+func printLag(w io.Writer, s *lag.Snapshot) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	age := func(secs float64) string {
+		if secs <= 0 {
+			return "-"
+		}
+		return time.Duration(secs * float64(time.Second)).Round(time.Second).String()
+	}
+	if len(s.Outboxes) > 0 {
+		fmt.Fprintln(tw, "OUTBOX\tPENDING\tOLDEST")
+		for _, o := range s.Outboxes {
+			if o.Err != "" {
+				fmt.Fprintf(tw, "%s\terror: %s\t\n", o.Name, o.Err)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\n", o.Name, o.Pending, age(o.OldestSeconds))
+		}
+		fmt.Fprintln(tw)
+	}
+	if len(s.Groups) > 0 {
+		fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCOMMITTED\tEND\tLAG\tOLDEST")
+		for _, g := range s.Groups {
+			if g.Err != "" {
+				fmt.Fprintf(tw, "%s\terror: %s\t\t\t\t\t\n", g.Group, g.Err)
+				continue
+			}
+			for _, p := range g.Partitions {
+				committed := fmt.Sprint(p.Committed)
+				if p.Committed < 0 {
+					committed = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%s\n", g.Group, p.Topic, p.Partition, committed, p.End, p.Lag, age(p.OldestSeconds))
+			}
+			fmt.Fprintf(tw, "%s\t(total, %s, %d members)\t\t\t\t%d\t%s\n", g.Group, g.State, g.Members, g.Total, age(g.OldestSeconds))
+		}
+		fmt.Fprintln(tw)
+	}
+	if len(s.Queues) > 0 {
+		fmt.Fprintln(tw, "QUEUE\tREADY\tUNACKED\tCONSUMERS")
+		for _, q := range s.Queues {
+			if q.Err != "" {
+				fmt.Fprintf(tw, "%s\terror: %s\t\t\n", q.Queue, q.Err)
+				continue
+			}
+			unacked := "-"
+			if q.Unacked >= 0 {
+				unacked = fmt.Sprint(q.Unacked)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", q.Queue, q.Ready, unacked, q.Consumers)
+		}
+	}
+	_ = tw.Flush()
+}
+
+// serveLag is km0 lag --serve: the lag exporter, and the lag alerts.
+func serveLag(ctx context.Context, m *lag.Measurer, addr, webhook string, rule lag.Rule, interval time.Duration, errOut io.Writer) error {
+	reg := prometheus.NewRegistry()
+	var watch *lag.Watch
+	if webhook != "" && (rule.MaxLag > 0 || rule.MaxAge > 0) {
+		al, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, Logger: logger(), WebhookURL: webhook})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+			defer cancel()
+			_ = al.Close(cctx)
+		}()
+		watch = lag.NewWatch(rule, al)
+	}
+	s := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: interval, Watch: watch, Logger: logger()})
+	if err := reg.Register(lag.Collector{S: s}); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--serve: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	fmt.Fprintf(errOut, "km0 lag: metrics at http://%s/metrics, sampled every %s\n", ln.Addr(), interval)
+	return s.Run(ctx)
+}

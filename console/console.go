@@ -1,0 +1,237 @@
+// Package console is km0's operator console: a small web application,
+// embedded in the binary and working offline, that shows the dead letters
+// by failure group (topic or queue × reason class) and lets an operator
+// read them, replay them (dry run, confirmation, progress, result) and purge
+// them; the lag of every outbox, consumer group and queue with a chart of
+// the last hour; and the health of every service.
+//
+// Access: counts (groups, lag, health) are open; reading a letter and every
+// change need the admin token of the DLQ admin API, given once in a login
+// form, which opens a session (an HttpOnly, SameSite=Strict cookie) whose
+// CSRF token every form carries. With no token configured the console shows
+// counts only. Errors never show internals; the log has them.
+package console
+
+import (
+	"cmp"
+	"context"
+	"embed"
+	"errors"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/lag"
+	"github.com/km0/km0/services/svc"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Defaults of Config.
+const (
+	SessionTTLDefault    = 8 * time.Hour
+	HealthTimeoutDefault = 2 * time.Second
+	// ReplayChunk is how many letters one step of a replay job republishes;
+	// the job's progress advances by steps.
+	ReplayChunk = 100
+)
+
+// Service is one service whose health the console shows: GET URL + Path
+// answering 2xx means healthy.
+type Service struct {
+	Name string
+	URL  string // base URL, e.g. http://127.0.0.1:8080
+	Path string // default "/salut" (system.HealthPath)
+}
+
+// Config configures a Console. Every part is optional.
+type Config struct {
+	// Source is the dead-letter index and its broker (Kafka or RabbitMQ);
+	// nil: no dead-letter section.
+	Source dlq.Source
+	// Broker names the Source's broker in the page ("Kafka" or "RabbitMQ");
+	// RabbitMQ offers no record deletion on purge.
+	Broker string
+	// Token is the admin token (the DLQ admin API's, $KM0_DLQ_ADMIN_TOKEN).
+	// Empty: counts only; nobody can log in.
+	Token string
+	// Sampler provides lag and its history; nil: no lag section.
+	Sampler *lag.Sampler
+	// Services are probed for health on each page view.
+	Services []Service
+	// Retention is the consumers' idempotency retention replays respect.
+	// Default inbox.RetentionDefault.
+	Retention time.Duration
+	// SessionTTL is how long a login lasts. Default SessionTTLDefault.
+	SessionTTL time.Duration
+	// HealthTimeout bounds each health probe. Default HealthTimeoutDefault.
+	HealthTimeout time.Duration
+	Logger        *slog.Logger
+	Now           func() time.Time
+}
+
+// Console is the console's HTTP handler and its background replay jobs.
+type Console struct {
+	cfg    Config
+	pages  map[string]*template.Template
+	static http.Handler
+	ctx    context.Context // ends on Close: stops running jobs
+	cancel context.CancelFunc
+	hc     *http.Client
+
+	auth auth
+
+	jobsMu sync.Mutex
+	jobs   map[string]*job
+	wg     sync.WaitGroup
+}
+
+// New returns a Console. It fails only if its embedded templates do not
+// parse (a build defect).
+func New(cfg Config) (*Console, error) {
+	cfg.Retention = cmp.Or(cfg.Retention, inbox.RetentionDefault)
+	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, SessionTTLDefault)
+	cfg.HealthTimeout = cmp.Or(cfg.HealthTimeout, HealthTimeoutDefault)
+	cfg.Broker = cmp.Or(cfg.Broker, "Kafka")
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, jobs: map[string]*job{},
+		hc: &http.Client{Timeout: cfg.HealthTimeout}}
+	c.auth.init(cfg.Token, cfg.SessionTTL, cfg.Now)
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	pages, err := fs.Glob(templateFS, "templates/*.html")
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pages {
+		name := strings.TrimSuffix(strings.TrimPrefix(p, "templates/"), ".html")
+		if name == "layout" {
+			continue
+		}
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", p)
+		if err != nil {
+			return nil, err
+		}
+		c.pages[name] = t
+	}
+	sub, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return nil, err
+	}
+	c.static = http.StripPrefix("/static/", http.FileServerFS(sub))
+	return c, nil
+}
+
+// Close stops running replay jobs (a job stops between two steps; what a
+// step republished stays marked) and waits for them.
+func (c *Console) Close() {
+	c.cancel()
+	c.wg.Wait()
+}
+
+// Handler returns the console's routes.
+func (c *Console) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /static/", c.static)
+	mux.HandleFunc("GET /{$}", c.overview)
+	mux.HandleFunc("GET /login", c.loginPage)
+	mux.HandleFunc("POST /login", c.login)
+	mux.HandleFunc("POST /logout", c.withSession(c.logout))
+	mux.HandleFunc("GET /lag", c.lagPage)
+	mux.HandleFunc("GET /lag.json", c.lagJSON)
+	mux.HandleFunc("GET /grup", c.withSession(c.groupPage))
+	mux.HandleFunc("GET /carta", c.withSession(c.letterPage))
+	mux.HandleFunc("POST /reproduir/previsualitzar", c.withSession(c.replayPreview))
+	mux.HandleFunc("POST /reproduir", c.withSession(c.replayStart))
+	mux.HandleFunc("GET /feina", c.withSession(c.jobPage))
+	mux.HandleFunc("GET /feina.json", c.withSession(c.jobJSON))
+	mux.HandleFunc("POST /purgar/confirmar", c.withSession(c.purgeConfirm))
+	mux.HandleFunc("POST /purgar", c.withSession(c.purge))
+	return c.headers(mux)
+}
+
+// NewServer returns an HTTP server for h (the console's Handler, maybe
+// beside more routes) on ln: its Host check (svc.HostGuard: the listen
+// address, loopback names, and allowed, as the services' servers) and
+// timeouts.
+func NewServer(ln net.Listener, h http.Handler, allowed []string) *http.Server {
+	return &http.Server{Handler: svc.HostGuard(h, ln.Addr(), allowed), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+}
+
+// headers sets the security headers of every answer: nothing but the
+// console's own scripts and styles, no framing, no caching (pages hold
+// customer data), no referrer to other sites.
+func (c *Console) headers(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "+
+			"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		hd.Set("X-Frame-Options", "DENY")
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("Referrer-Policy", "same-origin") // no-referrer would make browsers send Origin: null
+		hd.Set("Cache-Control", "no-store")
+		if r.Method == http.MethodPost && !sameOrigin(r) {
+			c.errorPage(w, r, http.StatusForbidden, "cross-origin request refused")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// sameOrigin reports whether a POST comes from the console's own pages.
+// A browser says where a request comes from in Sec-Fetch-Site (it must be
+// same-origin) or, older ones, in Origin (it must name this host). A client
+// that sends neither is not a browser that another site could drive.
+func sameOrigin(r *http.Request) bool {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
+		return site == "same-origin"
+	}
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true
+	}
+	_, host, ok := strings.Cut(o, "://")
+	return ok && strings.EqualFold(host, r.Host)
+}
+
+// errBadInput marks a form value the console refuses (400).
+var errBadInput = errors.New("bad input")
+
+// text returns form value v, refusing NUL bytes and invalid UTF-8 (the
+// index cannot hold them, so they could match nothing).
+func text(v string) (string, error) {
+	if strings.ContainsRune(v, 0) || !utf8.ValidString(v) || len(v) > 4096 {
+		return "", errBadInput
+	}
+	return v, nil
+}
+
+// fail answers err without internals; the log has it.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, dlq.ErrNotFound):
+		c.errorPage(w, r, http.StatusNotFound, "no such letter")
+	case errors.Is(err, errBadInput):
+		c.errorPage(w, r, http.StatusBadRequest, "bad input: a value with a NUL byte, invalid UTF-8 or over 4 KiB")
+	default:
+		c.cfg.Logger.Error("console", "method", r.Method, "path", r.URL.Path, "err", err)
+		c.errorPage(w, r, http.StatusServiceUnavailable, "the dead-letter index or the broker is unavailable; the server log has the details")
+	}
+}

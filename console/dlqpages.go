@@ -1,0 +1,279 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+
+	"github.com/km0/km0/dlq"
+)
+
+// groupRow is one failure group of the overview.
+type groupRow struct {
+	dlq.Group
+	Sample *dlq.Letter // logged in only
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	estat := r.URL.Query().Get("estat")
+	if estat == "" {
+		estat = string(dlq.StatePending)
+	}
+	states, err := dlq.ParseState(estat)
+	if err != nil {
+		c.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	data := map[string]any{"Estat": estat, "HasDLQ": c.cfg.Source != nil}
+	if c.cfg.Source != nil {
+		ls, err := c.cfg.Source.List(r.Context(), dlq.Filter{States: states, Limit: 1})
+		if err != nil {
+			c.cfg.Logger.Error("console: list", "err", err)
+			data["DLQError"] = "the dead-letter index is unavailable; the server log has the details"
+		} else {
+			rows := make([]groupRow, len(ls.Groups))
+			total := 0
+			loggedIn := c.auth.lookup(r) != nil
+			for i, g := range ls.Groups {
+				rows[i] = groupRow{Group: g}
+				total += g.Count
+				if loggedIn {
+					s, err := c.cfg.Source.List(r.Context(), dlq.Filter{Topic: g.Topic, Class: g.Class, States: states, Limit: 1})
+					if err == nil && len(s.Letters) > 0 {
+						rows[i].Sample = s.Letters[0]
+					}
+				}
+			}
+			data["Groups"], data["Total"] = rows, total
+		}
+	}
+	data["Lag"] = c.lagView()
+	data["Health"] = c.health(r.Context())
+	c.renderPage(w, r, http.StatusOK, "overview", page{Title: "Dead letters", Data: data})
+}
+
+// selection is what a replay or purge form selects: a whole failure group
+// (abast=grup: topic and classe) or letters by ID (abast=seleccio).
+type selection struct {
+	Scope string // "grup" or "seleccio"
+	Topic string
+	Class string
+	IDs   []string
+	Force bool
+}
+
+func parseSelection(r *http.Request) (selection, error) {
+	s := selection{Scope: r.PostFormValue("abast"), Force: r.PostFormValue("force") == "1"}
+	var err error
+	if s.Topic, err = text(r.PostFormValue("topic")); err != nil {
+		return s, err
+	}
+	if s.Class, err = text(r.PostFormValue("classe")); err != nil {
+		return s, err
+	}
+	for _, id := range r.PostForm["id"] {
+		if _, err := text(id); err != nil {
+			return s, err
+		}
+	}
+	switch s.Scope {
+	case "grup":
+		if s.Topic == "" || s.Class == "" {
+			return s, fmt.Errorf("%w: a group needs its topic and class", errBadInput)
+		}
+	case "seleccio":
+		s.IDs = r.PostForm["id"]
+		if len(s.IDs) == 0 {
+			return s, fmt.Errorf("%w: no letter selected", errBadInput)
+		}
+	default:
+		return s, fmt.Errorf("%w: abast must be grup or seleccio", errBadInput)
+	}
+	return s, nil
+}
+
+// filter returns the dlq.Filter of s. It is never empty: an empty selection
+// would mean every letter.
+func (s selection) filter() dlq.Filter {
+	if s.Scope == "seleccio" {
+		return dlq.Filter{IDs: s.IDs}
+	}
+	return dlq.Filter{Topic: s.Topic, Class: s.Class}
+}
+
+// Hidden returns the form fields that carry s to the next step.
+func (s selection) Hidden() []struct{ Name, Value string } {
+	out := []struct{ Name, Value string }{{"abast", s.Scope}, {"topic", s.Topic}, {"classe", s.Class}}
+	if s.Force {
+		out = append(out, struct{ Name, Value string }{"force", "1"})
+	}
+	for _, id := range s.IDs {
+		out = append(out, struct{ Name, Value string }{"id", id})
+	}
+	return out
+}
+
+// Describe names s for people.
+func (s selection) Describe() string {
+	if s.Scope == "grup" {
+		return fmt.Sprintf("every pending letter of %s with class %q", s.Topic, s.Class)
+	}
+	return fmt.Sprintf("%d selected letter(s)", len(s.IDs))
+}
+
+func (c *Console) needSource(w http.ResponseWriter, r *http.Request) bool {
+	if c.cfg.Source == nil {
+		c.errorPage(w, r, http.StatusNotFound, "this console has no dead-letter index")
+		return false
+	}
+	return true
+}
+
+func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
+	if !c.needSource(w, r) {
+		return
+	}
+	q := r.URL.Query()
+	topic, err1 := text(q.Get("topic"))
+	class, err2 := text(q.Get("classe"))
+	estat := q.Get("estat")
+	if estat == "" {
+		estat = string(dlq.StatePending)
+	}
+	states, err3 := dlq.ParseState(estat)
+	if err1 != nil || err2 != nil || err3 != nil || topic == "" || class == "" {
+		c.errorPage(w, r, http.StatusBadRequest, "a group page needs topic and classe (and estat pendent, reproduida, purgada or totes)")
+		return
+	}
+	const limit = 500
+	ls, err := c.cfg.Source.List(r.Context(), dlq.Filter{Topic: topic, Class: class, States: states, Limit: limit})
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	count := 0
+	for _, g := range ls.Groups {
+		count += g.Count
+	}
+	c.renderPage(w, r, http.StatusOK, "group", page{Title: topic + " · " + class, Data: map[string]any{
+		"Topic": topic, "Class": class, "Estat": estat, "Count": count, "Letters": ls.Letters,
+		"Shown": len(ls.Letters), "Pending": estat == string(dlq.StatePending), "Rabbit": c.cfg.Broker == "RabbitMQ",
+	}})
+}
+
+// header is one header of a letter, made safe to show.
+type header struct{ Key, Value string }
+
+func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
+	if !c.needSource(w, r) {
+		return
+	}
+	id, err := text(r.URL.Query().Get("id"))
+	if err != nil || id == "" {
+		c.errorPage(w, r, http.StatusBadRequest, "a letter page needs id")
+		return
+	}
+	l, err := c.cfg.Source.Get(r.Context(), id)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	hs := make([]header, len(l.Headers))
+	for i, h := range l.Headers {
+		hs[i] = header{dlq.Safe(h.Key), dlq.Safe(h.Value)}
+	}
+	sort.SliceStable(hs, func(i, j int) bool { return hs[i].Key < hs[j].Key })
+	value, isJSON := dlq.PrettyValue(l.Value, 0)
+	envErr := ""
+	if _, err := l.Envelope(); err != nil {
+		envErr = err.Error()
+	}
+	c.renderPage(w, r, http.StatusOK, "letter", page{Title: "Letter " + l.ID, Data: map[string]any{
+		"L": l, "Class": l.Class(), "Reason": dlq.Safe(l.Reason), "Headers": hs, "Value": value, "IsJSON": isJSON,
+		"EnvelopeError": envErr, "Key": dlq.Safe(string(l.Key)), "Rabbit": c.cfg.Broker == "RabbitMQ",
+	}})
+}
+
+func (c *Console) replayPreview(w http.ResponseWriter, r *http.Request) {
+	if !c.needSource(w, r) {
+		return
+	}
+	sel, err := parseSelection(r)
+	if err != nil {
+		c.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	rep, err := c.cfg.Source.Replay(r.Context(), sel.filter(), dlq.ReplayOptions{DryRun: true, Force: sel.Force, Retention: c.cfg.Retention})
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	items := rep.Items
+	if len(items) > 200 {
+		items = items[:200]
+	}
+	c.renderPage(w, r, http.StatusOK, "preview", page{Title: "Replay: dry run", Data: map[string]any{
+		"Sel": sel, "Report": rep, "Items": items, "More": len(rep.Items) - len(items),
+	}})
+}
+
+func (c *Console) purgeConfirm(w http.ResponseWriter, r *http.Request) {
+	if !c.needSource(w, r) {
+		return
+	}
+	sel, err := parseSelection(r)
+	if err != nil {
+		c.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	f := sel.filter()
+	if len(f.IDs) == 0 {
+		f.States = []dlq.State{dlq.StatePending, dlq.StateReplayed}
+	}
+	f.Limit = 1
+	ls, err := c.cfg.Source.List(r.Context(), f)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	n := 0
+	for _, g := range ls.Groups {
+		n += g.Count
+	}
+	c.renderPage(w, r, http.StatusOK, "purgeconfirm", page{Title: "Purge: confirm", Data: map[string]any{
+		"Sel": sel, "Count": n, "Rabbit": c.cfg.Broker == "RabbitMQ",
+	}})
+}
+
+func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
+	if !c.needSource(w, r) {
+		return
+	}
+	sel, err := parseSelection(r)
+	if err != nil {
+		c.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if r.PostFormValue("confirmo") != "1" {
+		c.errorPage(w, r, http.StatusBadRequest, "purge not confirmed")
+		return
+	}
+	del := r.PostFormValue("delete_records") == "1" && c.cfg.Broker != "RabbitMQ"
+	// Not the request's context: a purge cut short by a closed tab would
+	// leave the operator unsure of what happened.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	defer cancel()
+	rep, err := c.cfg.Source.Purge(ctx, sel.filter(), dlq.PurgeOptions{Confirmed: true, DeleteRecords: del})
+	if err != nil && rep == nil {
+		c.fail(w, r, err)
+		return
+	}
+	data := map[string]any{"Sel": sel, "Report": rep, "Rabbit": c.cfg.Broker == "RabbitMQ", "Deleted": del}
+	if err != nil {
+		c.cfg.Logger.Error("console: purge", "err", err)
+		data["Error"] = "the letters were marked purged, but deleting their records failed; the server log has the details"
+	}
+	c.cfg.Logger.Info("console: purge", "selection", sel.Describe(), "purged", rep.Done, "refused", rep.Refused)
+	c.renderPage(w, r, http.StatusOK, "purged", page{Title: "Purge: result", Data: data})
+}

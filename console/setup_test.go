@@ -1,0 +1,214 @@
+package console_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/console"
+	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testlog"
+	"github.com/km0/km0/migrate"
+)
+
+const (
+	comandes    = "comandes.esdeveniments"
+	comandesDLQ = "comandes.esdeveniments.dlq"
+	token       = "s3cret-admin-token"
+	// customer is customer data inside every letter's envelope: it must
+	// never be shown without the token.
+	customer = "C-CONFIDENCIAL-77"
+)
+
+type bundle struct {
+	ctx    context.Context
+	schema *pgtest.Schema
+	client *kgo.Client
+	adm    *kadm.Client
+	svc    *dlq.Service
+	con    *console.Console
+	srv    *httptest.Server
+	logs   *testlog.Buffer
+}
+
+// setup starts a broker with the DLQ topic, a migrated index, a Service and
+// a console with token tok ("" = none) behind an httptest server.
+func setup(t *testing.T, tok string) *bundle { t.Helper(); return setupWith(t, tok, nil) }
+
+// setupWith is setup with more of the console's Config set by more.
+func setupWith(t *testing.T, tok string, more func(*console.Config)) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	if _, err := migrate.Up(ctx, s.Pool, s.Names(), dlq.Migrations); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	b := kafkatest.New(t, comandes, comandesDLQ)
+	cl := kafkatest.Client(t, b)
+	logs := &testlog.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	backend, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.Addrs(), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(backend.Close)
+	svc, err := dlq.NewService(dlq.ServiceConfig{Store: dlq.NewStore(s.Pool, s.Name), Backend: backend, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := console.Config{Source: svc, Token: tok, Logger: log}
+	if more != nil {
+		more(&cfg)
+	}
+	con, err := console.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con.Handler())
+	t.Cleanup(func() { srv.Close(); con.Close() })
+	return &bundle{ctx: ctx, schema: s, client: cl, adm: kadm.NewClient(cl), svc: svc, con: con, srv: srv, logs: logs}
+}
+
+// produceDead writes n dead letters of comandes with reason to the DLQ and
+// syncs the index.
+func (b *bundle) produceDead(t *testing.T, n int, reason string) []string {
+	t.Helper()
+	var ids []string
+	now := time.Now()
+	for i := 0; i < n; i++ {
+		eid := uuid.NewString()
+		e := &envelope.Envelope{ID: eid, Type: "comanda.creada", Version: 1, TimeMS: now.UnixMilli(), Origin: "comandes",
+			Data: json.RawMessage(`{"id":"P-2026-` + strconv.Itoa(100+i) + `","client":"` + customer + `","mercat":"girona","linies":[]}`)}
+		val, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := strconv.FormatFloat(float64(now.UnixMicro())/1e6, 'f', 6, 64)
+		r := &kgo.Record{Topic: comandesDLQ, Key: []byte("P-2026-" + strconv.Itoa(100+i)), Value: val, Timestamp: now, Headers: []kgo.RecordHeader{
+			{Key: "intents", Value: []byte("3")}, {Key: "motiu", Value: []byte(reason)},
+			{Key: "topic_original", Value: []byte(comandes)}, {Key: "particio_original", Value: []byte("0")},
+			{Key: "offset_original", Value: []byte(strconv.Itoa(i))}, {Key: "primera_fallada", Value: []byte(ts)},
+			{Key: "grup_consumidor", Value: []byte("repartiment")}, {Key: "tipus", Value: []byte("comanda.creada")},
+			{Key: "id_esdeveniment", Value: []byte(eid)},
+		}}
+		if err := b.client.ProduceSync(b.ctx, r).FirstErr(); err != nil {
+			t.Fatalf("produce: %v", err)
+		}
+		ids = append(ids, dlq.KafkaID(r.Topic, r.Partition, r.Offset))
+	}
+	if _, err := b.svc.Sync(b.ctx); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	return ids
+}
+
+// pending counts the index's pending letters.
+func (b *bundle) pending(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := b.schema.Pool.QueryRow(b.ctx, "SELECT count(*) FROM cartes_mortes WHERE estat = 'pendent'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// records is the number of records on topic.
+func (b *bundle) records(t *testing.T, topic string) int64 {
+	t.Helper()
+	ends, err := b.adm.ListEndOffsets(b.ctx, topic)
+	if err != nil || ends.Error() != nil {
+		t.Fatalf("end offsets: %v %v", err, ends.Error())
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return n
+}
+
+// browser is an HTTP client with cookies that does not follow redirects.
+type browser struct {
+	t  *testing.T
+	c  *http.Client
+	ba string
+}
+
+func (b *bundle) browser(t *testing.T) *browser {
+	jar, _ := cookiejar.New(nil)
+	return &browser{t: t, ba: b.srv.URL, c: &http.Client{Jar: jar, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+func (br *browser) do(method, path string, form url.Values, hdr ...string) (*http.Response, string) {
+	br.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, br.ba+path, body)
+	if err != nil {
+		br.t.Fatal(err)
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := br.c.Do(req)
+	if err != nil {
+		br.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func (br *browser) get(path string) (*http.Response, string) { return br.do(http.MethodGet, path, nil) }
+func (br *browser) post(path string, form url.Values) (*http.Response, string) {
+	return br.do(http.MethodPost, path, form)
+}
+
+// login logs in and returns the CSRF token of the session.
+func (br *browser) login(tok string) string {
+	br.t.Helper()
+	resp, body := br.post("/login", url.Values{"token": {tok}, "next": {"/"}})
+	if resp.StatusCode != http.StatusSeeOther {
+		br.t.Fatalf("login: %d %s", resp.StatusCode, body)
+	}
+	_, page := br.get("/")
+	m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(page)
+	if m == nil {
+		br.t.Fatalf("no csrf token on the page after login")
+	}
+	return m[1]
+}
+
+// waitFor polls cond until it holds or timeout passes.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for work
+	}
+}
+
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
