@@ -3,6 +3,8 @@ package cdc_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 // BenchmarkCatchUpThenStream measures the two paths of the CDC relay with
 // kfake in this process: b.N rows pending at the first start (published
 // from the slot's snapshot), then b.N rows written while it streams.
+// KM0_CDC_BENCH_BATCH sets Config.BatchSize.
 func BenchmarkCatchUpThenStream(b *testing.B) {
 	bu := setup(b)
 	ctx := context.Background()
@@ -32,7 +35,11 @@ func BenchmarkCatchUpThenStream(b *testing.B) {
 		}
 	}
 	write(0, b.N)
-	r := newRelay(b, bu.config())
+	cfg := bu.config()
+	if v, err := strconv.Atoi(os.Getenv("KM0_CDC_BENCH_BATCH")); err == nil {
+		cfg.BatchSize = v
+	}
+	r := newRelay(b, cfg)
 	b.ResetTimer()
 	t0 := time.Now()
 	start(b, r)
