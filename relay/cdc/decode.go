@@ -1,9 +1,11 @@
 package cdc
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
@@ -77,25 +79,66 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
 	return nil
 }
 
-// insert decodes an Insert message. ok is false for a table other than the
-// outbox and for a row inserted already published (publicat_en set): there
-// is nothing to relay.
-func (d *decoder) insert(m *pglogrepl.InsertMessage) (row outbox.Row, ok bool, err error) {
-	rel := d.rels[m.RelationID]
-	if rel == nil {
-		return row, false, fmt.Errorf("cdc: insert into relation %d before its Relation message", m.RelationID)
+// column is one value of a tuple as the stream sends it: kind is
+// pglogrepl.TupleDataTypeText, ...Binary, ...Null or ...Toast; data points
+// into the receive buffer and is valid only until the next message.
+type column struct {
+	kind byte
+	data []byte
+}
+
+// parseInsert reads an Insert message ('I', relation id, 'N', the new
+// tuple) into cols (reused), without copying the values.
+func parseInsert(msg []byte, cols []column) (uint32, []column, error) {
+	if len(msg) < 8 || msg[0] != byte(pglogrepl.MessageTypeInsert) || msg[5] != 'N' {
+		return 0, cols, fmt.Errorf("cdc: malformed insert message")
 	}
-	if !rel.outbox {
+	rel := binary.BigEndian.Uint32(msg[1:5])
+	n := int(binary.BigEndian.Uint16(msg[6:8]))
+	cols = cols[:0]
+	off := 8
+	for range n {
+		if off >= len(msg) {
+			return 0, cols, fmt.Errorf("cdc: truncated insert message")
+		}
+		c := column{kind: msg[off]}
+		off++
+		if c.kind == pglogrepl.TupleDataTypeText || c.kind == pglogrepl.TupleDataTypeBinary {
+			if off+4 > len(msg) {
+				return 0, cols, fmt.Errorf("cdc: truncated insert message")
+			}
+			l := int(binary.BigEndian.Uint32(msg[off:]))
+			off += 4
+			if l < 0 || off+l > len(msg) {
+				return 0, cols, fmt.Errorf("cdc: truncated insert message")
+			}
+			c.data = msg[off : off+l]
+			off += l
+		}
+		cols = append(cols, c)
+	}
+	return rel, cols, nil
+}
+
+// insert decodes the new tuple of an Insert into relation rel. ok is false
+// for a table other than the outbox and for a row inserted already
+// published (publicat_en set): there is nothing to relay. The row owns its
+// values (they are copied out of cols).
+func (d *decoder) insert(rel uint32, cols []column) (row outbox.Row, ok bool, err error) {
+	r := d.rels[rel]
+	if r == nil {
+		return row, false, fmt.Errorf("cdc: insert into relation %d before its Relation message", rel)
+	}
+	if !r.outbox {
 		return row, false, nil
 	}
-	cols := m.Tuple.Columns
 	val := func(i int) ([]byte, bool) {
-		if i == noColumn || i >= len(cols) || cols[i].DataType != pglogrepl.TupleDataTypeText {
+		if i == noColumn || i >= len(cols) || cols[i].kind != pglogrepl.TupleDataTypeText {
 			return nil, false
 		}
-		return cols[i].Data, true
+		return cols[i].data, true
 	}
-	if _, set := val(rel.published); set {
+	if _, set := val(r.published); set {
 		return row, false, nil
 	}
 	text := func(i int, name string) (string, error) {
@@ -105,42 +148,58 @@ func (d *decoder) insert(m *pglogrepl.InsertMessage) (row outbox.Row, ok bool, e
 		}
 		return string(b), nil
 	}
-	b, set := val(rel.id)
+	b, set := val(r.id)
 	if !set {
 		return row, false, fmt.Errorf("cdc: outbox row without %s", colID)
 	}
 	if row.ID, err = uuid.ParseBytes(b); err != nil {
 		return row, false, fmt.Errorf("cdc: outbox %s %q: %w", colID, b, err)
 	}
-	if row.Aggregate, err = text(rel.aggregate, colAggregate); err != nil {
+	if row.Aggregate, err = text(r.aggregate, colAggregate); err != nil {
 		return row, false, err
 	}
-	if row.AggregateID, err = text(rel.aggID, colAggID); err != nil {
+	if row.AggregateID, err = text(r.aggID, colAggID); err != nil {
 		return row, false, err
 	}
-	if row.Type, err = text(rel.typ, colType); err != nil {
+	if row.Type, err = text(r.typ, colType); err != nil {
 		return row, false, err
 	}
-	v, err := text(rel.version, colVersion)
-	if err != nil {
-		return row, false, err
+	v, set := val(r.version)
+	if !set {
+		return row, false, fmt.Errorf("cdc: outbox row without %s", colVersion)
 	}
-	if row.Version, err = strconv.Atoi(v); err != nil {
+	if row.Version, err = strconv.Atoi(string(v)); err != nil {
 		return row, false, fmt.Errorf("cdc: outbox %s %q: %w", colVersion, v, err)
 	}
-	if row.Payload, set = val(rel.payload); !set {
+	if b, set = val(r.payload); !set {
 		return row, false, fmt.Errorf("cdc: outbox row without %s", colPayload)
 	}
-	if b, set = val(rel.createdAt); !set {
+	row.Payload = append([]byte(nil), b...)
+	if b, set = val(r.createdAt); !set {
 		return row, false, fmt.Errorf("cdc: outbox row without %s", colCreatedAt)
 	}
-	if err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &row.CreatedAt); err != nil {
+	if row.CreatedAt, err = d.timestamptz(b); err != nil {
 		return row, false, fmt.Errorf("cdc: outbox %s %q: %w", colCreatedAt, b, err)
 	}
-	if b, set = val(rel.headers); set {
+	if b, set = val(r.headers); set {
 		row.Headers = headers(b)
 	}
 	return row, true, nil
+}
+
+// isoTimestamptz is timestamptz_out's format under DateStyle ISO and
+// TimeZone UTC, the replication session's settings.
+const isoTimestamptz = "2006-01-02 15:04:05.999999999-07"
+
+// timestamptz parses a timestamptz in text form: the common format
+// directly, anything else (infinity, years past 9999) through pgtype.
+func (d *decoder) timestamptz(b []byte) (time.Time, error) {
+	if t, err := time.Parse(isoTimestamptz, string(b)); err == nil {
+		return t, nil
+	}
+	var t time.Time
+	err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &t)
+	return t, err
 }
 
 // headers decodes capcaleres: a flat JSON object whose string values are

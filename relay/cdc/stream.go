@@ -37,6 +37,7 @@ type reader struct {
 	m    *marker
 	out  chan item
 
+	cols          []column // reused by parseInsert
 	inTx          bool
 	cur           item
 	lastForwarded pglogrepl.LSN // end of the last transaction handed on
@@ -136,6 +137,24 @@ func (rd *reader) copyData(ctx context.Context, data []byte) error {
 }
 
 func (rd *reader) message(ctx context.Context, data []byte) error {
+	if len(data) > 0 && data[0] == byte(pglogrepl.MessageTypeInsert) {
+		rel, cols, err := parseInsert(data, rd.cols)
+		rd.cols = cols
+		if err != nil {
+			return err
+		}
+		row, ok, err := rd.dec.insert(rel, cols)
+		if err != nil || !ok {
+			return err
+		}
+		rd.cur.rows = append(rd.cur.rows, row)
+		if len(rd.cur.rows) >= itemRows {
+			piece := rd.cur
+			rd.cur = item{commit: piece.commit}
+			return rd.forward(ctx, piece)
+		}
+		return nil
+	}
 	msg, err := pglogrepl.Parse(data)
 	if err != nil {
 		return fmt.Errorf("cdc: decode: %w", err)
@@ -146,17 +165,6 @@ func (rd *reader) message(ctx context.Context, data []byte) error {
 	case *pglogrepl.BeginMessage:
 		rd.inTx = true
 		rd.cur = item{commit: m.CommitTime}
-	case *pglogrepl.InsertMessage:
-		row, ok, err := rd.dec.insert(m)
-		if err != nil || !ok {
-			return err
-		}
-		rd.cur.rows = append(rd.cur.rows, row)
-		if len(rd.cur.rows) >= itemRows {
-			piece := rd.cur
-			rd.cur = item{commit: piece.commit}
-			return rd.forward(ctx, piece)
-		}
 	case *pglogrepl.CommitMessage:
 		rd.cur.end, rd.cur.commit = m.TransactionEndLSN, m.CommitTime
 		it := rd.cur
