@@ -89,6 +89,7 @@ type pipeline struct {
 	done      map[uuid.UUID]struct{}
 	doneBound pglogrepl.LSN
 	marker    *marker
+	inflight  *flight // the batch at the broker, if any
 }
 
 func newPipeline(r *Relay, blocked map[string]bool, m *marker) *pipeline {
@@ -138,7 +139,7 @@ func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact
 		}
 		total += len(batch)
 		err := p.publish(ctx, batch, tids, 0, time.Time{})
-		batch, tids = batch[:0], tids[:0]
+		batch, tids = make([]outbox.Row, 0, len(batch)), make([]pgtype.TID, 0, len(tids)) // the batch may still be in flight
 		return err
 	}
 	for rows.Next() {
@@ -169,6 +170,9 @@ func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact
 	if err := flush(); err != nil {
 		return err
 	}
+	if err := p.flush(ctx); err != nil {
+		return err
+	}
 	if !exact && total > 0 {
 		// Every row visible in the snapshot was committed before this
 		// position; later transactions of the stream hold none of them.
@@ -191,7 +195,18 @@ func (p *pipeline) stream(ctx context.Context, in <-chan item, readerExit <-chan
 	defer tick.Stop()
 	var items []item
 	for {
+		var confirmedCh <-chan error
+		if p.inflight != nil {
+			confirmedCh = p.inflight.done
+		}
 		select {
+		case err := <-confirmedCh: // marked at once, not when the next batch comes
+			f := p.inflight
+			p.inflight = nil
+			if err := p.confirmed(ctx, f, err); err != nil {
+				return err
+			}
+			continue
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-readerExit:
@@ -255,6 +270,9 @@ func (p *pipeline) streamed(ctx context.Context, items []item, n int) error {
 // more) and publishes their pending rows, in order, before the stream goes
 // on.
 func (p *pipeline) releases(ctx context.Context, lock *pgx.Conn) error {
+	if err := p.flush(ctx); err != nil {
+		return err
+	}
 	if err := p.marker.wait(ctx); err != nil { // parkings of earlier batches committed
 		return err
 	}
@@ -282,22 +300,39 @@ const (
 	parked              // refused for good: parked
 )
 
-// publish hands rows to the broker in one Publish (all their records,
-// waiting for every confirmation), then queues the marks and parkings with
-// end, the position to confirm once they are committed (0: none). A row the
-// relay or the broker refuses for good is parked, and the later rows of its
-// aggregate stay pending behind it; a later row of its aggregate already in
-// the same Publish was confirmed by the broker and is marked (as in the
-// polling relay: MaxRecordBytes and the publisher's transport.Checker refuse
-// before sending whatever they can foresee).
+// flight is a batch handed to the broker whose confirmation the pipeline
+// has not processed yet.
+type flight struct {
+	rows  []outbox.Row
+	state []uint8
+	owner []int // owner[i] is the row of record i
+	msgs  []*transport.Message
+	aggs  map[string]struct{} // aggregates with a record in msgs
+	j     job
+	tids  []pgtype.TID
+	done  chan error // Publish's result
+}
+
+// publish hands rows to the broker in one Publish (all their records), and
+// queues the marks and parkings, with end, the position to confirm once
+// they are committed (0: none), once the broker confirmed every record. A
+// row the relay or the broker refuses for good is parked, and the later
+// rows of its aggregate stay pending behind it; a later row of its
+// aggregate already in the same Publish was confirmed by the broker and is
+// marked (as in the polling relay: MaxRecordBytes and the publisher's
+// transport.Checker refuse before sending whatever they can foresee).
+//
+// Two batches may be at the broker at once, only when no aggregate has
+// records in both: a batch that shares an aggregate with the one in flight
+// waits for its confirmation first, so each aggregate's batches are
+// published one after the other, in stream order. publish returns with at
+// most this batch in flight; flush waits for it.
 //
 // tids, when not nil, are the rows' ctids as the catch-up read them: the
 // marker marks by ctid (and id), a quarter of the cost of marking by id.
 func (p *pipeline) publish(ctx context.Context, rows []outbox.Row, tids []pgtype.TID, end pglogrepl.LSN, commit time.Time) error {
-	j := job{end: end, commit: commit}
-	state := make([]uint8, len(rows))
-	var msgs []*transport.Message
-	var owner []int
+	f := &flight{rows: rows, state: make([]uint8, len(rows)), j: job{end: end, commit: commit}, tids: tids,
+		aggs: make(map[string]struct{}, len(rows))}
 	for i := range rows {
 		row := &rows[i]
 		if p.blocked[row.AggregateID] {
@@ -305,53 +340,108 @@ func (p *pipeline) publish(ctx context.Context, rows []outbox.Row, tids []pgtype
 		}
 		recs, reason := p.r.enc.Records(row)
 		if reason != "" {
-			state[i] = parked
-			p.park(&j, row, reason)
+			f.state[i] = parked
+			p.park(&f.j, row, reason)
 			continue
 		}
-		state[i] = sent
+		f.state[i] = sent
+		f.aggs[row.AggregateID] = struct{}{}
 		for _, m := range recs {
-			msgs = append(msgs, m)
-			owner = append(owner, i)
+			f.msgs = append(f.msgs, m)
+			f.owner = append(f.owner, i)
 		}
 	}
-	if len(msgs) > 0 {
-		pctx, cancel := context.WithTimeout(ctx, p.r.cfg.PublishTimeout)
-		err := p.r.cfg.Publisher.Publish(pctx, msgs)
-		cancel()
-		var rej *transport.RejectedError
-		switch {
-		case err == nil:
-		case errors.As(err, &rej):
-			for k, idx := range rej.Index {
-				if idx < 0 || idx >= len(owner) || state[owner[idx]] == parked {
-					continue
-				}
-				reason := "unknown"
-				if k < len(rej.Errs) && rej.Errs[k] != nil {
-					reason = rej.Errs[k].Error()
-				}
-				state[owner[idx]] = parked
-				p.park(&j, &rows[owner[idx]], relay.Clip("broker: "+reason))
+	prev := p.inflight
+	if prev != nil && overlap(prev.aggs, f.aggs) {
+		if err := p.flush(ctx); err != nil {
+			return err
+		}
+		prev = nil
+	}
+	f.done = make(chan error, 1)
+	if len(f.msgs) == 0 {
+		f.done <- nil
+	} else {
+		go func() {
+			pctx, cancel := context.WithTimeout(ctx, p.r.cfg.PublishTimeout)
+			defer cancel()
+			f.done <- p.r.cfg.Publisher.Publish(pctx, f.msgs)
+		}()
+	}
+	p.inflight = f
+	if prev != nil {
+		return p.finish(ctx, prev)
+	}
+	return nil
+}
+
+// flush waits for the batch in flight, if any, and queues its marks.
+func (p *pipeline) flush(ctx context.Context) error {
+	f := p.inflight
+	if f == nil {
+		return nil
+	}
+	p.inflight = nil
+	return p.finish(ctx, f)
+}
+
+// finish waits for f's confirmation, parks what the broker refused and
+// queues the marks.
+func (p *pipeline) finish(ctx context.Context, f *flight) error {
+	select {
+	case err := <-f.done:
+		return p.confirmed(ctx, f, err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// confirmed processes Publish's result err for f.
+func (p *pipeline) confirmed(ctx context.Context, f *flight, err error) error {
+	var rej *transport.RejectedError
+	switch {
+	case err == nil:
+	case errors.As(err, &rej):
+		for k, idx := range rej.Index {
+			if idx < 0 || idx >= len(f.owner) || f.state[f.owner[idx]] == parked {
+				continue
 			}
-		default:
-			return fmt.Errorf("cdc: publish %d records: %w", len(msgs), err)
+			reason := "unknown"
+			if k < len(rej.Errs) && rej.Errs[k] != nil {
+				reason = rej.Errs[k].Error()
+			}
+			f.state[f.owner[idx]] = parked
+			p.park(&f.j, &f.rows[f.owner[idx]], relay.Clip("broker: "+reason))
 		}
+	default:
+		return fmt.Errorf("cdc: publish %d records: %w", len(f.msgs), err)
 	}
-	for i := range rows {
-		if state[i] == sent {
-			j.ids = append(j.ids, pgtype.UUID{Bytes: rows[i].ID, Valid: true})
-			if tids != nil {
-				j.tids = append(j.tids, tids[i])
+	for i := range f.rows {
+		if f.state[i] == sent {
+			f.j.ids = append(f.j.ids, pgtype.UUID{Bytes: f.rows[i].ID, Valid: true})
+			if f.tids != nil {
+				f.j.tids = append(f.j.tids, f.tids[i])
 			}
 		}
 	}
 	if h := p.r.cfg.CDCHooks.AfterPublish; h != nil {
-		if err := h(len(j.ids)); err != nil {
+		if err := h(len(f.j.ids)); err != nil {
 			return &crashError{err}
 		}
 	}
-	return p.marker.add(ctx, j)
+	return p.marker.add(ctx, f.j)
+}
+
+func overlap(a, b map[string]struct{}) bool {
+	if len(b) < len(a) {
+		a, b = b, a
+	}
+	for k := range a {
+		if _, ok := b[k]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *pipeline) park(j *job, row *outbox.Row, reason string) {

@@ -262,6 +262,9 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 		if !crashed && parent.Err() != nil {
 			// A graceful stop: mark what the broker confirmed and tell the
 			// server, so that a restart republishes as little as possible.
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = p.flush(fctx)
+			cancel()
 			p.marker.drain(5 * time.Second)
 			stopMarker()
 			mwg.Wait()

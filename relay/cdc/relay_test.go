@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,6 +88,8 @@ func TestEightWritersKeepCommitOrder(t *testing.T) {
 	}
 	cfg := b.config()
 	cfg.BatchSize = 50 // many batches
+	watch := &keyWatch{next: b.pub, inFlight: map[string]int{}}
+	cfg.Publisher = watch
 	r := newRelay(t, cfg)
 	start(t, r)
 	if err := w.run(ctx, 8, 150, 2); err != nil {
@@ -108,5 +111,50 @@ func TestEightWritersKeepCommitOrder(t *testing.T) {
 		}
 	}
 	checkCommitOrder(t, perKey, want)
-	t.Logf("%d events on %d aggregates, all in commit order, each once", n, len(want))
+	if watch.shared > 0 {
+		t.Fatalf("%d Publish calls overlapped another in flight with records of the same aggregate", watch.shared)
+	}
+	t.Logf("%d events on %d aggregates, all in commit order, each once; %d Publish calls, %d of them beside another",
+		n, len(want), watch.calls, watch.concurrent)
+}
+
+// keyWatch counts Publish calls that run while another is in flight, and
+// those of them sharing a key with it (an aggregate at the broker twice at
+// once could be reordered).
+type keyWatch struct {
+	next                      transport.Publisher
+	mu                        sync.Mutex
+	inFlight                  map[string]int
+	calls, concurrent, shared int
+	running                   int
+}
+
+func (w *keyWatch) Publish(ctx context.Context, msgs []*transport.Message) error {
+	w.mu.Lock()
+	w.calls++
+	if w.running > 0 {
+		w.concurrent++
+	}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		k := string(m.Key)
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		if w.inFlight[k] > 0 {
+			w.shared++
+		}
+		w.inFlight[k]++
+	}
+	w.running++
+	w.mu.Unlock()
+	err := w.next.Publish(ctx, msgs)
+	w.mu.Lock()
+	w.running--
+	for k := range seen {
+		w.inFlight[k]--
+	}
+	w.mu.Unlock()
+	return err
 }
