@@ -6,9 +6,10 @@
 // table for work.
 //
 // Order per aggregate (CONTRACT.md guarantee 5): logical decoding emits
-// transactions in commit order, and the relay publishes them in that order,
-// one batch after the other, so every aggregate's events go out in commit
-// order with any number of concurrent writers, without shards or locks.
+// transactions in commit order, and the relay publishes them in that order
+// (a batch goes to the broker beside the one in flight only when no
+// aggregate is in both), so every aggregate's events go out in commit order
+// with any number of concurrent writers, without shards or locks.
 //
 // At-least-once (guarantees 4 and 7): a batch's rows are marked published
 // (publicat_en) only after the broker confirmed every record, and the
