@@ -173,11 +173,14 @@ func (c *Cluster) command(name string, args ...string) *exec.Cmd {
 		cmd.Env = append(os.Environ(), "HOME="+c.dir, "USER=postgres", "LOGNAME=postgres")
 	}
 	// Its own process group: a signal to the test's group (Ctrl-C) does not
-	// reach the server before Stop shuts it down.
+	// reach the server before Stop shuts it down. If this process dies
+	// without Stop (a test binary killed at its timeout), the server gets
+	// SIGINT, a fast shutdown, instead of running on.
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = true
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGINT
 	return cmd
 }
 
