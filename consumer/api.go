@@ -1,9 +1,19 @@
-// Package consumer is km0's Kafka consumer: a consumer-group member that runs a
-// Handler for each event of the tipus it handles, records the idempotency key
-// in the same transaction as the effect (package inbox), commits offsets only
-// after that transaction (at-least-once; AtMostOnce is explicit), and moves
-// failures off the partition: transient ones to <topic>.retry with backoff,
-// permanent ones (and exhausted transients) to <topic>.dlq.
+// Package consumer is km0's consume pipeline, the same over every broker: it
+// runs a Handler for each event of the tipus it handles, records the
+// idempotency key in the same transaction as the effect (the idempotent
+// consumer pattern; table missatges_processats), settles a message with the
+// broker only after that transaction (at-least-once; AtMostOnce is
+// explicit), reruns a transaction in place after a deadlock or a
+// serialisation failure and waits out a database outage without spending an
+// attempt, and moves failures off the stream: transient ones to a retry with
+// backoff, permanent ones (and exhausted transients) to a dead letter with a
+// motiu.
+//
+// The broker is a Source: kafka.NewSource (a consumer group; retries on
+// <topic>.retry, dead letters on <topic>.dlq) or amqp.NewSource (a work
+// queue or ordered shard queues; retries through wait queues, dead letters
+// to <queue>.dlq through the DLX). Everything else in Config is the same on
+// both.
 package consumer
 
 import (
@@ -18,10 +28,10 @@ import (
 
 // Message is one delivered event as a Handler sees it.
 type Message struct {
-	*transport.Message        // topic, key, raw value, headers
-	OriginalTopic      string // the domain topic: Topic, or the topic a retry copy came from
-	Partition          int32  // source partition
-	Offset             int64  // source offset
+	*transport.Message        // topic (AMQP: routing key), key, raw value, headers
+	OriginalTopic      string // the domain topic (Topic, or the topic a retry copy came from), or the work queue
+	Partition          int32  // Kafka partition; RabbitMQ shard (0 on a plain queue)
+	Offset             int64  // Kafka offset; -1 on RabbitMQ
 	// IdempotencyKey is what the inbox records: the envelope member
 	// "correlacio" when present (the shared id of a dual-published pair, so a
 	// consumer accepting both copies handles the pair once), else
@@ -30,7 +40,26 @@ type Message struct {
 	Envelope       *envelope.Envelope // decoded (and upcast) envelope
 	Attempt        int                // 1 for the first delivery, 2 for the first retry...
 	FirstFailure   time.Time          // zero on the first attempt
+
+	ctx context.Context // the context of the message's consumer span; see Context
 }
+
+// Context returns the context of this message's consumer span, the child of
+// the trace its producer stored in the outbox (package tracing). A Handler
+// receives it as its ctx already; a batch handler, whose ctx is the batch's,
+// uses it for what one message causes, e.g. outbox.Event.Headers:
+// tracing.Headers(m.Context()), so each event continues its own message's
+// trace. context.Background() when unset.
+func (m *Message) Context() context.Context {
+	if m.ctx == nil {
+		return context.Background()
+	}
+	return m.ctx
+}
+
+// SetContext sets what Context returns. Consumers call it when they start
+// the message's consumer span (tracing.ConsumerContext).
+func (m *Message) SetContext(ctx context.Context) { m.ctx = ctx }
 
 // Handler applies the effect of one event inside tx, the transaction in which
 // the consumer also records (id_esdeveniment, consumidor). It returns nil on
@@ -42,19 +71,20 @@ type Message struct {
 // and so is the key: nothing of a failed attempt persists.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
-// BatchHandler applies the effects of several messages of one partition, in
-// offset order, inside tx (see Config.HandleBatch). It must apply all of them
-// or return an error; it needs no error attribution, since on any error the
-// consumer rolls back and runs the messages one by one with the Handler.
+// BatchHandler applies the effects of several messages of one lane (a Kafka
+// partition, a RabbitMQ queue worker), in their order, inside tx (see
+// Config.HandleBatch). It must apply all of them or return an error; it
+// needs no error attribution, since on any error the consumer rolls back
+// and runs the messages one by one with the Handler.
 // A deadlock or serialisation failure (SQLSTATE 40P01, 40001) is not such an
 // error: the consumer reruns the whole batch in place (see
 // Config.HandleBatchOutcomes).
 type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 
 // BatchOutcomeHandler applies the effects of several messages of one
-// partition inside tx, and may refuse some of them on their own (see
+// lane inside tx, and may refuse some of them on their own (see
 // Config.HandleBatchOutcomes). msgs are the new messages of the transaction
-// (duplicates are already absorbed), in offset order.
+// (duplicates are already absorbed), in their order.
 //
 // It returns one error per message, outcomes[i] for msgs[i]:
 //   - nil: message i is applied; its effect and its idempotency key commit
@@ -63,10 +93,10 @@ type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 //     message i in tx (compute first, then write only the accepted ones, or
 //     use a savepoint). The consumer deletes message i's key in tx, so the
 //     refusal rolls the key back exactly as a failed Handler does, and routes
-//     the error as the one-message path does: outcome.Permanent goes to
-//     <topic>.dlq at this attempt, a transient error to <topic>.retry
-//     (attempt n+1) or to the DLQ when the attempts are spent; other errors
-//     are classified by Config.Classifier.
+//     the error as the one-message path does: outcome.Permanent is
+//     dead-lettered at this attempt, a transient error retried (attempt
+//     n+1) or dead-lettered when the attempts are spent; other errors are
+//     classified by Config.Classifier.
 //
 // A nil slice means every message was applied. The second result fails the
 // whole batch: the transaction rolls back, and the messages run again one by
@@ -76,14 +106,16 @@ type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 // of the wrong length, or a panic, is a failure of the whole batch too.
 type BatchOutcomeHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) (outcomes []error, err error)
 
-// Mode says where the offset commit goes relative to the effect.
+// Mode says where the settlement (Kafka offset commit, RabbitMQ ack) goes
+// relative to the effect.
 type Mode int
 
 const (
-	// AtLeastOnce (default): commit the offset after the effect's transaction.
-	// A crash in between redelivers; the inbox absorbs the duplicate.
+	// AtLeastOnce (default): settle after the effect's transaction. A crash
+	// in between redelivers; the inbox absorbs the duplicate.
 	AtLeastOnce Mode = iota
-	// AtMostOnce: commit the offset before processing. A crash loses the
-	// message. Only for data the next message replaces (analitica, telemetry).
+	// AtMostOnce: settle before processing. A crash loses the message. Only
+	// for data the next message replaces (analitica, telemetry). Failures
+	// are still retried and dead-lettered.
 	AtMostOnce
 )

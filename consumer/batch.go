@@ -3,43 +3,47 @@ package consumer
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/pgerr"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/tracing"
 	"github.com/km0/km0/transport"
-	"github.com/km0/km0/transport/kafka"
 )
 
-// item is one record on its way through a batch.
+// item is one delivery on its way through a batch.
 type item struct {
-	rec          *kgo.Record
-	msg          *Message
-	attempt      int       // 1 for a domain record; intents+1 for a retry copy
-	firstFailure time.Time // retry copies: primera_fallada
-	notBefore    time.Time // retry copies: no_abans
-	dup          bool      // set by tryTx: the key was already recorded
+	d   *transport.Delivery
+	msg *Message
+	dup bool // set by tryTx: the key was already recorded
 }
 
-// failure is a failed attempt, to be copied to .retry or .dlq.
+// failure is a failed attempt, to be retried or dead-lettered.
 type failure struct {
 	it   *item
 	kind outcome.Kind
 	wait time.Duration // RetryAfter's delay, 0 for the configured backoff
 	err  error
+}
+
+// lane is the batch in hand: the context of its work (cancelled when the
+// source abandons work or the consumer crashes), the source's stop signal,
+// and where it comes from (logs, metrics).
+type lane struct {
+	ctx    context.Context
+	stop   <-chan struct{}
+	origin string // domain topic or work queue
+	topic  string // the topic or queue read (a .retry topic, a shard queue)
+	part   int32
 }
 
 // PanicError is the error of a handler that panicked: a transient failure of
@@ -68,42 +72,51 @@ func bulkInsertSQL(table string) string {
 		"ON CONFLICT DO NOTHING RETURNING id_missatge"
 }
 
-// handle runs a batch of one partition: decode and filter outside any
-// transaction, then run the rest idempotently (runOptimistic). It returns the
-// failed attempts, to be copied to .retry/.dlq (route); every other record is
-// done. An error means the consumer crashed or the batch was abandoned
-// (partition revoked, shutdown timeout): nothing of the batch may be
-// committed.
-func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
+// handle runs a batch of one lane: decode and filter outside any
+// transaction, then run the rest idempotently (runOptimistic). It returns
+// the failed attempts as settlements for the source to carry out; every
+// other delivery is done. An error means the consumer crashed or the batch
+// was abandoned (lane stopped, shutdown timeout): nothing of the batch may be
+// settled.
+func (c *Consumer) handle(ctx context.Context, b *transport.Batch) ([]*transport.Settlement, error) {
+	if len(b.Deliveries) == 0 {
+		return nil, nil
+	}
+	first := b.Deliveries[0]
+	l := &lane{ctx: ctx, stop: b.Stop, origin: first.Origin, topic: first.Topic, part: first.Partition}
 	var (
 		todo    []*item
 		fails   []failure
 		ignored int64
 	)
-	for _, it := range items {
+	for _, d := range b.Deliveries {
 		m := &Message{
-			Message:       kafka.FromRecord(it.rec),
-			OriginalTopic: p.source,
-			Partition:     it.rec.Partition,
-			Offset:        it.rec.Offset,
-			Attempt:       it.attempt,
-			FirstFailure:  it.firstFailure,
+			Message:       d.Message,
+			OriginalTopic: d.Origin,
+			Partition:     d.Partition,
+			Offset:        d.Offset,
+			Attempt:       max(d.Attempt, 1),
+			FirstFailure:  d.FirstFailure,
 		}
-		it.msg = m
+		it := &item{d: d, msg: m}
 		// Filter on the tipus header before decoding, but only on one that
 		// is unambiguous; a header that disagrees with the envelope is a
 		// permanent failure, never a silent skip.
 		var th contract.TypeHeader
-		for _, h := range m.Headers {
-			if h.Key == transport.HeaderType {
-				th.Add(h.Value)
+		if d.Types != nil {
+			th = *d.Types
+		} else {
+			for _, h := range m.Headers {
+				if h.Key == contract.HeaderType {
+					th.Add(h.Value)
+				}
 			}
 		}
 		if t, ok := th.Filter(); ok && !c.handles(t) {
 			ignored++
 			continue
 		}
-		env, err := c.decode(it.rec)
+		env, err := c.decode(d)
 		if err == nil && (env == nil || (env.ID == "" && !c.cfg.NoInbox)) {
 			err = errNoID
 		}
@@ -118,8 +131,8 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 			}
 		}
 		if err != nil {
-			// A record that does not decode never will: dead-letter it now
-			// and keep the partition moving.
+			// A message that does not decode never will: dead-letter it now
+			// and keep the lane moving.
 			fails = append(fails, failure{it: it, kind: outcome.KindPermanent, err: err})
 			continue
 		}
@@ -131,7 +144,7 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 		m.IdempotencyKey = IdempotencyKey(env)
 		todo = append(todo, it)
 	}
-	c.count(p.source, resIgnored, ignored)
+	c.count(l.origin, resIgnored, ignored)
 	for len(todo) > 0 {
 		// A transaction never holds the same id twice (an event published
 		// twice back to back): the second copy goes to the next transaction,
@@ -148,12 +161,12 @@ func (c *Consumer) handle(p *partition, items []*item) ([]failure, error) {
 			}
 		}
 		var err error
-		if fails, err = c.runOptimistic(p, todo[:n], fails); err != nil {
+		if fails, err = c.runOptimistic(l, todo[:n], fails); err != nil {
 			return nil, err
 		}
 		todo = todo[n:]
 	}
-	return fails, nil
+	return c.decide(fails), nil
 }
 
 // errNoID: a Decode hook returned no envelope or one without an id, which
@@ -164,13 +177,7 @@ var errNoID = errors.New("envelope: id_esdeveniment: empty (from the Decode hook
 // "correlacio" member when that is a non-empty string (the shared id of a
 // dual-published pair; see Message.IdempotencyKey), else its id_esdeveniment.
 func IdempotencyKey(env *envelope.Envelope) string {
-	if raw, ok := env.Extra[transport.HeaderCorrelator]; ok {
-		var s string
-		if json.Unmarshal(raw, &s) == nil && s != "" && envelope.CheckKey(s) == nil {
-			return s
-		}
-	}
-	return env.ID
+	return contract.IdempotencyKey(env.ID, env.Extra[contract.HeaderCorrelator])
 }
 
 func (c *Consumer) handles(tipus string) bool { return c.types == nil || c.types[tipus] }
@@ -186,38 +193,38 @@ func (c *Consumer) handles(tipus string) bool { return c.types == nil || c.types
 // transaction in place, spending no attempt (conflict). Infrastructure
 // errors (no connection, COMMIT with unknown outcome) retry the same
 // transaction after a backoff: the keys make a repeat safe.
-func (c *Consumer) runOptimistic(p *partition, msgs []*item, fails []failure) ([]failure, error) {
+func (c *Consumer) runOptimistic(l *lane, msgs []*item, fails []failure) ([]failure, error) {
 	wait := 50 * time.Millisecond
 	conflictWait := conflictBackoffMin
 	whole := c.cfg.HandleBatch != nil || c.cfg.HandleBatchOutcomes != nil
 	for len(msgs) > 0 {
 		end := len(msgs)
 		for {
-			failAt, ferr, refused, err := c.tryTx(msgs[:end], whole)
-			if c.crashed.Load() {
-				return fails, c.crashErr
+			failAt, ferr, refused, err := c.tryTx(l.ctx, msgs[:end], whole)
+			if cerr := c.Err(); cerr != nil {
+				return fails, cerr
 			}
-			if code := conflictCode(err, ferr); code != "" && c.workCtx.Err() == nil {
-				if !c.conflict(p, code, cmp.Or(err, ferr), &conflictWait) {
+			if code := pgerr.Conflict(err, ferr); code != "" && l.ctx.Err() == nil {
+				if !c.conflict(l, code, cmp.Or(err, ferr), &conflictWait) {
 					return fails, fmt.Errorf("consumer: batch abandoned after a conflict: %w", cmp.Or(err, ferr))
 				}
 				continue
 			}
 			if errors.Is(err, errBatchFailed) {
 				c.log.Warn("consumer: batch handler failed; running the batch one message at a time",
-					"topic", p.topic, "partition", p.part, "messages", end, "err", err)
+					"topic", l.topic, "partition", l.part, "messages", end, "err", err)
 				whole = false // find the culprit one message at a time
 				continue
 			}
 			if err != nil {
-				c.log.Warn("consumer: transaction", "topic", p.topic, "partition", p.part, "err", err)
-				if !c.pause(p, &wait) {
+				c.log.Warn("consumer: transaction", "topic", l.topic, "partition", l.part, "err", err)
+				if !c.pause(l, &wait) {
 					return fails, fmt.Errorf("consumer: batch abandoned: %w", err)
 				}
 				continue
 			}
 			if failAt < 0 {
-				if err := c.committed(p, msgs[:end], refused); err != nil {
+				if err := c.committed(l, msgs[:end], refused); err != nil {
 					return fails, err
 				}
 				fails = append(fails, refused...)
@@ -249,38 +256,44 @@ const (
 // waits before the rerun. It reports false when the partition is stopping or
 // the consumer is shutting down or crashing: the batch is then abandoned
 // (rolled back; its offsets stay uncommitted and it is redelivered).
-func (c *Consumer) conflict(p *partition, code string, err error, wait *time.Duration) bool {
+func (c *Consumer) conflict(l *lane, code string, err error, wait *time.Duration) bool {
 	c.counts[resConflict].Add(1)
-	c.m.conflicts.WithLabelValues(p.source, code).Inc()
+	c.m.conflicts.WithLabelValues(l.origin, code).Inc()
 	d := *wait/2 + rand.N(*wait/2+1)
 	*wait = min(2**wait, conflictBackoffMax)
-	c.log.Warn("consumer: transaction conflict; rerunning it in place", "topic", p.topic, "partition", p.part,
+	c.log.Warn("consumer: transaction conflict; rerunning it in place", "topic", l.topic, "partition", l.part,
 		"sqlstate", code, "wait", d, "err", err)
-	return c.sleep(p, d)
+	return c.sleep(l, d)
 }
 
-// Conflict SQLSTATEs: the transaction lost a race with another one and may
-// simply be run again.
-const (
-	sqlstateSerialization = "40001" // serialization_failure
-	sqlstateDeadlock      = "40P01" // deadlock_detected
-)
+// pause waits *wait (doubling it, up to 5 s) unless the lane stops or the
+// consumer stops or crashes first; it reports whether to carry on.
+func (c *Consumer) pause(l *lane, wait *time.Duration) bool {
+	d := *wait
+	*wait = min(2**wait, 5*time.Second)
+	return c.sleep(l, d)
+}
 
-// conflictCode returns the SQLSTATE of the first of errs that is a deadlock
-// or a serialisation failure, or "".
-func conflictCode(errs ...error) string {
-	for _, err := range errs {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == sqlstateSerialization || pgErr.Code == sqlstateDeadlock) {
-			return pgErr.Code
-		}
+// sleep waits d unless the lane stops or the consumer stops or crashes
+// first; it reports whether to carry on.
+func (c *Consumer) sleep(l *lane, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return l.ctx.Err() == nil && c.Err() == nil
+	case <-l.stop:
+		return false
+	case <-l.ctx.Done():
+		return false
+	case <-c.crashCh:
+		return false
 	}
-	return ""
 }
 
 // committed counts a committed transaction and runs the AfterCommit hook on
 // the messages it applied (refused ones are failures, counted by route).
-func (c *Consumer) committed(p *partition, msgs []*item, refused []failure) error {
+func (c *Consumer) committed(l *lane, msgs []*item, refused []failure) error {
 	var dups int64
 	for _, it := range msgs {
 		if it.dup {
@@ -300,10 +313,21 @@ func (c *Consumer) committed(p *partition, msgs []*item, refused []failure) erro
 			}
 		}
 	}
-	c.count(p.source, resProcessed, int64(len(applied))-dups)
-	c.count(p.source, resDuplicate, dups)
-	if h := c.cfg.Hooks.AfterCommit; h != nil {
-		return c.hook(h(c.workCtx, messages(applied)))
+	c.count(l.origin, resProcessed, int64(len(applied))-dups)
+	c.count(l.origin, resDuplicate, dups)
+	if c.cfg.OnCommit != nil || c.faults.AfterCommit != nil {
+		var fresh []*Message
+		for _, it := range applied {
+			if !it.dup {
+				fresh = append(fresh, it.msg)
+			}
+		}
+		if c.cfg.OnCommit != nil && len(fresh) > 0 {
+			c.cfg.OnCommit(l.ctx, fresh)
+		}
+		if h := c.faults.AfterCommit; h != nil {
+			return c.hook(h(l.ctx, messages(applied)))
+		}
 	}
 	return nil
 }
@@ -325,8 +349,7 @@ func messages(items []*item) []*Message {
 // split point when COMMIT itself was refused). err is an infrastructure error:
 // nothing is known about any message of msgs. A deadlock or serialisation
 // failure comes back in ferr or err, unchanged, for runOptimistic to see.
-func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr error, refused []failure, err error) {
-	ctx := c.workCtx
+func (c *Consumer) tryTx(ctx context.Context, msgs []*item, whole bool) (failAt int, ferr error, refused []failure, err error) {
 	select { // at most Concurrency transactions at once
 	case c.sem <- struct{}{}:
 		defer func() { <-c.sem }()
@@ -341,8 +364,7 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr error, refu
 	var fresh map[string]bool
 	if !c.cfg.NoInbox {
 		if fresh, err = c.recordKeys(ctx, tx, msgs); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54")) {
+			if pgerr.DataRefused(err) {
 				// A key the database refuses as data (class 22 data
 				// exception, 54 limit exceeded) fails again on every try:
 				// find whose, as for a refused COMMIT, so it reaches the DLQ.
@@ -368,7 +390,7 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr error, refu
 			if ctx.Err() != nil || tx.Conn().IsClosed() {
 				return 0, nil, nil, fmt.Errorf("batch handler lost its connection: %w", err)
 			}
-			if conflictCode(err) != "" {
+			if pgerr.Conflict(err) != "" {
 				return 0, nil, nil, err
 			}
 			return 0, nil, nil, fmt.Errorf("%w: %w", errBatchFailed, err)
@@ -378,7 +400,7 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr error, refu
 			if ctx.Err() != nil || tx.Conn().IsClosed() {
 				return 0, nil, nil, fmt.Errorf("batch handler lost its connection: %w", herr)
 			}
-			if conflictCode(herr) != "" {
+			if pgerr.Conflict(herr) != "" {
 				return 0, nil, nil, herr
 			}
 			return 0, nil, nil, fmt.Errorf("%w: %w", errBatchFailed, herr)
@@ -396,17 +418,16 @@ func (c *Consumer) tryTx(msgs []*item, whole bool) (failAt int, ferr error, refu
 			}
 		}
 	}
-	if h := c.cfg.Hooks.BeforeTxCommit; h != nil {
+	if h := c.faults.BeforeTxCommit; h != nil {
 		if err := c.hook(h(ctx, tx, messages(msgs))); err != nil {
 			return 0, nil, nil, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		var pgErr *pgconn.PgError
 		// Refused, e.g. by a deferred constraint, or the transaction was
 		// already aborted by a statement whose error a handler swallowed:
 		// find whose.
-		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
+		if pgerr.Server(err) || errors.Is(err, pgx.ErrTxCommitRollback) {
 			if len(msgs) == 1 {
 				return 0, err, nil, nil
 			}
@@ -482,6 +503,8 @@ var errBatchFailed = errors.New("consumer: batch handler failed")
 // callBatch runs HandleBatch; a panic is an error like any other (the
 // messages then run one by one with Handle, which decides their fate).
 func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
+	ctx, end := c.startBatchSpans(ctx, msgs)
+	defer func() { end(nil, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
@@ -494,6 +517,8 @@ func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) (e
 // callBatchOutcomes runs HandleBatchOutcomes; a panic fails the whole batch,
 // as in callBatch.
 func (c *Consumer) callBatchOutcomes(ctx context.Context, tx pgx.Tx, msgs []*Message) (outcomes []error, err error) {
+	ctx, end := c.startBatchSpans(ctx, msgs)
+	defer func() { end(outcomes, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			outcomes, err = nil, &PanicError{Value: r, Stack: debug.Stack()}
@@ -506,20 +531,22 @@ func (c *Consumer) callBatchOutcomes(ctx context.Context, tx pgx.Tx, msgs []*Mes
 // decode runs the Decode hook. A panic (in an upcaster, say) is a permanent
 // *PanicError: the same bytes would panic at every delivery, so the record
 // goes to the DLQ at once instead of killing the process again and again.
-func (c *Consumer) decode(r *kgo.Record) (env *envelope.Envelope, err error) {
+func (c *Consumer) decode(d *transport.Delivery) (env *envelope.Envelope, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			pe := &PanicError{Value: v, Stack: debug.Stack()}
-			c.log.Error("consumer: decode panic", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
+			c.log.Error("consumer: decode panic", "topic", d.Topic, "partition", d.Partition, "offset", d.Offset,
 				"panic", fmt.Sprint(v), "stack", string(pe.Stack))
 			env, err = nil, outcome.Permanent(fmt.Errorf("decode: %w", pe))
 		}
 	}()
-	return c.cfg.Decode(r.Value)
+	return c.cfg.Decode(d.Value)
 }
 
 // call runs the handler, turning a panic into a transient *PanicError.
 func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	ctx, span := c.startSpan(ctx, m)
+	defer func() { tracing.End(span, err) }() // after the recover below
 	defer func() {
 		if r := recover(); r != nil {
 			pe := &PanicError{Value: r, Stack: debug.Stack()}
@@ -528,7 +555,6 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) 
 			err = outcome.Transient(pe)
 		}
 	}()
-	ctx = tracing.Extract(ctx, m.Message)
 	if c.cfg.Handle != nil {
 		return c.cfg.Handle(ctx, tx, m)
 	}
@@ -544,3 +570,4 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) 
 	}
 	return outcomes[0]
 }
+

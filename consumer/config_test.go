@@ -15,61 +15,51 @@ import (
 
 func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 	pool := pgtest.NewPool(t, pgtest.URL(), 1)
-	ok := consumer.Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, Name: "n", Pool: pool,
-		Handle: func(context.Context, pgx.Tx, *consumer.Message) error { return nil }}
-	if _, err := consumer.New(ok); err != nil {
+	ok := testConfig{
+		Config: consumer.Config{Name: "n", Pool: pool,
+			Handle: func(context.Context, pgx.Tx, *consumer.Message) error { return nil }},
+		SourceConfig: kafka.SourceConfig{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}},
+	}
+	if _, err := consumer.New(ok.build()); err != nil {
 		t.Fatalf("valid config refused: %v", err)
 	}
 	for _, tc := range []struct {
-		edit func(*consumer.Config)
+		edit func(*testConfig)
 		want string
 	}{
-		{func(c *consumer.Config) { c.Brokers = nil }, "no Brokers"},
-		{func(c *consumer.Config) { c.Group = "" }, "no Group"},
-		{func(c *consumer.Config) { c.Topics = []string{"t.retry"} }, "derived"},
-		{func(c *consumer.Config) { c.Topics = []string{"t", "t"} }, "listed twice"},
-		{func(c *consumer.Config) { c.Name = "" }, "no Name"},
-		{func(c *consumer.Config) { c.Name = "inventari\x00x" }, "NUL byte"},
-		{func(c *consumer.Config) { c.Name = strings.Repeat("n", 257) }, "over the limit"},
-		{func(c *consumer.Config) { c.Pool = nil; c.Concurrency = 1 }, "no Pool"},
-		{func(c *consumer.Config) { c.Handle = nil }, "no Handle"},
-		{func(c *consumer.Config) { c.MaxAttempts = -1 }, "MaxAttempts"},
-		{func(c *consumer.Config) { c.Backoff = -1 }, "negative Backoff"},
-		{func(c *consumer.Config) { c.SessionTimeout = -1 }, "negative SessionTimeout"},
-		{func(c *consumer.Config) { c.Mode = 7 }, "unknown Mode"},
-		{func(c *consumer.Config) { c.Topics = []string{"comandes esdeveniments"} }, "only ASCII letters"},
-		{func(c *consumer.Config) { c.Topics = []string{strings.Repeat("t", 244)} }, "1 to 249"}, // 250 with .retry
+		{func(c *testConfig) { c.Brokers = nil }, "no Brokers"},
+		{func(c *testConfig) { c.Group = "" }, "no Group"},
+		{func(c *testConfig) { c.Topics = []string{"t.retry"} }, "derived"},
+		{func(c *testConfig) { c.Topics = []string{"t", "t"} }, "listed twice"},
+		{func(c *testConfig) { c.Name = "" }, "no Name"},
+		{func(c *testConfig) { c.Name = "inventari\x00x" }, "NUL byte"},
+		{func(c *testConfig) { c.Name = strings.Repeat("n", 257) }, "over the limit"},
+		{func(c *testConfig) { c.Pool = nil; c.Concurrency = 1 }, "no Pool"},
+		{func(c *testConfig) { c.Handle = nil }, "no Handle"},
+		{func(c *testConfig) { c.MaxAttempts = -1 }, "MaxAttempts"},
+		{func(c *testConfig) { c.Backoff = -1 }, "negative Backoff"},
+		{func(c *testConfig) { c.SessionTimeout = -1 }, "negative SessionTimeout"},
+		{func(c *testConfig) { c.Mode = 7 }, "unknown Mode"},
+		{func(c *testConfig) { c.Topics = []string{"comandes esdeveniments"} }, "only ASCII letters"},
+		{func(c *testConfig) { c.Topics = []string{strings.Repeat("t", 244)} }, "1 to 249"}, // 250 with .retry
 	} {
 		cfg := ok
 		tc.edit(&cfg)
-		_, err := consumer.New(cfg)
+		_, err := consumer.New(cfg.build())
 		if !errors.Is(err, consumer.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("want an ErrConfig naming %q, got %v", tc.want, err)
 		}
 	}
-	if d := ok.WithDefaults().SessionTimeout; d != kafka.SessionTimeoutDefault {
+	if _, err := consumer.New(consumer.Config{Name: "n", Pool: pool, Handle: ok.Handle}); !errors.Is(err, consumer.ErrConfig) ||
+		!strings.Contains(err.Error(), "no Source") {
+		t.Errorf("want an ErrConfig naming the missing Source, got %v", err)
+	}
+	if d := kafka.NewSource(ok.SourceConfig).Config().SessionTimeout; d != kafka.SessionTimeoutDefault {
 		t.Errorf("default SessionTimeout %v, want %v", d, kafka.SessionTimeoutDefault)
 	}
 	noInbox := ok
 	noInbox.Name, noInbox.NoInbox = "", true
-	if _, err := consumer.New(noInbox); err != nil {
+	if _, err := consumer.New(noInbox.build()); err != nil {
 		t.Fatalf("NoInbox without Name refused: %v", err)
-	}
-}
-
-func TestReasonClassBoundsLabelValues(t *testing.T) {
-	for motiu, want := range map[string]string{
-		"permanent: esquema: comanda.creada v1 sense adreca_lliurament": "permanent: esquema",
-		"permanent: envelope: malformed JSON: unexpected end":           "permanent: envelope",
-		"permanent: estoc insuficient: formatge-curat":                  "permanent: estoc insuficient",
-		"permanent: Ciutat_No_Coberta: Figueres":                        "permanent: ciutat_no_coberta",
-		"transitori esgotat: mapes 503: timeout":                        "transitori esgotat",
-		"transitori esgotat: comanda P-2026-000123 sense resposta":      "transitori esgotat",
-		"permanent: " + strings.Repeat("a", 40) + ": x":                 "permanent",
-		"alguna altra cosa": "altres",
-	} {
-		if got := consumer.ReasonClass(motiu); got != want {
-			t.Errorf("ReasonClass(%q) = %q, want %q", motiu, got, want)
-		}
 	}
 }

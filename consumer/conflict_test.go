@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/outcome"
 )
 
@@ -205,8 +206,8 @@ func TestBatchOutcomesRefuseSingleMessagesWithTheirOwnOutcome(t *testing.T) {
 			t.Fatalf("key of message %d recorded %d times, want %d", i+1, n, want)
 		}
 	}
-	dl := b.read(topic+consumer.DLQSuffix, 1)
-	rt := b.read(topic+consumer.RetrySuffix, 1)
+	dl := b.read(topic+contract.DLQSuffix, 1)
+	rt := b.read(topic+contract.RetrySuffix, 1)
 	if len(dl) != 1 || hdr(dl[0], "id_esdeveniment") != evs[1].id || hdr(dl[0], "intents") != "1" ||
 		!strings.HasPrefix(hdr(dl[0], "motiu"), "permanent: estoc_insuficient") {
 		t.Fatalf("dead letters %d, first %s intents %s motiu %q", len(dl), hdr(dl[0], "id_esdeveniment"), hdr(dl[0], "intents"), hdr(dl[0], "motiu"))
@@ -305,7 +306,7 @@ func TestBatchOutcomesFailureFallsBackToOneMessageAtATime(t *testing.T) {
 	if n := b.count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = $1`, evs[1].id); n != 0 {
 		t.Fatal("the refused message's key was recorded")
 	}
-	if dl := b.read(topic+consumer.DLQSuffix, 1); len(dl) != 1 || hdr(dl[0], "id_esdeveniment") != evs[1].id || hdr(dl[0], "intents") != "1" {
+	if dl := b.read(topic+contract.DLQSuffix, 1); len(dl) != 1 || hdr(dl[0], "id_esdeveniment") != evs[1].id || hdr(dl[0], "intents") != "1" {
 		t.Fatalf("dead letters %d", len(dl))
 	}
 	if !b.logged("level=WARN", "batch handler failed", "3 outcomes for 4 messages") {

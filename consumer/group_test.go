@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/outcome"
 )
 
@@ -49,7 +50,7 @@ func TestCompetingConsumersSurviveAKilledMember(t *testing.T) {
 
 	var members [3]atomic.Pointer[consumer.Consumer]
 	var commits atomic.Int64
-	cfgFor := func(i int) consumer.Config {
+	cfgFor := func(i int) testConfig {
 		cfg := b.config(h)
 		cfg.Backoff = 20 * time.Millisecond
 		cfg.Concurrency = 2
@@ -59,7 +60,7 @@ func TestCompetingConsumersSurviveAKilledMember(t *testing.T) {
 				others := members[0].Load() != nil && members[2].Load() != nil &&
 					members[0].Load().Stats().Processed > 0 && members[2].Load().Stats().Processed > 0
 				if commits.Add(1) >= 5 && others {
-					return consumer.ErrCrashed
+					return faults.ErrCrashed
 				}
 				return nil
 			}
@@ -73,7 +74,7 @@ func TestCompetingConsumersSurviveAKilledMember(t *testing.T) {
 	members[0].Store(m1.c)
 	members[2].Store(m3.c)
 
-	if err := killed.wait(t); !errors.Is(err, consumer.ErrCrashed) {
+	if err := killed.wait(t); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("member 2: %v, want ErrCrashed", err)
 	}
 	eventually(t, "every event's effect", func() bool { return b.effects() >= keys*perKey })

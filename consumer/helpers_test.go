@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/testlog"
@@ -77,13 +78,33 @@ func setupWith(t *testing.T, cfg kafka.EmbeddedConfig) *bundle {
 	}
 }
 
+// testConfig is a consumer's configuration in these tests: the pipeline's,
+// its Kafka source's (fields promoted from both), and the crash points the
+// test places (internal/faults), carried in Run's context.
+type testConfig struct {
+	consumer.Config
+	kafka.SourceConfig
+	Hooks faults.Consumer[*consumer.Message]
+}
+
+// build returns the consumer.Config, with its Kafka source.
+func (cfg testConfig) build() consumer.Config {
+	c := cfg.Config
+	c.Source = kafka.NewSource(cfg.SourceConfig)
+	return c
+}
+
 // config is a consumer config for the bundle with test-friendly timings.
-func (b *bundle) config(h consumer.Handler) consumer.Config {
-	return consumer.Config{
-		Brokers: b.b.Addrs(), Group: group, Topics: []string{topic}, Name: name,
-		Pool: b.s.Pool, Names: b.s.Names(), Handle: h, Types: []string{"comanda.creada"},
-		Backoff: 50 * time.Millisecond, Logger: b.log, Metrics: b.reg,
-		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)},
+func (b *bundle) config(h consumer.Handler) testConfig {
+	return testConfig{
+		Config: consumer.Config{
+			Name: name, Pool: b.s.Pool, Names: b.s.Names(), Handle: h, Types: []string{"comanda.creada"},
+			Backoff: 50 * time.Millisecond, Logger: b.log, Metrics: b.reg,
+		},
+		SourceConfig: kafka.SourceConfig{
+			Brokers: b.b.Addrs(), Group: group, Topics: []string{topic},
+			KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)},
+		},
 	}
 }
 
@@ -97,13 +118,13 @@ type running struct {
 	once   sync.Once
 }
 
-func (b *bundle) run(cfg consumer.Config) *running {
+func (b *bundle) run(cfg testConfig) *running {
 	b.t.Helper()
-	c, err := consumer.New(cfg)
+	c, err := consumer.New(cfg.build())
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(faults.WithConsumer(context.Background(), cfg.Hooks))
 	r := &running{c: c, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()
 	b.t.Cleanup(func() { _ = r.stop() })
@@ -294,7 +315,7 @@ func (b *bundle) logged(parts ...string) bool {
 
 // runUntil runs a consumer until done holds for its stats, stops it cleanly
 // and returns its final stats.
-func (b *bundle) runUntil(cfg consumer.Config, what string, done func(consumer.Stats) bool) consumer.Stats {
+func (b *bundle) runUntil(cfg testConfig, what string, done func(consumer.Stats) bool) consumer.Stats {
 	b.t.Helper()
 	r := b.run(cfg)
 	eventually(b.t, what, func() bool { return done(r.c.Stats()) })

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -91,9 +92,9 @@ func TestCopyTooLargeForTheBrokerBecomesAHeaderOnlyDeadLetter(t *testing.T) {
 	if st.Retried != 0 {
 		t.Fatalf("retried %d: the refused copy was counted as a retry", st.Retried)
 	}
-	recs := b.read(topic+consumer.DLQSuffix, 1)
+	recs := b.read(topic+contract.DLQSuffix, 1)
 	if len(recs[0].Value) != 0 || !strings.HasPrefix(hdr(recs[0], "motiu"), "permanent: massa_gran") ||
-		hdr(recs[0], consumer.HeaderOriginalOffset) != "0" || hdr(recs[0], "id_esdeveniment") != id {
+		hdr(recs[0], contract.HeaderOriginalOffset) != "0" || hdr(recs[0], "id_esdeveniment") != id {
 		t.Fatalf("dead letter: %d bytes, headers %v", len(recs[0].Value), recs[0].Headers)
 	}
 }
@@ -118,9 +119,9 @@ func TestOversizedHeaderNeverBlocksThePartition(t *testing.T) {
 	if b.effects() != 1 || b.committed(topic) != 2 {
 		t.Fatalf("effects %d (want 1), committed %d (want 2), stats %+v", b.effects(), b.committed(topic), st)
 	}
-	recs := b.read(topic+consumer.DLQSuffix, 1)
+	recs := b.read(topic+contract.DLQSuffix, 1)
 	if len(recs) != 1 || !strings.HasPrefix(hdr(recs[0], "motiu"), "permanent: massa_gran") ||
-		hdr(recs[0], consumer.HeaderOriginalOffset) != "0" || hdr(recs[0], "traca") != "" {
+		hdr(recs[0], contract.HeaderOriginalOffset) != "0" || hdr(recs[0], "traca") != "" {
 		t.Fatalf("dead letters: %d, first with motiu %q and %d header bytes", len(recs), hdr(recs[0], "motiu"), len(hdr(recs[0], "traca")))
 	}
 }
@@ -143,7 +144,7 @@ func TestCopiesThatFitAloneKeepTheirBodiesUnderASmallLimit(t *testing.T) {
 	cfg.BatchSize = n
 	cfg.KgoOpts = append(cfg.KgoOpts, kgo.ProducerBatchCompression(kgo.NoCompression())) // 'x' * 3,000 would compress into one small batch
 	st := b.runUntil(cfg, "10 dead-lettered", func(s consumer.Stats) bool { return s.DeadLettered == n })
-	recs := b.read(topic+consumer.DLQSuffix, n)
+	recs := b.read(topic+contract.DLQSuffix, n)
 	kept := 0
 	for _, r := range recs {
 		if values[string(r.Value)] && strings.HasPrefix(hdr(r, "motiu"), "permanent: envelope") {

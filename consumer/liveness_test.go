@@ -102,14 +102,14 @@ func consumerChild(ctx context.Context) error {
 		kopts = append(kopts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelDebug, nil)))
 	}
 	c, err := consumer.New(consumer.Config{
-		Brokers: []string{os.Getenv("KM0_LIVENESS_ADDR")}, Group: lvGroup, Topics: []string{lvTopic}, Name: lvName,
-		Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")}, SessionTimeout: session,
+		Source: kafka.NewSource(kafka.SourceConfig{Brokers: []string{os.Getenv("KM0_LIVENESS_ADDR")}, Group: lvGroup,
+			Topics: []string{lvTopic}, SessionTimeout: session, KgoOpts: kopts}),
+		Name: lvName, Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")},
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO efectes (id) VALUES ($1)`, m.Envelope.ID)
 			return err
 		},
-		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		KgoOpts: kopts,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		return err

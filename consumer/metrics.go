@@ -3,23 +3,22 @@ package consumer
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
-	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Stats are a Consumer's counts since New. Every delivered record ends in
-// exactly one of Processed, Duplicates, Ignored, Foreign, Retried or
-// DeadLettered (a record redelivered after a crash counts again).
+// Stats are a Consumer's counts since New, the same on every source. Every
+// delivered message ends in exactly one of Processed, Duplicates, Ignored,
+// Foreign, Retried or DeadLettered (a message redelivered after a crash
+// counts again).
 type Stats struct {
 	Processed    int64 // handler succeeded; effect and key committed
 	Duplicates   int64 // key already recorded: redelivery absorbed, effect not run
 	Ignored      int64 // tipus not in Config.Types
 	Foreign      int64 // retry copies of another consumer group, skipped
-	Retried      int64 // failed attempts copied to <topic>.retry
-	DeadLettered int64 // copied to <topic>.dlq
+	Retried      int64 // failed attempts sent to retry (Kafka <topic>.retry, RabbitMQ a wait queue)
+	DeadLettered int64 // dead-lettered (<topic>.dlq, <queue>.dlq)
 	Panics       int64 // handler and Decode panics recovered (each is also a failed attempt)
 	// Conflicts counts transactions that PostgreSQL rolled back for a
 	// deadlock (SQLSTATE 40P01) or a serialisation failure (40001) and that
@@ -68,7 +67,7 @@ type metrics struct {
 	conflicts *prometheus.CounterVec // topic, sqlstate
 }
 
-func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error) {
 	m := &metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricMessages,
@@ -76,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
 		}, []string{"topic", "resultat"}),
 		dlq: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDLQ,
-			Help: "Dead letters produced, by domain topic and motiu class (see consumer.ReasonClass).",
+			Help: "Dead letters produced, by domain topic and motiu class (see contract.ReasonClass).",
 		}, []string{"topic", "motiu"}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: MetricHeld,
@@ -90,7 +89,7 @@ func newMetrics(reg prometheus.Registerer, cfg Config) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	reg = prometheus.WrapRegistererWith(prometheus.Labels{"grup": cfg.Group, "consumidor": cfg.Name}, reg)
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"grup": label, "consumidor": name}, reg)
 	var err error
 	if m.messages, err = register(reg, m.messages); err != nil {
 		return nil, err
@@ -141,36 +140,4 @@ func (c *Consumer) count(topic, res string, n int64) {
 	}
 	c.counts[res].Add(n)
 	c.m.messages.WithLabelValues(topic, res).Add(float64(n))
-}
-
-// ReasonClass maps a motiu to a label value of bounded cardinality: the
-// prefix ("permanent" or "transitori esgotat"), followed by ": " and the first
-// segment of the reason when that segment is a short word-like class such as
-// "esquema", "envelope" or "estoc insuficient" (letters, spaces, '_', '-',
-// '.', at most 32 bytes). Anything else (ids, numbers, long text) is dropped.
-// A motiu without a known prefix maps to "altres".
-//
-//	ReasonClass("permanent: esquema: falta adreca_lliurament") == "permanent: esquema"
-//	ReasonClass("transitori esgotat: timeout after 5s")         == "transitori esgotat"
-func ReasonClass(motiu string) string {
-	var prefix, rest string
-	switch {
-	case strings.HasPrefix(motiu, "permanent:"):
-		prefix, rest = "permanent", motiu[len("permanent:"):]
-	case strings.HasPrefix(motiu, "transitori esgotat:"):
-		prefix, rest = "transitori esgotat", motiu[len("transitori esgotat:"):]
-	default:
-		return "altres"
-	}
-	seg, _, found := strings.Cut(rest, ":")
-	seg = strings.TrimSpace(seg)
-	if !found || seg == "" || len(seg) > 32 {
-		return prefix
-	}
-	for _, r := range seg {
-		if !unicode.IsLetter(r) && r != ' ' && r != '_' && r != '-' && r != '.' {
-			return prefix
-		}
-	}
-	return prefix + ": " + strings.ToLower(seg)
 }

@@ -31,7 +31,7 @@ func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
 	forged := func(n int, headers ...string) (event, *kgo.Record) {
 		e := seqEvent("F", n)
 		rec := e.record()
-		rec.Topic = topic + consumer.RetrySuffix
+		rec.Topic = topic + contract.RetrySuffix
 		for i := 0; i < len(headers); i += 2 {
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: headers[i], Value: []byte(headers[i+1])})
 		}
@@ -69,7 +69,7 @@ func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
 		st := r.c.Stats()
 		return st.Processed == 4 && st.DeadLettered == 2
 	})
-	eventually(t, "the retry partition committed past every copy", func() bool { return b.committed(topic+consumer.RetrySuffix) == 5 })
+	eventually(t, "the retry partition committed past every copy", func() bool { return b.committed(topic+contract.RetrySuffix) == 5 })
 	held := b.gauge(consumer.MetricHeld)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
@@ -96,7 +96,7 @@ func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
 		!first[overflow.id].IsZero() {
 		t.Errorf("FirstFailure %v, %v, %v; want %v, 1789000000.5 and none", first[y2100.id], first[many.id], first[overflow.id], want)
 	}
-	dead := b.read(topic+consumer.DLQSuffix, 2)
+	dead := b.read(topic+contract.DLQSuffix, 2)
 	if len(dead) != 2 {
 		t.Fatalf("%d dead letters, want 2", len(dead))
 	}
@@ -158,7 +158,7 @@ func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
 		notUTF8.id: `permanent: esquema: capçalera tipus no UTF-8 "comanda.creada\xff" no coincideix amb l'envolupant "comanda.creada"`,
 		other.id:   `permanent: esquema: capçalera tipus "comanda.creada" no coincideix amb l'envolupant "comanda.pagada"`,
 	}
-	dead := b.read(topic+consumer.DLQSuffix, 3)
+	dead := b.read(topic+contract.DLQSuffix, 3)
 	if len(dead) != 3 {
 		t.Fatalf("%d dead letters, want 3", len(dead))
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/km0/km0/contract"
 )
 
 // Defaults of AlerterConfig.
@@ -25,7 +27,7 @@ const (
 )
 
 // OtherClass is the motiu label used once a topic has MaxClasses classes.
-const OtherClass = "altres"
+const OtherClass = contract.OtherClass
 
 // AlerterConfig configures an Alerter. The zero value counts and logs, with
 // no webhook.

@@ -15,7 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/km0/km0/internal/pgerr"
 	"github.com/km0/km0/internal/strictjson"
 )
 
@@ -287,7 +287,6 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 // value the index cannot compare, such as a NUL byte) is a 400; any other
 // failure of the index or the broker is a 503.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	var pe *pgconn.PgError
 	switch {
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
@@ -295,7 +294,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, `purge not confirmed: send "yes": true`)
 	case errors.Is(err, errBadRequest):
 		writeError(w, http.StatusBadRequest, err.Error())
-	case errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22"): // data exception
+	case pgerr.DataException(err):
 		h.cfg.Logger.Warn("dlq: admin API: bad input", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusBadRequest, "bad input: a value the index cannot store or compare")
 	default:

@@ -43,13 +43,7 @@ const (
 )
 
 // Suffix is the suffix of a dead-letter topic: `<topic>.dlq`.
-const Suffix = ".dlq"
-
-// Reason prefixes of CONTRACT.md.
-const (
-	ReasonPermanent = "permanent:"
-	ReasonExhausted = "transitori esgotat:"
-)
+const Suffix = contract.DLQSuffix
 
 // State is where a letter stands in the index.
 type State string
@@ -114,8 +108,8 @@ type Letter struct {
 	PurgedAt   time.Time // zero if not purged
 }
 
-// Class returns the bounded reason class of the letter (see ReasonClass).
-func (l *Letter) Class() string { return ReasonClass(l.Reason) }
+// Class returns the bounded reason class of the letter (contract.ReasonClass).
+func (l *Letter) Class() string { return contract.ReasonClass(l.Reason) }
 
 // Oldest returns the earliest of the letter's known times (event time, first
 // failure, dead time): the earliest moment a consumer can have recorded its
@@ -135,32 +129,6 @@ func (l *Letter) Oldest() time.Time {
 // Envelope decodes the letter's value, or returns the permanent decoding error
 // (for a poison message).
 func (l *Letter) Envelope() (*envelope.Envelope, error) { return envelope.Decode(l.Value) }
-
-// maxClass bounds the length of a reason class (and so of a metric label).
-const maxClass = 48
-
-// ReasonClass returns the part of a motiu that names its class, to group and
-// label by without unbounded cardinality: the prefix ("permanent: " or
-// "transitori esgotat: ") and the text up to the next ':', trimmed and cut to
-// 48 bytes. "permanent: esquema: adreca_lliurament missing" → "permanent:
-// esquema". A motiu with neither prefix gives "desconegut".
-func ReasonClass(motiu string) string {
-	var prefix, rest string
-	switch {
-	case strings.HasPrefix(motiu, ReasonPermanent):
-		prefix, rest = ReasonPermanent, motiu[len(ReasonPermanent):]
-	case strings.HasPrefix(motiu, ReasonExhausted):
-		prefix, rest = ReasonExhausted, motiu[len(ReasonExhausted):]
-	default:
-		return "desconegut"
-	}
-	head, _, _ := strings.Cut(rest, ":")
-	head = strings.TrimSpace(head)
-	if head == "" {
-		return strings.TrimSuffix(prefix, ":")
-	}
-	return outcome.Truncate(prefix+" "+head, maxClass)
-}
 
 // ErrBadID is returned for a letter ID that is not "<topic>/<partition>/<offset>".
 var ErrBadID = errors.New("dlq: bad letter id")
@@ -276,7 +244,7 @@ func unixSeconds(s string) time.Time {
 }
 
 // replayHeaders drops from h the headers of the retry and DLQ machinery
-// (intents, no_abans, ultim_error, motiu and the original-position headers),
+// (intents, no_abans, ultim_error, motiu, mort_en and the original-position headers),
 // keeping tipus, id_esdeveniment and anything else (trace context), and adds
 // reproduida_de. The retry count therefore starts again at the first attempt.
 func replayHeaders(h []transport.Header, letterID string) []transport.Header {
@@ -285,7 +253,8 @@ func replayHeaders(h []transport.Header, letterID string) []transport.Header {
 		switch x.Key {
 		case transport.HeaderAttempts, transport.HeaderNotBefore, transport.HeaderLastError,
 			transport.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition,
-			HeaderOriginalOffset, HeaderFirstFailure, HeaderConsumerGroup, HeaderOriginalTime, HeaderReplayedFrom:
+			HeaderOriginalOffset, HeaderFirstFailure, HeaderConsumerGroup, HeaderOriginalTime, HeaderReplayedFrom,
+			contract.HeaderDeadAt:
 			continue
 		}
 		out = append(out, x)

@@ -14,8 +14,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/pgerr"
 	"github.com/km0/km0/migrate"
 )
 
@@ -46,9 +47,7 @@ const RetentionDefault = 14 * 24 * time.Hour
 
 // Beginner starts transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx
 // (which then nests through a savepoint).
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
+type Beginner = contract.Beginner
 
 // Config configures an Inbox. The zero value uses CONTRACT.md's names.
 type Config struct {
@@ -139,7 +138,7 @@ func (i *Inbox) Process(ctx context.Context, db Beginner, consumer, messageID st
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		if !unavailable(err) {
+		if !pgerr.Unavailable(err) {
 			return 0, fmt.Errorf("inbox: commit refused: %w", err) // about this transaction: a failure of the message
 		}
 		return 0, fmt.Errorf("%w: commit: %w", ErrStore, err)
@@ -159,7 +158,7 @@ func (i *Inbox) ProcessTx(ctx context.Context, tx pgx.Tx, consumer, messageID st
 		return Duplicate, nil
 	}
 	if err != nil {
-		if !unavailable(err) {
+		if !pgerr.Unavailable(err) {
 			return 0, fmt.Errorf("inbox: record key: %w", err) // refused as data: a failure of the message
 		}
 		return 0, fmt.Errorf("%w: record key: %w", ErrStore, err)
@@ -204,27 +203,4 @@ func (i *Inbox) PurgeOlderThan(ctx context.Context, db Beginner, age time.Durati
 		return 0, fmt.Errorf("inbox: purge: %w", err)
 	}
 	return tag.RowsAffected(), tx.Commit(ctx)
-}
-
-// unavailable reports whether err says the database, not the transaction's
-// content, is the problem: a network error, or a server error of class 08
-// (connection), 53 (resources), 57 (operator intervention: shutdown,
-// terminated) or 58 (system).
-func unavailable(err error) bool {
-	if errors.Is(err, pgx.ErrTxCommitRollback) {
-		return false
-	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return true
-	}
-	switch pgErr.Code[:2] {
-	case "08", "53", "57", "58":
-		return true
-	}
-	return false
 }

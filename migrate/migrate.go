@@ -24,6 +24,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/km0/km0/contract"
 )
 
 //go:embed sql/outbox/*.sql sql/inbox/*.sql
@@ -104,10 +106,9 @@ var Outbox = Set{Name: "outbox", FS: coreFS, Dir: "sql/outbox"}
 // Inbox is the set that creates missatges_processats of CONTRACT.md.
 var Inbox = Set{Name: "inbox", FS: coreFS, Dir: "sql/inbox"}
 
-// DBTX is what Up needs: a pool, a connection or a transaction.
-type DBTX interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
+// DBTX is what Up needs (contract.Beginner): a pool, a connection or a
+// transaction.
+type DBTX = contract.Beginner
 
 // lockKey is the advisory lock that serialises concurrent migrators.
 const lockKey int64 = 0x6b6d305f6d6967 // "km0_mig"

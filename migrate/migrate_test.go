@@ -36,8 +36,8 @@ func TestUpIsIdempotentAndConcurrent(t *testing.T) {
 	if err := s.Pool.QueryRow(ctx, "SELECT count(*) FROM km0_migracions").Scan(&files); err != nil {
 		t.Fatal(err)
 	}
-	if total != files || files != 4 {
-		t.Fatalf("applied %d in all, %d recorded; want 4 and 4", total, files)
+	if total != files || files != 5 {
+		t.Fatalf("applied %d in all, %d recorded; want 5 and 5", total, files)
 	}
 	n, err := migrate.Up(ctx, s.Pool, s.Names(), migrate.Outbox, migrate.Inbox)
 	if err != nil || n != 0 {
@@ -50,7 +50,7 @@ func TestTablesMatchTheContract(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
 	ctx := context.Background()
 	want := map[string]string{
-		"outbox":               "id uuid NO,agregat text NO,agregat_id text NO,tipus text NO,versio integer NO,carrega jsonb NO,creat_en timestamp with time zone NO,publicat_en timestamp with time zone YES",
+		"outbox":               "id uuid NO,agregat text NO,agregat_id text NO,tipus text NO,versio integer NO,carrega jsonb NO,creat_en timestamp with time zone NO,publicat_en timestamp with time zone YES,capcaleres jsonb YES",
 		"missatges_processats": "id_missatge text NO,consumidor text NO,processat_en timestamp with time zone NO",
 	}
 	for table, cols := range want {
@@ -112,7 +112,7 @@ func TestSecondTableNameInOneSchemaIsMigrated(t *testing.T) {
 		second.Table("outbox_pagaments")).Scan(&triggers); err != nil {
 		t.Fatal(err)
 	}
-	if n != 4 || tables != 6 || triggers != 2 {
+	if n != 5 || tables != 6 || triggers != 2 {
 		t.Fatalf("second names: applied %d files, %d of 6 tables, %d of 2 triggers on outbox_pagaments", n, tables, triggers)
 	}
 	if n, err := migrate.Up(ctx, s.Pool, second, migrate.Outbox, migrate.Inbox); err != nil || n != 0 {

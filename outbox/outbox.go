@@ -20,11 +20,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/tracing"
 )
 
 // Event is one event to enqueue.
@@ -39,13 +40,19 @@ type Event struct {
 	// Payload is the dades object: a json.RawMessage / []byte holding a JSON
 	// object, or any value json.Marshal turns into one.
 	Payload any
+	// Headers are extra headers to publish with the event, stored in the
+	// row's capcaleres and copied by the relay onto every record. Names may
+	// not be km0's own (see Reserved and CheckHeaders for every rule). They
+	// are merged with the trace context of Enqueue's ctx; a name set here
+	// wins, so a batch handler can give each event the traceparent of the
+	// message that caused it. Default nil.
+	Headers map[string]string
 }
 
-// DBTX is the part of pgx.Tx (or a pool or connection) Enqueue needs. Pass the
-// transaction of the business write so that state and event commit together.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
+// DBTX is what Enqueue needs (contract.DBTX): a pgx.Tx, a pool or a
+// connection. Pass the transaction of the business write so that state and
+// event commit together.
+type DBTX = contract.DBTX
 
 // ErrInvalid is wrapped by every error about an event that cannot be written.
 var ErrInvalid = errors.New("outbox: invalid event")
@@ -72,9 +79,11 @@ const MaxPayloadBytesDefault = envelope.DefaultMaxBytes - 4096
 
 // Outbox writes events. It is safe for concurrent use.
 type Outbox struct {
-	cfg         Config
-	insertOne   string
-	insertBatch string
+	cfg          Config
+	insertOne    string
+	insertBatch  string
+	insertOneH   string // with capcaleres
+	insertBatchH string // with capcaleres
 }
 
 // New returns an Outbox for cfg.
@@ -84,16 +93,25 @@ func New(cfg Config) *Outbox {
 		cfg.MaxPayloadBytes = MaxPayloadBytesDefault
 	}
 	table := pgx.Identifier{cfg.Names.Schema, cfg.Names.Outbox}.Sanitize()
+	// Events without headers (the usual case) use the statements without
+	// capcaleres: the column stays NULL at no cost.
 	return &Outbox{
 		cfg: cfg,
 		insertOne: "INSERT INTO " + table + " (id, agregat, agregat_id, tipus, versio, carrega) " +
 			"VALUES ($1, $2, $3, $4, $5, $6)",
 		insertBatch: "INSERT INTO " + table + " (id, agregat, agregat_id, tipus, versio, carrega) " +
 			"SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::jsonb[])",
+		insertOneH: "INSERT INTO " + table + " (id, agregat, agregat_id, tipus, versio, carrega, capcaleres) " +
+			"VALUES ($1, $2, $3, $4, $5, $6, $7)",
+		insertBatchH: "INSERT INTO " + table + " (id, agregat, agregat_id, tipus, versio, carrega, capcaleres) " +
+			"SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::jsonb[], $7::jsonb[])",
 	}
 }
 
-// Enqueue writes e inside tx and sets e.ID. It returns an error wrapping
+// Enqueue writes e inside tx and sets e.ID. It stores in the row's
+// capcaleres the W3C trace context of ctx (traceparent, tracestate: the
+// global OpenTelemetry propagator, see package tracing) merged with
+// e.Headers, or NULL when there is neither. It returns an error wrapping
 // ErrInvalid (naming the field) for an event that cannot be written, and the
 // database error otherwise; either way nothing is written by this call.
 func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, e *Event) error {
@@ -101,7 +119,16 @@ func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, e *Event) error {
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, o.insertOne, pgUUID(e.ID), e.Aggregate, e.AggregateID, e.Type, e.Version, string(payload)); err != nil {
+	headers, err := encodeHeaders(tracing.Headers(ctx), e.Headers)
+	if err != nil {
+		return fmt.Errorf("%s: %w", e.Type, err)
+	}
+	if headers == nil {
+		_, err = tx.Exec(ctx, o.insertOne, pgUUID(e.ID), e.Aggregate, e.AggregateID, e.Type, e.Version, string(payload))
+	} else {
+		_, err = tx.Exec(ctx, o.insertOneH, pgUUID(e.ID), e.Aggregate, e.AggregateID, e.Type, e.Version, string(payload), *headers)
+	}
+	if err != nil {
 		return fmt.Errorf("outbox: insert %s: %w", e.Type, err)
 	}
 	return nil
@@ -110,8 +137,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, e *Event) error {
 // EnqueueBatch writes events inside tx in one statement and sets their IDs.
 // Events of one aggregate keep their relative order; rows are inserted sorted
 // by agregat_id so that concurrent batches take the per-aggregate locks in the
-// same order and cannot deadlock each other. If any event is invalid, nothing
-// is written.
+// same order and cannot deadlock each other. Every event gets the trace
+// context of ctx merged with its own Headers, as with Enqueue. If any event
+// is invalid, nothing is written.
 func (o *Outbox) EnqueueBatch(ctx context.Context, tx DBTX, events []*Event) error {
 	if len(events) == 0 {
 		return nil
@@ -121,12 +149,24 @@ func (o *Outbox) EnqueueBatch(ctx context.Context, tx DBTX, events []*Event) err
 	}
 	n := len(events)
 	prepared := make([][]byte, n)
+	traced := tracing.Headers(ctx)
+	var headers []*string      // nil unless some event has capcaleres
 	for i, e := range events { // in the caller's order: the error names the caller's index
 		p, err := o.prepare(e)
 		if err != nil {
 			return fmt.Errorf("event %d: %w", i, err)
 		}
 		prepared[i] = p
+		h, err := encodeHeaders(traced, e.Headers)
+		if err != nil {
+			return fmt.Errorf("event %d: %s: %w", i, e.Type, err)
+		}
+		if h != nil && headers == nil {
+			headers = make([]*string, n)
+		}
+		if h != nil {
+			headers[i] = h
+		}
 	}
 	order := make([]int, n)
 	for i := range order {
@@ -139,7 +179,17 @@ func (o *Outbox) EnqueueBatch(ctx context.Context, tx DBTX, events []*Event) err
 		e := events[k]
 		ids[i], aggs[i], aggIDs[i], types[i], versions[i], payloads[i] = pgUUID(e.ID), e.Aggregate, e.AggregateID, e.Type, int32(e.Version), string(prepared[k])
 	}
-	if _, err := tx.Exec(ctx, o.insertBatch, ids, aggs, aggIDs, types, versions, payloads); err != nil {
+	var err error
+	if headers == nil {
+		_, err = tx.Exec(ctx, o.insertBatch, ids, aggs, aggIDs, types, versions, payloads)
+	} else {
+		sorted := make([]*string, n)
+		for i, k := range order {
+			sorted[i] = headers[k]
+		}
+		_, err = tx.Exec(ctx, o.insertBatchH, ids, aggs, aggIDs, types, versions, payloads, sorted)
+	}
+	if err != nil {
 		return fmt.Errorf("outbox: insert batch of %d: %w", n, err)
 	}
 	return nil
@@ -223,9 +273,10 @@ type Row struct {
 	Version     int
 	Payload     []byte // carrega, JSON
 	CreatedAt   time.Time
-	// Headers are the row's capcaleres (string values only), published as
-	// record headers beside the relay's own; nil when the column is absent
-	// or NULL.
+	// Headers is the decoded capcaleres (DecodeHeaders): extra headers to
+	// publish with the event, appended after the contract's with
+	// AppendHeaders. nil when the column is NULL. Both relays (polling and
+	// CDC) fill it.
 	Headers map[string]string
 }
 

@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/km0/km0/contract"
 )
 
 // Kind is what happens next to a failed message.
@@ -132,9 +134,9 @@ func IsPermanent(err error) bool {
 // Reason returns the contract's `motiu` text for a dead letter: "permanent: …"
 // or "transitori esgotat: …", cut to 200 bytes on a rune boundary.
 func Reason(kind Kind, err error) string {
-	prefix := "permanent: "
+	prefix := contract.ReasonPermanent
 	if kind == KindTransient {
-		prefix = "transitori esgotat: "
+		prefix = contract.ReasonExhausted
 	}
 	msg := "?"
 	if err != nil {

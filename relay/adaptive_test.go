@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport"
@@ -71,8 +72,10 @@ func TestAdaptiveClaimSizeFollowsTheBacklog(t *testing.T) {
 	b := setup(t)
 	var c claims
 	cfg := b.config()
-	cfg.Hooks.Claimed = c.hook
+	var probe faults.Relay
+	probe.Claimed = c.hook
 	r := b.newRelay(t, cfg)
+	withProbes(r, probe)
 	const aggs = 100
 
 	// A backlog of 3,900 rows: 100 + 200 + 400 + 800 + 1,600 full claims,
@@ -93,7 +96,7 @@ func TestAdaptiveClaimSizeFollowsTheBacklog(t *testing.T) {
 	// of a few rows halve it down to BatchSizeStart, where it stays.
 	for i := range 6 {
 		b.enqueue(t, "P-000", seqPayload{Seq: 40 + i})
-		if n, err := r.RunOnce(context.Background()); err != nil || n != 1 {
+		if n, err := r.RunOnce(ctxFor(r)); err != nil || n != 1 {
 			t.Fatalf("trickle %d: published %d, %v; want 1", i, n, err)
 		}
 	}
@@ -151,8 +154,10 @@ func TestDefaultsKeepCommitOrderWithEightWriters(t *testing.T) {
 	var c claims
 	cfg := b.config()
 	cfg.Workers, cfg.BatchSize = 0, 0 // the defaults
-	cfg.Hooks.Claimed = c.hook
+	var probe faults.Relay
+	probe.Claimed = c.hook
 	r := b.newRelay(t, cfg)
+	withProbes(r, probe)
 	ctx := context.Background()
 	if err := w.run(ctx, 8, 150, 1); err != nil {
 		t.Fatal(err)
@@ -220,7 +225,7 @@ func (p *confirming) Publish(ctx context.Context, msgs []*transport.Message) err
 // With adaptive workers, once the second worker has joined for the backlog,
 // one worker's batch is on its way to the broker (held by the publisher, so
 // never confirmed) when the other worker "dies" after the broker confirmed
-// its own batch and before its mark (Hooks.AfterPublish). No row is marked
+// its own batch and before its mark (the AfterPublish crash point of internal/faults). No row is marked
 // whose records were not confirmed; the rows left pending are republished
 // with the same ids by the next relay, and every aggregate's first
 // occurrences stay in commit order.
@@ -235,7 +240,8 @@ func TestCrashOfOneWorkerMarksNoUnconfirmedRow(t *testing.T) {
 	cfg.Publisher = pub
 	var c claims
 	armed := false
-	cfg.Hooks.Claimed = func(worker, limit, rows int) {
+	var probe faults.Relay
+	probe.Claimed = func(worker, limit, rows int) {
 		c.hook(worker, limit, rows)
 		c.mu.Lock()
 		both := len(c.worker) == relay.WorkersDefault
@@ -248,7 +254,7 @@ func TestCrashOfOneWorkerMarksNoUnconfirmedRow(t *testing.T) {
 	}
 	var mu sync.Mutex
 	batches, crashed := 0, false
-	cfg.Hooks.AfterPublish = func(int) error {
+	probe.AfterPublish = func(int) error {
 		pub.mu.Lock()
 		held := pub.held
 		pub.mu.Unlock()
@@ -259,16 +265,17 @@ func TestCrashOfOneWorkerMarksNoUnconfirmedRow(t *testing.T) {
 			crashed = true
 		}
 		if crashed {
-			return relay.ErrCrashed
+			return faults.ErrCrashed
 		}
 		return nil
 	}
 	r := b.newRelay(t, cfg)
+	withProbes(r, probe)
 	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
+	go func() { done <- r.Run(ctxFor(r)) }()
 	select {
 	case err := <-done:
-		if !errors.Is(err, relay.ErrCrashed) {
+		if !errors.Is(err, faults.ErrCrashed) {
 			t.Fatalf("Run returned %v, want the crash", err)
 		}
 	case <-time.After(20 * time.Second):
@@ -382,8 +389,10 @@ func TestExtraWorkerJoinsForABacklogAndLeavesWhenIdle(t *testing.T) {
 	cfg := b.config()
 	cfg.Workers, cfg.BatchSize = 0, 0
 	cfg.RebalanceInterval = time.Hour
-	cfg.Hooks.Claimed = c.hook
+	var probe faults.Relay
+	probe.Claimed = c.hook
 	r := b.newRelay(t, cfg)
+	withProbes(r, probe)
 	const aggs, rounds = 50, 100
 	b.enqueueRounds(t, aggs, 1, rounds)
 	start(t, r)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 )
@@ -24,9 +25,11 @@ func BenchmarkRelay(b *testing.B) {
 	cfg.BatchSize, cfg.Workers = 0, 0
 	cfg.PollInterval, cfg.RebalanceInterval = relay.PollIntervalDefault, relay.RebalanceIntervalDefault
 	var published atomic.Int64
-	cfg.Hooks.AfterPublish = func(rows int) error { published.Add(int64(rows)); return nil }
+	var probe faults.Relay
+	probe.AfterPublish = func(rows int) error { published.Add(int64(rows)); return nil }
 	r := bd.newRelay(b, cfg)
-	ctx, cancel := context.WithCancel(context.Background())
+	withProbes(r, probe)
+	ctx, cancel := context.WithCancel(ctxFor(r))
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	defer func() { cancel(); <-done }()

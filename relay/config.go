@@ -74,22 +74,6 @@ var ErrConfig = errors.New("relay: invalid config")
 // envelope or a nil one (the row is never marked published with nothing sent).
 type Transform func(row *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error)
 
-// Hooks are fault-injection and observation points. All are optional.
-type Hooks struct {
-	// AfterPublish runs after the broker confirmed every record of a batch and
-	// before the mark commits (the UPDATEs of earlier chunks may have been
-	// sent, uncommitted). A non-nil error (use ErrCrashed) makes the relay act
-	// as if its process died right there: the worker's connection is closed
-	// without committing, so the rows stay pending, and Run/RunOnce return
-	// the error.
-	AfterPublish func(rows int) error
-	// Listening runs each time the LISTEN session is (re)established.
-	Listening func()
-	// Claimed runs after each claim that returned rows, with the worker's
-	// index, the claim's size (its LIMIT) and the rows it returned.
-	Claimed func(worker, limit, rows int)
-}
-
 // Config configures a Relay. Publisher, Topic and Origin are required, and
 // one of Pool or DatabaseURL.
 type Config struct {
@@ -160,8 +144,6 @@ type Config struct {
 	PruneBatch int
 	// Transform, if set, replaces the default of one envelope per row.
 	Transform Transform
-	// Hooks are fault-injection points for tests.
-	Hooks Hooks
 }
 
 // WithDefaults returns c with zero fields set to their defaults.

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outbox"
@@ -65,7 +66,7 @@ func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 	}
 	res.claimed = len(rows)
 	w.adapt(res.limit, res.claimed)
-	if h := w.r.cfg.Hooks.Claimed; h != nil && len(rows) > 0 {
+	if h := probes(ctx).Claimed; h != nil && len(rows) > 0 {
 		h(w.idx, res.limit, len(rows))
 	}
 	if len(rows) == 0 {
@@ -105,7 +106,7 @@ func (w *worker) cycle(ctx context.Context) (res cycleResult, err error) {
 			}
 		}
 	}
-	if h := w.r.cfg.Hooks.AfterPublish; h != nil {
+	if h := probes(ctx).AfterPublish; h != nil {
 		if err := h(res.published); err != nil {
 			// The process "dies" here: after the broker confirmed, before
 			// the mark commits. Closing the session rolls the claim back.
@@ -179,11 +180,21 @@ func (w *worker) claim(ctx context.Context, limit int) ([]outbox.Row, []pgtype.T
 		var r outbox.Row
 		var id pgtype.UUID // pgx's binary fast path (uuid.UUID goes through text)
 		var tid pgtype.TID
-		if err := q.Scan(&id, &r.Aggregate, &r.AggregateID, &r.Type, &r.Version, &r.Payload, &r.CreatedAt, &tid); err != nil {
+		var headers []byte // capcaleres: nil when NULL, decoded only when set
+		if err := q.Scan(&id, &r.Aggregate, &r.AggregateID, &r.Type, &r.Version, &r.Payload, &r.CreatedAt, &tid, &headers); err != nil {
 			q.Close()
 			return nil, nil, fmt.Errorf("relay: claim: %w", err)
 		}
 		r.ID = id.Bytes
+		if headers != nil {
+			var herr error
+			if r.Headers, herr = outbox.DecodeHeaders(headers); herr != nil {
+				// Bad metadata never holds back its event: it goes out
+				// with the headers that passed.
+				w.r.cfg.Logger.Warn("relay: capcaleres dropped in part", "relay", w.r.q.payload,
+					"id", r.ID, "tipus", r.Type, "error", herr)
+			}
+		}
 		out = append(out, r)
 		tids = append(tids, tid)
 	}
@@ -283,6 +294,9 @@ func (w *worker) publish(ctx context.Context, msgs []*transport.Message) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.r.cfg.PublishTimeout)
 	defer cancel()
+	// Each record carries its own row's trace (capcaleres), never the
+	// relay's: publishers inject the trace of their ctx, so hide any.
+	ctx = trace.ContextWithSpanContext(ctx, trace.SpanContext{})
 	return w.r.cfg.Publisher.Publish(ctx, msgs)
 }
 

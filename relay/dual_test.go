@@ -12,6 +12,7 @@ import (
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // Producer transition: the relay publishes a comanda.creada v2 row as
@@ -65,8 +66,9 @@ func TestDualPublishedPairReachesAConsumerOnce(t *testing.T) {
 
 	var effects atomic.Int64
 	c, err := consumer.New(consumer.Config{
-		Brokers: b.b.Addrs(), Group: "g", Topics: []string{topic}, Name: "t.dual",
-		Pool: b.s.Pool, Names: b.s.Names(), Types: []string{"comanda.creada"},
+		Source: kafka.NewSource(kafka.SourceConfig{Brokers: b.b.Addrs(), Group: "g", Topics: []string{topic}}),
+		Name:   "t.dual",
+		Pool:   b.s.Pool, Names: b.s.Names(), Types: []string{"comanda.creada"},
 		Handle: func(context.Context, pgx.Tx, *consumer.Message) error { effects.Add(1); return nil },
 	})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"slices"
 
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/migrate"
@@ -60,7 +59,7 @@ func (enc *Encoder) Records(row *outbox.Row) ([]*transport.Message, string) {
 		if c := correlation(e); c != "" {
 			m.Headers = append(m.Headers, transport.Header{Key: transport.HeaderCorrelator, Value: c})
 		}
-		m.Headers = appendRowHeaders(m.Headers, row.Headers)
+		m.Headers = outbox.AppendHeaders(m.Headers, row.Headers) // capcaleres, never over the contract's
 		if recordSize(m) > enc.cfg.MaxRecordBytes {
 			// JSONB comes back with a space after every ',' and ':', up to
 			// half again the size the outbox accepted: compact it before
@@ -85,26 +84,6 @@ func (enc *Encoder) Records(row *outbox.Row) ([]*transport.Message, string) {
 		out = append(out, m)
 	}
 	return out, ""
-}
-
-// appendRowHeaders appends the row's own headers (capcaleres) in key order,
-// skipping those the relay sets itself.
-func appendRowHeaders(hs []transport.Header, row map[string]string) []transport.Header {
-	if len(row) == 0 {
-		return hs
-	}
-	keys := make([]string, 0, len(row))
-	for k := range row {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		if slices.ContainsFunc(hs, func(h transport.Header) bool { return h.Key == k }) {
-			continue
-		}
-		hs = append(hs, transport.Header{Key: k, Value: row[k]})
-	}
-	return hs
 }
 
 // MemberLockKey is the session advisory lock (single-bigint form) every

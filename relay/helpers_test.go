@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/outbox"
@@ -80,7 +81,7 @@ func (b *bundle) newRelay(t testing.TB, cfg relay.Config) *relay.Relay {
 // Run's error. Cleanup stops it too.
 func start(t testing.TB, r *relay.Relay) (stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(ctxFor(r))
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	var once sync.Once
@@ -154,7 +155,7 @@ func (b *bundle) drainOnce(t testing.TB, r *relay.Relay) int {
 	t.Helper()
 	total := 0
 	for range 100 {
-		n, err := r.RunOnce(context.Background())
+		n, err := r.RunOnce(ctxFor(r))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -342,3 +343,18 @@ func total(m map[string]int) int {
 }
 
 func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)) }
+
+// probes are the crash points and probes (internal/faults) of the relays of
+// the tests, which carry them in the context of Run and RunOnce.
+var probes sync.Map // *relay.Relay → faults.Relay
+
+// withProbes gives r the crash points and probes h.
+func withProbes(r *relay.Relay, h faults.Relay) { probes.Store(r, h) }
+
+// ctxFor returns a context carrying r's probes, if any.
+func ctxFor(r *relay.Relay) context.Context {
+	if h, ok := probes.Load(r); ok {
+		return faults.WithRelay(context.Background(), h.(faults.Relay))
+	}
+	return context.Background()
+}

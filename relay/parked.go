@@ -8,17 +8,14 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/migrate"
 )
 
-// DBTX is what the parking functions need: a pool, a connection or a
-// transaction.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
+// DBTX is what the parking functions need (contract.DBTX): a pool, a
+// connection or a transaction.
+type DBTX = contract.DBTX
 
 // ParkedRow is one outbox row the relay parked.
 type ParkedRow struct {

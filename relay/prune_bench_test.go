@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/km0/km0/internal/faults"
 )
 
 // BenchmarkPruneBoundsTheOutbox (label: prune-bounded) writes 2,000 rows per
@@ -30,9 +32,11 @@ func BenchmarkPruneBoundsTheOutbox(b *testing.B) {
 				cfg.PruneOlderThan, cfg.PruneInterval = 200*time.Millisecond, 100*time.Millisecond
 			}
 			var published atomic.Int64
-			cfg.Hooks.AfterPublish = func(rows int) error { published.Add(int64(rows)); return nil }
+			var probe faults.Relay
+			probe.AfterPublish = func(rows int) error { published.Add(int64(rows)); return nil }
 			r := bd.newRelay(b, cfg)
-			ctx, cancel := context.WithCancel(context.Background())
+			withProbes(r, probe)
+			ctx, cancel := context.WithCancel(ctxFor(r))
 			done := make(chan error, 1)
 			go func() { done <- r.Run(ctx) }()
 			defer func() { cancel(); <-done }()

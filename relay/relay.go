@@ -28,11 +28,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/internal/faults"
 )
 
-// ErrCrashed is what a fault-injection hook returns to make the relay behave
-// as if its process died at that point (see Hooks.AfterPublish).
-var ErrCrashed = errors.New("relay: crashed (fault injection)")
+// probes returns the crash points and test probes ctx carries (package
+// internal/faults; none outside km0's own tests and chaos run).
+func probes(ctx context.Context) faults.Relay {
+	if h := faults.RelayFrom(ctx); h != nil {
+		return *h
+	}
+	return faults.Relay{}
+}
 
 // ErrRunning is returned by Run or RunOnce while another Run or RunOnce is
 // active on the same Relay.
@@ -106,7 +113,7 @@ func New(cfg Config) (*Relay, error) {
 // Run relays until ctx is done, then closes its sessions (releasing its
 // shards) and returns nil. Failures of the broker or the database are logged,
 // counted and retried with backoff; Run returns early only with the error of a
-// fault-injection hook (ErrCrashed) or ErrRunning.
+// crash point (internal/faults) or ErrRunning.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -301,7 +308,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		return err
 	}
 	r.wakeAll()
-	if h := r.cfg.Hooks.Listening; h != nil {
+	if h := probes(ctx).Listening; h != nil {
 		h()
 	}
 	for {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport"
@@ -76,7 +77,7 @@ func TestPublishesEnvelopeWithKeyAndHeadersThenMarks(t *testing.T) {
 }
 
 // Proof 4. Crash point: the relay dies after Kafka confirmed every record of
-// the batch and before the UPDATE that marks the rows (Hooks.AfterPublish).
+// the batch and before the UPDATE that marks the rows (the AfterPublish crash point of internal/faults).
 func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -94,9 +95,11 @@ func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	}
 	crashCfg := b.config()
 	crashCfg.BatchSize = 1000
-	crashCfg.Hooks.AfterPublish = func(int) error { return relay.ErrCrashed }
+	var probe faults.Relay
+	probe.AfterPublish = func(int) error { return faults.ErrCrashed }
 	crashing := b.newRelay(t, crashCfg)
-	if _, err := crashing.RunOnce(context.Background()); !errors.Is(err, relay.ErrCrashed) {
+	withProbes(crashing, probe)
+	if _, err := crashing.RunOnce(ctxFor(crashing)); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("want the crash, got %v", err)
 	}
 	crashing.Close()

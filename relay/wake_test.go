@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/relay"
 )
 
@@ -19,13 +20,15 @@ func TestNotifyWakesTheRelay(t *testing.T) {
 	cfg := b.config()
 	cfg.PollInterval, cfg.RebalanceInterval = time.Hour, time.Hour
 	listening := make(chan struct{}, 1)
-	cfg.Hooks.Listening = func() {
+	var probe faults.Relay
+	probe.Listening = func() {
 		select {
 		case listening <- struct{}{}:
 		default:
 		}
 	}
 	r := b.newRelay(t, cfg)
+	withProbes(r, probe)
 	b.enqueue(t, "P-1", seqPayload{Seq: 1})
 	start(t, r)
 	select {

@@ -5,13 +5,12 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/pgerr"
 	"github.com/km0/km0/migrate"
 )
 
@@ -107,8 +106,7 @@ func Idempotent(db inbox.Beginner, names migrate.Names, consumer string, h TxHan
 // exception (class 22: a NUL byte, invalid UTF-8) or a program limit (class 54:
 // too long for the key's index).
 func keyRefused(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54"))
+	return pgerr.DataRefused(err)
 }
 
 // PurgeResponses deletes stored responses older than age (use the inbox

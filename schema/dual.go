@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
@@ -151,13 +152,7 @@ func DropFields(to int, fields ...string) Upcaster {
 // pair is handled once, and otherwise its id_esdeveniment (also when the
 // correlacio could not be stored as a key: envelope.CheckKey).
 func IdempotencyKey(env *envelope.Envelope) string {
-	if raw, ok := env.Extra[FieldCorrelation]; ok {
-		var s string
-		if json.Unmarshal(raw, &s) == nil && s != "" && envelope.CheckKey(s) == nil {
-			return s
-		}
-	}
-	return env.ID
+	return contract.IdempotencyKey(env.ID, env.Extra[FieldCorrelation])
 }
 
 // ErrIgnored is matched (errors.Is) by the error Decode returns for a copy of

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -269,14 +270,15 @@ func (e *benchEnv) moveRows(ctx context.Context, bench string, n, aggs int,
 func runKm0Until(ctx context.Context, env *benchEnv, names migrate.Names, topic string, n, batch, workers int) error {
 	var published atomic.Int64
 	r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: kafka.NewPublisher(env.cl),
-		Topic: topic, Origin: "comandes", BatchSize: batch, Workers: workers, Logger: env.log,
-		Hooks: relay.Hooks{AfterPublish: func(rows int) error { published.Add(int64(rows)); return nil }}})
+		Topic: topic, Origin: "comandes", BatchSize: batch, Workers: workers, Logger: env.log})
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	// The probe counts confirmed rows (internal/faults: a test seam, not API).
+	probe := faults.Relay{AfterPublish: func(rows int) error { published.Add(int64(rows)); return nil }}
+	go func() { done <- r.Run(faults.WithRelay(ctx, probe)) }()
 	defer func() { cancel(); <-done }()
 	for {
 		if published.Load() >= int64(n) {

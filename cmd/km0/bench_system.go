@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/internal/pgcluster"
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
@@ -168,7 +169,7 @@ func (b *sysBench) close() {
 func (b *sysBench) createDB(ctx context.Context, name string) (string, error) {
 	conn, err := pgx.Connect(ctx, b.admin)
 	if err != nil {
-		return "", fmt.Errorf("connect to %s: %w", svc.Redact(b.admin), err)
+		return "", fmt.Errorf("connect to %s: %w", redact.URL(b.admin), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {

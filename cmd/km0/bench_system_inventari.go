@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/services/comandes"
@@ -196,8 +196,8 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 	)
 	if side == sideKm0 {
 		name, dbURL, extra, err = b.serviceDB(ctx, inventari.Name, strconv.Itoa(r))
-		s = inventariSide{group: inventari.ConsumerDecrement, dlq: comandes.Topic + consumer.DLQSuffix,
-			topics: []string{comandes.Topic, comandes.Topic + consumer.RetrySuffix}}
+		s = inventariSide{group: inventari.ConsumerDecrement, dlq: comandes.Topic + contract.DLQSuffix,
+			topics: []string{comandes.Topic, comandes.Topic + contract.RetrySuffix}}
 	} else {
 		name = b.dbName(inventari.Name, strconv.Itoa(r), sidePort)
 		dbURL, err = b.createDB(ctx, name)
@@ -433,7 +433,7 @@ func runPortInventariProcess(ctx context.Context, args []string) error {
 	brokers := brokersFlag(fs)
 	group := fs.String("group", "inventari", "consumer group")
 	topic := fs.String("topic", comandes.Topic, "topic")
-	dlq := fs.String("dlq-topic", comandes.Topic+consumer.DLQSuffix, "where refused orders go")
+	dlq := fs.String("dlq-topic", comandes.Topic+contract.DLQSuffix, "where refused orders go")
 	withOutbox := fs.Bool("outbox", true, "also write estoc.actualitzat to the outbox (the seed's exercise 2)")
 	if err := parse(fs, args); err != nil {
 		return err

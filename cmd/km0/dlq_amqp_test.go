@@ -32,7 +32,7 @@ type rabbitDLQ struct {
 	conn  *amqp.Conn
 	db    *pgtest.Schema
 	queue string
-	cons  *amqp.Consumer
+	cons  *consumer.Consumer
 	fixed atomic.Bool
 	base  []string
 }
@@ -56,13 +56,17 @@ func newRabbitDLQ(t *testing.T) *rabbitDLQ {
 		_, err := tx.Exec(ctx, `INSERT INTO efectes (id) VALUES ($1)`, m.Envelope.ID)
 		return err
 	}
-	c, err := amqp.NewConsumer(ctx, amqp.ConsumerConfig{Conn: r.conn, Queue: r.queue, Pool: r.db.Pool,
-		Name: "prova.efecte", Inbox: inbox.New(inbox.Config{Names: r.db.Names()}), Handler: handler,
-		MaxAttempts: 2, BackoffBase: 20 * time.Millisecond, Workers: 1})
+	src, err := amqp.NewSource(ctx, amqp.SourceConfig{Conn: r.conn, Queue: r.queue, Workers: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	amqptest.DeleteQueuesAtCleanup(t, c.Queues)
+	amqptest.DeleteQueuesAtCleanup(t, src.Queues)
+	c, err := consumer.New(consumer.Config{Source: src, Pool: r.db.Pool,
+		Name: "prova.efecte", Inbox: inbox.New(inbox.Config{Names: r.db.Names()}), Handle: handler,
+		MaxAttempts: 2, Backoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
@@ -103,11 +107,7 @@ func (r *rabbitDLQ) run(args ...string) (string, error) {
 // onBroker and indexed count the letters in <queue>.dlq and in the index.
 func (r *rabbitDLQ) onBroker() int {
 	r.t.Helper()
-	n, err := amqp.NewDLQ(r.conn, r.queue).Count(context.Background())
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	return n
+	return amqptest.DLQLen(r.t, r.conn, r.queue)
 }
 
 func (r *rabbitDLQ) indexed() int {

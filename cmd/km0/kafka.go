@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -18,7 +19,7 @@ func domainTopics() []string {
 	var out []string
 	for _, s := range []string{"comandes", "inventari", "pagaments", "repartiment"} {
 		t := s + ".esdeveniments"
-		out = append(out, t, t+".retry", t+".dlq")
+		out = append(out, t, contract.RetryTopic(t), contract.DLQName(t))
 	}
 	return out
 }

@@ -204,16 +204,22 @@ func checkMode(mode, slot, publication string, workers int) error {
 	return nil
 }
 
-// requireOutbox fails with the fix when the outbox table does not exist.
+// requireOutbox fails with the fix when the outbox table does not exist, or
+// lacks a column the relay reads (capcaleres, migration 004).
 func requireOutbox(ctx context.Context, pool *pgxpool.Pool, names migrate.Names) error {
 	names = names.WithDefaults()
-	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
-		pgx.Identifier{names.Schema, names.Outbox}.Sanitize()).Scan(&exists); err != nil {
+	var exists, headers bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = 'capcaleres' AND NOT attisdropped)`,
+		pgx.Identifier{names.Schema, names.Outbox}.Sanitize()).Scan(&exists, &headers); err != nil {
 		return err
 	}
 	if !exists {
 		return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s first", names.Schema, names.Outbox, names.Schema)
+	}
+	if !headers {
+		return fmt.Errorf("table %s.%s has no capcaleres column: run km0 migrate --schema %s --outbox-table %s first",
+			names.Schema, names.Outbox, names.Schema, names.Outbox)
 	}
 	return nil
 }

@@ -132,10 +132,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	c, err := consumer.New(consumer.Config{
 		HandleBatch: handleBatch, Decode: cfg.Decode,
-		Brokers: broker.Addrs(), Group: "bench", Topics: []string{topic}, Name: "bench.consum",
+		Source: kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "bench", Topics: []string{topic},
+			TopicPartitions: int32(cfg.Partitions)}),
+		Name: "bench.consum",
 		Pool: pool, Names: migrate.Names{Schema: schema}, Types: []string{tipus},
 		BatchSize: cfg.BatchSize, Concurrency: cfg.Concurrency, Logger: cfg.Logger,
-		TopicPartitions: int32(cfg.Partitions),
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			first.CompareAndSwap(0, time.Now().UnixNano())
 			_, err := tx.Exec(ctx, upsert, string(m.Key))

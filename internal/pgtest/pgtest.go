@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/migrate"
 )
 
@@ -119,7 +121,7 @@ func connect(t testing.TB, ctx context.Context, u string) *pgx.Conn {
 	conn, err := pgx.Connect(ctx, u)
 	if err != nil {
 		t.Fatalf("PostgreSQL is required and did not answer at %s: %v "+
-			"(start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", Redact(u), err)
+			"(start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", redact.URL(u), err)
 	}
 	return conn
 }
@@ -145,11 +147,35 @@ func withParam(u, key, value string) string {
 	return pu.String()
 }
 
-// Redact hides a password in a connection URL.
-func Redact(u string) string {
-	pu, err := url.Parse(u)
+// Temp creates an empty schema and a pool bound to it for code that has no
+// testing.TB (runnable examples); drop closes the pool and drops the schema.
+func Temp(ctx context.Context) (s *Schema, drop func(), err error) {
+	admin, err := pgx.Connect(ctx, URL())
 	if err != nil {
-		return "<unparseable URL>"
+		return nil, nil, fmt.Errorf("PostgreSQL is required and did not answer at %s: %w", redact.URL(URL()), err)
 	}
-	return pu.Redacted()
+	name := randName("t_")
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
+		admin.Close(ctx)
+		return nil, nil, fmt.Errorf("pgtest: create schema: %w", err)
+	}
+	u := withParam(URL(), "search_path", name)
+	pool, err := pgxpool.New(ctx, u)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	drop = func() {
+		if pool != nil {
+			pool.Close()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+		admin.Close(ctx)
+	}
+	if err != nil {
+		drop()
+		return nil, nil, fmt.Errorf("pgtest: pool: %w", err)
+	}
+	return &Schema{Name: name, URL: u, Pool: pool}, drop, nil
 }

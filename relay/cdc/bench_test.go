@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/outbox"
 )
 
@@ -63,12 +64,12 @@ func BenchmarkStream(b *testing.B) {
 	ctx := context.Background()
 	entered, release := make(chan struct{}), make(chan struct{})
 	cfg := bu.config()
-	cfg.CDCHooks.Streaming = func() {
+	fx := faults.CDC{Streaming: func() {
 		close(entered)
 		<-release
-	}
+	}}
 	r := newRelay(b, cfg)
-	start(b, r)
+	start(b, withFaults{r, fx})
 	<-entered
 	for done := 0; done < b.N; {
 		c := min(500, b.N-done)

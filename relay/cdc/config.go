@@ -36,27 +36,11 @@ const (
 // ErrConfig is wrapped by every error New returns for an invalid Config.
 var ErrConfig = errors.New("cdc: invalid config")
 
-// Hooks are fault-injection points for tests. All are optional; a non-nil
-// error (use relay.ErrCrashed) makes the relay act as if its process died at
-// that point: its sessions are closed without marking or confirming anything
-// more, and Run returns the error.
-type Hooks struct {
-	// AfterPublish runs after the broker confirmed every record of a batch,
-	// before its rows are marked and before its position is confirmed.
-	AfterPublish func(rows int) error
-	// AfterMark runs after a batch's rows were marked published (committed),
-	// before its position is confirmed to the server.
-	AfterMark func(rows int) error
-	// Streaming runs each time the relay holds the slot and starts streaming,
-	// after the catch-up of pending rows.
-	Streaming func()
-}
-
 // Config configures a CDC Relay. The embedded relay.Config carries what the
 // polling relay also takes: Pool or DatabaseURL, Names, Publisher, Topic and
 // Origin (required), Transform, MaxRecordBytes, PublishTimeout, BackoffMin,
 // BackoffMax, Logger, Metrics and the Prune settings. Its BatchSize, Workers,
-// PollInterval, RebalanceInterval and Hooks do not apply.
+// PollInterval and RebalanceInterval do not apply.
 type Config struct {
 	relay.Config
 	// Slot is the logical replication slot: lower-case letters, digits and
@@ -76,8 +60,6 @@ type Config struct {
 	// ReleaseCheck is the period of the check for released rows. Default
 	// ReleaseCheckDefault.
 	ReleaseCheck time.Duration
-	// CDCHooks are fault-injection points for tests.
-	CDCHooks Hooks
 }
 
 // maxName is NAMEDATALEN - 1, the longest slot or publication name.

@@ -2,8 +2,8 @@ package cdc
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -43,10 +43,11 @@ type decoder struct {
 	names migrate.Names
 	rels  map[uint32]*relation
 	types *pgtype.Map
+	log   *slog.Logger // capcaleres partly dropped
 }
 
-func newDecoder(names migrate.Names) *decoder {
-	return &decoder{names: names.WithDefaults(), rels: map[uint32]*relation{}, types: pgtype.NewMap()}
+func newDecoder(names migrate.Names, log *slog.Logger) *decoder {
+	return &decoder{names: names.WithDefaults(), rels: map[uint32]*relation{}, types: pgtype.NewMap(), log: log}
 }
 
 // relation records a Relation message. It fails when the outbox lacks one of
@@ -182,7 +183,7 @@ func (d *decoder) insert(rel uint32, cols []column) (row outbox.Row, ok bool, er
 		return row, false, fmt.Errorf("cdc: outbox %s %q: %w", colCreatedAt, b, err)
 	}
 	if b, set = val(r.headers); set {
-		row.Headers = headers(b)
+		setHeaders(d.log, &row, b)
 	}
 	return row, true, nil
 }
@@ -202,21 +203,12 @@ func (d *decoder) timestamptz(b []byte) (time.Time, error) {
 	return t, err
 }
 
-// headers decodes capcaleres: a flat JSON object whose string values are
-// headers. Other values, and a value that is not an object, are ignored.
-func headers(b []byte) map[string]string {
-	var raw map[string]any
-	if json.Unmarshal(b, &raw) != nil || len(raw) == 0 {
-		return nil
+// setHeaders decodes capcaleres into row.Headers (outbox.DecodeHeaders,
+// as the polling relay does). Bad metadata never holds back its event: it
+// goes out with the entries that passed, and the rest is logged.
+func setHeaders(log *slog.Logger, row *outbox.Row, b []byte) {
+	var err error
+	if row.Headers, err = outbox.DecodeHeaders(b); err != nil {
+		log.Warn("cdc: capcaleres dropped in part", "id", row.ID, "tipus", row.Type, "error", err)
 	}
-	out := make(map[string]string, len(raw))
-	for k, v := range raw {
-		if s, ok := v.(string); ok {
-			out[k] = s
-		}
-	}
-	if len(out) == 0 {
-		return nil
-	}
-	return out
 }

@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"encoding/binary"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -29,7 +30,7 @@ func TestParseInsertRefusesTruncatedMessagesAndReadsValues(t *testing.T) {
 	if _, _, err := parseInsert(bad, nil); err == nil {
 		t.Fatal("a length past the end: no error")
 	}
-	d := newDecoder(migrate.Names{})
+	d := newDecoder(migrate.Names{}, slog.Default())
 	ts, err := d.timestamptz([]byte("2026-12-01 11:14:22.5+00"))
 	if err != nil || !ts.Equal(time.Date(2026, 12, 1, 11, 14, 22, 5e8, time.UTC)) {
 		t.Fatalf("timestamptz: %v %v", ts, err)

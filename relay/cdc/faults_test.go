@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/km0/km0/relay"
+	"github.com/km0/km0/internal/faults"
 )
 
 // Crash point: the relay dies after the broker confirmed a batch and before
@@ -22,17 +22,18 @@ func TestCrashAfterBrokerConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	const n = 20
 	cfg := b.config()
 	crashed := 0
-	cfg.CDCHooks.AfterPublish = func(rows int) error {
+	var fx faults.CDC
+	fx.AfterPublish = func(rows int) error {
 		crashed = rows
-		return relay.ErrCrashed
+		return faults.ErrCrashed
 	}
-	cfg.CDCHooks.Streaming = func() {
+	fx.Streaming = func() {
 		for i := 1; i <= n; i++ {
 			b.enqueue(t, "P-1", seqPayload{Seq: i})
 		}
 	}
 	r := newRelay(t, cfg)
-	if err := runUntilError(t, r, 20*time.Second); !errors.Is(err, relay.ErrCrashed) {
+	if err := runUntilError(t, withFaults{r, fx}, 20*time.Second); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("Run: %v, want ErrCrashed", err)
 	}
 	if crashed == 0 {
@@ -72,19 +73,20 @@ func TestCrashAfterMarkBeforeConfirmRepublishesSameIDs(t *testing.T) {
 	const n = 10
 	cfg := b.config()
 	var marked atomic.Int64
-	cfg.CDCHooks.AfterMark = func(rows int) error {
+	var fx faults.CDC
+	fx.AfterMark = func(rows int) error {
 		marked.Store(int64(rows))
-		return relay.ErrCrashed
+		return faults.ErrCrashed
 	}
 	var lsn int64
-	cfg.CDCHooks.Streaming = func() {
+	fx.Streaming = func() {
 		lsn = b.confirmedLSN(t)
 		for i := 1; i <= n; i++ {
 			b.enqueue(t, "P-1", seqPayload{Seq: i})
 		}
 	}
 	r := newRelay(t, cfg)
-	if err := runUntilError(t, r, 20*time.Second); !errors.Is(err, relay.ErrCrashed) {
+	if err := runUntilError(t, withFaults{r, fx}, 20*time.Second); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("Run: %v, want ErrCrashed", err)
 	}
 	m := int(marked.Load())

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/pgtest"
@@ -119,6 +120,15 @@ func newRelay(t testing.TB, cfg cdc.Config) *cdc.Relay {
 }
 
 type runner interface{ Run(context.Context) error }
+
+// withFaults runs r with the crash points fx (internal/faults) in its
+// context.
+type withFaults struct {
+	r  runner
+	fx faults.CDC
+}
+
+func (w withFaults) Run(ctx context.Context) error { return w.r.Run(faults.WithCDC(ctx, w.fx)) }
 
 // start runs r in the background; the returned stop cancels it and returns
 // Run's error. Cleanup stops it too.

@@ -175,7 +175,7 @@ func (m *marker) commit(ctx context.Context, batch []job) error {
 				return err
 			}
 		}
-		if h := m.r.cfg.CDCHooks.AfterMark; h != nil {
+		if h := m.r.faults.AfterMark; h != nil {
 			if err := h(len(ids)); err != nil {
 				return &crashError{err}
 			}

@@ -153,7 +153,7 @@ func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact
 		}
 		row.ID = id.Bytes
 		if hdr != nil {
-			row.Headers = headers(hdr)
+			setHeaders(p.r.cfg.Logger, &row, hdr)
 		}
 		batch = append(batch, row)
 		tids = append(tids, tid)
@@ -424,7 +424,7 @@ func (p *pipeline) confirmed(ctx context.Context, f *flight, err error) error {
 			}
 		}
 	}
-	if h := p.r.cfg.CDCHooks.AfterPublish; h != nil {
+	if h := p.r.faults.AfterPublish; h != nil {
 		if err := h(len(f.j.ids)); err != nil {
 			return &crashError{err}
 		}

@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/relay"
 )
 
@@ -52,6 +53,7 @@ type Relay struct {
 	lag        lagTracker
 	running    atomic.Bool
 	warnedKeep atomic.Bool
+	faults     faults.CDC // of the current Run (internal/faults), set before its goroutines start
 }
 
 // New checks cfg and returns a Relay. It opens no connection yet. The error
@@ -119,7 +121,7 @@ func (e *crashError) Unwrap() error { return e.err }
 // Run relays until ctx is done and returns nil. It returns at once an error
 // wrapping ErrSetup when the server cannot serve CDC (wal_level, privilege,
 // publication, slot), relay.ErrRunning during another Run, and the error of
-// a fault-injection hook. Everything else (database, broker or network
+// a crash point (internal/faults). Everything else (database, broker or network
 // failures; another instance holding the slot) is logged and retried: an
 // instance that does not hold the slot waits for it and takes over as soon
 // as the holder's sessions end.
@@ -128,6 +130,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return relay.ErrRunning
 	}
 	defer r.running.Store(false)
+	r.faults = faults.CDCFrom(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	pctx, stopPrune := context.WithCancel(ctx)
@@ -278,7 +281,7 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 		crashed = isCrash(err)
 		return false, err
 	}
-	if h := r.cfg.CDCHooks.Streaming; h != nil {
+	if h := r.faults.Streaming; h != nil {
 		h()
 	}
 	err = p.stream(ctx, rd.out, readerExit, func() error { return readerErr }, lock)

@@ -48,7 +48,7 @@ type reader struct {
 
 func newReader(r *Relay, conn *pgconn.PgConn, m *marker, start pglogrepl.LSN) *reader {
 	m.confirmed.Store(uint64(start))
-	return &reader{r: r, conn: conn, dec: newDecoder(r.cfg.Names), m: m, out: make(chan item, 64),
+	return &reader{r: r, conn: conn, dec: newDecoder(r.cfg.Names, r.cfg.Logger), m: m, out: make(chan item, 64),
 		lastForwarded: start, lastSentAt: time.Now()}
 }
 

@@ -107,10 +107,8 @@ func TestRequestWithoutReplyToIsDeadLettered(t *testing.T) {
 	if err := pub.PublishRaw(context.Background(), "", queue, amqp091.Publishing{Body: []byte(`{}`), MessageId: "sense-resposta"}); err != nil {
 		t.Fatal(err)
 	}
-	dlq := amqp.NewDLQ(conn, queue)
 	amqptest.WaitFor(t, 10*time.Second, "the request without reply_to in the DLQ", func() bool {
-		n, _ := dlq.Count(context.Background())
-		return n == 1
+		return amqptest.DLQLen(t, conn, queue) == 1
 	})
 	if st := srv.Stats(); st.DeadLettered != 1 || st.Replied != 0 {
 		t.Fatalf("stats %+v", st)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/tracing"
 )
 
 // errUnavailable: pagaments did not answer the authorisation (503).
@@ -23,11 +24,15 @@ const maxKeyLen = 200
 //
 //	POST /comandes        create an order (201, 400 naming the field or the unknown product, 402, 409, 413, 415, 422, 503)
 //	GET  /comandes/{id}   read an order (200, 404)
+//
+// Each request runs in a server span (tracing.HTTPHandler) that continues
+// the caller's W3C trace context: the order's comanda.creada carries it in
+// its outbox row, and every consumer continues it.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /comandes", s.postOrder)
 	mux.HandleFunc("GET /comandes/{id}", s.getOrder)
-	return mux
+	return tracing.HTTPHandler(mux)
 }
 
 func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {

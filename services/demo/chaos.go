@@ -18,6 +18,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/services/comandes"
@@ -194,7 +195,7 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 		return nil, err
 	}
 	defer c.server.Close()
-	c.say("PostgreSQL: %s (%s)", c.server.Source, svc.Redact(c.server.URL))
+	c.say("PostgreSQL: %s (%s)", c.server.Source, redact.URL(c.server.URL))
 
 	run := randomSuffix()
 	c.suffix = "chaos_" + run

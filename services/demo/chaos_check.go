@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
@@ -65,12 +65,12 @@ func readLetters(ctx context.Context, kcl *kgo.Client, brokers []string, topic s
 	}
 	out := make([]letter, 0, len(recs))
 	for _, rec := range recs {
-		l := letter{topic: topic, group: header(rec, consumer.HeaderGroup), motiu: header(rec, transport.HeaderReason),
+		l := letter{topic: topic, group: header(rec, contract.HeaderGroup), motiu: header(rec, transport.HeaderReason),
 			attempts: header(rec, transport.HeaderAttempts), eventID: header(rec, transport.HeaderEventID),
-			srcTopic: header(rec, consumer.HeaderOriginalTopic)}
-		p, _ := strconv.ParseInt(header(rec, consumer.HeaderOriginalPartition), 10, 32)
+			srcTopic: header(rec, contract.HeaderOriginalTopic)}
+		p, _ := strconv.ParseInt(header(rec, contract.HeaderOriginalPartition), 10, 32)
 		l.srcPartition = int32(p)
-		l.srcOffset, _ = strconv.ParseInt(header(rec, consumer.HeaderOriginalOffset), 10, 64)
+		l.srcOffset, _ = strconv.ParseInt(header(rec, contract.HeaderOriginalOffset), 10, 64)
 		if env, err := envelope.Decode(rec.Value); err == nil {
 			var d struct {
 				ID      string `json:"id"`
@@ -166,12 +166,12 @@ func (c *chaos) reconcile(ctx context.Context, plan []*planned, sub Submissions,
 	var dls, retries []letter
 	for _, s := range publishing {
 		t := system.Topics[s]
-		d, err := readLetters(ctx, c.kcl, brokers, t+consumer.DLQSuffix)
+		d, err := readLetters(ctx, c.kcl, brokers, t+contract.DLQSuffix)
 		if err != nil {
 			return err
 		}
 		dls = append(dls, d...)
-		rt, err := readLetters(ctx, c.kcl, brokers, t+consumer.RetrySuffix)
+		rt, err := readLetters(ctx, c.kcl, brokers, t+contract.RetrySuffix)
 		if err != nil {
 			return err
 		}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/internal/redact"
 )
 
 // LocalURL is the local server the demo tries when KM0_DATABASE_URL is unset.
@@ -78,7 +78,7 @@ func (s *Server) Close() {
 func FindServer(ctx context.Context, progress func(string)) (*Server, error) {
 	if u := os.Getenv("KM0_DATABASE_URL"); u != "" {
 		if err := ping(ctx, u); err != nil {
-			return nil, fmt.Errorf("KM0_DATABASE_URL (%s) does not answer: %w", svc.Redact(u), err)
+			return nil, fmt.Errorf("KM0_DATABASE_URL (%s) does not answer: %w", redact.URL(u), err)
 		}
 		return &Server{URL: u, Source: "KM0_DATABASE_URL"}, nil
 	}

@@ -3,7 +3,6 @@ package demo
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -12,10 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
@@ -23,7 +21,6 @@ import (
 	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/system"
-	"github.com/km0/km0/transport"
 )
 
 // Report is the reconciliation of one demo run.
@@ -31,6 +28,7 @@ type Report struct {
 	Run          string                   `json:"execucio"`
 	Database     string                   `json:"base_de_dades"`
 	RequestReply string                   `json:"peticio_resposta"`
+	EventsBroker string                   `json:"broker_esdeveniments"` // Kafka, RabbitMQ, or Kafka with some topics on RabbitMQ
 	Elapsed      float64                  `json:"segons"`
 	Orders       Submissions              `json:"comandes"`
 	Events       map[string]TopicCount    `json:"esdeveniments"`
@@ -42,6 +40,7 @@ type Report struct {
 	Analytics    *analitica.Counters      `json:"analitica,omitempty"`
 	Restarts     map[string]int           `json:"reinicis"`
 	Injected     map[string]bool          `json:"fallades_injectades"` // which injected failures fired (relay, consumidor, cobrament)
+	KafkaOutage  *KafkaOutage             `json:"kafka_caigut,omitempty"`
 	Invariants   []Invariant              `json:"invariants"`
 	OK           bool                     `json:"ok"`
 }
@@ -112,17 +111,9 @@ type deadLetter struct {
 	topic, group, motiu, orderID, eventID string
 }
 
-// reasonKey groups a motiu: "permanent: estoc_insuficient: x" → "permanent: estoc_insuficient".
-func reasonKey(m string) string {
-	parts := strings.SplitN(m, ": ", 3)
-	if len(parts) >= 2 {
-		head := strings.Fields(parts[1])
-		if len(head) > 0 {
-			return parts[0] + ": " + strings.TrimSuffix(head[0], ":")
-		}
-	}
-	return m
-}
+// reasonKey groups a motiu by its class (contract.ReasonClass):
+// "permanent: estoc_insuficient: x" → "permanent: estoc_insuficient".
+func reasonKey(m string) string { return contract.ReasonClass(m) }
 
 func queryMap[V any](ctx context.Context, pool *pgxpool.Pool, sql string, scan func(pgx.Rows) (string, V, error)) (map[string]V, error) {
 	rows, err := pool.Query(ctx, sql)
@@ -148,7 +139,7 @@ func countOf(ctx context.Context, pool *pgxpool.Pool, sql string) (int, error) {
 }
 
 // reconcile builds the report from the databases, the topics and the counters.
-func reconcile(ctx context.Context, sys *system.System, kcl *kgo.Client, brokers []string, plan []*planned, sub Submissions, restock map[string]int, r *Report) error {
+func reconcile(ctx context.Context, sys *system.System, ev *eventLog, plan []*planned, sub Submissions, restock map[string]int, r *Report) error {
 	r.Orders = sub
 	r.Restarts = sys.Restarts()
 	cp := sys.Pool(comandes.Name)
@@ -186,15 +177,15 @@ func reconcile(ctx context.Context, sys *system.System, kcl *kgo.Client, brokers
 		if err != nil {
 			return err
 		}
-		recs, err := readTopic(ctx, kcl, brokers, topic)
+		published, err := ev.eventIDs(ctx, topic)
 		if err != nil {
 			return err
 		}
 		seen := map[string]bool{}
-		for _, rec := range recs {
-			seen[header(rec, transport.HeaderEventID)] = true
+		for _, id := range published {
+			seen[id] = true
 		}
-		tc := TopicCount{OutboxRows: len(ids), Records: len(recs), Distinct: len(seen), Republished: len(recs) - len(seen)}
+		tc := TopicCount{OutboxRows: len(ids), Records: len(published), Distinct: len(seen), Republished: len(published) - len(seen)}
 		for id, pending := range ids {
 			if pending {
 				tc.Pending++
@@ -210,26 +201,9 @@ func reconcile(ctx context.Context, sys *system.System, kcl *kgo.Client, brokers
 	}
 
 	// 3. Dead letters.
-	var dls []deadLetter
-	for _, svcName := range []string{comandes.Name, inventari.Name, pagaments.Name, repartiment.Name} {
-		topic := system.Topics[svcName] + consumer.DLQSuffix
-		recs, err := readTopic(ctx, kcl, brokers, topic)
-		if err != nil {
-			return err
-		}
-		for _, rec := range recs {
-			dl := deadLetter{topic: topic, group: header(rec, consumer.HeaderGroup), motiu: header(rec, transport.HeaderReason),
-				eventID: header(rec, transport.HeaderEventID)}
-			if env, err := envelope.Decode(rec.Value); err == nil {
-				var d struct {
-					ID      string `json:"id"`         // comanda.creada
-					OrderID string `json:"comanda_id"` // comanda.pagada, pagament.confirmat
-				}
-				_ = json.Unmarshal(env.Data, &d)
-				dl.orderID = cmp.Or(d.ID, d.OrderID)
-			}
-			dls = append(dls, dl)
-		}
+	dls, err := ev.deadLetters(ctx)
+	if err != nil {
+		return err
 	}
 	r.DLQ = map[string]int{}
 	dlqBy := func(group, reason string) map[string]bool {
@@ -477,7 +451,7 @@ func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planne
 // Print writes the report as text.
 func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nkm0 demo · informe de conciliació (execució %s, %.1f s)\n", r.Run, r.Elapsed)
-	fmt.Fprintf(w, "PostgreSQL: %s · petició/resposta: %s\n\n", r.Database, r.RequestReply)
+	fmt.Fprintf(w, "PostgreSQL: %s · esdeveniments: %s · petició/resposta: %s\n\n", r.Database, cmp.Or(r.EventsBroker, "Kafka"), r.RequestReply)
 	o := r.Orders
 	fmt.Fprintf(w, "Comandes: %d planejades, %d peticions HTTP · %d acceptades · %d duplicats absorbits (Idempotency-Key) · %d rebutjades per validació (400) · %d pagament refusat (402) · %d respostes 503 reintentades\n\n",
 		o.Planned, o.Requests, o.Accepted, o.Replayed, o.Invalid, o.Refused, o.Unavailable)
@@ -505,6 +479,10 @@ func (r *Report) Print(w io.Writer) {
 		d[repartiment.StateAssigned], d[repartiment.StatePending], d[repartiment.StateRejected], d["dlq_esquema"], d["alertes"])
 	if r.Analytics != nil {
 		fmt.Fprintf(w, "Analitica (at-most-once): per tipus %v · per mercat %v\n", r.Analytics.PerType, r.Analytics.PerMarket)
+	}
+	if k := r.KafkaOutage; k != nil {
+		fmt.Fprintf(w, "Kafka caigut %.0f s (inventari llegeix de %s): %d esdeveniments d'estoc escrits durant la caiguda · pendents en tornar: outbox d'inventari %d, de comandes %d\n",
+			k.Seconds, brokerName(k.InventariReads), k.StockEvents, k.InventariPending, k.ComandesPending)
 	}
 	fmt.Fprintf(w, "Reinicis (fallades injectades): %v\n\nInvariants:\n", r.Restarts)
 	for _, inv := range r.Invariants {
@@ -564,4 +542,12 @@ func acceptedCheeseOrders(plan []*planned, sub Submissions) int {
 		}
 	}
 	return n
+}
+
+// brokerName is the display name of a system.Events broker.
+func brokerName(b string) string {
+	if b == system.EventsRabbitMQ {
+		return "RabbitMQ"
+	}
+	return "Kafka"
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -17,7 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/relay"
+	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/inventari"
 	"github.com/km0/km0/services/pagaments"
@@ -25,6 +27,7 @@ import (
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -42,8 +45,22 @@ type Config struct {
 	// DatabaseURL, if set, is used as is; otherwise FindServer decides
 	// (KM0_DATABASE_URL, the local server, a throwaway cluster).
 	DatabaseURL string
-	// AMQPURL, if set, carries request/reply over RabbitMQ; else over the embedded Kafka.
+	// AMQPURL, if set, carries request/reply over RabbitMQ; else over the
+	// embedded Kafka. With events on RabbitMQ it defaults to the local guest
+	// broker (amqp.URLDefault).
 	AMQPURL string
+	// Events and EventsByTopic choose the broker of the domain events
+	// (system.Config's fields of the same names). Default Kafka (embedded).
+	// Over RabbitMQ the run uses an exchange and queues of its own, deleted
+	// at the end, and no Kafka at all unless a topic stays there.
+	Events        string
+	EventsByTopic map[string]string
+	// KafkaDown, if positive, makes the embedded Kafka unreachable for this
+	// long once a third of the orders are in: with the orders on RabbitMQ
+	// (EventsByTopic) inventari keeps taking stock and its estoc.actualitzat
+	// wait in its outbox; with them on Kafka it stops. The report says which
+	// and checks that nothing was lost. Needs Kafka in the run.
+	KafkaDown time.Duration
 	// NoAuthorize turns off the card authorisation that comandes asks
 	// pagaments for by request/reply before accepting each order.
 	NoAuthorize bool
@@ -96,7 +113,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("demo: --orders and clients must be positive (got %d, %d)", cfg.Orders, cfg.Clients)
 	}
 	start := time.Now()
+	var sayMu sync.Mutex // progress comes from the clients and the Kafka outage at once
 	say := func(format string, args ...any) {
+		sayMu.Lock()
+		defer sayMu.Unlock()
 		fmt.Fprintf(cfg.Out, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
 
@@ -110,20 +130,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	defer server.Close()
-	say("PostgreSQL: %s (%s)", server.Source, svc.Redact(server.URL))
-
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()})
-	if err != nil {
-		return nil, err
-	}
-	defer broker.Close()
-	say("Kafka: broker embegut (kfake) a %v", broker.Addrs())
+	say("PostgreSQL: %s (%s)", server.Source, redact.URL(server.URL))
 
 	run := randomSuffix()
 	plan := makePlan(cfg.Orders, cfg.Seed, run, !cfg.NoAuthorize)
-	faults := newFaults(cfg.Orders)
+	inject := newInjector(cfg.Orders)
 	sysCfg := system.Config{
-		DatabaseURL: server.URL, DatabaseSuffix: "demo_" + run, Brokers: broker.Addrs(), AMQPURL: cfg.AMQPURL, Authorize: !cfg.NoAuthorize,
+		DatabaseURL: server.URL, DatabaseSuffix: "demo_" + run, AMQPURL: cfg.AMQPURL, Authorize: !cfg.NoAuthorize,
+		Events: cfg.Events, EventsByTopic: cfg.EventsByTopic,
 		GatewayFaults: passarella.Faults{
 			Fail:    func(key string, attempt int) bool { return gatewayFails(orderNum(key), attempt) },
 			Hang:    func(key string, attempt int) bool { return gatewayHangs(orderNum(key), attempt) },
@@ -134,13 +148,47 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		DeliveryTime:   150 * time.Millisecond,
 		AssignInterval: 100 * time.Millisecond,
 		Backoff:        200 * time.Millisecond,
-		RelayHooks:     map[string]relay.Hooks{comandes.Name: {AfterPublish: faults.relayAfterPublish}},
-		ConsumerHooks:  map[string]consumer.Hooks{inventari.ConsumerDecrement: {AfterCommit: faults.consumerAfterCommit}},
-		PaymentHooks:   pagaments.Hooks{AfterCharge: faults.afterCharge},
+		RelayFaults:    map[string]faults.Relay{comandes.Name: {AfterPublish: inject.relayAfterPublish}},
+		ConsumerFaults: map[string]faults.Consumer[*consumer.Message]{inventari.ConsumerDecrement: {AfterCommit: inject.consumerAfterCommit}},
+		PaymentHooks:   pagaments.Hooks{AfterCharge: inject.afterCharge},
 		Logger:         cfg.Logger,
+	}
+	if sysCfg.NeedsRabbitMQ() && sysCfg.AMQPURL == "" {
+		sysCfg.AMQPURL = amqp.URLDefault
+	}
+	var broker *kafka.Embedded
+	if sysCfg.NeedsKafka() {
+		var err error
+		if broker, err = kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()}); err != nil {
+			return nil, err
+		}
+		defer broker.Close()
+		sysCfg.Brokers = broker.Addrs()
+		say("Kafka: broker embegut (kfake) a %v", broker.Addrs())
+	}
+	if cfg.KafkaDown > 0 && broker == nil {
+		return nil, errors.New("demo: --kafka-down needs Kafka in the run: keep some topic on it, e.g. --events kafka,comandes.esdeveniments=rabbitmq")
+	}
+	var rmq *rabbit
+	if sysCfg.NeedsRabbitMQ() {
+		var topics []string
+		for _, t := range system.Topics {
+			if b := cmp.Or(cfg.EventsByTopic[t], cfg.Events); b == system.EventsRabbitMQ {
+				topics = append(topics, t)
+			}
+		}
+		var err error
+		if rmq, err = newRabbit(ctx, sysCfg.AMQPURL, run, topics, cfg.Logger); err != nil {
+			return nil, err
+		}
+		rmq.configure(&sysCfg)
+		say("RabbitMQ: %s, intercanvi %s, cues %s* (esborrats en acabar)", redact.URL(sysCfg.AMQPURL), rmq.exchange, rmq.prefix)
 	}
 	sys, err := system.Start(ctx, sysCfg)
 	if err != nil {
+		if rmq != nil {
+			_ = rmq.close(context.WithoutCancel(ctx), nil)
+		}
 		return nil, err
 	}
 	stopped := false
@@ -150,6 +198,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		stopped = true
 		sys.Close()
+		if rmq != nil {
+			delCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := rmq.close(delCtx, sys); err != nil {
+				cfg.Logger.Warn("demo: delete RabbitMQ queues", "err", err)
+			}
+		}
 		if !cfg.KeepDatabases {
 			dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
@@ -173,9 +228,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	d := &driver{url: sys.Addrs()[comandes.Name], client: &http.Client{Timeout: 30 * time.Second}}
 	step := max(cfg.Orders/10, 1)
+	var out *outage
+	if cfg.KafkaDown > 0 {
+		out = newOutage(cfg.KafkaDown, broker, sys, say)
+	}
 	d.onOrder = func(done int) {
 		if done%step == 0 || done == cfg.Orders {
 			say("comandes enviades %d/%d", done, cfg.Orders)
+		}
+		if out != nil && done >= max(cfg.Orders/3, 1) {
+			out.start(ctx)
 		}
 	}
 	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
@@ -183,22 +245,31 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	if out != nil {
+		out.wait(ctx)
+	}
 	say("enviament acabat: %d acceptades, %d duplicats absorbits; esperant que el sistema s'assenti", sub.Accepted, sub.Replayed)
 
-	kcl, err := kgo.NewClient(kgo.SeedBrokers(broker.Addrs()...))
-	if err != nil {
-		return nil, err
+	ev := &eventLog{sys: sys, rabbit: rmq}
+	if broker != nil {
+		ev.brokers = broker.Addrs()
+		if ev.kcl, err = kgo.NewClient(kgo.SeedBrokers(broker.Addrs()...)); err != nil {
+			return nil, err
+		}
+		defer ev.kcl.Close()
 	}
-	defer kcl.Close()
-	report := &Report{Run: run, Database: server.Source, RequestReply: sys.RequestReplyTransport()}
+	report := &Report{Run: run, Database: server.Source, RequestReply: sys.RequestReplyTransport(), EventsBroker: ev.describe()}
 	if cfg.NoAuthorize {
 		report.RequestReply += " (autoritzacions desactivades)"
 	}
-	settled, why := settle(ctx, sys, kcl, cfg.SettleTimeout, say)
+	settled, why := settle(ctx, sys, ev, cfg.SettleTimeout, say)
 	report.check("sistema assentat (outbox buits, lag 0, cap lliurament pendent)", settled, "%s", why)
-	report.Injected = faults.fired() // after settling: the charge may fire late
-	if err := reconcile(ctx, sys, kcl, broker.Addrs(), plan, sub, restock, report); err != nil {
+	report.Injected = inject.fired() // after settling: the charge may fire late
+	if err := reconcile(ctx, sys, ev, plan, sub, restock, report); err != nil {
 		return nil, fmt.Errorf("demo: reconcile: %w", err)
+	}
+	if out != nil {
+		out.check(report)
 	}
 	report.Elapsed = time.Since(start).Seconds()
 	report.OK = len(report.Failed()) == 0
@@ -211,10 +282,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, k := range sortedKeys(addrs) {
 			fmt.Fprintf(cfg.Out, "  %-12s %s\n", k, addrs[k])
 		}
-		fmt.Fprintf(cfg.Out, "  %-12s %v\n  proveu: curl %s/comandes/P-2026-000001 · curl %s/analitica · curl %s/cataleg\n",
-			"kafka", broker.Addrs(), addrs[comandes.Name], addrs["analitica"], addrs["cataleg"])
+		var brokers []string
+		if broker != nil {
+			brokers = broker.Addrs()
+			fmt.Fprintf(cfg.Out, "  %-12s %v\n", "kafka", brokers)
+		}
+		fmt.Fprintf(cfg.Out, "  proveu: curl %s/comandes/P-2026-000001 · curl %s/analitica · curl %s/cataleg\n",
+			addrs[comandes.Name], addrs["analitica"], addrs["cataleg"])
 		if cfg.OnRunning != nil {
-			stop, err := cfg.OnRunning(ctx, Running{System: sys, Brokers: broker.Addrs(), DatabaseURL: server.URL, DatabaseSuffix: sysCfg.DatabaseSuffix})
+			stop, err := cfg.OnRunning(ctx, Running{System: sys, Brokers: brokers, DatabaseURL: server.URL, DatabaseSuffix: sysCfg.DatabaseSuffix})
 			if err != nil {
 				return report, err
 			}
@@ -225,13 +301,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return report, nil
 }
 
-// settle waits until every outbox is drained, every consumer group has lag 0
-// and no delivery is pending, three polls in a row.
-func settle(ctx context.Context, sys *system.System, kcl *kgo.Client, timeout time.Duration, say func(string, ...any)) (bool, string) {
+// settle waits until every outbox is drained, every consumer has caught up
+// and no delivery is pending, three polls in a row. Over RabbitMQ, caught
+// up means no message ready in any work, shard or wait queue and the
+// consumers' counts unchanged: RabbitMQ tells a client how many messages
+// are ready, not how many its consumers hold unacked, so the counts must
+// also stand still over several polls (a message in a consumer's hands
+// moves them within a handler's time, well under the 2 s window).
+func settle(ctx context.Context, sys *system.System, ev *eventLog, timeout time.Duration, say func(string, ...any)) (bool, string) {
 	deadline := time.Now().Add(timeout)
-	groups := []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
-		repartiment.ConsumerAssign, "analitica.comptadors", "cataleg.estoc_baix"}
+	var groups []string
+	for _, g := range []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
+		repartiment.ConsumerAssign, "analitica.comptadors", "cataleg.estoc_baix"} {
+		if ev.onKafka(g) {
+			groups = append(groups, g)
+		}
+	}
+	need := 3
+	if ev.rabbit != nil {
+		need = 7 // 2 s at 300 ms
+	}
 	stable, last := 0, ""
+	var lastStats map[string]consumer.Stats
 	lastSaid := time.Now()
 	for {
 		pending := 0
@@ -244,29 +335,44 @@ func settle(ctx context.Context, sys *system.System, kcl *kgo.Client, timeout ti
 		}
 		var lag int64
 		var behind []string
-		lags, err := groupLag(ctx, kcl, groups)
-		if err != nil {
-			lag = -1
-		}
-		for _, g := range groups {
-			l, ok := lags[g]
-			if !ok {
+		if len(groups) > 0 {
+			lags, err := groupLag(ctx, ev.kcl, groups)
+			if err != nil {
 				lag = -1
-				break
 			}
-			lag += l
-			if l > 0 {
-				behind = append(behind, fmt.Sprintf("%s %d", g, l))
+			for _, g := range groups {
+				l, ok := lags[g]
+				if !ok {
+					lag = -1
+					break
+				}
+				lag += l
+				if l > 0 {
+					behind = append(behind, fmt.Sprintf("%s %d", g, l))
+				}
 			}
+		}
+		moving := false
+		if ev.rabbit != nil {
+			n, queues, err := ev.rabbit.backlog(ctx, sys)
+			if err != nil {
+				lag = -1
+			} else {
+				lag += int64(n)
+				behind = append(behind, queues...)
+			}
+			st := sys.ConsumerStats()
+			moving = !maps.Equal(st, lastStats)
+			lastStats = st
 		}
 		sum, err := sys.Repartiment.Summary(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
-		last = fmt.Sprintf("outbox pendents %d, lag dels grups %d %v, lliuraments pendents %d", pending, lag, behind, sum[repartiment.StatePending])
-		if pending == 0 && lag == 0 && sum[repartiment.StatePending] == 0 {
+		last = fmt.Sprintf("outbox pendents %d, lag dels consumidors %d %v, lliuraments pendents %d", pending, lag, behind, sum[repartiment.StatePending])
+		if pending == 0 && lag == 0 && !moving && sum[repartiment.StatePending] == 0 {
 			stable++
-			if stable >= 3 {
+			if stable >= need {
 				return true, last
 			}
 		} else {
@@ -287,8 +393,8 @@ func settle(ctx context.Context, sys *system.System, kcl *kgo.Client, timeout ti
 	}
 }
 
-// faults injects the crashes of the scenario, once each.
-type faults struct {
+// injector injects the crashes of the scenario, once each.
+type injector struct {
 	relayAt, consumerAt, chargeAt int64
 	published, committed          atomic.Int64
 	relayDone, consumerDone       atomic.Bool
@@ -297,35 +403,35 @@ type faults struct {
 }
 
 // fired reports which injected failures happened, for the reconciliation.
-func (f *faults) fired() map[string]bool {
+func (f *injector) fired() map[string]bool {
 	return map[string]bool{"relay": f.relayDone.Load(), "consumidor": f.consumerDone.Load(), "cobrament": f.chargeDone.Load()}
 }
 
-func newFaults(orders int) *faults {
-	return &faults{relayAt: int64(max(orders/3, 1)), consumerAt: int64(max(orders/2, 1)), chargeAt: int64(max(orders/4, 1))}
+func newInjector(orders int) *injector {
+	return &injector{relayAt: int64(max(orders/3, 1)), consumerAt: int64(max(orders/2, 1)), chargeAt: int64(max(orders/4, 1))}
 }
 
 // relayAfterPublish kills comandes' relay once, after the broker confirmed a
 // batch and before the rows are marked: the batch is published again.
-func (f *faults) relayAfterPublish(rows int) error {
+func (f *injector) relayAfterPublish(rows int) error {
 	if f.published.Add(int64(rows)) >= f.relayAt && f.relayDone.CompareAndSwap(false, true) {
-		return relay.ErrCrashed
+		return faults.ErrCrashed
 	}
 	return nil
 }
 
 // consumerAfterCommit kills inventari's consumer once, after its transaction
 // committed and before its offsets are committed: the batch is redelivered.
-func (f *faults) consumerAfterCommit(_ context.Context, msgs []*consumer.Message) error {
+func (f *injector) consumerAfterCommit(_ context.Context, msgs []*consumer.Message) error {
 	if f.committed.Add(int64(len(msgs))) >= f.consumerAt && f.consumerDone.CompareAndSwap(false, true) {
-		return consumer.ErrCrashed
+		return faults.ErrCrashed
 	}
 	return nil
 }
 
 // afterCharge makes one charging attempt die after the gateway charged and
 // before the payment commits: the retry must not charge twice.
-func (f *faults) afterCharge(orderID string) error {
+func (f *injector) afterCharge(orderID string) error {
 	var err error
 	if int64(orderNum(orderID)) >= f.chargeAt {
 		f.chargeOnce.Do(func() {

@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/tracing"
 )
 
 // SQL of HandleOrdersCreated. lockStock locks the rows of a batch's products
@@ -100,8 +101,11 @@ func (s *Service) HandleOrdersCreated(ctx context.Context, tx pgx.Tx, msgs []*co
 			before := stock[l.Product]
 			stock[l.Product] = before - l.Quantity
 			taken[l.Product] += l.Quantity
+			// Headers: each event continues the trace of its own order's
+			// message, not the batch's.
 			events = append(events, &outbox.Event{Aggregate: Aggregate, AggregateID: l.Product, Type: TypeStockUpdated,
-				Payload: StockUpdated{Product: l.Product, Before: before, After: before - l.Quantity, Reason: ReasonOrder, OrderID: o.id}})
+				Payload: StockUpdated{Product: l.Product, Before: before, After: before - l.Quantity, Reason: ReasonOrder, OrderID: o.id},
+				Headers: tracing.Headers(msgs[i].Context())})
 		}
 	}
 	if len(taken) > 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
@@ -66,12 +67,17 @@ func newWorld(t testing.TB, conns int32) *world {
 // config is the consumer of comanda.creada as services/system wires it.
 func (w *world) config() consumer.Config {
 	return consumer.Config{
-		Brokers: w.b.Addrs(), Group: inventari.ConsumerDecrement, Topics: []string{ordersTopic},
-		Name: inventari.ConsumerDecrement, Pool: w.pool, Types: []string{inventari.TypeOrderCreated},
+		Source: w.source(),
+		Name:   inventari.ConsumerDecrement, Pool: w.pool, Types: []string{inventari.TypeOrderCreated},
 		Handle: w.s.HandleOrderCreated, HandleBatchOutcomes: w.s.HandleOrdersCreated,
 		Backoff: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(100 * time.Millisecond)},
 	}
+}
+
+// source is a new Kafka source of the consumer (a source runs once).
+func (w *world) source() *kafka.Source {
+	return kafka.NewSource(kafka.SourceConfig{Brokers: w.b.Addrs(), Group: inventari.ConsumerDecrement, Topics: []string{ordersTopic},
+		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(100 * time.Millisecond)}})
 }
 
 // orderRecord is comanda.creada id with lines, keyed by key.
@@ -102,6 +108,7 @@ func (w *world) publish(recs ...*kgo.Record) {
 // returns its final stats.
 func (w *world) runUntil(cfg consumer.Config, what string, done func(consumer.Stats) bool) consumer.Stats {
 	w.t.Helper()
+	cfg.Source = w.source()
 	c, err := consumer.New(cfg)
 	if err != nil {
 		w.t.Fatal(err)
@@ -277,7 +284,7 @@ func TestHotRowsConcurrentBatchesNeverDeadlockAndStockIsExact(t *testing.T) {
 	w.pool.Close()
 	deadlocks := w.deadlocks(true) - before
 
-	dlq := kafkatest.ReadAll(t, w.b, ordersTopic+consumer.DLQSuffix, int(st.DeadLettered), 30*time.Second)
+	dlq := kafkatest.ReadAll(t, w.b, ordersTopic+contract.DLQSuffix, int(st.DeadLettered), 30*time.Second)
 	refused := map[string]int{}
 	for _, r := range dlq {
 		ev, motiu := header(r, transport.HeaderEventID), header(r, transport.HeaderReason)
@@ -400,7 +407,7 @@ func TestBatchWithDuplicateAndShortOrderCommitsTheGoodOneAndDeadLettersTheShortO
 	if batches.Load() != 1 || batchMsgs.Load() != 2 || singles.Load() != 0 {
 		t.Fatalf("%d batch calls with %d messages and %d single calls, want 1 with 2 and 0", batches.Load(), batchMsgs.Load(), singles.Load())
 	}
-	dl := kafkatest.ReadAll(t, w.b, ordersTopic+consumer.DLQSuffix, 1, 30*time.Second)
+	dl := kafkatest.ReadAll(t, w.b, ordersTopic+contract.DLQSuffix, 1, 30*time.Second)
 	if len(dl) != 1 || header(dl[0], transport.HeaderEventID) != shortID || header(dl[0], transport.HeaderAttempts) != "1" ||
 		!strings.HasPrefix(header(dl[0], transport.HeaderReason), "permanent: estoc_insuficient: formatge-curat (en queden 5, se'n demanen 6)") {
 		t.Fatalf("dead letters %d: %s intents %s motiu %q", len(dl), header(dl[0], transport.HeaderEventID), header(dl[0], transport.HeaderAttempts), header(dl[0], transport.HeaderReason))

@@ -5,14 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/pgerr"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
@@ -295,6 +294,5 @@ func (b *authBatcher) writeOne(ctx context.Context, c *authCall) error {
 // refusedInput reports an error PostgreSQL gives for one bad value (a data
 // exception, class 22, or a program limit such as an over-long key, class 54).
 func refusedInput(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54"))
+	return pgerr.DataRefused(err)
 }

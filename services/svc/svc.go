@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 )
@@ -57,7 +58,7 @@ func EnsureDatabase(ctx context.Context, base, name string) (string, error) {
 	}
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
-		return "", fmt.Errorf("svc: connect to %s: %w", Redact(base), err)
+		return "", fmt.Errorf("svc: connect to %s: %w", redact.URL(base), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var exists bool
@@ -82,7 +83,7 @@ func EnsureDatabase(ctx context.Context, base, name string) (string, error) {
 func DropDatabase(ctx context.Context, base, name string) error {
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
-		return fmt.Errorf("svc: connect to %s: %w", Redact(base), err)
+		return fmt.Errorf("svc: connect to %s: %w", redact.URL(base), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
@@ -104,11 +105,11 @@ func OpenPool(ctx context.Context, connURL string, maxConns int32) (*pgxpool.Poo
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("svc: pool %s: %w", Redact(connURL), err)
+		return nil, fmt.Errorf("svc: pool %s: %w", redact.URL(connURL), err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("svc: database %s does not answer: %w", Redact(connURL), err)
+		return nil, fmt.Errorf("svc: database %s does not answer: %w", redact.URL(connURL), err)
 	}
 	return pool, nil
 }
@@ -119,27 +120,6 @@ func Migrate(ctx context.Context, db migrate.DBTX, sets ...migrate.Set) error {
 		return err
 	}
 	return nil
-}
-
-// Redact hides the password of a connection string: in the user info or a
-// password/sslpassword parameter of a URL; a keyword/value DSN is shown as
-// postgres://user@host:port/database only.
-func Redact(u string) string {
-	pu, err := url.Parse(u)
-	if err != nil || pu.Scheme == "" {
-		if c, err := pgconn.ParseConfig(u); err == nil {
-			return fmt.Sprintf("postgres://%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
-		}
-		return "<unparseable URL>"
-	}
-	q := pu.Query()
-	for _, k := range []string{"password", "sslpassword"} {
-		if q.Has(k) {
-			q.Set(k, "xxxxx")
-			pu.RawQuery = q.Encode()
-		}
-	}
-	return pu.Redacted()
 }
 
 // FieldError is a 400 answer naming the offending field.

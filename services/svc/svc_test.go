@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/services/svc"
 )
 
@@ -18,7 +19,7 @@ func TestRedactHidesEveryFormOfPassword(t *testing.T) {
 		"postgresql://127.0.0.1:1/postgres?sslpassword=hunter2",
 		"host=127.0.0.1 port=1 user=anna password=hunter2 dbname=postgres",
 	} {
-		if r := svc.Redact(u); strings.Contains(r, "hunter2") {
+		if r := redact.URL(u); strings.Contains(r, "hunter2") {
 			t.Errorf("Redact(%q) = %q", u, r)
 		}
 		_, err := svc.EnsureDatabase(context.Background(), u, "km0_x")

@@ -4,8 +4,7 @@
 // request/reply servers and its HTTP API. Start runs all of them in one
 // process (`km0 up`) or a chosen subset (`km0 serve NAME`). Relays and
 // consumers run under a supervisor that restarts them when they die, which is
-// how the demo's injected crashes (relay.ErrCrashed, consumer.ErrCrashed)
-// heal.
+// how the demo's injected crashes (internal/faults) heal.
 package system
 
 import (
@@ -20,7 +19,8 @@ import (
 	"unicode"
 
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/relay"
+	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
@@ -50,7 +50,7 @@ func domainTopics(renames map[string]string) []string {
 	for _, s := range Services {
 		if t, ok := Topics[s]; ok {
 			t = cmp.Or(renames[t], t)
-			out = append(out, t, t+consumer.RetrySuffix, t+consumer.DLQSuffix)
+			out = append(out, t, contract.RetryTopic(t), contract.DLQName(t))
 		}
 	}
 	return out
@@ -127,12 +127,40 @@ type Config struct {
 	// consumidor recorded with each processed message stays the contract's
 	// name. Default none: each group is named after its consumidor.
 	Groups map[string]string
-	// Brokers are the Kafka bootstrap brokers. Required.
+	// Brokers are the Kafka bootstrap brokers. Required unless every domain
+	// topic travels over RabbitMQ (Events, EventsByTopic) and request/reply
+	// too (AMQPURL).
 	Brokers []string
+	// Events is the broker that carries the domain events: EventsKafka
+	// (default) or EventsRabbitMQ. Over RabbitMQ each relay publishes to the
+	// topic exchange EventsExchange with routing key <topic>.<shard>
+	// (amqp.ShardedPublisher, EventShards shards by agregat_id), and each
+	// consumer reads its own queues, named after its group: EventShards
+	// single-active-consumer queues <group>.<i> (per-key order), or for
+	// analitica, which needs no order, one queue <group> bound with
+	// <topic>.*. The queues of every consumer are declared at Start by every
+	// process, so no event published before a consumer's process first
+	// started is lost. RabbitMQ needs AMQPURL, which then carries
+	// request/reply too. Every process of a deployment must be given the same
+	// choice.
+	Events string
+	// EventsByTopic overrides Events for some domain topics, by their
+	// CONTRACT.md name: e.g. {"comandes.esdeveniments": EventsRabbitMQ} with
+	// Events EventsKafka carries the orders over RabbitMQ and the other
+	// services' events over Kafka. A consumer whose topics are on both
+	// brokers (analitica) runs one consumer on each. Default none.
+	EventsByTopic map[string]string
+	// EventsExchange is the topic exchange of the events over RabbitMQ.
+	// Default EventsExchangeDefault.
+	EventsExchange string
+	// EventsQueuePrefix is put before the name of every queue of the events
+	// over RabbitMQ (work, shard, wait and dead-letter queues), so that
+	// several deployments can share one virtual host. Default none.
+	EventsQueuePrefix string
 	// Services to run; default all (Services).
 	Services []string
-	// AMQPURL, if set, carries request/reply over RabbitMQ; otherwise it runs
-	// over Kafka (Brokers).
+	// AMQPURL, if set, carries request/reply over RabbitMQ, and the events
+	// Events puts there; otherwise request/reply runs over Kafka (Brokers).
 	AMQPURL string
 	// Authorize makes comandes ask pagaments to authorise each order before
 	// accepting it. Default false.
@@ -189,10 +217,12 @@ type Config struct {
 	// naming them). Each service's slot is named after its database
 	// (km0_comandes_outbox). Another value fails Start.
 	RelayMode string
-	// RelayHooks are fault-injection hooks of each service's relay, by service name.
-	RelayHooks map[string]relay.Hooks
-	// ConsumerHooks are fault-injection hooks of each consumer, by consumidor name.
-	ConsumerHooks map[string]consumer.Hooks
+	// RelayFaults are crash points of each service's relay, by service name
+	// (internal/faults: the demo's chaos run and tests).
+	RelayFaults map[string]faults.Relay
+	// ConsumerFaults are crash points of each consumer, by consumidor name
+	// (internal/faults: the demo's chaos run and tests).
+	ConsumerFaults map[string]faults.Consumer[*consumer.Message]
 	// PaymentHooks are the charging handler's fault-injection hooks.
 	PaymentHooks pagaments.Hooks
 	// RestartDelay is how long the supervisor waits before restarting a dead

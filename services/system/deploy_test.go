@@ -14,6 +14,7 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/inventari"
 	"github.com/km0/km0/services/system"
@@ -55,7 +56,7 @@ func TestServicesRunOnTheirOwnDatabasesWithRenamedTopicAndGroup(t *testing.T) {
 	})
 	for service, name := range sys.DatabaseNames() {
 		if !strings.HasPrefix(name, "km0t_") || !strings.Contains(own[service], "/"+name) {
-			t.Fatalf("%s runs on database %q, want its own (%s)", service, name, pgtest.Redact(own[service]))
+			t.Fatalf("%s runs on database %q, want its own (%s)", service, name, redact.URL(own[service]))
 		}
 	}
 	if err := sys.Inventari.Restock(ctx, "carbasso", 1); err != nil {

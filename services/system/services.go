@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/services/pagaments/passarella"
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // decoder returns the consumer Decode of a handler written against handles
@@ -52,19 +53,18 @@ func (s *System) outbox() *outbox.Outbox {
 func (s *System) relayFor(ctx context.Context, service string) error {
 	cfg := relay.Config{
 		Pool:         s.pools[service],
-		Publisher:    s.pub,
+		Publisher:    s.eventsPublisher(Topics[service]),
 		Topic:        s.topic(Topics[service]),
 		Origin:       service,
 		Workers:      1,
 		PollInterval: 500 * time.Millisecond,
 		Logger:       s.log.With("service", service),
-		Hooks:        s.cfg.RelayHooks[service],
 		// Off (0) unless the operator asked: published rows are the replay
 		// window.
 		PruneOlderThan: s.cfg.RelayPruneOlderThan,
 	}
 	if s.cfg.RelayMode != RelayCDC {
-		s.sup.runRelay(service, cfg)
+		s.sup.runRelay(service, s.cfg.RelayFaults[service], cfg)
 		return nil
 	}
 	if err := cdc.CheckServer(ctx, cfg.Pool, cfg.Names, cfg.Logger); err != nil {
@@ -94,14 +94,13 @@ func cdcSlot(database string) string {
 	return slot
 }
 
-// consumerFor supervises a consumer of service whose group is its consumidor
-// (Config.Groups renames it), on the topics of Config.Topics.
-func (s *System) consumerFor(service string, cfg consumer.Config) {
-	cfg.Brokers = s.cfg.Brokers
-	cfg.Group = cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
-	for i, t := range cfg.Topics {
-		cfg.Topics[i] = s.topic(t)
-	}
+// consumerFor supervises the consumer cfg.Name of service on topics
+// (contract names; Subscriptions), whose group is its consumidor
+// (Config.Groups renames it): over Kafka, over RabbitMQ, or one over each
+// when its topics are on both. Only the source differs; the rest of cfg is
+// the same on both brokers.
+func (s *System) consumerFor(service string, topics []string, cfg consumer.Config) {
+	group := cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
 	cfg.Pool = s.pools[service]
 	cfg.Backoff = s.cfg.Backoff
 	cfg.Concurrency = 2
@@ -109,9 +108,27 @@ func (s *System) consumerFor(service string, cfg consumer.Config) {
 	// within Close's wait for the workers; consumer.ShutdownTimeoutDefault
 	// (30 s) would outlast it and the consumer would be left behind.
 	cfg.ShutdownTimeout = ShutdownGraceDefault / 2
-	cfg.Hooks = s.cfg.ConsumerHooks[cfg.Name]
 	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
-	s.sup.runConsumer(cfg)
+	probes := s.cfg.ConsumerFaults[cfg.Name]
+	worker := "consumer " + group
+	var onKafka []string
+	for _, t := range topics {
+		if s.cfg.eventsBroker(t) == EventsKafka {
+			onKafka = append(onKafka, s.topic(t))
+		}
+	}
+	if rabbit := s.rabbitTopics(topics); len(rabbit) > 0 {
+		w := worker
+		if len(onKafka) > 0 {
+			w += " (RabbitMQ)"
+		}
+		rcfg := cfg
+		rcfg.OnDeadLetter = s.reasons.observer(cfg.Name)
+		s.sup.runAMQPConsumer(w, group, s.amqpSource(cfg, rabbit), probes, rcfg)
+	}
+	if len(onKafka) > 0 {
+		s.sup.runConsumer(kafka.SourceConfig{Brokers: s.cfg.Brokers, Group: group, Topics: onKafka}, probes, cfg)
+	}
 }
 
 func (s *System) startComandes(ctx context.Context) error {
@@ -139,7 +156,7 @@ func (s *System) startComandes(ctx context.Context) error {
 		purge: func(ctx context.Context) (int64, error) {
 			return s.Comandes.PurgeRequests(ctx, s.cfg.RequestKeyRetention)
 		}})
-	s.consumerFor(comandes.Name, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Topics: []string{pagaments.Topic}, Decode: dec,
+	s.consumerFor(comandes.Name, Subscriptions[comandes.ConsumerPaymentConfirmed], consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Decode: dec,
 		Types: []string{comandes.TypePaymentConfirmed}, Handle: s.Comandes.HandlePaymentConfirmed})
 	return s.serve(comandes.Name, s.Comandes.Handler())
 }
@@ -160,7 +177,7 @@ func (s *System) startInventari(ctx context.Context) error {
 		return err
 	}
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
-	s.consumerFor(inventari.Name, consumer.Config{Name: inventari.ConsumerDecrement, Topics: []string{comandes.Topic}, Decode: dec,
+	s.consumerFor(inventari.Name, Subscriptions[inventari.ConsumerDecrement], consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec,
 		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
@@ -208,7 +225,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))
 	// One order per transaction: each attempt calls the gateway, and a failed
 	// neighbour must not make a whole batch call it again.
-	s.consumerFor(pagaments.Name, consumer.Config{Name: pagaments.ConsumerCharge, Topics: []string{comandes.Topic}, BatchSize: 1, Decode: dec,
+	s.consumerFor(pagaments.Name, Subscriptions[pagaments.ConsumerCharge], consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec,
 		Types: []string{pagaments.TypeOrderCreated}, Handle: s.Pagaments.HandleOrderCreated})
 	return s.rr.serve(ctx, pagaments.AuthQueue, rrWorkersAuthorize, s.Pagaments.Authorize)
 }
@@ -242,7 +259,7 @@ func (s *System) startRepartiment(ctx context.Context) error {
 		return err
 	}
 	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
-	s.consumerFor(repartiment.Name, consumer.Config{Name: repartiment.ConsumerAssign, Topics: []string{comandes.Topic}, Decode: dec,
+	s.consumerFor(repartiment.Name, Subscriptions[repartiment.ConsumerAssign], consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec,
 		Types: []string{repartiment.TypeOrderPaid}, Handle: s.Repartiment.HandleOrderPaid, Classifier: repartiment.Classifier})
 	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })
 	return s.serve(repartiment.Name, s.Repartiment.Handler())
@@ -257,8 +274,8 @@ func (s *System) startAnalitica(ctx context.Context) error {
 		return err
 	}
 	// At-most-once: offsets committed before processing, no inbox.
-	s.consumerFor(analitica.Name, consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
-		Topics: []string{comandes.Topic, inventari.Topic, pagaments.Topic, repartiment.Topic}, Handle: s.Analitica.HandleEvent})
+	s.consumerFor(analitica.Name, Subscriptions[analitica.ConsumerCount], consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
+		Handle: s.Analitica.HandleEvent})
 	return s.serve(analitica.Name, s.Analitica.Handler())
 }
 
@@ -275,7 +292,7 @@ func (s *System) startCataleg(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.consumerFor(cataleg.Name, consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Topics: []string{inventari.Topic}, Decode: dec,
+	s.consumerFor(cataleg.Name, Subscriptions[cataleg.ConsumerLowStock], consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Decode: dec,
 		Types: []string{cataleg.TypeStockUpdated}, Handle: s.Cataleg.HandleStockUpdated})
 	return s.serve(cataleg.Name, s.Cataleg.Handler())
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/services/cataleg"
@@ -28,7 +29,7 @@ func startStuck(t *testing.T, block func(ctx context.Context)) *System {
 	entered := make(chan struct{}, 1)
 	cfg := Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "s" + hex.EncodeToString(suffix), Brokers: b.Addrs(),
 		Services: []string{inventari.Name, cataleg.Name},
-		ConsumerHooks: map[string]consumer.Hooks{cataleg.ConsumerLowStock: {BeforeTxCommit: func(ctx context.Context, _ pgx.Tx, _ []*consumer.Message) error {
+		ConsumerFaults: map[string]faults.Consumer[*consumer.Message]{cataleg.ConsumerLowStock: {BeforeTxCommit: func(ctx context.Context, _ pgx.Tx, _ []*consumer.Message) error {
 			select {
 			case entered <- struct{}{}:
 			default:

@@ -24,6 +24,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/transport"
 )
 
@@ -130,20 +131,11 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
 		c.cancel()
-		return nil, fmt.Errorf("%w at %s: %w", ErrBrokerUnavailable, Redact(cfg.URL), err)
+		return nil, fmt.Errorf("%w at %s: %w", ErrBrokerUnavailable, redact.URL(cfg.URL), err)
 	}
 	c.install(conn)
 	go c.watch(conn)
 	return c, nil
-}
-
-// Redact hides the password of an AMQP URL.
-func Redact(u string) string {
-	pu, err := url.Parse(u)
-	if err != nil {
-		return "<unparseable URL>"
-	}
-	return pu.Redacted()
 }
 
 func (c *Conn) dial(ctx context.Context) (*amqp.Connection, error) {
@@ -207,14 +199,14 @@ func (c *Conn) watch(conn *amqp.Connection) {
 			return
 		}
 		c.install(nil)
-		c.log.Warn("amqp: connection lost; reconnecting", "url", Redact(c.cfg.URL), "cause", errString(cause))
+		c.log.Warn("amqp: connection lost; reconnecting", "url", redact.URL(c.cfg.URL), "cause", errString(cause))
 		conn = c.reconnect()
 		if conn == nil {
 			return // closed while reconnecting
 		}
 		c.reconnects.Add(1)
 		c.install(conn)
-		c.log.Info("amqp: reconnected and topology redeclared", "url", Redact(c.cfg.URL))
+		c.log.Info("amqp: reconnected and topology redeclared", "url", redact.URL(c.cfg.URL))
 	}
 }
 
@@ -251,7 +243,7 @@ func (c *Conn) reconnect() *amqp.Connection {
 			// recreated with other arguments: PRECONDITION_FAILED). It will
 			// not heal by itself, and nothing flows meanwhile: an error,
 			// naming the entity and the broker's reason, at every attempt.
-			c.log.Error("amqp: reconnected but cannot declare the topology again; retrying", "url", Redact(c.cfg.URL),
+			c.log.Error("amqp: reconnected but cannot declare the topology again; retrying", "url", redact.URL(c.cfg.URL),
 				"err", err, "retry_in", wait)
 			continue
 		}
@@ -374,7 +366,7 @@ func (c *Conn) Generation() uint64 {
 func (c *Conn) Reconnects() int64 { return c.reconnects.Load() }
 
 // URL returns the broker URL with its password hidden.
-func (c *Conn) URL() string { return Redact(c.cfg.URL) }
+func (c *Conn) URL() string { return redact.URL(c.cfg.URL) }
 
 // Close closes the connection and stops reconnecting. Channels obtained from
 // it are closed. Close is idempotent.

@@ -16,7 +16,8 @@ import (
 	"github.com/km0/km0/transport/amqp"
 )
 
-// CONTRACT 1 (K1, K2). Crash point: the consumer stops while a handler is
+// CONTRACT 1 (K1, K2). Crash point: the consumer stops (and its shutdown
+// timeout passes) while a handler is
 // inside the effect's transaction, after a later delivery of the same
 // channel committed (its ack is due). The message in hand was never acked:
 // the broker takes it back, no effect of it persisted, and the next consumer
@@ -32,12 +33,13 @@ func TestStopInsideTheEffectLeavesTheMessageOnTheBroker(t *testing.T) {
 		}
 		if string(m.Key) == "lent" {
 			once.Do(func() { close(inside) })
-			<-ctx.Done() // the stop lands while the effect's transaction is open
+			<-ctx.Done() // the stop lands while the effect's transaction is open, and outlasts the shutdown timeout
 			return ctx.Err()
 		}
 		return nil
 	})
 	cfg.Workers, cfg.Prefetch = 2, 8
+	cfg.ShutdownTimeout = 100 * time.Millisecond // past it the stop abandons the effect in hand
 	c, stop := startConsumer(t, cfg)
 	slow := event(t, b.queue, "lent", 0)
 	publish(t, b, slow)
@@ -96,7 +98,7 @@ func TestRetryCopyThatCannotBePublishedDeadLettersTheOriginal(t *testing.T) {
 	}
 	lost := event(t, b.queue, "k", 2)
 	publish(t, b, lost)
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 10*time.Second, "the second message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 	id, _ := lost.Header("id_esdeveniment")
 	dl, err := dlq.Show(context.Background(), id)

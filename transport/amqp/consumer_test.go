@@ -31,8 +31,8 @@ func publish(t *testing.T, b *bundle, msgs ...*transport.Message) {
 	}
 }
 
-func (b *bundle) consumerConfig(h consumer.Handler) amqp.ConsumerConfig {
-	return amqp.ConsumerConfig{Conn: b.conn, Queue: b.queue, Pool: b.pool, Name: "prova.efecte", Inbox: b.inbox(),
+func (b *bundle) consumerConfig(h consumer.Handler) consumerConfig {
+	return consumerConfig{Conn: b.conn, Queue: b.queue, Pool: b.pool, Name: "prova.efecte", Inbox: b.inbox(),
 		Handler: h, BackoffBase: 100 * time.Millisecond, Workers: 1}
 }
 
@@ -52,11 +52,11 @@ func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
 	}
 	publish(t, b, msgs...)
 	waitFor(t, 30*time.Second, "500 effects", func() bool { n, _ := countEffects(t, b.db); return n == 500 })
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 10*time.Second, "the poison message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 	st := c.Stats()
-	if st.Processed != 500 || st.DeadLettered != 1 || st.Retried != 0 || st.Failures != 1 {
-		t.Fatalf("stats %+v, want 500 processed, 1 dead-lettered, 0 retried, 1 failure", st)
+	if st.Processed != 500 || st.DeadLettered != 1 || st.Retried != 0 || st.Panics != 0 {
+		t.Fatalf("stats %+v, want 500 processed, 1 dead-lettered, 0 retried", st)
 	}
 	dl, err := dlq.Show(context.Background(), "verinos-1")
 	if err != nil {
@@ -87,7 +87,7 @@ func TestTransientFailureIsRetriedWithGrowingDelaysThenDeadLettered(t *testing.T
 	}))
 	ev := event(t, b.queue, "k", 1)
 	publish(t, b, ev)
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 20*time.Second, "the message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 	mu.Lock()
 	defer mu.Unlock()
@@ -144,20 +144,6 @@ func TestTransientFailureThenSuccessAppliesTheEffectOnce(t *testing.T) {
 	}
 }
 
-// A redelivered message whose key is recorded is acked as a duplicate.
-func TestDuplicateIsAbsorbedByTheInbox(t *testing.T) {
-	b := setup(t)
-	c, _ := startConsumer(t, b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		return recordEffect(ctx, tx, m, 0)
-	}))
-	ev := event(t, b.queue, "k", 1)
-	publish(t, b, ev, ev, ev)
-	waitFor(t, 10*time.Second, "3 deliveries handled", func() bool { st := c.Stats(); return st.Processed+st.Duplicates == 3 })
-	if rows, _ := countEffects(t, b.db); rows != 1 || c.Stats().Duplicates != 2 {
-		t.Fatalf("%d effects, stats %+v; want 1 effect and 2 duplicates", rows, c.Stats())
-	}
-}
-
 func (b *bundle) inbox() *inbox.Inbox { return inbox.New(inbox.Config{Names: b.db.Names()}) }
 
 // Acks are coalesced (multiple=true over settled runs of tags), yet a slow
@@ -175,7 +161,9 @@ func TestSlowMessageDoesNotStallTheMessagesBehindIt(t *testing.T) {
 		}
 		return recordEffect(ctx, tx, m, 0)
 	})
-	cfg.Workers, cfg.Prefetch = 2, 4
+	// One message per transaction: a batch waits for its slowest message
+	// (as on Kafka); this proves the acks, not the batching.
+	cfg.Workers, cfg.Prefetch, cfg.BatchSize = 2, 4, 1
 	c, stop := startConsumer(t, cfg)
 	t.Cleanup(free)
 	msgs := []*transport.Message{event(t, b.queue, "lent", 0)}
@@ -224,7 +212,7 @@ func TestAtMostOnceCleanStopAppliesEveryAckedMessage(t *testing.T) {
 		}
 	}
 	st := c.Stats()
-	if n-left != effects || effects != distinct || int64(effects) != st.Processed || st.Failures != 0 || effects == n {
+	if n-left != effects || effects != distinct || int64(effects) != st.Processed || st.Retried+st.DeadLettered != 0 || effects == n {
 		t.Fatalf("acked %d, effects %d (distinct %d), stats %+v: want every acked message applied once, none failed, some left",
 			n-left, effects, distinct, st)
 	}
@@ -268,6 +256,6 @@ func TestConsumerRedeclaresItsQueueWhenItIsDeleted(t *testing.T) {
 	// The queue came back with its dead-letter arguments: a poison message
 	// still reaches the DLQ.
 	publish(t, b, &transport.Message{Topic: b.queue, Value: []byte(`{`)})
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 10*time.Second, "the poison message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 }

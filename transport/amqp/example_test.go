@@ -28,11 +28,18 @@ func ExampleConsumer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := amqp.NewConsumer(ctx, amqp.ConsumerConfig{
+	src, err := amqp.NewSource(ctx, amqp.SourceConfig{
 		Conn: conn, Queue: "inventari.comandes",
 		Exchange: "km0.esdeveniments", RoutingKeys: []string{"comandes.esdeveniments"},
-		Pool: pool, Name: "inventari.descompte_estoc", Types: []string{"comanda.creada"},
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// The same consumer.Config as on Kafka, but for its Source.
+	c, err := consumer.New(consumer.Config{
+		Source: src,
+		Pool:   pool, Name: "inventari.descompte_estoc", Types: []string{"comanda.creada"},
+		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			tag, err := tx.Exec(ctx, `UPDATE estoc SET unitats = unitats - 1 WHERE producte = 'carbasso' AND unitats >= 1`)
 			if err != nil {
 				return err // transient by default: retried 1 s, 2 s later
@@ -71,24 +78,4 @@ func ExampleShardedPublisher() {
 	if err != nil {
 		log.Fatal(err)
 	}
-}
-
-// List the dead letters of a queue by reason, then replay the fixed ones.
-func ExampleDLQ() {
-	ctx := context.Background()
-	conn, err := amqp.Dial(ctx, amqp.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	dlq := amqp.NewDLQ(conn, "repartiment.comandes")
-	letters, err := dlq.List(ctx, amqp.DLQFilter{Reason: "permanent"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, dl := range letters {
-		log.Printf("%s %s %s", dl.EventID, dl.DeadAt.Format(time.RFC3339), dl.Reason)
-	}
-	n, err := dlq.Replay(ctx, amqp.DLQFilter{Reason: "permanent"}, false)
-	log.Printf("replayed %d: %v", n, err)
 }

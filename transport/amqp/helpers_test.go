@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -14,6 +16,8 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
@@ -78,18 +82,79 @@ func countEffects(t testing.TB, db *pgtest.Schema) (rows, distinct int) {
 	return rows, distinct
 }
 
+// consumerConfig is a consumer on RabbitMQ in these tests: the fields of
+// the source (amqp.SourceConfig) and of the pipeline (consumer.Config) that
+// the tests set, in one literal.
+type consumerConfig struct {
+	// the source's
+	Conn                *amqp.Conn
+	Queue               string
+	Exchange            string
+	RoutingKeys         []string
+	Shards              int
+	Instance, Instances int
+	StandbyDelay        time.Duration
+	Prefetch, Workers   int
+	WaitQueueExpiry     time.Duration
+	// the pipeline's
+	Pool        *pgxpool.Pool
+	Inbox       *inbox.Inbox
+	Name        string
+	Handler     consumer.Handler
+	HandleBatch consumer.BatchHandler
+	Types       []string
+	Mode        consumer.Mode
+	Decode      func([]byte) (*envelope.Envelope, error)
+	MaxAttempts int
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	BatchSize   int
+	// ShutdownTimeout bounds how long a stop lets the work in hand run.
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger
+	// Hooks are crash points (internal/faults), carried in Run's context.
+	Hooks faults.Consumer[*consumer.Message]
+}
+
+// testConsumer is a running consumer and its source.
+type testConsumer struct {
+	*consumer.Consumer
+	src *amqp.Source
+}
+
+// Queues returns the queues the source declared.
+func (c *testConsumer) Queues() []string { return c.src.Queues() }
+
+// newConsumer builds the source (declaring its topology) and the consumer.
+func newConsumer(ctx context.Context, cfg consumerConfig) (*testConsumer, error) {
+	src, err := amqp.NewSource(ctx, amqp.SourceConfig{Conn: cfg.Conn, Queue: cfg.Queue, Exchange: cfg.Exchange,
+		RoutingKeys: cfg.RoutingKeys, Shards: cfg.Shards, Instance: cfg.Instance, Instances: cfg.Instances,
+		StandbyDelay: cfg.StandbyDelay, Prefetch: cfg.Prefetch, Workers: cfg.Workers, WaitQueueExpiry: cfg.WaitQueueExpiry})
+	if err != nil {
+		return nil, err
+	}
+	c, err := consumer.New(consumer.Config{Source: src, Pool: cfg.Pool, Inbox: cfg.Inbox, Name: cfg.Name,
+		Handle: cfg.Handler, HandleBatch: cfg.HandleBatch, Types: cfg.Types, Mode: cfg.Mode, Decode: cfg.Decode,
+		MaxAttempts: cfg.MaxAttempts, Backoff: cfg.BackoffBase, BackoffMax: cfg.BackoffMax, BatchSize: cfg.BatchSize,
+		ShutdownTimeout: cfg.ShutdownTimeout, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return &testConsumer{Consumer: c, src: src}, nil
+}
+
 // startConsumer builds and runs a consumer until the test ends; its queues
 // are deleted at cleanup. It returns the consumer and a stop function that
 // cancels it and waits for Run to return.
-func startConsumer(t *testing.T, cfg amqp.ConsumerConfig) (*amqp.Consumer, func()) {
+func startConsumer(t *testing.T, cfg consumerConfig) (*testConsumer, func()) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := amqp.NewConsumer(ctx, cfg)
+	c, err := newConsumer(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	amqptest.DeleteQueuesAtCleanup(t, c.Queues)
-	runCtx, cancel := context.WithCancel(ctx)
+	runCtx, cancel := context.WithCancel(faults.WithConsumer(ctx, cfg.Hooks))
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 	stopped := false
@@ -132,4 +197,30 @@ func getAll(t testing.TB, conn *amqp.Conn, queue string) []amqp091.Delivery {
 func queueLen(t testing.TB, conn *amqp.Conn, queue string) int {
 	t.Helper()
 	return amqptest.QueueLen(t, conn, queue)
+}
+
+// testDLQ reads the DLQ of a work queue without changing it (amqptest).
+type testDLQ struct {
+	t     testing.TB
+	conn  *amqp.Conn
+	queue string
+}
+
+func newTestDLQ(t testing.TB, conn *amqp.Conn, queue string) *testDLQ {
+	return &testDLQ{t: t, conn: conn, queue: queue}
+}
+
+func (q *testDLQ) Count(context.Context) (int, error) {
+	return amqptest.DLQLen(q.t, q.conn, q.queue), nil
+}
+
+func (q *testDLQ) List(context.Context, any) ([]*amqp.DeadLetter, error) {
+	return amqptest.DeadLetters(q.t, q.conn, q.queue), nil
+}
+
+func (q *testDLQ) Show(_ context.Context, id string) (*amqp.DeadLetter, error) {
+	if dl := amqptest.DeadLetter(q.t, q.conn, q.queue, id); dl != nil {
+		return dl, nil
+	}
+	return nil, fmt.Errorf("dead letter %s not in %s", id, amqp.DLQName(q.queue))
 }

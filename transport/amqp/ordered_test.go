@@ -28,7 +28,7 @@ func TestOrderedModeKeepsOrderPerKeyAcrossInstancesAndFailover(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	stops := make([]func(), instances)
-	consumers := make([]*amqp.Consumer, instances)
+	consumers := make([]*testConsumer, instances)
 	for i := range instances {
 		conn := b.conn
 		if i > 0 {

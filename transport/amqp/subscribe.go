@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync"
 	"time"
 
@@ -39,6 +40,13 @@ type SubscribeConfig struct {
 // cancels the consumer, lets the workers finish the deliveries they hold, and
 // returns nil. It returns ErrConnClosed if the Conn is closed.
 func (c *Conn) Subscribe(ctx context.Context, cfg SubscribeConfig, fn func(ctx context.Context, d *amqp.Delivery)) error {
+	return c.subscribe(ctx, cfg, 1, func(ctx context.Context, ds []*amqp.Delivery) { fn(ctx, ds[0]) })
+}
+
+// subscribe is Subscribe handing each worker up to batch deliveries at a
+// time: the one it waited for and those already buffered behind it, in
+// their order.
+func (c *Conn) subscribe(ctx context.Context, cfg SubscribeConfig, batch int, fn func(ctx context.Context, ds []*amqp.Delivery)) error {
 	if cfg.Queue == "" {
 		return errors.New("amqp: Subscribe: empty queue name")
 	}
@@ -63,7 +71,7 @@ func (c *Conn) Subscribe(ctx context.Context, cfg SubscribeConfig, fn func(ctx c
 			}
 			return err
 		}
-		err = c.consumeOnce(ctx, ch, cfg, fn)
+		err = c.consumeOnce(ctx, ch, cfg, max(batch, 1), fn)
 		_ = ch.Close()
 		if ctx.Err() != nil {
 			return nil
@@ -94,7 +102,7 @@ func (c *Conn) Subscribe(ctx context.Context, cfg SubscribeConfig, fn func(ctx c
 
 // consumeOnce consumes on ch until the deliveries stop (channel closed,
 // consumer cancelled) or ctx ends.
-func (c *Conn) consumeOnce(ctx context.Context, ch *amqp.Channel, cfg SubscribeConfig, fn func(context.Context, *amqp.Delivery)) error {
+func (c *Conn) consumeOnce(ctx context.Context, ch *amqp.Channel, cfg SubscribeConfig, batch int, fn func(context.Context, []*amqp.Delivery)) error {
 	if err := ch.Qos(cfg.Prefetch, 0, false); err != nil {
 		return err
 	}
@@ -121,7 +129,31 @@ func (c *Conn) consumeOnce(ctx context.Context, ch *amqp.Channel, cfg SubscribeC
 						return
 					}
 					d.Acknowledger = ack
-					fn(ctx, &d)
+					ds := []*amqp.Delivery{&d}
+					// Take what the client library already holds, without
+					// waiting for more: amqp091-go hands deliveries over one
+					// at a time from a goroutine, so a failed take yields
+					// once to let it offer the next before giving up.
+					yielded := false
+				more:
+					for len(ds) < batch {
+						select {
+						case d, ok := <-deliveries:
+							if !ok {
+								break more
+							}
+							d.Acknowledger = ack
+							ds = append(ds, &d)
+							yielded = false
+						default:
+							if yielded {
+								break more
+							}
+							yielded = true
+							runtime.Gosched()
+						}
+					}
+					fn(ctx, ds)
 				case <-stop:
 					return
 				}

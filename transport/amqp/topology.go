@@ -9,6 +9,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/km0/km0/contract"
 )
 
 // Names of CONTRACT.md.
@@ -17,9 +19,9 @@ const (
 	// in x-dead-letter-exchange.
 	DLXDefault = "km0.dlx"
 	// DLQSuffix makes <queue>.dlq, bound to km0.dlx with routing key <queue>.
-	DLQSuffix = ".dlq"
+	DLQSuffix = contract.DLQSuffix
 	// WaitInfix makes the wait queues <queue>.espera.<milliseconds>.
-	WaitInfix = ".espera."
+	WaitInfix = contract.WaitInfix
 )
 
 // Queue arguments RabbitMQ interprets.
@@ -119,12 +121,12 @@ func (t Topology) apply(ctx context.Context, ch *amqp.Channel) error {
 }
 
 // DLQName returns <queue>.dlq.
-func DLQName(queue string) string { return queue + DLQSuffix }
+func DLQName(queue string) string { return contract.DLQName(queue) }
 
 // WaitQueueName returns <queue>.espera.<ms>, the wait queue that holds a
 // message for delay and then dead-letters it back to queue.
 func WaitQueueName(queue string, delay time.Duration) string {
-	return queue + WaitInfix + strconv.FormatInt(delay.Milliseconds(), 10)
+	return contract.WaitQueueName(queue, delay)
 }
 
 // ShardQueueName returns <queue>.<i>, the i-th queue of ordered mode.

@@ -99,9 +99,9 @@ func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 10*time.Second, "2 letters in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 2 })
-	letters, err := dlq.List(context.Background(), amqp.DLQFilter{})
+	letters, err := dlq.List(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestTimeHeadersAreUnixSecondsAndOldMillisecondsStillRead(t *testing.T) {
 	// As the consumer wrote it before: intents and primera_fallada as AMQP
 	// longs, no_abans with three decimals.
 	publishRaw(t, b, id, body, amqp091.Table{"intents": int64(1), "primera_fallada": legacyMS, "no_abans": "1789000000.123"})
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 20*time.Second, "the dead letter", func() bool {
 		n, _ := dlq.Count(context.Background())
 		return n == 1 && c.Stats().DeadLettered == 1
@@ -154,7 +154,7 @@ func TestTimeHeadersAreUnixSecondsAndOldMillisecondsStillRead(t *testing.T) {
 	if ts, err := contract.ParseTime(nb); err != nil || nb != contract.FormatTime(ts) || ts.Before(start) {
 		t.Fatalf("no_abans of the wait-queue copy %q: want unix seconds with six decimals, after the test started", nb)
 	}
-	letters, err := dlq.List(context.Background(), amqp.DLQFilter{})
+	letters, err := dlq.List(context.Background(), nil)
 	if err != nil || len(letters) != 1 {
 		t.Fatalf("%d letters, %v", len(letters), err)
 	}
@@ -206,7 +206,7 @@ func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
 	if rows, _ := countEffects(t, b.db); rows != 1 {
 		t.Fatalf("%d effects, want 1", rows)
 	}
-	dlq := amqp.NewDLQ(b.conn, b.queue)
+	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 10*time.Second, "3 letters in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 3 })
 	want := map[string]string{
 		notUTF8: `permanent: esquema: capçalera tipus no UTF-8 \"prova.feta\\xff\" no coincideix amb l'envolupant \"prova.feta\"`,
@@ -214,7 +214,7 @@ func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
 		number:  `permanent: esquema: capçalera tipus no text \"5 (int32)\" no coincideix amb l'envolupant \"prova.feta\"`,
 	}
 	for id, motiu := range want {
-		if !logged(logBuf, `msg="amqp: dead letter (permanent)"`, "message_id="+id, `motiu="`+motiu+`"`) {
+		if !logged(logBuf, `msg="consumer: dead letter"`, "id="+id, `motiu="`+motiu+`"`) {
 			t.Errorf("no dead-letter log line for %s with motiu %s:\n%s", id, motiu, logBuf.String())
 		}
 		if _, err := dlq.Show(context.Background(), id); err != nil {

@@ -205,3 +205,44 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 	}
 }
+
+// DLQLen returns the number of messages in the DLQ of the work queue queue.
+func DLQLen(t testing.TB, conn *amqp.Conn, queue string) int {
+	t.Helper()
+	return QueueLen(t, conn, amqp.DLQName(queue))
+}
+
+// DeadLetters returns the messages of the DLQ of the work queue queue as
+// the DLQ index reads them (amqp.DeadLetterOf), oldest first, and leaves
+// them all in the DLQ: it gets them unacked and closes its channel, so
+// RabbitMQ requeues them in their order. Tests read a DLQ with it; operators
+// use package dlq (`km0 dlq`).
+func DeadLetters(t testing.TB, conn *amqp.Conn, queue string) []*amqp.DeadLetter {
+	t.Helper()
+	var out []*amqp.DeadLetter
+	err := conn.Do(context.Background(), func(ch *amqp091.Channel) error {
+		for {
+			d, ok, err := ch.Get(amqp.DLQName(queue), false)
+			if err != nil || !ok {
+				return err
+			}
+			out = append(out, amqp.DeadLetterOf(queue, &d))
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// DeadLetter returns the dead letter of queue's DLQ whose id_esdeveniment
+// or message_id is id, or nil.
+func DeadLetter(t testing.TB, conn *amqp.Conn, queue, id string) *amqp.DeadLetter {
+	t.Helper()
+	for _, dl := range DeadLetters(t, conn, queue) {
+		if dl.EventID == id || dl.MessageID == id {
+			return dl
+		}
+	}
+	return nil
+}

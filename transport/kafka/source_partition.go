@@ -1,4 +1,4 @@
-package consumer
+package kafka
 
 import (
 	"cmp"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/transport"
 )
 
 // partition is the worker of one assigned partition. Records of a domain
@@ -16,7 +18,7 @@ import (
 // due (see runRetry). Partitions run in parallel, at most Concurrency batches
 // at once.
 type partition struct {
-	c      *Consumer
+	s      *Source
 	topic  string
 	part   int32
 	source string // the domain topic (topic itself, or the topic of a .retry)
@@ -47,20 +49,20 @@ type epochOffset struct {
 	epoch  int32
 }
 
-func newPartition(c *Consumer, topic string, part int32) *partition {
-	source, retry := c.retryOf[topic]
+func newPartition(s *Source, topic string, part int32) *partition {
+	source, retry := s.retryOf[topic]
 	if !retry {
 		source = topic
 	}
 	// Fetched records wait here decompressed: four batches ahead keep the
 	// worker busy, and the bound keeps a backlog of large batches (inventari
 	// runs 1,000) out of memory.
-	high := max(4*c.cfg.BatchSize, 4096)
+	high := max(4*s.set.BatchSize, 4096)
 	if retry {
-		high = c.cfg.MaxHeld
+		high = s.cfg.MaxHeld
 	}
 	return &partition{
-		c: c, topic: topic, part: part, source: source, retry: retry,
+		s: s, topic: topic, part: part, source: source, retry: retry,
 		high: high, low: high / 2,
 		finished: map[int64]bool{},
 		mark:     kgo.EpochOffset{Offset: -1, Epoch: -1},
@@ -83,7 +85,7 @@ func (p *partition) push(recs []*kgo.Record) {
 	}
 	if !p.paused && len(p.queue)+p.held > p.high {
 		p.paused = true
-		p.c.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.part}})
+		p.s.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.part}})
 	}
 	p.mu.Unlock()
 	select {
@@ -112,7 +114,7 @@ func (p *partition) take(n int) []*kgo.Record {
 func (p *partition) resumeLocked() {
 	if p.paused && len(p.queue)+p.held <= p.low {
 		p.paused = false
-		p.c.cl.ResumeFetchPartitions(map[string][]int32{p.topic: {p.part}})
+		p.s.cl.ResumeFetchPartitions(map[string][]int32{p.topic: {p.part}})
 	}
 }
 
@@ -174,7 +176,7 @@ func (p *partition) run() {
 		return
 	}
 	for !p.stopping() {
-		batch := p.take(p.c.cfg.BatchSize)
+		batch := p.take(p.s.set.BatchSize)
 		if len(batch) == 0 {
 			select {
 			case <-p.wake:
@@ -184,7 +186,7 @@ func (p *partition) run() {
 		}
 		items := make([]*item, len(batch))
 		for i, r := range batch {
-			items[i] = &item{rec: r, attempt: 1}
+			items[i] = p.item(r, 1)
 		}
 		if !p.process(items) {
 			return
@@ -201,8 +203,12 @@ func (p *partition) run() {
 // when the consumer is crashing or the batch was abandoned (nothing of it
 // gets committed).
 func (p *partition) process(items []*item) bool {
-	c := p.c
-	if c.cfg.Mode == AtMostOnce {
+	s := p.s
+	ds := make([]*transport.Delivery, len(items))
+	for i, it := range items {
+		ds[i] = it.d
+	}
+	if s.set.AtMostOnce {
 		// At-most-once: the offsets are committed before processing; a crash
 		// from here on loses these records.
 		recs := make([]*kgo.Record, len(items))
@@ -210,48 +216,48 @@ func (p *partition) process(items []*item) bool {
 			recs[i] = it.rec
 		}
 		p.finish(recs)
-		if !c.commitNow(p) {
+		if !s.commitNow(p) {
 			return false
 		}
 	}
-	fails, err := c.handle(p, items)
+	fails, err := s.p.Handle(s.workCtx, &transport.Batch{Deliveries: ds, Stop: p.quit})
 	if err != nil {
 		return false
 	}
-	if c.cfg.Mode == AtLeastOnce {
-		failed := make(map[*item]bool, len(fails))
+	if !s.set.AtMostOnce {
+		failed := make(map[*transport.Delivery]bool, len(fails))
 		for _, f := range fails {
-			failed[f.it] = true
+			failed[f.D] = true
 		}
 		done := make([]*kgo.Record, 0, len(items))
 		for _, it := range items {
-			if !failed[it] {
+			if !failed[it.d] {
 				done = append(done, it.rec)
 			}
 		}
 		p.finish(done)
-		c.wakeCommitter()
+		s.wakeCommitter()
 	}
 	if len(fails) == 0 {
 		return true
 	}
 	select {
 	case p.routes <- struct{}{}: // at most routesPerPartition batches in flight
-	case <-c.workCtx.Done():
+	case <-s.workCtx.Done():
 		return false
 	}
 	p.routing.Add(1)
 	go func() {
 		defer func() { <-p.routes; p.routing.Done() }()
-		if c.route(p, fails) != nil || c.cfg.Mode != AtLeastOnce {
+		if s.route(p, fails) != nil || s.set.AtMostOnce {
 			return
 		}
 		recs := make([]*kgo.Record, len(fails))
 		for i, f := range fails {
-			recs[i] = f.it.rec
+			recs[i] = f.D.Ref.(*kgo.Record)
 		}
 		p.finish(recs)
-		c.wakeCommitter()
+		s.wakeCommitter()
 	}()
 	return true
 }
@@ -263,15 +269,15 @@ const routesPerPartition = 4
 
 // commitNow commits p's mark synchronously, retrying until it succeeds, the
 // partition is stopped or the consumer crashes.
-func (c *Consumer) commitNow(p *partition) bool {
+func (s *Source) commitNow(p *partition) bool {
 	wait := 50 * time.Millisecond
 	for {
-		err := c.commit(c.workCtx, []*partition{p})
+		err := s.commit(s.workCtx, []*partition{p})
 		if err == nil {
 			return true
 		}
-		c.log.Warn("consumer: at-most-once commit", "topic", p.topic, "partition", p.part, "err", err)
-		if !c.pause(p, &wait) {
+		s.log.Warn("consumer: at-most-once commit", "topic", p.topic, "partition", p.part, "err", err)
+		if !s.pause(p, &wait) {
 			return false
 		}
 	}
@@ -279,23 +285,23 @@ func (c *Consumer) commitNow(p *partition) bool {
 
 // pause waits *wait (doubling it, up to 5 s) unless the partition stops or
 // the consumer crashes first; it reports whether to carry on.
-func (c *Consumer) pause(p *partition, wait *time.Duration) bool {
+func (s *Source) pause(p *partition, wait *time.Duration) bool {
 	d := *wait
 	*wait = min(2**wait, 5*time.Second)
-	return c.sleep(p, d)
+	return s.sleep(p, d)
 }
 
 // sleep waits d unless the partition stops or the consumer stops or crashes
 // first; it reports whether to carry on.
-func (c *Consumer) sleep(p *partition, d time.Duration) bool {
+func (s *Source) sleep(p *partition, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return c.workCtx.Err() == nil
+		return s.workCtx.Err() == nil
 	case <-p.quit:
 		return false
-	case <-c.workCtx.Done():
+	case <-s.workCtx.Done():
 		return false
 	}
 }
@@ -309,32 +315,32 @@ func (c *Consumer) sleep(p *partition, d time.Duration) bool {
 // finished offsets, so an unfinished copy is redelivered after a crash or a
 // rebalance.
 func (p *partition) runRetry() {
-	c := p.c
+	s := p.s
 	var waiting heldHeap
-	defer func() { c.m.held.Sub(float64(len(waiting))) }()
+	defer func() { s.p.Held(-len(waiting)) }()
 	var timer *time.Timer
 	for !p.stopping() {
 		var foreign []*kgo.Record
 		taken := time.Now()
 		for _, r := range p.take(0) {
-			it := c.retryItem(r, taken)
+			it := p.retryItem(r, taken)
 			if it == nil {
 				foreign = append(foreign, r)
 				continue
 			}
 			heap.Push(&waiting, it)
-			c.m.held.Inc()
+			s.p.Held(1)
 		}
 		if len(foreign) > 0 {
-			c.count(p.source, resForeign, int64(len(foreign)))
+			s.p.Foreign(p.source, len(foreign))
 			p.finish(foreign)
-			c.wakeCommitter()
+			s.wakeCommitter()
 		}
 		now := time.Now()
 		var ready []*item
-		for len(waiting) > 0 && !waiting[0].notBefore.After(now) && len(ready) < c.cfg.BatchSize {
+		for len(waiting) > 0 && !waiting[0].notBefore.After(now) && len(ready) < s.set.BatchSize {
 			ready = append(ready, heap.Pop(&waiting).(*item))
-			c.m.held.Dec()
+			s.p.Held(-1)
 		}
 		p.setHeld(len(waiting))
 		if len(ready) > 0 {
@@ -359,6 +365,20 @@ func (p *partition) runRetry() {
 		case <-p.quit:
 		}
 	}
+}
+
+// item is one record on its way to the pipeline.
+type item struct {
+	rec       *kgo.Record
+	d         *transport.Delivery
+	notBefore time.Time // retry copies: no_abans
+}
+
+// item returns the item of r, a record of p on its attempt-th attempt.
+func (p *partition) item(r *kgo.Record, attempt int) *item {
+	d := &transport.Delivery{Message: FromRecord(r), Origin: p.source, Partition: r.Partition, Offset: r.Offset,
+		Timestamp: r.Timestamp, Attempt: attempt, Ref: r}
+	return &item{rec: r, d: d}
 }
 
 // heldHeap orders held retry copies by no_abans, then offset.

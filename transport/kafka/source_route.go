@@ -1,4 +1,4 @@
-package consumer
+package kafka
 
 import (
 	"context"
@@ -13,31 +13,31 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
-	"github.com/km0/km0/transport/kafka"
 )
 
 // Headers km0 adds to retry and DLQ copies, besides CONTRACT.md's intents,
-// no_abans, ultim_error and motiu. They keep the first failure's position, so
-// an operator (and `km0 dlq`) can trace a dead letter to its source record.
-// The time headers are unix seconds (contract.FormatTime).
+// no_abans, ultim_error and motiu (package contract). They keep the first
+// failure's position, so an operator (and `km0 dlq`) can trace a dead letter
+// to its source record. The time headers are unix seconds
+// (contract.FormatTime). data_original is the source record's timestamp: for
+// an event without data_ms, the earliest moment another group can have
+// recorded its key, which bounds a safe replay (dlq.Letter.Oldest).
 const (
-	HeaderOriginalTopic     = contract.HeaderOriginalTopic     // the domain topic
-	HeaderOriginalPartition = contract.HeaderOriginalPartition // its partition
-	HeaderOriginalOffset    = contract.HeaderOriginalOffset    // its offset
-	HeaderFirstFailure      = contract.HeaderFirstFailure      // time of the first failure
-	HeaderGroup             = contract.HeaderGroup             // the group whose handler failed
-	// HeaderOriginalTime is the source record's timestamp: for an event
-	// without data_ms, the earliest moment another group can have recorded
-	// its key, which bounds a safe replay (dlq.Letter.Oldest).
-	HeaderOriginalTime = contract.HeaderOriginalTime
+	HeaderOriginalTopic     = contract.HeaderOriginalTopic
+	HeaderOriginalPartition = contract.HeaderOriginalPartition
+	HeaderOriginalOffset    = contract.HeaderOriginalOffset
+	HeaderFirstFailure      = contract.HeaderFirstFailure
+	HeaderGroup             = contract.HeaderGroup
+	HeaderOriginalTime      = contract.HeaderOriginalTime
 )
 
 // retryHeaders are the headers a copy gets from the consumer; Republish
 // strips them all.
 var retryHeaders = map[string]bool{
-	transport.HeaderAttempts: true, transport.HeaderNotBefore: true, transport.HeaderLastError: true,
-	transport.HeaderReason: true, HeaderOriginalTopic: true, HeaderOriginalPartition: true,
+	contract.HeaderAttempts: true, contract.HeaderNotBefore: true, contract.HeaderLastError: true,
+	contract.HeaderReason: true, HeaderOriginalTopic: true, HeaderOriginalPartition: true,
 	HeaderOriginalOffset: true, HeaderFirstFailure: true, HeaderGroup: true, HeaderOriginalTime: true,
+	contract.HeaderDeadAt: true,
 }
 
 // retryItem reads the headers of a retry copy. It returns nil for a copy of
@@ -48,7 +48,8 @@ var retryHeaders = map[string]bool{
 // makes at most the last attempt, and no_abans is at most BackoffMax away,
 // so a forged or broken copy can neither retry forever nor be held (and
 // hold its partition's committed offset back) longer than a copy of our own.
-func (c *Consumer) retryItem(r *kgo.Record, now time.Time) *item {
+func (p *partition) retryItem(r *kgo.Record, now time.Time) *item {
+	s := p.s
 	h := func(k string) (string, bool) {
 		for _, x := range r.Headers {
 			if x.Key == k {
@@ -57,102 +58,60 @@ func (c *Consumer) retryItem(r *kgo.Record, now time.Time) *item {
 		}
 		return "", false
 	}
-	if g, _ := h(HeaderGroup); g != "" && g != c.cfg.Group { // an empty one names no group: ours
+	if g, _ := h(HeaderGroup); g != "" && g != s.cfg.Group { // an empty one names no group: ours
 		return nil
 	}
-	v, _ := h(transport.HeaderAttempts)
-	it := &item{rec: r, attempt: contract.Attempt(v, c.cfg.MaxAttempts)}
-	if v, ok := h(transport.HeaderNotBefore); ok {
-		it.notBefore = contract.NotBefore(v, now, c.cfg.BackoffMax)
+	v, _ := h(contract.HeaderAttempts)
+	it := p.item(r, contract.Attempt(v, s.set.MaxAttempts))
+	if v, ok := h(contract.HeaderNotBefore); ok {
+		it.notBefore = contract.NotBefore(v, now, s.set.BackoffMax)
 	}
 	if v, ok := h(HeaderFirstFailure); ok {
-		it.firstFailure, _ = contract.ParseTime(v)
+		it.d.FirstFailure, _ = contract.ParseTime(v)
 	}
 	return it
 }
 
-// route copies each failure to <topic>.retry (transient, attempts left) or
-// <topic>.dlq (permanent, or attempts exhausted), waits until the broker
-// confirmed every copy, then runs BeforeSourceCommit. Only then may the
-// caller mark the source offsets: a crash before that redelivers the record,
-// and the inbox absorbs whichever of the two copies comes second. It returns
-// an error when the consumer crashed or the copies were abandoned (partition
-// stopped while the broker refused them): then nothing may be marked.
-func (c *Consumer) route(p *partition, fails []failure) error {
-	if len(fails) == 0 {
+// route copies each settlement's record to <topic>.retry (a retry) or
+// <topic>.dlq (a dead letter), waits until the broker confirmed every copy,
+// then reports them to the pipeline (Settled, which runs the
+// BeforeSourceCommit crash point). Only then may the caller mark the source
+// offsets: a crash before that redelivers the record, and the inbox absorbs
+// whichever of the two copies comes second. It returns an error when the
+// consumer crashed or the copies were abandoned (partition stopped while the
+// broker refused them): then nothing may be marked.
+func (s *Source) route(p *partition, ss []*transport.Settlement) error {
+	if len(ss) == 0 {
 		return nil
 	}
 	now := time.Now()
-	recs := make([]*kgo.Record, len(fails))
-	dead := make([]string, len(fails)) // motiu of dead letters, "" for retries
-	for i, f := range fails {
-		var pe *PanicError
-		if errors.As(f.err, &pe) {
-			c.counts[resPanic].Add(1)
-		}
-		if f.kind == outcome.KindPermanent || f.it.attempt >= c.cfg.MaxAttempts {
-			dead[i] = outcome.Reason(f.kind, f.err)
-			recs[i] = c.copyOf(f.it, p.source+DLQSuffix, now, map[string]string{
-				transport.HeaderAttempts: strconv.Itoa(f.it.attempt),
-				transport.HeaderReason:   dead[i],
+	recs := make([]*kgo.Record, len(ss))
+	for i, st := range ss {
+		rec := st.D.Ref.(*kgo.Record)
+		if st.Dead {
+			recs[i] = s.copyOf(rec, st.D, contract.DLQName(p.source), now, map[string]string{
+				contract.HeaderAttempts:  strconv.Itoa(st.D.Attempt),
+				contract.HeaderReason:    st.Reason,
+				contract.HeaderLastError: st.LastError,
+				contract.HeaderDeadAt:    contract.FormatTime(now), // as on RabbitMQ: one header set on both brokers
 			})
 			continue
 		}
-		wait := min(f.wait, c.cfg.BackoffMax) // a RetryAfter delay too: what retryItem trusts
-		if wait <= 0 {
-			wait = outcome.Backoff(c.cfg.Backoff, c.cfg.BackoffMax, f.it.attempt)
-		}
-		recs[i] = c.copyOf(f.it, p.source+RetrySuffix, now, map[string]string{
-			transport.HeaderAttempts:  strconv.Itoa(f.it.attempt),
-			transport.HeaderNotBefore: contract.FormatTime(now.Add(wait)),
-			transport.HeaderLastError: outcome.Truncate(errText(f.err), 200),
+		recs[i] = s.copyOf(rec, st.D, contract.RetryTopic(p.source), now, map[string]string{
+			contract.HeaderAttempts:  strconv.Itoa(st.D.Attempt),
+			contract.HeaderNotBefore: contract.FormatTime(st.NotBefore),
+			contract.HeaderLastError: st.LastError,
 		})
 	}
-	if err := c.produceConfirmed(p, recs); err != nil {
+	if err := s.produceConfirmed(p, recs); err != nil {
 		return err
 	}
-	for i := range fails {
-		if dead[i] == "" && recs[i].Topic == p.source+DLQSuffix { // a stub replaced a copy too large to store
-			dead[i] = header(recs[i], transport.HeaderReason)
+	for i, st := range ss {
+		if !st.Dead && recs[i].Topic == contract.DLQName(p.source) { // a stub replaced a copy too large to store
+			st.Dead, st.Reason = true, header(recs[i], contract.HeaderReason)
 		}
 	}
-	for i, f := range fails {
-		m := f.it.msg
-		if dead[i] == "" {
-			c.count(p.source, resRetried, 1)
-			c.log.Info("consumer: retry scheduled", "id", eventID(m), "topic", p.source,
-				"intents", f.it.attempt, "no_abans", header(recs[i], transport.HeaderNotBefore), "err", errText(f.err))
-			continue
-		}
-		c.count(p.source, resDLQ, 1)
-		c.m.dlq.WithLabelValues(p.source, ReasonClass(dead[i])).Inc()
-		c.log.Error("consumer: dead letter", "id", eventID(m), "motiu", dead[i], "topic", p.source,
-			"partition", header(recs[i], HeaderOriginalPartition), "offset", header(recs[i], HeaderOriginalOffset),
-			"intents", f.it.attempt, "dlq", recs[i].Topic)
-	}
-	if h := c.cfg.Hooks.BeforeSourceCommit; h != nil {
-		return c.hook(h(c.workCtx, recs))
-	}
-	return nil
-}
-
-func errText(err error) string {
-	if err == nil {
-		return "?"
-	}
-	return err.Error()
-}
-
-// eventID is the id_esdeveniment of m: from the envelope, else the header
-// (a record that did not decode), else "?".
-func eventID(m *Message) string {
-	if m.Envelope != nil {
-		return m.Envelope.ID
-	}
-	if id, ok := m.Header(transport.HeaderEventID); ok {
-		return id
-	}
-	return "?"
+	return s.p.Settled(s.workCtx, ss)
 }
 
 func header(r *kgo.Record, key string) string {
@@ -167,10 +126,9 @@ func header(r *kgo.Record, key string) string {
 // copyOf builds the retry or DLQ copy of it: same key, value and headers
 // (tipus, id_esdeveniment and any other), the first failure's position and
 // time kept from an earlier copy, and set on top.
-func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]string) *kgo.Record {
-	r := it.rec
+func (s *Source) copyOf(r *kgo.Record, d *transport.Delivery, topic string, now time.Time, set map[string]string) *kgo.Record {
 	keep := map[string]string{
-		HeaderOriginalTopic:     it.msg.OriginalTopic,
+		HeaderOriginalTopic:     d.Origin,
 		HeaderOriginalPartition: strconv.Itoa(int(r.Partition)),
 		HeaderOriginalOffset:    strconv.FormatInt(r.Offset, 10),
 		HeaderFirstFailure:      contract.FormatTime(now),
@@ -178,7 +136,7 @@ func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]
 	if !r.Timestamp.IsZero() {
 		keep[HeaderOriginalTime] = contract.FormatTime(r.Timestamp)
 	}
-	if it.attempt > 1 { // a retry copy: the first failure's values stay
+	if d.Attempt > 1 { // a retry copy: the first failure's values stay
 		for k := range keep {
 			v := header(r, k)
 			switch {
@@ -194,7 +152,7 @@ func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]
 			}
 		}
 	}
-	keep[HeaderGroup] = c.cfg.Group
+	keep[HeaderGroup] = s.cfg.Group
 	for k, v := range set {
 		keep[k] = v
 	}
@@ -204,9 +162,9 @@ func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]
 			out.Headers = append(out.Headers, h)
 		}
 	}
-	for _, k := range []string{transport.HeaderAttempts, transport.HeaderNotBefore, transport.HeaderLastError,
-		transport.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset,
-		HeaderFirstFailure, HeaderOriginalTime, HeaderGroup} {
+	for _, k := range []string{contract.HeaderAttempts, contract.HeaderNotBefore, contract.HeaderLastError,
+		contract.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset,
+		HeaderFirstFailure, HeaderOriginalTime, HeaderGroup, contract.HeaderDeadAt} {
 		if v, ok := keep[k]; ok {
 			out.Headers = append(out.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 		}
@@ -222,7 +180,7 @@ func (c *Consumer) copyOf(it *item, topic string, now time.Time, set map[string]
 // <source>.dlq whose motiu says so and whose headers point at the original
 // (topic_original, particio_original, offset_original), so the loss is never
 // silent and the original can still be read from its topic.
-func (c *Consumer) produceConfirmed(p *partition, recs []*kgo.Record) error {
+func (s *Source) produceConfirmed(p *partition, recs []*kgo.Record) error {
 	wait := 50 * time.Millisecond
 	todo := recs
 	slot := make(map[*kgo.Record]int, len(recs))
@@ -241,13 +199,13 @@ func (c *Consumer) produceConfirmed(p *partition, recs []*kgo.Record) error {
 				r := res.Record
 				switch {
 				case res.Err == nil:
-				case kafka.IsRejectedForGood(res.Err) && len(r.Value) > 0 && !alone:
+				case IsRejectedForGood(res.Err) && len(r.Value) > 0 && !alone:
 					// Kafka refuses a whole batch: this copy may fit on its own.
 					solo = append(solo, fresh(r))
-				case kafka.IsRejectedForGood(res.Err) && len(r.Value) > 0:
-					c.log.Error("consumer: broker refused a retry/DLQ copy for good; dead-lettering a header-only stub",
-						"topic", r.Topic, "id", header(r, transport.HeaderEventID), "err", res.Err)
-					stub := tooLargeStub(r, p.source+DLQSuffix, res.Err)
+				case IsRejectedForGood(res.Err) && len(r.Value) > 0:
+					s.log.Error("consumer: broker refused a retry/DLQ copy for good; dead-lettering a header-only stub",
+						"topic", r.Topic, "id", header(r, contract.HeaderEventID), "err", res.Err)
+					stub := tooLargeStub(r, contract.DLQName(p.source), res.Err)
 					slot[stub] = slot[r]
 					recs[slot[r]] = stub
 					again = append(again, stub)
@@ -256,18 +214,18 @@ func (c *Consumer) produceConfirmed(p *partition, recs []*kgo.Record) error {
 				}
 			}
 		}
-		settle(c.cl.ProduceSync(c.workCtx, todo...), len(todo) == 1)
+		settle(s.cl.ProduceSync(s.workCtx, todo...), len(todo) == 1)
 		for _, r := range solo {
-			settle(c.cl.ProduceSync(c.workCtx, r), true)
+			settle(s.cl.ProduceSync(s.workCtx, r), true)
 		}
 		if len(again) == 0 {
 			return nil
 		}
-		if c.crashed.Load() {
-			return c.crashErr
+		if err := s.p.Err(); err != nil {
+			return err
 		}
-		c.log.Warn("consumer: producing retry/DLQ copies", "failed", len(again), "topic", again[0].Topic)
-		if !c.pause(p, &wait) {
+		s.log.Warn("consumer: producing retry/DLQ copies", "failed", len(again), "topic", again[0].Topic)
+		if !s.pause(p, &wait) {
 			return errors.New("consumer: copies not confirmed; batch abandoned")
 		}
 		todo = again
@@ -276,7 +234,7 @@ func (c *Consumer) produceConfirmed(p *partition, recs []*kgo.Record) error {
 
 // ErrNoOriginalTopic is returned by Republish for a record that names no
 // original topic (no topic_original header and no .dlq/.retry suffix).
-var ErrNoOriginalTopic = errors.New("consumer: dead letter names no original topic")
+var ErrNoOriginalTopic = errors.New("kafka: dead letter names no original topic")
 
 // Republish produces a dead letter (or retry copy) rec back to its original
 // topic, with the same key, value and id_esdeveniment, minus the retry/DLQ
@@ -287,7 +245,7 @@ var ErrNoOriginalTopic = errors.New("consumer: dead letter names no original top
 func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
 	topic := header(rec, HeaderOriginalTopic)
 	if topic == "" {
-		for _, suf := range []string{DLQSuffix, RetrySuffix} {
+		for _, suf := range []string{contract.DLQSuffix, contract.RetrySuffix} {
 			if t, ok := strings.CutSuffix(rec.Topic, suf); ok && t != "" {
 				topic = t
 			}
@@ -303,7 +261,7 @@ func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
 		}
 	}
 	if err := cl.ProduceSync(ctx, out).FirstErr(); err != nil {
-		return fmt.Errorf("consumer: republish to %s: %w", topic, err)
+		return fmt.Errorf("kafka: republish to %s: %w", topic, err)
 	}
 	return nil
 }
@@ -321,15 +279,15 @@ func tooLargeStub(r *kgo.Record, dlq string, cause error) *kgo.Record {
 	hs := make([]kgo.RecordHeader, 0, len(retryHeaders)+3)
 	seen := map[string]bool{}
 	for _, h := range r.Headers {
-		keep := retryHeaders[h.Key] || h.Key == transport.HeaderType || h.Key == transport.HeaderEventID
-		if !keep || seen[h.Key] || h.Key == transport.HeaderReason || h.Key == transport.HeaderNotBefore ||
+		keep := retryHeaders[h.Key] || h.Key == contract.HeaderType || h.Key == contract.HeaderEventID
+		if !keep || seen[h.Key] || h.Key == contract.HeaderReason || h.Key == contract.HeaderNotBefore ||
 			len(h.Value) > stubMaxBytes {
 			continue
 		}
 		seen[h.Key] = true
 		hs = append(hs, h)
 	}
-	hs = append(hs, kgo.RecordHeader{Key: transport.HeaderReason, Value: []byte(reason)})
+	hs = append(hs, kgo.RecordHeader{Key: contract.HeaderReason, Value: []byte(reason)})
 	key := r.Key
 	if len(key) > stubMaxBytes {
 		key = nil

@@ -1,0 +1,48 @@
+package pgerr_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/km0/km0/internal/pgerr"
+)
+
+func TestClassification(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}) }
+	cases := []struct {
+		err               error
+		unavailable, data bool
+		conflict          string
+	}{
+		{pg("08006"), true, false, ""},       // connection failure
+		{pg("53300"), true, false, ""},       // too many connections
+		{pg("57P01"), true, false, ""},       // admin shutdown
+		{pg("58030"), true, false, ""},       // io error
+		{pg("40001"), false, false, "40001"}, // serialization failure
+		{pg("40P01"), false, false, "40P01"}, // deadlock
+		{pg("22021"), false, true, ""},       // invalid byte sequence
+		{pg("54000"), false, true, ""},       // program limit
+		{pg("23505"), false, false, ""},      // unique violation: the handler's business
+		{errors.New("dial tcp: refused"), true, false, ""},
+		{pgx.ErrTxCommitRollback, false, false, ""},
+		{nil, false, false, ""},
+	}
+	for _, c := range cases {
+		if got := pgerr.Unavailable(c.err); got != c.unavailable {
+			t.Errorf("Unavailable(%v) = %v", c.err, got)
+		}
+		if got := pgerr.DataRefused(c.err); got != c.data {
+			t.Errorf("DataRefused(%v) = %v", c.err, got)
+		}
+		if got := pgerr.Conflict(c.err); got != c.conflict {
+			t.Errorf("Conflict(%v) = %q", c.err, got)
+		}
+	}
+	if got := pgerr.Conflict(nil, pg("23505"), pg("40P01")); got != "40P01" {
+		t.Errorf("Conflict of several = %q", got)
+	}
+}
