@@ -63,7 +63,7 @@ func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 		seen[b]++
 		switch b {
 		case benchCDC, benchPolling:
-			if m["events"] != float64(2000) || m["records"].(float64) < 2000 || m["server_cpu_us_per_event"] == nil {
+			if m["events"] != float64(2000) || m["records"].(float64) < 2000 {
 				t.Fatalf("line %v", m)
 			}
 		case "latency_cdc", "latency_polling":
@@ -72,8 +72,8 @@ func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 			}
 		}
 	}
-	for b, want := range map[string]int{benchCDC: 2, benchPolling: 2, "relay_cdc_vs_polling": 1, "latency_cdc": 1,
-		"latency_polling": 1, "latency_cdc_vs_polling": 1} {
+	for b, want := range map[string]int{benchCDC: 2, benchPolling: 2, "relay_cdc_vs_polling": 1, "latency_cdc": 2,
+		"latency_polling": 2, "latency_cdc_vs_polling": 1} {
 		if seen[b] != want {
 			t.Fatalf("%d %q lines, want %d; output:\n%s", seen[b], b, want, out.String())
 		}
