@@ -214,6 +214,13 @@ type Config struct {
 	// as long as the window you may want to replay from the outbox. Default 0:
 	// off, the outboxes keep every row; a negative value fails Start.
 	RelayPruneOlderThan time.Duration
+	// RelayMode is how each service's relay finds its rows: RelayPolling (the
+	// default, "") claims them from the outbox table, RelayCDC streams the
+	// table's inserts from the WAL (package relay/cdc; the server needs
+	// wal_level = logical and the REPLICATION privilege, or Start fails
+	// naming them). Each service's slot is named after its database
+	// (km0_comandes_outbox). Another value fails Start.
+	RelayMode string
 	// RelayFaults are crash points of each service's relay, by service name
 	// (internal/faults: the demo's chaos run and tests).
 	RelayFaults map[string]faults.Relay
@@ -228,3 +235,9 @@ type Config struct {
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
+
+// Relay modes of Config.RelayMode.
+const (
+	RelayPolling = "polling"
+	RelayCDC     = "cdc"
+)
