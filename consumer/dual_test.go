@@ -22,26 +22,6 @@ func dualRecord(id, correlacio string, versio int) *kgo.Record {
 		{Key: "correlacio", Value: []byte(correlacio)}}}
 }
 
-// A consumer that accepts both versions of a dual-published pair applies the
-// effect once: the inbox key is the pair's correlacio, not the copy's id.
-func TestDualPublishedPairIsHandledOnce(t *testing.T) {
-	b := setup(t)
-	row := uuid.NewString()
-	b.publish(dualRecord(uuid.NewString(), row, 2), dualRecord(uuid.NewString(), row, 1))
-	st := b.runUntil(b.config(inventari), "both copies seen", func(s consumer.Stats) bool {
-		return s.Processed+s.Duplicates >= 2
-	})
-	if st.Processed != 1 || st.Duplicates != 1 {
-		t.Fatalf("processed %d, duplicates %d; want 1 and 1", st.Processed, st.Duplicates)
-	}
-	if got := b.stock("carbasso"); got != 77 {
-		t.Fatalf("carbasso %d, want 80 - 3 = 77 (the pair decremented once)", got)
-	}
-	if n := b.count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = $1`, row); n != 1 {
-		t.Fatalf("inbox keys for the pair's correlacio: %d, want 1", n)
-	}
-}
-
 // A Decode hook that says "not for me" (outcome.ErrIgnore, e.g. the newer copy
 // of a pair an old consumer cannot read) skips the record: counted as ignored,
 // neither retried nor dead-lettered.

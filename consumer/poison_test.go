@@ -17,7 +17,6 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
-	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -46,45 +45,6 @@ func (b *bundle) dlqTotalOf(motiu string) float64 {
 		}
 	}
 	return sum
-}
-
-// A malformed-JSON record goes to the DLQ at attempt 1 and
-// the 1,000 records behind it on the same partition are all processed. The
-// backoff is an hour, so had any record waited for one the test would time
-// out; none was copied to .retry.
-func TestMalformedJSONIsDeadLetteredAtOnceAndThePartitionMovesOn(t *testing.T) {
-	b := setup(t)
-	poison := &kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte(`{"id_esdeveniment": "x-1", "tipus": "comanda.creada", `),
-		Headers: []kgo.RecordHeader{{Key: "tipus", Value: []byte("comanda.creada")}, {Key: "id_esdeveniment", Value: []byte("x-1")}}}
-	recs := []*kgo.Record{poison}
-	for i := range 1000 {
-		recs = append(recs, seqEvent("K", i).record())
-	}
-	b.publish(recs...)
-
-	cfg := b.config(effect)
-	cfg.Backoff = time.Hour
-	st := b.runUntil(cfg, "1,000 processed", func(st consumer.Stats) bool { return st.Processed == 1000 })
-	if st.DeadLettered != 1 || st.Retried != 0 || st.Processed != 1000 {
-		t.Fatalf("stats %+v, want 1000 processed, 1 dead-lettered, 0 retried", st)
-	}
-	if n := b.effects(); n != 1000 {
-		t.Fatalf("effects %d, want 1000", n)
-	}
-	if n := b.count(`SELECT count(*) FROM (SELECT n, seq, lag(n) OVER (ORDER BY seq) AS prev FROM efectes) x WHERE n <> prev + 1`); n != 0 {
-		t.Fatalf("%d effects out of partition order", n)
-	}
-	d := b.read(topic+".dlq", 1)
-	if len(d) != 1 || hdr(d[0], "intents") != "1" || hdr(d[0], "id_esdeveniment") != "x-1" ||
-		!strings.HasPrefix(hdr(d[0], "motiu"), "permanent: envelope: malformed JSON") {
-		t.Fatalf("dead letter %v", d)
-	}
-	if got := b.dlqTotalOf("permanent: envelope"); got != 1 {
-		t.Fatalf("km0_dlq_total{motiu=\"permanent: envelope\"} = %v, want 1", got)
-	}
-	if !b.logged(`level=ERROR msg="consumer: dead letter"`, " id=x-1 ", `motiu="permanent: envelope: malformed JSON`) {
-		t.Fatalf("no error log line for the dead letter:\n%s", b.logBuf.String())
-	}
 }
 
 // attemptLog records when the handler saw each attempt.
@@ -161,77 +121,6 @@ func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
 	}
 }
 
-// Transient failures exhaust the attempts: the message
-// ends in the DLQ with "transitori esgotat", counted, logged at error, and the
-// effect (written before each failure) is never kept.
-func TestTransientFailuresExhaustAttemptsAndDeadLetter(t *testing.T) {
-	b := setup(t)
-	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if err := effect(ctx, tx, m); err != nil {
-			return err
-		}
-		return errors.New("base de dades: timeout") // unclassified: the default classifier says transient
-	}
-	e := seqEvent("R-3", 0)
-	b.publishEvents(e)
-	st := b.runUntil(b.config(h), "the dead letter", func(st consumer.Stats) bool { return st.DeadLettered == 1 })
-	if st.Retried != 2 || st.Processed != 0 {
-		t.Fatalf("stats %+v, want 2 retried, 0 processed", st)
-	}
-	if n := b.effects(); n != 0 {
-		t.Fatalf("effect count %d, want 0", n)
-	}
-	if n := b.keys(); n != 0 {
-		t.Fatalf("keys %d, want 0", n)
-	}
-	d := b.read(topic+".dlq", 1)
-	if len(d) != 1 || hdr(d[0], "motiu") != "transitori esgotat: base de dades: timeout" || hdr(d[0], "intents") != "3" ||
-		hdr(d[0], "id_esdeveniment") != e.id || hdr(d[0], "no_abans") != "" || hdr(d[0], "offset_original") != "0" {
-		t.Fatalf("dead letter %v", d)
-	}
-	if got := b.dlqTotalOf("transitori esgotat: base de dades"); got != 1 {
-		t.Fatalf("km0_dlq_total = %v, want 1", got)
-	}
-	if !b.logged(`level=ERROR msg="consumer: dead letter"`, " id="+e.id+" ", `motiu="transitori esgotat: base de dades: timeout"`) {
-		t.Fatalf("no error log line with the id:\n%s", b.logBuf.String())
-	}
-}
-
-// Crash point: after the broker confirmed the retry copy
-// and before the source offset was committed. The next member sees both the
-// redelivered original and the retry copy; the effect is applied once.
-func TestCrashAfterRetryCopyBeforeSourceCommitAppliesOnce(t *testing.T) {
-	b := setup(t)
-	e := seqEvent("R-4", 0)
-	b.publishEvents(e)
-	failing := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if err := effect(ctx, tx, m); err != nil {
-			return err
-		}
-		return outcome.Transient(errors.New("mapes: 503"))
-	}
-	cfg := b.config(failing)
-	cfg.Hooks.BeforeSourceCommit = func(context.Context, int) error { return faults.ErrCrashed }
-	first := b.run(cfg)
-	if err := first.wait(t); !errors.Is(err, faults.ErrCrashed) {
-		t.Fatalf("first consumer: %v, want ErrCrashed", err)
-	}
-	if st := first.c.Stats(); st.Retried != 1 {
-		t.Fatalf("first consumer %+v: the retry copy was not confirmed", st)
-	}
-	if got := b.committed(topic); got != 0 {
-		t.Fatalf("source offset committed before the crash: %d", got)
-	}
-
-	st := b.runUntil(b.config(effect), "original and copy both seen", func(st consumer.Stats) bool { return st.Processed+st.Duplicates == 2 })
-	if st.Processed != 1 || st.Duplicates != 1 {
-		t.Fatalf("second consumer %+v, want 1 processed and 1 duplicate", st)
-	}
-	if n := b.effects(); n != 1 {
-		t.Fatalf("effect applied %d times, want once", n)
-	}
-}
-
 // Fix and replay: a versio-1 event without a field the
 // handler requires dead-letters with an "esquema" reason; the handler is fixed
 // to accept both versions; the dead letter is republished to the original
@@ -288,47 +177,6 @@ func TestFixAndReplayAppliesOnce(t *testing.T) {
 		if hdr(rr, "id_esdeveniment") != e.id || hdr(rr, "motiu") != "" || hdr(rr, "intents") != "" || string(rr.Key) != "R-5" {
 			t.Fatalf("replayed record: key %s headers %v", rr.Key, rr.Headers)
 		}
-	}
-}
-
-// A panic in the handler is recovered, logged with its stack and counted as a
-// transient failure of that attempt.
-func TestHandlerPanicIsATransientAttempt(t *testing.T) {
-	b := setup(t)
-	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if m.Attempt == 1 {
-			var mp map[string]int
-			mp["boom"]++ // nil map: panics
-		}
-		return effect(ctx, tx, m)
-	}
-	b.publishEvents(seqEvent("R-6", 0), seqEvent("R-6", 1))
-	st := b.runUntil(b.config(h), "both processed on their second attempt", func(st consumer.Stats) bool { return st.Processed == 2 })
-	if st.Panics != 2 || st.Retried != 2 || st.DeadLettered != 0 {
-		t.Fatalf("stats %+v, want 2 panics, 2 retried", st)
-	}
-	logs := b.logBuf.String()
-	if !strings.Contains(logs, `msg="consumer: handler panic"`) || !strings.Contains(logs, "goroutine ") {
-		t.Fatalf("panic not logged with its stack:\n%s", logs)
-	}
-	if n := b.effects(); n != 2 {
-		t.Fatalf("effects %d, want 2", n)
-	}
-}
-
-// Records of a tipus the consumer does not handle are ignored: counted,
-// committed, never dead-lettered.
-func TestUnhandledTipusIsIgnoredAndCommitted(t *testing.T) {
-	b := setup(t)
-	other := seqEvent("I-1", 0)
-	other.tipus = "comanda.pagada"
-	b.publishEvents(other, seqEvent("I-1", 1))
-	st := b.runUntil(b.config(effect), "both finished", func(st consumer.Stats) bool { return st.Processed == 1 && st.Ignored == 1 })
-	if st.DeadLettered != 0 || st.Retried != 0 {
-		t.Fatalf("stats %+v", st)
-	}
-	if got := b.committed(topic); got != 2 {
-		t.Fatalf("committed %d, want 2 (the ignored record too)", got)
 	}
 }
 

@@ -40,8 +40,8 @@ const (
 	// group can have recorded its key, which bounds a safe replay.
 	HeaderOriginalTime = "data_original"
 
-	// HeaderDeadAt is when a RabbitMQ consumer dead-lettered a message
-	// itself (attempts exhausted).
+	// HeaderDeadAt is when a consumer dead-lettered a message itself (a
+	// copy it published to the DLQ), on either broker.
 	HeaderDeadAt = "mort_en"
 	// HeaderDeadline is a request's absolute deadline (request/reply).
 	HeaderDeadline = "no_despres"

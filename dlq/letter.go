@@ -244,7 +244,7 @@ func unixSeconds(s string) time.Time {
 }
 
 // replayHeaders drops from h the headers of the retry and DLQ machinery
-// (intents, no_abans, ultim_error, motiu and the original-position headers),
+// (intents, no_abans, ultim_error, motiu, mort_en and the original-position headers),
 // keeping tipus, id_esdeveniment and anything else (trace context), and adds
 // reproduida_de. The retry count therefore starts again at the first attempt.
 func replayHeaders(h []transport.Header, letterID string) []transport.Header {
@@ -253,7 +253,8 @@ func replayHeaders(h []transport.Header, letterID string) []transport.Header {
 		switch x.Key {
 		case transport.HeaderAttempts, transport.HeaderNotBefore, transport.HeaderLastError,
 			transport.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition,
-			HeaderOriginalOffset, HeaderFirstFailure, HeaderConsumerGroup, HeaderOriginalTime, HeaderReplayedFrom:
+			HeaderOriginalOffset, HeaderFirstFailure, HeaderConsumerGroup, HeaderOriginalTime, HeaderReplayedFrom,
+			contract.HeaderDeadAt:
 			continue
 		}
 		out = append(out, x)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"testing"
@@ -144,4 +145,37 @@ func withParam(u, key, value string) string {
 	q.Set(key, value)
 	pu.RawQuery = q.Encode()
 	return pu.String()
+}
+
+// Temp creates an empty schema and a pool bound to it for code that has no
+// testing.TB (runnable examples); drop closes the pool and drops the schema.
+func Temp(ctx context.Context) (s *Schema, drop func(), err error) {
+	admin, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		return nil, nil, fmt.Errorf("PostgreSQL is required and did not answer at %s: %w", redact.URL(URL()), err)
+	}
+	name := randName("t_")
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
+		admin.Close(ctx)
+		return nil, nil, fmt.Errorf("pgtest: create schema: %w", err)
+	}
+	u := withParam(URL(), "search_path", name)
+	pool, err := pgxpool.New(ctx, u)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	drop = func() {
+		if pool != nil {
+			pool.Close()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+		admin.Close(ctx)
+	}
+	if err != nil {
+		drop()
+		return nil, nil, fmt.Errorf("pgtest: pool: %w", err)
+	}
+	return &Schema{Name: name, URL: u, Pool: pool}, drop, nil
 }

@@ -144,20 +144,6 @@ func TestTransientFailureThenSuccessAppliesTheEffectOnce(t *testing.T) {
 	}
 }
 
-// A redelivered message whose key is recorded is acked as a duplicate.
-func TestDuplicateIsAbsorbedByTheInbox(t *testing.T) {
-	b := setup(t)
-	c, _ := startConsumer(t, b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		return recordEffect(ctx, tx, m, 0)
-	}))
-	ev := event(t, b.queue, "k", 1)
-	publish(t, b, ev, ev, ev)
-	waitFor(t, 10*time.Second, "3 deliveries handled", func() bool { st := c.Stats(); return st.Processed+st.Duplicates == 3 })
-	if rows, _ := countEffects(t, b.db); rows != 1 || c.Stats().Duplicates != 2 {
-		t.Fatalf("%d effects, stats %+v; want 1 effect and 2 duplicates", rows, c.Stats())
-	}
-}
-
 func (b *bundle) inbox() *inbox.Inbox { return inbox.New(inbox.Config{Names: b.db.Names()}) }
 
 // Acks are coalesced (multiple=true over settled runs of tags), yet a slow

@@ -2,7 +2,6 @@ package amqp_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/envelope"
-	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 )
@@ -148,103 +146,5 @@ func TestDecodeHookUpcastsAndIgnoresOnRabbitMQ(t *testing.T) {
 	defer mu.Unlock()
 	if st := c.Stats(); st.Processed != 1 || st.Ignored != 1 || st.DeadLettered != 0 || fmt.Sprint(versions) != "[2]" {
 		t.Fatalf("stats %+v, versions seen %v: want 1 processed at version 2 and 1 ignored", st, versions)
-	}
-}
-
-// Crash point on RabbitMQ: the consumer dies after the effect's transaction
-// committed and before the delivery was acked (AfterCommit). The broker
-// redelivers it to the next consumer, whose inbox absorbs it: one effect,
-// one duplicate.
-func TestCrashBetweenCommitAndAckIsAbsorbedAsADuplicate(t *testing.T) {
-	b := setup(t)
-	cfg := b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		return recordEffect(ctx, tx, m, 0)
-	})
-	cfg.Hooks.AfterCommit = func(context.Context, []*consumer.Message) error { return faults.ErrCrashed }
-	c, err := newConsumer(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(faults.WithConsumer(context.Background(), cfg.Hooks)) }()
-	publish(t, b, event(t, b.queue, "k", 1))
-	select {
-	case err := <-done:
-		if !errors.Is(err, faults.ErrCrashed) {
-			t.Fatalf("Run returned %v, want the crash", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the consumer did not crash")
-	}
-	if rows, _ := countEffects(t, b.db); rows != 1 {
-		t.Fatalf("%d effects after the crash, want 1 (committed before it)", rows)
-	}
-	cfg.Hooks = faults.Consumer[*consumer.Message]{}
-	c2, _ := startConsumer(t, cfg)
-	waitFor(t, 10*time.Second, "the redelivery absorbed", func() bool { return c2.Stats().Duplicates == 1 })
-	if rows, _ := countEffects(t, b.db); rows != 1 || c2.Stats().Processed != 0 || queueLen(t, b.conn, b.queue) != 0 {
-		t.Fatalf("%d effects, stats %+v: want the redelivery to change nothing", rows, c2.Stats())
-	}
-}
-
-// A handler panic on RabbitMQ is a typed, transient failure of that
-// attempt: counted in Stats.Panics, retried through a wait queue, then
-// applied once.
-func TestHandlerPanicIsATransientFailureOnRabbitMQ(t *testing.T) {
-	b := setup(t)
-	var calls atomic.Int32
-	c, _ := startConsumer(t, b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if calls.Add(1) == 1 {
-			panic("mapa nil")
-		}
-		return recordEffect(ctx, tx, m, 0)
-	}))
-	publish(t, b, event(t, b.queue, "k", 1))
-	waitFor(t, 10*time.Second, "the message applied after the panic", func() bool { return c.Stats().Processed == 1 })
-	if st := c.Stats(); st.Panics != 1 || st.Retried != 1 || st.DeadLettered != 0 {
-		t.Fatalf("stats %+v: want 1 panic, retried once, not dead-lettered", st)
-	}
-}
-
-// Crash point on RabbitMQ: the consumer dies after the broker confirmed a
-// failure's retry copy and before the original was acked
-// (BeforeSourceCommit). Both come back: the original at once (unacked), the
-// copy from its wait queue. The effect is applied once and the second of
-// the two is a duplicate for the inbox.
-func TestCrashAfterRetryCopyBeforeAckAppliesOnce(t *testing.T) {
-	b := setup(t)
-	var fail atomic.Bool
-	fail.Store(true)
-	cfg := b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if fail.Load() {
-			return errors.New("mapes: 503")
-		}
-		return recordEffect(ctx, tx, m, 0)
-	})
-	cfg.Hooks.BeforeSourceCommit = func(context.Context, int) error { return faults.ErrCrashed }
-	c, err := newConsumer(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(faults.WithConsumer(context.Background(), cfg.Hooks)) }()
-	publish(t, b, event(t, b.queue, "k", 1))
-	select {
-	case err := <-done:
-		if !errors.Is(err, faults.ErrCrashed) {
-			t.Fatalf("Run returned %v, want the crash", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the consumer did not crash")
-	}
-	fail.Store(false)
-	cfg.Hooks = faults.Consumer[*consumer.Message]{}
-	c2, _ := startConsumer(t, cfg)
-	waitFor(t, 20*time.Second, "the original applied and the copy absorbed", func() bool {
-		st := c2.Stats()
-		return st.Processed == 1 && st.Duplicates == 1
-	})
-	if rows, _ := countEffects(t, b.db); rows != 1 || c2.Stats().DeadLettered != 0 {
-		t.Fatalf("%d effects, stats %+v: want 1 effect, the copy a duplicate", rows, c2.Stats())
 	}
 }

@@ -406,6 +406,7 @@ func (s *Source) deadLetterCopy(ctx context.Context, d *amqp.Delivery, q consume
 	h[HeaderOriginQueue] = q.name
 	h[HeaderDeadAt] = contract.FormatTime(now)
 	h[HeaderFirstFailure] = firstFailure(d.Headers, now)
+	s.origin(h, d, q, f.D)
 	return s.publishCopy(ctx, d, q, s.cfg.DLX, s.cfg.Queue, h)
 }
 
@@ -424,6 +425,7 @@ func (s *Source) retryCopy(ctx context.Context, d *amqp.Delivery, q consumedQueu
 	h[contract.HeaderLastError] = f.LastError
 	h[contract.HeaderNotBefore] = contract.FormatTime(f.NotBefore)
 	h[HeaderFirstFailure] = firstFailure(d.Headers, now)
+	s.origin(h, d, q, f.D)
 	return s.publishCopy(ctx, d, q, "", WaitQueueName(q.name, delay), h)
 }
 
@@ -437,6 +439,39 @@ func (s *Source) deadInstead(f *transport.Settlement, cause error) {
 		f.Dead = true
 		f.Reason = outcome.Truncate(contract.ReasonExhausted+"no s'ha pogut programar el reintent ("+cause.Error()+"): "+f.LastError, 200)
 	}
+}
+
+// origin sets, in the headers h of a retry or DLQ copy of d, the first
+// failure's position and consumer group, as the Kafka source does: a copy
+// names the work queue it came from (topic_original), its shard
+// (particio_original), offset_original -1 (a queue has no offsets), the
+// queue as grup_consumidor and the message's AMQP timestamp as
+// data_original. A copy of a copy keeps the first failure's values (times
+// rewritten in the one encoding).
+func (s *Source) origin(h amqp.Table, d *amqp.Delivery, q consumedQueue, td *transport.Delivery) {
+	first := map[string]string{
+		contract.HeaderOriginalTopic:     td.Origin,
+		contract.HeaderOriginalPartition: strconv.Itoa(q.shard),
+		contract.HeaderOriginalOffset:    "-1",
+	}
+	if !d.Timestamp.IsZero() {
+		first[contract.HeaderOriginalTime] = contract.FormatTime(d.Timestamp)
+	}
+	if td.Attempt > 1 {
+		for k := range first {
+			if k == contract.HeaderOriginalTime {
+				if t, ok := headerTime(d.Headers, k); ok {
+					first[k] = contract.FormatTime(t)
+				}
+			} else if v, ok := headerString(d.Headers[k]); ok && v != "" {
+				first[k] = v
+			}
+		}
+	}
+	for k, v := range first {
+		h[k] = v
+	}
+	h[contract.HeaderGroup] = s.cfg.Queue
 }
 
 // firstFailure is the primera_fallada of a copy of a delivery that failed

@@ -6,6 +6,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -76,7 +77,19 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*transport.Message) erro
 			}
 		})
 	}
-	wg.Wait()
+	// The client fails buffered records when ctx ends only while it is safe
+	// for the idempotent producer, which it is not while the broker is
+	// unreachable: stop waiting at the end of ctx. The records may still be
+	// delivered later; the caller knows nothing of them, as the contract says.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("kafka: waiting for acknowledgements: %w", ctx.Err())
+	}
+	mu.Lock()
+	defer mu.Unlock()
 	if firstErr != nil {
 		return firstErr
 	}

@@ -37,6 +37,7 @@ var retryHeaders = map[string]bool{
 	contract.HeaderAttempts: true, contract.HeaderNotBefore: true, contract.HeaderLastError: true,
 	contract.HeaderReason: true, HeaderOriginalTopic: true, HeaderOriginalPartition: true,
 	HeaderOriginalOffset: true, HeaderFirstFailure: true, HeaderGroup: true, HeaderOriginalTime: true,
+	contract.HeaderDeadAt: true,
 }
 
 // retryItem reads the headers of a retry copy. It returns nil for a copy of
@@ -89,8 +90,10 @@ func (s *Source) route(p *partition, ss []*transport.Settlement) error {
 		rec := st.D.Ref.(*kgo.Record)
 		if st.Dead {
 			recs[i] = s.copyOf(rec, st.D, contract.DLQName(p.source), now, map[string]string{
-				contract.HeaderAttempts: strconv.Itoa(st.D.Attempt),
-				contract.HeaderReason:   st.Reason,
+				contract.HeaderAttempts:  strconv.Itoa(st.D.Attempt),
+				contract.HeaderReason:    st.Reason,
+				contract.HeaderLastError: st.LastError,
+				contract.HeaderDeadAt:    contract.FormatTime(now), // as on RabbitMQ: one header set on both brokers
 			})
 			continue
 		}
@@ -161,7 +164,7 @@ func (s *Source) copyOf(r *kgo.Record, d *transport.Delivery, topic string, now 
 	}
 	for _, k := range []string{contract.HeaderAttempts, contract.HeaderNotBefore, contract.HeaderLastError,
 		contract.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset,
-		HeaderFirstFailure, HeaderOriginalTime, HeaderGroup} {
+		HeaderFirstFailure, HeaderOriginalTime, HeaderGroup, contract.HeaderDeadAt} {
 		if v, ok := keep[k]; ok {
 			out.Headers = append(out.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 		}

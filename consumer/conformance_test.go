@@ -1,0 +1,156 @@
+package consumer_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/consumer/consumertest"
+	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/kafka"
+)
+
+// TestConsumerConformance runs the consumer suite on the Kafka source,
+// against one in-process kfake broker, or against the cluster
+// KM0_TEST_KAFKA_BROKERS names (comma-separated host:port list).
+func TestConsumerConformance(t *testing.T) {
+	brokers := kafka.SplitBrokers(os.Getenv("KM0_TEST_KAFKA_BROKERS"))
+	if len(brokers) == 0 {
+		brokers = kafkatest.NewWith(t, kafka.EmbeddedConfig{GroupMinSessionTimeout: time.Second}).Addrs()
+	}
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admCl.Close)
+	consumertest.Run(t, consumertest.Harness{
+		Features: consumertest.Features{RepeatedHeaders: true, OrderPerKey: true, PermanentLettersCarryReason: true},
+		New:      func(t *testing.T) consumertest.Broker { return kafkaBroker(t, brokers, admCl) },
+	})
+}
+
+func kafkaBroker(t *testing.T, brokers []string, admCl *kgo.Client) consumertest.Broker {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	suffix := hex.EncodeToString(b)
+	topic, group := "km0-conformance-"+suffix, "km0-conformance-"+suffix
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	topics := []string{topic, contract.RetryTopic(topic), topic + contract.DLQSuffix}
+	if err := kafka.EnsureTopics(ctx, admCl, kafka.PartitionsDefault, topics...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if _, err := kadm.NewClient(admCl).DeleteTopics(ctx, topics...); err != nil {
+			t.Errorf("delete topics: %v", err)
+		}
+	})
+	pub, err := kafka.NewClient(brokers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pub.Close)
+	produce := func(t testing.TB, to string, msgs []*transport.Message) {
+		t.Helper()
+		recs := make([]*kgo.Record, len(msgs))
+		for i, m := range msgs {
+			recs[i] = &kgo.Record{Topic: to, Key: m.Key, Value: m.Value}
+			for _, h := range m.Headers {
+				recs[i].Headers = append(recs[i].Headers, kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)})
+			}
+		}
+		if err := pub.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dlq := &topicReader{brokers: brokers, topic: topic + contract.DLQSuffix}
+	t.Cleanup(dlq.close)
+	return consumertest.Broker{
+		Publish: func(t testing.TB, msgs ...*transport.Message) { produce(t, topic, msgs) },
+		PublishRetryCopy: func(t testing.TB, m *transport.Message) {
+			produce(t, contract.RetryTopic(topic), []*transport.Message{m})
+		},
+		Source: func(*testing.T) transport.Source {
+			return kafka.NewSource(kafka.SourceConfig{Brokers: brokers, Group: group, Topics: []string{topic},
+				SessionTimeout: 6 * time.Second, NoCreateTopics: true,
+				KgoOpts: []kgo.Opt{kgo.FetchMaxWait(200 * time.Millisecond)}})
+		},
+		DeadLetters: dlq.read,
+		Pending: func(t testing.TB) int {
+			t.Helper()
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			adm := kadm.NewClient(admCl)
+			ends, err := adm.ListEndOffsets(ctx, topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n int64
+			ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+			offs, err := adm.FetchOffsets(ctx, group)
+			if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
+				t.Fatal(err)
+			}
+			offs.Each(func(o kadm.OffsetResponse) {
+				if o.Topic == topic && o.Err == nil && o.At > 0 {
+					n -= o.At
+				}
+			})
+			return int(n)
+		},
+	}
+}
+
+// topicReader reads a topic from its start and keeps what it read.
+type topicReader struct {
+	brokers []string
+	topic   string
+	mu      sync.Mutex
+	cl      *kgo.Client
+	got     []*transport.Message
+}
+
+func (r *topicReader) read(t testing.TB, n int) []*transport.Message {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cl == nil {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.ConsumeTopics(r.topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.cl = cl
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for len(r.got) < n {
+		fs := r.cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		fs.EachRecord(func(rec *kgo.Record) { r.got = append(r.got, kafka.FromRecord(rec)) })
+	}
+	return r.got
+}
+
+func (r *topicReader) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cl != nil {
+		r.cl.Close()
+	}
+}
