@@ -181,8 +181,10 @@ func perKeyDeadHead(t *testing.T, w *world, behind consumer.Behind) {
 	}
 }
 
-func perKeyDeadLetterBlocked(t *testing.T, w *world) { perKeyDeadHead(t, w, consumer.DeadLetterBlocked) }
-func perKeyStayParked(t *testing.T, w *world)        { perKeyDeadHead(t, w, consumer.StayParked) }
+func perKeyDeadLetterBlocked(t *testing.T, w *world) {
+	perKeyDeadHead(t, w, consumer.DeadLetterBlocked)
+}
+func perKeyStayParked(t *testing.T, w *world) { perKeyDeadHead(t, w, consumer.StayParked) }
 
 // blockHead publishes a head whose handler fails until ok is set, waits
 // until its key is blocked, and returns it with the running consumer.
