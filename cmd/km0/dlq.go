@@ -160,7 +160,7 @@ func (c *dlqCLI) flagsFor(command, summary string) (*flag.FlagSet, *dlqOpts) {
 type dlqEnv struct {
 	svc     dlq.Source
 	store   *dlq.Store
-	pool    *pgxpool.Pool // the index's database (also the consumers' keyorder tables)
+	pool    *pgxpool.Pool     // the index's database (also the consumers' keyorder tables)
 	backend *dlq.KafkaBackend // nil with RabbitMQ
 	rabbit  bool
 	kcfg    dlq.KafkaConfig
