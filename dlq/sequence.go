@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/keyorder"
 )
@@ -111,4 +113,32 @@ func BlockedBy(motiu string) (head string, ok bool) {
 		return motiu[len(p):], true
 	}
 	return "", false
+}
+
+// HeadRef names a key a consumer blocks.
+type HeadRef struct{ Consumer, Key string }
+
+// BlockedHeads returns the keys (and their consumers) whose blocked head is
+// the event eventID, from the keyorder tables in schema; none when the
+// tables do not exist (no consumer runs in per-key order).
+func BlockedHeads(ctx context.Context, db keyorder.DBTX, schema, eventID string) ([]HeadRef, error) {
+	t := pgx.Identifier{schema, "claus_bloquejades"}.Sanitize()
+	var exists *string
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1)::text`, t).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("dlq: blocked heads: %w", err)
+	}
+	if exists == nil {
+		return nil, nil
+	}
+	rows, err := db.Query(ctx, `SELECT consumidor, clau FROM `+t+` WHERE id_missatge = $1 ORDER BY consumidor, clau LIMIT 20`, eventID)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: blocked heads: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (HeadRef, error) {
+		var h HeadRef
+		var k []byte
+		err := r.Scan(&h.Consumer, &k)
+		h.Key = string(k)
+		return h, err
+	})
 }
