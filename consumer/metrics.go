@@ -79,7 +79,7 @@ func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error)
 	m := &metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricMessages,
-			Help: "Records finished by a km0 consumer, by topic and resultat (processat, duplicat, ignorat, alie, reintent, dlq).",
+			Help: "Records finished by a km0 consumer, by topic and resultat (processat, duplicat, ignorat, alie, reintent, dlq; per-key order: aparcat, alliberat).",
 		}, []string{"topic", "resultat"}),
 		dlq: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDLQ,
