@@ -17,15 +17,15 @@ import (
 func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 	fs, o := c.flags("sequence", "show a key blocked by a per-key order consumer (its head and the messages behind it); --replay replays it as one")
 	consumer := fs.String("consumer", "", "the consumer's Name (consumidor), e.g. inventari.comandes (required)")
-	key := fs.String("key", "", "the message key (agregat_id), e.g. P-2026-000123 (required)")
+	key := fs.String("key", "", "the message key (agregat_id), e.g. P-2026-000123 (without it: the consumer's blocked keys)")
 	replay := fs.Bool("replay", false, "replay the head's dead letter; its consumer then applies every message behind it in order, and their letters are marked purged")
 	dry := fs.Bool("dry-run", false, "with --replay: say what would be replayed; publish and mark nothing")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: an older head letter is refused")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *consumer == "" || *key == "" {
-		fmt.Fprintln(c.errOut, "km0 dlq sequence: want --consumer and --key")
+	if *consumer == "" || (*key == "" && *replay) {
+		fmt.Fprintln(c.errOut, "km0 dlq sequence: want --consumer (and --key to show or replay one key)")
 		fs.Usage()
 		return errUsage
 	}
@@ -37,6 +37,9 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 	ko, err := keyorder.New(keyorder.Config{Schema: *o.schema})
 	if err != nil {
 		return err
+	}
+	if *key == "" {
+		return c.blockedKeys(ctx, env, ko, *consumer, *o.json)
 	}
 	seq, err := dlq.KeySequence(ctx, env.svc, ko, env.pool, *consumer, *key)
 	if errors.Is(err, dlq.ErrNotBlocked) {
@@ -138,4 +141,24 @@ func sequenceView(seq *dlq.Sequence) map[string]any {
 			"ultim_error": dlq.Safe(seq.Head.LastError), "des_de": seq.Head.Since, "cartes": letters(seq.HeadLetters)},
 		"darrere": behind,
 	}
+}
+
+// blockedKeys lists the keys consumer blocks (up to 1,000), in key order.
+func (c *dlqCLI) blockedKeys(ctx context.Context, env *dlqEnv, ko *keyorder.Store, consumer string, asJSON bool) error {
+	keys, err := ko.BlockedKeys(ctx, env.pool, consumer, "", 1000)
+	if err != nil {
+		return fmt.Errorf("blocked keys of %s: %w (are the keyorder tables in --schema?)", dlq.Safe(consumer), err)
+	}
+	safe := make([]string, len(keys))
+	for i, k := range keys {
+		safe[i] = dlq.Safe(k)
+	}
+	if asJSON {
+		return c.printJSON(map[string]any{"consumidor": dlq.Safe(consumer), "claus": safe})
+	}
+	fmt.Fprintf(c.out, "%d key(s) blocked by %s\n", len(keys), dlq.Safe(consumer))
+	for _, k := range safe {
+		fmt.Fprintf(c.out, "  %q\n", k)
+	}
+	return nil
 }

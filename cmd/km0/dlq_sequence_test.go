@@ -71,6 +71,10 @@ func TestDLQSequenceShowsAndReplaysAKeyAsOne(t *testing.T) {
 	if iB1 < 0 || iB2 < iB1 {
 		t.Fatalf("the messages behind are not listed in order:\n%s", out)
 	}
+	out, err = h.run("", false, "sequence", "--consumer", "inventari.comandes")
+	if err != nil || !strings.Contains(out, "1 key(s) blocked by inventari.comandes") || !strings.Contains(out, `"P-9"`) {
+		t.Fatalf("sequence without --key: %v\n%s", err, out)
+	}
 	out, err = h.run("", false, "sequence", "--consumer", "inventari.comandes", "--key", "P-1")
 	if err != nil || !strings.Contains(out, "not blocked") {
 		t.Fatalf("sequence of a free key: %v\n%s", err, out)
