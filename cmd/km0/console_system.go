@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -26,9 +28,9 @@ import (
 // database km0_dlq[_suffix] on adminURL's server (created if absent, dropped
 // at stop when drop is set), the lag of its outboxes and of every consumer
 // group, and the health of its HTTP servers. It prints the console's URL.
-// Lag alerts need km0 console or km0 lag --serve, whose flags set the
-// thresholds.
-func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suffix string, brokers []string, drop bool, out io.Writer, name string, log *slog.Logger) (stop func(), err error) {
+// Lag over rule's thresholds for rule.For is logged and sent to the DLQ
+// webhook ($KM0_DLQ_WEBHOOK), as by km0 console.
+func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suffix string, brokers []string, drop bool, rule lag.Rule, out io.Writer, name string, log *slog.Logger) (stop func(), err error) {
 	if adminURL == "" {
 		return nil, errors.New("--console needs --database-url (or $KM0_DATABASE_URL): the dead-letter index gets its own database km0_dlq on that server")
 	}
@@ -107,10 +109,40 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(svc.AllowedHostsEnv), ","),
 		token: os.Getenv(adminTokenEnv), source: src, broker: "Kafka", alerter: al,
 		lag:      lag.Config{Outboxes: outboxes, Brokers: brokers, Logger: log},
-		interval: lag.IntervalDefault, services: services, reg: reg, out: out, name: name, log: log})
+		interval: lag.IntervalDefault, rule: rule, services: services, reg: reg, out: out, name: name, log: log})
 	if err != nil {
 		return fail(err)
 	}
 	closers = append(closers, stopConsole)
 	return cleanup, nil
+}
+
+// alertFlags are the lag-alert thresholds of the console that km0 up
+// --console and km0 demo --keep-running start: the flags of km0 console.
+type alertFlags struct {
+	maxLag           *int64
+	maxAge, alertFor *time.Duration
+}
+
+func addAlertFlags(fs *flag.FlagSet, with string) *alertFlags {
+	return &alertFlags{
+		maxLag:   fs.Int64("max-lag", 0, with+": alert (log and $KM0_DLQ_WEBHOOK) when a group's lag or an outbox's pending rows stay over this for --alert-for (0: off)"),
+		maxAge:   fs.Duration("max-age", 0, with+": alert when a group's oldest unprocessed record or an outbox's oldest row stays older than this for --alert-for (0: off)"),
+		alertFor: fs.Duration("alert-for", 5*time.Minute, with+": how long a lag threshold must be exceeded before the alert"),
+	}
+}
+
+func (f *alertFlags) rule() lag.Rule {
+	return lag.Rule{MaxLag: *f.maxLag, MaxAge: *f.maxAge, For: *f.alertFor}
+}
+
+// check refuses thresholds that no console would watch, and bad values.
+func (f *alertFlags) check(console bool, with string) error {
+	if *f.maxLag < 0 || *f.maxAge < 0 || *f.alertFor < 0 {
+		return errors.New("--max-lag, --max-age and --alert-for must not be negative")
+	}
+	if !console && (*f.maxLag > 0 || *f.maxAge > 0) {
+		return fmt.Errorf("--max-lag and --max-age are thresholds of the console: they need %s", with)
+	}
+	return nil
 }

@@ -11,10 +11,11 @@ import (
 	"strings"
 
 	"github.com/km0/km0/services/demo"
+	"github.com/km0/km0/services/system"
 )
 
 func init() {
-	register(&command{name: "demo", summary: "run the Quilòmetre Zero system end to end with failures injected and reconcile it (README command 1)", run: runDemo})
+	register(&command{name: "demo", summary: "run the Quilòmetre Zero system end to end with failures injected and reconcile it", run: runDemo})
 }
 
 // errInvariants makes km0 demo exit 1 after printing the failed invariants.
@@ -26,8 +27,9 @@ func runDemo(ctx context.Context, args []string) error {
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
 	keep := fs.Bool("keep-running", false, "leave the services, their HTTP APIs and the operator console up after the report (Ctrl-C stops them)")
 	consoleAddr := fs.String("console", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none)")
+	alerts := addAlertFlags(fs, "with --keep-running")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
-	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set, else the embedded Kafka)")
+	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set or --events puts events there, else the embedded Kafka)")
 	keepDB := fs.Bool("keep-databases", false, "do not drop the run's km0_<service>_demo_<run> databases")
 	seed := fs.Uint64("seed", 1, "scenario seed (with --chaos: also the fault schedule; default there a random seed, printed)")
 	chaos := fs.Bool("chaos", false, "run the services and the broker as separate processes, SIGKILL and restart them while orders flow, "+
@@ -38,10 +40,22 @@ func runDemo(ctx context.Context, args []string) error {
 	ownPG := fs.Bool("own-postgres", false, "with --chaos: run a throwaway PostgreSQL cluster (initdb, the machine's binaries) and restart it -m fast and -m immediate during the run")
 	settle := fs.Duration("settle-timeout", demo.ChaosSettleTimeoutDefault, "with --chaos: how long to wait for the system to settle after the last fault")
 	keepDir := fs.Bool("keep-logs", false, "with --chaos: keep the folder with the processes' logs (always kept when the run fails)")
+	events := eventsFlag(fs)
+	kafkaDown := fs.Duration("kafka-down", 0, "make the embedded Kafka unreachable for this long once a third of the orders are in: with --events kafka,comandes.esdeveniments=rabbitmq inventari keeps taking stock meanwhile, with the orders on Kafka it stops; nothing is lost either way (default 0: never)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if err := alerts.check(*keep && *consoleAddr != "", "--keep-running (and --console)"); err != nil {
+		return err
+	}
+	evBroker, evTopics, err := system.ParseEvents(*events)
+	if err != nil {
+		return fmt.Errorf("--events: %w", err)
+	}
 	if *chaos {
+		if evBroker == system.EventsRabbitMQ || len(evTopics) > 0 || *kafkaDown > 0 {
+			return errors.New("--chaos runs its events on Kafka only: it SIGKILLs its own broker process, and the RabbitMQ it would kill is the machine's (drop --events; --broker-down is its Kafka outage)")
+		}
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		return runChaos(ctx, set, demo.ChaosConfig{Orders: pick(set["orders"], *orders, demo.ChaosOrdersDefault), Clients: *clients,
@@ -53,14 +67,19 @@ func runDemo(ctx context.Context, args []string) error {
 		progress = os.Stderr
 	}
 	var report *demo.Report
-	_, err := demo.Run(ctx, demo.Config{
+	_, err = demo.Run(ctx, demo.Config{
 		Orders: *orders, Clients: *clients, AMQPURL: os.Getenv("KM0_AMQP_URL"), NoAuthorize: !*authorize,
+		Events: evBroker, EventsByTopic: evTopics, KafkaDown: *kafkaDown,
 		KeepRunning: *keep, KeepDatabases: *keepDB, Seed: *seed, Out: progress, Logger: demoLogger(),
 		OnRunning: func(ctx context.Context, r demo.Running) (func(), error) {
 			if *consoleAddr == "" {
 				return func() {}, nil
 			}
-			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, progress, "km0 demo", demoLogger())
+			if len(r.Brokers) == 0 {
+				fmt.Fprintf(progress, "  %-12s no: it indexes the dead letters of Kafka; read these with km0 dlq ls --queue %s.<consumidor>\n", "consola", r.DatabaseSuffix)
+				return func() {}, nil
+			}
+			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, alerts.rule(), progress, "km0 demo", demoLogger())
 		},
 		OnReport: func(r *demo.Report) {
 			report = r
@@ -92,7 +111,7 @@ func pick[T any](set bool, v, otherwise T) T {
 
 // runChaos runs km0 demo --chaos: progress on stderr, the report on stdout.
 func runChaos(ctx context.Context, set map[string]bool, cfg demo.ChaosConfig, asJSON bool) error {
-	for _, f := range []string{"keep-running", "keep-databases", "console"} {
+	for _, f := range []string{"keep-running", "keep-databases", "console", "max-lag", "max-age", "alert-for"} {
 		if set[f] {
 			return fmt.Errorf("--%s does not apply to --chaos", f)
 		}

@@ -61,6 +61,12 @@ func brokersFlag(fs *flag.FlagSet) *string {
 		"Kafka bootstrap brokers, comma separated (default $KM0_KAFKA_BROKERS)")
 }
 
+// eventsFlag registers --events, defaulting to KM0_EVENTS.
+func eventsFlag(fs *flag.FlagSet) *string {
+	return fs.String("events", os.Getenv("KM0_EVENTS"),
+		"broker of the domain events: kafka or rabbitmq, then optionally TOPIC=BROKER,... per topic, e.g. kafka,comandes.esdeveniments=rabbitmq (default $KM0_EVENTS, else kafka; give every process the same)")
+}
+
 func requireBrokers(s string) ([]string, error) {
 	b := kafka.SplitBrokers(s)
 	if len(b) == 0 {

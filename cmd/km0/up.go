@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -57,7 +60,10 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	groups := fs.String("groups", os.Getenv("KM0_GROUPS"), "rename consumer groups: CONSUMIDOR=GROUP,... e.g. cataleg.estoc_baix=cataleg-prod (default $KM0_GROUPS)")
 	brokers := brokersFlag(fs)
 	embedded := fs.Bool("embedded-kafka", false, "start an embedded Kafka broker in this process instead of using --brokers")
-	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply (default $KM0_AMQP_URL; empty: request/reply over Kafka)")
+	events := eventsFlag(fs)
+	eventsExchange := fs.String("events-exchange", cmp.Or(os.Getenv("KM0_EVENTS_EXCHANGE"), system.EventsExchangeDefault), "RabbitMQ topic exchange of the events --events puts there (default $KM0_EVENTS_EXCHANGE, else "+system.EventsExchangeDefault+")")
+	eventsPrefix := fs.String("events-queue-prefix", os.Getenv("KM0_EVENTS_QUEUE_PREFIX"), "put this before the name of every RabbitMQ queue of the events, e.g. staging. (default $KM0_EVENTS_QUEUE_PREFIX; give every process the same)")
+	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply and for the events --events puts there (default $KM0_AMQP_URL; empty: request/reply over Kafka, and with --events rabbitmq the local guest broker)")
 	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply")
 	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
 	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
@@ -66,8 +72,12 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
 	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (dead letters indexed in km0_dlq on the --database-url server, lag, health; token $"+adminTokenEnv+")")
+	alerts := addAlertFlags(fs, "with --console")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := alerts.check(*consoleAddr != "", "--console"); err != nil {
 		return err
 	}
 	if strings.Trim(*dbSuffix, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
@@ -89,16 +99,28 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err != nil {
 		return err
 	}
+	evBroker, evTopics, err := system.ParseEvents(*events)
+	if err != nil {
+		return fmt.Errorf("--events: %w", err)
+	}
+	cfg := system.Config{Events: evBroker, EventsByTopic: evTopics, AMQPURL: *amqpURL, EventsExchange: *eventsExchange, EventsQueuePrefix: *eventsPrefix}
+	if cfg.NeedsRabbitMQ() && cfg.AMQPURL == "" {
+		cfg.AMQPURL = amqp.URLDefault
+	}
+	if *consoleAddr != "" && !cfg.NeedsKafka() {
+		return errors.New("--console indexes the dead letters of Kafka: with every event on RabbitMQ, read them with km0 dlq ls --queue <group>")
+	}
 	var brokerList []string
-	if *embedded {
+	switch {
+	case !cfg.NeedsKafka() && !*embedded:
+	case *embedded:
 		b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()})
 		if err != nil {
 			return err
 		}
 		defer b.Close()
 		brokerList = b.Addrs()
-	} else {
-		var err error
+	default:
 		if brokerList, err = requireBrokers(*brokers); err != nil {
 			return fmt.Errorf("%w (or pass --embedded-kafka)", err)
 		}
@@ -116,14 +138,14 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		addrs[k] = v
 	}
 	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
-		Brokers: brokerList, Services: services, AMQPURL: *amqpURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
+		Brokers: brokerList, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
 		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, Logger: logger()})
 	if err != nil {
 		return err
 	}
 	defer sys.Close()
-	fmt.Printf("km0 %s: running %s (Kafka %s)\n", name, strings.Join(services, ", "), strings.Join(brokerList, ","))
+	fmt.Printf("km0 %s: running %s (%s)\n", name, strings.Join(services, ", "), transports(sys, brokerList))
 	all := sys.Addrs()
 	keys := make([]string, 0, len(all))
 	for k := range all {
@@ -142,7 +164,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		}
 	}
 	if *consoleAddr != "" {
-		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, os.Stdout, "km0 "+name, logger())
+		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, alerts.rule(), os.Stdout, "km0 "+name, logger())
 		if err != nil {
 			return err
 		}
@@ -151,6 +173,29 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	<-ctx.Done()
 	fmt.Printf("km0 %s: stopping\n", name)
 	return nil
+}
+
+// transports names where the events and request/reply travel.
+func transports(sys *system.System, brokers []string) string {
+	by := map[string][]string{}
+	for t, b := range sys.EventsBroker() {
+		by[b] = append(by[b], t)
+	}
+	var parts []string
+	switch {
+	case len(by[system.EventsRabbitMQ]) == 0:
+		parts = append(parts, "events on Kafka")
+	case len(by[system.EventsKafka]) == 0:
+		parts = append(parts, "events on RabbitMQ")
+	default:
+		slices.Sort(by[system.EventsRabbitMQ])
+		parts = append(parts, "events on Kafka, "+strings.Join(by[system.EventsRabbitMQ], ", ")+" on RabbitMQ")
+	}
+	parts = append(parts, "request/reply on "+sys.RequestReplyTransport())
+	if len(brokers) > 0 {
+		parts = append(parts, "Kafka "+strings.Join(brokers, ","))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // serviceDatabaseEnv is the environment variable of service's own database

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +28,7 @@ import (
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -43,8 +46,22 @@ type Config struct {
 	// DatabaseURL, if set, is used as is; otherwise FindServer decides
 	// (KM0_DATABASE_URL, the local server, a throwaway cluster).
 	DatabaseURL string
-	// AMQPURL, if set, carries request/reply over RabbitMQ; else over the embedded Kafka.
+	// AMQPURL, if set, carries request/reply over RabbitMQ; else over the
+	// embedded Kafka. With events on RabbitMQ it defaults to the local guest
+	// broker (amqp.URLDefault).
 	AMQPURL string
+	// Events and EventsByTopic choose the broker of the domain events
+	// (system.Config's fields of the same names). Default Kafka (embedded).
+	// Over RabbitMQ the run uses an exchange and queues of its own, deleted
+	// at the end, and no Kafka at all unless a topic stays there.
+	Events        string
+	EventsByTopic map[string]string
+	// KafkaDown, if positive, makes the embedded Kafka unreachable for this
+	// long once a third of the orders are in: with the orders on RabbitMQ
+	// (EventsByTopic) inventari keeps taking stock and its estoc.actualitzat
+	// wait in its outbox; with them on Kafka it stops. The report says which
+	// and checks that nothing was lost. Needs Kafka in the run.
+	KafkaDown time.Duration
 	// NoAuthorize turns off the card authorisation that comandes asks
 	// pagaments for by request/reply before accepting each order.
 	NoAuthorize bool
@@ -97,7 +114,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("demo: --orders and clients must be positive (got %d, %d)", cfg.Orders, cfg.Clients)
 	}
 	start := time.Now()
+	var sayMu sync.Mutex // progress comes from the clients and the Kafka outage at once
 	say := func(format string, args ...any) {
+		sayMu.Lock()
+		defer sayMu.Unlock()
 		fmt.Fprintf(cfg.Out, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
 
@@ -113,21 +133,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer server.Close()
 	say("PostgreSQL: %s (%s)", server.Source, redact.URL(server.URL))
 
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()})
-	if err != nil {
-		return nil, err
-	}
-	defer broker.Close()
-	say("Kafka: broker embegut (kfake) a %v", broker.Addrs())
-
 	run := randomSuffix()
 	plan := makePlan(cfg.Orders, cfg.Seed, run, !cfg.NoAuthorize)
 	inject := newInjector(cfg.Orders)
 	sysCfg := system.Config{
-		DatabaseURL: server.URL, DatabaseSuffix: "demo_" + run, Brokers: broker.Addrs(), AMQPURL: cfg.AMQPURL, Authorize: !cfg.NoAuthorize,
+		DatabaseURL: server.URL, DatabaseSuffix: "demo_" + run, AMQPURL: cfg.AMQPURL, Authorize: !cfg.NoAuthorize,
+		Events: cfg.Events, EventsByTopic: cfg.EventsByTopic,
 		GatewayFaults: passarella.Faults{
-			Fail:    func(key string, attempt int) bool { return gatewayFails(orderNum(key), attempt) },
-			Hang:    func(key string, attempt int) bool { return gatewayHangs(orderNum(key), attempt) },
+			// Charges only: a refund is asked while its order's charge may
+			// be waiting for the retry these faults cause.
+			Fail: func(key string, attempt int) bool {
+				return strings.HasPrefix(key, "cobrament-") && gatewayFails(orderNum(key), attempt)
+			},
+			Hang: func(key string, attempt int) bool {
+				return strings.HasPrefix(key, "cobrament-") && gatewayHangs(orderNum(key), attempt)
+			},
 			HangFor: 1500 * time.Millisecond,
 		},
 		GatewayTimeout: 500 * time.Millisecond,
@@ -140,8 +160,42 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		PaymentHooks:   pagaments.Hooks{AfterCharge: inject.afterCharge},
 		Logger:         cfg.Logger,
 	}
+	if sysCfg.NeedsRabbitMQ() && sysCfg.AMQPURL == "" {
+		sysCfg.AMQPURL = amqp.URLDefault
+	}
+	var broker *kafka.Embedded
+	if sysCfg.NeedsKafka() {
+		var err error
+		if broker, err = kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()}); err != nil {
+			return nil, err
+		}
+		defer broker.Close()
+		sysCfg.Brokers = broker.Addrs()
+		say("Kafka: broker embegut (kfake) a %v", broker.Addrs())
+	}
+	if cfg.KafkaDown > 0 && broker == nil {
+		return nil, errors.New("demo: --kafka-down needs Kafka in the run: keep some topic on it, e.g. --events kafka,comandes.esdeveniments=rabbitmq")
+	}
+	var rmq *rabbit
+	if sysCfg.NeedsRabbitMQ() {
+		var topics []string
+		for _, t := range system.Topics {
+			if b := cmp.Or(cfg.EventsByTopic[t], cfg.Events); b == system.EventsRabbitMQ {
+				topics = append(topics, t)
+			}
+		}
+		var err error
+		if rmq, err = newRabbit(ctx, sysCfg.AMQPURL, run, topics, cfg.Logger); err != nil {
+			return nil, err
+		}
+		rmq.configure(&sysCfg)
+		say("RabbitMQ: %s, intercanvi %s, cues %s* (esborrats en acabar)", redact.URL(sysCfg.AMQPURL), rmq.exchange, rmq.prefix)
+	}
 	sys, err := system.Start(ctx, sysCfg)
 	if err != nil {
+		if rmq != nil {
+			_ = rmq.close(context.WithoutCancel(ctx), nil)
+		}
 		return nil, err
 	}
 	stopped := false
@@ -151,6 +205,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		stopped = true
 		sys.Close()
+		if rmq != nil {
+			delCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := rmq.close(delCtx, sys); err != nil {
+				cfg.Logger.Warn("demo: delete RabbitMQ queues", "err", err)
+			}
+		}
 		if !cfg.KeepDatabases {
 			dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
@@ -174,32 +235,56 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	d := &driver{url: sys.Addrs()[comandes.Name], client: &http.Client{Timeout: 30 * time.Second}}
 	step := max(cfg.Orders/10, 1)
+	var out *outage
+	if cfg.KafkaDown > 0 {
+		out = newOutage(cfg.KafkaDown, broker, sys, say)
+	}
 	d.onOrder = func(done int) {
 		if done%step == 0 || done == cfg.Orders {
 			say("comandes enviades %d/%d", done, cfg.Orders)
 		}
+		if out != nil && done >= max(cfg.Orders/3, 1) {
+			out.start(ctx)
+		}
 	}
-	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
+	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més que es cancel·la i es reemborsa, cancel·lacions, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
 	sub := d.run(ctx, plan, cfg.Clients)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	if out != nil {
+		out.wait(ctx)
+	}
 	say("enviament acabat: %d acceptades, %d duplicats absorbits; esperant que el sistema s'assenti", sub.Accepted, sub.Replayed)
 
-	kcl, err := kgo.NewClient(kgo.SeedBrokers(broker.Addrs()...))
-	if err != nil {
-		return nil, err
+	ev := &eventLog{sys: sys, rabbit: rmq}
+	if broker != nil {
+		ev.brokers = broker.Addrs()
+		if ev.kcl, err = kgo.NewClient(kgo.SeedBrokers(broker.Addrs()...)); err != nil {
+			return nil, err
+		}
+		defer ev.kcl.Close()
 	}
-	defer kcl.Close()
-	report := &Report{Run: run, Database: server.Source, RequestReply: sys.RequestReplyTransport()}
+	report := &Report{Run: run, Database: server.Source, RequestReply: sys.RequestReplyTransport(), EventsBroker: ev.describe()}
 	if cfg.NoAuthorize {
 		report.RequestReply += " (autoritzacions desactivades)"
 	}
-	settled, why := settle(ctx, sys, kcl, cfg.SettleTimeout, say)
+	settled, why := settle(ctx, sys, ev, cfg.SettleTimeout, say)
+	if settled {
+		// Orders paid and assigned a courier, cancelled now: the courier is
+		// released and the charge refunded.
+		n := d.cancelLate(ctx, plan)
+		say("%d comandes ja pagades i assignades, cancel·lades; esperant que el sistema s'assenti", n)
+		sub = d.result()
+		settled, why = settle(ctx, sys, ev, cfg.SettleTimeout, say)
+	}
 	report.check("sistema assentat (outbox buits, lag 0, cap lliurament pendent)", settled, "%s", why)
 	report.Injected = inject.fired() // after settling: the charge may fire late
-	if err := reconcile(ctx, sys, kcl, broker.Addrs(), plan, sub, restock, report); err != nil {
+	if err := reconcile(ctx, sys, ev, plan, sub, restock, report); err != nil {
 		return nil, fmt.Errorf("demo: reconcile: %w", err)
+	}
+	if out != nil {
+		out.check(report)
 	}
 	report.Elapsed = time.Since(start).Seconds()
 	report.OK = len(report.Failed()) == 0
@@ -212,10 +297,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, k := range sortedKeys(addrs) {
 			fmt.Fprintf(cfg.Out, "  %-12s %s\n", k, addrs[k])
 		}
-		fmt.Fprintf(cfg.Out, "  %-12s %v\n  proveu: curl %s/comandes/P-2026-000001 · curl %s/analitica · curl %s/cataleg\n",
-			"kafka", broker.Addrs(), addrs[comandes.Name], addrs["analitica"], addrs["cataleg"])
+		var brokers []string
+		if broker != nil {
+			brokers = broker.Addrs()
+			fmt.Fprintf(cfg.Out, "  %-12s %v\n", "kafka", brokers)
+		}
+		fmt.Fprintf(cfg.Out, "  proveu: curl %s/comandes/P-2026-000001 · curl %s/analitica · curl %s/cataleg\n",
+			addrs[comandes.Name], addrs["analitica"], addrs["cataleg"])
 		if cfg.OnRunning != nil {
-			stop, err := cfg.OnRunning(ctx, Running{System: sys, Brokers: broker.Addrs(), DatabaseURL: server.URL, DatabaseSuffix: sysCfg.DatabaseSuffix})
+			stop, err := cfg.OnRunning(ctx, Running{System: sys, Brokers: brokers, DatabaseURL: server.URL, DatabaseSuffix: sysCfg.DatabaseSuffix})
 			if err != nil {
 				return report, err
 			}
@@ -226,13 +316,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return report, nil
 }
 
-// settle waits until every outbox is drained, every consumer group has lag 0
-// and no delivery is pending, three polls in a row.
-func settle(ctx context.Context, sys *system.System, kcl *kgo.Client, timeout time.Duration, say func(string, ...any)) (bool, string) {
+// settle waits until every outbox is drained, every consumer has caught up
+// and no delivery is pending, three polls in a row. Over RabbitMQ, caught
+// up means no message ready in any work, shard or wait queue and the
+// consumers' counts unchanged: RabbitMQ tells a client how many messages
+// are ready, not how many its consumers hold unacked, so the counts must
+// also stand still over several polls (a message in a consumer's hands
+// moves them within a handler's time, well under the 2 s window).
+func settle(ctx context.Context, sys *system.System, ev *eventLog, timeout time.Duration, say func(string, ...any)) (bool, string) {
 	deadline := time.Now().Add(timeout)
-	groups := []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
-		repartiment.ConsumerAssign, "analitica.comptadors", "cataleg.estoc_baix"}
+	var groups []string
+	for _, g := range []string{comandes.ConsumerPaymentConfirmed, comandes.ConsumerStockRefused, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
+		repartiment.ConsumerAssign, "analitica.comptadors", "cataleg.estoc_baix"} {
+		if ev.onKafka(g) {
+			groups = append(groups, g)
+		}
+	}
+	need := 3
+	if ev.rabbit != nil {
+		need = 7 // 2 s at 300 ms
+	}
 	stable, last := 0, ""
+	var lastStats map[string]consumer.Stats
 	lastSaid := time.Now()
 	for {
 		pending := 0
@@ -245,29 +350,44 @@ func settle(ctx context.Context, sys *system.System, kcl *kgo.Client, timeout ti
 		}
 		var lag int64
 		var behind []string
-		lags, err := groupLag(ctx, kcl, groups)
-		if err != nil {
-			lag = -1
-		}
-		for _, g := range groups {
-			l, ok := lags[g]
-			if !ok {
+		if len(groups) > 0 {
+			lags, err := groupLag(ctx, ev.kcl, groups)
+			if err != nil {
 				lag = -1
-				break
 			}
-			lag += l
-			if l > 0 {
-				behind = append(behind, fmt.Sprintf("%s %d", g, l))
+			for _, g := range groups {
+				l, ok := lags[g]
+				if !ok {
+					lag = -1
+					break
+				}
+				lag += l
+				if l > 0 {
+					behind = append(behind, fmt.Sprintf("%s %d", g, l))
+				}
 			}
+		}
+		moving := false
+		if ev.rabbit != nil {
+			n, queues, err := ev.rabbit.backlog(ctx, sys)
+			if err != nil {
+				lag = -1
+			} else {
+				lag += int64(n)
+				behind = append(behind, queues...)
+			}
+			st := sys.ConsumerStats()
+			moving = !maps.Equal(st, lastStats)
+			lastStats = st
 		}
 		sum, err := sys.Repartiment.Summary(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
-		last = fmt.Sprintf("outbox pendents %d, lag dels grups %d %v, lliuraments pendents %d", pending, lag, behind, sum[repartiment.StatePending])
-		if pending == 0 && lag == 0 && sum[repartiment.StatePending] == 0 {
+		last = fmt.Sprintf("outbox pendents %d, lag dels consumidors %d %v, lliuraments pendents %d", pending, lag, behind, sum[repartiment.StatePending])
+		if pending == 0 && lag == 0 && !moving && sum[repartiment.StatePending] == 0 {
 			stable++
-			if stable >= 3 {
+			if stable >= need {
 				return true, last
 			}
 		} else {

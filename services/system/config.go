@@ -57,9 +57,10 @@ func domainTopics(renames map[string]string) []string {
 }
 
 // ConsumerNames are the consumidors of the six services, each the default
-// name of its consumer group.
+// name of its consumer group: the first six in the order of Services (one
+// per service), then the services' further consumers.
 var ConsumerNames = []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
-	repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock}
+	repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock, comandes.ConsumerStockRefused}
 
 // topicRE: a Kafka topic name (249 characters at most, less the .retry suffix).
 var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,243}$`)
@@ -127,12 +128,40 @@ type Config struct {
 	// consumidor recorded with each processed message stays the contract's
 	// name. Default none: each group is named after its consumidor.
 	Groups map[string]string
-	// Brokers are the Kafka bootstrap brokers. Required.
+	// Brokers are the Kafka bootstrap brokers. Required unless every domain
+	// topic travels over RabbitMQ (Events, EventsByTopic) and request/reply
+	// too (AMQPURL).
 	Brokers []string
+	// Events is the broker that carries the domain events: EventsKafka
+	// (default) or EventsRabbitMQ. Over RabbitMQ each relay publishes to the
+	// topic exchange EventsExchange with routing key <topic>.<shard>
+	// (amqp.ShardedPublisher, EventShards shards by agregat_id), and each
+	// consumer reads its own queues, named after its group: EventShards
+	// single-active-consumer queues <group>.<i> (per-key order), or for
+	// analitica, which needs no order, one queue <group> bound with
+	// <topic>.*. The queues of every consumer are declared at Start by every
+	// process, so no event published before a consumer's process first
+	// started is lost. RabbitMQ needs AMQPURL, which then carries
+	// request/reply too. Every process of a deployment must be given the same
+	// choice.
+	Events string
+	// EventsByTopic overrides Events for some domain topics, by their
+	// CONTRACT.md name: e.g. {"comandes.esdeveniments": EventsRabbitMQ} with
+	// Events EventsKafka carries the orders over RabbitMQ and the other
+	// services' events over Kafka. A consumer whose topics are on both
+	// brokers (analitica) runs one consumer on each. Default none.
+	EventsByTopic map[string]string
+	// EventsExchange is the topic exchange of the events over RabbitMQ.
+	// Default EventsExchangeDefault.
+	EventsExchange string
+	// EventsQueuePrefix is put before the name of every queue of the events
+	// over RabbitMQ (work, shard, wait and dead-letter queues), so that
+	// several deployments can share one virtual host. Default none.
+	EventsQueuePrefix string
 	// Services to run; default all (Services).
 	Services []string
-	// AMQPURL, if set, carries request/reply over RabbitMQ; otherwise it runs
-	// over Kafka (Brokers).
+	// AMQPURL, if set, carries request/reply over RabbitMQ, and the events
+	// Events puts there; otherwise request/reply runs over Kafka (Brokers).
 	AMQPURL string
 	// Authorize makes comandes ask pagaments to authorise each order before
 	// accepting it. Default false.

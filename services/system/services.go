@@ -48,7 +48,7 @@ func (s *System) outbox() *outbox.Outbox {
 func (s *System) relayFor(service string) {
 	s.sup.runRelay(service, s.cfg.RelayFaults[service], relay.Config{
 		Pool:         s.pools[service],
-		Publisher:    s.pub,
+		Publisher:    s.eventsPublisher(Topics[service]),
 		Topic:        s.topic(Topics[service]),
 		Origin:       service,
 		Workers:      1,
@@ -60,13 +60,13 @@ func (s *System) relayFor(service string) {
 	})
 }
 
-// consumerFor supervises a consumer of service whose group is its consumidor
-// (Config.Groups renames it), on the topics of Config.Topics.
+// consumerFor supervises the consumer cfg.Name of service on topics
+// (contract names; Subscriptions), whose group is its consumidor
+// (Config.Groups renames it): over Kafka, over RabbitMQ, or one over each
+// when its topics are on both. Only the source differs; the rest of cfg is
+// the same on both brokers.
 func (s *System) consumerFor(service string, topics []string, cfg consumer.Config) {
-	src := kafka.SourceConfig{Brokers: s.cfg.Brokers, Group: cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)}
-	for _, t := range topics {
-		src.Topics = append(src.Topics, s.topic(t))
-	}
+	group := cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
 	cfg.Pool = s.pools[service]
 	cfg.Backoff = s.cfg.Backoff
 	cfg.Concurrency = 2
@@ -75,7 +75,26 @@ func (s *System) consumerFor(service string, topics []string, cfg consumer.Confi
 	// (30 s) would outlast it and the consumer would be left behind.
 	cfg.ShutdownTimeout = ShutdownGraceDefault / 2
 	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
-	s.sup.runConsumer(src, s.cfg.ConsumerFaults[cfg.Name], cfg)
+	probes := s.cfg.ConsumerFaults[cfg.Name]
+	worker := "consumer " + group
+	var onKafka []string
+	for _, t := range topics {
+		if s.cfg.eventsBroker(t) == EventsKafka {
+			onKafka = append(onKafka, s.topic(t))
+		}
+	}
+	if rabbit := s.rabbitTopics(topics); len(rabbit) > 0 {
+		w := worker
+		if len(onKafka) > 0 {
+			w += " (RabbitMQ)"
+		}
+		rcfg := cfg
+		rcfg.OnDeadLetter = s.reasons.observer(cfg.Name)
+		s.sup.runAMQPConsumer(w, group, s.amqpSource(cfg, rabbit), probes, rcfg)
+	}
+	if len(onKafka) > 0 {
+		s.sup.runConsumer(kafka.SourceConfig{Brokers: s.cfg.Brokers, Group: group, Topics: onKafka}, probes, cfg)
+	}
 }
 
 func (s *System) startComandes(ctx context.Context) error {
@@ -101,8 +120,15 @@ func (s *System) startComandes(ctx context.Context) error {
 		purge: func(ctx context.Context) (int64, error) {
 			return s.Comandes.PurgeRequests(ctx, s.cfg.RequestKeyRetention)
 		}})
-	s.consumerFor(comandes.Name, []string{pagaments.Topic}, consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Decode: dec,
+	s.consumerFor(comandes.Name, Subscriptions[comandes.ConsumerPaymentConfirmed], consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Decode: dec,
 		Types: []string{comandes.TypePaymentConfirmed}, Handle: s.Comandes.HandlePaymentConfirmed})
+	// The compensation of an order inventari refused: cancel it.
+	decRefused, err := s.decoder(map[string]int{comandes.TypeStockRefused: 1})
+	if err != nil {
+		return err
+	}
+	s.consumerFor(comandes.Name, Subscriptions[comandes.ConsumerStockRefused], consumer.Config{Name: comandes.ConsumerStockRefused, Decode: decRefused,
+		Types: []string{comandes.TypeStockRefused}, Handle: s.Comandes.HandleStockRefused})
 	return s.serve(comandes.Name, s.Comandes.Handler())
 }
 
@@ -114,14 +140,14 @@ func (s *System) startInventari(ctx context.Context) error {
 	if s.Inventari, err = inventari.New(inventari.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", inventari.Name)}); err != nil {
 		return err
 	}
-	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2})
+	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2, comandes.TypeCancelled: 1})
 	if err != nil {
 		return err
 	}
 	s.relayFor(inventari.Name)
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
-	s.consumerFor(inventari.Name, []string{comandes.Topic}, consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec,
-		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
+	s.consumerFor(inventari.Name, Subscriptions[inventari.ConsumerDecrement], consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec,
+		Types: []string{inventari.TypeOrderCreated, inventari.TypeOrderCancelled}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
 	}
@@ -158,16 +184,17 @@ func (s *System) startPagaments(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2})
+	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2, comandes.TypeCancelled: 1})
 	if err != nil {
 		return err
 	}
 	s.relayFor(pagaments.Name)
 	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))
 	// One order per transaction: each attempt calls the gateway, and a failed
-	// neighbour must not make a whole batch call it again.
-	s.consumerFor(pagaments.Name, []string{comandes.Topic}, consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec,
-		Types: []string{pagaments.TypeOrderCreated}, Handle: s.Pagaments.HandleOrderCreated})
+	// neighbour must not make a whole batch call it again. The charge and
+	// the refund share the consumer (per-key order keeps them in order).
+	s.consumerFor(pagaments.Name, Subscriptions[pagaments.ConsumerCharge], consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec,
+		Types: []string{pagaments.TypeOrderCreated, pagaments.TypeOrderCancelled}, Handle: s.Pagaments.HandleOrder})
 	return s.rr.serve(ctx, pagaments.AuthQueue, rrWorkersAuthorize, s.Pagaments.Authorize)
 }
 
@@ -192,14 +219,14 @@ func (s *System) startRepartiment(ctx context.Context) error {
 	}
 	// The address check stays in the handler (not a Require of the decoder):
 	// it raises the contract alert before dead-lettering.
-	dec, err := s.decoder(map[string]int{repartiment.TypeOrderPaid: 1})
+	dec, err := s.decoder(map[string]int{repartiment.TypeOrderPaid: 1, repartiment.TypeOrderCancelled: 1})
 	if err != nil {
 		return err
 	}
 	s.relayFor(repartiment.Name)
 	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
-	s.consumerFor(repartiment.Name, []string{comandes.Topic}, consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec,
-		Types: []string{repartiment.TypeOrderPaid}, Handle: s.Repartiment.HandleOrderPaid, Classifier: repartiment.Classifier})
+	s.consumerFor(repartiment.Name, Subscriptions[repartiment.ConsumerAssign], consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec,
+		Types: []string{repartiment.TypeOrderPaid, repartiment.TypeOrderCancelled}, Handle: s.Repartiment.HandleOrder, Classifier: repartiment.Classifier})
 	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })
 	return s.serve(repartiment.Name, s.Repartiment.Handler())
 }
@@ -213,7 +240,7 @@ func (s *System) startAnalitica(ctx context.Context) error {
 		return err
 	}
 	// At-most-once: offsets committed before processing, no inbox.
-	s.consumerFor(analitica.Name, []string{comandes.Topic, inventari.Topic, pagaments.Topic, repartiment.Topic}, consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
+	s.consumerFor(analitica.Name, Subscriptions[analitica.ConsumerCount], consumer.Config{Name: analitica.ConsumerCount, Mode: consumer.AtMostOnce, NoInbox: true,
 		Handle: s.Analitica.HandleEvent})
 	return s.serve(analitica.Name, s.Analitica.Handler())
 }
@@ -231,7 +258,7 @@ func (s *System) startCataleg(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.consumerFor(cataleg.Name, []string{inventari.Topic}, consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Decode: dec,
+	s.consumerFor(cataleg.Name, Subscriptions[cataleg.ConsumerLowStock], consumer.Config{Name: cataleg.ConsumerLowStock, NoInbox: true, Decode: dec,
 		Types: []string{cataleg.TypeStockUpdated}, Handle: s.Cataleg.HandleStockUpdated})
 	return s.serve(cataleg.Name, s.Cataleg.Handler())
 }

@@ -3,6 +3,8 @@ package system
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -17,17 +20,26 @@ import (
 type supervisor struct {
 	s        *System
 	mu       sync.Mutex
-	restarts map[string]int // by worker name
-	live     map[string]*consumer.Consumer
-	past     map[string]consumer.Stats // counts of dead instances, by consumidor
+	restarts map[string]int            // by worker name
+	live     map[string]liveConsumer   // by worker name
+	past     map[string]consumer.Stats // counts of dead instances, by consumer group
 	relays   map[string]*relay.Relay
 	running  map[string]bool // workers whose goroutine has not returned
+	queues   map[string]bool // RabbitMQ queues of the events declared so far
+}
+
+// liveConsumer is a running consumer instance, on either broker.
+type liveConsumer struct {
+	group  string
+	c      *consumer.Consumer
+	queues func() []string // nil on Kafka
 }
 
 func (sv *supervisor) init(s *System) {
 	sv.s = s
 	sv.restarts = map[string]int{}
-	sv.live = map[string]*consumer.Consumer{}
+	sv.live = map[string]liveConsumer{}
+	sv.queues = map[string]bool{}
 	sv.past = map[string]consumer.Stats{}
 	sv.relays = map[string]*relay.Relay{}
 	sv.running = map[string]bool{}
@@ -99,30 +111,78 @@ func (sv *supervisor) runRelay(service string, probes faults.Relay, cfg relay.Co
 // runConsumer supervises one consumer; Stats survive restarts.
 // Each start gets a new Kafka source of src (a source runs once).
 func (sv *supervisor) runConsumer(src kafka.SourceConfig, probes faults.Consumer[*consumer.Message], cfg consumer.Config) {
-	group := src.Group
-	sv.run("consumer "+group, func(ctx context.Context) error {
+	worker := "consumer " + src.Group
+	sv.run(worker, func(ctx context.Context) error {
 		cfg.Source = kafka.NewSource(src)
-		c, err := consumer.New(cfg)
+		return sv.runOnce(ctx, worker, src.Group, nil, probes, cfg)
+	})
+}
+
+// runAMQPConsumer supervises one RabbitMQ consumer of group; Stats survive
+// restarts. Each start gets a new source of src, which declares its
+// topology again.
+func (sv *supervisor) runAMQPConsumer(worker, group string, src amqp.SourceConfig, probes faults.Consumer[*consumer.Message], cfg consumer.Config) {
+	sv.run(worker, func(ctx context.Context) error {
+		source, err := amqp.NewSource(ctx, src)
 		if err != nil {
 			return err
 		}
-		sv.mu.Lock()
-		sv.live[group] = c
-		sv.mu.Unlock()
-		err = c.Run(faults.WithConsumer(ctx, probes))
-		sv.mu.Lock()
-		sv.past[group] = add(sv.past[group], c.Stats())
-		delete(sv.live, group)
-		sv.mu.Unlock()
+		cfg.Source = source
+		err = sv.runOnce(ctx, worker, group, source.Queues, probes, cfg)
+		sv.noteQueues(source.Queues())
 		return err
 	})
+}
+
+// runOnce runs one consumer instance of cfg to its end.
+func (sv *supervisor) runOnce(ctx context.Context, worker, group string, queues func() []string, probes faults.Consumer[*consumer.Message], cfg consumer.Config) error {
+	c, err := consumer.New(cfg)
+	if err != nil {
+		return err
+	}
+	sv.mu.Lock()
+	sv.live[worker] = liveConsumer{group: group, c: c, queues: queues}
+	sv.mu.Unlock()
+	err = c.Run(faults.WithConsumer(ctx, probes))
+	sv.mu.Lock()
+	sv.past[group] = add(sv.past[group], c.Stats())
+	delete(sv.live, worker)
+	sv.mu.Unlock()
+	return err
+}
+
+// noteQueues records declared RabbitMQ queues (EventQueues).
+func (sv *supervisor) noteQueues(names []string) {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	for _, q := range names {
+		sv.queues[q] = true
+	}
+}
+
+// EventQueues returns the RabbitMQ queues of the events this process
+// declared: every consumer's work or shard queues and DLQ, and the wait
+// queues its consumers used. Nil when no event travels over RabbitMQ.
+func (s *System) EventQueues() []string {
+	sv := &s.sup
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	set := maps.Clone(sv.queues)
+	for _, l := range sv.live {
+		if l.queues != nil {
+			for _, q := range l.queues() {
+				set[q] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
 }
 
 func add(a, b consumer.Stats) consumer.Stats {
 	return consumer.Stats{
 		Processed: a.Processed + b.Processed, Duplicates: a.Duplicates + b.Duplicates, Ignored: a.Ignored + b.Ignored,
 		Foreign: a.Foreign + b.Foreign, Retried: a.Retried + b.Retried, DeadLettered: a.DeadLettered + b.DeadLettered,
-		Panics: a.Panics + b.Panics,
+		Panics: a.Panics + b.Panics, Conflicts: a.Conflicts + b.Conflicts,
 	}
 }
 
@@ -136,8 +196,8 @@ func (s *System) ConsumerStats() map[string]consumer.Stats {
 	for g, st := range sv.past {
 		out[g] = st
 	}
-	for g, c := range sv.live {
-		out[g] = add(out[g], c.Stats())
+	for _, l := range sv.live {
+		out[l.group] = add(out[l.group], l.c.Stats())
 	}
 	return out
 }

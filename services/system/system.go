@@ -28,6 +28,7 @@ import (
 	"github.com/km0/km0/services/pagaments/passarella"
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -48,8 +49,11 @@ type System struct {
 
 	pools   map[string]*pgxpool.Pool // by database name (service, or service+"-side")
 	dbNames map[string]string        // service → database name
-	kcl     *kgo.Client
-	pub     *kafka.Publisher
+	kcl     *kgo.Client              // nil when Kafka carries nothing
+	pub     *kafka.Publisher         // the relays' publisher of the events on Kafka
+	events  *amqp.Conn               // the events' connection to RabbitMQ; nil when none travels there
+	amqpPub *amqp.Publisher          // the relays' publisher of the events on RabbitMQ
+	reasons reasons                  // motius of the permanent dead letters over RabbitMQ
 	servers []*http.Server
 	addrs   map[string]string
 
@@ -72,8 +76,8 @@ type System struct {
 // APIs. They run until ctx ends or Close is called. On error everything
 // started so far is stopped.
 func Start(ctx context.Context, cfg Config) (_ *System, err error) {
-	if len(cfg.Brokers) == 0 {
-		return nil, errors.New("system: Config.Brokers is required")
+	if err := cfg.validateEvents(); err != nil {
+		return nil, err
 	}
 	if len(cfg.Services) == 0 {
 		cfg.Services = Services
@@ -121,12 +125,19 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if s.schemas, err = schema.Default(); err != nil {
 		return nil, err
 	}
-	if s.kcl, err = kafka.NewClient(cfg.Brokers); err != nil {
-		return nil, err
+	if cfg.onKafka() {
+		if s.kcl, err = kafka.NewClient(cfg.Brokers); err != nil {
+			return nil, err
+		}
+		s.pub = kafka.NewPublisher(s.kcl)
+		if err := kafka.EnsureTopics(ctx, s.kcl, kafka.PartitionsDefault, cfg.kafkaTopics()...); err != nil {
+			return nil, fmt.Errorf("system: topics: %w", err)
+		}
 	}
-	s.pub = kafka.NewPublisher(s.kcl)
-	if err := kafka.EnsureTopics(ctx, s.kcl, kafka.PartitionsDefault, domainTopics(cfg.Topics)...); err != nil {
-		return nil, fmt.Errorf("system: topics: %w", err)
+	if cfg.onRabbitMQ() {
+		if err := s.startEvents(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if s.rr, err = newRR(ctx, s); err != nil {
 		return nil, err
@@ -307,6 +318,12 @@ func (s *System) Close() {
 	}
 	if s.kcl != nil {
 		s.kcl.Close()
+	}
+	if s.amqpPub != nil {
+		_ = s.amqpPub.Close()
+	}
+	if s.events != nil {
+		_ = s.events.Close()
 	}
 	// pgxpool.Close waits for every acquired connection: with a worker or
 	// handler left behind holding one, it would never return. Then the pools

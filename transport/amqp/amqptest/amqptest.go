@@ -12,6 +12,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -245,4 +249,105 @@ func DeadLetter(t testing.TB, conn *amqp.Conn, queue, id string) *amqp.DeadLette
 		}
 	}
 	return nil
+}
+
+// ManagementURL is the RabbitMQ management API tests use:
+// KM0_TEST_AMQP_MANAGEMENT_URL, else http://guest:guest@127.0.0.1:15672 (the
+// plugin's default listener; rabbitmq-plugins enable rabbitmq_management).
+// An API that does not answer fails the test naming it under CI=true, and
+// skips it otherwise (the plugin is optional on a developer's broker).
+func ManagementURL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv("KM0_TEST_AMQP_MANAGEMENT_URL")
+	if u == "" {
+		u = "http://guest:guest@127.0.0.1:15672"
+	}
+	err := probeManagement(u)
+	if err == nil {
+		return u
+	}
+	msg := "the RabbitMQ management API does not answer: " + err.Error() +
+		" (enable it with: rabbitmq-plugins enable rabbitmq_management; or set KM0_TEST_AMQP_MANAGEMENT_URL)"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// probeManagement asks GET /api/overview of the management API at u.
+// Its error never quotes u (it holds the password).
+func probeManagement(u string) error {
+	pu, err := url.Parse(u)
+	if err != nil || pu.Host == "" {
+		return errors.New("KM0_TEST_AMQP_MANAGEMENT_URL is not an absolute URL")
+	}
+	user := pu.User
+	pu.User = nil
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(pu.String(), "/")+"/api/overview", nil)
+	if err != nil {
+		return err
+	}
+	if user != nil {
+		pw, _ := user.Password()
+		req.SetBasicAuth(user.Username(), pw)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: %v", pu.Host, errors.Unwrap(err))
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s answered %s", pu.Host, resp.Status)
+	}
+	return nil
+}
+
+// UnackedQueue declares a queue named after prefix with ready+unacked
+// messages and takes unacked of them on a consumer that never acknowledges
+// them: its connection stays open until the test ends. The queue is deleted
+// at cleanup.
+func UnackedQueue(t testing.TB, prefix string, ready, unacked int) string {
+	t.Helper()
+	conn := Dial(t)
+	q := Name(prefix)
+	DeleteQueuesAtCleanup(t, func() []string { return []string{q} })
+	raw, err := amqp091.Dial(URL())
+	if err != nil {
+		t.Fatalf("RabbitMQ is required and did not answer: %v (start it with: rabbitmq-server -detached)", err)
+	}
+	t.Cleanup(func() { _ = raw.Close() })
+	ch, err := raw.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < ready+unacked; i++ {
+		if err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp091.Publishing{Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	WaitFor(t, 10*time.Second, "the messages in the queue", func() bool { return QueueLen(t, conn, q) == ready+unacked })
+	if unacked == 0 {
+		return q
+	}
+	if err := ch.Qos(unacked, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume(q, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < unacked; i++ {
+		select {
+		case <-ds:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("delivery %d of %s did not arrive", i+1, q)
+		}
+	}
+	return q
 }
