@@ -244,8 +244,22 @@ func (c *Consumer) runOptimistic(l *lane, msgs []*item, fails []failure) ([]fail
 				if err := c.committed(l, msgs[:end], refused); err != nil {
 					return fails, err
 				}
-				fails = append(fails, refused...)
 				msgs = msgs[end:]
+				for _, f := range refused {
+					if c.order == nil || len(f.it.msg.Key) == 0 {
+						fails = append(fails, f)
+						continue
+					}
+					// Per-key order: a refused message blocks its key as a
+					// failed one does (overtakes kept its key out of the
+					// rest of this transaction).
+					var out []failure
+					var err error
+					if msgs, out, err = c.blockKey(l, f, msgs); err != nil {
+						return fails, err
+					}
+					fails = append(fails, out...)
+				}
 				break
 			}
 			if failAt == 0 {
@@ -503,9 +517,9 @@ func (c *Consumer) callOutcomes(ctx context.Context, tx pgx.Tx, todo []*item) (r
 	return refused, nil
 }
 
-// overtakes reports whether a refused message has a later accepted message
-// of its key in todo (per-key order forbids it: the batch then runs one
-// message at a time).
+// overtakes reports whether a refused message has a later message of its
+// key in todo (per-key order: the later one must wait behind it, so the
+// batch runs one message at a time instead).
 func overtakes(todo []*item, refused []failure) bool {
 	if len(refused) == 0 {
 		return false
@@ -519,10 +533,10 @@ func overtakes(todo []*item, refused []failure) bool {
 		k := string(it.msg.Key)
 		switch {
 		case k == "":
+		case blocked[k]: // a later message, accepted or refused, of a refused one's key
+			return true
 		case out[it]:
 			blocked[k] = true
-		case blocked[k]:
-			return true
 		}
 	}
 	return false

@@ -111,6 +111,13 @@ type Config struct {
 	// keeps them parked only. Either way replaying the head releases them
 	// in order.
 	Behind Behind
+	// FinalFailure, with PerKey, reports whether a permanent failure is a
+	// final business outcome rather than a fault (inventari's insufficient
+	// stock: the refusal is recorded and compensated, nobody will fix and
+	// replay it). Such a message is dead-lettered as usual, but its key does
+	// not wait for it: the messages behind it are applied. Default nil:
+	// every dead-lettered head blocks its key.
+	FinalFailure func(err error) bool
 	// NoInbox skips the idempotency key, for handlers idempotent by nature
 	// (SET flag = ...). Default false.
 	NoInbox bool

@@ -283,14 +283,17 @@ func (c *Consumer) applyHead(ctx context.Context, tx pgx.Tx, it *item) (out []fa
 	if err != nil {
 		return nil, nil, false, err
 	}
-	if herr != nil {
+	switch {
+	case herr != nil && c.final(c.failureOf(it, herr)):
+		// A final refusal: dead-lettered, and the key goes on without it.
+		out = append(out, c.failureOf(it, herr))
+	case herr != nil:
 		f := c.failureOf(it, herr)
 		out, err := c.markFailed(ctx, tx, f, nil)
 		return out, nil, false, err
-	}
-	if ok {
+	case ok:
 		applied = append(applied, it)
-	} else {
+	default:
 		dup = true
 	}
 	cur := it.msg.IdempotencyKey
@@ -302,13 +305,13 @@ func (c *Consumer) applyHead(ctx context.Context, tx pgx.Tx, it *item) (out []fa
 		p, more, err := c.order.ReleaseNext(ctx, sp, c.cfg.Name, key, cur)
 		if errors.Is(err, keyorder.ErrNotHead) {
 			// Another copy of the head released the key first.
-			return nil, applied, dup, sp.Rollback(ctx)
+			return out, applied, dup, sp.Rollback(ctx)
 		}
 		if err != nil {
 			return nil, nil, false, err
 		}
 		if !more {
-			return nil, applied, dup, sp.Commit(ctx)
+			return out, applied, dup, sp.Commit(ctx)
 		}
 		if p.ID == cur { // the head's own stored row (a released message that had failed)
 			if err := sp.Commit(ctx); err != nil {
@@ -325,14 +328,24 @@ func (c *Consumer) applyHead(ctx context.Context, tx pgx.Tx, it *item) (out []fa
 			return nil, nil, false, err
 		}
 		if rerr != nil {
+			f := c.failureOf(rit, rerr)
+			f.on = it.d
+			if c.final(f) {
+				// A final refusal: dead-lettered from the store (applyOne
+				// rolled its effect back), and the release goes on.
+				if err := sp.Commit(ctx); err != nil {
+					return nil, nil, false, err
+				}
+				out = append(out, f)
+				cur = p.ID
+				continue
+			}
 			// Undo the release of p: it stays stored, and becomes the head.
 			if err := sp.Rollback(ctx); err != nil {
 				return nil, nil, false, err
 			}
-			f := c.failureOf(rit, rerr)
-			f.on = it.d
-			out, err := c.markFailed(ctx, tx, f, nil)
-			return out, applied, dup, err
+			more, err := c.markFailed(ctx, tx, f, nil)
+			return append(out, more...), applied, dup, err
 		}
 		if err := sp.Commit(ctx); err != nil {
 			return nil, nil, false, err
@@ -379,6 +392,12 @@ func (c *Consumer) applyOne(ctx context.Context, tx pgx.Tx, it *item) (ok bool, 
 	return true, nil, sp.Commit(ctx)
 }
 
+// final reports whether f is a final refusal (Config.FinalFailure): dead-
+// lettered without blocking its key.
+func (c *Consumer) final(f failure) bool {
+	return c.cfg.FinalFailure != nil && f.kind == outcome.KindPermanent && f.err != nil && c.cfg.FinalFailure(f.err)
+}
+
 func (c *Consumer) failureOf(it *item, err error) failure {
 	kind, delay := outcome.Classify(err, c.cfg.Classifier)
 	return failure{it: it, kind: kind, wait: delay, err: err}
@@ -390,6 +409,9 @@ func (c *Consumer) failureOf(it *item, err error) failure {
 // them, and the failures to settle besides f (the messages dead-lettered as
 // blocked by it).
 func (c *Consumer) blockKey(l *lane, f failure, rest []*item) ([]*item, []failure, error) {
+	if c.final(f) {
+		return rest, []failure{f}, nil
+	}
 	key := string(f.it.msg.Key)
 	var behind, keep []*item
 	for _, it := range rest {
