@@ -127,6 +127,8 @@ func Run(t *testing.T, h Harness) {
 		{"PerKeyCrashAfterMarkingTheHeadBeforeItsCopy", perKeyCrashMarking},
 		{"PerKeyCrashAfterAReleasedMessageFailedBeforeItsCopy", perKeyCrashReleasedFailure},
 		{"PerKeyManyKeysWithTransientFailuresKeepEventOrder", perKeyMany},
+		{"PerKeyFinalRefusalIsDeadLetteredWithoutBlockingItsKey", perKeyFinalRefusal},
+		{"PerKeyBatchHandlerRefusalBlocksItsKey", perKeyBatchRefusal},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

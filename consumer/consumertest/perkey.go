@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -432,4 +433,73 @@ func perKeyMany(t *testing.T, w *world) {
 		t.Fatalf("%d blocked, %d parked, stats %+v; want 0, 0, %d retries, no dead letter", b, p, st, len(failing))
 	}
 	t.Logf("%d events over %d keys, %d failing once: %d parked, %d released", n, keys, len(failing), st.Parked, st.Released)
+}
+
+// A final refusal (Config.FinalFailure) is dead-lettered at its first
+// attempt but does not block its key: the cancellation behind it is applied.
+func perKeyFinalRefusal(t *testing.T, w *world) {
+	if !w.h.Features.OrderPerKey {
+		t.Skip(w.h.Features.NoOrderPerKey)
+	}
+	errRefused := errors.New("estoc_insuficient")
+	creada, cancel := evOf(tipus, "P-7", 0), evOf(cancellada, "P-7", 1)
+	w.b.Publish(t, creada, cancel)
+	cfg := w.perKey(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.Envelope.ID == id(creada) {
+			return outcome.Permanent(fmt.Errorf("%w: formatge-curat", errRefused))
+		}
+		return effect(ctx, tx, m)
+	})
+	cfg.FinalFailure = func(err error) bool { return errors.Is(err, errRefused) }
+	st := w.runUntil(cfg, "the refusal dead-lettered, the cancellation applied", func(s consumer.Stats) bool {
+		return s.DeadLettered == 1 && s.Processed == 1
+	})
+	if b, p := w.storeRows(); b != 0 || p != 0 || st.Parked != 0 || st.Retried != 0 || w.effects() != 1 {
+		t.Fatalf("%d blocked, %d parked, stats %+v, %d effects: want the key free and the cancellation applied", b, p, st, w.effects())
+	}
+}
+
+// A message that HandleBatchOutcomes refuses (transiently, twice, each time
+// asking for a retry in 300 ms) blocks its key as a failed Handle does: the
+// cancellation published after the first refusal waits behind it.
+func perKeyBatchRefusal(t *testing.T, w *world) {
+	if !w.h.Features.OrderPerKey {
+		t.Skip(w.h.Features.NoOrderPerKey)
+	}
+	creada, cancel := evOf(tipus, "P-8", 0), evOf(cancellada, "P-8", 1)
+	var others []*transport.Message
+	for i := range 20 {
+		others = append(others, evOf(tipus, fmt.Sprintf("Q-%d", i), 0))
+	}
+	w.b.Publish(t, append([]*transport.Message{creada}, others...)...)
+	var refusals atomic.Int64
+	cfg := w.perKey(nil)
+	cfg.Handle = nil
+	cfg.HandleBatchOutcomes = func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) ([]error, error) {
+		out := make([]error, len(ms))
+		for i, m := range ms {
+			if m.Envelope.ID == id(creada) && refusals.Load() < 2 {
+				refusals.Add(1)
+				out[i] = outcome.RetryAfter(300*time.Millisecond, errors.New("estoc: ocupat"))
+				continue
+			}
+			if err := effect(ctx, tx, m); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	r := w.run(cfg, faults.Consumer[*consumer.Message]{})
+	eventually(t, "the first refusal", func() bool { return r.c.Stats().Retried >= 1 })
+	w.b.Publish(t, cancel)
+	eventually(t, "every event applied", func() bool { return w.effects() == 22 })
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.order(t)["P-8"]; len(got) != 2 || got[0] != 0 || got[1] != 1 || w.distinctEffects() != 22 {
+		t.Fatalf("P-8 effects %v, want the creation then the cancellation", got)
+	}
+	if b, p := w.storeRows(); b != 0 || p != 0 || refusals.Load() != 2 || r.c.Stats().Parked < 1 {
+		t.Fatalf("%d blocked, %d parked, %d refusals, stats %+v: want 0, 0, 2, the cancellation parked", b, p, refusals.Load(), r.c.Stats())
+	}
 }
