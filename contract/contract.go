@@ -48,6 +48,12 @@ const (
 	HeaderDeadAt = "mort_en"
 	// HeaderDeadline is a request's absolute deadline (request/reply).
 	HeaderDeadline = "no_despres"
+	// HeaderPartition is, on RabbitMQ, the shard of a domain event: FNV-1a
+	// (32 bit) of its agregat_id modulo the consumers' shard count, as a
+	// decimal string. The routing key stays the topic name; a consumer that
+	// keeps order per key routes on this header to its single-active-consumer
+	// shard queues (PartitionsExchangeName).
+	HeaderPartition = "particio"
 )
 
 // MillisThreshold separates the two readings of a time header: a value above

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -262,59 +261,7 @@ func (w *worker) build(b *batch, start, end int) (msgs []*transport.Message, own
 
 // records returns the records of one row, or the reason to park it.
 func (w *worker) records(row *outbox.Row) ([]*transport.Message, string) {
-	env := row.Envelope(w.r.cfg.Origin)
-	envs := []*envelope.Envelope{env}
-	if t := w.r.cfg.Transform; t != nil {
-		var err error
-		if envs, err = t(row, env); err != nil {
-			return nil, clip("transform: " + err.Error())
-		}
-		// No envelope is nothing for the broker to confirm: marking the
-		// row would lose its event (CONTRACT 4).
-		if len(envs) == 0 {
-			return nil, "transform: returned no envelope"
-		}
-	}
-	key := []byte(row.AggregateID)
-	out := make([]*transport.Message, 0, len(envs))
-	for _, e := range envs {
-		if e == nil {
-			return nil, "transform: returned a nil envelope"
-		}
-		value, err := e.Encode()
-		if err != nil {
-			return nil, clip("envelope: " + err.Error())
-		}
-		m := &transport.Message{Topic: w.r.cfg.Topic, Key: key, Value: value, Headers: []transport.Header{
-			{Key: transport.HeaderType, Value: e.Type}, {Key: transport.HeaderEventID, Value: e.ID}}}
-		if c := correlation(e); c != "" {
-			m.Headers = append(m.Headers, transport.Header{Key: transport.HeaderCorrelator, Value: c})
-		}
-		m.Headers = outbox.AppendHeaders(m.Headers, row.Headers) // capcaleres, never over the contract's
-		if recordSize(m) > w.r.cfg.MaxRecordBytes {
-			// JSONB comes back with a space after every ',' and ':', up to
-			// half again the size the outbox accepted: compact it before
-			// judging the record too large.
-			var buf bytes.Buffer
-			if json.Compact(&buf, e.Data) == nil && buf.Len() < len(e.Data) {
-				c := *e
-				c.Data = buf.Bytes()
-				if m.Value, err = c.Encode(); err != nil {
-					return nil, clip("envelope: " + err.Error())
-				}
-			}
-		}
-		if size := recordSize(m); size > w.r.cfg.MaxRecordBytes {
-			return nil, fmt.Sprintf("record of %d bytes is over the relay's limit of %d (MaxRecordBytes)", size, w.r.cfg.MaxRecordBytes)
-		}
-		if c, ok := w.r.cfg.Publisher.(transport.Checker); ok {
-			if err := c.Check(m); err != nil { // parked before a later row of its aggregate is sent
-				return nil, clip("broker: " + err.Error())
-			}
-		}
-		out = append(out, m)
-	}
-	return out, ""
+	return w.r.enc.Records(row)
 }
 
 // correlation is the envelope's "correlacio" member (set on both copies of a

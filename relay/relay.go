@@ -52,6 +52,7 @@ type Relay struct {
 	stats    *pgxpool.Pool
 	ownPool  bool
 	q        queries
+	enc      *Encoder
 	space    uint32
 	m        *metrics
 	workers  []*worker
@@ -67,7 +68,7 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, q: newQueries(cfg.Names), space: lockSpace(cfg.Names)}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names), enc: &Encoder{cfg: cfg}, space: lockSpace(cfg.Names)}
 	if cfg.Pool != nil {
 		r.stats = cfg.Pool
 		r.connCfg = cfg.Pool.Config().ConnConfig.Copy()

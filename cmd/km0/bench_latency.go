@@ -16,6 +16,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -48,8 +49,8 @@ func benchLatency(ctx context.Context, args []string) error {
 	}
 	defer env.close()
 	n := int(float64(*rate) * *seconds)
-	res, err := env.latency(ctx, "latency", *rate, n, func(ctx context.Context, names migrate.Names, topic string, picked func(id string)) error {
-		r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: kafka.NewPublisher(env.cl),
+	res, err := env.latency(ctx, "latency", *rate, n, func(ctx context.Context, names migrate.Names, topic string, picked func(id string), pub transport.Publisher) error {
+		r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: pub,
 			Topic: topic, Origin: "comandes", Workers: *workers, Logger: env.log,
 			Transform: func(_ *outbox.Row, e *envelope.Envelope) ([]*envelope.Envelope, error) {
 				picked(e.ID)
@@ -65,7 +66,7 @@ func benchLatency(ctx context.Context, args []string) error {
 	}
 	emit(res)
 	if *baseline {
-		res, err := env.latency(ctx, "latency_baseline", *rate, n, func(ctx context.Context, names migrate.Names, topic string, _ func(string)) error {
+		res, err := env.latency(ctx, "latency_baseline", *rate, n, func(ctx context.Context, names migrate.Names, topic string, _ func(string), _ transport.Publisher) error {
 			return runPort(ctx, env, names, topic, false)
 		})
 		if err != nil {
@@ -82,7 +83,7 @@ func benchLatency(ctx context.Context, args []string) error {
 // time from the writer's COMMIT returning to the consumer's offset commit
 // returning.
 func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
-	runRelay func(ctx context.Context, names migrate.Names, topic string, picked func(id string)) error) (map[string]any, error) {
+	runRelay func(ctx context.Context, names migrate.Names, topic string, picked func(id string), acked transport.Publisher) error) (map[string]any, error) {
 	s, err := newBenchSchema(ctx, e.pool, migrate.Outbox, migrate.Inbox)
 	if err != nil {
 		return nil, err
@@ -112,8 +113,10 @@ func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 		}
 		mu.Unlock()
 	}
+	ackedAt := map[string]time.Time{} // when the broker confirmed the record (km0 only)
+	acked := &ackedPublisher{Publisher: kafka.NewPublisher(e.cl), mu: &mu, at: ackedAt}
 	relayErr := make(chan error, 1)
-	wg.Go(func() { relayErr <- runRelay(ctx, s.Names, topic, picked) })
+	wg.Go(func() { relayErr <- runRelay(ctx, s.Names, topic, picked, acked) })
 
 	progress := make(chan struct{}, 1)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...), kgo.ConsumerGroup(s.Names.Schema),
@@ -170,6 +173,7 @@ func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	clear(committed)
 	clear(consumed)
 	clear(pickedAt)
+	clear(ackedAt)
 	mu.Unlock()
 
 	m := startMeter()
@@ -208,13 +212,16 @@ func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	_, cpu, rss := m.stop()
 
 	mu.Lock()
-	lat, pick := make([]float64, 0, n), make([]float64, 0, n)
+	lat, pick, ack := make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
 	for id, c := range committed {
 		if d, ok := consumed[id]; ok {
 			lat = append(lat, float64(d.Sub(c).Microseconds())/1000)
 		}
 		if p, ok := pickedAt[id]; ok {
 			pick = append(pick, float64(p.Sub(c).Microseconds())/1000)
+		}
+		if a, ok := ackedAt[id]; ok {
+			ack = append(ack, float64(a.Sub(c).Microseconds())/1000)
 		}
 	}
 	mu.Unlock()
@@ -228,7 +235,38 @@ func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	if len(pick) > 0 { // commit → the relay has claimed and encoded the event
 		res["relay_pickup_p50_ms"], res["relay_pickup_p99_ms"] = pct(pick, 0.50), pct(pick, 0.99)
 	}
+	if len(ack) > 0 { // commit → the broker confirmed the record to the relay
+		res["broker_ack_p50_ms"], res["broker_ack_p99_ms"] = pct(ack, 0.50), pct(ack, 0.99)
+	}
 	return res, nil
+}
+
+// ackedPublisher records when the broker confirmed each record (by its
+// id_esdeveniment header) of a Publish that succeeded.
+type ackedPublisher struct {
+	transport.Publisher
+	mu *sync.Mutex
+	at map[string]time.Time
+}
+
+func (p *ackedPublisher) Publish(ctx context.Context, msgs []*transport.Message) error {
+	err := p.Publisher.Publish(ctx, msgs)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	p.mu.Lock()
+	for _, m := range msgs {
+		for _, h := range m.Headers {
+			if h.Key == transport.HeaderEventID {
+				if _, dup := p.at[h.Value]; !dup {
+					p.at[h.Value] = now
+				}
+			}
+		}
+	}
+	p.mu.Unlock()
+	return nil
 }
 
 // pct returns the p-quantile of xs (sorting xs).

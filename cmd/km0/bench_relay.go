@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -142,6 +143,10 @@ func benchRelay(ctx context.Context, args []string) error {
 	baseline := fs.Bool("baseline", false, "also run a straight Go port of the reference polling relay loop (LOT 100) and print the ratio")
 	rounds := fs.Int("rounds", 1, "repeat (alternating with the baseline) and report the best round, with the median")
 	validate := fs.Bool("validate", false, "also measure the write side (outbox.EnqueueBatch, 100 events a transaction) with and without JSON Schema validation, and print the ratio")
+	mode := fs.String("mode", modePolling, "polling: km0 relay (with --baseline, beside the seed's loop); cdc: km0 relay --mode cdc beside km0 relay (polling) in the same run, "+
+		"half the rows pre-inserted and half written live, then their latency; on --database-url's server if it has wal_level = logical, else on a private cluster started from "+pgcluster.BinDirDefault)
+	latRate := fs.Int("latency-rate", 1000, "--mode cdc: events/s of the latency run of each relay (commit → consumer commit, as `km0 bench latency`); 0 skips it")
+	latSeconds := fs.Float64("latency-seconds", 5, "--mode cdc: how long each latency run writes")
 	profile := cpuProfileFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -156,6 +161,19 @@ func benchRelay(ctx context.Context, args []string) error {
 	}
 	if err := checkRelayNumbers(*batch, *workers); err != nil {
 		return err
+	}
+	switch *mode {
+	case modePolling:
+	case modeCDC:
+		if *baseline || *validate {
+			return errors.New("--baseline and --validate apply to --mode polling only")
+		}
+		if *latRate < 0 || *latSeconds <= 0 {
+			return errors.New("--latency-rate must not be negative and --latency-seconds must be positive")
+		}
+		return benchRelayCDC(ctx, *dbURL, *brokers, *n, *aggs, *rounds, *batch, *workers, *latRate, *latSeconds)
+	default:
+		return fmt.Errorf("--mode %q: want %s or %s", *mode, modePolling, modeCDC)
 	}
 	env, err := newBenchEnv(ctx, *dbURL, *brokers, 4)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/transport/amqp"
@@ -32,6 +33,10 @@ func init() {
 
 // systemSections are the parts of `km0 bench system`, in run order.
 var systemSections = []string{"relay", "inventari", "pagaments"}
+
+// systemExtras are parts of `km0 bench system` run only when --only names
+// them: relay-cdc starts a private PostgreSQL cluster of its own.
+var systemExtras = []string{"relay-cdc"}
 
 // Hidden subcommands of `km0 bench system`: the straight ports of the
 // reference Python loops (polling relay, idempotent consumer, request/reply server), run as processes of their own beside km0's (the first
@@ -56,7 +61,7 @@ func benchSystem(ctx context.Context, args []string) error {
 	fs := newFlags("bench system", "run the km0 binary's relay, inventari and pagaments as a user does, each beside a Go port of the reference Python loop, and print the ratios; one JSON line per result")
 	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL admin URL (default $KM0_DATABASE_URL, else the local server); fresh databases km0_bench_* are created on its server and dropped")
 	amqpURL := secretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL for pagaments (default $KM0_AMQP_URL, else the local guest broker)")
-	only := fs.String("only", strings.Join(systemSections, ","), "comma-separated parts to run: relay, inventari, pagaments")
+	only := fs.String("only", strings.Join(systemSections, ","), "comma-separated parts to run: relay, inventari, pagaments; and, only when named, relay-cdc (km0 relay --mode cdc beside the polling relay and the port, on a private cluster with wal_level = logical started from "+pgcluster.BinDirDefault+")")
 	n := fs.Int("n", 50_000, "relay: outbox rows; inventari: comanda.creada events")
 	rounds := fs.Int("rounds", 3, "rounds; km0 and the port alternate which goes first")
 	cheese := fs.Bool("cheese-runs-out", false, "inventari: do not restock the cheeses (formatge-curat, formatge-fresc), so most of their orders are refused")
@@ -74,8 +79,8 @@ func benchSystem(ctx context.Context, args []string) error {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
-		if !slices.Contains(systemSections, s) {
-			return fmt.Errorf("--only %q: want a comma-separated list of %s", s, strings.Join(systemSections, ", "))
+		if !slices.Contains(systemSections, s) && !slices.Contains(systemExtras, s) {
+			return fmt.Errorf("--only %q: want a comma-separated list of %s", s, strings.Join(append(slices.Clone(systemSections), systemExtras...), ", "))
 		}
 		sections = append(sections, s)
 	}
@@ -97,6 +102,8 @@ func benchSystem(ctx context.Context, args []string) error {
 		switch s {
 		case "relay":
 			err = b.relay(ctx, *n, *rounds)
+		case "relay-cdc":
+			err = b.relayCDC(ctx, *n, *rounds)
 		case "inventari":
 			err = b.inventari(ctx, *n, *rounds, *cheese, *portOutbox)
 		case "pagaments":

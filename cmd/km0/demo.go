@@ -75,10 +75,6 @@ func runDemo(ctx context.Context, args []string) error {
 			if *consoleAddr == "" {
 				return func() {}, nil
 			}
-			if len(r.Brokers) == 0 {
-				fmt.Fprintf(progress, "  %-12s no: it indexes the dead letters of Kafka; read these with km0 dlq ls --queue %s.<consumidor>\n", "consola", r.DatabaseSuffix)
-				return func() {}, nil
-			}
 			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, alerts.rule(), progress, "km0 demo", demoLogger())
 		},
 		OnReport: func(r *demo.Report) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/cdc"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
@@ -36,8 +37,8 @@ func runRelay(ctx context.Context, args []string) error {
 	origin := fs.String("origin", "", "the envelope's origen (required), e.g. comandes")
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
 	table := fs.String("outbox-table", migrate.OutboxDefault, "outbox table name")
-	batch := fs.Int("batch", 0, fmt.Sprintf("rows per claim, fixed; 0 (the default) adapts each claim to the backlog, %d..%d",
-		relay.BatchSizeStart, relay.BatchSizeAdaptiveMax))
+	batch := fs.Int("batch", 0, fmt.Sprintf("rows per claim, fixed; 0 (the default) adapts each claim to the backlog, %d..%d; "+
+		"--mode cdc: most rows per publish, default %d", relay.BatchSizeStart, relay.BatchSizeAdaptiveMax, cdc.BatchSizeDefault))
 	workers := fs.Int("workers", 0, fmt.Sprintf("claim workers, fixed (each one session and its own shards); 0 (the default) runs one, and up to %d under a backlog",
 		relay.WorkersDefault))
 	poll := fs.Duration("poll", relay.PollIntervalDefault, "fallback poll interval when no NOTIFY arrives")
@@ -46,7 +47,14 @@ func runRelay(ctx context.Context, args []string) error {
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL, with --exchange (default $KM0_AMQP_URL, else the local guest broker)")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default off)")
 	pruneOlder := fs.Duration("prune-older-than", 0, "delete published rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
+	mode := fs.String("mode", modePolling, "polling: claim pending rows from the table (LISTEN/NOTIFY and a fallback poll); "+
+		"cdc: stream the table's inserts from the WAL (logical replication; needs wal_level = logical and the REPLICATION privilege)")
+	slot := fs.String("slot", "", "--mode cdc: the replication slot (default km0_<schema>_<table>, e.g. km0_public_outbox)")
+	publication := fs.String("publication", "", "--mode cdc: the publication of the table's inserts, created if absent (default the slot's name)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := checkMode(*mode, *slot, *publication, *workers); err != nil {
 		return err
 	}
 	if *topic == "" || *origin == "" {
@@ -79,6 +87,13 @@ func runRelay(ctx context.Context, args []string) error {
 	names := migrate.Names{Schema: *schema, Outbox: *table}.WithDefaults()
 	if err := requireOutbox(ctx, pool, names); err != nil {
 		return err
+	}
+	if *mode == modeCDC {
+		// Refuse at once, naming the setting or the privilege, when the
+		// server cannot serve CDC, before waiting for the broker.
+		if err := cdc.CheckServer(ctx, pool, names, log); err != nil {
+			return err
+		}
 	}
 	var pub transport.Publisher
 	maxRecord := relay.MaxRecordBytesDefault
@@ -123,13 +138,26 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r, err := relay.New(relay.Config{Pool: pool, Names: names, Publisher: pub, Topic: *topic,
+	rcfg := relay.Config{Pool: pool, Names: names, Publisher: pub, Topic: *topic,
 		Origin: *origin, MaxRecordBytes: maxRecord, BatchSize: *batch, Workers: *workers, PollInterval: *poll, Logger: log, Metrics: reg,
-		PruneOlderThan: *pruneOlder})
-	if err != nil {
-		return err
+		PruneOlderThan: *pruneOlder}
+	var run func(context.Context) error
+	if *mode == modeCDC {
+		c, err := cdc.New(cdc.Config{Config: rcfg, Slot: *slot, Publication: *publication, BatchSize: *batch})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		run = c.Run
+		log.Info("km0 relay: CDC", "slot", c.Slot(), "publication", c.Publication())
+	} else {
+		r, err := relay.New(rcfg)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		run = r.Run
 	}
-	defer r.Close()
 	if *metricsAddr != "" {
 		ln, err := net.Listen("tcp", *metricsAddr)
 		if err != nil {
@@ -142,11 +170,38 @@ func runRelay(ctx context.Context, args []string) error {
 		defer srv.Close()
 		log.Info("km0 relay: metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
-	log.Info("km0 relay: running", "outbox", names.Schema+"."+names.Outbox, "topic", *topic, "origin", *origin,
+	log.Info("km0 relay: running", "mode", *mode, "outbox", names.Schema+"."+names.Outbox, "topic", *topic, "origin", *origin,
 		"batch", adaptiveOr(*batch), "workers", adaptiveOr(*workers), "prune_older_than", *pruneOlder)
-	err = r.Run(ctx)
+	err = run(ctx)
 	log.Info("km0 relay: stopped")
 	return err
+}
+
+// Relay modes of --mode.
+const (
+	modePolling = "polling"
+	modeCDC     = "cdc"
+)
+
+// checkMode refuses a --mode other than polling or cdc, and the flags that
+// belong to the other mode.
+func checkMode(mode, slot, publication string, workers int) error {
+	switch mode {
+	case modePolling:
+		if slot != "" || publication != "" {
+			return errors.New("--slot and --publication apply to --mode cdc only")
+		}
+	case modeCDC:
+		if workers != 0 {
+			return errors.New("--workers applies to --mode polling only (the CDC relay streams with one session)")
+		}
+		if slot != "" && !cdc.ValidSlot(slot) {
+			return fmt.Errorf("--slot %q: a slot name is 1 to 63 lower-case letters, digits and underscores", slot)
+		}
+	default:
+		return fmt.Errorf("--mode %q: want %s or %s", mode, modePolling, modeCDC)
+	}
+	return nil
 }
 
 // requireOutbox fails with the fix when the outbox table does not exist, or

@@ -51,8 +51,25 @@ type Relay struct {
 	Claimed func(worker, limit, rows int)
 }
 
+// CDC are the CDC relay's crash points and test probes (package
+// relay/cdc). Each is optional. A non-nil error makes the relay act as if
+// its process died at that point: its sessions are closed without marking
+// or confirming anything more, and Run returns the error.
+type CDC struct {
+	// AfterPublish runs after the broker confirmed every record of a batch,
+	// before its rows are marked and before its position is confirmed.
+	AfterPublish func(rows int) error
+	// AfterMark runs after a batch's rows were marked published (committed),
+	// before its position is confirmed to the server.
+	AfterMark func(rows int) error
+	// Streaming runs each time the relay holds the slot and starts streaming,
+	// after the catch-up of pending rows.
+	Streaming func()
+}
+
 type consumerKey struct{}
 type relayKey struct{}
+type cdcKey struct{}
 
 // WithConsumer returns ctx carrying the consumer crash points h.
 func WithConsumer[M any](ctx context.Context, h Consumer[M]) context.Context {
@@ -76,4 +93,17 @@ func WithRelay(ctx context.Context, h Relay) context.Context {
 func RelayFrom(ctx context.Context) *Relay {
 	h, _ := ctx.Value(relayKey{}).(*Relay)
 	return h
+}
+
+// WithCDC returns ctx carrying the CDC relay crash points h.
+func WithCDC(ctx context.Context, h CDC) context.Context {
+	return context.WithValue(ctx, cdcKey{}, &h)
+}
+
+// CDCFrom returns the CDC relay crash points of ctx (zero when none).
+func CDCFrom(ctx context.Context) CDC {
+	if h, ok := ctx.Value(cdcKey{}).(*CDC); ok {
+		return *h
+	}
+	return CDC{}
 }

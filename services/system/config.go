@@ -134,12 +134,15 @@ type Config struct {
 	Brokers []string
 	// Events is the broker that carries the domain events: EventsKafka
 	// (default) or EventsRabbitMQ. Over RabbitMQ each relay publishes to the
-	// topic exchange EventsExchange with routing key <topic>.<shard>
-	// (amqp.ShardedPublisher, EventShards shards by agregat_id), and each
-	// consumer reads its own queues, named after its group: EventShards
-	// single-active-consumer queues <group>.<i> (per-key order), or for
-	// analitica, which needs no order, one queue <group> bound with
-	// <topic>.*. The queues of every consumer are declared at Start by every
+	// topic exchange EventsExchange with routing key <topic> and the shard
+	// of its agregat_id among EventShards in header particio
+	// (amqp.ShardedPublisher), and each consumer reads its own queues, named
+	// after its group: EventShards single-active-consumer queues <group>.<i>
+	// (per-key order), reached through the headers exchange
+	// <group>.particions bound with <topic>, or for analitica, which needs
+	// no order, one queue <group> bound with <topic>. Any other program may
+	// bind a queue with <topic> and receive every event of the topic. The
+	// queues of every consumer are declared at Start by every
 	// process, so no event published before a consumer's process first
 	// started is lost. RabbitMQ needs AMQPURL, which then carries
 	// request/reply too. Every process of a deployment must be given the same
@@ -211,6 +214,13 @@ type Config struct {
 	// as long as the window you may want to replay from the outbox. Default 0:
 	// off, the outboxes keep every row; a negative value fails Start.
 	RelayPruneOlderThan time.Duration
+	// RelayMode is how each service's relay finds its rows: RelayPolling (the
+	// default, "") claims them from the outbox table, RelayCDC streams the
+	// table's inserts from the WAL (package relay/cdc; the server needs
+	// wal_level = logical and the REPLICATION privilege, or Start fails
+	// naming them). Each service's slot is named after its database
+	// (km0_comandes_outbox). Another value fails Start.
+	RelayMode string
 	// RelayFaults are crash points of each service's relay, by service name
 	// (internal/faults: the demo's chaos run and tests).
 	RelayFaults map[string]faults.Relay
@@ -225,3 +235,9 @@ type Config struct {
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
+
+// Relay modes of Config.RelayMode.
+const (
+	RelayPolling = "polling"
+	RelayCDC     = "cdc"
+)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/km0/km0/consumer"
@@ -12,6 +13,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/cdc"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
@@ -45,9 +47,12 @@ func (s *System) outbox() *outbox.Outbox {
 	return outbox.New(outbox.Config{Validate: s.schemas.Validate})
 }
 
-// relayFor supervises the outbox relay of a publishing service.
-func (s *System) relayFor(service string) {
-	s.sup.runRelay(service, s.cfg.RelayFaults[service], relay.Config{
+// relayFor supervises the outbox relay of a publishing service: the polling
+// relay, or with Config.RelayMode RelayCDC the CDC relay, whose server is
+// checked first (wal_level, REPLICATION) so that Start fails with the fix
+// instead of a relay restarting for ever.
+func (s *System) relayFor(ctx context.Context, service string) error {
+	cfg := relay.Config{
 		Pool:         s.pools[service],
 		Publisher:    s.eventsPublisher(Topics[service]),
 		Topic:        s.topic(Topics[service]),
@@ -58,7 +63,36 @@ func (s *System) relayFor(service string) {
 		// Off (0) unless the operator asked: published rows are the replay
 		// window.
 		PruneOlderThan: s.cfg.RelayPruneOlderThan,
-	})
+	}
+	if s.cfg.RelayMode != RelayCDC {
+		s.sup.runRelay(service, s.cfg.RelayFaults[service], cfg)
+		return nil
+	}
+	if err := cdc.CheckServer(ctx, cfg.Pool, cfg.Names, cfg.Logger); err != nil {
+		return fmt.Errorf("system: %s: %w", service, err)
+	}
+	cfg.Workers = 0
+	s.sup.runCDCRelay(service, cdc.Config{Config: cfg, Slot: cdcSlot(cfg.Pool.Config().ConnConfig.Database)})
+	return nil
+}
+
+// cdcSlot is the replication slot of a service's outbox: slots are
+// per server, so it is named after the service's database
+// (km0_comandes_outbox), not after the table alone.
+func cdcSlot(database string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(database + "_outbox") {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '_' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	slot := b.String()
+	if !cdc.ValidSlot(slot) {
+		return cdc.DefaultSlot(migrate.Names{Schema: database})
+	}
+	return slot
 }
 
 // consumerFor supervises the consumer cfg.Name of service on topics
@@ -116,7 +150,9 @@ func (s *System) startComandes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.relayFor(comandes.Name)
+	if err := s.relayFor(ctx, comandes.Name); err != nil {
+		return err
+	}
 	s.housekeep(comandes.Name, s.inboxPurger(comandes.Name), purger{what: "peticions_idempotents",
 		purge: func(ctx context.Context) (int64, error) {
 			return s.Comandes.PurgeRequests(ctx, s.cfg.RequestKeyRetention)
@@ -145,7 +181,9 @@ func (s *System) startInventari(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.relayFor(inventari.Name)
+	if err := s.relayFor(ctx, inventari.Name); err != nil {
+		return err
+	}
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
 	s.consumerFor(inventari.Name, Subscriptions[inventari.ConsumerDecrement], consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec, Order: consumer.PerKey, FinalFailure: inventari.Final,
 		Types: []string{inventari.TypeOrderCreated, inventari.TypeOrderCancelled}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
@@ -189,7 +227,9 @@ func (s *System) startPagaments(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.relayFor(pagaments.Name)
+	if err := s.relayFor(ctx, pagaments.Name); err != nil {
+		return err
+	}
 	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))
 	// One order per transaction: each attempt calls the gateway, and a failed
 	// neighbour must not make a whole batch call it again. The charge and
@@ -224,7 +264,9 @@ func (s *System) startRepartiment(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.relayFor(repartiment.Name)
+	if err := s.relayFor(ctx, repartiment.Name); err != nil {
+		return err
+	}
 	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
 	s.consumerFor(repartiment.Name, Subscriptions[repartiment.ConsumerAssign], consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec, Order: consumer.PerKey,
 		Types: []string{repartiment.TypeOrderPaid, repartiment.TypeOrderCancelled}, Handle: s.Repartiment.HandleOrder, Classifier: repartiment.Classifier})

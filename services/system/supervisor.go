@@ -12,6 +12,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/cdc"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -23,7 +24,7 @@ type supervisor struct {
 	restarts map[string]int            // by worker name
 	live     map[string]liveConsumer   // by worker name
 	past     map[string]consumer.Stats // counts of dead instances, by consumer group
-	relays   map[string]*relay.Relay
+	relays   map[string]lagger
 	running  map[string]bool // workers whose goroutine has not returned
 	queues   map[string]bool // RabbitMQ queues of the events declared so far
 }
@@ -41,7 +42,7 @@ func (sv *supervisor) init(s *System) {
 	sv.live = map[string]liveConsumer{}
 	sv.queues = map[string]bool{}
 	sv.past = map[string]consumer.Stats{}
-	sv.relays = map[string]*relay.Relay{}
+	sv.relays = map[string]lagger{}
 	sv.running = map[string]bool{}
 }
 
@@ -105,6 +106,26 @@ func (sv *supervisor) runRelay(service string, probes faults.Relay, cfg relay.Co
 		sv.relays[service] = r
 		sv.mu.Unlock()
 		return r.Run(faults.WithRelay(ctx, probes))
+	})
+}
+
+// lagger is a relay of either mode.
+type lagger interface {
+	Lag(ctx context.Context) (relay.Lag, error)
+}
+
+// runCDCRelay supervises the CDC relay of service.
+func (sv *supervisor) runCDCRelay(service string, cfg cdc.Config) {
+	sv.run("relay "+service, func(ctx context.Context) error {
+		r, err := cdc.New(cfg)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		sv.mu.Lock()
+		sv.relays[service] = r
+		sv.mu.Unlock()
+		return r.Run(ctx)
 	})
 }
 
@@ -218,7 +239,7 @@ func (s *System) Restarts() map[string]int {
 func (s *System) RelayLag(ctx context.Context) (map[string]relay.Lag, error) {
 	sv := &s.sup
 	sv.mu.Lock()
-	relays := make(map[string]*relay.Relay, len(sv.relays))
+	relays := make(map[string]lagger, len(sv.relays))
 	for k, v := range sv.relays {
 		relays[k] = v
 	}

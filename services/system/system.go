@@ -90,6 +90,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			return nil, fmt.Errorf("system: %s has no database: Config.DatabaseURL (an admin URL) or Config.DatabaseURLs[%q] is required", s, s)
 		}
 	}
+	if cfg.RelayMode != "" && cfg.RelayMode != RelayPolling && cfg.RelayMode != RelayCDC {
+		return nil, fmt.Errorf("system: Config.RelayMode %q: want %q or %q", cfg.RelayMode, RelayPolling, RelayCDC)
+	}
 	if cfg.RelayPruneOlderThan < 0 {
 		return nil, fmt.Errorf("system: Config.RelayPruneOlderThan %v is negative (0 turns pruning off)", cfg.RelayPruneOlderThan)
 	}

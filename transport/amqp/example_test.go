@@ -12,10 +12,12 @@ import (
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
-// Ordered mode: the publisher routes each agregat_id to one of 4 shard
-// queues (routing key <topic>.<Shard(key, 4)>), each consumed by a single
-// active consumer, so the events of one aggregate keep their order. Here a
-// fresh exchange on the machine's broker, with its 4 shard queues. (A whole
+// Ordered mode: the publisher keeps the topic as routing key and names each
+// agregat_id's shard (Shard(key, 4)) in header particio; the consumer's
+// topology (SourceConfig.Topology, what amqp.NewSource declares) routes each
+// shard to its own queue <queue>.<i> through a headers exchange, and each
+// queue has a single active consumer, so the events of one aggregate keep
+// their order. Here a fresh exchange on the machine's broker. (A whole
 // consumer over RabbitMQ: package consumer's Example_rabbitMQ.)
 func ExampleShardedPublisher() {
 	ctx := context.Background()
@@ -32,26 +34,15 @@ func ExampleShardedPublisher() {
 		fmt.Println(err)
 		return
 	}
-	queues := make([]string, shards)
-	err = conn.Do(ctx, func(ch *amqp091.Channel) error {
-		for i := range queues {
-			queues[i] = amqp.ShardQueueName(exchange, i)
-			if _, err := ch.QueueDeclare(queues[i], false, true, false, false, nil); err != nil {
-				return err
-			}
-			if err := ch.QueueBind(queues[i], amqp.ShardQueueName(topic, i), exchange, false, nil); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	queue := exchange + ".inventari"
+	topo := amqp.SourceConfig{Conn: conn, Queue: queue, Exchange: exchange, RoutingKeys: []string{topic}, Shards: shards}.Topology()
+	if err := conn.Declare(ctx, topo); err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer func() {
 		_ = conn.Do(ctx, func(ch *amqp091.Channel) error {
-			for _, q := range queues {
+			for _, q := range topo.QueueNames() {
 				_, _ = ch.QueueDelete(q, false, false, false)
 			}
 			return ch.ExchangeDelete(exchange, false, false)
@@ -71,7 +62,7 @@ func ExampleShardedPublisher() {
 		i := amqp.Shard([]byte(key), shards)
 		var n int
 		_ = conn.Do(ctx, func(ch *amqp091.Channel) error {
-			q, err := ch.QueueDeclarePassive(queues[i], false, true, false, false, nil)
+			q, err := ch.QueueDeclarePassive(amqp.ShardQueueName(queue, i), true, false, false, false, nil)
 			n = q.Messages
 			return err
 		})

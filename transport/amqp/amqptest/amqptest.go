@@ -131,6 +131,58 @@ func DeleteQueuesAtCleanup(t testing.TB, names func() []string) {
 	})
 }
 
+// DeleteExchangesAtCleanup deletes the exchanges names, when the test ends,
+// on a fresh connection. Register it before DeleteQueuesAtCleanup of the
+// queues bound to them if they must outlive the queues (cleanups run last
+// registered first); the order does not matter otherwise.
+func DeleteExchangesAtCleanup(t testing.TB, names ...string) {
+	t.Helper()
+	t.Cleanup(func() {
+		conn, err := amqp091.Dial(URL())
+		if err != nil {
+			t.Errorf("amqptest: cleanup: %v", err)
+			return
+		}
+		defer conn.Close()
+		for _, n := range names {
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Errorf("amqptest: cleanup: %v", err)
+				return
+			}
+			if err := ch.ExchangeDelete(n, false, false); err != nil && !strings.Contains(err.Error(), "NOT_FOUND") {
+				t.Errorf("amqptest: delete exchange %s: %v", n, err)
+			}
+			_ = ch.Close()
+		}
+	})
+}
+
+// ExchangeExists reports whether exchange exists on the broker.
+func ExchangeExists(t testing.TB, name string) bool {
+	t.Helper()
+	conn, err := amqp091.Dial(URL())
+	if err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+	defer ch.Close() //nolint:errcheck // a failed passive declare closed it
+	err = ch.ExchangeDeclarePassive(name, amqp091.ExchangeHeaders, true, true, false, false, nil)
+	if err == nil {
+		return true
+	}
+	var aerr *amqp091.Error
+	if errors.As(err, &aerr) && aerr.Code == amqp091.NotFound {
+		return false
+	}
+	t.Fatalf("amqptest: exchange %s: %v", name, err)
+	return false
+}
+
 // Rabbitmqctl runs rabbitmqctl with args and fails the test on error.
 func Rabbitmqctl(t testing.TB, args ...string) {
 	t.Helper()

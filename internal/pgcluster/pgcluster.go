@@ -1,0 +1,298 @@
+// Package pgcluster starts private PostgreSQL servers (initdb in a temporary
+// directory, a free port, a socket directory of their own) for tests and
+// benchmarks that need settings the machine's shared server must not get.
+package pgcluster
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// BinDirDefault holds the PostgreSQL server binaries a private cluster runs.
+const BinDirDefault = "/usr/lib/postgresql/15/bin"
+
+// Options configure Start. The zero value starts a cluster with
+// wal_level=logical.
+type Options struct {
+	// BinDir holds initdb and postgres. Default $KM0_PG_BIN_DIR, else
+	// BinDirDefault.
+	BinDir string
+	// Settings are extra postgresql.conf settings (name → value), applied on
+	// top of: wal_level=logical, fsync=on, max_replication_slots and
+	// max_wal_senders 20, listen_addresses=127.0.0.1.
+	Settings map[string]string
+}
+
+// Cluster is a private PostgreSQL server of its own data directory, port and
+// socket directory, for tests that need settings the machine's shared server
+// must not get (wal_level=logical) or that restart the server.
+type Cluster struct {
+	// URL connects as the superuser postgres over TCP (trust).
+	URL   string
+	Port  int
+	dir   string // holds data/ and sock/
+	bin   string
+	cmd   *exec.Cmd
+	runAs *user.User // the postgres user when this process is root
+	done  chan error
+}
+
+// Start runs initdb in a new temporary directory and starts a server
+// on a free port, waiting until it accepts connections. When the process runs
+// as root (initdb and postgres refuse root), both run as the system user
+// postgres. Stop the cluster with Stop, which removes its directory. The
+// error names what failed, with the server's log when it did not start.
+func Start(opts Options) (*Cluster, error) {
+	c := &Cluster{bin: cmp.Or(opts.BinDir, os.Getenv("KM0_PG_BIN_DIR"), BinDirDefault), done: make(chan error, 1)}
+	if _, err := os.Stat(filepath.Join(c.bin, "initdb")); err != nil {
+		return nil, fmt.Errorf("pgcluster: PostgreSQL server binaries are required to start a private cluster: %w", err)
+	}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("pgcluster: running as root, and initdb refuses root: no user postgres to run it as: %w", err)
+		}
+		c.runAs = u
+	}
+	dir, err := os.MkdirTemp("", "km0-pgcluster-")
+	if err != nil {
+		return nil, fmt.Errorf("pgcluster: %w", err)
+	}
+	c.dir = dir
+	ok := false
+	defer func() {
+		if !ok {
+			c.Stop()
+		}
+	}()
+	for _, d := range []string{dir, filepath.Join(dir, "sock")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
+		}
+		if err := c.chown(d); err != nil {
+			return nil, err
+		}
+	}
+	data := filepath.Join(dir, "data")
+	if out, err := c.command("initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8",
+		"--locale=C", "--no-sync").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("pgcluster: initdb: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	if c.Port, err = freePort(); err != nil {
+		return nil, err
+	}
+	settings := map[string]string{
+		"wal_level": "logical", "fsync": "on", "max_replication_slots": "20", "max_wal_senders": "20",
+		"listen_addresses": "127.0.0.1", "port": strconv.Itoa(c.Port), "unix_socket_directories": filepath.Join(dir, "sock"),
+		"shared_buffers": "64MB", "max_connections": "100", "logging_collector": "off",
+	}
+	for k, v := range opts.Settings {
+		settings[k] = v
+	}
+	args := []string{"-D", data}
+	for k, v := range settings {
+		args = append(args, "-c", k+"="+v)
+	}
+	logPath := filepath.Join(dir, "server.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("pgcluster: %w", err)
+	}
+	defer logFile.Close()
+	c.cmd = c.command("postgres", args...)
+	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("pgcluster: start postgres: %w", err)
+	}
+	go func() { c.done <- c.cmd.Wait() }()
+	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		conn, err := pgx.Connect(ctx, c.URL)
+		cancel()
+		if err == nil {
+			_ = conn.Close(context.Background())
+			break
+		}
+		select {
+		case werr := <-c.done:
+			c.done <- werr
+			log, _ := os.ReadFile(logPath)
+			return nil, fmt.Errorf("pgcluster: postgres exited (%v): %s", werr, tail(string(log)))
+		default:
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(logPath)
+			return nil, fmt.Errorf("pgcluster: postgres did not accept connections within 60s: %v: %s", err, tail(string(log)))
+		}
+		time.Sleep(50 * time.Millisecond) // polling the server's start with a deadline
+	}
+	ok = true
+	return c, nil
+}
+
+// Stop stops the server (fast shutdown, then a kill after 20 s) and removes
+// the cluster's directory. It is safe to call more than once.
+func (c *Cluster) Stop() {
+	if c.cmd != nil && c.cmd.Process != nil {
+		_ = c.cmd.Process.Signal(syscall.SIGINT) // fast shutdown
+		select {
+		case <-c.done:
+		case <-time.After(20 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+		c.cmd = nil
+	}
+	if c.dir != "" {
+		_ = os.RemoveAll(c.dir)
+		c.dir = ""
+	}
+}
+
+func (c *Cluster) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(c.bin, name), args...)
+	if c.runAs != nil {
+		uid, _ := strconv.Atoi(c.runAs.Uid)
+		gid, _ := strconv.Atoi(c.runAs.Gid)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		cmd.Dir = c.dir
+		cmd.Env = append(os.Environ(), "HOME="+c.dir, "USER=postgres", "LOGNAME=postgres")
+	}
+	// Its own process group: a signal to the test's group (Ctrl-C) does not
+	// reach the server before Stop shuts it down. If this process dies
+	// without Stop (a test binary killed at its timeout), the server gets
+	// SIGINT, a fast shutdown, instead of running on.
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGINT
+	return cmd
+}
+
+func (c *Cluster) chown(path string) error {
+	if c.runAs == nil {
+		return nil
+	}
+	uid, _ := strconv.Atoi(c.runAs.Uid)
+	gid, _ := strconv.Atoi(c.runAs.Gid)
+	if err := os.Chown(path, uid, gid); err != nil {
+		return fmt.Errorf("pgcluster: chown %s to postgres: %w", path, err)
+	}
+	return nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgcluster: free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > 2000 {
+		s = "…" + s[len(s)-2000:]
+	}
+	return s
+}
+
+// CPU is the processor time the server has used so far: the postmaster's
+// own, that of its exited children (which it has waited for) and that of the
+// live ones (backends, walsenders, background workers), read from /proc. It
+// is 0 where there is no procfs. Benchmarks read it before and after a run.
+func (c *Cluster) CPU() time.Duration {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return 0
+	}
+	pm := c.cmd.Process.Pid
+	total := procTicks(pm, true)
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == pm {
+			continue
+		}
+		if procParent(pid) == pm {
+			total += procTicks(pid, false)
+		}
+	}
+	return time.Duration(total) * time.Second / clockTicks
+}
+
+// ProcessCPU is the processor time of each live server process (the
+// postmaster's children) by pid, from /proc; nil where there is none.
+func (c *Cluster) ProcessCPU() map[int]time.Duration {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return nil
+	}
+	pm := c.cmd.Process.Pid
+	out := map[int]time.Duration{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && procParent(pid) == pm {
+			out[pid] = time.Duration(procTicks(pid, false)) * time.Second / clockTicks
+		}
+	}
+	return out
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times on Linux.
+const clockTicks = 100
+
+// procStat returns the fields of /proc/pid/stat after the command name
+// (field 3, the state, is index 0), or nil.
+func procStat(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
+}
+
+func procParent(pid int) int {
+	f := procStat(pid)
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// procTicks is utime+stime of pid, plus cutime+cstime when children is set.
+func procTicks(pid int, children bool) int64 {
+	f := procStat(pid)
+	if len(f) < 15 {
+		return 0
+	}
+	var t int64
+	idx := []int{11, 12} // utime, stime (fields 14 and 15)
+	if children {
+		idx = append(idx, 13, 14) // cutime, cstime
+	}
+	for _, i := range idx {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		t += v
+	}
+	return t
+}

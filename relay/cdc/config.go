@@ -1,0 +1,164 @@
+package cdc
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/relay"
+)
+
+// Defaults of Config.
+const (
+	// BatchSizeDefault is the most rows the relay hands to the broker in one
+	// Publish (waiting for every confirmation) before it marks them and
+	// confirms their position to the server.
+	BatchSizeDefault = 2000
+	// BatchSizeMax bounds BatchSize.
+	BatchSizeMax = 10_000
+	// StatusIntervalDefault is how often the relay reports its confirmed
+	// position to the server (standby status update) when nothing else
+	// prompts it. While the outbox is idle this is what advances the slot.
+	StatusIntervalDefault = time.Second
+	// ReleaseCheckDefault is how often, while some aggregate waits behind a
+	// parked row, the relay looks for rows an operator released.
+	ReleaseCheckDefault = time.Second
+	// ApplicationNameDefault is the application_name of the CDC relay's
+	// sessions.
+	ApplicationNameDefault = "km0-relay-cdc"
+)
+
+// ErrConfig is wrapped by every error New returns for an invalid Config.
+var ErrConfig = errors.New("cdc: invalid config")
+
+// Config configures a CDC Relay. The embedded relay.Config carries what the
+// polling relay also takes: Pool or DatabaseURL, Names, Publisher, Topic and
+// Origin (required), Transform, MaxRecordBytes, PublishTimeout, BackoffMin,
+// BackoffMax, Logger, Metrics and the Prune settings. Its BatchSize, Workers,
+// PollInterval and RebalanceInterval do not apply.
+type Config struct {
+	relay.Config
+	// Slot is the logical replication slot: lower-case letters, digits and
+	// underscores, at most 63. Default DefaultSlot(Names).
+	Slot string
+	// Publication is the publication of the outbox table (inserts only),
+	// created if absent. Default DefaultPublication(Names).
+	Publication string
+	// BatchSize is the most rows per Publish, 1..BatchSizeMax. Default
+	// BatchSizeDefault. A batch is whatever the stream has delivered when the
+	// previous one was confirmed, up to this size: a lone event goes out at
+	// once.
+	BatchSize int
+	// StatusInterval is the period of the standby status updates. Default
+	// StatusIntervalDefault.
+	StatusInterval time.Duration
+	// ReleaseCheck is the period of the check for released rows. Default
+	// ReleaseCheckDefault.
+	ReleaseCheck time.Duration
+}
+
+// maxName is NAMEDATALEN - 1, the longest slot or publication name.
+const maxName = 63
+
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// ValidSlot reports whether s is a slot name PostgreSQL accepts.
+func ValidSlot(s string) bool { return slotName.MatchString(s) }
+
+// DefaultSlot is the default slot of an outbox: km0_<schema>_<table> when
+// that is a valid slot name (km0_public_outbox for the contract's table);
+// otherwise the name lower-cased with every other character replaced by '_',
+// cut, and followed by 8 hex digits of a hash of the exact names, so that two
+// tables never share a slot.
+func DefaultSlot(n migrate.Names) string {
+	n = n.WithDefaults()
+	name := "km0_" + n.Schema + "_" + n.Outbox
+	if slotName.MatchString(name) {
+		return name
+	}
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '_' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	s := b.String()
+	if len(s) > maxName-9 {
+		s = s[:maxName-9]
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(n.Schema + "\x00" + n.Outbox))
+	return fmt.Sprintf("%s_%08x", s, h.Sum32())
+}
+
+// DefaultPublication is the default publication of an outbox: the same name
+// as DefaultSlot (it is always quoted where it is used).
+func DefaultPublication(n migrate.Names) string { return DefaultSlot(n) }
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	c.ApplicationName = cmp.Or(c.ApplicationName, ApplicationNameDefault)
+	c.Config = c.Config.WithDefaults()
+	c.Slot = cmp.Or(c.Slot, DefaultSlot(c.Names))
+	c.Publication = cmp.Or(c.Publication, DefaultPublication(c.Names))
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.StatusInterval = cmp.Or(c.StatusInterval, StatusIntervalDefault)
+	c.ReleaseCheck = cmp.Or(c.ReleaseCheck, ReleaseCheckDefault)
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Pool == nil && c.DatabaseURL == "" {
+		bad("Pool or DatabaseURL is required")
+	}
+	if c.Publisher == nil {
+		bad("Publisher is required")
+	}
+	if c.Topic == "" {
+		bad("Topic is required")
+	}
+	if c.Origin == "" {
+		bad("Origin is required")
+	}
+	if !slotName.MatchString(c.Slot) {
+		bad("Slot %q is not a slot name: 1 to 63 lower-case letters, digits and underscores", c.Slot)
+	}
+	if len(c.Publication) > maxName || strings.ContainsRune(c.Publication, 0) {
+		bad("Publication %q is longer than 63 bytes or holds a NUL", c.Publication)
+	}
+	if c.BatchSize < 1 || c.BatchSize > BatchSizeMax {
+		bad("BatchSize %d is outside 1..%d", c.BatchSize, BatchSizeMax)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"PublishTimeout", c.PublishTimeout}, {"BackoffMin", c.BackoffMin}, {"BackoffMax", c.BackoffMax},
+		{"StatusInterval", c.StatusInterval}, {"ReleaseCheck", c.ReleaseCheck},
+		{"PruneOlderThan", c.PruneOlderThan}, {"PruneInterval", c.PruneInterval}} {
+		if d.v < 0 {
+			bad("%s %v is negative", d.name, d.v)
+		}
+	}
+	if c.BackoffMax < c.BackoffMin {
+		bad("BackoffMax %v is below BackoffMin %v", c.BackoffMax, c.BackoffMin)
+	}
+	if c.PruneBatch < 0 || c.PruneBatch > relay.PruneBatchMax {
+		bad("PruneBatch %d is outside 0 (default %d)..%d", c.PruneBatch, relay.PruneBatchDefault, relay.PruneBatchMax)
+	}
+	if c.MaxRecordBytes < 0 {
+		bad("MaxRecordBytes %d is negative", c.MaxRecordBytes)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}

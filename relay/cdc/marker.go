@@ -1,0 +1,272 @@
+package cdc
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// job is one published batch: the rows to mark, the rows to park, and the
+// position to confirm once both are committed (0: none, a catch-up batch).
+type job struct {
+	ids      []pgtype.UUID
+	tids     []pgtype.TID // the ctids of ids (catch-up batches), or nil
+	parkIDs  []uuid.UUID
+	parkAggs []string
+	parkWhy  []string
+	end      pglogrepl.LSN
+	commit   time.Time
+	barrier  chan struct{} // closed once every earlier job is committed
+}
+
+// markMergeMax bounds the rows of one marking round trip when the marker
+// has fallen behind and merges queued jobs.
+const markMergeMax = 20_000
+
+// marker commits the marks and parkings of published batches, in order, on
+// its own session, while the pipeline publishes the next batch; then it
+// makes the batch's position the confirmed one.
+type marker struct {
+	r         *Relay
+	conn      *pgx.Conn
+	jobs      chan job
+	confirmed atomic.Uint64 // the position the reader may report as flushed
+	dead      chan struct{} // closed when the marker failed; err says why
+	err       error
+	once      sync.Once
+}
+
+func newMarker(r *Relay, conn *pgx.Conn) *marker {
+	return &marker{r: r, conn: conn, jobs: make(chan job, 2), dead: make(chan struct{})}
+}
+
+func (m *marker) fail(err error) {
+	m.once.Do(func() {
+		m.err = err
+		close(m.dead)
+	})
+}
+
+// add queues j; it waits while two jobs are queued already.
+func (m *marker) add(ctx context.Context, j job) error {
+	select {
+	case m.jobs <- j:
+		return nil
+	case <-m.dead:
+		return m.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// wait returns once every job added before it is committed.
+func (m *marker) wait(ctx context.Context) error {
+	b := make(chan struct{})
+	if err := m.add(ctx, job{barrier: b}); err != nil {
+		return err
+	}
+	select {
+	case <-b:
+		return nil
+	case <-m.dead:
+		return m.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// drain is wait with a timeout of its own, for a graceful stop.
+func (m *marker) drain(d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	_ = m.wait(ctx)
+}
+
+func (m *marker) run(ctx context.Context) {
+	for {
+		var first job
+		select {
+		case <-ctx.Done():
+			m.fail(ctx.Err())
+			return
+		case first = <-m.jobs:
+		}
+		batch := []job{first}
+		n := len(first.ids)
+	merge:
+		for first.barrier == nil && n < markMergeMax {
+			select {
+			case j := <-m.jobs:
+				batch = append(batch, j)
+				n += len(j.ids)
+				if j.barrier != nil {
+					break merge
+				}
+			default:
+				break merge
+			}
+		}
+		if err := m.commit(ctx, batch); err != nil {
+			m.fail(err)
+			return
+		}
+		for _, j := range batch {
+			if j.barrier != nil {
+				close(j.barrier)
+			}
+		}
+	}
+}
+
+// commit marks and parks the rows of batch in one implicit transaction (one
+// round trip), then confirms the batch's last position.
+func (m *marker) commit(ctx context.Context, batch []job) error {
+	var ids, byTID []pgtype.UUID // every id; those of byTID's rows
+	var tids []pgtype.TID
+	var parkIDs []uuid.UUID
+	var parkAggs, parkWhy []string
+	var end pglogrepl.LSN
+	for _, j := range batch {
+		ids = append(ids, j.ids...)
+		parkIDs, parkAggs, parkWhy = append(parkIDs, j.parkIDs...), append(parkAggs, j.parkAggs...), append(parkWhy, j.parkWhy...)
+		end = max(end, j.end)
+	}
+	var byID []pgtype.UUID
+	for _, j := range batch {
+		if j.tids != nil {
+			tids, byTID = append(tids, j.tids...), append(byTID, j.ids...)
+		} else {
+			byID = append(byID, j.ids...)
+		}
+	}
+	if len(ids) > 0 || len(parkIDs) > 0 {
+		b := &pgx.Batch{}
+		if len(byTID) > 0 {
+			b.Queue(m.r.q.markTID, tids, byTID)
+		}
+		if len(byID) > 0 {
+			b.Queue(m.r.q.mark, byID)
+		}
+		if len(parkIDs) > 0 {
+			b.Queue(m.r.q.park, parkIDs, parkAggs, parkWhy)
+		}
+		br := m.conn.SendBatch(ctx, b)
+		var marked int64
+		for range min(len(byTID), 1) + min(len(byID), 1) {
+			tag, err := br.Exec()
+			if err != nil {
+				_ = br.Close()
+				return fmt.Errorf("cdc: mark %d rows: %w", len(ids), err)
+			}
+			marked += tag.RowsAffected()
+		}
+		if err := br.Close(); err != nil {
+			return fmt.Errorf("cdc: mark %d rows, park %d: %w", len(ids), len(parkIDs), err)
+		}
+		if marked < int64(len(ids)) {
+			if err := m.markLate(ctx, ids); err != nil {
+				return err
+			}
+		}
+		if h := m.r.faults.AfterMark; h != nil {
+			if err := h(len(ids)); err != nil {
+				return &crashError{err}
+			}
+		}
+		m.r.m.published.Add(float64(len(ids)))
+		m.r.m.parked.Add(float64(len(parkIDs)))
+	}
+	if end > 0 {
+		for {
+			old := m.confirmed.Load()
+			if uint64(end) <= old || m.confirmed.CompareAndSwap(old, uint64(end)) {
+				break
+			}
+		}
+		m.r.lag.confirmed(end)
+	}
+	return nil
+}
+
+// lagTracker knows the commit time of every transaction the pipeline took
+// from the stream and the marker has not confirmed yet.
+type lagTracker struct {
+	mu    sync.Mutex
+	queue []lagEntry
+}
+
+type lagEntry struct {
+	end    pglogrepl.LSN
+	commit time.Time
+}
+
+func (l *lagTracker) received(end pglogrepl.LSN, commit time.Time) {
+	l.mu.Lock()
+	l.queue = append(l.queue, lagEntry{end, commit})
+	l.mu.Unlock()
+}
+
+func (l *lagTracker) confirmed(end pglogrepl.LSN) {
+	l.mu.Lock()
+	i := 0
+	for i < len(l.queue) && l.queue[i].end <= end {
+		i++
+	}
+	l.queue = append(l.queue[:0], l.queue[i:]...)
+	l.mu.Unlock()
+}
+
+func (l *lagTracker) reset() {
+	l.mu.Lock()
+	l.queue = l.queue[:0]
+	l.mu.Unlock()
+}
+
+// seconds is the age of the oldest unconfirmed transaction, 0 when none.
+func (l *lagTracker) seconds(now time.Time) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.queue) == 0 {
+		return 0
+	}
+	return max(0, now.Sub(l.queue[0].commit).Seconds())
+}
+
+// lateMarkWait bounds how long the marker waits for rows of a batch to
+// become visible.
+const lateMarkWait = 5 * time.Second
+
+// markLate marks the rows of ids the first UPDATE did not find. The server
+// sends a transaction as soon as its commit record is written, which can be
+// a moment before the transaction is visible to other sessions: its rows are
+// not found yet. A row already marked (a republished one) is found and left
+// alone. The marker counts the visible rows before each UPDATE, so that the
+// UPDATE (a later snapshot) sees at least those, and stops when all are.
+func (m *marker) markLate(ctx context.Context, ids []pgtype.UUID) error {
+	end := time.Now().Add(lateMarkWait)
+	for {
+		var visible int
+		if err := m.conn.QueryRow(ctx, m.r.q.visible, ids).Scan(&visible); err != nil {
+			return fmt.Errorf("cdc: mark: %w", err)
+		}
+		if _, err := m.conn.Exec(ctx, m.r.q.mark, ids); err != nil {
+			return fmt.Errorf("cdc: mark: %w", err)
+		}
+		if visible >= len(ids) {
+			return nil
+		}
+		if time.Now().After(end) {
+			m.r.cfg.Logger.Warn("cdc: published rows not found to mark (deleted meanwhile?)", "relay", m.r.q.payload,
+				"rows", len(ids)-visible)
+			return nil
+		}
+		sleep(ctx, time.Millisecond) // the writer's transaction is becoming visible
+	}
+}

@@ -1,0 +1,380 @@
+// Package cdc is the change-data-capture relay of the transactional outbox:
+// it reads the outbox's inserts from PostgreSQL's write-ahead log (logical
+// replication, the pgoutput plugin, a publication of the table's inserts and
+// a named slot) and publishes each row with the same records, keys, headers
+// and guarantees as the polling relay (package relay), without querying the
+// table for work.
+//
+// Order per aggregate (CONTRACT.md guarantee 5): logical decoding emits
+// transactions in commit order, and the relay publishes them in that order
+// (a batch goes to the broker beside the one in flight only when no
+// aggregate is in both), so every aggregate's events go out in commit order
+// with any number of concurrent writers, without shards or locks.
+//
+// At-least-once (guarantees 4 and 7): a batch's rows are marked published
+// (publicat_en) only after the broker confirmed every record, and the
+// position of a transaction is confirmed to the server (standby status
+// update) only after its rows are marked. A crash anywhere in between makes
+// the server send the transaction again, and the relay republishes it with
+// the same id_esdeveniment.
+//
+// docs/design/cdc.md states the invariants and where they are enforced.
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/relay"
+)
+
+// Relay streams outbox inserts to the broker. Create it with New.
+type Relay struct {
+	cfg        Config
+	connCfg    *pgx.ConnConfig // ordinary sessions: lock, catch-up, marks
+	replCfg    *pgconn.Config  // the replication session
+	stats      *pgxpool.Pool   // metrics and pruning
+	ownPool    bool
+	enc        *relay.Encoder
+	q          queries
+	lockKey    int64
+	m          *metrics
+	lag        lagTracker
+	running    atomic.Bool
+	warnedKeep atomic.Bool
+	faults     faults.CDC // of the current Run (internal/faults), set before its goroutines start
+}
+
+// New checks cfg and returns a Relay. It opens no connection yet. The error
+// wraps ErrConfig for an invalid cfg.
+func New(cfg Config) (*Relay, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names), lockKey: relay.MemberLockKey(cfg.Names), enc: relay.NewEncoder(cfg.Config)}
+	if cfg.Pool != nil {
+		r.stats = cfg.Pool
+		r.connCfg = cfg.Pool.Config().ConnConfig.Copy()
+	} else {
+		pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+		if err != nil {
+			return nil, fmt.Errorf("%w: DatabaseURL does not parse (not shown: it may hold a password)", ErrConfig)
+		}
+		pc.MaxConns = 2
+		if r.stats, err = pgxpool.NewWithConfig(context.Background(), pc); err != nil {
+			return nil, fmt.Errorf("cdc: pool: %w", err)
+		}
+		r.ownPool = true
+		r.connCfg = pc.ConnConfig.Copy()
+	}
+	r.connCfg.RuntimeParams["application_name"] = cfg.ApplicationName
+	// A lost mark only republishes rows with the same ids (at-least-once);
+	// see docs/design/cdc.md for why it cannot lose one.
+	r.connCfg.RuntimeParams["synchronous_commit"] = "off"
+	r.connCfg.RuntimeParams["jit"] = "off"
+	r.replCfg = r.connCfg.Config.Copy()
+	r.replCfg.RuntimeParams["replication"] = "database"
+	// The decoder reads creat_en in the ISO format.
+	r.replCfg.RuntimeParams["DateStyle"] = "ISO"
+	r.replCfg.RuntimeParams["TimeZone"] = "UTC"
+	var err error
+	if r.m, err = newMetrics(r); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("cdc: metrics: %w", err)
+	}
+	return r, nil
+}
+
+// Close closes the pool the relay opened from DatabaseURL. Do not call it
+// during Run.
+func (r *Relay) Close() {
+	if r.ownPool {
+		r.stats.Close()
+	}
+}
+
+// Slot and Publication return the names the relay uses.
+func (r *Relay) Slot() string        { return r.cfg.Slot }
+func (r *Relay) Publication() string { return r.cfg.Publication }
+
+// Active reports whether this instance holds the slot now.
+func (r *Relay) Active() bool { return r.m.activeNow.Load() }
+
+// crashError carries a hook's error out: the relay stops.
+type crashError struct{ err error }
+
+func (e *crashError) Error() string { return e.err.Error() }
+func (e *crashError) Unwrap() error { return e.err }
+
+// Run relays until ctx is done and returns nil. It returns at once an error
+// wrapping ErrSetup when the server cannot serve CDC (wal_level, privilege,
+// publication, slot), relay.ErrRunning during another Run, and the error of
+// a crash point (internal/faults). Everything else (database, broker or network
+// failures; another instance holding the slot) is logged and retried: an
+// instance that does not hold the slot waits for it and takes over as soon
+// as the holder's sessions end.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return relay.ErrRunning
+	}
+	defer r.running.Store(false)
+	r.faults = faults.CDCFrom(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	pctx, stopPrune := context.WithCancel(ctx)
+	defer stopPrune()
+	if r.cfg.PruneOlderThan > 0 {
+		wg.Go(func() { r.prune(pctx) })
+	}
+	log := r.cfg.Logger.With("relay", r.q.payload, "slot", r.cfg.Slot)
+	failures := 0
+	for ctx.Err() == nil {
+		streamed, err := r.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var crash *crashError
+		switch {
+		case errors.As(err, &crash):
+			return crash.err
+		case errors.Is(err, ErrSetup):
+			return err
+		}
+		if streamed {
+			failures = 0
+		}
+		failures++
+		r.m.failures.Inc()
+		d := backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
+		log.Warn("cdc: session ended; retrying", "err", err, "retry_in", d)
+		sleep(ctx, d)
+	}
+	return nil
+}
+
+// session is one term of the relay: it waits for the outbox's exclusive
+// relay lock, makes sure of the publication and the slot, acquires the
+// slot, publishes what is pending outside the stream (the catch-up), then
+// streams until a failure or ctx's end. streamed reports that it reached
+// the stream.
+func (r *Relay) session(parent context.Context) (streamed bool, err error) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	log := r.cfg.Logger.With("relay", r.q.payload, "slot", r.cfg.Slot)
+	lock, err := pgx.ConnectConfig(ctx, r.connCfg)
+	if err != nil {
+		return false, fmt.Errorf("cdc: connect: %w", err)
+	}
+	defer closeConn(lock)
+	if err := r.check(ctx, lock); err != nil {
+		return false, err
+	}
+	// One active instance per outbox: the lock excludes the other CDC
+	// instances and the polling relay's workers (which hold it shared).
+	var got bool
+	if err := lock.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", r.lockKey).Scan(&got); err != nil {
+		return false, fmt.Errorf("cdc: lock: %w", err)
+	}
+	if !got {
+		log.Info("cdc: another relay of this outbox is active; waiting to take over")
+		if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock($1)", r.lockKey); err != nil {
+			return false, fmt.Errorf("cdc: lock: %w", err)
+		}
+	}
+	if err := r.ensurePublication(ctx, lock); err != nil {
+		return false, err
+	}
+	exists, err := r.slotState(ctx, lock)
+	if err != nil {
+		return false, err
+	}
+	blocked, err := r.parkedAggregates(ctx, lock)
+	if err != nil {
+		return false, err
+	}
+	markConn, err := pgx.ConnectConfig(ctx, r.connCfg)
+	if err != nil {
+		return false, fmt.Errorf("cdc: connect: %w", err)
+	}
+	defer closeConn(markConn)
+	repl, err := pgconn.ConnectConfig(ctx, r.replCfg)
+	if err != nil {
+		return false, fmt.Errorf("cdc: replication connection: %w", err)
+	}
+	defer closeConn(repl)
+
+	p := newPipeline(r, blocked, newMarker(r, markConn))
+	var catchUp pgx.Tx
+	var start pglogrepl.LSN
+	exact := false // the catch-up reads the slot's own snapshot
+	if !exists {
+		res, err := pglogrepl.CreateReplicationSlot(ctx, repl, r.cfg.Slot, "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+		if err != nil {
+			return false, fmt.Errorf("cdc: create slot %s: %w", r.cfg.Slot, err)
+		}
+		if start, err = pglogrepl.ParseLSN(res.ConsistentPoint); err != nil {
+			return false, fmt.Errorf("cdc: slot %s: consistent point %q: %w", r.cfg.Slot, res.ConsistentPoint, err)
+		}
+		log.Info("cdc: slot created", "consistent_point", start.String())
+		// Import the slot's snapshot before the replication session runs
+		// another command: pending rows are exactly the rows committed before
+		// the consistent point, the stream exactly those after it.
+		if catchUp, err = lock.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}); err != nil {
+			return false, fmt.Errorf("cdc: catch-up: %w", err)
+		}
+		if _, err := catchUp.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(res.SnapshotName)); err != nil {
+			return false, fmt.Errorf("cdc: catch-up: import the slot's snapshot: %w", err)
+		}
+		exact = true
+	}
+	if err := r.startReplication(ctx, repl, start); err != nil {
+		return false, err
+	}
+	r.m.active(true)
+	defer r.m.active(false)
+	defer r.lag.reset() // a new session receives the unconfirmed transactions again
+	log.Info("cdc: holding the slot", "start", start.String())
+
+	rd := newReader(r, repl, p.marker, start)
+	var readerErr error
+	readerExit := make(chan struct{})
+	rctx, stopReader := context.WithCancel(ctx)
+	go func() {
+		readerErr = rd.run(rctx)
+		close(readerExit)
+	}()
+	var mwg sync.WaitGroup
+	mctx, stopMarker := context.WithCancel(context.WithoutCancel(ctx))
+	mwg.Go(func() { p.marker.run(mctx) })
+	crashed := false
+	defer func() {
+		stopReader()
+		<-readerExit
+		if !crashed && parent.Err() != nil {
+			// A graceful stop: mark what the broker confirmed and tell the
+			// server, so that a restart republishes as little as possible.
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = p.flush(fctx)
+			cancel()
+			p.marker.drain(5 * time.Second)
+			stopMarker()
+			mwg.Wait()
+			rd.finalStatus()
+		}
+		stopMarker()
+		mwg.Wait()
+	}()
+	if err := p.catchUp(ctx, lock, catchUp, exact, nil); err != nil {
+		crashed = isCrash(err)
+		return false, err
+	}
+	if h := r.faults.Streaming; h != nil {
+		h()
+	}
+	err = p.stream(ctx, rd.out, readerExit, func() error { return readerErr }, lock)
+	crashed = isCrash(err)
+	return true, err
+}
+
+// closeConn closes a session, waiting at most a second for a clean goodbye.
+func closeConn(c interface{ Close(context.Context) error }) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = c.Close(ctx)
+}
+
+func isCrash(err error) bool {
+	var c *crashError
+	return errors.As(err, &c)
+}
+
+// startReplication acquires the slot and starts the stream. A slot still
+// held by a session that is going away (the previous holder was killed and
+// the server has not noticed yet) is retried every 100 ms.
+func (r *Relay) startReplication(ctx context.Context, repl *pgconn.PgConn, start pglogrepl.LSN) error {
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(pgx.Identifier{r.cfg.Publication}.Sanitize())}
+	for {
+		err := pglogrepl.StartReplication(ctx, repl, r.cfg.Slot, start, pglogrepl.StartReplicationOptions{
+			Mode: pglogrepl.LogicalReplication, PluginArgs: args})
+		var pgErr *pgconn.PgError
+		if err == nil {
+			return nil
+		}
+		if !errors.As(err, &pgErr) || pgErr.Code != "55006" { // object_in_use: active for another PID
+			return fmt.Errorf("cdc: start replication on slot %s: %w", r.cfg.Slot, err)
+		}
+		r.cfg.Logger.Debug("cdc: slot still held by a session that is ending; retrying", "slot", r.cfg.Slot)
+		sleep(ctx, 100*time.Millisecond)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *Relay) prune(ctx context.Context) {
+	log := r.cfg.Logger.With("relay", r.q.payload)
+	t := time.NewTicker(r.cfg.PruneInterval)
+	defer t.Stop()
+	for {
+		n, err := relay.Prune(ctx, r.stats, r.cfg.Names, r.cfg.PruneOlderThan, r.cfg.PruneBatch)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("cdc: prune failed; retrying at the next pass", "err", err)
+		}
+		r.m.pruned.Add(float64(n))
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// quoteLiteral is s as an SQL string literal.
+func quoteLiteral(s string) string {
+	out := make([]byte, 0, len(s)+2)
+	out = append(out, '\'')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\'' {
+			out = append(out, '\'')
+		}
+		if s[i] != 0 {
+			out = append(out, s[i])
+		}
+	}
+	return string(append(out, '\''))
+}
+
+// backoff is min·2^(failures-1) capped at max, with jitter in [d/2, d].
+func backoff(lo, hi time.Duration, failures int) time.Duration {
+	d := lo
+	for i := 1; i < failures && d < hi; i++ {
+		d *= 2
+	}
+	d = min(d, hi)
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,149 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/km0/km0/migrate"
+)
+
+// ErrSetup is wrapped by every error about a server, role, publication or
+// slot that cannot serve the CDC relay. Run returns it at once, with the fix
+// in the message, instead of retrying.
+var ErrSetup = errors.New("cdc: not set up for CDC")
+
+// Check verifies, on the relay's database, what the CDC relay needs before
+// it starts: wal_level = logical, a role with the REPLICATION privilege (or
+// a superuser), and the outbox table. The error wraps ErrSetup and names
+// every missing setting and privilege with its fix. Run calls it first.
+func (r *Relay) Check(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, r.connCfg)
+	if err != nil {
+		return fmt.Errorf("cdc: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return r.check(ctx, conn)
+}
+
+// CheckServer is Check before a Relay exists (the command line runs it
+// before it connects to the broker): the server behind pool, for the outbox
+// of names. The relay itself warns about an unlimited max_slot_wal_keep_size when
+// it starts; log is unused otherwise (nil is fine).
+func CheckServer(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, log *slog.Logger) error {
+	cfg := Config{}
+	cfg.Names, cfg.Logger = names, log
+	if log == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg = cfg.WithDefaults()
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names)}
+	r.warnedKeep.Store(true) // the relay warns when it starts
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("cdc: connect: %w", err)
+	}
+	defer conn.Release()
+	return r.check(ctx, conn.Conn())
+}
+
+func (r *Relay) check(ctx context.Context, conn *pgx.Conn) error {
+	var level, keep, role string
+	var replication, exists bool
+	err := conn.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
+		current_user, (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
+		to_regclass($1) IS NOT NULL`, r.q.table).Scan(&level, &keep, &role, &replication, &exists)
+	if err != nil {
+		return fmt.Errorf("cdc: check the server: %w", err)
+	}
+	var missing []string
+	if level != "logical" {
+		missing = append(missing, fmt.Sprintf("the server has wal_level = %s, and CDC needs wal_level = logical "+
+			"(ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)", level))
+	}
+	if !replication {
+		missing = append(missing, fmt.Sprintf("role %s lacks the REPLICATION privilege (ALTER ROLE %s REPLICATION)",
+			role, pgx.Identifier{role}.Sanitize()))
+	}
+	if !exists {
+		missing = append(missing, fmt.Sprintf("table %s.%s does not exist (run km0 migrate first)", r.cfg.Names.Schema, r.cfg.Names.Outbox))
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %s", ErrSetup, strings.Join(missing, "; "))
+	}
+	if keep == "-1" && !r.warnedKeep.Swap(true) {
+		r.cfg.Logger.Warn("cdc: max_slot_wal_keep_size is unlimited (-1): if this relay stops for long, its slot keeps "+
+			"WAL until the disk fills; set a limit (ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'; SELECT pg_reload_conf()) "+
+			"and watch "+MetricSlotRetained, "slot", r.cfg.Slot)
+	}
+	return nil
+}
+
+// ensurePublication creates the publication (inserts of the outbox only) if
+// it does not exist, and checks that an existing one publishes the outbox's
+// inserts.
+func (r *Relay) ensurePublication(ctx context.Context, conn *pgx.Conn) error {
+	pub := pgx.Identifier{r.cfg.Publication}.Sanitize()
+	var insert bool
+	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", r.cfg.Publication).Scan(&insert)
+	if errors.Is(err, pgx.ErrNoRows) {
+		_, err = conn.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+r.q.table+" WITH (publish = 'insert')")
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			r.cfg.Logger.Info("cdc: publication created", "publication", r.cfg.Publication, "outbox", r.q.payload)
+			return nil
+		case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+			return fmt.Errorf("%w: cannot create publication %s: the relay's role does not own %s; "+
+				"create it as the owner: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+				ErrSetup, r.cfg.Publication, r.q.payload, pub, r.q.table)
+		case errors.As(err, &pgErr) && pgErr.Code == "42710": // duplicate_object: created meanwhile
+			return fmt.Errorf("cdc: publication %s was created meanwhile; checking it again", r.cfg.Publication)
+		default:
+			return fmt.Errorf("cdc: create publication: %w", err)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cdc: read publication: %w", err)
+	}
+	var has bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
+		r.cfg.Publication, r.cfg.Names.Schema, r.cfg.Names.Outbox).Scan(&has); err != nil {
+		return fmt.Errorf("cdc: read publication: %w", err)
+	}
+	switch {
+	case !has:
+		return fmt.Errorf("%w: publication %s exists but does not publish %s (ALTER PUBLICATION %s ADD TABLE %s)",
+			ErrSetup, r.cfg.Publication, r.q.payload, pub, r.q.table)
+	case !insert:
+		return fmt.Errorf("%w: publication %s does not publish inserts (ALTER PUBLICATION %s SET (publish = 'insert'))",
+			ErrSetup, r.cfg.Publication, pub)
+	}
+	return nil
+}
+
+// slotState reads the slot: whether it exists, and an ErrSetup error when
+// it is not a pgoutput slot of this database.
+func (r *Relay) slotState(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var plugin, slotType string
+	var here bool
+	err := conn.QueryRow(ctx, `SELECT coalesce(plugin, ''), slot_type, coalesce(database = current_database(), false)
+		FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&plugin, &slotType, &here)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("cdc: read slot: %w", err)
+	}
+	if slotType != "logical" || plugin != "pgoutput" || !here {
+		return false, fmt.Errorf("%w: slot %s exists but is not a pgoutput slot of this database (%s, plugin %q); "+
+			"choose another --slot, or drop it: SELECT pg_drop_replication_slot('%s')", ErrSetup, r.cfg.Slot, slotType, plugin, r.cfg.Slot)
+	}
+	return true, nil
+}
