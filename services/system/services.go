@@ -234,7 +234,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 	// One order per transaction: each attempt calls the gateway, and a failed
 	// neighbour must not make a whole batch call it again. The charge and
 	// the refund share the consumer (per-key order keeps them in order).
-	s.consumerFor(pagaments.Name, Subscriptions[pagaments.ConsumerCharge], consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec, Order: consumer.PerKey,
+	s.consumerFor(pagaments.Name, Subscriptions[pagaments.ConsumerCharge], consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec, Order: consumer.PerKey, FinalFailure: pagaments.Final,
 		Types: []string{pagaments.TypeOrderCreated, pagaments.TypeOrderCancelled}, Handle: s.Pagaments.HandleOrder})
 	return s.rr.serve(ctx, pagaments.AuthQueue, rrWorkersAuthorize, s.Pagaments.Authorize)
 }
