@@ -61,8 +61,9 @@ type Config struct {
 	// Source is the dead-letter index and its broker (Kafka or RabbitMQ);
 	// nil: no dead-letter section.
 	Source dlq.Source
-	// Broker names the Source's broker in the page ("Kafka" or "RabbitMQ");
-	// RabbitMQ offers no record deletion on purge.
+	// Broker names the Source's broker in the page ("Kafka", "RabbitMQ", or
+	// another name for both, e.g. "Kafka + RabbitMQ" over a
+	// dlq.MixedBackend); RabbitMQ offers no record deletion on purge.
 	Broker string
 	// Token is the admin token (the DLQ admin API's, $KM0_DLQ_ADMIN_TOKEN).
 	// Empty: counts only; nobody can log in.

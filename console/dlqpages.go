@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
+	"time"
 
 	"github.com/km0/km0/dlq"
 )
@@ -16,7 +18,8 @@ type groupRow struct {
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
-	estat := r.URL.Query().Get("estat")
+	q := r.URL.Query()
+	estat := q.Get("estat")
 	if estat == "" {
 		estat = string(dlq.StatePending)
 	}
@@ -25,21 +28,36 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	data := map[string]any{"Estat": estat, "HasDLQ": c.cfg.Source != nil}
+	n, err := parseNarrowing(q.Get, c.cfg.Now())
+	if err != nil {
+		c.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	loggedIn := c.auth.lookup(r) != nil
+	if n.Motiu != "" && !loggedIn {
+		// Reasons hold customer data: counts by a motiu prefix would let
+		// anyone read them a character at a time.
+		c.errorPage(w, r, http.StatusUnauthorized, "log in to filter by motiu: reasons may hold customer data")
+		return
+	}
+	data := map[string]any{"Estat": estat, "HasDLQ": c.cfg.Source != nil, "N": n, "Pending": estat == string(dlq.StatePending)}
 	if c.cfg.Source != nil {
-		ls, err := c.cfg.Source.List(r.Context(), dlq.Filter{States: states, Limit: 1})
+		f := dlq.Filter{States: states, Limit: 1}
+		n.apply(&f)
+		ls, err := c.cfg.Source.List(r.Context(), f)
 		if err != nil {
 			c.cfg.Logger.Error("console: list", "err", err)
 			data["DLQError"] = "the dead-letter index is unavailable; the server log has the details"
 		} else {
 			rows := make([]groupRow, len(ls.Groups))
 			total := 0
-			loggedIn := c.auth.lookup(r) != nil
 			for i, g := range ls.Groups {
 				rows[i] = groupRow{Group: g}
 				total += g.Count
 				if loggedIn {
-					s, err := c.cfg.Source.List(r.Context(), dlq.Filter{Topic: g.Topic, Class: g.Class, States: states, Limit: 1})
+					gf := dlq.Filter{Topic: g.Topic, Class: g.Class, States: states, Limit: 1}
+					n.apply(&gf)
+					s, err := c.cfg.Source.List(r.Context(), gf)
 					if err == nil && len(s.Letters) > 0 {
 						rows[i].Sample = s.Letters[0]
 					}
@@ -53,22 +71,119 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	c.renderPage(w, r, http.StatusOK, "overview", page{Title: "Dead letters", Data: data})
 }
 
+// narrowing is the filter form of the overview, as the CLI's selection
+// flags: a topic (DLQ or original), a motiu prefix (--motiu), and the dead
+// time in [Since, Until) (--since, --until, in the same forms). Ages are
+// resolved once, when the form is read, and carried on as absolute times,
+// so a dry run, its confirmation and the job select the same letters.
+type narrowing struct {
+	Topic        string
+	Motiu        string
+	Since, Until time.Time
+}
+
+// parseNarrowing reads the fields topic, motiu, des_de and fins_a.
+func parseNarrowing(get func(string) string, now time.Time) (narrowing, error) {
+	var n narrowing
+	var err error
+	if n.Topic, err = text(strings.TrimSpace(get("topic"))); err != nil {
+		return n, err
+	}
+	if n.Motiu, err = text(get("motiu")); err != nil {
+		return n, err
+	}
+	for _, f := range []struct {
+		name string
+		to   *time.Time
+	}{{"des_de", &n.Since}, {"fins_a", &n.Until}} {
+		v, err := text(get(f.name))
+		if err != nil {
+			return n, err
+		}
+		if *f.to, err = dlq.ParseTime(v, now); err != nil {
+			return n, fmt.Errorf("%w: %s: %v", errBadInput, f.name, err)
+		}
+	}
+	if !n.Since.IsZero() && !n.Until.IsZero() && !n.Until.After(n.Since) {
+		return n, fmt.Errorf("%w: fins_a must be after des_de", errBadInput)
+	}
+	return n, nil
+}
+
+// Empty reports whether n selects every letter.
+func (n narrowing) Empty() bool {
+	return n.Topic == "" && n.Motiu == "" && n.Since.IsZero() && n.Until.IsZero()
+}
+
+// apply narrows f by n (a topic f already has wins: a group's).
+func (n narrowing) apply(f *dlq.Filter) {
+	if f.Topic == "" {
+		f.Topic = n.Topic
+	}
+	f.Reason, f.Since, f.Until = n.Motiu, n.Since, n.Until
+}
+
+// Pairs are the form fields that carry n but its topic (a group's link and
+// form carry the group's topic).
+func (n narrowing) Pairs() []struct{ Name, Value string } {
+	var out []struct{ Name, Value string }
+	add := func(name, v string) {
+		if v != "" {
+			out = append(out, struct{ Name, Value string }{name, v})
+		}
+	}
+	add("motiu", n.Motiu)
+	add("des_de", n.SinceText())
+	add("fins_a", n.UntilText())
+	return out
+}
+
+// SinceText and UntilText are the bounds as the form shows them.
+func (n narrowing) SinceText() string { return stampRFC3339(n.Since) }
+func (n narrowing) UntilText() string { return stampRFC3339(n.Until) }
+
+func stampRFC3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// Describe names n's conditions for people ("" when none).
+func (n narrowing) Describe() string {
+	var parts []string
+	if n.Motiu != "" {
+		parts = append(parts, fmt.Sprintf("motiu starting %q", n.Motiu))
+	}
+	if !n.Since.IsZero() {
+		parts = append(parts, "dead at or after "+n.SinceText())
+	}
+	if !n.Until.IsZero() {
+		parts = append(parts, "dead before "+n.UntilText())
+	}
+	return strings.Join(parts, ", ")
+}
+
 // selection is what a replay or purge form selects: a whole failure group
-// (abast=grup: topic and classe) or letters by ID (abast=seleccio).
+// (abast=grup: topic and classe), letters by ID (abast=seleccio), or every
+// letter the overview's filter form selects (abast=filtre: never empty);
+// a group and a filter are narrowed by N.
 type selection struct {
-	Scope string // "grup" or "seleccio"
+	Scope string // "grup", "seleccio" or "filtre"
 	Topic string
 	Class string
 	IDs   []string
 	Force bool
+	N     narrowing
 }
 
-func parseSelection(r *http.Request) (selection, error) {
+func parseSelection(r *http.Request, now time.Time) (selection, error) {
 	s := selection{Scope: r.PostFormValue("abast"), Force: r.PostFormValue("force") == "1"}
 	var err error
-	if s.Topic, err = text(r.PostFormValue("topic")); err != nil {
+	if s.N, err = parseNarrowing(r.PostFormValue, now); err != nil {
 		return s, err
 	}
+	s.Topic, s.N.Topic = s.N.Topic, ""
 	if s.Class, err = text(r.PostFormValue("classe")); err != nil {
 		return s, err
 	}
@@ -87,8 +202,13 @@ func parseSelection(r *http.Request) (selection, error) {
 		if len(s.IDs) == 0 {
 			return s, fmt.Errorf("%w: no letter selected", errBadInput)
 		}
+	case "filtre":
+		s.Class = ""
+		if s.Topic == "" && s.N.Empty() {
+			return s, fmt.Errorf("%w: a filter needs a topic, a motiu prefix or a time bound (it never selects every letter)", errBadInput)
+		}
 	default:
-		return s, fmt.Errorf("%w: abast must be grup or seleccio", errBadInput)
+		return s, fmt.Errorf("%w: abast must be grup, seleccio or filtre", errBadInput)
 	}
 	return s, nil
 }
@@ -99,12 +219,15 @@ func (s selection) filter() dlq.Filter {
 	if s.Scope == "seleccio" {
 		return dlq.Filter{IDs: s.IDs}
 	}
-	return dlq.Filter{Topic: s.Topic, Class: s.Class}
+	f := dlq.Filter{Topic: s.Topic, Class: s.Class}
+	s.N.apply(&f)
+	return f
 }
 
 // Hidden returns the form fields that carry s to the next step.
 func (s selection) Hidden() []struct{ Name, Value string } {
 	out := []struct{ Name, Value string }{{"abast", s.Scope}, {"topic", s.Topic}, {"classe", s.Class}}
+	out = append(out, s.N.Pairs()...)
 	if s.Force {
 		out = append(out, struct{ Name, Value string }{"force", "1"})
 	}
@@ -116,10 +239,22 @@ func (s selection) Hidden() []struct{ Name, Value string } {
 
 // Describe names s for people.
 func (s selection) Describe() string {
-	if s.Scope == "grup" {
-		return fmt.Sprintf("every pending letter of %s with class %q", s.Topic, s.Class)
+	var d string
+	switch s.Scope {
+	case "seleccio":
+		return fmt.Sprintf("%d selected letter(s)", len(s.IDs))
+	case "grup":
+		d = fmt.Sprintf("every pending letter of %s with class %q", s.Topic, s.Class)
+	default:
+		d = "every pending letter"
+		if s.Topic != "" {
+			d += " of " + s.Topic
+		}
 	}
-	return fmt.Sprintf("%d selected letter(s)", len(s.IDs))
+	if n := s.N.Describe(); n != "" {
+		d += " with " + n
+	}
+	return d
 }
 
 func (c *Console) needSource(w http.ResponseWriter, r *http.Request) bool {
@@ -146,8 +281,20 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, http.StatusBadRequest, "a group page needs topic and classe (and estat pendent, reproduida, purgada or totes)")
 		return
 	}
+	n, err := parseNarrowing(func(k string) string {
+		if k == "topic" {
+			return "" // the group's own
+		}
+		return q.Get(k)
+	}, c.cfg.Now())
+	if err != nil {
+		c.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
 	const limit = 500
-	ls, err := c.cfg.Source.List(r.Context(), dlq.Filter{Topic: topic, Class: class, States: states, Limit: limit})
+	f := dlq.Filter{Topic: topic, Class: class, States: states, Limit: limit}
+	n.apply(&f)
+	ls, err := c.cfg.Source.List(r.Context(), f)
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -159,6 +306,7 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	c.renderPage(w, r, http.StatusOK, "group", page{Title: topic + " · " + class, Data: map[string]any{
 		"Topic": topic, "Class": class, "Estat": estat, "Count": count, "Letters": ls.Letters,
 		"Shown": len(ls.Letters), "Pending": estat == string(dlq.StatePending), "Rabbit": c.cfg.Broker == "RabbitMQ",
+		"N": n,
 	}})
 }
 
@@ -199,7 +347,7 @@ func (c *Console) replayPreview(w http.ResponseWriter, r *http.Request) {
 	if !c.needSource(w, r) {
 		return
 	}
-	sel, err := parseSelection(r)
+	sel, err := parseSelection(r, c.cfg.Now())
 	if err != nil {
 		c.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return
@@ -222,7 +370,7 @@ func (c *Console) purgeConfirm(w http.ResponseWriter, r *http.Request) {
 	if !c.needSource(w, r) {
 		return
 	}
-	sel, err := parseSelection(r)
+	sel, err := parseSelection(r, c.cfg.Now())
 	if err != nil {
 		c.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return
@@ -250,7 +398,7 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	if !c.needSource(w, r) {
 		return
 	}
-	sel, err := parseSelection(r)
+	sel, err := parseSelection(r, c.cfg.Now())
 	if err != nil {
 		c.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return

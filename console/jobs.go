@@ -61,7 +61,7 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 	if !c.needSource(w, r) {
 		return
 	}
-	sel, err := parseSelection(r)
+	sel, err := parseSelection(r, c.cfg.Now())
 	if err != nil {
 		c.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return
@@ -85,7 +85,8 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 
 // runReplay replays the selection in steps of ReplayChunk letters, so that
 // the page can show its progress. A group is resolved to the IDs of its
-// pending letters when the job starts; letters that die later are not in it.
+// pending letters when the job starts (a filter likewise); letters that die
+// later are not in it.
 func (c *Console) runReplay(j *job) {
 	ctx := c.ctx
 	end := func(state, msg string) {
@@ -97,9 +98,11 @@ func (c *Console) runReplay(j *job) {
 			"republished", st.Republished, "failed", st.Failed)
 	}
 	ids := j.Sel.IDs
-	if j.Sel.Scope == "grup" {
+	if j.Sel.Scope != "seleccio" {
 		lctx, cancel := context.WithTimeout(ctx, ActionTimeout)
-		ls, err := c.cfg.Source.List(lctx, dlq.Filter{Topic: j.Sel.Topic, Class: j.Sel.Class, States: []dlq.State{dlq.StatePending}})
+		f := j.Sel.filter()
+		f.States = []dlq.State{dlq.StatePending}
+		ls, err := c.cfg.Source.List(lctx, f)
 		cancel()
 		if err != nil {
 			c.cfg.Logger.Error("console: replay: list", "job", j.ID, "err", err)

@@ -90,8 +90,13 @@ func setupWith(t *testing.T, tok string, more func(*console.Config)) *bundle {
 // syncs the index.
 func (b *bundle) produceDead(t *testing.T, n int, reason string) []string {
 	t.Helper()
+	return b.produceDeadAt(t, n, reason, time.Now())
+}
+
+// produceDeadAt is produceDead of letters dead at now.
+func (b *bundle) produceDeadAt(t *testing.T, n int, reason string, now time.Time) []string {
+	t.Helper()
 	var ids []string
-	now := time.Now()
 	for i := 0; i < n; i++ {
 		eid := uuid.NewString()
 		e := &envelope.Envelope{ID: eid, Type: "comanda.creada", Version: 1, TimeMS: now.UnixMilli(), Origin: "comandes",

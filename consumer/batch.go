@@ -570,4 +570,3 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) 
 	}
 	return outcomes[0]
 }
-

@@ -1,9 +1,12 @@
-// Package contract holds the wire vocabulary the two consumers (package
-// consumer on Kafka, package transport/amqp on RabbitMQ) and package dlq
-// share: the names of the headers of retry and dead-letter copies, the one
-// encoding of their time headers, and the rules by which a consumer reads a
-// retry copy's headers without trusting them further than its own
-// configuration. It imports nothing else of km0, so any package may use it.
+// Package contract holds the wire vocabulary that the consume pipeline
+// (package consumer), its broker sources (transport/kafka, transport/amqp),
+// the relays and package dlq share: the names of the headers of retry and
+// dead-letter copies, the one encoding of their time headers, the rules by
+// which a consumer reads a retry copy's headers without trusting them
+// further than its own configuration, the motiu classes, the idempotency
+// key, the derived topic and queue names, and the database interface every
+// package takes (DBTX). It imports nothing else of km0, so any package may
+// use it.
 //
 // Every time header, on either broker, is unix seconds as a decimal string
 // with six decimals, written by FormatTime and read by ParseTime.
@@ -45,12 +48,18 @@ const (
 	HeaderDeadAt = "mort_en"
 	// HeaderDeadline is a request's absolute deadline (request/reply).
 	HeaderDeadline = "no_despres"
+	// HeaderPartition is, on RabbitMQ, the shard of a domain event: FNV-1a
+	// (32 bit) of its agregat_id modulo the consumers' shard count, as a
+	// decimal string. The routing key stays the topic name; a consumer that
+	// keeps order per key routes on this header to its single-active-consumer
+	// shard queues (PartitionsExchangeName).
+	HeaderPartition = "particio"
 )
 
 // MillisThreshold separates the two readings of a time header: a value above
-// it is unix milliseconds (RabbitMQ wrote primera_fallada and mort_en so
-// before they were unified; 1e11 seconds is in the year 5138), a value at or
-// below it unix seconds.
+// it is unix milliseconds (copies written by older RabbitMQ consumers carry
+// primera_fallada and mort_en so; 1e11 seconds is in the year 5138), a value
+// at or below it unix seconds.
 const MillisThreshold = 1e11
 
 // maxMillis bounds a value read as milliseconds: above it, the value names

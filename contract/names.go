@@ -20,6 +20,11 @@ const (
 	DLQSuffix = ".dlq"
 	// WaitInfix makes the RabbitMQ wait queues <queue>.espera.<milliseconds>.
 	WaitInfix = ".espera."
+	// PartitionsSuffix makes <queue>.particions, the RabbitMQ headers
+	// exchange of an ordered consumer: bound to the events' exchange with
+	// the topic names, it routes each message to the shard queue <queue>.<i>
+	// whose binding matches its HeaderPartition.
+	PartitionsSuffix = ".particions"
 )
 
 // RetryTopic returns <topic>.retry.
@@ -28,6 +33,9 @@ func RetryTopic(topic string) string { return topic + RetrySuffix }
 // DLQName returns <name>.dlq: the dead-letter topic of a Kafka topic, or the
 // dead-letter queue of a RabbitMQ work queue.
 func DLQName(name string) string { return name + DLQSuffix }
+
+// PartitionsExchangeName returns <queue>.particions.
+func PartitionsExchangeName(queue string) string { return queue + PartitionsSuffix }
 
 // WaitQueueName returns <queue>.espera.<ms>, the RabbitMQ queue that holds a
 // message for delay and then dead-letters it back to queue.

@@ -56,9 +56,15 @@ type Config struct {
 	// Queues are the RabbitMQ queues to report (their .dlq too, if it exists).
 	Queues []string
 	// ManagementURL is the base URL of the RabbitMQ management API
-	// (http://user:password@host:15672). AMQP tells a queue's ready messages
-	// only; the unacknowledged ones need the API. Empty: unacked unknown (-1).
+	// (http://user:password@host:15672; ManagementURLFor derives it from the
+	// AMQP URL). AMQP tells a queue's ready messages only; the
+	// unacknowledged ones need the API. Empty: unacked unknown (-1).
 	ManagementURL string
+	// ManagementBestEffort marks ManagementURL as a guess (the default
+	// listener of a plugin that may be disabled): when the API does not
+	// answer, unacked is unknown and the Snapshot says so in Notes, not in
+	// Errors. Otherwise a silent API is an error of the queue's part.
+	ManagementBestEffort bool
 	// VHost is the virtual host of Queues for the management API. Default "/".
 	VHost string
 	// OldestTimeout bounds the reads of the oldest unprocessed records.
@@ -80,6 +86,9 @@ type Snapshot struct {
 	Groups   []GroupLag  `json:"grups"`
 	Queues   []QueueLag  `json:"cues"`
 	Errors   []string    `json:"errors,omitempty"`
+	// Notes say what is unknown and why, short of an error (an optional
+	// source that does not answer).
+	Notes []string `json:"notes,omitempty"`
 }
 
 // OutboxLag is one outbox's relay lag.
@@ -338,14 +347,37 @@ func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string, required
 		}
 		return q
 	}
-	if m.cfg.ManagementURL != "" {
-		if st, err := m.management(ctx, name); err != nil {
-			m.fail(s, "queue "+name, "the management API does not answer", err)
-		} else {
-			q.Ready, q.Unacked, q.Consumers = st.Ready, st.Unacked, st.Consumers
-		}
+	if m.cfg.ManagementURL == "" {
+		return q
+	}
+	st, err := m.management(ctx, name)
+	switch {
+	case err != nil && m.cfg.ManagementBestEffort:
+		m.cfg.Logger.Debug("lag: management API", "queue", name, "err", err)
+		note(s, NoteNoManagement)
+	case err != nil:
+		m.fail(s, "queue "+name, "the management API does not answer", err)
+	case st.Unacked == nil:
+		note(s, NoteNotSampled)
+	default:
+		q.Unacked = *st.Unacked
 	}
 	return q
+}
+
+// Notes of a Snapshot.
+const (
+	// NoteNoManagement: the RabbitMQ management API did not answer.
+	NoteNoManagement = "unacked unknown: the RabbitMQ management API does not answer (enable the rabbitmq_management plugin, or name its URL)"
+	// NoteNotSampled: the management API has no counts for a queue yet.
+	NoteNotSampled = "unacked unknown for a queue the management API has not sampled yet"
+)
+
+// note adds text to s.Notes once.
+func note(s *Snapshot, text string) {
+	if !slices.Contains(s.Notes, text) {
+		s.Notes = append(s.Notes, text)
+	}
 }
 
 // Total is the lag of every group, the pending rows of every outbox and the

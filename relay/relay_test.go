@@ -76,7 +76,7 @@ func TestPublishesEnvelopeWithKeyAndHeadersThenMarks(t *testing.T) {
 	}
 }
 
-// Proof 4. Crash point: the relay dies after Kafka confirmed every record of
+// Crash point: the relay dies after Kafka confirmed every record of
 // the batch and before the UPDATE that marks the rows (the AfterPublish crash point of internal/faults).
 func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	t.Parallel()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/km0/km0/internal/pgerr"
 	"github.com/km0/km0/outcome"
 )
 
@@ -78,8 +79,7 @@ func redact(log *slog.Logger, req *Request, err error) error {
 	}
 	log.Warn("requestreply: handler failed on the database; the requester gets no database text",
 		"id_peticio", clipID(req.ID), "sqlstate", pgErr.Code, "err", err)
-	code := pgErr.Code
-	if strings.HasPrefix(code, "22") || strings.HasPrefix(code, "54") || (strings.HasPrefix(code, "23") && code != "23505") {
+	if pgerr.DataRefused(err) || pgerr.Integrity(err) {
 		return BadRequest(errors.New(msgDataRefused))
 	}
 	if kind, _ := outcome.Classify(err, nil); kind == outcome.KindPermanent {

@@ -27,7 +27,7 @@ func benchLatency(ctx context.Context, args []string) error {
 	rate := fs.Int("rate", 1000, "events per second")
 	seconds := fs.Float64("seconds", 5, "how long to write")
 	workers := fs.Int("workers", 0, "km0 relay: claim workers; 0 (the relay's default) adapts to the backlog")
-	baseline := fs.Bool("baseline", false, "also measure the straight Go port of the seed's relay loop")
+	baseline := fs.Bool("baseline", false, "also measure the straight Go port of the reference polling relay loop")
 	profile := cpuProfileFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err

@@ -140,7 +140,7 @@ func benchRelay(ctx context.Context, args []string) error {
 	aggs := fs.Int("aggregates", 10_000, "distinct agregat_id values")
 	batch := fs.Int("batch", 0, "km0 relay: rows per claim; 0 (the relay's default) adapts to the backlog")
 	workers := fs.Int("workers", 0, "km0 relay: claim workers; 0 (the relay's default) adapts to the backlog")
-	baseline := fs.Bool("baseline", false, "also run a straight Go port of the seed's relay loop (LOT 100) and print the ratio")
+	baseline := fs.Bool("baseline", false, "also run a straight Go port of the reference polling relay loop (LOT 100) and print the ratio")
 	rounds := fs.Int("rounds", 1, "repeat (alternating with the baseline) and report the best round, with the median")
 	validate := fs.Bool("validate", false, "also measure the write side (outbox.EnqueueBatch, 100 events a transaction) with and without JSON Schema validation, and print the ratio")
 	mode := fs.String("mode", modePolling, "polling: km0 relay (with --baseline, beside the seed's loop); cdc: km0 relay --mode cdc beside km0 relay (polling) in the same run, "+

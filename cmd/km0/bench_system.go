@@ -58,14 +58,14 @@ func benchSystem(ctx context.Context, args []string) error {
 			return port(ctx, args[1:])
 		}
 	}
-	fs := newFlags("bench system", "run the km0 binary's relay, inventari and pagaments as a user does, each beside a Go port of the seed's loop, and print the ratios; one JSON line per result")
+	fs := newFlags("bench system", "run the km0 binary's relay, inventari and pagaments as a user does, each beside a Go port of the reference Python loop, and print the ratios; one JSON line per result")
 	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL admin URL (default $KM0_DATABASE_URL, else the local server); fresh databases km0_bench_* are created on its server and dropped")
 	amqpURL := secretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL for pagaments (default $KM0_AMQP_URL, else the local guest broker)")
 	only := fs.String("only", strings.Join(systemSections, ","), "comma-separated parts to run: relay, inventari, pagaments; and, only when named, relay-cdc (km0 relay --mode cdc beside the polling relay and the port, on a private cluster with wal_level = logical started from "+pgcluster.BinDirDefault+")")
 	n := fs.Int("n", 50_000, "relay: outbox rows; inventari: comanda.creada events")
 	rounds := fs.Int("rounds", 3, "rounds; km0 and the port alternate which goes first")
 	cheese := fs.Bool("cheese-runs-out", false, "inventari: do not restock the cheeses (formatge-curat, formatge-fresc), so most of their orders are refused")
-	portOutbox := fs.Bool("port-outbox", true, "inventari: the port also writes estoc.actualitzat to its outbox per line (the seed's exercise 2), as km0 does")
+	portOutbox := fs.Bool("port-outbox", true, "inventari: the port also writes estoc.actualitzat to its outbox per line, as km0 does")
 	rrSerial := fs.Int("rr-serial", 2_000, "pagaments: requests of the 1-caller phase")
 	rrRequests := fs.Int("rr-requests", 20_000, "pagaments: requests of the 64-caller phase")
 	rrCallers := fs.Int("rr-callers", 64, "pagaments: callers of the concurrent phase")

@@ -169,7 +169,7 @@ func (b *sysBench) inventari(ctx context.Context, n, rounds int, cheeseRunsOut, 
 		emit(map[string]any{"bench": "system_inventari_round", "round": r, "events": n,
 			"events_per_s": got[sideKm0], "seed_port_events_per_s": got[sidePort], "ratio": ratios[len(ratios)-1]})
 	}
-	emit(map[string]any{"bench": "system_inventari", "what": "km0 serve inventari (defaults) vs a Go port of the seed's idempotent consumer; five hot products",
+	emit(map[string]any{"bench": "system_inventari", "what": "km0 serve inventari (defaults) vs a Go port of the reference idempotent consumer; five hot products",
 		"events": n, "rounds": rounds, "events_per_s": med2(rates[sideKm0]), "seed_port_events_per_s": med2(rates[sidePort]),
 		"ratios": ratios, "median_ratio": med2(ratios), "rss_mb": round2(slices.Max(rss)), "deadlocks": deadlocks,
 		"stock_exact": exact, "duplicates": dups, "port_outbox": portOutbox, "cheese_runs_out": cheeseRunsOut})
@@ -428,13 +428,13 @@ func checkStock(ctx context.Context, pool *pgxpool.Pool, orders map[string]bench
 // consumer raises on insufficient stock (a dead-letter queue takes such a message):
 // the port produces it to --dlq-topic and goes on.
 func runPortInventariProcess(ctx context.Context, args []string) error {
-	fs := newFlags("bench system _port-inventari", "the seed's idempotent consumer, ported to Go (benchmark peer)")
+	fs := newFlags("bench system _port-inventari", "the reference idempotent consumer, ported to Go (benchmark peer)")
 	dbURL := databaseURLFlag(fs)
 	brokers := brokersFlag(fs)
 	group := fs.String("group", "inventari", "consumer group")
 	topic := fs.String("topic", comandes.Topic, "topic")
 	dlq := fs.String("dlq-topic", comandes.Topic+contract.DLQSuffix, "where refused orders go")
-	withOutbox := fs.Bool("outbox", true, "also write estoc.actualitzat to the outbox (the seed's exercise 2)")
+	withOutbox := fs.Bool("outbox", true, "also write estoc.actualitzat to the outbox")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

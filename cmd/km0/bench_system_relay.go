@@ -59,7 +59,7 @@ func (b *sysBench) relay(ctx context.Context, n, rounds int) error {
 		emit(map[string]any{"bench": "system_relay_round", "round": r, "events": n,
 			"events_per_s": got[sideKm0], "seed_port_events_per_s": got[sidePort], "ratio": ratios[len(ratios)-1]})
 	}
-	emit(map[string]any{"bench": "system_relay", "what": "km0 relay (defaults) vs a Go port of the seed's relay; broker = km0 kafka in another process",
+	emit(map[string]any{"bench": "system_relay", "what": "km0 relay (defaults) vs a Go port of the reference polling relay; broker = km0 kafka in another process",
 		"events": n, "rounds": rounds, "events_per_s": med2(rates[sideKm0]), "seed_port_events_per_s": med2(rates[sidePort]),
 		"ratios": ratios, "median_ratio": med2(ratios), "rss_mb": slices.Max(rss), "cpu_s": med2(cpu)})
 	return nil
@@ -143,11 +143,11 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 // runPortRelayProcess is `km0 bench system _port-relay`: runPort (the
 // straight port of the reference polling relay) as a process of its own, until SIGTERM.
 func runPortRelayProcess(ctx context.Context, args []string) error {
-	fs := newFlags("bench system _port-relay", "the seed's relay loop, ported to Go (benchmark peer)")
+	fs := newFlags("bench system _port-relay", "the reference polling relay loop, ported to Go (benchmark peer)")
 	dbURL := databaseURLFlag(fs)
 	brokers := brokersFlag(fs)
 	topic := fs.String("topic", "", "topic")
-	fs.String("origin", "comandes", "ignored: the seed's relay writes origen comandes")
+	fs.String("origin", "comandes", "ignored: the reference relay writes origen comandes")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -52,7 +52,7 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	f.outboxTable = fs.String("outbox-table", migrate.OutboxDefault, "table name of the --outbox tables")
 	f.groups = fs.String("consumer-groups", "", "Kafka consumer groups to report, comma separated (default: every group)")
 	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
-		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL; empty: unacked unknown)")
+		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host with its credentials; \"off\": unacked unknown)")
 	f.maxLag = fs.Int64("max-lag", 0, "alert threshold: a group's lag, an outbox's pending rows or a queue's ready messages over this (0: off)")
 	f.maxAge = fs.Duration("max-age", 0, "alert threshold: a group's oldest unprocessed record or an outbox's oldest row older than this (0: off)")
 	if alerts {
@@ -248,6 +248,20 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, queues []string, lf
 		}
 		closers = append(closers, func() { _ = conn.Close() })
 		cfg.AMQP, cfg.Queues = conn, qs
+		mgmt, vhost, err := lag.ManagementURLFor(amqpURL)
+		if err != nil {
+			closeAll()
+			return cfg, nil, err
+		}
+		cfg.VHost = vhost
+		switch *lf.management {
+		case "off":
+			cfg.ManagementURL = ""
+		case "":
+			// The plugin's default listener: unacked counts without a flag
+			// when it runs; a note, not an error, when it does not.
+			cfg.ManagementURL, cfg.ManagementBestEffort = mgmt, true
+		}
 	}
 	return cfg, closeAll, nil
 }

@@ -3,14 +3,18 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/km0/km0/console"
@@ -24,11 +28,14 @@ import (
 // systemConsole starts the operator console of a running system (km0 up
 // --console, km0 demo --keep-running): its dead letters indexed in the
 // database km0_dlq[_suffix] on adminURL's server (created if absent, dropped
-// at stop when drop is set), the lag of its outboxes and of every consumer
-// group, and the health of its HTTP servers. It prints the console's URL.
-// Lag alerts need km0 console or km0 lag --serve, whose flags set the
-// thresholds.
-func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suffix string, brokers []string, drop bool, out io.Writer, name string, log *slog.Logger) (stop func(), err error) {
+// at stop when drop is set), from Kafka's <topic>.dlq topics, the RabbitMQ
+// queues <queue>.dlq of its consumers, or both, by where its events travel
+// (Config.Events); the lag of its outboxes, of every Kafka consumer group
+// and of its RabbitMQ queues; and the health of its HTTP servers. It prints
+// the console's URL.
+// Lag over rule's thresholds for rule.For is logged and sent to the DLQ
+// webhook ($KM0_DLQ_WEBHOOK), as by km0 console.
+func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suffix string, brokers []string, drop bool, rule lag.Rule, out io.Writer, name string, log *slog.Logger) (stop func(), err error) {
 	if adminURL == "" {
 		return nil, errors.New("--console needs --database-url (or $KM0_DATABASE_URL): the dead-letter index gets its own database km0_dlq on that server")
 	}
@@ -69,30 +76,11 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 		defer cancel()
 		_ = al.Close(cctx)
 	})
-	kcfg := dlq.KafkaConfig{Brokers: brokers, Logger: log}
-	backend, err := dlq.NewKafkaBackend(kcfg)
+	parts, err := systemDeadLetters(ctx, sys, brokers, pool, al, name, log)
+	closers = append(closers, parts.close...)
 	if err != nil {
 		return fail(err)
 	}
-	closers = append(closers, backend.Close)
-	store := dlq.NewStore(pool, "")
-	src, err := dlq.NewService(dlq.ServiceConfig{Store: store, Backend: backend, Alerter: al, Logger: log})
-	if err != nil {
-		return fail(err)
-	}
-	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: kcfg, Store: store, Alerter: al})
-	if err != nil {
-		return fail(err)
-	}
-	ictx, cancelIx := context.WithCancel(ctx)
-	ixDone := make(chan struct{})
-	go func() {
-		defer close(ixDone)
-		if err := ix.Run(ictx); err != nil && ictx.Err() == nil {
-			log.Error(name+": dead-letter indexer stopped", "err", err)
-		}
-	}()
-	closers = append(closers, func() { cancelIx(); <-ixDone })
 	var outboxes []lag.Outbox
 	for _, s := range slices.Sorted(maps.Keys(system.Topics)) {
 		if p := sys.Pool(s); p != nil {
@@ -104,13 +92,138 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	for _, k := range slices.Sorted(maps.Keys(addrs)) {
 		services = append(services, console.Service{Name: k, URL: addrs[k]})
 	}
+	lcfg := lag.Config{Outboxes: outboxes, Brokers: parts.kafkaBrokers, Logger: log}
+	if len(parts.queues) > 0 {
+		lcfg.AMQP, lcfg.Queues = sys.EventsConn(), parts.queues
+	}
 	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(svc.AllowedHostsEnv), ","),
-		token: os.Getenv(adminTokenEnv), source: src, broker: "Kafka", alerter: al,
-		lag:      lag.Config{Outboxes: outboxes, Brokers: brokers, Logger: log},
-		interval: lag.IntervalDefault, services: services, reg: reg, out: out, name: name, log: log})
+		token: os.Getenv(adminTokenEnv), source: parts.source, broker: parts.broker, alerter: al,
+		lag:      lcfg,
+		interval: lag.IntervalDefault, rule: rule, services: services, reg: reg, out: out, name: name, log: log})
 	if err != nil {
 		return fail(err)
 	}
 	closers = append(closers, stopConsole)
 	return cleanup, nil
+}
+
+// alertFlags are the lag-alert thresholds of the console that km0 up
+// --console and km0 demo --keep-running start: the flags of km0 console.
+type alertFlags struct {
+	maxLag           *int64
+	maxAge, alertFor *time.Duration
+}
+
+func addAlertFlags(fs *flag.FlagSet, with string) *alertFlags {
+	return &alertFlags{
+		maxLag:   fs.Int64("max-lag", 0, with+": alert (log and $KM0_DLQ_WEBHOOK) when a group's lag or an outbox's pending rows stay over this for --alert-for (0: off)"),
+		maxAge:   fs.Duration("max-age", 0, with+": alert when a group's oldest unprocessed record or an outbox's oldest row stays older than this for --alert-for (0: off)"),
+		alertFor: fs.Duration("alert-for", 5*time.Minute, with+": how long a lag threshold must be exceeded before the alert"),
+	}
+}
+
+func (f *alertFlags) rule() lag.Rule {
+	return lag.Rule{MaxLag: *f.maxLag, MaxAge: *f.maxAge, For: *f.alertFor}
+}
+
+// check refuses thresholds that no console would watch, and bad values.
+func (f *alertFlags) check(console bool, with string) error {
+	if *f.maxLag < 0 || *f.maxAge < 0 || *f.alertFor < 0 {
+		return errors.New("--max-lag, --max-age and --alert-for must not be negative")
+	}
+	if !console && (*f.maxLag > 0 || *f.maxAge > 0) {
+		return fmt.Errorf("--max-lag and --max-age are thresholds of the console: they need %s", with)
+	}
+	return nil
+}
+
+// consoleSyncInterval is how often the console takes the dead letters of
+// the system's RabbitMQ DLQs into its index.
+const consoleSyncInterval = 2 * time.Second
+
+// deadLetterParts is the dead-letter side of a system's console.
+type deadLetterParts struct {
+	source       dlq.Source
+	broker       string   // "Kafka", "RabbitMQ" or both
+	kafkaBrokers []string // the Kafka whose groups have lag; nil when no event is on Kafka
+	queues       []string // the RabbitMQ queues whose lag to show
+	close        []func() // in order of opening
+}
+
+// systemDeadLetters builds the dead-letter source of sys's console over the
+// brokers its events travel on, and starts what keeps the index up to date:
+// Kafka's indexer (a consumer group on the DLQ topics) and, every
+// consoleSyncInterval, a sync of the RabbitMQ DLQs (reading a RabbitMQ
+// queue takes its messages: the index keeps them). New letters go to al.
+func systemDeadLetters(ctx context.Context, sys *system.System, brokers []string, pool *pgxpool.Pool, al *dlq.Alerter, name string, log *slog.Logger) (deadLetterParts, error) {
+	var p deadLetterParts
+	onKafka := slices.Contains(slices.Collect(maps.Values(sys.EventsBroker())), system.EventsKafka)
+	work, dead := sys.EventsConsumerQueues()
+	store := dlq.NewStore(pool, "")
+	var kafkaBackend *dlq.KafkaBackend
+	var amqpBackend *dlq.AMQPBackend
+	var kcfg dlq.KafkaConfig
+	if onKafka {
+		if len(brokers) == 0 {
+			return p, errors.New("the console needs the Kafka brokers of the events on Kafka")
+		}
+		kcfg = dlq.KafkaConfig{Brokers: brokers, Logger: log}
+		b, err := dlq.NewKafkaBackend(kcfg)
+		if err != nil {
+			return p, err
+		}
+		p.close = append(p.close, b.Close)
+		kafkaBackend, p.kafkaBrokers = b, brokers
+	}
+	if len(dead) > 0 {
+		b, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: sys.EventsConn(), Queues: dead, Logger: log})
+		if err != nil {
+			return p, err
+		}
+		p.close = append(p.close, func() { _ = b.Close() })
+		amqpBackend, p.queues = b, work
+	}
+	var backend dlq.Backend
+	switch {
+	case kafkaBackend != nil && amqpBackend != nil:
+		m, err := dlq.NewMixedBackend(kafkaBackend, amqpBackend)
+		if err != nil {
+			return p, err
+		}
+		backend, p.broker = m, "Kafka + RabbitMQ"
+	case amqpBackend != nil:
+		backend, p.broker = amqpBackend, "RabbitMQ"
+	case kafkaBackend != nil:
+		backend, p.broker = kafkaBackend, "Kafka"
+	default:
+		return p, errors.New("the console found no broker carrying the events")
+	}
+	src, err := dlq.NewService(dlq.ServiceConfig{Store: store, Backend: backend, Alerter: al, Logger: log})
+	if err != nil {
+		return p, err
+	}
+	p.source = src
+	bctx, cancel := context.WithCancel(ctx)
+	var running sync.WaitGroup
+	p.close = append(p.close, func() { cancel(); running.Wait() })
+	if kafkaBackend != nil {
+		ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: kcfg, Store: store, Alerter: al})
+		if err != nil {
+			return p, err
+		}
+		running.Go(func() {
+			if err := ix.Run(bctx); err != nil && bctx.Err() == nil {
+				log.Error(name+": dead-letter indexer stopped", "err", err)
+			}
+		})
+	}
+	if amqpBackend != nil {
+		// Only RabbitMQ's: Kafka's letters come through the indexer.
+		rabbit, err := dlq.NewService(dlq.ServiceConfig{Store: store, Backend: amqpBackend, Alerter: al, Logger: log})
+		if err != nil {
+			return p, err
+		}
+		running.Go(func() { _ = syncEvery(bctx, rabbit, consoleSyncInterval, log) })
+	}
+	return p, nil
 }

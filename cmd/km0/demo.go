@@ -15,7 +15,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "demo", summary: "run the Quilòmetre Zero system end to end with failures injected and reconcile it (README command 1)", run: runDemo})
+	register(&command{name: "demo", summary: "run the Quilòmetre Zero system end to end with failures injected and reconcile it", run: runDemo})
 }
 
 // errInvariants makes km0 demo exit 1 after printing the failed invariants.
@@ -27,6 +27,7 @@ func runDemo(ctx context.Context, args []string) error {
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
 	keep := fs.Bool("keep-running", false, "leave the services, their HTTP APIs and the operator console up after the report (Ctrl-C stops them)")
 	consoleAddr := fs.String("console", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none)")
+	alerts := addAlertFlags(fs, "with --keep-running")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
 	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set or --events puts events there, else the embedded Kafka)")
 	keepDB := fs.Bool("keep-databases", false, "do not drop the run's km0_<service>_demo_<run> databases")
@@ -42,6 +43,9 @@ func runDemo(ctx context.Context, args []string) error {
 	events := eventsFlag(fs)
 	kafkaDown := fs.Duration("kafka-down", 0, "make the embedded Kafka unreachable for this long once a third of the orders are in: with --events kafka,comandes.esdeveniments=rabbitmq inventari keeps taking stock meanwhile, with the orders on Kafka it stops; nothing is lost either way (default 0: never)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := alerts.check(*keep && *consoleAddr != "", "--keep-running (and --console)"); err != nil {
 		return err
 	}
 	evBroker, evTopics, err := system.ParseEvents(*events)
@@ -71,11 +75,7 @@ func runDemo(ctx context.Context, args []string) error {
 			if *consoleAddr == "" {
 				return func() {}, nil
 			}
-			if len(r.Brokers) == 0 {
-				fmt.Fprintf(progress, "  %-12s no: it indexes the dead letters of Kafka; read these with km0 dlq ls --queue %s.<consumidor>\n", "consola", r.DatabaseSuffix)
-				return func() {}, nil
-			}
-			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, progress, "km0 demo", demoLogger())
+			return systemConsole(ctx, r.System, *consoleAddr, r.DatabaseURL, r.DatabaseSuffix, r.Brokers, !*keepDB, alerts.rule(), progress, "km0 demo", demoLogger())
 		},
 		OnReport: func(r *demo.Report) {
 			report = r
@@ -107,7 +107,7 @@ func pick[T any](set bool, v, otherwise T) T {
 
 // runChaos runs km0 demo --chaos: progress on stderr, the report on stdout.
 func runChaos(ctx context.Context, set map[string]bool, cfg demo.ChaosConfig, asJSON bool) error {
-	for _, f := range []string{"keep-running", "keep-databases", "console"} {
+	for _, f := range []string{"keep-running", "keep-databases", "console", "max-lag", "max-age", "alert-for"} {
 		if set[f] {
 			return fmt.Errorf("--%s does not apply to --chaos", f)
 		}

@@ -168,6 +168,9 @@ func printLag(w io.Writer, s *lag.Snapshot) {
 		}
 	}
 	_ = tw.Flush()
+	for _, n := range s.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
 }
 
 // serveLag is km0 lag --serve: the lag exporter, and the lag alerts.

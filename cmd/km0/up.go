@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -72,9 +71,13 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
 	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	relayMode := fs.String("relay", system.RelayPolling, "how each service's relay finds its outbox rows: polling (claim them from the table) or cdc (stream the inserts from the WAL; the server needs wal_level = logical and the REPLICATION privilege; slots km0_<database>_outbox)")
-	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (dead letters indexed in km0_dlq on the --database-url server, lag, health; token $"+adminTokenEnv+")")
+	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+adminTokenEnv+")")
+	alerts := addAlertFlags(fs, "with --console")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := alerts.check(*consoleAddr != "", "--console"); err != nil {
 		return err
 	}
 	if strings.Trim(*dbSuffix, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
@@ -103,9 +106,6 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	cfg := system.Config{Events: evBroker, EventsByTopic: evTopics, AMQPURL: *amqpURL, EventsExchange: *eventsExchange, EventsQueuePrefix: *eventsPrefix}
 	if cfg.NeedsRabbitMQ() && cfg.AMQPURL == "" {
 		cfg.AMQPURL = amqp.URLDefault
-	}
-	if *consoleAddr != "" && !cfg.NeedsKafka() {
-		return errors.New("--console indexes the dead letters of Kafka: with every event on RabbitMQ, read them with km0 dlq ls --queue <group>")
 	}
 	var brokerList []string
 	switch {
@@ -161,7 +161,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		}
 	}
 	if *consoleAddr != "" {
-		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, os.Stdout, "km0 "+name, logger())
+		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, alerts.rule(), os.Stdout, "km0 "+name, logger())
 		if err != nil {
 			return err
 		}

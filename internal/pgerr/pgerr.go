@@ -65,6 +65,18 @@ func DataRefused(err error) bool {
 	return errors.As(err, &pe) && (class(pe.Code) == "22" || class(pe.Code) == "54")
 }
 
+// Integrity reports an integrity constraint violation (class 23) other than
+// a unique violation (23505): a foreign key, a check or a not-null refused
+// the value. A unique violation is left out: it usually means the work was
+// already done (a duplicate), which the caller decides.
+func Integrity(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && class(pe.Code) == "23" && pe.Code != UniqueViolation
+}
+
+// UniqueViolation is the SQLSTATE of a duplicate key.
+const UniqueViolation = "23505"
+
 // DataException reports a server error of class 22 only.
 func DataException(err error) bool {
 	var pe *pgconn.PgError

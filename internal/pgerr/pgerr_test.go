@@ -46,3 +46,16 @@ func TestClassification(t *testing.T) {
 		t.Errorf("Conflict of several = %q", got)
 	}
 }
+
+// An integrity violation is a refusal of the value, except a duplicate key.
+func TestIntegrity(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}) }
+	for code, want := range map[string]bool{"23503": true, "23514": true, "23502": true, "23505": false, "22021": false, "40001": false} {
+		if got := pgerr.Integrity(pg(code)); got != want {
+			t.Errorf("Integrity(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if pgerr.Integrity(errors.New("dial tcp: refused")) || pgerr.Integrity(nil) {
+		t.Error("Integrity of a non-server error")
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"embed"
 	"errors"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,6 +29,8 @@ const (
 	ConsumerCount = "analitica.comptadors"
 	// TypeOrderCreated is the event whose mercat is counted.
 	TypeOrderCreated = "comanda.creada"
+	// TypeOrderCancelled is the event whose motiu is counted.
+	TypeOrderCancelled = "comanda.cancellada"
 )
 
 //go:embed sql/*.sql
@@ -47,11 +51,23 @@ func New(pool *pgxpool.Pool) (*Service, error) {
 }
 
 // HandleEvent is the consumer.Handler of every event of every domain topic:
-// it adds one to the event's tipus and, for comanda.creada, to its mercat.
+// it adds one to the event's tipus and, for comanda.creada, to its mercat,
+// for comanda.cancellada, to its motiu.
 // Undecodable dades are counted under the tipus only; it never fails on data.
 func (s *Service) HandleEvent(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	if _, err := tx.Exec(ctx, `INSERT INTO comptadors_tipus (tipus, n) VALUES ($1, 1)
 		ON CONFLICT (tipus) DO UPDATE SET n = comptadors_tipus.n + 1`, m.Envelope.Type); err != nil {
+		return err
+	}
+	if m.Envelope.Type == TypeOrderCancelled {
+		var c struct {
+			Reason string `json:"motiu"`
+		}
+		if strictjson.Unmarshal(m.Envelope.Data, &c) != nil || c.Reason == "" || !storable(c.Reason) {
+			return nil
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO comptadors_cancellacio (motiu, n) VALUES ($1, 1)
+			ON CONFLICT (motiu) DO UPDATE SET n = comptadors_cancellacio.n + 1`, c.Reason)
 		return err
 	}
 	if m.Envelope.Type != TypeOrderCreated {
@@ -72,15 +88,18 @@ func (s *Service) HandleEvent(ctx context.Context, tx pgx.Tx, m *consumer.Messag
 type Counters struct {
 	PerType   map[string]int64 `json:"per_tipus"`
 	PerMarket map[string]int64 `json:"per_mercat"`
+	// PerCancelReason counts comanda.cancellada per motiu.
+	PerCancelReason map[string]int64 `json:"cancellacions_per_motiu"`
 }
 
 // Counters reads the counters.
 func (s *Service) Counters(ctx context.Context) (*Counters, error) {
-	c := &Counters{PerType: map[string]int64{}, PerMarket: map[string]int64{}}
+	c := &Counters{PerType: map[string]int64{}, PerMarket: map[string]int64{}, PerCancelReason: map[string]int64{}}
 	for _, q := range []struct {
 		sql string
 		out map[string]int64
-	}{{`SELECT tipus, n FROM comptadors_tipus`, c.PerType}, {`SELECT mercat, n FROM comptadors_mercat`, c.PerMarket}} {
+	}{{`SELECT tipus, n FROM comptadors_tipus`, c.PerType}, {`SELECT mercat, n FROM comptadors_mercat`, c.PerMarket},
+		{`SELECT motiu, n FROM comptadors_cancellacio`, c.PerCancelReason}} {
 		rows, err := s.pool.Query(ctx, q.sql)
 		if err != nil {
 			return nil, err
@@ -99,4 +118,9 @@ func (s *Service) Counters(ctx context.Context) (*Counters, error) {
 // Handler returns GET /analitica.
 func (s *Service) Handler() http.Handler {
 	return svc.GetJSON("/analitica", "no s'han pogut llegir els comptadors", func(ctx context.Context) (any, error) { return s.Counters(ctx) })
+}
+
+// storable reports whether PostgreSQL stores s as text: valid UTF-8, no NUL.
+func storable(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0) && len(s) <= 200
 }

@@ -51,3 +51,19 @@ func TestAmbiguousMarketIsNotCounted(t *testing.T) {
 		t.Fatalf("counters %+v %v: want 2 comanda.creada and no market", c, err)
 	}
 }
+
+// TestCountsCancellationsPerMotiu: 2 client, 1 estoc_insuficient; one
+// without motiu counts under its tipus only.
+func TestCountsCancellationsPerMotiu(t *testing.T) {
+	pool, _ := svctest.DB(t, analitica.Migrations)
+	s, _ := analitica.New(pool)
+	for _, motiu := range []string{"client", "estoc_insuficient", "client", ""} {
+		if err := svctest.Run(t, pool, s.HandleEvent, svctest.Message(t, "t", "comanda.cancellada", 1, map[string]any{"comanda_id": "P-2026-000001", "motiu": motiu})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := s.Counters(context.Background())
+	if err != nil || c.PerType["comanda.cancellada"] != 4 || c.PerCancelReason["client"] != 2 || c.PerCancelReason["estoc_insuficient"] != 1 || len(c.PerCancelReason) != 2 {
+		t.Fatalf("counters %+v %v", c, err)
+	}
+}

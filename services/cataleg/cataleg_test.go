@@ -59,3 +59,23 @@ func TestAmbiguousStockUpdateIsPermanent(t *testing.T) {
 		t.Fatalf("%d flags written", n)
 	}
 }
+
+// TestStockGivenBackByACancellationClearsTheFlag: cataleg follows a
+// cancellation through inventari's estoc.actualitzat (motiu cancellacio):
+// 3 units (low) back to 5 (not low).
+func TestStockGivenBackByACancellationClearsTheFlag(t *testing.T) {
+	pool, _ := svctest.DB(t, cataleg.Migrations)
+	s, _ := cataleg.New(pool)
+	for _, d := range []map[string]any{
+		{"producte": "formatge-curat", "abans": 5, "despres": 3, "motiu": "comanda", "comanda_id": "P-2026-000001"},
+		{"producte": "formatge-curat", "abans": 3, "despres": 5, "motiu": "cancellacio", "comanda_id": "P-2026-000001"},
+	} {
+		if err := svctest.Run(t, pool, s.HandleStockUpdated, svctest.Message(t, "inventari.esdeveniments", "estoc.actualitzat", 1, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := s.Flags(context.Background())
+	if err != nil || len(f) != 1 || f[0] != (cataleg.Flag{Product: "formatge-curat", Units: 5}) {
+		t.Fatalf("flags %+v %v, want formatge-curat 5 not low", f, err)
+	}
+}

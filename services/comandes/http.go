@@ -24,6 +24,7 @@ const maxKeyLen = 200
 //
 //	POST /comandes        create an order (201, 400 naming the field or the unknown product, 402, 409, 413, 415, 422, 503)
 //	GET  /comandes/{id}   read an order (200, 404)
+//	POST /comandes/{id}/cancellacio   cancel an order (200, the same body for a repeat; 400, 404, 413, 415, 503)
 //
 // Each request runs in a server span (tracing.HTTPHandler) that continues
 // the caller's W3C trace context: the order's comanda.creada carries it in
@@ -31,6 +32,7 @@ const maxKeyLen = 200
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /comandes", s.postOrder)
+	mux.HandleFunc("POST /comandes/{id}/cancellacio", s.postCancel)
 	mux.HandleFunc("GET /comandes/{id}", s.getOrder)
 	return tracing.HTTPHandler(mux)
 }
@@ -123,6 +125,9 @@ type OrderView struct {
 	TotalCents int64      `json:"import_centims"`
 	CreatedAt  time.Time  `json:"creat_en"`
 	PaidAt     *time.Time `json:"pagada_en,omitempty"`
+	// CancelledAt and CancelReason are set once the order is cancelled.
+	CancelledAt  *time.Time `json:"cancellada_en,omitempty"`
+	CancelReason *string    `json:"motiu_cancellacio,omitempty"`
 }
 
 func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
@@ -148,8 +153,9 @@ func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
 func (s *Service) Get(ctx context.Context, id string) (*OrderView, error) {
 	v := &OrderView{}
 	var city, postal *string
-	err := s.cfg.Pool.QueryRow(ctx, `SELECT id, client, mercat, estat, import_centims, ciutat, codi_postal, creat_en, pagada_en
-		FROM comandes WHERE id = $1`, id).Scan(&v.ID, &v.Client, &v.Market, &v.State, &v.TotalCents, &city, &postal, &v.CreatedAt, &v.PaidAt)
+	err := s.cfg.Pool.QueryRow(ctx, `SELECT id, client, mercat, estat, import_centims, ciutat, codi_postal, creat_en, pagada_en,
+		cancellada_en, motiu_cancellacio FROM comandes WHERE id = $1`, id).Scan(&v.ID, &v.Client, &v.Market, &v.State, &v.TotalCents, &city, &postal, &v.CreatedAt, &v.PaidAt,
+		&v.CancelledAt, &v.CancelReason)
 	if err != nil {
 		return nil, err
 	}

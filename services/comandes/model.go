@@ -28,6 +28,12 @@ const (
 	TypePaymentConfirmed = "pagament.confirmat"
 	// ConsumerPaymentConfirmed is the consumidor of the pagament.confirmat handler.
 	ConsumerPaymentConfirmed = "comandes.confirmacio_pagament"
+	// TypeCancelled is published when an order is cancelled.
+	TypeCancelled = "comanda.cancellada"
+	// TypeStockRefused is inventari's refusal of an order: comandes cancels it.
+	TypeStockRefused = "estoc.refusat"
+	// ConsumerStockRefused is the consumidor of the estoc.refusat handler.
+	ConsumerStockRefused = "comandes.refus_estoc"
 	// Aggregate is the outbox agregat of every event of this service.
 	Aggregate = "comanda"
 )

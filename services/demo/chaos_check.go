@@ -195,14 +195,21 @@ func (c *chaos) reconcile(ctx context.Context, plan []*planned, sub Submissions,
 		}
 	}
 
-	if err := c.checkStock(ctx, pools, plan, sub, restock, insufficient, dls, r); err != nil {
-		return err
-	}
-	paid, err := c.checkPayments(ctx, pools, orders, sub, dls, poisonAt, r)
+	comp, err := compensate(ctx, pools, plan, insufficient)
 	if err != nil {
 		return err
 	}
-	if err := c.checkDeliveries(ctx, pools, plan, sub, paid, dls, poisonAt, r); err != nil {
+	r.Compensation = comp
+	r.check("cancel·lades (pel client o per manca d'estoc): estoc retornat, reemborsament un cop, repartidor alliberat",
+		comp.ok() && sub.Cancelled == comp.ByReason[comandes.ReasonClient] && sub.CancelDiffers == 0, "%s; %d cancel·lacions del client respostes 200", comp, sub.Cancelled)
+	if err := c.checkStock(ctx, pools, plan, sub, restock, insufficient, comp.cancelled, dls, r); err != nil {
+		return err
+	}
+	paid, err := c.checkPayments(ctx, pools, orders, sub, comp, dls, poisonAt, r)
+	if err != nil {
+		return err
+	}
+	if err := c.checkDeliveries(ctx, pools, plan, sub, paid, comp, dls, poisonAt, r); err != nil {
 		return err
 	}
 	c.checkUnexpectedLetters(plan, dls, poisonAt, r)
@@ -282,7 +289,7 @@ func compareTopic(want map[string][]string, recs []*kgo.Record, tc *TopicCount) 
 }
 
 func (c *chaos) checkStock(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*planned, sub Submissions, restock map[string]int,
-	insufficient map[string]bool, dls []letter, r *ChaosReport) error {
+	insufficient, cancelled map[string]bool, dls []letter, r *ChaosReport) error {
 	final, err := scanPair[string, int](ctx, pools[inventari.Name], `SELECT producte, unitats FROM estoc`)
 	if err != nil {
 		return err
@@ -294,13 +301,14 @@ func (c *chaos) checkStock(ctx context.Context, pools map[string]*pgxpool.Pool, 
 	took := map[string]int{}
 	for k, n := range lines {
 		oid, prod, _ := strings.Cut(k, "/")
-		if !insufficient[oid] {
+		if !insufficient[oid] && !cancelled[oid] { // a cancelled order's units are given back
 			took[prod] += n
 		}
 	}
-	// What inventari says it applied: its own estoc.actualitzat events of motiu comanda.
+	// What inventari says it applied: its own estoc.actualitzat events of
+	// motiu comanda, less those of motiu cancellacio (units given back).
 	applied, err := scanPair[string, int](ctx, pools[inventari.Name], `SELECT carrega->>'producte', sum((carrega->>'abans')::int - (carrega->>'despres')::int)::int
-		FROM outbox WHERE tipus = 'estoc.actualitzat' AND carrega->>'motiu' = 'comanda' GROUP BY 1`)
+		FROM outbox WHERE tipus = 'estoc.actualitzat' AND carrega->>'motiu' IN ('comanda', 'cancellacio') GROUP BY 1`)
 	if err != nil {
 		return err
 	}
@@ -353,7 +361,7 @@ func (c *chaos) checkStock(ctx context.Context, pools map[string]*pgxpool.Pool, 
 
 // checkPayments: one payment and one gateway charge per accepted order, and
 // every one marked paid. It returns the paid orders.
-func (c *chaos) checkPayments(ctx context.Context, pools map[string]*pgxpool.Pool, orders map[string]chaosOrder, sub Submissions, dls []letter, poisonAt map[pos]bool, r *ChaosReport) (map[string]bool, error) {
+func (c *chaos) checkPayments(ctx context.Context, pools map[string]*pgxpool.Pool, orders map[string]chaosOrder, sub Submissions, comp *Compensation, dls []letter, poisonAt map[pos]bool, r *ChaosReport) (map[string]bool, error) {
 	type pay struct {
 		total int64
 		ref   string
@@ -395,7 +403,9 @@ func (c *chaos) checkPayments(ctx context.Context, pools map[string]*pgxpool.Poo
 		}
 		pm, ok := payments[oid]
 		if !ok {
-			ps.Unpaid++
+			if !comp.cancelled[oid] { // a cancelled order may never have been charged (Compensation)
+				ps.Unpaid++
+			}
 			continue
 		}
 		ch, ok := charges[oid]
@@ -404,7 +414,7 @@ func (c *chaos) checkPayments(ctx context.Context, pools map[string]*pgxpool.Poo
 		}
 	}
 	for oid := range charges {
-		if _, ok := payments[oid]; !ok {
+		if _, ok := payments[oid]; !ok && !comp.cancelled[oid] { // a cancelled order's: refunded (Compensation)
 			ps.ChargedTwice++ // a charge with no payment: outside the books
 		}
 	}
@@ -418,7 +428,8 @@ func (c *chaos) checkPayments(ctx context.Context, pools map[string]*pgxpool.Poo
 		}
 	}
 	r.check("un pagament i un cobrament a la passarel·la per comanda pagada; cada comanda pagada marcada pagada",
-		ps.Payments == sub.Accepted && ps.GatewayCharges == ps.Payments && ps.OrdersPaid == ps.Payments && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
+		ps.Payments == sub.Accepted-comp.NeverCharged-comp.ChargedUnbooked && ps.GatewayCharges == ps.Payments+comp.ChargedUnbooked &&
+			ps.OrdersPaid == ps.Payments-(comp.Charged-comp.ChargedUnbooked) && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
 		"%d acceptades, %d pagaments, %d cobraments, %d marcades pagades, %d sense pagar, %d imports o referències incorrectes, %d cobraments sobrers, %d a la DLQ de cobrament; %d crides repetides a la passarel·la absorbides",
 		sub.Accepted, ps.Payments, ps.GatewayCharges, ps.OrdersPaid, ps.Unpaid, ps.WrongAmount, ps.ChargedTwice, chargeDLQ, ps.GatewayReplays)
 	return paid, nil
@@ -427,7 +438,7 @@ func (c *chaos) checkPayments(ctx context.Context, pools map[string]*pgxpool.Poo
 // checkDeliveries: every paid order handled by repartiment: assigned,
 // rejected (city not covered) or dead-lettered for its schema (v1, no address).
 func (c *chaos) checkDeliveries(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*planned, sub Submissions, paid map[string]bool,
-	dls []letter, poisonAt map[pos]bool, r *ChaosReport) error {
+	comp *Compensation, dls []letter, poisonAt map[pos]bool, r *ChaosReport) error {
 	states, err := scanPair[string, string](ctx, pools[repartiment.Name], `SELECT comanda_id, estat FROM lliuraments`)
 	if err != nil {
 		return err
@@ -472,7 +483,7 @@ func (c *chaos) checkDeliveries(ctx context.Context, pools map[string]*pgxpool.P
 	}
 	extra := 0
 	for oid := range states {
-		if !paid[oid] {
+		if !paid[oid] && !comp.cancelled[oid] { // a cancelled order's row: Compensation
 			extra++
 		}
 	}
@@ -487,7 +498,7 @@ func (c *chaos) checkDeliveries(ctx context.Context, pools map[string]*pgxpool.P
 	r.Deliveries = map[string]int{repartiment.StateAssigned: count[repartiment.StateAssigned], repartiment.StatePending: count[repartiment.StatePending],
 		repartiment.StateRejected: count[repartiment.StateRejected], "dlq_esquema": len(schemaDLQ), "sense_lliurament": count["cap"]}
 	r.check("cada comanda pagada gestionada per repartiment (assignada, rebutjada per ciutat no coberta, o DLQ esquema si és versio 1)",
-		len(wrong) == 0 && extra == 0 && assignedEv == count[repartiment.StateAssigned] && rejectedEv == count[repartiment.StateRejected],
+		len(wrong) == 0 && extra == 0 && assignedEv == count[repartiment.StateAssigned]+comp.Released && rejectedEv == count[repartiment.StateRejected],
 		"%d pagades: %d assignades (%d repartiment.assignat), %d rebutjades (%d repartiment.rebutjat), %d a la DLQ esquema, %d lliuraments de comandes no pagades; no quadren: %v",
 		len(paid), count[repartiment.StateAssigned], assignedEv, count[repartiment.StateRejected], rejectedEv, len(schemaDLQ), extra, wrong)
 	return nil

@@ -24,15 +24,20 @@ var (
 	topicGroups = map[string][]string{
 		comandes.Topic:    {inventari.ConsumerDecrement, pagaments.ConsumerCharge, repartiment.ConsumerAssign, analitica.ConsumerCount},
 		pagaments.Topic:   {comandes.ConsumerPaymentConfirmed, analitica.ConsumerCount},
-		inventari.Topic:   {cataleg.ConsumerLowStock, analitica.ConsumerCount},
+		inventari.Topic:   {cataleg.ConsumerLowStock, comandes.ConsumerStockRefused, analitica.ConsumerCount},
 		repartiment.Topic: {analitica.ConsumerCount},
 	}
 	handledBy = map[string]string{
 		inventari.ConsumerDecrement: comandes.TypeCreated, pagaments.ConsumerCharge: comandes.TypeCreated,
 		repartiment.ConsumerAssign: repartiment.TypeOrderPaid, comandes.ConsumerPaymentConfirmed: comandes.TypePaymentConfirmed,
 		cataleg.ConsumerLowStock: cataleg.TypeStockUpdated, analitica.ConsumerCount: "",
+		// comandes.refus_estoc ignores what it does not handle and must move past it:
+		// any healthy record after a poison one, by its committed offset.
+		comandes.ConsumerStockRefused: "",
 	}
-	// inboxGroups record every processed key in missatges_processats.
+	// inboxGroups record every processed key in missatges_processats
+	// (comandes.refus_estoc too, but it ignores most records of its topic,
+	// which leave no key: it is checked by its committed offset).
 	inboxGroups = map[string]string{
 		inventari.ConsumerDecrement: inventari.Name, pagaments.ConsumerCharge: pagaments.Name,
 		repartiment.ConsumerAssign: repartiment.Name, comandes.ConsumerPaymentConfirmed: comandes.Name,

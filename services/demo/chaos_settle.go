@@ -24,11 +24,11 @@ import (
 // publishing are the services with an outbox.
 var publishing = []string{comandes.Name, inventari.Name, pagaments.Name, repartiment.Name}
 
-// chaosGroups are the consumer groups whose lag must reach 0: the six
-// domain consumers and, with authorisations, the request/reply servers.
+// chaosGroups are the consumer groups whose lag must reach 0: the
+// services' domain consumers and, with authorisations, the request/reply servers.
 func (c *chaos) chaosGroups() []string {
 	g := []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
-		repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock}
+		repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock, comandes.ConsumerStockRefused}
 	if !c.cfg.NoAuthorize && os.Getenv("KM0_AMQP_URL") == "" {
 		g = append(g, pagaments.AuthQueue+".servidor")
 	}

@@ -78,8 +78,14 @@ func TestChaosShortForm(t *testing.T) {
 	if o.Planned != 300 || o.Accepted != 294 || o.Invalid != 3 || o.Refused != 3 || o.Replayed != 30 || o.Unanswered != 0 || o.ReplayDiffers != 0 {
 		t.Errorf("orders: %+v", o)
 	}
-	if p := r.Payments; p.Payments != 294 || p.GatewayCharges != 294 || p.OrdersPaid != 294 || p.ChargedTwice != 0 {
-		t.Errorf("payments: %+v", p)
+	// Cancelled orders (the client's, and the cheese orders refused for
+	// stock) are compensated: charged ⇒ refunded, or never charged.
+	c := r.Compensation
+	if c == nil || o.Cancelled == 0 || c.ByReason["client"] != o.Cancelled || c.ByReason["estoc_insuficient"] == 0 || c.Owed != 0 || c.Charged != c.Refunded {
+		t.Errorf("cancellations %d, compensation %v", o.Cancelled, c)
+	} else if p := r.Payments; p.Payments != 294-c.NeverCharged-c.ChargedUnbooked || p.GatewayCharges != p.Payments+c.ChargedUnbooked ||
+		p.OrdersPaid != p.Payments-(c.Charged-c.ChargedUnbooked) || p.ChargedTwice != 0 {
+		t.Errorf("payments: %+v (%d cancelled orders charged, %d never charged)", p, c.Charged, c.NeverCharged)
 	}
 	if s := r.Stock[demo.Cheese]; s.Final != 1 || s.Catalog != 1 || !s.LowStock {
 		t.Errorf("cheese: %+v", s)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,16 +16,18 @@ import (
 type Submissions struct {
 	Planned       int `json:"planejades"`
 	Requests      int `json:"peticions"`
-	Accepted      int `json:"acceptades"`           // first 201 of each order
-	Replayed      int `json:"duplicats_absorbits"`  // answers replayed for a repeated Idempotency-Key
-	ReplayDiffers int `json:"duplicats_diferents"`  // a replay whose id_esdeveniment differs (must be 0)
-	Invalid       int `json:"rebutjades_validacio"` // 400
-	Refused       int `json:"rebutjades_pagament"`  // 402
-	Conflict      int `json:"conflictes"`           // 409
-	Unavailable   int `json:"no_disponible_503"`    // 503 answers (then retried with the same key)
-	Other         int `json:"altres"`               // anything else (must be 0)
-	Unexpected    int `json:"resultats_inesperats"` // a status other than the plan expects (must be 0)
-	Unanswered    int `json:"sense_resposta"`       // orders still without a final answer when the drive was cut short
+	Accepted      int `json:"acceptades"`              // first 201 of each order
+	Replayed      int `json:"duplicats_absorbits"`     // answers replayed for a repeated Idempotency-Key
+	ReplayDiffers int `json:"duplicats_diferents"`     // a replay whose id_esdeveniment differs (must be 0)
+	Invalid       int `json:"rebutjades_validacio"`    // 400
+	Refused       int `json:"rebutjades_pagament"`     // 402
+	Conflict      int `json:"conflictes"`              // 409
+	Unavailable   int `json:"no_disponible_503"`       // 503 answers (then retried with the same key)
+	Other         int `json:"altres"`                  // anything else (must be 0)
+	Unexpected    int `json:"resultats_inesperats"`    // a status other than the plan expects (must be 0)
+	Unanswered    int `json:"sense_resposta"`          // orders still without a final answer when the drive was cut short
+	Cancelled     int `json:"cancellades_pel_client"`  // POST /comandes/{id}/cancellacio answered 200 (twice each: the repeat answers the same)
+	CancelDiffers int `json:"cancellacions_diferents"` // a repeated cancellation answered another body (must be 0)
 
 	accepted map[string]string // order id → id_esdeveniment of its first answer
 }
@@ -162,6 +165,9 @@ func (d *driver) run(ctx context.Context, plan []*planned, clients int) Submissi
 						d.record(p, a)
 					}
 				}
+				if p.cancel && ctx.Err() == nil && answers[0].status == http.StatusCreated {
+					d.cancel(ctx, p)
+				}
 				if d.onOrder != nil {
 					d.onOrder(int(d.sent.Add(1)))
 				}
@@ -182,6 +188,74 @@ func (d *driver) run(ctx context.Context, plan []*planned, clients int) Submissi
 	}
 	close(work)
 	wg.Wait()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.res
+}
+
+// cancel posts the order's cancellation twice (a client that retries): both
+// must answer 200 with the same body. A 503 or a network error is retried.
+func (d *driver) cancel(ctx context.Context, p *planned) {
+	var bodies []string
+	for range 2 {
+		delay := 100 * time.Millisecond
+		for {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/comandes/"+p.order.ID+"/cancellacio", strings.NewReader(`{"motiu":"client"}`))
+			if err != nil {
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := d.client.Do(req)
+			if err == nil {
+				raw, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				d.mu.Lock()
+				d.res.Requests++
+				d.mu.Unlock()
+				if resp.StatusCode == http.StatusOK {
+					bodies = append(bodies, string(raw))
+					break
+				}
+				if resp.StatusCode != http.StatusServiceUnavailable {
+					d.mu.Lock()
+					d.res.Unexpected++
+					d.mu.Unlock()
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, 2*time.Second)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.res.Cancelled++
+	if bodies[0] != bodies[1] {
+		d.res.CancelDiffers++
+	}
+}
+
+// cancelLate cancels the planned late cancellations of the accepted orders.
+func (d *driver) cancelLate(ctx context.Context, plan []*planned) int {
+	n := 0
+	for _, p := range plan {
+		d.mu.Lock()
+		_, ok := d.res.accepted[p.order.ID]
+		d.mu.Unlock()
+		if p.late && ok && ctx.Err() == nil {
+			d.cancel(ctx, p)
+			n++
+		}
+	}
+	return n
+}
+
+// result returns the submissions so far.
+func (d *driver) result() Submissions {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.res

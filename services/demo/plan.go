@@ -38,6 +38,8 @@ type planned struct {
 	cheese    bool   // asks for formatge-curat
 	uncovered bool   // delivery city not covered
 	legacy    bool   // no address: comanda.creada / comanda.pagada versio 1
+	cancel    bool   // cancelled by the client right after its 201
+	late      bool   // cancelled once the system has settled: paid, assigned a courier
 }
 
 // Scenario rules, by order number.
@@ -47,6 +49,18 @@ func isCheese(n int) bool    { return n%25 == 3 }
 func isUncovered(n int) bool { return n%40 == 7 }
 func isLegacy(n int) bool    { return n%30 == 11 && !isUncovered(n) }
 func isRefused(n int) bool   { return n%101 == 17 }
+
+// isCancelled: the client cancels these orders right after the 201, while
+// their consumers are still at work on the creation. n%34 == 17 are orders
+// whose first charge attempt fails (gatewayFails): their cancellation is
+// handled while the charge waits for its retry. Cheese, uncovered and legacy
+// orders are not cancelled by the client (their own outcomes are checked
+// apart; a cheese order refused for stock is cancelled by the compensation).
+func isCancelled(n int) bool { return n%19 == 4 || n%34 == 17 }
+
+// isCancelledLate: the client cancels these once everything settled (paid,
+// courier assigned): the courier is released, the charge refunded.
+func isCancelledLate(n int) bool { return n%53 == 9 }
 
 // GatewayFails: the gateway answers 503 to the first charge attempt of these orders.
 func gatewayFails(n, attempt int) bool { return attempt == 1 && n%17 == 0 }
@@ -97,6 +111,9 @@ func makePlan(n int, seed uint64, run string, authorize bool) []*planned {
 		default:
 			o.Address = &comandes.Address{City: strings.ToUpper(market[:1]) + market[1:], PostalCode: postcode[market]}
 		}
+		normal := !p.invalid && !p.refused && !p.cheese && !p.uncovered && !p.legacy && !p.duplicate
+		p.cancel = isCancelled(num) && normal
+		p.late = isCancelledLate(num) && normal && !p.cancel
 		p.order = o
 		p.body, _ = json.Marshal(o)
 		out = append(out, p)

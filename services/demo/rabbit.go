@@ -29,8 +29,9 @@ import (
 // rabbit is the demo's view of the domain events that travel over
 // RabbitMQ: the run's own exchange and queue prefix (so that runs sharing a
 // broker never read each other's events), and one audit queue per topic,
-// bound to every shard of it, which keeps a copy of everything the relays
-// published: what reading a Kafka topic from the start gives.
+// bound with the topic name as a program of another language would bind
+// it, which keeps a copy of everything the relays published: what reading
+// a Kafka topic from the start gives.
 type rabbit struct {
 	conn     *amqp.Conn
 	exchange string
@@ -51,7 +52,7 @@ func newRabbit(ctx context.Context, url, run string, topics []string, log *slog.
 		q := r.prefix + "auditoria." + t
 		r.audit[t] = q
 		topo.Queues = append(topo.Queues, amqp.Queue{Name: q, Durable: true})
-		topo.Bindings = append(topo.Bindings, amqp.Binding{Queue: q, Exchange: r.exchange, Key: t + ".*"})
+		topo.Bindings = append(topo.Bindings, amqp.Binding{Queue: q, Exchange: r.exchange, Key: t}) // the topic name, as any reader binds
 	}
 	if err := conn.Declare(ctx, topo); err != nil {
 		_ = conn.Close()

@@ -38,6 +38,7 @@ type Report struct {
 	Payments     PaymentSummary           `json:"pagaments"`
 	Deliveries   map[string]int           `json:"lliuraments"`
 	Analytics    *analitica.Counters      `json:"analitica,omitempty"`
+	Compensation *Compensation            `json:"compensacio,omitempty"`
 	Restarts     map[string]int           `json:"reinicis"`
 	Injected     map[string]bool          `json:"fallades_injectades"` // which injected failures fired (relay, consumidor, cobrament)
 	KafkaOutage  *KafkaOutage             `json:"kafka_caigut,omitempty"`
@@ -230,13 +231,24 @@ func reconcile(ctx context.Context, sys *system.System, ev *eventLog, plan []*pl
 		r.Consumers[g] = ConsumerCount{Stats: st, Restarts: r.Restarts["consumer "+g]}
 	}
 
-	if err := reconcileStock(ctx, sys, plan, sub, restock, dlqBy(inventari.ConsumerDecrement, "permanent: "+inventari.ErrInsufficient.Error()), dls, r); err != nil {
+	insufficient := dlqBy(inventari.ConsumerDecrement, "permanent: "+inventari.ErrInsufficient.Error())
+	pools := map[string]*pgxpool.Pool{}
+	for _, name := range []string{comandes.Name, inventari.Name, pagaments.Name, repartiment.Name} {
+		pools[name] = sys.Pool(name)
+	}
+	comp, err := compensate(ctx, pools, plan, insufficient)
+	if err != nil {
 		return err
 	}
-	if err := reconcilePayments(ctx, sys, orders, sub, dls, r); err != nil {
+	r.Compensation = comp
+	r.checkCancellations(plan, sub, insufficient, comp)
+	if err := reconcileStock(ctx, sys, plan, sub, restock, insufficient, comp.cancelled, dls, r); err != nil {
 		return err
 	}
-	if err := reconcileDeliveries(ctx, sys, plan, orders, sub, dlqBy, r); err != nil {
+	if err := reconcilePayments(ctx, sys, orders, sub, comp, dls, r); err != nil {
+		return err
+	}
+	if err := reconcileDeliveries(ctx, sys, plan, orders, sub, comp, dlqBy, r); err != nil {
 		return err
 	}
 	if sys.Analitica != nil {
@@ -260,7 +272,7 @@ func (r *Report) checkInjectedFailures(duplicates int64) {
 		relay, inventari.ConsumerDecrement, cons, duplicates, r.Injected["cobrament"])
 }
 
-func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, sub Submissions, restock map[string]int, insufficient map[string]bool, dls []deadLetter, r *Report) error {
+func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, sub Submissions, restock map[string]int, insufficient, cancelled map[string]bool, dls []deadLetter, r *Report) error {
 	ip := sys.Pool(inventari.Name)
 	final, err := sys.Inventari.Stock(ctx)
 	if err != nil {
@@ -279,7 +291,7 @@ func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, su
 	took := map[string]int{}
 	for k, n := range accepted {
 		id, prod, _ := strings.Cut(k, "/")
-		if !insufficient[id] {
+		if !insufficient[id] && !cancelled[id] { // a cancelled order's units are given back
 			took[prod] += n
 		}
 	}
@@ -349,7 +361,7 @@ func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, su
 	return nil
 }
 
-func reconcilePayments(ctx context.Context, sys *system.System, orders map[string][2]any, sub Submissions, dls []deadLetter, r *Report) error {
+func reconcilePayments(ctx context.Context, sys *system.System, orders map[string][2]any, sub Submissions, comp *Compensation, dls []deadLetter, r *Report) error {
 	payments, err := sys.Pagaments.Payments(ctx)
 	if err != nil {
 		return err
@@ -365,7 +377,9 @@ func reconcilePayments(ctx context.Context, sys *system.System, orders map[strin
 		}
 		p, ok := payments[id]
 		if !ok {
-			ps.Unpaid++
+			if !comp.cancelled[id] { // a cancelled order may never have been charged (Compensation)
+				ps.Unpaid++
+			}
 			continue
 		}
 		c, ok := charges[pagaments.ChargeKey(id)]
@@ -374,7 +388,8 @@ func reconcilePayments(ctx context.Context, sys *system.System, orders map[strin
 		}
 	}
 	for key := range charges {
-		if _, ok := payments[strings.TrimPrefix(key, "cobrament-")]; !ok {
+		id := strings.TrimPrefix(key, "cobrament-")
+		if _, ok := payments[id]; !ok && !comp.cancelled[id] { // a cancelled order's: refunded (Compensation)
 			ps.ChargedTwice++ // a charge with no payment record: charged outside the books
 		}
 	}
@@ -388,20 +403,33 @@ func reconcilePayments(ctx context.Context, sys *system.System, orders map[strin
 		}
 	}
 	r.check("cada comanda pagada cobrada exactament una vegada a la passarel·la",
-		ps.Payments == sub.Accepted && ps.GatewayCharges == ps.Payments && ps.OrdersPaid == ps.Payments && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
-		"%d acceptades, %d pagaments, %d cobraments a la passarel·la (una clau cobrament-<id> cadascun), %d comandes pagades, %d sense pagar, %d imports o referències incorrectes, %d cobraments sense registre; la passarel·la va fallar %d cop(s), es va penjar %d cop(s) i va repetir %d resposta(es)",
-		sub.Accepted, ps.Payments, ps.GatewayCharges, ps.OrdersPaid, ps.Unpaid, ps.WrongAmount, ps.ChargedTwice, ps.GatewayFailures, ps.GatewayHangs, ps.GatewayReplays)
+		ps.Payments == sub.Accepted-comp.NeverCharged-comp.ChargedUnbooked && ps.GatewayCharges == ps.Payments+comp.ChargedUnbooked &&
+			ps.OrdersPaid == ps.Payments-(comp.Charged-comp.ChargedUnbooked) && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
+		"%d acceptades (%d cancel·lades abans del cobrament), %d pagaments, %d cobraments a la passarel·la (una clau cobrament-<id> cadascun), %d comandes pagades (%d cobrades i cancel·lades), %d sense pagar, %d imports o referències incorrectes, %d cobraments sense registre; la passarel·la va fallar %d cop(s), es va penjar %d cop(s) i va repetir %d resposta(es)",
+		sub.Accepted, comp.NeverCharged, ps.Payments, ps.GatewayCharges, ps.OrdersPaid, comp.Charged, ps.Unpaid, ps.WrongAmount, ps.ChargedTwice, ps.GatewayFailures, ps.GatewayHangs, ps.GatewayReplays)
 	return nil
 }
 
-func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planned, orders map[string][2]any, sub Submissions, dlqBy func(group, reason string) map[string]bool, r *Report) error {
-	sum, err := sys.Repartiment.Summary(ctx)
+func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planned, orders map[string][2]any, sub Submissions, comp *Compensation, dlqBy func(group, reason string) map[string]bool, r *Report) error {
+	rp := sys.Pool(repartiment.Name)
+	states, err := scanPair[string, string](ctx, rp, `SELECT comanda_id, estat FROM lliuraments`)
 	if err != nil {
 		return err
 	}
-	rp := sys.Pool(repartiment.Name)
+	// Per paid order (a cancelled one is reconciled by Compensation).
+	sum := map[string]int{}
+	for id, o := range orders {
+		if o[0] == "pagada" && states[id] != "" {
+			sum[states[id]]++
+		}
+	}
 	notCovered := dlqBy(repartiment.ConsumerAssign, "permanent: "+repartiment.ReasonNotCovered)
 	schema := dlqBy(repartiment.ConsumerAssign, "permanent: "+repartiment.ReasonSchema)
+	for id := range schema {
+		if comp.cancelled[id] {
+			delete(schema, id)
+		}
+	}
 	alerts, err := countOf(ctx, rp, `SELECT count(*) FROM alertes`)
 	if err != nil {
 		return err
@@ -417,6 +445,7 @@ func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planne
 	r.Deliveries = map[string]int{
 		repartiment.StateAssigned: sum[repartiment.StateAssigned], repartiment.StatePending: sum[repartiment.StatePending],
 		repartiment.StateRejected: sum[repartiment.StateRejected], "dlq_esquema": len(schema), "alertes": alerts,
+		repartiment.StateCancelled: comp.Released,
 	}
 	wantUncovered, wantLegacy := 0, 0
 	for _, p := range plan {
@@ -443,8 +472,8 @@ func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planne
 		"%d comandes a %s, %d rebutjades, %d a la DLQ, %d esdeveniments repartiment.rebutjat", wantUncovered, UncoveredCity, rej, len(notCovered), rejectedEv)
 	r.check("versio 1 sense adreça: DLQ esquema + alerta", len(schema) == wantLegacy && alerts >= wantLegacy,
 		"%d comandes sense adreça, %d a la DLQ esquema, %d alertes", wantLegacy, len(schema), alerts)
-	r.check("repartidors assignats un cop i cap lliurament pendent", assignedEv == a && pend == 0,
-		"%d assignades, %d esdeveniments repartiment.assignat, %d pendents", a, assignedEv, pend)
+	r.check("repartidors assignats un cop i cap lliurament pendent", assignedEv == a+comp.Released && pend == 0,
+		"%d assignades + %d alliberades per cancel·lació, %d esdeveniments repartiment.assignat, %d pendents", a, comp.Released, assignedEv, pend)
 	return nil
 }
 
@@ -477,8 +506,11 @@ func (r *Report) Print(w io.Writer) {
 	d := r.Deliveries
 	fmt.Fprintf(w, "Lliuraments: %d assignats · %d pendents · %d rebutjats (ciutat no coberta) · %d a la DLQ d'esquema (%d alertes)\n",
 		d[repartiment.StateAssigned], d[repartiment.StatePending], d[repartiment.StateRejected], d["dlq_esquema"], d["alertes"])
+	if c := r.Compensation; c != nil {
+		fmt.Fprintf(w, "Cancel·lacions: %s\n", c)
+	}
 	if r.Analytics != nil {
-		fmt.Fprintf(w, "Analitica (at-most-once): per tipus %v · per mercat %v\n", r.Analytics.PerType, r.Analytics.PerMarket)
+		fmt.Fprintf(w, "Analitica (at-most-once): per tipus %v · per mercat %v · cancel·lacions per motiu %v\n", r.Analytics.PerType, r.Analytics.PerMarket, r.Analytics.PerCancelReason)
 	}
 	if k := r.KafkaOutage; k != nil {
 		fmt.Fprintf(w, "Kafka caigut %.0f s (inventari llegeix de %s): %d esdeveniments d'estoc escrits durant la caiguda · pendents en tornar: outbox d'inventari %d, de comandes %d\n",
@@ -542,6 +574,31 @@ func acceptedCheeseOrders(plan []*planned, sub Submissions) int {
 		}
 	}
 	return n
+}
+
+// checkCancellations: the client's cancellations answered 200 (the repeat
+// the same body), and every cancelled order, the client's and those the
+// compensation cancelled for lack of stock, is compensated: stock given
+// back, charge refunded once (or never made), courier released.
+func (r *Report) checkCancellations(plan []*planned, sub Submissions, refused map[string]bool, c *Compensation) {
+	planned, inRetry, late := 0, 0, 0
+	for _, p := range plan {
+		if _, ok := sub.accepted[p.order.ID]; ok && (p.cancel || p.late) {
+			planned++
+			if p.cancel && gatewayFails(p.num, 1) {
+				inRetry++
+			}
+			if p.late {
+				late++
+			}
+		}
+	}
+	r.check("cancel·lacions del client: 200 i la repetició respon el mateix", sub.Cancelled == planned && sub.CancelDiffers == 0 && c.ByReason[comandes.ReasonClient] == planned && inRetry > 0 && c.Released >= late,
+		"%d previstes (%d just després del 201, %d d'elles amb el primer cobrament fallit: cancel·lades amb el cobrament en reintent; %d ja pagades i assignades: %d repartidors alliberats), %d respostes 200 ×2, %d repeticions diferents, %d comandes cancel·lades pel client",
+		planned, planned-late, inRetry, late, c.Released, sub.Cancelled, sub.CancelDiffers, c.ByReason[comandes.ReasonClient])
+	r.check("refusades per estoc: cancel·lades (estoc_insuficient) i reemborsades", c.RefusedNotCancelled == 0 && c.ByReason[inventari.ErrInsufficient.Error()] == len(refused),
+		"%d refusades per estoc, %d cancel·lades per estoc_insuficient, %d sense cancel·lar", len(refused), c.ByReason[inventari.ErrInsufficient.Error()], c.RefusedNotCancelled)
+	r.check("cancel·lades: estoc retornat, reemborsament un cop, repartidor alliberat", c.ok(), "%s", c)
 }
 
 // brokerName is the display name of a system.Events broker.

@@ -83,7 +83,7 @@ func TestOnlyCheeseRunsOutFailsWhenNoCheeseWasServed(t *testing.T) {
 			motiu: "permanent: estoc_insuficient: " + Cheese + " (en queden 5, se'n demanen 2)", orderID: id})
 	}
 	r := &Report{}
-	if err := reconcileStock(ctx, sys, plan, sub, nil, insufficient, dls, r); err != nil {
+	if err := reconcileStock(ctx, sys, plan, sub, nil, insufficient, nil, dls, r); err != nil {
 		t.Fatal(err)
 	}
 	if s := r.Stock[Cheese]; s.Final != 5 || s.Accepted != 0 {
@@ -122,7 +122,7 @@ func TestCatalogInvariantFailsWhenTheCatalogMissesAProduct(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &Report{}
-	if err := reconcileStock(ctx, sys, nil, Submissions{accepted: map[string]string{}}, map[string]int{"carbasso": 3}, map[string]bool{}, nil, r); err != nil {
+	if err := reconcileStock(ctx, sys, nil, Submissions{accepted: map[string]string{}}, map[string]int{"carbasso": 3}, map[string]bool{}, nil, nil, r); err != nil {
 		t.Fatal(err)
 	}
 	if inv := invariant(t, r, "estoc final = inicial + reposat − acceptat"); !inv.OK {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -139,8 +140,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		DatabaseURL: server.URL, DatabaseSuffix: "demo_" + run, AMQPURL: cfg.AMQPURL, Authorize: !cfg.NoAuthorize,
 		Events: cfg.Events, EventsByTopic: cfg.EventsByTopic,
 		GatewayFaults: passarella.Faults{
-			Fail:    func(key string, attempt int) bool { return gatewayFails(orderNum(key), attempt) },
-			Hang:    func(key string, attempt int) bool { return gatewayHangs(orderNum(key), attempt) },
+			// Charges only: a refund is asked while its order's charge may
+			// be waiting for the retry these faults cause.
+			Fail: func(key string, attempt int) bool {
+				return strings.HasPrefix(key, "cobrament-") && gatewayFails(orderNum(key), attempt)
+			},
+			Hang: func(key string, attempt int) bool {
+				return strings.HasPrefix(key, "cobrament-") && gatewayHangs(orderNum(key), attempt)
+			},
 			HangFor: 1500 * time.Millisecond,
 		},
 		GatewayTimeout: 500 * time.Millisecond,
@@ -240,7 +247,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			out.start(ctx)
 		}
 	}
-	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
+	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més que es cancel·la i es reemborsa, cancel·lacions, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
 	sub := d.run(ctx, plan, cfg.Clients)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -263,6 +270,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		report.RequestReply += " (autoritzacions desactivades)"
 	}
 	settled, why := settle(ctx, sys, ev, cfg.SettleTimeout, say)
+	if settled {
+		// Orders paid and assigned a courier, cancelled now: the courier is
+		// released and the charge refunded.
+		n := d.cancelLate(ctx, plan)
+		say("%d comandes ja pagades i assignades, cancel·lades; esperant que el sistema s'assenti", n)
+		sub = d.result()
+		settled, why = settle(ctx, sys, ev, cfg.SettleTimeout, say)
+	}
 	report.check("sistema assentat (outbox buits, lag 0, cap lliurament pendent)", settled, "%s", why)
 	report.Injected = inject.fired() // after settling: the charge may fire late
 	if err := reconcile(ctx, sys, ev, plan, sub, restock, report); err != nil {
@@ -311,7 +326,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 func settle(ctx context.Context, sys *system.System, ev *eventLog, timeout time.Duration, say func(string, ...any)) (bool, string) {
 	deadline := time.Now().Add(timeout)
 	var groups []string
-	for _, g := range []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
+	for _, g := range []string{comandes.ConsumerPaymentConfirmed, comandes.ConsumerStockRefused, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
 		repartiment.ConsumerAssign, "analitica.comptadors", "cataleg.estoc_baix"} {
 		if ev.onKafka(g) {
 			groups = append(groups, g)

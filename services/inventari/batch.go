@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/tracing"
 )
 
@@ -29,45 +30,75 @@ const (
 )
 
 // HandleOrdersCreated is the consumer.BatchOutcomeHandler of comanda.creada
-// (consumidor ConsumerDecrement); wire it as consumer.Config.HandleBatchOutcomes.
-// In the consumer's transaction, which also holds the messages' idempotency
-// keys, it
+// and comanda.cancellada (consumidor ConsumerDecrement); wire it as
+// consumer.Config.HandleBatchOutcomes. In the consumer's transaction, which
+// also holds the messages' idempotency keys, it
 //
 //  1. decodes every order and sums its lines per product;
-//  2. locks the estoc rows of all the batch's products at once, in product
+//  2. takes the batch's orders' advisory locks in comanda_id order (an
+//     order's row of comandes_estoc, what inventari did for it, may not
+//     exist yet) and reads their rows;
+//  3. locks the estoc rows of all the batch's products at once (those the
+//     orders ask for and those the cancellations give back), in product
 //     order (SELECT … ORDER BY producte FOR UPDATE), so concurrent batches
 //     never wait for each other's rows in opposite orders and cannot
 //     deadlock; a batch waits for another only until that one commits;
-//  3. applies the orders in memory in message order: an order is served
-//     whole (every line from the stock left by the orders before it) or
-//     refused whole, on its own;
-//  4. writes the stock of every product served with one UPDATE … FROM
-//     unnest, and one estoc.actualitzat per (order, product) with one
+//  4. applies the messages in memory in message order: an order is served
+//     whole (every line from the stock left by the messages before it) or
+//     refused whole, on its own; a cancellation gives back exactly what its
+//     order took (nothing if it was refused), and one that comes before its
+//     order leaves a tombstone: the order then takes nothing;
+//  5. writes the stock of every product changed with one UPDATE … FROM
+//     unnest, the orders' rows with one more, one estoc.actualitzat per
+//     (message, product) and one estoc.refusat per refused order with one
 //     outbox.EnqueueBatch. Per product the events are in message order and
 //     chain: each abans is the previous despres.
 //
-// The outbox trigger takes a per-product advisory lock for each event; a
+// The outbox trigger takes a per-aggregate advisory lock for each event; a
 // transaction writes product p's events only while it holds p's estoc row
-// lock, so no inventari transaction ever waits on those locks (two products
-// whose agregat_id hash the same are the exception, and a deadlock between
-// them is rerun in place by the consumer).
+// lock (and an order's refusal only while it holds the order's lock), so no
+// inventari transaction ever waits on those locks (two aggregates whose
+// agregat_id hash the same are the exception, and a deadlock between them is
+// rerun in place by the consumer).
 //
 // A refused order's outcome is outcome.Permanent: "esquema: …" for bad data,
 // "estoc_insuficient: …" (ErrInsufficient) or "producte_desconegut: …"
-// (ErrUnknownProduct); it wrote nothing, and the consumer deletes its key and
-// dead-letters it. A database error fails the batch.
+// (ErrUnknownProduct). Bad data writes nothing; a stock refusal writes only
+// the order's row (refusada) and estoc.refusat, the compensation's first step
+// (comandes cancels the order, pagaments refunds it); the consumer deletes
+// the message's key and dead-letters it. A refused order replayed from the
+// DLQ is refused again with its first motiu and publishes nothing more. A
+// database error fails the batch.
 func (s *Service) HandleOrdersCreated(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) ([]error, error) {
 	outcomes := make([]error, len(msgs))
 	orders := make([]order, len(msgs))
-	var products []string
+	var ids, products []string
 	for i, m := range msgs {
-		o, err := decodeOrder(m)
+		var (
+			o   order
+			err error
+		)
+		if m.Envelope.Type == TypeOrderCancelled {
+			o, err = decodeCancel(m)
+		} else {
+			o, err = decodeOrder(m)
+		}
 		if err != nil {
 			outcomes[i] = err
 			continue
 		}
 		orders[i] = o
+		ids = append(ids, o.id)
 		for _, l := range o.lines {
+			products = append(products, l.Product)
+		}
+	}
+	recs, err := lockOrders(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range recs {
+		for _, l := range r.lines {
 			products = append(products, l.Product)
 		}
 	}
@@ -87,34 +118,61 @@ func (s *Service) HandleOrdersCreated(ctx context.Context, tx pgx.Tx, msgs []*co
 			return nil, fmt.Errorf("inventari: lock estoc: %w", err)
 		}
 	}
-	taken := map[string]int{}
+	taken := map[string]int{} // net units taken per product (negative: given back)
 	var events []*outbox.Event
+	// Each event continues the trace of its own message, not the batch's.
+	change := func(i int, o order, l Line, delta int, reason string) {
+		before := stock[l.Product]
+		stock[l.Product] = before - delta
+		taken[l.Product] += delta
+		events = append(events, &outbox.Event{Aggregate: Aggregate, AggregateID: l.Product, Type: TypeStockUpdated,
+			Payload: StockUpdated{Product: l.Product, Before: before, After: before - delta, Reason: reason, OrderID: o.id},
+			Headers: tracing.Headers(msgs[i].Context())})
+	}
 	for i, o := range orders {
 		if outcomes[i] != nil {
 			continue
 		}
+		r := recs[o.id]
+		if o.cancel {
+			switch r.state {
+			case stateServed:
+				for _, l := range r.lines {
+					change(i, o, l, -l.Quantity, ReasonCancel)
+				}
+				r.state, r.restored, r.dirty = stateCancelled, true, true
+			case statePending, stateRefused:
+				r.state, r.dirty = stateCancelled, true // a tombstone, or a refused order: nothing to give back
+			}
+			continue
+		}
+		switch r.state {
+		case stateCancelled, stateServed:
+			continue // cancelled first: take nothing; served already (another event of the order): nothing more
+		case stateRefused:
+			outcomes[i] = refusedAgain(r.reason)
+			continue
+		}
 		if err := check(stock, o.lines); err != nil {
 			outcomes[i] = err
+			r.state, r.reason, r.dirty = stateRefused, clip(err.Error()), true
+			reason, detail, _ := strings.Cut(r.reason, ": ")
+			events = append(events, &outbox.Event{Aggregate: AggregateOrder, AggregateID: o.id, Type: TypeStockRefused,
+				Payload: StockRefused{OrderID: o.id, Reason: reason, Detail: detail}, Headers: tracing.Headers(msgs[i].Context())})
 			continue
 		}
 		for _, l := range o.lines {
-			before := stock[l.Product]
-			stock[l.Product] = before - l.Quantity
-			taken[l.Product] += l.Quantity
-			// Headers: each event continues the trace of its own order's
-			// message, not the batch's.
-			events = append(events, &outbox.Event{Aggregate: Aggregate, AggregateID: l.Product, Type: TypeStockUpdated,
-				Payload: StockUpdated{Product: l.Product, Before: before, After: before - l.Quantity, Reason: ReasonOrder, OrderID: o.id},
-				Headers: tracing.Headers(msgs[i].Context())})
+			change(i, o, l, l.Quantity, ReasonOrder)
+		}
+		r.state, r.lines, r.dirty = stateServed, o.lines, true
+	}
+	ps, qs := make([]string, 0, len(taken)), make([]int32, 0, len(taken))
+	for _, p := range products {
+		if q, ok := taken[p]; ok && q != 0 {
+			ps, qs = append(ps, p), append(qs, int32(q)) // |q| <= an INTEGER stock
 		}
 	}
-	if len(taken) > 0 {
-		ps, qs := make([]string, 0, len(taken)), make([]int32, 0, len(taken))
-		for _, p := range products {
-			if q, ok := taken[p]; ok {
-				ps, qs = append(ps, p), append(qs, int32(q)) // q <= the stock read, an INTEGER
-			}
-		}
+	if len(ps) > 0 {
 		tag, err := tx.Exec(ctx, takeStock, ps, qs)
 		if err != nil {
 			return nil, fmt.Errorf("inventari: take estoc: %w", err)
@@ -122,6 +180,11 @@ func (s *Service) HandleOrdersCreated(ctx context.Context, tx pgx.Tx, msgs []*co
 		if tag.RowsAffected() != int64(len(ps)) {
 			return nil, fmt.Errorf("inventari: take estoc: %d rows updated, want %d", tag.RowsAffected(), len(ps))
 		}
+	}
+	if err := writeOrders(ctx, tx, recs); err != nil {
+		return nil, err
+	}
+	if len(events) > 0 {
 		if err := s.cfg.Outbox.EnqueueBatch(ctx, tx, events); err != nil {
 			return nil, err
 		}
@@ -132,8 +195,9 @@ func (s *Service) HandleOrdersCreated(ctx context.Context, tx pgx.Tx, msgs []*co
 // order is a decoded comanda.creada: its id and its lines summed per
 // product, in product order.
 type order struct {
-	id    string
-	lines []Line
+	id     string
+	lines  []Line
+	cancel bool // comanda.cancellada: no lines
 }
 
 func decodeOrder(m *consumer.Message) (order, error) {
@@ -143,6 +207,9 @@ func decodeOrder(m *consumer.Message) (order, error) {
 	}
 	if o.ID == "" || len(o.Lines) == 0 {
 		return order{}, outcome.Permanentf("esquema: comanda.creada sense id o sense linies")
+	}
+	if err := requestreply.CheckID("esquema: comanda.creada: id", o.ID, 0); err != nil {
+		return order{}, err
 	}
 	lines, err := sumLines(o.Lines)
 	if err != nil {

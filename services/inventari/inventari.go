@@ -38,12 +38,20 @@ const (
 	TypeStockUpdated = "estoc.actualitzat"
 	// TypeOrderCreated is the event it consumes.
 	TypeOrderCreated = "comanda.creada"
+	// TypeOrderCancelled is consumed by the same consumer: it gives back the
+	// stock its order took.
+	TypeOrderCancelled = "comanda.cancellada"
+	// TypeStockRefused is published once per order refused for stock: the
+	// compensation's first step (comandes cancels the order).
+	TypeStockRefused = "estoc.refusat"
 	// ConsumerDecrement is the consumidor of the comanda.creada handler.
 	ConsumerDecrement = "inventari.descompte_estoc"
 	// ConsumerReserve is the consumidor under which ReservarEstoc records id_reserva.
 	ConsumerReserve = "inventari.reserva"
-	// Aggregate is the outbox agregat; agregat_id is the product.
+	// Aggregate is the outbox agregat of estoc.actualitzat; agregat_id is the product.
 	Aggregate = "producte"
+	// AggregateOrder is the agregat of estoc.refusat; agregat_id is the order.
+	AggregateOrder = "comanda"
 	// ReserveQueue is the request/reply service name of ReservarEstoc.
 	ReserveQueue = "inventari.reserves"
 )
@@ -53,6 +61,7 @@ const (
 	ReasonOrder   = "comanda"
 	ReasonReserve = "reserva"
 	ReasonRestock = "reposicio"
+	ReasonCancel  = "cancellacio" // stock given back by a cancelled order
 )
 
 //go:embed sql/*.sql
@@ -128,8 +137,11 @@ type orderCreated struct {
 	Lines []Line `json:"linies"`
 }
 
-// HandleOrderCreated is the consumer.Handler of comanda.creada (consumidor
-// ConsumerDecrement): HandleOrdersCreated on a batch of one. In the
+// HandleOrderCreated is the consumer.Handler of comanda.creada and
+// comanda.cancellada (consumidor ConsumerDecrement): HandleOrdersCreated on a
+// batch of one. As a Handler its refusal rolls back the transaction, and
+// estoc.refusat with it: wire HandleOrdersCreated as HandleBatchOutcomes
+// for the compensation (the system does). In the
 // consumer's transaction, which also holds the idempotency key, it takes each
 // line from stock and writes one estoc.actualitzat per product. Insufficient
 // stock or an unknown product is outcome.Permanent ("estoc_insuficient: …",

@@ -161,7 +161,7 @@ func TestConcurrentOrdersNeverTakeStockBelowZero(t *testing.T) {
 			if i%2 == 1 {
 				lines[0], lines[1] = lines[1], lines[0]
 			}
-			err := svctest.Run(t, pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, order("P-2026-000003", lines...)))
+			err := svctest.Run(t, pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, order(fmt.Sprintf("P-2026-%06d", 100+i), lines...)))
 			mu.Lock()
 			defer mu.Unlock()
 			switch {

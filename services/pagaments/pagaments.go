@@ -34,6 +34,8 @@ const (
 	TypeConfirmed = "pagament.confirmat"
 	// TypeOrderCreated is the event it consumes.
 	TypeOrderCreated = "comanda.creada"
+	// TypeOrderCancelled is consumed by the same consumer: it refunds.
+	TypeOrderCancelled = "comanda.cancellada"
 	// ConsumerCharge is the consumidor of the charging handler.
 	ConsumerCharge = "pagaments.cobrament"
 	// AuthQueue is the request/reply queue of card authorisations.
@@ -48,7 +50,7 @@ const AuthLimitCentsDefault = 200_000
 //go:embed sql/*.sql
 var sqlFS embed.FS
 
-// Migrations creates pagaments and autoritzacions. Apply it with
+// Migrations creates pagaments, autoritzacions, cancellacions and reemborsaments. Apply it with
 // migrate.Outbox and migrate.Inbox.
 var Migrations = migrate.Set{Name: "pagaments", FS: sqlFS, Dir: "sql"}
 
@@ -57,6 +59,9 @@ var Migrations = migrate.Set{Name: "pagaments", FS: sqlFS, Dir: "sql"}
 // the commit safe.
 type Gateway interface {
 	Charge(ctx context.Context, key, orderID string, totalCents int64) (passarella.Charge, error)
+	// Refund refunds the whole charge made under chargeKey (or voids the
+	// key when nothing was charged), deduplicated by key too.
+	Refund(ctx context.Context, key, orderID, chargeKey string) (passarella.Refund, error)
 }
 
 // Hooks are fault-injection points for tests and the demo.
@@ -65,6 +70,9 @@ type Hooks struct {
 	// commits. A non-nil error aborts the attempt there (the process "dies"):
 	// the transaction rolls back, the message is redelivered.
 	AfterCharge func(orderID string) error
+	// AfterRefund is the same point for a refund: after the gateway
+	// refunded, before the commit.
+	AfterRefund func(orderID string) error
 }
 
 // Config configures a Service.
@@ -153,6 +161,18 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 			return outcome.Permanentf("esquema: comanda.creada %s: linies[%d]: quantitat %d × preu_centims %d fora de rang", o.ID, i, l.Quantity, l.PriceCents)
 		}
 		total += l.Quantity * l.PriceCents
+	}
+	// Under the order's lock: a cancellation recorded first (it overtook
+	// the creation) leaves nothing to charge.
+	if err := lockOrder(ctx, tx, o.ID); err != nil {
+		return err
+	}
+	var cancelled bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM cancellacions WHERE comanda_id = $1)`, o.ID).Scan(&cancelled); err != nil {
+		return err
+	}
+	if cancelled {
+		return nil
 	}
 	ch, err := s.cfg.Gateway.Charge(ctx, ChargeKey(o.ID), o.ID, total)
 	switch {

@@ -40,6 +40,8 @@ const (
 	Topic = "repartiment.esdeveniments" // where it publishes
 	// TypeOrderPaid is the event it consumes.
 	TypeOrderPaid = "comanda.pagada"
+	// TypeOrderCancelled is consumed by the same consumer: it releases the courier.
+	TypeOrderCancelled = "comanda.cancellada"
 	// TypeAssigned is published when a courier is assigned.
 	TypeAssigned = "repartiment.assignat"
 	// TypeRejected is published when an order cannot be delivered.
@@ -61,6 +63,8 @@ const (
 	StatePending  = "pendent"
 	StateAssigned = "assignat"
 	StateRejected = "rebutjat"
+	// StateCancelled: the order was cancelled; its courier, if any, released.
+	StateCancelled = "cancellat"
 )
 
 // DeliveryTimeDefault is how long a courier stays busy with one delivery.
@@ -152,6 +156,11 @@ func (s *Service) HandleOrderPaid(ctx context.Context, tx pgx.Tx, m *consumer.Me
 	}
 	if o.Address == nil || strings.TrimSpace(o.Address.City) == "" {
 		return s.schemaFailure(ctx, m, fmt.Sprintf("adreca_lliurament absent a comanda.pagada versio %d (%s)", m.Envelope.Version, o.ID))
+	}
+	// Cancelled first (the cancellation overtook this message's retry):
+	// nothing to assign, nothing to reject.
+	if gone, err := cancelled(ctx, tx, o.ID); err != nil || gone {
+		return err
 	}
 	city := normalize(o.Address.City)
 	var covered bool
@@ -336,7 +345,7 @@ func (s *Service) Summary(ctx context.Context) (map[string]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]int{StatePending: 0, StateAssigned: 0, StateRejected: 0}
+	out := map[string]int{StatePending: 0, StateAssigned: 0, StateRejected: 0, StateCancelled: 0}
 	var (
 		st string
 		n  int
@@ -345,7 +354,7 @@ func (s *Service) Summary(ctx context.Context) (map[string]int, error) {
 	return out, err
 }
 
-// Handler returns GET /lliuraments → {"pendent": n, "assignat": n, "rebutjat": n}.
+// Handler returns GET /lliuraments → {"pendent": n, "assignat": n, "rebutjat": n, "cancellat": n}.
 func (s *Service) Handler() http.Handler {
 	return svc.GetJSON("/lliuraments", "no s'han pogut llegir els lliuraments", func(ctx context.Context) (any, error) { return s.Summary(ctx) })
 }

@@ -57,9 +57,10 @@ func domainTopics(renames map[string]string) []string {
 }
 
 // ConsumerNames are the consumidors of the six services, each the default
-// name of its consumer group.
+// name of its consumer group: the first six in the order of Services (one
+// per service), then the services' further consumers.
 var ConsumerNames = []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
-	repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock}
+	repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock, comandes.ConsumerStockRefused}
 
 // topicRE: a Kafka topic name (249 characters at most, less the .retry suffix).
 var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,243}$`)
@@ -133,12 +134,15 @@ type Config struct {
 	Brokers []string
 	// Events is the broker that carries the domain events: EventsKafka
 	// (default) or EventsRabbitMQ. Over RabbitMQ each relay publishes to the
-	// topic exchange EventsExchange with routing key <topic>.<shard>
-	// (amqp.ShardedPublisher, EventShards shards by agregat_id), and each
-	// consumer reads its own queues, named after its group: EventShards
-	// single-active-consumer queues <group>.<i> (per-key order), or for
-	// analitica, which needs no order, one queue <group> bound with
-	// <topic>.*. The queues of every consumer are declared at Start by every
+	// topic exchange EventsExchange with routing key <topic> and the shard
+	// of its agregat_id among EventShards in header particio
+	// (amqp.ShardedPublisher), and each consumer reads its own queues, named
+	// after its group: EventShards single-active-consumer queues <group>.<i>
+	// (per-key order), reached through the headers exchange
+	// <group>.particions bound with <topic>, or for analitica, which needs
+	// no order, one queue <group> bound with <topic>. Any other program may
+	// bind a queue with <topic> and receive every event of the topic. The
+	// queues of every consumer are declared at Start by every
 	// process, so no event published before a consumer's process first
 	// started is lost. RabbitMQ needs AMQPURL, which then carries
 	// request/reply too. Every process of a deployment must be given the same

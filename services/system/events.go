@@ -44,6 +44,7 @@ const EventShards = kafka.PartitionsDefault
 // event flow), by their contract names.
 var Subscriptions = map[string][]string{
 	comandes.ConsumerPaymentConfirmed: {pagaments.Topic},
+	comandes.ConsumerStockRefused:     {inventari.Topic},
 	inventari.ConsumerDecrement:       {comandes.Topic},
 	pagaments.ConsumerCharge:          {comandes.Topic},
 	repartiment.ConsumerAssign:        {comandes.Topic},
@@ -144,47 +145,29 @@ func (s *System) exchange() string { return cmp.Or(s.cfg.EventsExchange, EventsE
 // amqpSub is one consumer's subscription over RabbitMQ.
 type amqpSub struct {
 	queue  string   // the logical queue: its shards are <queue>.<i>, its DLQ <queue>.dlq
-	keys   []string // routing keys; in ordered mode each shard i binds <key>.<i>
+	keys   []string // routing keys: the topic names
 	shards int      // 0: one plain queue
 }
 
 // amqpSub returns the subscription of consumidor name to topics (contract
 // names): the queue named after its group, behind Config.EventsQueuePrefix.
+// The routing keys are the topic names, ordered or not: ordered consumers
+// reach their shard by the relays' particio header (amqp.SourceConfig.Topology).
 func (s *System) amqpSub(name string, topics []string) amqpSub {
 	sub := amqpSub{queue: s.cfg.EventsQueuePrefix + cmp.Or(s.cfg.Groups[name], name)}
-	ordered := !slices.Contains(unordered, name)
-	if ordered {
+	if !slices.Contains(unordered, name) {
 		sub.shards = EventShards
 	}
 	for _, t := range topics {
-		k := s.topic(t)
-		if !ordered {
-			k += ".*" // every shard of the topic
-		}
-		sub.keys = append(sub.keys, k)
+		sub.keys = append(sub.keys, s.topic(t))
 	}
 	return sub
 }
 
-// topology is what amqp.NewConsumer declares for sub: the same arguments,
-// so that declaring it early (declareEvents) and again later agree.
-func (sub amqpSub) topology(exchange string) amqp.Topology {
-	t := amqp.Topology{Exchanges: []amqp.Exchange{{Name: exchange, Kind: "topic", Durable: true}}}
-	if sub.shards > 1 {
-		for i := range sub.shards {
-			q := amqp.ShardQueueName(sub.queue, i)
-			t = t.Merge(amqp.WorkQueueTopology(amqp.DLXDefault, q, sub.queue, true))
-			for _, k := range sub.keys {
-				t.Bindings = append(t.Bindings, amqp.Binding{Queue: q, Exchange: exchange, Key: fmt.Sprintf("%s.%d", k, i)})
-			}
-		}
-		return t
-	}
-	t = t.Merge(amqp.WorkQueueTopology(amqp.DLXDefault, sub.queue, sub.queue, false))
-	for _, k := range sub.keys {
-		t.Bindings = append(t.Bindings, amqp.Binding{Queue: sub.queue, Exchange: exchange, Key: k})
-	}
-	return t
+// source is sub's amqp.SourceConfig on exchange, without a Conn: what
+// declaring it early (startEvents) and the consumer's NewSource agree on.
+func (sub amqpSub) source(exchange string) amqp.SourceConfig {
+	return amqp.SourceConfig{Queue: sub.queue, Exchange: exchange, RoutingKeys: sub.keys, Shards: sub.shards}
 }
 
 // rabbitTopics returns those of topics (contract names) that travel over RabbitMQ.
@@ -212,7 +195,7 @@ func (s *System) startEvents(ctx context.Context) error {
 	var topo amqp.Topology
 	for _, name := range ConsumerNames {
 		if topics := s.rabbitTopics(Subscriptions[name]); len(topics) > 0 {
-			topo = topo.Merge(s.amqpSub(name, topics).topology(s.exchange()))
+			topo = topo.Merge(s.amqpSub(name, topics).source(s.exchange()).Topology())
 		}
 	}
 	if err := conn.Declare(ctx, topo); err != nil {
@@ -239,9 +222,39 @@ func (s *System) eventsPublisher(t string) transport.Publisher {
 // names): its queues (amqpSub), each channel's prefetch at least a batch
 // (a batch takes only what the client already holds).
 func (s *System) amqpSource(cfg consumer.Config, topics []string) amqp.SourceConfig {
-	sub := s.amqpSub(cfg.Name, topics)
-	return amqp.SourceConfig{Conn: s.events, Queue: sub.queue, Exchange: s.exchange(), RoutingKeys: sub.keys, Shards: sub.shards,
-		Prefetch: max(amqp.PrefetchDefault, cmp.Or(cfg.BatchSize, consumer.BatchSizeDefault))}
+	src := s.amqpSub(cfg.Name, topics).source(s.exchange())
+	src.Conn = s.events
+	src.Prefetch = max(amqp.PrefetchDefault, cmp.Or(cfg.BatchSize, consumer.BatchSizeDefault))
+	return src
+}
+
+// EventsConn returns the connection of the events to RabbitMQ (the caller
+// must not close it; Close does), or nil when no event travels there.
+func (s *System) EventsConn() *amqp.Conn { return s.events }
+
+// EventsConsumerQueues returns, for every consumer whose events travel over
+// RabbitMQ (all six, whichever services this process runs: every process
+// declares their queues), the queues it reads (the EventShards shard queues
+// <queue>.<i>, or analitica's one queue) and its dead-letter queue
+// <queue>.dlq, each list sorted. Empty when no event travels over RabbitMQ.
+func (s *System) EventsConsumerQueues() (work, dead []string) {
+	for _, name := range ConsumerNames {
+		topics := s.rabbitTopics(Subscriptions[name])
+		if len(topics) == 0 {
+			continue
+		}
+		sub := s.amqpSub(name, topics)
+		dead = append(dead, amqp.DLQName(sub.queue))
+		if sub.shards == 0 {
+			work = append(work, sub.queue)
+		}
+		for i := range sub.shards {
+			work = append(work, amqp.ShardQueueName(sub.queue, i))
+		}
+	}
+	slices.Sort(work)
+	slices.Sort(dead)
+	return work, dead
 }
 
 // DeadLetterReasons returns the motiu of each message this process's

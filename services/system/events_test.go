@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/consumer"
@@ -17,6 +18,7 @@ import (
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/inventari"
+	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/system"
 	"github.com/km0/km0/transport/amqp"
@@ -61,15 +63,19 @@ func rabbitEvents(t *testing.T, c *system.Config) func(*system.System) {
 // pagaments, comandes, repartiment, analitica and cataleg, while inventari's
 // consumer is killed once between its COMMIT and its ack. The end state in
 // numbers: stock = initial − accepted, each (order, product) decremented
-// once, the redelivered message absorbed as a duplicate, every order paid
-// once and assigned, the cheese order in inventari's DLQ with its motiu,
+// once, the redelivered message absorbed as a duplicate, every order charged
+// once, every other order paid and assigned, the cheese order in
+// inventari's DLQ with its motiu and then cancelled and refunded (the
+// compensation),
 // cataleg's units equal to inventari's (per-key order kept), analitica's
 // counts exact.
 func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 	var cleanup func(*system.System)
 	var crashed atomic.Bool
+	var reader string
 	sys, _ := startWith(t, system.Services, func(c *system.Config) {
 		cleanup = rabbitEvents(t, c)
+		reader = foreignReader(t, c.EventsExchange, comandes.Topic)
 		c.Backoff = 50 * time.Millisecond
 		c.AssignInterval = 50 * time.Millisecond
 		c.DeliveryTime = time.Millisecond
@@ -139,11 +145,17 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		counted := c.PerType["estoc.actualitzat"] == orders-1
-		for _, tipus := range []string{"comanda.creada", "pagament.confirmat", "comanda.pagada", "repartiment.assignat"} {
+		// The cheese order is refused for stock, then cancelled and refunded
+		// (the compensation): paid and assigned, or not, before its
+		// cancellation, it ends cancelled with its courier free.
+		counted := c.PerType["estoc.actualitzat"] == orders-1 && c.PerType["comanda.cancellada"] == 1 && c.PerType["estoc.refusat"] == 1 &&
+			c.PerType["comanda.pagada"] >= orders-1 && c.PerType["repartiment.assignat"] >= orders-1
+		for _, tipus := range []string{"comanda.creada", "pagament.confirmat"} {
 			counted = counted && c.PerType[tipus] == orders
 		}
-		if paid == orders && sum[repartiment.StateAssigned] == orders && pending == 0 && counted &&
+		cancelled := count(comandes.Name, `SELECT count(*) FROM comandes WHERE estat = 'cancellada' AND motiu_cancellacio = 'estoc_insuficient'`)
+		refunded := count(pagaments.Name, `SELECT count(*) FROM reemborsaments WHERE comanda_id = 'P-2026-000007'`)
+		if paid == orders-1 && cancelled == 1 && refunded == 1 && sum[repartiment.StateAssigned] == orders-1 && pending == 0 && counted &&
 			sys.ConsumerStats()[inventari.ConsumerDecrement].DeadLettered == 1 {
 			break
 		}
@@ -170,13 +182,21 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 		GROUP BY carrega->>'comanda_id', carrega->>'producte' HAVING count(*) > 1) d`); n != 0 {
 		t.Errorf("%d (order, product) pairs decremented twice", n)
 	}
+	if n := count(inventari.Name, `SELECT count(*) FROM outbox WHERE tipus = 'estoc.actualitzat'`); n != orders-1 {
+		t.Errorf("%d stock decrements, want %d (one per accepted order)", n, orders-1)
+	}
 	st := sys.ConsumerStats()
 	inv := st[inventari.ConsumerDecrement]
-	if !crashed.Load() || sys.Restarts()["consumer "+inventari.ConsumerDecrement] < 1 || inv.Duplicates < 1 || inv.Processed != orders-1 {
-		// The crashed batch's effects are committed (processed); its
-		// redelivery is absorbed as duplicates.
-		t.Errorf("crash between COMMIT and ack: fired %v, %d restart(s), stats %+v: want ≥ 1 restart, ≥ 1 duplicate, %d processed",
-			crashed.Load(), sys.Restarts()["consumer "+inventari.ConsumerDecrement], inv, orders-1)
+	// The crashed batch's effects are committed (processed); its redelivery
+	// is absorbed as duplicates. The crash also cancels the batches other
+	// shards hold: one whose COMMIT the cancellation raced is committed yet
+	// not counted, and absorbed as duplicates too. So processed ≤ orders (the
+	// accepted orders and the cheese order's cancellation) and processed +
+	// duplicates ≥ orders; the effects are exact (above).
+	if !crashed.Load() || sys.Restarts()["consumer "+inventari.ConsumerDecrement] < 1 || inv.Duplicates < 1 ||
+		inv.Processed > orders || inv.Processed+inv.Duplicates < orders {
+		t.Errorf("crash between COMMIT and ack: fired %v, %d restart(s), stats %+v: want ≥ 1 restart, ≥ 1 duplicate, %d processed or duplicates",
+			crashed.Load(), sys.Restarts()["consumer "+inventari.ConsumerDecrement], inv, orders)
 	}
 	payments, err := sys.Pagaments.Payments(ctx)
 	if err != nil {
@@ -193,7 +213,7 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for tipus, n := range map[string]int64{"comanda.creada": orders, "pagament.confirmat": orders, "comanda.pagada": orders, "repartiment.assignat": orders} {
+	for tipus, n := range map[string]int64{"comanda.creada": orders, "pagament.confirmat": orders, "comanda.cancellada": 1} {
 		if c.PerType[tipus] != n {
 			t.Errorf("analitica counted %d %s, want %d", c.PerType[tipus], tipus, n)
 		}
@@ -223,6 +243,40 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 		}
 	}
 	conn := amqptest.Dial(t)
+	// A reader of another language binds a queue with the bare topic name:
+	// it receives every event of comandes' outbox (republications may repeat one).
+	var ids []string
+	r, err := sys.Pool(comandes.Name).Query(ctx, `SELECT id::text FROM outbox`)
+	if err == nil {
+		ids, err = pgx.CollectRows(r, pgx.RowTo[string])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	err = conn.Do(ctx, func(ch *amqp091.Channel) error {
+		for {
+			d, ok, err := ch.Get(reader, true)
+			if err != nil || !ok {
+				return err
+			}
+			if d.RoutingKey != comandes.Topic {
+				return fmt.Errorf("routing key %q, want the topic name", d.RoutingKey)
+			}
+			got[d.MessageId] = true
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if !got[id] {
+			t.Errorf("event %s of comandes' outbox never reached the queue bound with %q", id, comandes.Topic)
+		}
+	}
+	if len(ids) < 2*orders || len(got) != len(ids) {
+		t.Errorf("the foreign reader got %d distinct events, comandes' outbox holds %d (want ≥ %d)", len(got), len(ids), 2*orders)
+	}
 	dlq := amqp.DLQName(queueOf(t, sys, inventari.ConsumerDecrement))
 	if n := amqptest.QueueLen(t, conn, dlq); n != 1 {
 		t.Errorf("%s holds %d messages, want 1", dlq, n)
@@ -235,6 +289,22 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 			t.Errorf("%s's DLQ holds %d messages, want 0", name, n)
 		}
 	}
+}
+
+// foreignReader declares, before the system starts, a queue bound to the
+// events' exchange with the bare topic name, as a program of another
+// language reads the events (CONTRACT.md); it is deleted at cleanup.
+func foreignReader(t *testing.T, exchange, topic string) string {
+	t.Helper()
+	q := amqptest.Name("km0.test.lector")
+	conn := amqptest.Dial(t)
+	topo := amqp.Topology{Exchanges: []amqp.Exchange{{Name: exchange, Kind: amqp091.ExchangeTopic, Durable: true}},
+		Queues: []amqp.Queue{{Name: q, Durable: true}}, Bindings: []amqp.Binding{{Queue: q, Exchange: exchange, Key: topic}}}
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{q} })
+	if err := conn.Declare(context.Background(), topo); err != nil {
+		t.Fatal(err)
+	}
+	return q
 }
 
 // queueOf finds the logical queue of consumidor name among the system's.

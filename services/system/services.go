@@ -158,6 +158,13 @@ func (s *System) startComandes(ctx context.Context) error {
 		}})
 	s.consumerFor(comandes.Name, Subscriptions[comandes.ConsumerPaymentConfirmed], consumer.Config{Name: comandes.ConsumerPaymentConfirmed, Decode: dec,
 		Types: []string{comandes.TypePaymentConfirmed}, Handle: s.Comandes.HandlePaymentConfirmed})
+	// The compensation of an order inventari refused: cancel it.
+	decRefused, err := s.decoder(map[string]int{comandes.TypeStockRefused: 1})
+	if err != nil {
+		return err
+	}
+	s.consumerFor(comandes.Name, Subscriptions[comandes.ConsumerStockRefused], consumer.Config{Name: comandes.ConsumerStockRefused, Decode: decRefused,
+		Types: []string{comandes.TypeStockRefused}, Handle: s.Comandes.HandleStockRefused})
 	return s.serve(comandes.Name, s.Comandes.Handler())
 }
 
@@ -169,7 +176,7 @@ func (s *System) startInventari(ctx context.Context) error {
 	if s.Inventari, err = inventari.New(inventari.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", inventari.Name)}); err != nil {
 		return err
 	}
-	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2})
+	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2, comandes.TypeCancelled: 1})
 	if err != nil {
 		return err
 	}
@@ -178,7 +185,7 @@ func (s *System) startInventari(ctx context.Context) error {
 	}
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
 	s.consumerFor(inventari.Name, Subscriptions[inventari.ConsumerDecrement], consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec,
-		Types: []string{inventari.TypeOrderCreated}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
+		Types: []string{inventari.TypeOrderCreated, inventari.TypeOrderCancelled}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
 	}
@@ -215,7 +222,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2})
+	dec, err := s.decoder(map[string]int{comandes.TypeCreated: 2, comandes.TypeCancelled: 1})
 	if err != nil {
 		return err
 	}
@@ -224,9 +231,10 @@ func (s *System) startPagaments(ctx context.Context) error {
 	}
 	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))
 	// One order per transaction: each attempt calls the gateway, and a failed
-	// neighbour must not make a whole batch call it again.
+	// neighbour must not make a whole batch call it again. The charge and
+	// the refund share the consumer (per-key order keeps them in order).
 	s.consumerFor(pagaments.Name, Subscriptions[pagaments.ConsumerCharge], consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec,
-		Types: []string{pagaments.TypeOrderCreated}, Handle: s.Pagaments.HandleOrderCreated})
+		Types: []string{pagaments.TypeOrderCreated, pagaments.TypeOrderCancelled}, Handle: s.Pagaments.HandleOrder})
 	return s.rr.serve(ctx, pagaments.AuthQueue, rrWorkersAuthorize, s.Pagaments.Authorize)
 }
 
@@ -251,7 +259,7 @@ func (s *System) startRepartiment(ctx context.Context) error {
 	}
 	// The address check stays in the handler (not a Require of the decoder):
 	// it raises the contract alert before dead-lettering.
-	dec, err := s.decoder(map[string]int{repartiment.TypeOrderPaid: 1})
+	dec, err := s.decoder(map[string]int{repartiment.TypeOrderPaid: 1, repartiment.TypeOrderCancelled: 1})
 	if err != nil {
 		return err
 	}
@@ -260,7 +268,7 @@ func (s *System) startRepartiment(ctx context.Context) error {
 	}
 	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
 	s.consumerFor(repartiment.Name, Subscriptions[repartiment.ConsumerAssign], consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec,
-		Types: []string{repartiment.TypeOrderPaid}, Handle: s.Repartiment.HandleOrderPaid, Classifier: repartiment.Classifier})
+		Types: []string{repartiment.TypeOrderPaid, repartiment.TypeOrderCancelled}, Handle: s.Repartiment.HandleOrder, Classifier: repartiment.Classifier})
 	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })
 	return s.serve(repartiment.Name, s.Repartiment.Handler())
 }

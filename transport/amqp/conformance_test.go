@@ -91,25 +91,43 @@ func TestConsumerConformance(t *testing.T) {
 	}
 	t.Run("Plain", func(t *testing.T) {
 		t.Parallel()
-		consumertest.Run(t, consumertest.Harness{Features: f, New: func(t *testing.T) consumertest.Broker { return amqpBroker(t, 1) }})
+		consumertest.Run(t, consumertest.Harness{Features: f, New: func(t *testing.T) consumertest.Broker { return amqpBroker(t, 1, false) }})
 	})
 	t.Run("Ordered", func(t *testing.T) {
 		t.Parallel()
 		f := f
 		f.OrderPerKey = true
-		consumertest.Run(t, consumertest.Harness{Features: f, New: func(t *testing.T) consumertest.Broker { return amqpBroker(t, 2) }})
+		consumertest.Run(t, consumertest.Harness{Features: f, New: func(t *testing.T) consumertest.Broker { return amqpBroker(t, 2, false) }})
+	})
+	// Ordered mode as the system runs it: published to a topic exchange with
+	// the topic name as routing key, each shard reached by header particio.
+	t.Run("OrderedExchange", func(t *testing.T) {
+		t.Parallel()
+		f := f
+		f.OrderPerKey = true
+		consumertest.Run(t, consumertest.Harness{Features: f, New: func(t *testing.T) consumertest.Broker { return amqpBroker(t, 2, true) }})
 	})
 }
 
-func amqpBroker(t *testing.T, shards int) consumertest.Broker {
+// amqpBroker is a work queue (shards > 1: its shard queues) and a publisher
+// to it: through the default exchange, or with exchange through a topic
+// exchange of the test's own with routing key topic.
+func amqpBroker(t *testing.T, shards int, exchange bool) consumertest.Broker {
 	conn := amqptest.Dial(t)
 	queue := amqptest.Name("t.conformance")
+	cfg := amqp.SourceConfig{Conn: conn, Queue: queue, Shards: shards}
+	topic := queue // the default exchange: the routing key names the queue
+	if exchange {
+		cfg.Exchange, topic = amqptest.Name("t.conformance.esdeveniments"), "conformance.esdeveniments"
+		cfg.RoutingKeys = []string{topic}
+		amqptest.DeleteExchangesAtCleanup(t, cfg.Exchange)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	source := func(t *testing.T) transport.Source {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
-		src, err := amqp.NewSource(ctx, amqp.SourceConfig{Conn: conn, Queue: queue, Shards: shards})
+		src, err := amqp.NewSource(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +135,7 @@ func amqpBroker(t *testing.T, shards int) consumertest.Broker {
 		return src
 	}
 	source(t) // declares the work queue and its DLQ before anything is published
-	next, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{})
+	next, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{Exchange: cfg.Exchange})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +145,7 @@ func amqpBroker(t *testing.T, shards int) consumertest.Broker {
 		out := make([]*transport.Message, len(msgs))
 		for i, m := range msgs {
 			c := *m
-			c.Topic = queue
+			c.Topic = topic
 			out[i] = &c
 		}
 		if err := pub.Publish(context.Background(), out); err != nil {

@@ -2,80 +2,73 @@ package amqp_test
 
 import (
 	"context"
-	"log"
+	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
-// inventari consumes comanda.creada from RabbitMQ: the effect and its
-// idempotency key commit together, then the delivery is acked; insufficient
-// stock is permanent (DLQ at once), anything else is retried with backoff.
-func ExampleConsumer() {
-	ctx := context.Background()
-	conn, err := amqp.Dial(ctx, amqp.Config{URL: "amqp://guest:guest@127.0.0.1:5672/"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/km0_inventari")
-	if err != nil {
-		log.Fatal(err)
-	}
-	src, err := amqp.NewSource(ctx, amqp.SourceConfig{
-		Conn: conn, Queue: "inventari.comandes",
-		Exchange: "km0.esdeveniments", RoutingKeys: []string{"comandes.esdeveniments"},
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	// The same consumer.Config as on Kafka, but for its Source.
-	c, err := consumer.New(consumer.Config{
-		Source: src,
-		Pool:   pool, Name: "inventari.descompte_estoc", Types: []string{"comanda.creada"},
-		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			tag, err := tx.Exec(ctx, `UPDATE estoc SET unitats = unitats - 1 WHERE producte = 'carbasso' AND unitats >= 1`)
-			if err != nil {
-				return err // transient by default: retried 1 s, 2 s later
-			}
-			if tag.RowsAffected() == 0 {
-				return outcome.Permanentf("estoc insuficient") // nack(requeue=false): DLQ now
-			}
-			return nil
-		},
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	_ = c.Run(ctx)
-}
-
-// Ordered mode: the publisher routes each agregat_id to one of 4 queues,
-// each consumed by a single active consumer.
+// Ordered mode: the publisher keeps the topic as routing key and names each
+// agregat_id's shard (Shard(key, 4)) in header particio; the consumer's
+// topology (SourceConfig.Topology, what amqp.NewSource declares) routes each
+// shard to its own queue <queue>.<i> through a headers exchange, and each
+// queue has a single active consumer, so the events of one aggregate keep
+// their order. Here a fresh exchange on the machine's broker. (A whole
+// consumer over RabbitMQ: package consumer's Example_rabbitMQ.)
 func ExampleShardedPublisher() {
 	ctx := context.Background()
-	conn, err := amqp.Dial(ctx, amqp.Config{})
+	conn, err := amqp.Dial(ctx, amqp.Config{URL: amqptest.URL()})
 	if err != nil {
-		log.Fatal(err)
+		fmt.Println(err)
+		return
 	}
 	defer conn.Close()
-	pub, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{Exchange: "km0.esdeveniments"})
+	exchange := fmt.Sprintf("km0.exemple-%d", time.Now().UnixNano())
+	const topic, shards = "comandes.esdeveniments", 4
+	pub, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{Exchange: exchange}) // declares the exchange
 	if err != nil {
-		log.Fatal(err)
+		fmt.Println(err)
+		return
 	}
-	sharded := amqp.ShardedPublisher{Next: pub, Shards: 4}
-	// Routing key "comandes.esdeveniments.<hash(P-2026-000123) mod 4>".
-	err = sharded.Publish(ctx, []*transport.Message{{Topic: "comandes.esdeveniments", Key: []byte("P-2026-000123"),
-		Value: []byte(`{"id_esdeveniment":"…","tipus":"comanda.creada","versio":1,"data_ms":0,"origen":"comandes","dades":{}}`)}})
-	if err != nil {
-		log.Fatal(err)
+	queue := exchange + ".inventari"
+	topo := amqp.SourceConfig{Conn: conn, Queue: queue, Exchange: exchange, RoutingKeys: []string{topic}, Shards: shards}.Topology()
+	if err := conn.Declare(ctx, topo); err != nil {
+		fmt.Println(err)
+		return
 	}
+	defer func() {
+		_ = conn.Do(ctx, func(ch *amqp091.Channel) error {
+			for _, q := range topo.QueueNames() {
+				_, _ = ch.QueueDelete(q, false, false, false)
+			}
+			return ch.ExchangeDelete(exchange, false, false)
+		})
+	}()
+	sharded := amqp.ShardedPublisher{Next: pub, Shards: shards}
+	var msgs []*transport.Message
+	for _, key := range []string{"P-2026-000123", "P-2026-000123", "P-2026-000124"} {
+		msgs = append(msgs, &transport.Message{Topic: topic, Key: []byte(key),
+			Value: []byte(`{"id_esdeveniment":"…","tipus":"comanda.creada","versio":1,"data_ms":0,"origen":"comandes","dades":{}}`)})
+	}
+	if err := sharded.Publish(ctx, msgs); err != nil { // nil: every message confirmed
+		fmt.Println(err)
+		return
+	}
+	for _, key := range []string{"P-2026-000123", "P-2026-000124"} {
+		i := amqp.Shard([]byte(key), shards)
+		var n int
+		_ = conn.Do(ctx, func(ch *amqp091.Channel) error {
+			q, err := ch.QueueDeclarePassive(amqp.ShardQueueName(queue, i), true, false, false, false, nil)
+			n = q.Messages
+			return err
+		})
+		fmt.Printf("%s → shard %d, %d message(s) there\n", key, i, n)
+	}
+	// Output:
+	// P-2026-000123 → shard 3, 2 message(s) there
+	// P-2026-000124 → shard 2, 1 message(s) there
 }

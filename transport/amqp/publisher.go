@@ -112,6 +112,10 @@ func NewPublisher(ctx context.Context, conn *Conn, cfg PublisherConfig) (*Publis
 	return p, nil
 }
 
+// Exchange returns the exchange p publishes to: PublisherConfig.Exchange,
+// "" for the default exchange.
+func (p *Publisher) Exchange() string { return p.cfg.Exchange }
+
 // newPublisher fills in cfg's defaults; it declares nothing.
 func newPublisher(conn *Conn, cfg PublisherConfig) *Publisher {
 	if cfg.ExchangeKind == "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,8 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
+	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
@@ -205,6 +208,9 @@ func TestShardedPublisherRoutesEachKeyToOneShard(t *testing.T) {
 			if s := amqp.Shard([]byte(d.Headers[amqp.HeaderKey].(string)), 3); s != i {
 				t.Fatalf("key %v in shard %d, want %d", d.Headers[amqp.HeaderKey], i, s)
 			}
+			if p := d.Headers[amqp.HeaderPartition]; p != strconv.Itoa(i) {
+				t.Fatalf("shard %d: header %s = %v", i, amqp.HeaderPartition, p)
+			}
 		}
 	}
 	if total != 60 {
@@ -335,5 +341,106 @@ func TestPublishRejectsOverlongShortStringsWithoutDroppingTheConnection(t *testi
 	}
 	if n := conn.Reconnects(); n != 0 {
 		t.Fatalf("the connection was dropped %d time(s)", n)
+	}
+}
+
+// With an exchange, the routing key stays the topic name (CONTRACT.md) and
+// the shard travels in header particio: a foreign reader's queue bound with
+// the bare topic name receives every message, and an ordered consumer's
+// shard queues (SourceConfig.Topology: a headers exchange of its own bound
+// with the topic name) each receive exactly the keys of their shard, in
+// the order they were published. When the last shard queue is deleted, its
+// headers exchange goes with it.
+func TestShardedPublisherWithAnExchangeKeepsTheTopicAsRoutingKey(t *testing.T) {
+	const shards, keys, perKey = 3, 10, 6
+	ctx := context.Background()
+	conn := amqptest.Dial(t)
+	exchange := amqptest.Name("t.pub.esdeveniments")
+	topic := "comandes.esdeveniments"
+	amqptest.DeleteExchangesAtCleanup(t, exchange)
+	src := amqp.SourceConfig{Queue: amqptest.Name("t.pub.ordered"), Exchange: exchange, RoutingKeys: []string{topic}, Shards: shards}
+	topo := src.Topology()
+	amqptest.DeleteQueuesAtCleanup(t, topo.QueueNames)
+	foreign := amqptest.Name("t.pub.foreign")
+	topo = topo.Merge(amqp.Topology{Queues: []amqp.Queue{{Name: foreign, Durable: true}},
+		Bindings: []amqp.Binding{{Queue: foreign, Exchange: exchange, Key: topic}}})
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{foreign} })
+	if err := conn.Declare(ctx, topo); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{Exchange: exchange})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := amqp.ShardedPublisher{Next: pub, Shards: shards}
+	var msgs []*transport.Message
+	for seq := range perKey {
+		for k := range keys {
+			msgs = append(msgs, event(t, topic, fmt.Sprintf("P-2026-%06d", k), seq))
+		}
+	}
+	if err := sp.Publish(ctx, msgs); err != nil {
+		t.Fatal(err)
+	}
+	if msgs[0].Topic != topic || len(msgs[0].Headers) != 2 {
+		t.Fatal("ShardedPublisher modified the caller's message")
+	}
+
+	got := getAll(t, conn, foreign)
+	if len(got) != keys*perKey {
+		t.Fatalf("the queue bound with %q holds %d messages, want %d", topic, len(got), keys*perKey)
+	}
+	for _, d := range got {
+		key := d.Headers[amqp.HeaderKey].(string)
+		if d.RoutingKey != topic {
+			t.Fatalf("routing key %q, want the topic name %q", d.RoutingKey, topic)
+		}
+		if p, want := d.Headers[amqp.HeaderPartition], strconv.Itoa(amqp.Shard([]byte(key), shards)); p != want {
+			t.Fatalf("key %s: header %s = %v, want %q", key, amqp.HeaderPartition, p, want)
+		}
+	}
+	total := 0
+	for i := range shards {
+		next := map[string]int{} // key → next seq expected
+		for _, d := range getAll(t, conn, amqp.ShardQueueName(src.Queue, i)) {
+			total++
+			key := d.Headers[amqp.HeaderKey].(string)
+			if s := amqp.Shard([]byte(key), shards); s != i {
+				t.Fatalf("key %s in shard %d, want %d", key, i, s)
+			}
+			var p payload
+			e, err := envelope.Decode(d.Body)
+			if err == nil {
+				err = e.DataAs(&p)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Seq != next[key] {
+				t.Fatalf("shard %d: key %s seq %d, want %d (order per key)", i, key, p.Seq, next[key])
+			}
+			next[key]++
+		}
+	}
+	if total != keys*perKey {
+		t.Fatalf("%d messages in the shards, want %d (each exactly once)", total, keys*perKey)
+	}
+
+	parts := contract.PartitionsExchangeName(src.Queue)
+	if !amqptest.ExchangeExists(t, parts) {
+		t.Fatalf("headers exchange %s not declared", parts)
+	}
+	if err := conn.Do(ctx, func(ch *amqp091.Channel) error {
+		for i := range shards {
+			if _, err := ch.QueueDelete(amqp.ShardQueueName(src.Queue, i), false, false, false); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if amqptest.ExchangeExists(t, parts) {
+		t.Fatalf("headers exchange %s outlived its shard queues", parts)
 	}
 }

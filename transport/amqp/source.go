@@ -31,17 +31,18 @@ type SourceConfig struct {
 	Conn  *Conn  // required
 	Queue string // required: the work queue, e.g. "inventari.comandes"
 
-	// Exchange and RoutingKeys bind the work queue (each shard queue in
-	// ordered mode, with key <routing key>.<i>) to Exchange, declared durable
-	// of kind ExchangeKind (default "topic"). Empty Exchange: no binding;
-	// publishers then use the default exchange with the queue name as key.
+	// Exchange and RoutingKeys bind the work queue to Exchange, declared
+	// durable of kind ExchangeKind (default "topic"); in ordered mode the
+	// shard queues are reached through a headers exchange of their own
+	// (see Topology). Empty Exchange: no binding; publishers then use the
+	// default exchange with the queue name (ordered: <Queue>.<i>) as key.
 	Exchange     string
 	ExchangeKind string
 	RoutingKeys  []string
 
 	// Shards > 1 selects ordered mode: queues <Queue>.<i>, i < Shards, each
 	// with x-single-active-consumer and one worker; publishers route with
-	// ShardedPublisher (hash(key) mod Shards). Every instance consumes all
+	// ShardedPublisher (Shard(key, Shards)). Every instance consumes all
 	// shards; the broker lets one consumer per shard be active.
 	Shards int
 	// Instance and Instances spread the active shards in ordered mode: the
@@ -142,28 +143,12 @@ func NewSource(ctx context.Context, cfg SourceConfig) (*Source, error) {
 	}
 	cfg = cfg.withDefaults()
 	s := &Source{cfg: cfg, declared: map[string]waitDecl{}}
-	var topo Topology
-	if cfg.Exchange != "" {
-		topo.Exchanges = append(topo.Exchanges, Exchange{Name: cfg.Exchange, Kind: cfg.ExchangeKind, Durable: true})
-	}
+	topo := cfg.Topology()
 	if cfg.Shards > 1 {
 		for i := range cfg.Shards {
-			name := ShardQueueName(cfg.Queue, i)
-			topo = topo.Merge(WorkQueueTopology(cfg.DLX, name, cfg.Queue, true))
-			if cfg.Exchange != "" {
-				for _, k := range cfg.RoutingKeys {
-					topo.Bindings = append(topo.Bindings, Binding{Queue: name, Exchange: cfg.Exchange, Key: k + "." + strconv.Itoa(i)})
-				}
-			}
-			s.queues = append(s.queues, consumedQueue{name: name, shard: i})
+			s.queues = append(s.queues, consumedQueue{name: ShardQueueName(cfg.Queue, i), shard: i})
 		}
 	} else {
-		topo = topo.Merge(WorkQueueTopology(cfg.DLX, cfg.Queue, cfg.Queue, false))
-		if cfg.Exchange != "" {
-			for _, k := range cfg.RoutingKeys {
-				topo.Bindings = append(topo.Bindings, Binding{Queue: cfg.Queue, Exchange: cfg.Exchange, Key: k})
-			}
-		}
 		s.queues = []consumedQueue{{name: cfg.Queue}}
 	}
 	if err := cfg.Conn.Declare(ctx, topo); err != nil {
@@ -171,6 +156,50 @@ func NewSource(ctx context.Context, cfg SourceConfig) (*Source, error) {
 	}
 	s.topo = topo
 	return s, nil
+}
+
+// Topology returns what NewSource declares for c (its defaults filled in):
+// the work queue, or in ordered mode the shard queues <Queue>.<i>, with the
+// DLX and <Queue>.dlq; with an Exchange, the bindings. A plain queue is
+// bound to Exchange with each routing key. In ordered mode the routing keys
+// bind the headers exchange <Queue>.particions (auto-deleted with the last
+// shard queue) to Exchange, and shard queue i is bound to it with x-match
+// all on header particio = "i": the publisher keeps the routing key (the
+// topic) and names the shard in the header (ShardedPublisher), so that a
+// queue bound to Exchange with the topic name alone also receives every
+// message. Declaring it before any publisher starts is what makes sure no
+// message is dropped for want of a queue.
+func (c SourceConfig) Topology() Topology {
+	c = c.withDefaults()
+	var topo Topology
+	if c.Exchange != "" {
+		topo.Exchanges = append(topo.Exchanges, Exchange{Name: c.Exchange, Kind: c.ExchangeKind, Durable: true})
+	}
+	if c.Shards <= 1 {
+		topo = topo.Merge(WorkQueueTopology(c.DLX, c.Queue, c.Queue, false))
+		if c.Exchange != "" {
+			for _, k := range c.RoutingKeys {
+				topo.Bindings = append(topo.Bindings, Binding{Queue: c.Queue, Exchange: c.Exchange, Key: k})
+			}
+		}
+		return topo
+	}
+	parts := contract.PartitionsExchangeName(c.Queue)
+	if c.Exchange != "" {
+		topo.Exchanges = append(topo.Exchanges, Exchange{Name: parts, Kind: amqp.ExchangeHeaders, Durable: true, AutoDelete: true})
+		for _, k := range c.RoutingKeys {
+			topo.ExchangeBindings = append(topo.ExchangeBindings, ExchangeBinding{Destination: parts, Source: c.Exchange, Key: k})
+		}
+	}
+	for i := range c.Shards {
+		name := ShardQueueName(c.Queue, i)
+		topo = topo.Merge(WorkQueueTopology(c.DLX, name, c.Queue, true))
+		if c.Exchange != "" {
+			topo.Bindings = append(topo.Bindings, Binding{Queue: name, Exchange: parts,
+				Args: amqp.Table{ArgMatch: "all", HeaderPartition: strconv.Itoa(i)}})
+		}
+	}
+	return topo
 }
 
 // Label returns the work queue.
@@ -398,7 +427,8 @@ func (s *Source) settle(work context.Context, q consumedQueue, fails []*transpor
 // deadLetterCopy publishes a copy of d with its motiu to the DLX (so it
 // lands in <queue>.dlq), confirmed. It reports whether the copy went.
 func (s *Source) deadLetterCopy(ctx context.Context, d *amqp.Delivery, q consumedQueue, f *transport.Settlement) bool {
-	h := copyHeaders(d.Headers, contract.HeaderNotBefore)
+	// particio routed the original to its shard; particio_original keeps it.
+	h := copyHeaders(d.Headers, contract.HeaderNotBefore, HeaderPartition)
 	now := time.Now()
 	h[contract.HeaderAttempts] = strconv.Itoa(f.D.Attempt)
 	h[contract.HeaderReason] = f.Reason
@@ -419,7 +449,7 @@ func (s *Source) retryCopy(ctx context.Context, d *amqp.Delivery, q consumedQueu
 		s.deadInstead(f, err)
 		return false
 	}
-	h := copyHeaders(d.Headers)
+	h := copyHeaders(d.Headers, HeaderPartition) // the copy goes to its wait queue by name
 	now := time.Now()
 	h[contract.HeaderAttempts] = strconv.Itoa(f.D.Attempt)
 	h[contract.HeaderLastError] = f.LastError

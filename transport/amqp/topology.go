@@ -22,6 +22,9 @@ const (
 	DLQSuffix = contract.DLQSuffix
 	// WaitInfix makes the wait queues <queue>.espera.<milliseconds>.
 	WaitInfix = contract.WaitInfix
+	// HeaderPartition carries a message's shard in ordered mode with an
+	// exchange (ShardedPublisher); the routing key stays the topic.
+	HeaderPartition = contract.HeaderPartition
 )
 
 // Queue arguments RabbitMQ interprets.
@@ -31,15 +34,20 @@ const (
 	ArgMessageTTL           = "x-message-ttl"
 	ArgExpires              = "x-expires"
 	ArgSingleActiveConsumer = "x-single-active-consumer"
+	// ArgMatch is a headers exchange binding's x-match ("all" or "any").
+	ArgMatch = "x-match"
 )
 
 // Exchange is an exchange declaration. Kind defaults to "direct". Names that
 // start with "amq." are predeclared by RabbitMQ and are not declared again.
+// AutoDelete: RabbitMQ deletes the exchange when the last queue or exchange
+// bound to it is unbound (or deleted).
 type Exchange struct {
-	Name    string
-	Kind    string
-	Durable bool
-	Args    amqp.Table
+	Name       string
+	Kind       string
+	Durable    bool
+	AutoDelete bool
+	Args       amqp.Table
 }
 
 // Queue is a queue declaration.
@@ -51,29 +59,52 @@ type Queue struct {
 	Args       amqp.Table
 }
 
-// Binding binds Queue to Exchange with routing key Key.
+// Binding binds Queue to Exchange with routing key Key, and Args for a
+// headers exchange (x-match and the header values to match).
 type Binding struct {
 	Queue    string
 	Exchange string
 	Key      string
+	Args     amqp.Table
+}
+
+// ExchangeBinding binds exchange Destination to exchange Source with routing
+// key Key (RabbitMQ's exchange-to-exchange binding): what Source routes with
+// a matching key also goes through Destination.
+type ExchangeBinding struct {
+	Destination string
+	Source      string
+	Key         string
 }
 
 // Topology is a set of declarations applied in order: exchanges, queues,
-// bindings. Declarations are idempotent in RabbitMQ as long as the arguments
-// match; a mismatch is a PRECONDITION_FAILED error naming the entity.
+// exchange bindings, bindings. Declarations are idempotent in RabbitMQ as
+// long as the arguments match; a mismatch is a PRECONDITION_FAILED error
+// naming the entity.
 type Topology struct {
-	Exchanges []Exchange
-	Queues    []Queue
-	Bindings  []Binding
+	Exchanges        []Exchange
+	Queues           []Queue
+	ExchangeBindings []ExchangeBinding
+	Bindings         []Binding
 }
 
 // Merge returns t followed by o.
 func (t Topology) Merge(o Topology) Topology {
 	return Topology{
-		Exchanges: append(append([]Exchange(nil), t.Exchanges...), o.Exchanges...),
-		Queues:    append(append([]Queue(nil), t.Queues...), o.Queues...),
-		Bindings:  append(append([]Binding(nil), t.Bindings...), o.Bindings...),
+		Exchanges:        append(append([]Exchange(nil), t.Exchanges...), o.Exchanges...),
+		Queues:           append(append([]Queue(nil), t.Queues...), o.Queues...),
+		ExchangeBindings: append(append([]ExchangeBinding(nil), t.ExchangeBindings...), o.ExchangeBindings...),
+		Bindings:         append(append([]Binding(nil), t.Bindings...), o.Bindings...),
 	}
+}
+
+// ExchangeNames returns the names of t's exchanges.
+func (t Topology) ExchangeNames() []string {
+	out := make([]string, len(t.Exchanges))
+	for i, e := range t.Exchanges {
+		out[i] = e.Name
+	}
+	return out
 }
 
 // QueueNames returns the names of t's queues.
@@ -97,7 +128,7 @@ func (t Topology) apply(ctx context.Context, ch *amqp.Channel) error {
 		if kind == "" {
 			kind = amqp.ExchangeDirect
 		}
-		if err := ch.ExchangeDeclare(e.Name, kind, e.Durable, false, false, false, e.Args); err != nil {
+		if err := ch.ExchangeDeclare(e.Name, kind, e.Durable, e.AutoDelete, false, false, e.Args); err != nil {
 			return fmt.Errorf("amqp: declare exchange %q: %w", e.Name, err)
 		}
 	}
@@ -109,11 +140,19 @@ func (t Topology) apply(ctx context.Context, ch *amqp.Channel) error {
 			return fmt.Errorf("amqp: declare queue %q: %w", q.Name, err)
 		}
 	}
+	for _, b := range t.ExchangeBindings {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := ch.ExchangeBind(b.Destination, b.Key, b.Source, false, nil); err != nil {
+			return fmt.Errorf("amqp: bind exchange %q to %q with key %q: %w", b.Destination, b.Source, b.Key, err)
+		}
+	}
 	for _, b := range t.Bindings {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := ch.QueueBind(b.Queue, b.Key, b.Exchange, false, nil); err != nil {
+		if err := ch.QueueBind(b.Queue, b.Key, b.Exchange, false, b.Args); err != nil {
 			return fmt.Errorf("amqp: bind queue %q to %q with key %q: %w", b.Queue, b.Exchange, b.Key, err)
 		}
 	}

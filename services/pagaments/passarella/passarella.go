@@ -36,7 +36,7 @@ const SchemaDefault = "passarella"
 //go:embed sql/*.sql
 var sqlFS embed.FS
 
-// Migrations creates <schema>.cobraments. Apply with migrate.Names{Schema: SchemaDefault}.
+// Migrations creates <schema>.cobraments and <schema>.reemborsaments. Apply with migrate.Names{Schema: SchemaDefault}.
 var Migrations = migrate.Set{Name: "passarella", FS: sqlFS, Dir: "sql"}
 
 // Faults chooses the requests that fail or hang. attempt counts the requests
@@ -61,6 +61,7 @@ type Config struct {
 type Server struct {
 	cfg      Config
 	table    string
+	refunds  string
 	mu       sync.Mutex
 	attempts map[string]int
 	stats    Stats
@@ -69,6 +70,7 @@ type Server struct {
 // Stats counts the requests the server answered.
 type Stats struct {
 	Requests, Charged, Replayed, Failed, Hung int
+	RefundRequests, Refunded                  int
 }
 
 // New returns a Server.
@@ -85,7 +87,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, table: pgx.Identifier{cfg.Schema, "cobraments"}.Sanitize(), attempts: map[string]int{}}, nil
+	return &Server{cfg: cfg, table: pgx.Identifier{cfg.Schema, "cobraments"}.Sanitize(),
+		refunds: pgx.Identifier{cfg.Schema, "reemborsaments"}.Sanitize(), attempts: map[string]int{}}, nil
 }
 
 // ChargeRequest is the body of POST /cobraments.
@@ -121,6 +124,7 @@ type Page struct {
 //
 //	POST /cobraments   charge (Idempotency-Key required; application/json; 201, 200 replayed, 400, 415, 422, 503)
 //	GET  /cobraments?limit=&despres_de=   one page of charges in key order (Page)
+//	POST /reemborsaments   refund a whole charge (Idempotency-Key required; application/json; 201, 200 replayed, 400, 415, 422, 503)
 //
 // limit defaults to PageLimitDefault and is at most PageLimitMax; despres_de
 // is the seguent of the previous page (the key after which to list). Any
@@ -129,6 +133,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /cobraments", s.charge)
 	mux.HandleFunc("GET /cobraments", s.list)
+	mux.HandleFunc("POST /reemborsaments", s.refund)
 	return mux
 }
 
@@ -211,7 +216,7 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, created, err := s.record(r.Context(), key, req)
-	if errors.Is(err, errMismatch) {
+	if errors.Is(err, errMismatch) || errors.Is(err, errVoided) {
 		svc.WriteError(w, http.StatusUnprocessableEntity, "Idempotency-Key", err.Error())
 		return
 	}
@@ -258,10 +263,21 @@ func (s *Server) record(ctx context.Context, key string, req ChargeRequest) (Cha
 	ref := newRef()
 	c := Charge{Key: key}
 	var inserted bool
-	err := s.cfg.Pool.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (clau, comanda_id, import_centims, ref) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (clau) DO UPDATE SET crides = c.crides + 1
-		RETURNING comanda_id, import_centims, ref, crides, (xmax = 0)`, key, req.OrderID, req.TotalCents, ref).
-		Scan(&c.OrderID, &c.TotalCents, &c.Ref, &c.Calls, &inserted)
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		// Under the key's lock: a key voided by a refund charges nothing.
+		var voided bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.refunds+` WHERE clau_cobrament = $2 AND ref_cobrament IS NULL)
+			FROM pg_advisory_xact_lock($1, hashtext($2))`, keyLockClass, key).Scan(&voided); err != nil {
+			return err
+		}
+		if voided {
+			return errVoided
+		}
+		return tx.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (clau, comanda_id, import_centims, ref) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (clau) DO UPDATE SET crides = c.crides + 1
+			RETURNING comanda_id, import_centims, ref, crides, (xmax = 0)`, key, req.OrderID, req.TotalCents, ref).
+			Scan(&c.OrderID, &c.TotalCents, &c.Ref, &c.Calls, &inserted)
+	})
 	if err != nil {
 		return Charge{}, false, err
 	}

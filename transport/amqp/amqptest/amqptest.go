@@ -12,6 +12,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -125,6 +129,58 @@ func DeleteQueuesAtCleanup(t testing.TB, names func() []string) {
 			_ = ch.Close()
 		}
 	})
+}
+
+// DeleteExchangesAtCleanup deletes the exchanges names, when the test ends,
+// on a fresh connection. Register it before DeleteQueuesAtCleanup of the
+// queues bound to them if they must outlive the queues (cleanups run last
+// registered first); the order does not matter otherwise.
+func DeleteExchangesAtCleanup(t testing.TB, names ...string) {
+	t.Helper()
+	t.Cleanup(func() {
+		conn, err := amqp091.Dial(URL())
+		if err != nil {
+			t.Errorf("amqptest: cleanup: %v", err)
+			return
+		}
+		defer conn.Close()
+		for _, n := range names {
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Errorf("amqptest: cleanup: %v", err)
+				return
+			}
+			if err := ch.ExchangeDelete(n, false, false); err != nil && !strings.Contains(err.Error(), "NOT_FOUND") {
+				t.Errorf("amqptest: delete exchange %s: %v", n, err)
+			}
+			_ = ch.Close()
+		}
+	})
+}
+
+// ExchangeExists reports whether exchange exists on the broker.
+func ExchangeExists(t testing.TB, name string) bool {
+	t.Helper()
+	conn, err := amqp091.Dial(URL())
+	if err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+	defer ch.Close() //nolint:errcheck // a failed passive declare closed it
+	err = ch.ExchangeDeclarePassive(name, amqp091.ExchangeHeaders, true, true, false, false, nil)
+	if err == nil {
+		return true
+	}
+	var aerr *amqp091.Error
+	if errors.As(err, &aerr) && aerr.Code == amqp091.NotFound {
+		return false
+	}
+	t.Fatalf("amqptest: exchange %s: %v", name, err)
+	return false
 }
 
 // Rabbitmqctl runs rabbitmqctl with args and fails the test on error.
@@ -245,4 +301,105 @@ func DeadLetter(t testing.TB, conn *amqp.Conn, queue, id string) *amqp.DeadLette
 		}
 	}
 	return nil
+}
+
+// ManagementURL is the RabbitMQ management API tests use:
+// KM0_TEST_AMQP_MANAGEMENT_URL, else http://guest:guest@127.0.0.1:15672 (the
+// plugin's default listener; rabbitmq-plugins enable rabbitmq_management).
+// An API that does not answer fails the test naming it under CI=true, and
+// skips it otherwise (the plugin is optional on a developer's broker).
+func ManagementURL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv("KM0_TEST_AMQP_MANAGEMENT_URL")
+	if u == "" {
+		u = "http://guest:guest@127.0.0.1:15672"
+	}
+	err := probeManagement(u)
+	if err == nil {
+		return u
+	}
+	msg := "the RabbitMQ management API does not answer: " + err.Error() +
+		" (enable it with: rabbitmq-plugins enable rabbitmq_management; or set KM0_TEST_AMQP_MANAGEMENT_URL)"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// probeManagement asks GET /api/overview of the management API at u.
+// Its error never quotes u (it holds the password).
+func probeManagement(u string) error {
+	pu, err := url.Parse(u)
+	if err != nil || pu.Host == "" {
+		return errors.New("KM0_TEST_AMQP_MANAGEMENT_URL is not an absolute URL")
+	}
+	user := pu.User
+	pu.User = nil
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(pu.String(), "/")+"/api/overview", nil)
+	if err != nil {
+		return err
+	}
+	if user != nil {
+		pw, _ := user.Password()
+		req.SetBasicAuth(user.Username(), pw)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: %v", pu.Host, errors.Unwrap(err))
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s answered %s", pu.Host, resp.Status)
+	}
+	return nil
+}
+
+// UnackedQueue declares a queue named after prefix with ready+unacked
+// messages and takes unacked of them on a consumer that never acknowledges
+// them: its connection stays open until the test ends. The queue is deleted
+// at cleanup.
+func UnackedQueue(t testing.TB, prefix string, ready, unacked int) string {
+	t.Helper()
+	conn := Dial(t)
+	q := Name(prefix)
+	DeleteQueuesAtCleanup(t, func() []string { return []string{q} })
+	raw, err := amqp091.Dial(URL())
+	if err != nil {
+		t.Fatalf("RabbitMQ is required and did not answer: %v (start it with: rabbitmq-server -detached)", err)
+	}
+	t.Cleanup(func() { _ = raw.Close() })
+	ch, err := raw.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < ready+unacked; i++ {
+		if err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp091.Publishing{Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	WaitFor(t, 10*time.Second, "the messages in the queue", func() bool { return QueueLen(t, conn, q) == ready+unacked })
+	if unacked == 0 {
+		return q
+	}
+	if err := ch.Qos(unacked, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume(q, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < unacked; i++ {
+		select {
+		case <-ds:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("delivery %d of %s did not arrive", i+1, q)
+		}
+	}
+	return q
 }

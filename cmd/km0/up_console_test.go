@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/services/system"
+)
+
+// The console of km0 up / km0 serve --console alerts on lag as km0 console
+// does: with --max-lag 2 --alert-for 0s, a consumer group 4 records behind
+// gets one "alerta" notice on the DLQ webhook.
+func TestUpConsoleAlertsOnLag(t *testing.T) {
+	b := kafkatest.New(t, system.DomainTopics()...)
+	cl := kafkatest.Client(t, b, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	ctx := context.Background()
+	const lagTopic, lagGroup = "gaps.lag", "gaps-lagger"
+	adm := kadm.NewClient(cl)
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, lagTopic); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: lagTopic, Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var o kadm.Offsets
+	o.Add(kadm.Offset{Topic: lagTopic, Partition: 0, At: 0, LeaderEpoch: -1})
+	if resp, err := adm.CommitOffsets(ctx, lagGroup, o); err != nil || resp.Error() != nil {
+		t.Fatalf("commit: %v %v", err, resp.Error())
+	}
+	var mu sync.Mutex
+	var notices []dlq.LagNotice
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var n dlq.LagNotice
+		if json.Unmarshal(body, &n) == nil && n.Avis == "lag" {
+			mu.Lock()
+			notices = append(notices, n)
+			mu.Unlock()
+		}
+	}))
+	defer hook.Close()
+	sfx := make([]byte, 4)
+	_, _ = rand.Read(sfx)
+	suffix := "gaps_" + hex.EncodeToString(sfx)
+	t.Cleanup(func() { _ = svc.DropDatabase(context.Background(), pgtest.URL(), svc.DatabaseName("dlq", suffix)) })
+	p := startKm0(t, []string{"KM0_DLQ_WEBHOOK=" + hook.URL, serviceDatabaseEnv("analitica") + "=" + pgtest.NewDatabase(t)},
+		"serve", "analitica", "--brokers", strings.Join(b.Addrs(), ","), "--database-url", pgtest.URL(), "--database-suffix", suffix,
+		"--console", "127.0.0.1:0", "--max-lag", "2", "--alert-for", "0s")
+	p.waitRunning(t, 60*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		var got []dlq.LagNotice
+		for _, n := range notices {
+			if n.Objecte == "grup "+lagGroup {
+				got = append(got, n)
+			}
+		}
+		mu.Unlock()
+		if len(got) > 0 {
+			if len(got) != 1 || got[0].Estat != "alerta" || got[0].Lag != 4 || got[0].MaxLag != 2 {
+				t.Fatalf("lag notices for %s: %+v", lagGroup, got)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no lag alert on the webhook after 30 s\n%s", p.log())
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// Thresholds without a console to watch them are refused before anything
+// is connected.
+func TestUpRefusesLagThresholdsWithoutConsole(t *testing.T) {
+	err := runServices(context.Background(), "up", system.Services, []string{"--max-lag", "5", "--brokers", "127.0.0.1:1"})
+	if err == nil || !strings.Contains(err.Error(), "--console") {
+		t.Fatalf("km0 up --max-lag without --console: %v", err)
+	}
+}

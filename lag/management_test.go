@@ -1,0 +1,94 @@
+package lag_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/km0/km0/lag"
+	"github.com/km0/km0/transport/amqp/amqptest"
+)
+
+// The unacknowledged messages of a queue come from the management API: two
+// messages held by a consumer that never acks are counted as unacked, the
+// three others as ready.
+func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
+	mgmt := amqptest.ManagementURL(t)
+	q := amqptest.UnackedQueue(t, "km0.lagtest.unacked", 3, 2)
+	m, err := lag.NewMeasurer(lag.Config{AMQP: amqptest.Dial(t), Queues: []string{q}, ManagementURL: mgmt, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last lag.QueueLag
+	// The broker samples its queue statistics every 5 s by default.
+	amqptest.WaitFor(t, 30*time.Second, "2 unacked and 3 ready through the management API", func() bool {
+		s, err := m.Measure(context.Background())
+		if err != nil || len(s.Errors) > 0 || len(s.Queues) != 1 {
+			t.Fatalf("measure: %v %v %+v", err, s.Errors, s.Queues)
+		}
+		last = s.Queues[0]
+		return last.Unacked == 2 && last.Ready == 3 && last.Consumers == 1
+	})
+	if last.Err != "" {
+		t.Fatalf("queue: %+v", last)
+	}
+}
+
+// A management API that does not answer: named in the snapshot's errors
+// (without host or password) when it was configured, a note and unacked
+// unknown when it was a guess; ready counts stay exact either way.
+func TestManagementAPIThatDoesNotAnswer(t *testing.T) {
+	q := amqptest.UnackedQueue(t, "km0.lagtest.unacked", 3, 2)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://guest:s3cr3t@" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	for _, bestEffort := range []bool{false, true} {
+		m, err := lag.NewMeasurer(lag.Config{AMQP: amqptest.Dial(t), Queues: []string{q}, ManagementURL: closed,
+			ManagementBestEffort: bestEffort, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := m.Measure(context.Background())
+		if err != nil || len(s.Queues) != 1 {
+			t.Fatalf("measure: %v %+v", err, s.Queues)
+		}
+		if got := s.Queues[0]; got.Ready != 3 || got.Unacked != -1 || got.Err != "" {
+			t.Fatalf("best effort %v: queue %+v, want 3 ready, unacked unknown", bestEffort, got)
+		}
+		all := strings.Join(append(s.Errors, s.Notes...), " ")
+		if strings.Contains(all, "s3cr3t") || strings.Contains(all, ln.Addr().String()) {
+			t.Fatalf("the snapshot quotes the management URL: %q", all)
+		}
+		if bestEffort {
+			if len(s.Errors) != 0 || len(s.Notes) != 1 || s.Notes[0] != lag.NoteNoManagement {
+				t.Fatalf("best effort: errors %v notes %v, want only the note", s.Errors, s.Notes)
+			}
+		} else if len(s.Errors) != 1 || !strings.Contains(s.Errors[0], "management API") || len(s.Notes) != 0 {
+			t.Fatalf("configured: errors %v notes %v, want one error naming the management API", s.Errors, s.Notes)
+		}
+	}
+}
+
+// The guessed management API of an AMQP URL: same host and credentials, the
+// plugin's default port, the URL's virtual host.
+func TestManagementURLFor(t *testing.T) {
+	for _, c := range []struct{ in, url, vhost string }{
+		{"", "http://guest:guest@127.0.0.1:15672", "/"},
+		{"amqp://app:p%40ss@rabbit.example:5672/prod", "http://app:p%40ss@rabbit.example:15672", "prod"},
+		{"amqps://app:pw@rabbit.example/", "https://app:pw@rabbit.example:15671", "/"},
+		{"amqp://u:p@[::1]:5673/%2f", "http://u:p@[::1]:15672", "/"},
+	} {
+		u, vh, err := lag.ManagementURLFor(c.in)
+		if err != nil || u != c.url || vh != c.vhost {
+			t.Errorf("ManagementURLFor(%q) = %q, %q, %v; want %q, %q", c.in, u, vh, err, c.url, c.vhost)
+		}
+	}
+	if _, _, err := lag.ManagementURLFor("http://x:s3cr3t@%zz"); err == nil || strings.Contains(err.Error(), "s3cr3t") {
+		t.Fatalf("bad URL: %v", err)
+	}
+}

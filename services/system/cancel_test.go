@@ -1,0 +1,143 @@
+package system_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/services/pagaments/passarella"
+	"github.com/km0/km0/services/system"
+)
+
+func post(t *testing.T, url, body string) int {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func orderBody(id, product string, n int) string {
+	return fmt.Sprintf(`{"id":%q,"client":"anna","mercat":"girona","linies":[{"producte":%q,"quantitat":%d,"preu_centims":500}],
+		"adreca_lliurament":{"ciutat":"Girona","codi_postal":"17001"}}`, id, product, n)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 60 s (%s)", what, state)
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// TestCancellationsAndTheStockRefusalCompensateEveryService runs the six
+// services over Kafka:
+//   - A (2 formatge-fresc) is served, charged, paid and assigned a courier,
+//     then cancelled: stock back to 30, one refund of 1000, courier released;
+//   - B (6 formatge-curat, 5 in stock) is refused by inventari: comandes
+//     cancels it with motiu estoc_insuficient and pagaments refunds the 3000
+//     it charged (or never charges it), stock untouched;
+//   - C (1 carbasso) is cancelled while its charge is in retry (the gateway
+//     fails its first two attempts): at the end it is charged and refunded
+//     once, or never charged;
+//
+// and analitica counts 3 cancellations, 1 per estoc_insuficient.
+func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
+	sys, _ := startWith(t, system.Services, func(c *system.Config) {
+		c.Backoff = 200 * time.Millisecond
+		c.AssignInterval = 100 * time.Millisecond
+		c.GatewayFaults = passarella.Faults{Fail: func(key string, attempt int) bool {
+			return key == pagaments.ChargeKey("P-2026-000003") && attempt <= 2
+		}}
+	})
+	t.Cleanup(sys.Close)
+	ctx := context.Background()
+	base := sys.Addrs()["comandes"]
+	if st := post(t, base+"/comandes", orderBody("P-2026-000001", "formatge-fresc", 2)); st != 201 {
+		t.Fatalf("A: %d", st)
+	}
+	waitFor(t, "A served, charged and assigned", func() (bool, string) {
+		st, _ := sys.Inventari.Stock(ctx)
+		lz, _ := sys.Repartiment.Summary(ctx)
+		pay, _ := sys.Pagaments.Payments(ctx)
+		return st["formatge-fresc"] == 28 && lz["assignat"] == 1 && pay["P-2026-000001"].TotalCents == 1000, fmt.Sprintf("stock %v, deliveries %v", st, lz)
+	})
+	if st := post(t, base+"/comandes", orderBody("P-2026-000002", "formatge-curat", 6)); st != 201 {
+		t.Fatalf("B: %d", st)
+	}
+	if st := post(t, base+"/comandes", orderBody("P-2026-000003", "carbasso", 1)); st != 201 {
+		t.Fatalf("C: %d", st)
+	}
+	for _, id := range []string{"P-2026-000001", "P-2026-000003"} {
+		if st := post(t, base+"/comandes/"+id+"/cancellacio", `{"motiu":"client"}`); st != 200 {
+			t.Fatalf("cancel %s: %d", id, st)
+		}
+	}
+	waitFor(t, "every order cancelled and compensated", func() (bool, string) {
+		var states []string
+		for _, id := range []string{"P-2026-000001", "P-2026-000002", "P-2026-000003"} {
+			v, err := sys.Comandes.Get(ctx, id)
+			if err != nil || v.State != "cancellada" {
+				return false, fmt.Sprintf("%s: %v %v", id, v, err)
+			}
+			states = append(states, v.State)
+		}
+		st, _ := sys.Inventari.Stock(ctx)
+		lz, _ := sys.Repartiment.Summary(ctx)
+		refunds, _ := sys.Gateway.Refunds(ctx)
+		charges, _ := sys.Gateway.Charges(ctx)
+		an, _ := sys.Analitica.Counters(ctx)
+		var owed int64 // charged and not refunded
+		for _, c := range charges {
+			owed += c.TotalCents
+		}
+		for _, r := range refunds {
+			owed -= r.TotalCents
+		}
+		return st["formatge-fresc"] == 30 && st["formatge-curat"] == 5 && st["carbasso"] == 80 && lz["assignat"] == 0 && lz["cancellat"] >= 1 &&
+				owed == 0 && len(refunds) >= 2 && an.PerCancelReason["client"] == 2 && an.PerCancelReason["estoc_insuficient"] == 1,
+			fmt.Sprintf("orders %v, stock %v, deliveries %v, charges %d refunds %d owed %d, analitica %v", states, st, lz, len(charges), len(refunds), owed, an.PerCancelReason)
+	})
+	refunds, _ := sys.Gateway.Refunds(ctx)
+	for _, r := range refunds {
+		if r.Calls < 1 {
+			t.Errorf("refund %+v", r)
+		}
+	}
+	for _, id := range []string{"P-2026-000001", "P-2026-000002"} {
+		if _, ok := refunds[pagaments.RefundKey(id)]; !ok {
+			t.Errorf("%s not refunded: %v", id, refunds)
+		}
+	}
+	// A was charged (waited for above); B was charged unless its charge
+	// attempt failed and its cancellation came first (a slow gateway):
+	// charged ⇒ refunded in full and recorded.
+	got, _ := sys.Pagaments.Refunds(ctx)
+	charges, _ := sys.Gateway.Charges(ctx)
+	for id, cents := range map[string]int64{"P-2026-000001": 1000, "P-2026-000002": 3000} {
+		_, charged := charges[pagaments.ChargeKey(id)]
+		if (id == "P-2026-000001" && !charged) || (charged && got[id] != cents) || (!charged && got[id] != 0) {
+			t.Errorf("%s: charged %v, recorded refunds %v; want charged ⇒ refunded %d", id, charged, got, cents)
+		}
+	}
+	// A's courier, and B's if B was paid before its refusal cancelled it.
+	var released, assigned, busy int
+	if err := sys.Pool("repartiment").QueryRow(ctx, `SELECT count(*) FILTER (WHERE alliberat), count(*) FILTER (WHERE repartidor_id IS NOT NULL),
+		(SELECT count(*) FROM repartidors WHERE ocupat_fins > now()) FROM lliuraments`).Scan(&released, &assigned, &busy); err != nil || released < 1 || released != assigned || busy != 0 {
+		t.Errorf("%d couriers released of %d assigned, %d still busy (%v); want every assigned one released, at least A's", released, assigned, busy, err)
+	}
+}
