@@ -2,9 +2,14 @@ package cdc_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 )
 
@@ -125,4 +130,49 @@ func TestCDCWaitsForAPollingRelayOfTheSameTable(t *testing.T) {
 	waitFor(t, "the CDC relay to publish", 10*time.Second, func() bool { return b.pending(t) == 0 })
 	perKey, _ := firstSeqs(t, b.read(t, 2))
 	checkCommitOrder(t, perKey, map[string]int{"P-1": 2})
+}
+
+// Batches larger than one marking statement (BatchSize 2,500): the
+// catch-up's rows (marked by ctid) and the stream's (marked by id) are
+// marked in several statements of one round trip; every row ends marked and
+// on the topic exactly once, in commit order.
+func TestBatchesLargerThanAMarkStatementAreMarkedWhole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const n = 2500
+	want := map[string]int{} // events written per aggregate
+	write := func() {
+		evs := make([]*outbox.Event, n)
+		for i := range evs {
+			agg := fmt.Sprintf("P-%d", i%7)
+			want[agg]++
+			evs[i] = &outbox.Event{Aggregate: "comanda", AggregateID: agg, Type: "comanda.creada",
+				Payload: seqPayload{Seq: want[agg]}}
+		}
+		if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.EnqueueBatch(ctx, tx, evs) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write() // pending at the first start: the catch-up
+	cfg := b.config()
+	cfg.BatchSize = n
+	streaming := make(chan struct{})
+	start(t, withFaults{newRelay(t, cfg), faults.CDC{Streaming: func() { close(streaming) }}})
+	<-streaming
+	write() // one transaction of n rows in the stream
+	waitFor(t, "every row marked", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	if got := b.count(t, "SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL"); got != 2*n {
+		t.Fatalf("%d rows marked, want %d", got, 2*n)
+	}
+	perKey, copies := firstSeqs(t, b.read(t, 2*n))
+	if len(copies) != 2*n {
+		t.Fatalf("%d distinct events, want %d", len(copies), 2*n)
+	}
+	for id, c := range copies {
+		if c != 1 {
+			t.Fatalf("event %s published %d times", id, c)
+		}
+	}
+	checkCommitOrder(t, perKey, want)
 }
