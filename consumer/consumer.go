@@ -151,6 +151,8 @@ func (p pipeline) Foreign(origin string, n int) { p.c.count(origin, resForeign, 
 
 func (p pipeline) Held(delta int) { p.c.m.held.Add(float64(delta)) }
 
+func (p pipeline) Lag(topic string, partition int32, n int64) { p.c.lag(topic, partition, n) }
+
 func (p pipeline) Crashed() <-chan struct{} { return p.c.crashCh }
 
 func (p pipeline) Err() error { return p.c.Err() }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +57,10 @@ const (
 	// MetricConflicts counts transactions rerun in place after a deadlock or
 	// a serialisation failure, by domain topic and sqlstate.
 	MetricConflicts = "km0_consumer_conflicts_total"
+	// MetricLag is the records of a partition this consumer owns that are
+	// not done yet, up to the partition's high watermark (Kafka), by topic
+	// and particio. A revoked partition's series is removed.
+	MetricLag = "km0_consumer_lag"
 )
 
 // metrics are the Prometheus collectors of one consumer. They exist (and
@@ -65,6 +70,7 @@ type metrics struct {
 	dlq       *prometheus.CounterVec // topic, motiu (class)
 	held      prometheus.Gauge
 	conflicts *prometheus.CounterVec // topic, sqlstate
+	lag       *prometheus.GaugeVec   // topic, particio
 }
 
 func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error) {
@@ -85,6 +91,10 @@ func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error)
 			Name: MetricConflicts,
 			Help: "Transactions of a km0 consumer rolled back by PostgreSQL for a deadlock (40P01) or serialisation failure (40001) and rerun in place, by topic and sqlstate.",
 		}, []string{"topic", "sqlstate"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricLag,
+			Help: "Records of a partition owned by a km0 consumer not done yet, up to the partition's high watermark, by topic and particio.",
+		}, []string{"topic", "particio"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -101,6 +111,9 @@ func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error)
 		return nil, err
 	}
 	if m.conflicts, err = register(reg, m.conflicts); err != nil {
+		return nil, err
+	}
+	if m.lag, err = register(reg, m.lag); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -140,4 +153,14 @@ func (c *Consumer) count(topic, res string, n int64) {
 	}
 	c.counts[res].Add(n)
 	c.m.messages.WithLabelValues(topic, res).Add(float64(n))
+}
+
+// lag sets (n >= 0) or removes (n < 0) the km0_consumer_lag of a partition.
+func (c *Consumer) lag(topic string, partition int32, n int64) {
+	part := strconv.Itoa(int(partition))
+	if n < 0 {
+		c.m.lag.DeleteLabelValues(topic, part)
+		return
+	}
+	c.m.lag.WithLabelValues(topic, part).Set(float64(n))
 }
