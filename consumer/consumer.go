@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/transport"
@@ -151,7 +152,9 @@ func (p pipeline) Foreign(origin string, n int) { p.c.count(origin, resForeign, 
 
 func (p pipeline) Held(delta int) { p.c.m.held.Add(float64(delta)) }
 
-func (p pipeline) Lag(topic string, partition int32, n int64) { p.c.lag(topic, partition, n) }
+func (p pipeline) Lag(topic string, partition int32, n int64, oldest time.Time) {
+	p.c.lag(topic, partition, n, oldest)
+}
 
 func (p pipeline) Crashed() <-chan struct{} { return p.c.crashCh }
 

@@ -16,13 +16,20 @@ import (
 // whether the series exists.
 func lagOf(t *testing.T, reg *prometheus.Registry, topic string) (float64, bool) {
 	t.Helper()
+	return gaugeOf(t, reg, consumer.MetricLag, topic)
+}
+
+// gaugeOf returns the gauge metric of (topic, partition 0) in reg, and
+// whether the series exists.
+func gaugeOf(t *testing.T, reg *prometheus.Registry, metric, topic string) (float64, bool) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{"grup": group, "consumidor": name, "topic": topic, "particio": "0"}
 	for _, mf := range mfs {
-		if mf.GetName() != consumer.MetricLag {
+		if mf.GetName() != metric {
 			continue
 		}
 	series:
@@ -43,9 +50,9 @@ func lagOf(t *testing.T, reg *prometheus.Registry, topic string) (float64, bool)
 
 // TestLagGaugeFollowsTheBacklog: 20 records on one partition, a handler
 // let through 5 of them (batches of one) and then held: km0_consumer_lag is
-// 15, the records behind the high watermark. Let through, the gauge drops
-// to 0; once the consumer stops, the partition is no longer its own and
-// the series is gone.
+// 15, the records behind the high watermark, and the 6th record's age is
+// exported. Let through, both drop to 0; once the consumer stops, the
+// partition is no longer its own and the series are gone.
 func TestLagGaugeFollowsTheBacklog(t *testing.T) {
 	t.Parallel()
 	b := setupWith(t, kafka.EmbeddedConfig{Partitions: 1})
@@ -78,6 +85,9 @@ func TestLagGaugeFollowsTheBacklog(t *testing.T) {
 	if got := r.c.Stats().Processed; got != first {
 		t.Fatalf("processed %d while the handler holds the 6th, want %d", got, first)
 	}
+	if age, ok := gaugeOf(t, b.reg, consumer.MetricOldest, topic); !ok || age <= 0 {
+		t.Fatalf("km0_consumer_oldest_unprocessed_seconds %v (exported %v) with the 6th held, want > 0", age, ok)
+	}
 	for range n - first {
 		gate <- struct{}{}
 	}
@@ -86,6 +96,9 @@ func TestLagGaugeFollowsTheBacklog(t *testing.T) {
 		v, ok := lagOf(t, b.reg, topic)
 		return ok && v == 0
 	})
+	if age, ok := gaugeOf(t, b.reg, consumer.MetricOldest, topic); !ok || age != 0 {
+		t.Fatalf("km0_consumer_oldest_unprocessed_seconds %v (exported %v) with nothing left, want 0", age, ok)
+	}
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -97,8 +110,8 @@ func TestLagGaugeFollowsTheBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == consumer.MetricLag && len(mf.GetMetric()) > 0 {
-			t.Fatalf("km0_consumer_lag series after stop: %d, want 0", len(mf.GetMetric()))
+		if (mf.GetName() == consumer.MetricLag || mf.GetName() == consumer.MetricOldest) && len(mf.GetMetric()) > 0 {
+			t.Fatalf("%s series after stop: %d, want 0", mf.GetName(), len(mf.GetMetric()))
 		}
 	}
 	if got := b.effects(); got != n {

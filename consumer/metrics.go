@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -61,6 +63,9 @@ const (
 	// not done yet, up to the partition's high watermark (Kafka), by topic
 	// and particio. A revoked partition's series is removed.
 	MetricLag = "km0_consumer_lag"
+	// MetricOldest is the age at scrape time of the oldest fetched record
+	// of a partition not done yet (0 when none is), by topic and particio.
+	MetricOldest = "km0_consumer_oldest_unprocessed_seconds"
 )
 
 // metrics are the Prometheus collectors of one consumer. They exist (and
@@ -71,6 +76,7 @@ type metrics struct {
 	held      prometheus.Gauge
 	conflicts *prometheus.CounterVec // topic, sqlstate
 	lag       *prometheus.GaugeVec   // topic, particio
+	oldest    *oldestCollector
 }
 
 func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error) {
@@ -95,6 +101,7 @@ func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error)
 			Name: MetricLag,
 			Help: "Records of a partition owned by a km0 consumer not done yet, up to the partition's high watermark, by topic and particio.",
 		}, []string{"topic", "particio"}),
+		oldest: newOldestCollector(),
 	}
 	if reg == nil {
 		return m, nil
@@ -114,6 +121,9 @@ func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error)
 		return nil, err
 	}
 	if m.lag, err = register(reg, m.lag); err != nil {
+		return nil, err
+	}
+	if m.oldest, err = register(reg, m.oldest); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -155,12 +165,58 @@ func (c *Consumer) count(topic, res string, n int64) {
 	c.m.messages.WithLabelValues(topic, res).Add(float64(n))
 }
 
-// lag sets (n >= 0) or removes (n < 0) the km0_consumer_lag of a partition.
-func (c *Consumer) lag(topic string, partition int32, n int64) {
+// lag sets (n >= 0) or removes (n < 0) the km0_consumer_lag and
+// km0_consumer_oldest_unprocessed_seconds of a partition.
+func (c *Consumer) lag(topic string, partition int32, n int64, oldest time.Time) {
 	part := strconv.Itoa(int(partition))
 	if n < 0 {
 		c.m.lag.DeleteLabelValues(topic, part)
+		c.m.oldest.set(topic, part, time.Time{}, false)
 		return
 	}
+	c.m.oldest.set(topic, part, oldest, true) // first: a lag read implies its age
 	c.m.lag.WithLabelValues(topic, part).Set(float64(n))
+}
+
+// oldestCollector exports km0_consumer_oldest_unprocessed_seconds: the age
+// is computed at scrape time from the timestamp the source reported, so it
+// grows while a partition does not move.
+type oldestCollector struct {
+	desc *prometheus.Desc
+	mu   sync.Mutex
+	ts   map[[2]string]time.Time // (topic, particio) → oldest record; zero: none
+}
+
+func newOldestCollector() *oldestCollector {
+	return &oldestCollector{
+		desc: prometheus.NewDesc(MetricOldest,
+			"Age of the oldest fetched record of a partition owned by a km0 consumer not done yet (0 when none is), by topic and particio.",
+			[]string{"topic", "particio"}, nil),
+		ts: map[[2]string]time.Time{},
+	}
+}
+
+func (o *oldestCollector) set(topic, part string, ts time.Time, keep bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if keep {
+		o.ts[[2]string{topic, part}] = ts
+	} else {
+		delete(o.ts, [2]string{topic, part})
+	}
+}
+
+func (o *oldestCollector) Describe(ch chan<- *prometheus.Desc) { ch <- o.desc }
+
+func (o *oldestCollector) Collect(ch chan<- prometheus.Metric) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := time.Now()
+	for k, ts := range o.ts {
+		age := 0.0
+		if !ts.IsZero() {
+			age = max(0, now.Sub(ts).Seconds())
+		}
+		ch <- prometheus.MustNewConstMetric(o.desc, prometheus.GaugeValue, age, k[0], k[1])
+	}
 }

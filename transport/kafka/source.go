@@ -423,7 +423,7 @@ func (s *Source) stopParts(ps []*partition) {
 	}
 	for _, p := range ps {
 		<-p.done
-		s.p.Lag(p.topic, p.part, -1) // no longer ours: its lag is the next owner's
+		s.p.Lag(p.topic, p.part, -1, time.Time{}) // no longer ours: its lag is the next owner's
 	}
 }
 

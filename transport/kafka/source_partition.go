@@ -48,6 +48,7 @@ type partition struct {
 type epochOffset struct {
 	offset int64
 	epoch  int32
+	ts     time.Time // the record's timestamp
 }
 
 func newPartition(s *Source, topic string, part int32) *partition {
@@ -84,16 +85,16 @@ func (p *partition) push(recs []*kgo.Record, hwm int64) {
 	p.mu.Lock()
 	p.queue = append(p.queue, recs...)
 	for _, r := range recs {
-		p.pending = append(p.pending, epochOffset{r.Offset, r.LeaderEpoch})
+		p.pending = append(p.pending, epochOffset{r.Offset, r.LeaderEpoch, r.Timestamp})
 	}
 	if !p.paused && len(p.queue)+p.held > p.high {
 		p.paused = true
 		p.s.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.part}})
 	}
 	p.hwm = max(p.hwm, hwm)
-	lag := p.lagLocked()
+	lag, oldest := p.lagLocked()
 	p.mu.Unlock()
-	p.reportLag(lag)
+	p.reportLag(lag, oldest)
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -137,9 +138,9 @@ func (p *partition) setHeld(n int) {
 func (p *partition) finish(recs []*kgo.Record) {
 	p.mu.Lock()
 	defer func() {
-		lag := p.lagLocked()
+		lag, oldest := p.lagLocked()
 		p.mu.Unlock()
-		p.reportLag(lag)
+		p.reportLag(lag, oldest)
 	}()
 	for _, r := range recs {
 		p.finished[r.Offset] = true
@@ -154,22 +155,23 @@ func (p *partition) finish(recs []*kgo.Record) {
 }
 
 // lagLocked returns the records between the first one not finished and the
-// high watermark of the last fetch: those fetched and not yet done, and
-// those not fetched yet. -1 when not known (no fetch yet).
-func (p *partition) lagLocked() int64 {
-	from := p.mark.Offset
+// high watermark of the last fetch (those fetched and not yet done, and
+// those not fetched yet; -1 when not known: no fetch yet), and the timestamp
+// of the first fetched record not finished (zero when none).
+func (p *partition) lagLocked() (int64, time.Time) {
+	from, oldest := p.mark.Offset, time.Time{}
 	if len(p.pending) > 0 {
-		from = p.pending[0].offset
+		from, oldest = p.pending[0].offset, p.pending[0].ts
 	}
 	if p.hwm < 0 || from < 0 {
-		return -1
+		return -1, oldest
 	}
-	return max(0, p.hwm-from)
+	return max(0, p.hwm-from), oldest
 }
 
-func (p *partition) reportLag(n int64) {
+func (p *partition) reportLag(n int64, oldest time.Time) {
 	if n >= 0 {
-		p.s.p.Lag(p.topic, p.part, n)
+		p.s.p.Lag(p.topic, p.part, n, oldest)
 	}
 }
 
