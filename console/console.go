@@ -29,7 +29,9 @@ import (
 
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
+	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/services/svc"
 )
 
@@ -68,6 +70,13 @@ type Config struct {
 	// Token is the admin token (the DLQ admin API's, $KM0_DLQ_ADMIN_TOKEN).
 	// Empty: counts only; nobody can log in.
 	Token string
+	// KeyOrder, if set, is the database holding the keyorder tables of the
+	// per-key order consumers (schema KeyOrderSchema, default public): the
+	// page of a letter that is a key's blocked head shows the key's sequence
+	// (the head and the messages parked behind it) and offers to replay it
+	// as one.
+	KeyOrder       keyorder.DBTX
+	KeyOrderSchema string
 	// Sampler provides lag and its history; nil: no lag section.
 	Sampler *lag.Sampler
 	// Services are probed for health on each page view.
@@ -106,6 +115,7 @@ func New(cfg Config) (*Console, error) {
 	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, SessionTTLDefault)
 	cfg.HealthTimeout = cmp.Or(cfg.HealthTimeout, HealthTimeoutDefault)
 	cfg.Broker = cmp.Or(cfg.Broker, "Kafka")
+	cfg.KeyOrderSchema = cmp.Or(cfg.KeyOrderSchema, migrate.SchemaDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -164,6 +174,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("GET /feina.json", c.withSession(c.jobJSON))
 	mux.HandleFunc("POST /purgar/confirmar", c.withSession(c.purgeConfirm))
 	mux.HandleFunc("POST /purgar", c.withSession(c.purge))
+	mux.HandleFunc("POST /sequencia/reproduir", c.withSession(c.replaySequence))
 	return c.headers(mux)
 }
 

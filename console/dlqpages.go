@@ -2,13 +2,16 @@ package console
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/keyorder"
 )
 
 // groupRow is one failure group of the overview.
@@ -337,9 +340,122 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 	if _, err := l.Envelope(); err != nil {
 		envErr = err.Error()
 	}
+	seqs, err := c.sequencesOf(r.Context(), l)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
 	c.renderPage(w, r, http.StatusOK, "letter", page{Title: "Letter " + l.ID, Data: map[string]any{
 		"L": l, "Class": l.Class(), "Reason": dlq.Safe(l.Reason), "Headers": hs, "Value": value, "IsJSON": isJSON,
 		"EnvelopeError": envErr, "Key": dlq.Safe(string(l.Key)), "Rabbit": c.cfg.Broker == "RabbitMQ",
+		"Sequences": seqs,
+	}})
+}
+
+// seqView is a blocked key's sequence as the letter page shows it.
+type seqView struct {
+	Consumer, Key, HeadID, Reason, LastError string
+	Since                                    time.Time
+	Behind                                   []seqRow
+}
+
+type seqRow struct {
+	Seq                     int64
+	ID, Tipus, State, Where string
+	Letter                  string
+}
+
+// sequencesOf returns the sequences of the keys whose blocked head is l's
+// event (per-key order consumers; none without Config.KeyOrder).
+func (c *Console) sequencesOf(ctx context.Context, l *dlq.Letter) ([]seqView, error) {
+	if c.cfg.KeyOrder == nil || l.EventID == "" {
+		return nil, nil
+	}
+	refs, err := dlq.BlockedHeads(ctx, c.cfg.KeyOrder, c.cfg.KeyOrderSchema, l.EventID)
+	if err != nil {
+		return nil, err
+	}
+	ko, err := keyorder.New(keyorder.Config{Schema: c.cfg.KeyOrderSchema})
+	if err != nil {
+		return nil, err
+	}
+	var out []seqView
+	for _, ref := range refs {
+		seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, c.cfg.KeyOrder, ref.Consumer, ref.Key)
+		if errors.Is(err, dlq.ErrNotBlocked) {
+			continue // released meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		v := seqView{Consumer: dlq.Safe(seq.Consumer), Key: dlq.Safe(seq.Key), HeadID: dlq.Safe(seq.Head.MessageID),
+			Reason: string(seq.Head.Reason), LastError: dlq.Safe(seq.Head.LastError), Since: seq.Head.Since}
+		for _, p := range seq.Behind {
+			if p.ID == seq.Head.MessageID {
+				continue
+			}
+			row := seqRow{Seq: p.Seq, ID: dlq.Safe(p.ID), State: string(p.State),
+				Where: dlq.Safe(p.Topic) + "/" + strconv.Itoa(int(p.Partition)) + "/" + strconv.FormatInt(p.Offset, 10)}
+			for _, h := range p.Headers {
+				if h.Key == "tipus" {
+					row.Tipus = dlq.Safe(h.Value)
+				}
+			}
+			if ls := seq.BehindLetters[p.ID]; len(ls) > 0 {
+				row.Letter = ls[0].ID
+			}
+			v.Behind = append(v.Behind, row)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// replaySequence replays a blocked key's sequence as one (dlq.ReplaySequence):
+// the head's letter goes back to its topic, the consumer then applies the
+// messages behind it in order, and their letters are marked purged.
+func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
+	if !c.needSource(w, r) {
+		return
+	}
+	if c.cfg.KeyOrder == nil {
+		c.errorPage(w, r, http.StatusNotFound, "this console shows no per-key order sequences")
+		return
+	}
+	consumer, err1 := text(r.PostFormValue("consumidor"))
+	key, err2 := text(r.PostFormValue("clau"))
+	if err1 != nil || err2 != nil || consumer == "" || key == "" {
+		c.errorPage(w, r, http.StatusBadRequest, "a sequence replay needs consumidor and clau")
+		return
+	}
+	ko, err := keyorder.New(keyorder.Config{Schema: c.cfg.KeyOrderSchema})
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	defer cancel()
+	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, c.cfg.KeyOrder, consumer, key)
+	if errors.Is(err, dlq.ErrNotBlocked) {
+		c.errorPage(w, r, http.StatusConflict, "this key is not blocked any more: nothing to replay")
+		return
+	}
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	rep, err := dlq.ReplaySequence(ctx, c.cfg.Source, seq, dlq.ReplayOptions{Retention: c.cfg.Retention})
+	if err != nil && rep == nil {
+		c.cfg.Logger.Warn("console: sequence replay refused", "consumidor", consumer, "err", err)
+		c.errorPage(w, r, http.StatusConflict, "the sequence was not replayed: its head has no pending dead letter")
+		return
+	}
+	if err != nil {
+		c.cfg.Logger.Error("console: sequence replay", "err", err)
+	}
+	c.cfg.Logger.Info("console: sequence replay", "consumidor", consumer, "done", rep.Done, "refused", rep.Refused)
+	c.renderPage(w, r, http.StatusOK, "seqreplayed", page{Title: "Sequence replay: result", Data: map[string]any{
+		"Consumer": dlq.Safe(consumer), "Key": dlq.Safe(key), "Report": rep, "Behind": len(seq.Behind), "Failed": err != nil,
 	}})
 }
 

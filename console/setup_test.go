@@ -73,7 +73,7 @@ func setupWith(t *testing.T, tok string, more func(*console.Config)) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := console.Config{Source: svc, Token: tok, Logger: log}
+	cfg := console.Config{Source: svc, Token: tok, Logger: log, KeyOrder: s.Pool, KeyOrderSchema: s.Name}
 	if more != nil {
 		more(&cfg)
 	}

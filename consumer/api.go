@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/transport"
 )
 
@@ -118,4 +119,29 @@ const (
 	// for data the next message replaces (analitica, telemetry). Failures
 	// are still retried and dead-lettered.
 	AtMostOnce
+)
+
+// Order says whether a consumer keeps the order of a key's messages through
+// retries and dead letters (Config.Order).
+type Order int
+
+const (
+	// Unordered (default): a failed message goes to its retry and the
+	// messages behind it go on; on Kafka and in RabbitMQ's ordered mode
+	// order per key holds only while nothing fails.
+	Unordered Order = iota
+	// PerKey: while a key's head waits for a retry or sits in the DLQ, the
+	// later messages of the key are parked (package keyorder) and applied
+	// in order once the head succeeds. Other keys never wait.
+	PerKey
+)
+
+// Behind is what happens to the messages parked behind a dead-lettered head
+// (Config.Behind).
+type Behind = keyorder.Policy
+
+// Policies of Config.Behind.
+const (
+	DeadLetterBlocked = keyorder.DeadLetterBlocked // copied to the DLQ as blocked by the head, and kept parked
+	StayParked        = keyorder.StayParked        // kept parked only
 )

@@ -22,9 +22,10 @@ import (
 
 // item is one delivery on its way through a batch.
 type item struct {
-	d   *transport.Delivery
-	msg *Message
-	dup bool // set by tryTx: the key was already recorded
+	d         *transport.Delivery
+	msg       *Message
+	dup       bool  // set by tryTx: the key was already recorded
+	decodeErr error // a stored message (per-key order) that does not decode
 }
 
 // failure is a failed attempt, to be retried or dead-lettered.
@@ -33,6 +34,12 @@ type failure struct {
 	kind outcome.Kind
 	wait time.Duration // RetryAfter's delay, 0 for the configured backoff
 	err  error
+	// on, when set, is the delivery in hand that carries the settlement of
+	// it, a message of the per-key order store (transport.Settlement.Copy).
+	on *transport.Delivery
+	// reason, when set, dead-letters it now with this motiu (a message
+	// blocked by its key's dead-lettered head).
+	reason string
 }
 
 // lane is the batch in hand: the context of its work (cancelled when the
@@ -44,6 +51,9 @@ type lane struct {
 	origin string // domain topic or work queue
 	topic  string // the topic or queue read (a .retry topic, a shard queue)
 	part   int32
+	// blocked are the keys a failure blocked during this batch (per-key
+	// order): their later messages are parked.
+	blocked map[string]bool
 }
 
 // PanicError is the error of a handler that panicked: a transient failure of
@@ -145,6 +155,13 @@ func (c *Consumer) handle(ctx context.Context, b *transport.Batch) ([]*transport
 		todo = append(todo, it)
 	}
 	c.count(l.origin, resIgnored, ignored)
+	if c.order != nil {
+		var err error
+		if fails, err = c.handleOrdered(l, todo, fails); err != nil {
+			return nil, err
+		}
+		return c.decide(fails), nil
+	}
 	for len(todo) > 0 {
 		// A transaction never holds the same id twice (an event published
 		// twice back to back): the second copy goes to the next transaction,
@@ -212,8 +229,22 @@ func (c *Consumer) runOptimistic(l *lane, msgs []*item, fails []failure) ([]fail
 				if herr != nil {
 					return fails, herr
 				}
-				fails = append(fails, refused...)
 				msgs = msgs[end:]
+				for _, f := range refused {
+					if c.order == nil || len(f.it.msg.Key) == 0 {
+						fails = append(fails, f)
+						continue
+					}
+					// Per-key order: a refused message blocks its key as a
+					// failed one does (overtakes kept its key out of the
+					// rest of this transaction).
+					var out []failure
+					var err error
+					if msgs, out, err = c.blockKey(l, f, msgs); err != nil {
+						return fails, err
+					}
+					fails = append(fails, out...)
+				}
 				break
 			}
 			if cerr := c.Err(); cerr != nil {
@@ -240,8 +271,20 @@ func (c *Consumer) runOptimistic(l *lane, msgs []*item, fails []failure) ([]fail
 			}
 			if failAt == 0 {
 				kind, delay := outcome.Classify(ferr, c.cfg.Classifier)
-				fails = append(fails, failure{it: msgs[0], kind: kind, wait: delay, err: ferr})
+				f := failure{it: msgs[0], kind: kind, wait: delay, err: ferr}
 				msgs = msgs[1:]
+				if c.order != nil && len(f.it.msg.Key) > 0 {
+					// Per-key order: the key blocks behind f before its copy
+					// is made; its later messages here are parked.
+					var out []failure
+					var err error
+					if msgs, out, err = c.blockKey(l, f, msgs); err != nil {
+						return fails, err
+					}
+					fails = append(fails, out...)
+					break
+				}
+				fails = append(fails, f)
 				break
 			}
 			end = failAt
@@ -397,7 +440,11 @@ func (c *Consumer) tryTx(ctx context.Context, msgs []*item, whole bool) (failAt 
 	switch {
 	case len(todo) == 0:
 	case whole && c.cfg.HandleBatchOutcomes != nil:
-		if refused, err = c.callOutcomes(ctx, tx, todo); err != nil {
+		refused, err = c.callOutcomes(ctx, tx, todo)
+		if err == nil && c.order != nil && overtakes(todo, refused) {
+			err = errors.New("per-key order: a message was refused and a later one of its key accepted")
+		}
+		if err != nil {
 			if ctx.Err() != nil || tx.Conn().IsClosed() {
 				return 0, nil, nil, fmt.Errorf("batch handler lost its connection: %w", err)
 			}
@@ -484,6 +531,31 @@ func (c *Consumer) callOutcomes(ctx context.Context, tx pgx.Tx, todo []*item) (r
 		}
 	}
 	return refused, nil
+}
+
+// overtakes reports whether a refused message has a later message of its
+// key in todo (per-key order: the later one must wait behind it, so the
+// batch runs one message at a time instead).
+func overtakes(todo []*item, refused []failure) bool {
+	if len(refused) == 0 {
+		return false
+	}
+	out := map[*item]bool{}
+	for _, f := range refused {
+		out[f.it] = true
+	}
+	blocked := map[string]bool{}
+	for _, it := range todo {
+		k := string(it.msg.Key)
+		switch {
+		case k == "":
+		case blocked[k]: // a later message, accepted or refused, of a refused one's key
+			return true
+		case out[it]:
+			blocked[k] = true
+		}
+	}
+	return false
 }
 
 // recordKeys inserts the keys of msgs and returns the ids that were new.

@@ -92,6 +92,32 @@ type Config struct {
 	Decode func([]byte) (*envelope.Envelope, error)
 	// Mode places the settlement (offset commit, ack). Default AtLeastOnce.
 	Mode Mode
+	// Order keeps, with PerKey, the order of the messages of one key
+	// through retries and dead letters: while a key's head waits for a retry
+	// or sits in the DLQ, the later messages of that key are parked in
+	// PostgreSQL (package keyorder) and applied in order after the head
+	// (see docs/consuming.md, "Per-key order"). The key is the message key
+	// (transport.Message.Key: the Kafka record key, the RabbitMQ header
+	// clau), which km0's relay sets to agregat_id on both brokers; a
+	// message without one keeps no order. Needs the keyorder migrations,
+	// the inbox and AtLeastOnce, and a source that hands each key to one
+	// lane (Kafka; RabbitMQ in ordered mode or with one worker). Default
+	// Unordered.
+	Order Order
+	// Behind chooses, with PerKey, what happens to the messages parked
+	// behind a head that is dead-lettered: DeadLetterBlocked (the default)
+	// copies each to the DLQ as blocked by the head (motiu
+	// "permanent: bloquejat_per_clau: …") and keeps it parked; StayParked
+	// keeps them parked only. Either way replaying the head releases them
+	// in order.
+	Behind Behind
+	// FinalFailure, with PerKey, reports whether a permanent failure is a
+	// final business outcome rather than a fault (inventari's insufficient
+	// stock: the refusal is recorded and compensated, nobody will fix and
+	// replay it). Such a message is dead-lettered as usual, but its key does
+	// not wait for it: the messages behind it are applied. Default nil:
+	// every dead-lettered head blocks its key.
+	FinalFailure func(err error) bool
 	// NoInbox skips the idempotency key, for handlers idempotent by nature
 	// (SET flag = ...). Default false.
 	NoInbox bool
@@ -188,6 +214,27 @@ func (cfg Config) validate() error {
 	}
 	if cfg.Mode != AtLeastOnce && cfg.Mode != AtMostOnce {
 		bad("unknown Mode %d", cfg.Mode)
+	}
+	if cfg.Order != Unordered && cfg.Order != PerKey {
+		bad("unknown Order %d", cfg.Order)
+	}
+	if cfg.Behind != DeadLetterBlocked && cfg.Behind != StayParked {
+		bad("unknown Behind %d", cfg.Behind)
+	}
+	if cfg.Order == PerKey {
+		if cfg.NoInbox {
+			bad("Order PerKey needs the inbox (NoInbox is set): a parked message is released only once")
+		}
+		if cfg.Mode == AtMostOnce {
+			bad("Order PerKey needs AtLeastOnce: a message is parked in the transaction that settles it")
+		}
+		if v, ok := cfg.Source.(interface{ KeyOrder() error }); ok {
+			if err := v.KeyOrder(); err != nil {
+				bad("Order PerKey: %v", err)
+			}
+		} else if cfg.Source != nil {
+			bad("Order PerKey: source %T does not say that it hands each key to one lane (no KeyOrder method)", cfg.Source)
+		}
 	}
 	if cfg.MaxAttempts < 1 {
 		bad("MaxAttempts %d < 1", cfg.MaxAttempts)

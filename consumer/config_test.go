@@ -40,6 +40,10 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 		{func(c *testConfig) { c.Backoff = -1 }, "negative Backoff"},
 		{func(c *testConfig) { c.SessionTimeout = -1 }, "negative SessionTimeout"},
 		{func(c *testConfig) { c.Mode = 7 }, "unknown Mode"},
+		{func(c *testConfig) { c.Order = 9 }, "unknown Order"},
+		{func(c *testConfig) { c.Order, c.Behind = consumer.PerKey, 9 }, "unknown Behind"},
+		{func(c *testConfig) { c.Order, c.NoInbox = consumer.PerKey, true }, "PerKey needs the inbox"},
+		{func(c *testConfig) { c.Order, c.Mode = consumer.PerKey, consumer.AtMostOnce }, "PerKey needs AtLeastOnce"},
 		{func(c *testConfig) { c.Topics = []string{"comandes esdeveniments"} }, "only ASCII letters"},
 		{func(c *testConfig) { c.Topics = []string{strings.Repeat("t", 244)} }, "1 to 249"}, // 250 with .retry
 	} {
@@ -61,5 +65,24 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 	noInbox.Name, noInbox.NoInbox = "", true
 	if _, err := consumer.New(noInbox.build()); err != nil {
 		t.Fatalf("NoInbox without Name refused: %v", err)
+	}
+}
+
+// A per-key order consumer on a database without the keyorder tables stops
+// at Run with an error that names the migrations, before consuming anything.
+func TestPerKeyNeedsTheKeyOrderMigrations(t *testing.T) {
+	db := pgtest.NewSchema(t)
+	cfg := testConfig{
+		Config: consumer.Config{Name: "n", Pool: db.Pool, Names: db.Names(), Order: consumer.PerKey,
+			Handle: func(context.Context, pgx.Tx, *consumer.Message) error { return nil }},
+		SourceConfig: kafka.SourceConfig{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}},
+	}
+	c, err := consumer.New(cfg.build())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "keyorder migrations") || !strings.Contains(err.Error(), "km0 migrate") {
+		t.Fatalf("Run = %v, want an error naming the keyorder migrations and km0 migrate", err)
 	}
 }

@@ -35,7 +35,7 @@ func TestConsumerConformance(t *testing.T) {
 	}
 	t.Cleanup(admCl.Close)
 	consumertest.Run(t, consumertest.Harness{
-		Features: consumertest.Features{RepeatedHeaders: true, OrderPerKey: true, PermanentLettersCarryReason: true},
+		Features: consumertest.Features{RepeatedHeaders: true, OrderPerKey: true, PermanentLettersCarryReason: true, PerKeyEvents: 10_000},
 		New:      func(t *testing.T) consumertest.Broker { return kafkaBroker(t, brokers, admCl) },
 	})
 }

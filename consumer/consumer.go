@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/transport"
 )
 
@@ -24,6 +25,8 @@ type Consumer struct {
 	insertKeys string          // bulk key insert, see batch.go
 	deleteKeys string          // keys of refused messages, see batch.go
 	sem        chan struct{}
+	order      *keyorder.Store // per-key order (Config.Order PerKey); nil: unordered
+	isApplied  string          // is a key recorded, see order.go
 
 	started atomic.Bool
 	faults  faults.Consumer[*Message] // crash points of Run's context (tests only)
@@ -61,6 +64,12 @@ func New(cfg Config) (*Consumer, error) {
 		counts:     newCounters(),
 		crashCh:    make(chan struct{}),
 	}
+	if cfg.Order == PerKey {
+		if c.order, err = keyorder.New(keyorder.Config{Schema: cfg.Names.Schema, Behind: cfg.Behind}); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		c.isApplied = "SELECT EXISTS (SELECT 1 FROM " + cfg.Inbox.Table() + " WHERE id_missatge = $1 AND consumidor = $2)"
+	}
 	if len(cfg.Types) > 0 {
 		c.types = map[string]bool{}
 		for _, t := range cfg.Types {
@@ -84,6 +93,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return ErrAlreadyRun
 	}
 	c.faults = faults.ConsumerFrom[*Message](ctx)
+	if c.order != nil {
+		if err := c.checkOrderTables(ctx); err != nil {
+			return err
+		}
+	}
 	err := c.cfg.Source.Run(ctx, pipeline{c})
 	if c.Err() != nil {
 		return fmt.Errorf("consumer %s: %w", c.cfg.Name, c.Err())

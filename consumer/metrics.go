@@ -28,6 +28,13 @@ type Stats struct {
 	// the consumer ran again in place. It counts transactions, not records,
 	// and spends no attempt of any message.
 	Conflicts int64
+	// Parked counts deliveries settled by parking them behind their key's
+	// blocked head (Config.Order PerKey; a parked message dead-lettered as
+	// blocked by its head counts in DeadLettered as well).
+	Parked int64
+	// Released counts parked messages applied after their head succeeded
+	// (they are not deliveries: Processed does not count them).
+	Released int64
 }
 
 // counters are the Stats counts, by the resultat label of
@@ -36,7 +43,7 @@ type counters map[string]*atomic.Int64
 
 func newCounters() counters {
 	c := counters{}
-	for _, k := range []string{resProcessed, resDuplicate, resIgnored, resForeign, resRetried, resDLQ, resPanic, resConflict} {
+	for _, k := range []string{resProcessed, resDuplicate, resIgnored, resForeign, resRetried, resDLQ, resPanic, resConflict, resParked, resReleased} {
 		c[k] = new(atomic.Int64)
 	}
 	return c
@@ -48,6 +55,7 @@ func (c *Consumer) Stats() Stats {
 	return Stats{
 		Processed: n(resProcessed), Duplicates: n(resDuplicate), Ignored: n(resIgnored), Foreign: n(resForeign),
 		Retried: n(resRetried), DeadLettered: n(resDLQ), Panics: n(resPanic), Conflicts: n(resConflict),
+		Parked: n(resParked), Released: n(resReleased),
 	}
 }
 
@@ -83,7 +91,7 @@ func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error)
 	m := &metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricMessages,
-			Help: "Records finished by a km0 consumer, by topic and resultat (processat, duplicat, ignorat, alie, reintent, dlq).",
+			Help: "Records finished by a km0 consumer, by topic and resultat (processat, duplicat, ignorat, alie, reintent, dlq; per-key order: aparcat, alliberat).",
 		}, []string{"topic", "resultat"}),
 		dlq: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDLQ,
@@ -155,6 +163,8 @@ const (
 	resDLQ       = "dlq"
 	resPanic     = "panic"     // Stats only: a panic is also counted as reintent or dlq
 	resConflict  = "conflicte" // Stats only: see km0_consumer_conflicts_total
+	resParked    = "aparcat"   // parked behind its key's blocked head (per-key order)
+	resReleased  = "alliberat" // a parked message applied after its head
 )
 
 func (c *Consumer) count(topic, res string, n int64) {

@@ -28,9 +28,18 @@ func (c *Consumer) decide(fails []failure) []*transport.Settlement {
 			LastError: outcome.Truncate(errText(f.err), 200),
 			Permanent: f.kind == outcome.KindPermanent,
 		}
-		if s.Permanent || f.it.msg.Attempt >= c.cfg.MaxAttempts {
+		if f.on != nil { // a message of the per-key order store, carried by the delivery in hand
+			s.D, s.Copy = f.on, f.it.d
+		}
+		switch {
+		case f.reason != "":
+			s.Dead, s.Reason, s.Permanent = true, f.reason, true
+			if f.err == nil {
+				s.LastError = f.reason
+			}
+		case c.dead(f):
 			s.Dead, s.Reason = true, outcome.Reason(f.kind, f.err)
-		} else {
+		default:
 			wait := min(f.wait, c.cfg.BackoffMax) // a RetryAfter delay too: what a reader trusts
 			if wait <= 0 {
 				wait = outcome.Backoff(c.cfg.Backoff, c.cfg.BackoffMax, f.it.msg.Attempt)
@@ -40,6 +49,12 @@ func (c *Consumer) decide(fails []failure) []*transport.Settlement {
 		out[i] = s
 	}
 	return out
+}
+
+// dead reports whether f is dead-lettered (else retried): a permanent
+// failure, a forced motiu, or a transient one on its last attempt.
+func (c *Consumer) dead(f failure) bool {
+	return f.reason != "" || f.kind == outcome.KindPermanent || f.it.msg.Attempt >= c.cfg.MaxAttempts
 }
 
 // settled counts, logs and observes the settlements a source carried out,

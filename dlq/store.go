@@ -72,6 +72,9 @@ type Filter struct {
 	Since, Until time.Time
 	// IDs, when not empty, keeps only these letters.
 	IDs []string
+	// EventIDs, when not empty, keeps only the letters of these events
+	// (id_esdeveniment): a blocked key's head and the messages behind it.
+	EventIDs []string
 	// States, when not empty, keeps only letters in these states.
 	States []State
 	// Limit caps the rows List returns; 0 = no cap. Summary ignores it.
@@ -83,7 +86,7 @@ type Filter struct {
 // Empty reports whether f selects every letter (no condition at all).
 func (f Filter) Empty() bool {
 	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Since.IsZero() && f.Until.IsZero() &&
-		len(f.IDs) == 0 && len(f.States) == 0
+		len(f.IDs) == 0 && len(f.EventIDs) == 0 && len(f.States) == 0
 }
 
 // where returns the WHERE clause of f (starting "WHERE", or "") and appends
@@ -115,6 +118,9 @@ func (f Filter) where(args *[]any) string {
 	}
 	if len(f.IDs) > 0 {
 		conds = append(conds, "id = ANY("+arg(f.IDs)+")")
+	}
+	if len(f.EventIDs) > 0 {
+		conds = append(conds, "id_esdeveniment = ANY("+arg(f.EventIDs)+")")
 	}
 	if len(f.exclude) > 0 {
 		conds = append(conds, "NOT (id = ANY("+arg(f.exclude)+"))")

@@ -64,6 +64,19 @@ type (
 		ImportCentims int    `json:"import_centims"`
 		RefPassarella string `json:"ref_passarella"`
 	}
+	comandaCancellada struct {
+		ComandaID     string `json:"comanda_id"`
+		Motiu         string `json:"motiu"`
+		Detall        string `json:"detall,omitempty"`
+		EstatAnterior string `json:"estat_anterior,omitempty"`
+		ImportCentims int    `json:"import_centims,omitempty"`
+		Mercat        string `json:"mercat,omitempty"`
+	}
+	estocRefusat struct {
+		ComandaID string `json:"comanda_id"`
+		Motiu     string `json:"motiu"`
+		Detall    string `json:"detall,omitempty"`
+	}
 	repartiment struct {
 		ComandaID  string `json:"comanda_id"`
 		Motiu      string `json:"motiu"`
@@ -78,7 +91,8 @@ func handlersDecoder(t testing.TB) *schema.Decoder {
 	t.Helper()
 	d, err := schema.NewDecoder(schema.DecoderConfig{
 		Handles: map[string]int{"comanda.creada": 2, "comanda.pagada": 1, "estoc.actualitzat": 1,
-			"pagament.confirmat": 1, "repartiment.rebutjat": 1, "repartiment.assignat": 1},
+			"pagament.confirmat": 1, "repartiment.rebutjat": 1, "repartiment.assignat": 1,
+			"comanda.cancellada": 1, "estoc.refusat": 1},
 		Upcasters: map[schema.Key]schema.Upcaster{{Type: "comanda.creada", Version: 1}: schema.Bump},
 	})
 	if err != nil {
@@ -97,6 +111,7 @@ func TestHandlersReadTolerantly(t *testing.T) {
 		"comanda.creada": func() any { return &comandaCreada{} }, "comanda.pagada": func() any { return &comandaPagada{} },
 		"estoc.actualitzat": func() any { return &estocActualitzat{} }, "pagament.confirmat": func() any { return &pagamentConfirmat{} },
 		"repartiment.rebutjat": func() any { return &repartiment{} }, "repartiment.assignat": func() any { return &repartiment{} },
+		"comanda.cancellada": func() any { return &comandaCancellada{} }, "estoc.refusat": func() any { return &estocRefusat{} },
 	}
 	for k, ex := range examples(t) {
 		t.Run(k.String(), func(t *testing.T) {

@@ -137,4 +137,22 @@ type Settlement struct {
 	// Ref is the pipeline's own view of the message; a source leaves it
 	// alone.
 	Ref any
+	// Copy, when set, is the message to copy in place of D's own. Per-key
+	// order (consumer.PerKey) keeps messages in the pipeline's store: one
+	// released from there that fails, or one dead-lettered as blocked by its
+	// key's head, has no delivery of its own, so its Settlement names the
+	// delivery in hand as D. The source copies Copy (its Message, Origin,
+	// Partition, Offset, Timestamp, Attempt, FirstFailure; Ref nil), never
+	// settles it natively (no nack to a DLX), and settles D once every copy
+	// of the settlements that name D is confirmed. Several settlements may
+	// name one D; D is settled once.
+	Copy *Delivery
+}
+
+// Copied is what a source copies for s: s.Copy when set, else s.D.
+func (s *Settlement) Copied() *Delivery {
+	if s.Copy != nil {
+		return s.Copy
+	}
+	return s.D
 }

@@ -33,10 +33,19 @@ func benchConsume(ctx context.Context, args []string) error {
 	keys := fs.Int("keys", consumerbench.KeysDefault, "distinct agregat_id keys")
 	handler := fs.String("handler", "message", "message: one statement per event (Handle); batch: one per transaction (HandleBatch)")
 	validate := fs.Bool("validate", false, "also run every case with a validating schema.Decoder (JSON Schema of comanda.creada) and print the ratio")
+	order := fs.String("order", "unordered", "unordered, or per-key: also run every case with consumer.PerKey and print the per-key/unordered ratio")
 	dbURL := databaseURLFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if *order != "unordered" && *order != "per-key" {
+		return fmt.Errorf("--order %q: want unordered or per-key", *order)
+	}
+	orders := []bool{false}
+	if *order == "per-key" {
+		orders = []bool{false, true}
+	}
+	byOrder := map[bool][]float64{}
 	if *handler != "message" && *handler != "batch" {
 		return fmt.Errorf("--handler %q: want message or batch", *handler)
 	}
@@ -67,24 +76,39 @@ func benchConsume(ctx context.Context, args []string) error {
 	for range *runs {
 		for _, rate := range rates {
 			for _, v := range validations {
-				cfg.PoisonRate, cfg.Validated, cfg.Decode = rate, v, nil
-				if v {
-					cfg.Decode = dec.Decode
-				}
-				res, err := consumerbench.Run(ctx, cfg)
-				if err != nil {
-					return err
-				}
-				if !v {
-					healthy[rate] = append(healthy[rate], res.HealthyPerS)
-				}
-				if rate == *poison {
-					validated[v] = append(validated[v], res.HealthyPerS)
-				}
-				if err := enc.Encode(res); err != nil {
-					return err
+				for _, pk := range orders {
+					cfg.PoisonRate, cfg.Validated, cfg.Decode, cfg.PerKey = rate, v, nil, pk
+					if v {
+						cfg.Decode = dec.Decode
+					}
+					res, err := consumerbench.Run(ctx, cfg)
+					if err != nil {
+						return err
+					}
+					if !v && !pk {
+						healthy[rate] = append(healthy[rate], res.HealthyPerS)
+					}
+					if rate == *poison && !pk {
+						validated[v] = append(validated[v], res.HealthyPerS)
+					}
+					if rate == *poison && !v {
+						byOrder[pk] = append(byOrder[pk], res.HealthyPerS)
+					}
+					if err := enc.Encode(res); err != nil {
+						return err
+					}
 				}
 			}
+		}
+	}
+	if *order == "per-key" {
+		off, on := median(byOrder[false]), median(byOrder[true])
+		ratio := math.Round(on/off*1000) / 1000
+		if err := enc.Encode(map[string]any{
+			"bench": "consume_order", "poison_rate": *poison, "runs": *runs, "handler": *handler,
+			"per_key_healthy_per_s": on, "unordered_healthy_per_s": off, "ratio": ratio, "target_met": ratio >= 0.90,
+		}); err != nil {
+			return err
 		}
 	}
 	if *validate {

@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/services/svc"
@@ -89,21 +90,23 @@ func (m *mapFlag) Set(v string) error {
 // consoleParts is what serveConsole puts together: the dead-letter source,
 // the lag measurer and the services.
 type consoleParts struct {
-	addr      string
-	allowed   []string
-	token     string
-	source    dlq.Source
-	broker    string
-	alerter   *dlq.Alerter // lag alerts go through its webhook; nil: none
-	lag       lag.Config
-	rule      lag.Rule
-	interval  time.Duration
-	services  []console.Service
-	reg       *prometheus.Registry // served at /metrics with the lag collector
-	out       io.Writer
-	name      string        // the command, for the printed lines
-	log       *slog.Logger  // default logger()
-	retention time.Duration // default inbox.RetentionDefault
+	keyOrder       keyorder.DBTX // the per-key order consumers' keyorder tables; nil: none shown
+	keyOrderSchema string
+	addr           string
+	allowed        []string
+	token          string
+	source         dlq.Source
+	broker         string
+	alerter        *dlq.Alerter // lag alerts go through its webhook; nil: none
+	lag            lag.Config
+	rule           lag.Rule
+	interval       time.Duration
+	services       []console.Service
+	reg            *prometheus.Registry // served at /metrics with the lag collector
+	out            io.Writer
+	name           string        // the command, for the printed lines
+	log            *slog.Logger  // default logger()
+	retention      time.Duration // default inbox.RetentionDefault
 }
 
 // serveConsole starts the console's HTTP server and its lag sampler; both
@@ -132,7 +135,7 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 		return "", nil, err
 	}
 	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Token: p.token, Sampler: sampler,
-		Services: p.services, Logger: p.log, Retention: p.retention})
+		Services: p.services, Logger: p.log, Retention: p.retention, KeyOrder: p.keyOrder, KeyOrderSchema: p.keyOrderSchema})
 	if err != nil {
 		m.Close()
 		return "", nil, err
@@ -206,7 +209,8 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(adminTokenEnv),
 		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
 		rule:     lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor},
-		services: services(lf.services), reg: reg, out: c.errOut, name: "km0 console", retention: *retention})
+		services: services(lf.services), reg: reg, out: c.errOut, name: "km0 console", retention: *retention,
+		keyOrder: env.pool, keyOrderSchema: *o.schema})
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -45,6 +46,8 @@ commands:
   ls       dead letters grouped by topic and motiu, then the rows
   show     one letter: fields, headers and the envelope (raw bytes shown safely)
   replay   republish letters to their original topic (same key and id_esdeveniment)
+  sequence a key blocked by a per-key order consumer: its head and the messages behind it;
+           --replay replays it as one (the head; its consumer releases the rest in order)
   purge    mark letters purged (Kafka cannot delete single records; see --delete-records)
   index    run the indexer: index every new dead letter, alert, serve /metrics and the admin API
            (RabbitMQ: syncs every --interval)
@@ -77,6 +80,8 @@ func (c *dlqCLI) run(ctx context.Context, args []string) error {
 		return c.show(ctx, args[1:])
 	case "replay":
 		return c.replay(ctx, args[1:])
+	case "sequence":
+		return c.sequence(ctx, args[1:])
 	case "purge":
 		return c.purge(ctx, args[1:])
 	case "index":
@@ -155,6 +160,7 @@ func (c *dlqCLI) flagsFor(command, summary string) (*flag.FlagSet, *dlqOpts) {
 type dlqEnv struct {
 	svc     dlq.Source
 	store   *dlq.Store
+	pool    *pgxpool.Pool     // the index's database (also the consumers' keyorder tables)
 	backend *dlq.KafkaBackend // nil with RabbitMQ
 	rabbit  bool
 	kcfg    dlq.KafkaConfig
@@ -178,7 +184,7 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 	if err != nil {
 		return nil, err
 	}
-	env := &dlqEnv{close: pool.Close}
+	env := &dlqEnv{close: pool.Close, pool: pool}
 	fail := func(err error) (*dlqEnv, error) { env.close(); return nil, err }
 	if _, err := migrate.Up(ctx, pool, migrate.Names{Schema: *o.schema}, dlq.Migrations); err != nil {
 		return fail(err)

@@ -17,10 +17,12 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/kafka"
 )
 
 type dlqHarness struct {
 	t      *testing.T
+	broker *kafka.Embedded
 	base   []string
 	cl     *kgo.Client
 	schema *pgtest.Schema
@@ -29,7 +31,7 @@ type dlqHarness struct {
 func newDLQHarness(t *testing.T) *dlqHarness {
 	s := pgtest.NewSchema(t)
 	b := kafkatest.New(t, "comandes.esdeveniments", "comandes.esdeveniments.dlq")
-	return &dlqHarness{t: t, cl: kafkatest.Client(t, b), schema: s,
+	return &dlqHarness{t: t, broker: b, cl: kafkatest.Client(t, b), schema: s,
 		base: []string{"--database-url", s.URL, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ",")}}
 }
 

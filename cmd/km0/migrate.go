@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 )
 
 func init() {
-	register(&command{name: "migrate", summary: "apply the outbox and inbox migrations (safe to repeat and to run concurrently)", run: runMigrate})
+	register(&command{name: "migrate", summary: "apply the outbox, inbox and per-key order migrations (safe to repeat and to run concurrently)", run: runMigrate})
 }
 
 func runMigrate(ctx context.Context, args []string) error {
@@ -25,7 +26,7 @@ func runMigrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	n, err := migrate.Up(ctx, pool, migrate.Names{Schema: *schema, Outbox: *outboxT, Processats: *inboxT}, migrate.Outbox, migrate.Inbox)
+	n, err := migrate.Up(ctx, pool, migrate.Names{Schema: *schema, Outbox: *outboxT, Processats: *inboxT}, migrate.Outbox, migrate.Inbox, keyorder.Migrations)
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,31 @@ func BenchmarkConsume(b *testing.B) {
 	}
 }
 
+// BenchmarkConsumeOrder compares per-key order mode with the unordered mode
+// on healthy keys (no failure, so nothing is ever parked): what IsBlocked
+// costs each batch. The ratio per-key/unordered of healthy/s is the figure
+// in docs/benchmarks.md.
+//
+//	go test -run '^$' -bench ConsumeOrder -benchtime 3x ./consumer/consumerbench
+func BenchmarkConsumeOrder(b *testing.B) {
+	for _, order := range []string{"unordered", "per-key"} {
+		b.Run("order="+order, func(b *testing.B) {
+			var sum float64
+			runs := 0
+			for b.Loop() {
+				res, err := consumerbench.Run(context.Background(), consumerbench.Config{
+					DatabaseURL: pgtest.URL(), N: 20_000, PerKey: order == "per-key"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				sum += res.HealthyPerS
+				runs++
+			}
+			b.ReportMetric(sum/float64(runs), "healthy/s")
+		})
+	}
+}
+
 // A small run checks the bench itself: every healthy event processed once,
 // every poison event dead-lettered, in both handler modes.
 func TestRunCountsEveryEvent(t *testing.T) {
@@ -46,5 +71,10 @@ func TestRunCountsEveryEvent(t *testing.T) {
 		if res.Processed != 1_900 || res.DeadLettered != 100 || res.EventsPerS <= 0 {
 			t.Fatalf("batch=%v: %+v, want 1900 processed and 100 dead-lettered", batch, res)
 		}
+	}
+	res, err := consumerbench.Run(context.Background(), consumerbench.Config{
+		DatabaseURL: pgtest.URL(), N: 2_000, PerKey: true, Concurrency: 2})
+	if err != nil || res.Processed != 2_000 || res.Order != "per-key" {
+		t.Fatalf("per-key: %+v, %v; want 2000 processed in per-key order", res, err)
 	}
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -56,6 +57,10 @@ type Config struct {
 	// schema.Decoder); Validated is copied to the result to label the line.
 	Decode    func([]byte) (*envelope.Envelope, error)
 	Validated bool
+	// PerKey sets consumer.Config.Order to consumer.PerKey (the keyorder
+	// tables are created in the schema): with no failures every key is
+	// healthy, so the run measures what per-key order costs healthy keys.
+	PerKey bool
 }
 
 // Result is one run's figures; it marshals to the JSON line of `km0 bench`.
@@ -73,6 +78,7 @@ type Result struct {
 	Partitions   int     `json:"partitions"`
 	Handler      string  `json:"handler"`   // "message" (one statement per event) or "batch" (HandleBatch)
 	Validated    bool    `json:"validated"` // events decoded by a validating schema.Decoder
+	Order        string  `json:"order"`     // "unordered" or "per-key" (consumer.Config.Order)
 }
 
 // Run produces, consumes and checks: the effect table must hold exactly one
@@ -93,7 +99,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, errors.New("consumerbench: no database URL")
 	}
 	res := Result{Bench: "consume", N: cfg.N, PoisonRate: cfg.PoisonRate, BatchSize: cfg.BatchSize,
-		Concurrency: cfg.Concurrency, Partitions: cfg.Partitions, Handler: "message", Validated: cfg.Validated}
+		Concurrency: cfg.Concurrency, Partitions: cfg.Partitions, Handler: "message", Validated: cfg.Validated, Order: "unordered"}
+	order := consumer.Unordered
+	if cfg.PerKey {
+		res.Order, order = "per-key", consumer.PerKey
+	}
 	if cfg.Batch {
 		res.Handler = "batch"
 	}
@@ -131,7 +141,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	c, err := consumer.New(consumer.Config{
-		HandleBatch: handleBatch, Decode: cfg.Decode,
+		HandleBatch: handleBatch, Decode: cfg.Decode, Order: order,
 		Source: kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "bench", Topics: []string{topic},
 			TopicPartitions: int32(cfg.Partitions)}),
 		Name: "bench.consum",
@@ -247,7 +257,7 @@ func throwawaySchema(ctx context.Context, url string, conns int32) (*pgxpool.Poo
 		_, _ = pool.Exec(cctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 		pool.Close()
 	}
-	if _, err := migrate.Up(ctx, pool, migrate.Names{Schema: schema}, migrate.Inbox); err != nil {
+	if _, err := migrate.Up(ctx, pool, migrate.Names{Schema: schema}, migrate.Inbox, keyorder.Migrations); err != nil {
 		cleanup()
 		return nil, "", nil, fmt.Errorf("consumerbench: %w", err)
 	}

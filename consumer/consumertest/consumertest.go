@@ -35,6 +35,7 @@ import (
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/testlog"
+	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/schema"
@@ -61,6 +62,9 @@ type Features struct {
 	// the contract's (e.g. RabbitMQ's clau and cua_origen, which hold what
 	// Kafka keeps in the record itself).
 	DeadLetterExtra []string
+	// PerKeyEvents is the size of the per-key order case over many keys
+	// (events; a tenth as many keys, 1% failing once). Default 1000.
+	PerKeyEvents int
 }
 
 // Broker is one fresh input of the broker under test: a Kafka topic with its
@@ -115,6 +119,16 @@ func Run(t *testing.T, h Harness) {
 		{"CleanStopCommitsFinishedWork", cleanStop},
 		{"ForgedRetryHeadersAreClamped", forgedRetry},
 		{"TipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered", tipusDisagrees},
+		{"PerKeyCancellationIsAppliedAfterItsRetriedCreation", perKeyCancellation},
+		{"PerKeyDeadHeadDeadLettersTheSequenceAndItsReplayReleasesIt", perKeyDeadLetterBlocked},
+		{"PerKeyDeadHeadKeepsTheSequenceParkedUntilItsReplay", perKeyStayParked},
+		{"PerKeyCrashWhileParkingLosesNothing", perKeyCrashParking},
+		{"PerKeyCrashWhileReleasingAppliesNothingTwice", perKeyCrashReleasing},
+		{"PerKeyCrashAfterMarkingTheHeadBeforeItsCopy", perKeyCrashMarking},
+		{"PerKeyCrashAfterAReleasedMessageFailedBeforeItsCopy", perKeyCrashReleasedFailure},
+		{"PerKeyManyKeysWithTransientFailuresKeepEventOrder", perKeyMany},
+		{"PerKeyFinalRefusalIsDeadLetteredWithoutBlockingItsKey", perKeyFinalRefusal},
+		{"PerKeyBatchHandlerRefusalBlocksItsKey", perKeyBatchRefusal},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -156,7 +170,7 @@ type world struct {
 func newWorld(t *testing.T, h Harness) *world {
 	db := pgtest.NewSchema(t)
 	ctx := context.Background()
-	if _, err := migrate.Up(ctx, db.Pool, db.Names(), migrate.Inbox); err != nil {
+	if _, err := migrate.Up(ctx, db.Pool, db.Names(), migrate.Inbox, keyorder.Migrations); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE efectes (seq BIGSERIAL PRIMARY KEY, id TEXT NOT NULL, clau TEXT NOT NULL, n INTEGER NOT NULL)`); err != nil {

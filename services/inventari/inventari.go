@@ -89,6 +89,15 @@ var (
 	ErrUnknownProduct = errors.New("producte_desconegut")
 )
 
+// Final reports whether err refuses an order for good (insufficient stock,
+// an unknown product): a business outcome, recorded and compensated
+// (estoc.refusat), not a fault an operator fixes and replays. In per-key
+// order (consumer.Config.FinalFailure) such an order is dead-lettered but
+// does not block its key, so its cancellation is applied behind it.
+func Final(err error) bool {
+	return errors.Is(err, ErrInsufficient) || errors.Is(err, ErrUnknownProduct)
+}
+
 // StockUpdated is the dades of estoc.actualitzat.
 type StockUpdated struct {
 	Product string `json:"producte"`

@@ -55,6 +55,12 @@ var sqlFS embed.FS
 // migrate.Outbox and migrate.Inbox.
 var Migrations = migrate.Set{Name: "pagaments", FS: sqlFS, Dir: "sql"}
 
+// Final reports whether err refuses an order's charge for good (the card was
+// refused): a business outcome, not a fault an operator fixes and replays. In
+// per-key order (consumer.Config.FinalFailure) such an order is dead-lettered
+// but does not block its key, so its cancellation is applied behind it.
+func Final(err error) bool { return errors.Is(err, passarella.ErrRefused) }
+
 // Gateway charges cards; *passarella.Client is the implementation. It must
 // deduplicate by key: that is what makes a crash after the call and before
 // the commit safe.
@@ -166,7 +172,7 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 	ch, err := s.cfg.Gateway.Charge(ctx, ChargeKey(o.ID), o.ID, total)
 	switch {
 	case errors.Is(err, passarella.ErrRefused):
-		return outcome.Permanentf("targeta_refusada: %s: %v", o.ID, err)
+		return outcome.Permanent(fmt.Errorf("targeta_refusada: %s: %w", o.ID, err))
 	case err != nil:
 		return outcome.Transient(fmt.Errorf("passarella: %s: %w", o.ID, err))
 	}

@@ -126,8 +126,19 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 	// A was charged (waited for above); B was charged unless its charge
 	// attempt failed and its cancellation came first (a slow gateway):
 	// charged ⇒ refunded in full and recorded.
-	got, _ := sys.Pagaments.Refunds(ctx)
+	// pagaments records a refund in the transaction that follows the
+	// gateway's answer: wait for the record of each charged order.
 	charges, _ := sys.Gateway.Charges(ctx)
+	waitFor(t, "pagaments recorded the refunds", func() (bool, string) {
+		got, _ := sys.Pagaments.Refunds(ctx)
+		for _, id := range []string{"P-2026-000001", "P-2026-000002"} {
+			if _, charged := charges[pagaments.ChargeKey(id)]; charged && got[id] == 0 {
+				return false, fmt.Sprintf("recorded %v", got)
+			}
+		}
+		return true, ""
+	})
+	got, _ := sys.Pagaments.Refunds(ctx)
 	for id, cents := range map[string]int64{"P-2026-000001": 1000, "P-2026-000002": 3000} {
 		_, charged := charges[pagaments.ChargeKey(id)]
 		if (id == "P-2026-000001" && !charged) || (charged && got[id] != cents) || (!charged && got[id] != 0) {

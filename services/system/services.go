@@ -9,6 +9,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -169,7 +170,7 @@ func (s *System) startComandes(ctx context.Context) error {
 }
 
 func (s *System) startInventari(ctx context.Context) error {
-	pool, err := s.open(ctx, inventari.Name, s.cfg.MaxConns, migrate.Outbox, migrate.Inbox, inventari.Migrations)
+	pool, err := s.open(ctx, inventari.Name, s.cfg.MaxConns, migrate.Outbox, migrate.Inbox, keyorder.Migrations, inventari.Migrations)
 	if err != nil {
 		return err
 	}
@@ -184,7 +185,7 @@ func (s *System) startInventari(ctx context.Context) error {
 		return err
 	}
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
-	s.consumerFor(inventari.Name, Subscriptions[inventari.ConsumerDecrement], consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec,
+	s.consumerFor(inventari.Name, Subscriptions[inventari.ConsumerDecrement], consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec, Order: consumer.PerKey, FinalFailure: inventari.Final,
 		Types: []string{inventari.TypeOrderCreated, inventari.TypeOrderCancelled}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
@@ -193,7 +194,7 @@ func (s *System) startInventari(ctx context.Context) error {
 }
 
 func (s *System) startPagaments(ctx context.Context) error {
-	pool, err := s.open(ctx, pagaments.Name, s.cfg.MaxConns, migrate.Outbox, migrate.Inbox, pagaments.Migrations)
+	pool, err := s.open(ctx, pagaments.Name, s.cfg.MaxConns, migrate.Outbox, migrate.Inbox, keyorder.Migrations, pagaments.Migrations)
 	if err != nil {
 		return err
 	}
@@ -233,13 +234,13 @@ func (s *System) startPagaments(ctx context.Context) error {
 	// One order per transaction: each attempt calls the gateway, and a failed
 	// neighbour must not make a whole batch call it again. The charge and
 	// the refund share the consumer (per-key order keeps them in order).
-	s.consumerFor(pagaments.Name, Subscriptions[pagaments.ConsumerCharge], consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec,
+	s.consumerFor(pagaments.Name, Subscriptions[pagaments.ConsumerCharge], consumer.Config{Name: pagaments.ConsumerCharge, BatchSize: 1, Decode: dec, Order: consumer.PerKey, FinalFailure: pagaments.Final,
 		Types: []string{pagaments.TypeOrderCreated, pagaments.TypeOrderCancelled}, Handle: s.Pagaments.HandleOrder})
 	return s.rr.serve(ctx, pagaments.AuthQueue, rrWorkersAuthorize, s.Pagaments.Authorize)
 }
 
 func (s *System) startRepartiment(ctx context.Context) error {
-	pool, err := s.open(ctx, repartiment.Name, s.cfg.MaxConns, migrate.Outbox, migrate.Inbox, repartiment.Migrations)
+	pool, err := s.open(ctx, repartiment.Name, s.cfg.MaxConns, migrate.Outbox, migrate.Inbox, keyorder.Migrations, repartiment.Migrations)
 	if err != nil {
 		return err
 	}
@@ -267,7 +268,7 @@ func (s *System) startRepartiment(ctx context.Context) error {
 		return err
 	}
 	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
-	s.consumerFor(repartiment.Name, Subscriptions[repartiment.ConsumerAssign], consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec,
+	s.consumerFor(repartiment.Name, Subscriptions[repartiment.ConsumerAssign], consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec, Order: consumer.PerKey,
 		Types: []string{repartiment.TypeOrderPaid, repartiment.TypeOrderCancelled}, Handle: s.Repartiment.HandleOrder, Classifier: repartiment.Classifier})
 	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })
 	return s.serve(repartiment.Name, s.Repartiment.Handler())

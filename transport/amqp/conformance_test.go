@@ -97,6 +97,7 @@ func TestConsumerConformance(t *testing.T) {
 		t.Parallel()
 		f := f
 		f.OrderPerKey = true
+		f.PerKeyEvents = 10_000
 		consumertest.Run(t, consumertest.Harness{Features: f, New: func(t *testing.T) consumertest.Broker { return amqpBroker(t, 2, false) }})
 	})
 	// Ordered mode as the system runs it: published to a topic exchange with
@@ -105,6 +106,7 @@ func TestConsumerConformance(t *testing.T) {
 		t.Parallel()
 		f := f
 		f.OrderPerKey = true
+		f.PerKeyEvents = 2_000 // the Ordered run takes 10,000
 		consumertest.Run(t, consumertest.Harness{Features: f, New: func(t *testing.T) consumertest.Broker { return amqpBroker(t, 2, true) }})
 	})
 }

@@ -388,20 +388,34 @@ func typeHeader(t amqp.Table) *contract.TypeHeader {
 func (s *Source) settle(work context.Context, q consumedQueue, fails []*transport.Settlement) {
 	var native []*transport.Settlement
 	var moved, done []*transport.Settlement
+	lost := map[*transport.Delivery]bool{} // a Copy that could not be published: D goes back to the queue
 	for _, f := range fails {
 		d := f.D.Ref.(*amqp.Delivery)
+		cf := f
+		if f.Copy != nil {
+			// A message of the pipeline's store: copied from its fields,
+			// never nacked natively (it has no delivery of its own).
+			d = storedDelivery(f.Copy)
+			c := *f
+			c.D = f.Copy
+			cf = &c
+		}
 		switch {
-		case f.Dead && f.Permanent && !s.set.AtMostOnce:
+		case f.Dead && f.Permanent && !s.set.AtMostOnce && f.Copy == nil:
 			native = append(native, f)
 		case f.Dead:
-			if s.deadLetterCopy(work, d, q, f) {
+			if s.deadLetterCopy(work, d, q, cf) {
 				moved = append(moved, f)
+			} else if f.Copy != nil {
+				lost[f.D] = true
 			} else if work.Err() == nil {
 				native = append(native, f)
 			}
 		default:
-			if s.retryCopy(work, d, q, f) {
+			if s.retryCopy(work, d, q, cf) {
 				moved = append(moved, f)
+			} else if f.Copy != nil {
+				lost[f.D] = true
 			} else if work.Err() == nil {
 				s.deadInstead(f, errNoCopy)
 				native = append(native, f)
@@ -412,16 +426,47 @@ func (s *Source) settle(work context.Context, q consumedQueue, fails []*transpor
 	if s.p.Settled(work, done) != nil {
 		return // crashed before the originals were settled: redelivered
 	}
-	if !s.set.AtMostOnce {
-		for _, f := range moved {
-			_ = f.D.Ref.(*amqp.Delivery).Ack(false)
+	// Each delivery is settled once, even when several settlements name it.
+	settled := map[*transport.Delivery]bool{}
+	for d := range lost {
+		settled[d] = true
+		if work.Err() == nil {
+			// Its stored copy is not safe yet: the broker redelivers it and
+			// the pipeline decides again.
+			_ = d.Ref.(*amqp.Delivery).Nack(false, true)
 		}
 	}
 	for _, f := range native {
-		// The handler's text cannot travel with a native nack; the
-		// pipeline logged it with the motiu.
-		_ = f.D.Ref.(*amqp.Delivery).Nack(false, false)
+		if !settled[f.D] {
+			settled[f.D] = true
+			// The handler's text cannot travel with a native nack; the
+			// pipeline logged it with the motiu.
+			_ = f.D.Ref.(*amqp.Delivery).Nack(false, false)
+		}
 	}
+	if !s.set.AtMostOnce {
+		for _, f := range moved {
+			if !settled[f.D] {
+				settled[f.D] = true
+				_ = f.D.Ref.(*amqp.Delivery).Ack(false)
+			}
+		}
+	}
+}
+
+// storedDelivery is the AMQP delivery a copy of a stored message
+// (Settlement.Copy) is made from: its headers (clau carrying the key) and
+// body.
+func storedDelivery(c *transport.Delivery) *amqp.Delivery {
+	h := amqp.Table{}
+	for _, x := range c.Headers {
+		h[x.Key] = x.Value
+	}
+	if len(c.Key) > 0 {
+		h[HeaderKey] = string(c.Key)
+	}
+	return &amqp.Delivery{Headers: h, Body: c.Value, ContentType: "application/json", Timestamp: c.Timestamp,
+		RoutingKey: c.Topic}
 }
 
 // deadLetterCopy publishes a copy of d with its motiu to the DLX (so it
@@ -562,3 +607,15 @@ func randomTag() string {
 // MessagingSystem names the broker in the consumer's trace spans
 // (messaging.system).
 func (s *Source) MessagingSystem() string { return "rabbitmq" }
+
+// KeyOrder reports whether a key's messages reach one lane in their order
+// (consumer.PerKey relies on it): in ordered mode (Shards > 1, one active
+// consumer per shard queue, ShardedPublisher routing by key) or on a plain
+// queue with one worker. A plain queue with several workers hands a key's
+// messages to whichever worker is free.
+func (s *Source) KeyOrder() error {
+	if s.cfg.Shards > 1 || s.cfg.Workers == 1 {
+		return nil
+	}
+	return errors.New("amqp: source: a plain queue with several workers keeps no order per key; use Shards (ordered mode, with amqp.ShardedPublisher) or Workers: 1")
+}

@@ -523,3 +523,7 @@ func commitError(resp *kmsg.OffsetCommitResponse, err error) error {
 // MessagingSystem names the broker in the consumer's trace spans
 // (messaging.system).
 func (s *Source) MessagingSystem() string { return "kafka" }
+
+// KeyOrder reports that a key's records reach one lane in their order: the
+// partition the key hashes to (consumer.PerKey relies on it).
+func (s *Source) KeyOrder() error { return nil }

@@ -87,18 +87,19 @@ func (s *Source) route(p *partition, ss []*transport.Settlement) error {
 	now := time.Now()
 	recs := make([]*kgo.Record, len(ss))
 	for i, st := range ss {
-		rec := st.D.Ref.(*kgo.Record)
+		d := st.Copied()
+		rec := recordOf(d)
 		if st.Dead {
-			recs[i] = s.copyOf(rec, st.D, contract.DLQName(p.source), now, map[string]string{
-				contract.HeaderAttempts:  strconv.Itoa(st.D.Attempt),
+			recs[i] = s.copyOf(rec, d, contract.DLQName(p.source), now, map[string]string{
+				contract.HeaderAttempts:  strconv.Itoa(d.Attempt),
 				contract.HeaderReason:    st.Reason,
 				contract.HeaderLastError: st.LastError,
 				contract.HeaderDeadAt:    contract.FormatTime(now), // as on RabbitMQ: one header set on both brokers
 			})
 			continue
 		}
-		recs[i] = s.copyOf(rec, st.D, contract.RetryTopic(p.source), now, map[string]string{
-			contract.HeaderAttempts:  strconv.Itoa(st.D.Attempt),
+		recs[i] = s.copyOf(rec, d, contract.RetryTopic(p.source), now, map[string]string{
+			contract.HeaderAttempts:  strconv.Itoa(d.Attempt),
 			contract.HeaderNotBefore: contract.FormatTime(st.NotBefore),
 			contract.HeaderLastError: st.LastError,
 		})
@@ -112,6 +113,20 @@ func (s *Source) route(p *partition, ss []*transport.Settlement) error {
 		}
 	}
 	return s.p.Settled(s.workCtx, ss)
+}
+
+// recordOf is the record a copy is made of: the delivery's own, or, for a
+// message the pipeline kept in its store (Settlement.Copy), one rebuilt from
+// the delivery's fields.
+func recordOf(d *transport.Delivery) *kgo.Record {
+	if r, ok := d.Ref.(*kgo.Record); ok {
+		return r
+	}
+	r := &kgo.Record{Topic: d.Origin, Partition: d.Partition, Offset: d.Offset, Key: d.Key, Value: d.Value, Timestamp: d.Timestamp}
+	for _, h := range d.Headers {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)})
+	}
+	return r
 }
 
 func header(r *kgo.Record, key string) string {

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/keyorder"
+)
+
+// sequence is `km0 dlq sequence`: the head of a key a per-key order consumer
+// blocks and the messages parked behind it, in order, each with its pending
+// dead letters; with --replay, the sequence replayed as one.
+func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
+	fs, o := c.flags("sequence", "show a key blocked by a per-key order consumer (its head and the messages behind it); --replay replays it as one")
+	consumer := fs.String("consumer", "", "the consumer's Name (consumidor), e.g. inventari.comandes (required)")
+	key := fs.String("key", "", "the message key (agregat_id), e.g. P-2026-000123 (without it: the consumer's blocked keys)")
+	replay := fs.Bool("replay", false, "replay the head's dead letter; its consumer then applies every message behind it in order, and their letters are marked purged")
+	dry := fs.Bool("dry-run", false, "with --replay: say what would be replayed; publish and mark nothing")
+	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: an older head letter is refused")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *consumer == "" || (*key == "" && *replay) {
+		fmt.Fprintln(c.errOut, "km0 dlq sequence: want --consumer (and --key to show or replay one key)")
+		fs.Usage()
+		return errUsage
+	}
+	env, err := c.open(ctx, o, nil, true)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	ko, err := keyorder.New(keyorder.Config{Schema: *o.schema})
+	if err != nil {
+		return err
+	}
+	if *key == "" {
+		return c.blockedKeys(ctx, env, ko, *consumer, *o.json)
+	}
+	seq, err := dlq.KeySequence(ctx, env.svc, ko, env.pool, *consumer, *key)
+	if errors.Is(err, dlq.ErrNotBlocked) {
+		fmt.Fprintf(c.out, "key %q is not blocked by %s: nothing waits\n", dlq.Safe(*key), dlq.Safe(*consumer))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if *replay {
+		rep, err := dlq.ReplaySequence(ctx, env.svc, seq, dlq.ReplayOptions{DryRun: *dry, Retention: *retention})
+		if err != nil {
+			return err
+		}
+		if *o.json {
+			return c.printJSON(rep)
+		}
+		for i, it := range rep.Items { // the head's replay first, then the letters marked purged
+			switch {
+			case it.Refused != "":
+				fmt.Fprintf(c.out, "refused %s: %s\n", it.ID, it.Refused)
+			case i == 0:
+				fmt.Fprintf(c.out, "replayed the head %s -> %s (id_esdeveniment %s)\n", it.ID, it.Topic, orDash(dlq.Safe(it.EventID)))
+			default:
+				fmt.Fprintf(c.out, "marked purged %s (released with the head)\n", it.ID)
+			}
+		}
+		if rep.Done == 0 || rep.Refused > 0 {
+			return fmt.Errorf("the head was not replayed")
+		}
+		fmt.Fprintf(c.out, "%d message(s) behind the head will be applied after it, in order\n", len(seq.Behind))
+		return nil
+	}
+	if *o.json {
+		return c.printJSON(sequenceView(seq))
+	}
+	tw := tabwriter.NewWriter(c.out, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "consumidor:\t%s\nclau:\t%q\n", dlq.Safe(seq.Consumer), seq.Key)
+	fmt.Fprintf(tw, "cap:\t%s (%s, des de %s)\n", dlq.Safe(seq.Head.MessageID), seq.Head.Reason, stamp(seq.Head.Since))
+	fmt.Fprintf(tw, "ultim error:\t%s\n", orDash(dlq.Safe(seq.Head.LastError)))
+	for _, l := range seq.HeadLetters {
+		fmt.Fprintf(tw, "carta del cap:\t%s\n", l.ID)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(c.out, "\n%d message(s) behind it:\n", len(behindOf(seq)))
+	tw = tabwriter.NewWriter(c.out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tID_ESDEVENIMENT\tTIPUS\tESTAT\tORIGEN\tCARTA")
+	for _, p := range behindOf(seq) {
+		letter := "-"
+		if ls := seq.BehindLetters[p.ID]; len(ls) > 0 {
+			letter = ls[0].ID
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", p.Seq, dlq.Safe(p.ID), orDash(dlq.Safe(tipusOf(p))), p.State,
+			fmt.Sprintf("%s/%d/%s", dlq.Safe(p.Topic), p.Partition, num(p.Offset)), letter)
+	}
+	return tw.Flush()
+}
+
+// behindOf is the messages behind the head (without the head's own stored
+// row, kept while a released message that failed is the head).
+func behindOf(seq *dlq.Sequence) []keyorder.Parked {
+	out := make([]keyorder.Parked, 0, len(seq.Behind))
+	for _, p := range seq.Behind {
+		if p.ID != seq.Head.MessageID {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func tipusOf(p keyorder.Parked) string {
+	for _, h := range p.Headers {
+		if h.Key == "tipus" {
+			return h.Value
+		}
+	}
+	return ""
+}
+
+// sequenceView is the JSON of `km0 dlq sequence --json`.
+func sequenceView(seq *dlq.Sequence) map[string]any {
+	letters := func(ls []*dlq.Letter) []string {
+		out := []string{}
+		for _, l := range ls {
+			out = append(out, l.ID)
+		}
+		return out
+	}
+	var behind []map[string]any
+	for _, p := range behindOf(seq) {
+		behind = append(behind, map[string]any{
+			"sequencia": p.Seq, "id_esdeveniment": dlq.Safe(p.ID), "tipus": dlq.Safe(tipusOf(p)), "estat": p.State,
+			"topic": dlq.Safe(p.Topic), "particio": p.Partition, "offset": p.Offset, "cartes": letters(seq.BehindLetters[p.ID]),
+		})
+	}
+	return map[string]any{
+		"consumidor": dlq.Safe(seq.Consumer), "clau": dlq.Safe(seq.Key),
+		"cap": map[string]any{"id_esdeveniment": dlq.Safe(seq.Head.MessageID), "motiu": seq.Head.Reason,
+			"ultim_error": dlq.Safe(seq.Head.LastError), "des_de": seq.Head.Since, "cartes": letters(seq.HeadLetters)},
+		"darrere": behind,
+	}
+}
+
+// blockedKeys lists the keys consumer blocks (up to 1,000), in key order.
+func (c *dlqCLI) blockedKeys(ctx context.Context, env *dlqEnv, ko *keyorder.Store, consumer string, asJSON bool) error {
+	keys, err := ko.BlockedKeys(ctx, env.pool, consumer, "", 1000)
+	if err != nil {
+		return fmt.Errorf("blocked keys of %s: %w (are the keyorder tables in --schema?)", dlq.Safe(consumer), err)
+	}
+	safe := make([]string, len(keys))
+	for i, k := range keys {
+		safe[i] = dlq.Safe(k)
+	}
+	if asJSON {
+		return c.printJSON(map[string]any{"consumidor": dlq.Safe(consumer), "claus": safe})
+	}
+	fmt.Fprintf(c.out, "%d key(s) blocked by %s\n", len(keys), dlq.Safe(consumer))
+	for _, k := range safe {
+		fmt.Fprintf(c.out, "  %q\n", k)
+	}
+	return nil
+}

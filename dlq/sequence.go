@@ -1,0 +1,144 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/contract"
+	"github.com/km0/km0/keyorder"
+)
+
+// Sequence is a key blocked by a consumer in per-key order mode
+// (consumer.PerKey), as `km0 dlq sequence` and the console show it: the
+// head and the messages parked behind it (package keyorder), with the
+// pending dead letters of each.
+type Sequence struct {
+	keyorder.Sequence
+	// HeadLetters are the head's pending dead letters (one, or several
+	// copies after a crash; replaying one is enough).
+	HeadLetters []*Letter `json:"-"`
+	// BehindLetters are the pending dead letters of the messages behind
+	// the head, by id_esdeveniment (DeadLetterBlocked copies them there).
+	BehindLetters map[string][]*Letter `json:"-"`
+}
+
+// ErrNotBlocked is returned for a key its consumer does not block.
+var ErrNotBlocked = errors.New("dlq: key not blocked by this consumer")
+
+// KeySequence reads consumer's sequence for key from the keyorder store ko
+// (in db) and the dead letters of its messages from src. It returns an error
+// wrapping ErrNotBlocked when the key is not blocked.
+func KeySequence(ctx context.Context, src Source, ko *keyorder.Store, db keyorder.DBTX, consumer, key string) (*Sequence, error) {
+	ks, ok, err := ko.Sequence(ctx, db, consumer, key)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: %s, key %q", ErrNotBlocked, consumer, Safe(key))
+	}
+	seq := &Sequence{Sequence: ks, BehindLetters: map[string][]*Letter{}}
+	ids := []string{ks.Head.MessageID}
+	for _, p := range ks.Behind {
+		if p.ID != ks.Head.MessageID {
+			ids = append(ids, p.ID)
+		}
+	}
+	l, err := src.List(ctx, Filter{EventIDs: ids, States: []State{StatePending}})
+	if err != nil {
+		return nil, err
+	}
+	for _, lt := range l.Letters {
+		if lt.EventID == ks.Head.MessageID {
+			seq.HeadLetters = append(seq.HeadLetters, lt)
+		} else {
+			seq.BehindLetters[lt.EventID] = append(seq.BehindLetters[lt.EventID], lt)
+		}
+	}
+	return seq, nil
+}
+
+// ReplaySequence replays seq as one (the report's first item is the head's
+// replay, the others the letters it marked purged): the head's newest pending letter goes
+// back to its original topic (the consumer applies it and then releases
+// every message behind it, in order, from its store), and the letters of the
+// messages behind it are marked purged, since they are applied from the
+// store and a replay of them alone would only park them again. A head with
+// no pending letter (it waits for a retry, or StayParked with the letter
+// already replayed) is refused: nothing is changed.
+func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOptions) (*Report, error) {
+	if len(seq.HeadLetters) == 0 {
+		return nil, fmt.Errorf("dlq: the head %s of key %q has no pending dead letter (motiu %s): nothing to replay",
+			Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)
+	}
+	head := seq.HeadLetters[len(seq.HeadLetters)-1]
+	for _, l := range seq.HeadLetters {
+		if l.DeadAt.After(head.DeadAt) {
+			head = l
+		}
+	}
+	rep, err := src.Replay(ctx, Filter{IDs: []string{head.ID}}, o)
+	if err != nil || rep.Done != 1 || o.DryRun {
+		return rep, err
+	}
+	var behind []string
+	for _, ls := range seq.BehindLetters {
+		for _, l := range ls {
+			behind = append(behind, l.ID)
+		}
+	}
+	for _, l := range seq.HeadLetters {
+		if l.ID != head.ID {
+			behind = append(behind, l.ID) // the head's other copies: the replay covers them
+		}
+	}
+	if len(behind) == 0 {
+		return rep, nil
+	}
+	pr, err := src.Purge(ctx, Filter{IDs: behind}, PurgeOptions{Confirmed: true})
+	if err != nil {
+		return rep, fmt.Errorf("dlq: head replayed; marking the letters behind it: %w", err)
+	}
+	rep.Items = append(rep.Items, pr.Items...)
+	return rep, nil
+}
+
+// BlockedBy reports whether motiu is that of a message dead-lettered as
+// blocked by its key's head (keyorder.BlockedReason), and the head's id.
+func BlockedBy(motiu string) (head string, ok bool) {
+	const p = contract.ReasonPermanent + "bloquejat_per_clau: darrere de "
+	if len(motiu) > len(p) && motiu[:len(p)] == p {
+		return motiu[len(p):], true
+	}
+	return "", false
+}
+
+// HeadRef names a key a consumer blocks.
+type HeadRef struct{ Consumer, Key string }
+
+// BlockedHeads returns the keys (and their consumers) whose blocked head is
+// the event eventID, from the keyorder tables in schema; none when the
+// tables do not exist (no consumer runs in per-key order).
+func BlockedHeads(ctx context.Context, db keyorder.DBTX, schema, eventID string) ([]HeadRef, error) {
+	t := pgx.Identifier{schema, "claus_bloquejades"}.Sanitize()
+	var exists *string
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1)::text`, t).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("dlq: blocked heads: %w", err)
+	}
+	if exists == nil {
+		return nil, nil
+	}
+	rows, err := db.Query(ctx, `SELECT consumidor, clau FROM `+t+` WHERE id_missatge = $1 ORDER BY consumidor, clau LIMIT 20`, eventID)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: blocked heads: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (HeadRef, error) {
+		var h HeadRef
+		var k []byte
+		err := r.Scan(&h.Consumer, &k)
+		h.Key = string(k)
+		return h, err
+	})
+}
