@@ -218,6 +218,35 @@ func (c *Consumer) runOptimistic(l *lane, msgs []*item, fails []failure) ([]fail
 		end := len(msgs)
 		for {
 			failAt, ferr, refused, err := c.tryTx(l.ctx, msgs[:end], whole)
+			if failAt < 0 && err == nil {
+				// Committed: counted (and observed) whatever happens next,
+				// a crash or a stop that raced the COMMIT included, so
+				// Stats.Processed is the effects committed.
+				herr := c.committed(l, msgs[:end], refused)
+				if cerr := c.Err(); cerr != nil {
+					return fails, cerr
+				}
+				if herr != nil {
+					return fails, herr
+				}
+				msgs = msgs[end:]
+				for _, f := range refused {
+					if c.order == nil || len(f.it.msg.Key) == 0 {
+						fails = append(fails, f)
+						continue
+					}
+					// Per-key order: a refused message blocks its key as a
+					// failed one does (overtakes kept its key out of the
+					// rest of this transaction).
+					var out []failure
+					var err error
+					if msgs, out, err = c.blockKey(l, f, msgs); err != nil {
+						return fails, err
+					}
+					fails = append(fails, out...)
+				}
+				break
+			}
 			if cerr := c.Err(); cerr != nil {
 				return fails, cerr
 			}
@@ -239,28 +268,6 @@ func (c *Consumer) runOptimistic(l *lane, msgs []*item, fails []failure) ([]fail
 					return fails, fmt.Errorf("consumer: batch abandoned: %w", err)
 				}
 				continue
-			}
-			if failAt < 0 {
-				if err := c.committed(l, msgs[:end], refused); err != nil {
-					return fails, err
-				}
-				msgs = msgs[end:]
-				for _, f := range refused {
-					if c.order == nil || len(f.it.msg.Key) == 0 {
-						fails = append(fails, f)
-						continue
-					}
-					// Per-key order: a refused message blocks its key as a
-					// failed one does (overtakes kept its key out of the
-					// rest of this transaction).
-					var out []failure
-					var err error
-					if msgs, out, err = c.blockKey(l, f, msgs); err != nil {
-						return fails, err
-					}
-					fails = append(fails, out...)
-				}
-				break
 			}
 			if failAt == 0 {
 				kind, delay := outcome.Classify(ferr, c.cfg.Classifier)
@@ -368,7 +375,7 @@ func (c *Consumer) committed(l *lane, msgs []*item, refused []failure) error {
 		if c.cfg.OnCommit != nil && len(fresh) > 0 {
 			c.cfg.OnCommit(l.ctx, fresh)
 		}
-		if h := c.faults.AfterCommit; h != nil {
+		if h := c.faults.AfterCommit; h != nil && c.Err() == nil {
 			return c.hook(h(l.ctx, messages(applied)))
 		}
 	}
@@ -382,6 +389,10 @@ func messages(items []*item) []*Message {
 	}
 	return out
 }
+
+// commitTimeout bounds a COMMIT, which a stop or a crash does not
+// interrupt (tryTx).
+const commitTimeout = 10 * time.Second
 
 // tryTx runs msgs in one transaction: their keys in one statement, then the
 // handler of each new one (or, with whole, HandleBatch or HandleBatchOutcomes
@@ -470,7 +481,12 @@ func (c *Consumer) tryTx(ctx context.Context, msgs []*item, whole bool) (failAt 
 			return 0, nil, nil, err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// The COMMIT is not interrupted by a stop or a crash: interrupted, its
+	// outcome would be unknown (the server may commit after the client gave
+	// up) and a committed batch could go uncounted. commitTimeout bounds it.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
 		// Refused, e.g. by a deferred constraint, or the transaction was
 		// already aborted by a statement whose error a handler swallowed:
 		// find whose.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/keyorder"
@@ -164,6 +165,10 @@ func (p pipeline) Settled(ctx context.Context, s []*transport.Settlement) error 
 func (p pipeline) Foreign(origin string, n int) { p.c.count(origin, resForeign, int64(n)) }
 
 func (p pipeline) Held(delta int) { p.c.m.held.Add(float64(delta)) }
+
+func (p pipeline) Lag(topic string, partition int32, n int64, oldest time.Time) {
+	p.c.lag(topic, partition, n, oldest)
+}
 
 func (p pipeline) Crashed() <-chan struct{} { return p.c.crashCh }
 

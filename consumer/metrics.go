@@ -3,7 +3,10 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -64,6 +67,13 @@ const (
 	// MetricConflicts counts transactions rerun in place after a deadlock or
 	// a serialisation failure, by domain topic and sqlstate.
 	MetricConflicts = "km0_consumer_conflicts_total"
+	// MetricLag is the records of a partition this consumer owns that are
+	// not done yet, up to the partition's high watermark (Kafka), by topic
+	// and particio. A revoked partition's series is removed.
+	MetricLag = "km0_consumer_lag"
+	// MetricOldest is the age at scrape time of the oldest fetched record
+	// of a partition not done yet (0 when none is), by topic and particio.
+	MetricOldest = "km0_consumer_oldest_unprocessed_seconds"
 )
 
 // metrics are the Prometheus collectors of one consumer. They exist (and
@@ -73,6 +83,8 @@ type metrics struct {
 	dlq       *prometheus.CounterVec // topic, motiu (class)
 	held      prometheus.Gauge
 	conflicts *prometheus.CounterVec // topic, sqlstate
+	lag       *prometheus.GaugeVec   // topic, particio
+	oldest    *oldestCollector
 }
 
 func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error) {
@@ -93,6 +105,11 @@ func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error)
 			Name: MetricConflicts,
 			Help: "Transactions of a km0 consumer rolled back by PostgreSQL for a deadlock (40P01) or serialisation failure (40001) and rerun in place, by topic and sqlstate.",
 		}, []string{"topic", "sqlstate"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricLag,
+			Help: "Records of a partition owned by a km0 consumer not done yet, up to the partition's high watermark, by topic and particio.",
+		}, []string{"topic", "particio"}),
+		oldest: newOldestCollector(),
 	}
 	if reg == nil {
 		return m, nil
@@ -109,6 +126,12 @@ func newMetrics(reg prometheus.Registerer, label, name string) (*metrics, error)
 		return nil, err
 	}
 	if m.conflicts, err = register(reg, m.conflicts); err != nil {
+		return nil, err
+	}
+	if m.lag, err = register(reg, m.lag); err != nil {
+		return nil, err
+	}
+	if m.oldest, err = register(reg, m.oldest); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -150,4 +173,60 @@ func (c *Consumer) count(topic, res string, n int64) {
 	}
 	c.counts[res].Add(n)
 	c.m.messages.WithLabelValues(topic, res).Add(float64(n))
+}
+
+// lag sets (n >= 0) or removes (n < 0) the km0_consumer_lag and
+// km0_consumer_oldest_unprocessed_seconds of a partition.
+func (c *Consumer) lag(topic string, partition int32, n int64, oldest time.Time) {
+	part := strconv.Itoa(int(partition))
+	if n < 0 {
+		c.m.lag.DeleteLabelValues(topic, part)
+		c.m.oldest.set(topic, part, time.Time{}, false)
+		return
+	}
+	c.m.oldest.set(topic, part, oldest, true) // first: a lag read implies its age
+	c.m.lag.WithLabelValues(topic, part).Set(float64(n))
+}
+
+// oldestCollector exports km0_consumer_oldest_unprocessed_seconds: the age
+// is computed at scrape time from the timestamp the source reported, so it
+// grows while a partition does not move.
+type oldestCollector struct {
+	desc *prometheus.Desc
+	mu   sync.Mutex
+	ts   map[[2]string]time.Time // (topic, particio) → oldest record; zero: none
+}
+
+func newOldestCollector() *oldestCollector {
+	return &oldestCollector{
+		desc: prometheus.NewDesc(MetricOldest,
+			"Age of the oldest fetched record of a partition owned by a km0 consumer not done yet (0 when none is), by topic and particio.",
+			[]string{"topic", "particio"}, nil),
+		ts: map[[2]string]time.Time{},
+	}
+}
+
+func (o *oldestCollector) set(topic, part string, ts time.Time, keep bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if keep {
+		o.ts[[2]string{topic, part}] = ts
+	} else {
+		delete(o.ts, [2]string{topic, part})
+	}
+}
+
+func (o *oldestCollector) Describe(ch chan<- *prometheus.Desc) { ch <- o.desc }
+
+func (o *oldestCollector) Collect(ch chan<- prometheus.Metric) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := time.Now()
+	for k, ts := range o.ts {
+		age := 0.0
+		if !ts.IsZero() {
+			age = max(0, now.Sub(ts).Seconds())
+		}
+		ch <- prometheus.MustNewConstMetric(o.desc, prometheus.GaugeValue, age, k[0], k[1])
+	}
 }

@@ -33,7 +33,7 @@ func TestDashboardUsesRealMetricNames(t *testing.T) {
 	}
 	for _, n := range []string{relay.MetricPublished, relay.MetricParked, relay.MetricFailures, relay.MetricShards,
 		relay.MetricPending, relay.MetricOldest, relay.MetricPruned, relay.MetricTableBytes,
-		consumer.MetricMessages, consumer.MetricDLQ, consumer.MetricHeld, consumer.MetricConflicts,
+		consumer.MetricMessages, consumer.MetricDLQ, consumer.MetricHeld, consumer.MetricConflicts, consumer.MetricLag, consumer.MetricOldest,
 		requestreply.MetricServerRequests, requestreply.MetricUnauthenticated,
 		lag.MetricGroupLag, lag.MetricGroupOldest, lag.MetricOutboxPending, lag.MetricOutboxOldest,
 		lag.MetricQueueReady, lag.MetricQueueUnacked, lag.MetricQueueConsumers, lag.MetricSampleTime, lag.MetricSampleErrors} {

@@ -59,6 +59,16 @@ type Pipeline interface {
 	// Held adds delta to the retry copies a source holds in memory until
 	// their no_abans (metric km0_consumer_retry_held).
 	Held(delta int)
+	// Lag reports that n records of a lane (a Kafka partition) are not done
+	// yet: from the first one not finished up to the partition's high
+	// watermark, fetched or not (metric km0_consumer_lag); oldest is the
+	// broker timestamp of the first fetched record not finished, zero when
+	// none is (metric km0_consumer_oldest_unprocessed_seconds). A source
+	// reports it when it learns a new high watermark and when records
+	// finish; a negative n says the lane is no longer this consumer's
+	// (revoked, lost, stopped) and removes it. A source that cannot know it
+	// never calls it.
+	Lag(topic string, partition int32, n int64, oldest time.Time)
 	// Crashed is closed when a fault injection killed the consumer; Err
 	// returns the crash error then.
 	Crashed() <-chan struct{}

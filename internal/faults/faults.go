@@ -67,7 +67,21 @@ type CDC struct {
 	Streaming func()
 }
 
+// Payments are the crash points of the pagaments service's handlers
+// (services/pagaments). Each is optional. A non-nil error aborts the
+// attempt there, as if the process died: the handler returns it, the
+// consumer's transaction rolls back and the message is redelivered.
+type Payments struct {
+	// AfterCharge runs after the gateway charged an order and before the
+	// transaction commits.
+	AfterCharge func(orderID string) error
+	// AfterRefund runs after the gateway refunded an order and before the
+	// transaction commits.
+	AfterRefund func(orderID string) error
+}
+
 type consumerKey struct{}
+type paymentsKey struct{}
 type relayKey struct{}
 type cdcKey struct{}
 
@@ -106,4 +120,18 @@ func CDCFrom(ctx context.Context) CDC {
 		return *h
 	}
 	return CDC{}
+}
+
+// WithPayments returns ctx carrying the pagaments crash points h. They
+// reach the handlers through the consumer's Run context.
+func WithPayments(ctx context.Context, h Payments) context.Context {
+	return context.WithValue(ctx, paymentsKey{}, &h)
+}
+
+// PaymentsFrom returns the pagaments crash points of ctx (zero when none).
+func PaymentsFrom(ctx context.Context) Payments {
+	if h, ok := ctx.Value(paymentsKey{}).(*Payments); ok {
+		return *h
+	}
+	return Payments{}
 }

@@ -157,7 +157,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Backoff:        200 * time.Millisecond,
 		RelayFaults:    map[string]faults.Relay{comandes.Name: {AfterPublish: inject.relayAfterPublish}},
 		ConsumerFaults: map[string]faults.Consumer[*consumer.Message]{inventari.ConsumerDecrement: {AfterCommit: inject.consumerAfterCommit}},
-		PaymentHooks:   pagaments.Hooks{AfterCharge: inject.afterCharge},
+		PaymentFaults:  faults.Payments{AfterCharge: inject.afterCharge},
 		Logger:         cfg.Logger,
 	}
 	if sysCfg.NeedsRabbitMQ() && sysCfg.AMQPURL == "" {

@@ -24,7 +24,7 @@ import (
 // with one stored decision, and every answer agrees with it.
 func TestConcurrentAuthorizationsAgreeWithTheOneStoredDecision(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	ctx := context.Background()
 	const orders, asks = 40, 5
 	type answer struct {
@@ -104,7 +104,7 @@ func TestConcurrentAuthorizationsAgreeWithTheOneStoredDecision(t *testing.T) {
 func TestARefusedAuthorizationFailsAloneInItsBatch(t *testing.T) {
 	pagaments.RaiseOrderIDLimit(t, 20_000) // past Authorize's own bound, so that PostgreSQL refuses it
 	b := setup(t, passarella.Faults{})
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	ctx := context.Background()
 	// Hold both batch writers on a row lock, so that the next calls queue
 	// up and go in one batch together when it is released.

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -70,17 +71,6 @@ type Gateway interface {
 	Refund(ctx context.Context, key, orderID, chargeKey string) (passarella.Refund, error)
 }
 
-// Hooks are fault-injection points for tests and the demo.
-type Hooks struct {
-	// AfterCharge runs after the gateway charged and before the transaction
-	// commits. A non-nil error aborts the attempt there (the process "dies"):
-	// the transaction rolls back, the message is redelivered.
-	AfterCharge func(orderID string) error
-	// AfterRefund is the same point for a refund: after the gateway
-	// refunded, before the commit.
-	AfterRefund func(orderID string) error
-}
-
 // Config configures a Service.
 type Config struct {
 	Pool    *pgxpool.Pool  // km0_pagaments, migrated; required
@@ -88,7 +78,6 @@ type Config struct {
 	Outbox  *outbox.Outbox // default outbox.New(outbox.Config{})
 	// AuthLimitCents: Authorize refuses larger amounts. Default AuthLimitCentsDefault.
 	AuthLimitCents int64
-	Hooks          Hooks
 	Logger         *slog.Logger // default slog.Default()
 }
 
@@ -187,7 +176,7 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 	case err != nil:
 		return outcome.Transient(fmt.Errorf("passarella: %s: %w", o.ID, err))
 	}
-	if h := s.cfg.Hooks.AfterCharge; h != nil {
+	if h := faults.PaymentsFrom(ctx).AfterCharge; h != nil {
 		if err := h(o.ID); err != nil {
 			return err
 		}

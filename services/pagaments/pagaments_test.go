@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
@@ -31,13 +32,13 @@ type bundle struct {
 	url  string
 }
 
-func setup(t *testing.T, faults passarella.Faults) *bundle {
+func setup(t *testing.T, gwFaults passarella.Faults) *bundle {
 	t.Helper()
 	pool, _ := svctest.DB(t, migrate.Outbox, migrate.Inbox, pagaments.Migrations)
 	if _, err := migrate.Up(context.Background(), pool, migrate.Names{Schema: passarella.SchemaDefault}, passarella.Migrations); err != nil {
 		t.Fatal(err)
 	}
-	gw, err := passarella.New(passarella.Config{Pool: pool, Faults: faults})
+	gw, err := passarella.New(passarella.Config{Pool: pool, Faults: gwFaults})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,9 +47,9 @@ func setup(t *testing.T, faults passarella.Faults) *bundle {
 	return &bundle{pool: pool, gw: gw, url: srv.URL}
 }
 
-func (b *bundle) service(t *testing.T, timeout time.Duration, hooks pagaments.Hooks) *pagaments.Service {
+func (b *bundle) service(t *testing.T, timeout time.Duration) *pagaments.Service {
 	t.Helper()
-	s, err := pagaments.New(pagaments.Config{Pool: b.pool, Outbox: svctest.Outbox(t), Gateway: &passarella.Client{BaseURL: b.url, Timeout: timeout}, Hooks: hooks})
+	s, err := pagaments.New(pagaments.Config{Pool: b.pool, Outbox: svctest.Outbox(t), Gateway: &passarella.Client{BaseURL: b.url, Timeout: timeout}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +62,8 @@ var anna = map[string]any{"id": "P-2026-000123", "client": "anna", "mercat": "gi
 func TestCrashBetweenGatewayCallAndCommitChargesOnce(t *testing.T) {
 	b := setup(t, passarella.Faults{})
 	var crashes atomic.Int32
-	s := b.service(t, time.Second, pagaments.Hooks{AfterCharge: func(string) error {
+	s := b.service(t, time.Second)
+	ctx := faults.WithPayments(context.Background(), faults.Payments{AfterCharge: func(string) error {
 		// Crash point: the gateway has charged, the transaction has not committed.
 		if crashes.Add(1) == 1 {
 			return errors.New("simulated crash after the gateway call, before COMMIT")
@@ -71,8 +73,8 @@ func TestCrashBetweenGatewayCallAndCommitChargesOnce(t *testing.T) {
 	m := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 2, anna)
 	ib := inbox.New(inbox.Config{})
 	run := func() (inbox.Result, error) {
-		return ib.Process(context.Background(), b.pool, pagaments.ConsumerCharge, m.Envelope.ID, func(tx pgx.Tx) error {
-			return s.HandleOrderCreated(context.Background(), tx, m)
+		return ib.Process(ctx, b.pool, pagaments.ConsumerCharge, m.Envelope.ID, func(tx pgx.Tx) error {
+			return s.HandleOrderCreated(ctx, tx, m)
 		})
 	}
 	if _, err := run(); err == nil {
@@ -113,7 +115,7 @@ func TestGatewayFailureAndHangAreTransientAndNeverChargeTwice(t *testing.T) {
 		Hang:    func(key string, attempt int) bool { return strings.HasSuffix(key, "000002") && attempt == 1 },
 		HangFor: 5 * time.Second,
 	})
-	s := b.service(t, 300*time.Millisecond, pagaments.Hooks{})
+	s := b.service(t, 300*time.Millisecond)
 	for _, id := range []string{"P-2026-000001", "P-2026-000002"} {
 		o := map[string]any{"id": id, "linies": []map[string]any{{"quantitat": 1, "preu_centims": 500}}}
 		m := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 1, o)
@@ -149,7 +151,7 @@ func TestGatewayRejectsMissingKeyAndReusedKey(t *testing.T) {
 		t.Fatalf("reused key with another amount: %v", err)
 	}
 	// A refusal is permanent for the charging handler.
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	bad := map[string]any{"id": "P-2026-000001", "linies": []map[string]any{{"quantitat": 3, "preu_centims": 1}}}
 	if err := svctest.Run(t, b.pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, bad)); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "targeta_refusada") {
 		t.Fatalf("refused charge: %v", err)
@@ -163,7 +165,7 @@ func TestGatewayRejectsMissingKeyAndReusedKey(t *testing.T) {
 // (here zero) charge that confirms the order as paid.
 func TestOverflowingAmountIsPermanentAndChargesNothing(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	for i, lines := range [][]map[string]any{
 		{{"quantitat": int64(1) << 62, "preu_centims": 4}},                                                   // product wraps to 0
 		{{"quantitat": 2, "preu_centims": int64(1) << 62}, {"quantitat": 2, "preu_centims": int64(1) << 62}}, // each 2^63 > max
@@ -184,7 +186,7 @@ func TestOverflowingAmountIsPermanentAndChargesNothing(t *testing.T) {
 
 func TestAuthorizeDecidesOncePerOrder(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	ctx := context.Background()
 	ask := func(body string) pagaments.AuthResponse {
 		t.Helper()
@@ -222,7 +224,7 @@ func TestAuthorizeDecidesOncePerOrder(t *testing.T) {
 // conflict, a non-retryable error reply, and the stored decision stays.
 func TestAuthorizeRefusesAnotherAmountAsAConflict(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
 	serve := func(body string) ([]byte, error) {
@@ -255,7 +257,7 @@ func TestAuthorizeRefusesAnotherAmountAsAConflict(t *testing.T) {
 // of PostgreSQL in it.
 func TestAuthorizeRefusesBadOrderIDsPermanentlyWithoutDatabaseText(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
 	for _, id := range []string{`P-2026-\u0000951`, `P-2026-\u0007`, `P-2026-` + strings.Repeat("9", 8<<10)} {
@@ -297,7 +299,7 @@ func TestBadIDsAre400AtTheGatewayAndPermanentInTheCharge(t *testing.T) {
 			t.Errorf("key %.20q body %.40s: %d, want 400", c.key, c.body, resp.StatusCode)
 		}
 	}
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	nul := map[string]any{"id": "P-2026-\x00001", "linies": []map[string]any{{"quantitat": 1, "preu_centims": 1}}}
 	if err := svctest.Run(t, b.pool, s.HandleOrderCreated, svctest.Message(t, "c", "comanda.creada", 1, nul)); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "esquema") {
 		t.Fatalf("order id with a NUL: %v, want permanent esquema", err)

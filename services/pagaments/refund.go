@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
@@ -97,7 +98,7 @@ func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, m *consum
 	case err != nil:
 		return outcome.Transient(fmt.Errorf("passarella: reemborsament %s: %w", c.OrderID, err))
 	}
-	if h := s.cfg.Hooks.AfterRefund; h != nil {
+	if h := faults.PaymentsFrom(ctx).AfterRefund; h != nil {
 		if err := h(c.OrderID); err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/services/internal/svctest"
 	"github.com/km0/km0/services/pagaments"
@@ -33,13 +34,13 @@ func TestCancellationRefundsOnceEvenAfterACrashAndAGatewayFailure(t *testing.T) 
 		return strings.HasPrefix(key, "reemborsament-") && attempt == 1
 	}})
 	var crashes atomic.Int32
-	s := b.service(t, time.Second, pagaments.Hooks{AfterRefund: func(string) error {
+	s := b.service(t, time.Second)
+	ctx := faults.WithPayments(context.Background(), faults.Payments{AfterRefund: func(string) error {
 		if crashes.Add(1) == 1 {
 			return errors.New("simulated crash after the gateway refunded, before COMMIT")
 		}
 		return nil
 	}})
-	ctx := context.Background()
 	if err := svctest.Run(t, b.pool, s.HandleOrder, svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 2, anna)); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestCancellationRefundsOnceEvenAfterACrashAndAGatewayFailure(t *testing.T) 
 // with the key is refused.
 func TestACancellationBeforeTheCreationChargesNothing(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	if err := svctest.Run(t, b.pool, s.HandleOrder, cancellation(t, "P-2026-000123")); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestACancellationAfterAHungChargeRefundsIt(t *testing.T) {
 	b := setup(t, passarella.Faults{HangFor: 2 * time.Second, Hang: func(key string, attempt int) bool {
 		return strings.HasPrefix(key, "cobrament-") && attempt == 1
 	}})
-	s := b.service(t, 300*time.Millisecond, pagaments.Hooks{})
+	s := b.service(t, 300*time.Millisecond)
 	created := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 2, anna)
 	if err := svctest.Run(t, b.pool, s.HandleOrder, created); err == nil {
 		t.Fatal("the hung charge should have failed the attempt")

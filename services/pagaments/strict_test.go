@@ -20,7 +20,7 @@ import (
 // is refused as permanent and stores no decision.
 func TestAuthorizeRefusesAmbiguousBodies(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	for _, body := range []string{
 		`{"comanda_id":"P-2026-000001","import_centims":100,"import_centims":999999999}`,
 		`{"comanda_id":"P-2026-000001","Comanda_id":"P-2026-000002","import_centims":100}`,
@@ -41,7 +41,7 @@ func TestAuthorizeRefusesAmbiguousBodies(t *testing.T) {
 // and charges nothing.
 func TestChargeRefusesAmbiguousDades(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	s := b.service(t, time.Second, pagaments.Hooks{})
+	s := b.service(t, time.Second)
 	for _, dades := range []string{
 		`{"id":"P-2026-000134","ID":"P-2026-999999","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":100}]}`,
 		`{"id":"P-2026-000134","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":100,"preu_centims":1}]}`,

@@ -227,8 +227,10 @@ type Config struct {
 	// ConsumerFaults are crash points of each consumer, by consumidor name
 	// (internal/faults: the demo's chaos run and tests).
 	ConsumerFaults map[string]faults.Consumer[*consumer.Message]
-	// PaymentHooks are the charging handler's fault-injection hooks.
-	PaymentHooks pagaments.Hooks
+	// PaymentFaults are crash points of the pagaments handlers, after the
+	// gateway call and before the commit (internal/faults: the demo's chaos
+	// run and tests). They travel in the Run context of every consumer.
+	PaymentFaults faults.Payments
 	// RestartDelay is how long the supervisor waits before restarting a dead
 	// relay or consumer. Default 200 ms.
 	RestartDelay time.Duration

@@ -218,7 +218,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 		}
 		gatewayURL = s.addrs[GatewayName]
 	}
-	s.Pagaments, err = pagaments.New(pagaments.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", pagaments.Name), Hooks: s.cfg.PaymentHooks,
+	s.Pagaments, err = pagaments.New(pagaments.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", pagaments.Name),
 		Gateway: &passarella.Client{BaseURL: gatewayURL, Timeout: s.cfg.GatewayTimeout}})
 	if err != nil {
 		return err

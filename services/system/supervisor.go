@@ -164,7 +164,7 @@ func (sv *supervisor) runOnce(ctx context.Context, worker, group string, queues 
 	sv.mu.Lock()
 	sv.live[worker] = liveConsumer{group: group, c: c, queues: queues}
 	sv.mu.Unlock()
-	err = c.Run(faults.WithConsumer(ctx, probes))
+	err = c.Run(faults.WithPayments(faults.WithConsumer(ctx, probes), sv.s.cfg.PaymentFaults))
 	sv.mu.Lock()
 	sv.past[group] = add(sv.past[group], c.Stats())
 	delete(sv.live, worker)

@@ -324,7 +324,7 @@ func (s *Source) poll(ctx context.Context) {
 		}
 		fs.EachPartition(func(f kgo.FetchTopicPartition) {
 			if len(f.Records) > 0 {
-				s.partitionFor(f.Topic, f.Partition).push(f.Records)
+				s.partitionFor(f.Topic, f.Partition).push(f.Records, f.HighWatermark)
 			}
 		})
 		s.cl.AllowRebalance()
@@ -423,6 +423,7 @@ func (s *Source) stopParts(ps []*partition) {
 	}
 	for _, p := range ps {
 		<-p.done
+		s.p.Lag(p.topic, p.part, -1, time.Time{}) // no longer ours: its lag is the next owner's
 	}
 }
 

@@ -34,6 +34,7 @@ type partition struct {
 	finished map[int64]bool
 	mark     kgo.EpochOffset // next offset to commit; Offset -1: none yet
 	last     int64           // last committed offset
+	hwm      int64           // the high watermark of the last fetch; -1: none yet
 
 	routes  chan struct{}  // slots of batches being routed (process)
 	routing sync.WaitGroup // those batches
@@ -47,6 +48,7 @@ type partition struct {
 type epochOffset struct {
 	offset int64
 	epoch  int32
+	ts     time.Time // the record's timestamp
 }
 
 func newPartition(s *Source, topic string, part int32) *partition {
@@ -67,6 +69,7 @@ func newPartition(s *Source, topic string, part int32) *partition {
 		finished: map[int64]bool{},
 		mark:     kgo.EpochOffset{Offset: -1, Epoch: -1},
 		last:     -1,
+		hwm:      -1,
 		routes:   make(chan struct{}, routesPerPartition),
 		wake:     make(chan struct{}, 1),
 		quit:     make(chan struct{}),
@@ -74,20 +77,24 @@ func newPartition(s *Source, topic string, part int32) *partition {
 	}
 }
 
-// push queues fetched records (poll loop). It never blocks: over the high
-// water mark the partition is paused in the client instead, and the buffered
-// records of a paused partition are re-fetched after the resume.
-func (p *partition) push(recs []*kgo.Record) {
+// push queues fetched records (poll loop), hwm being the partition's high
+// watermark in that fetch. It never blocks: over the high water mark the
+// partition is paused in the client instead, and the buffered records of a
+// paused partition are re-fetched after the resume.
+func (p *partition) push(recs []*kgo.Record, hwm int64) {
 	p.mu.Lock()
 	p.queue = append(p.queue, recs...)
 	for _, r := range recs {
-		p.pending = append(p.pending, epochOffset{r.Offset, r.LeaderEpoch})
+		p.pending = append(p.pending, epochOffset{r.Offset, r.LeaderEpoch, r.Timestamp})
 	}
 	if !p.paused && len(p.queue)+p.held > p.high {
 		p.paused = true
 		p.s.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.part}})
 	}
+	p.hwm = max(p.hwm, hwm)
+	lag, oldest := p.lagLocked()
 	p.mu.Unlock()
+	p.reportLag(lag, oldest)
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -130,7 +137,11 @@ func (p *partition) setHeld(n int) {
 // finished prefix of what was dispatched.
 func (p *partition) finish(recs []*kgo.Record) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer func() {
+		lag, oldest := p.lagLocked()
+		p.mu.Unlock()
+		p.reportLag(lag, oldest)
+	}()
 	for _, r := range recs {
 		p.finished[r.Offset] = true
 	}
@@ -141,6 +152,27 @@ func (p *partition) finish(recs []*kgo.Record) {
 		i++
 	}
 	p.pending = p.pending[i:]
+}
+
+// lagLocked returns the records between the first one not finished and the
+// high watermark of the last fetch (those fetched and not yet done, and
+// those not fetched yet; -1 when not known: no fetch yet), and the timestamp
+// of the first fetched record not finished (zero when none).
+func (p *partition) lagLocked() (int64, time.Time) {
+	from, oldest := p.mark.Offset, time.Time{}
+	if len(p.pending) > 0 {
+		from, oldest = p.pending[0].offset, p.pending[0].ts
+	}
+	if p.hwm < 0 || from < 0 {
+		return -1, oldest
+	}
+	return max(0, p.hwm-from), oldest
+}
+
+func (p *partition) reportLag(n int64, oldest time.Time) {
+	if n >= 0 {
+		p.s.p.Lag(p.topic, p.part, n, oldest)
+	}
 }
 
 // committable returns the commit mark if it moved since the last commit.
