@@ -468,6 +468,26 @@ func (c *Consumer) tryTx(ctx context.Context, msgs []*item, whole bool) (failAt 
 			if it.dup {
 				continue
 			}
+			if c.outcomesOnly() {
+				// A refusal keeps what the handler wrote for the message (a
+				// compensation event, say), as it does in a batch; so the
+				// refused message commits alone, without those after it.
+				r, herr := c.callOutcomes(ctx, tx, []*item{it})
+				switch {
+				case herr != nil:
+					if ctx.Err() != nil || tx.Conn().IsClosed() {
+						return 0, nil, nil, fmt.Errorf("handler lost its connection: %w", herr)
+					}
+					if pgerr.Conflict(herr) != "" {
+						return 0, nil, nil, herr
+					}
+					return k, herr, nil, nil
+				case len(r) > 0 && len(msgs) > 1:
+					return max(k, 1), nil, nil, nil
+				}
+				refused = append(refused, r...)
+				continue
+			}
 			if herr := c.call(ctx, tx, it.msg); herr != nil {
 				if ctx.Err() != nil || tx.Conn().IsClosed() {
 					return 0, nil, nil, fmt.Errorf("handler lost its connection: %w", herr)
@@ -499,6 +519,13 @@ func (c *Consumer) tryTx(ctx context.Context, msgs []*item, whole bool) (failAt 
 		return 0, nil, nil, fmt.Errorf("commit: %w", err)
 	}
 	return -1, nil, refused, nil
+}
+
+// outcomesOnly reports whether HandleBatchOutcomes is the only handler: a
+// message run on its own then goes through it too (callOutcomes), so that
+// its refusal has the same meaning as in a batch.
+func (c *Consumer) outcomesOnly() bool {
+	return c.cfg.Handle == nil && c.cfg.HandleBatchOutcomes != nil
 }
 
 // callOutcomes runs HandleBatchOutcomes on todo and, in tx, deletes the keys

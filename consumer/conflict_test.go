@@ -275,8 +275,9 @@ func TestSerializationFailureIsRerunInPlaceWithoutSpendingAnAttempt(t *testing.T
 // A HandleBatchOutcomes that fails the whole call (here: a result of the
 // wrong length for a batch of four) makes the consumer run the messages one
 // at a time; with Handle nil each runs as a batch of one of the same
-// handler, whose refusal is then the message's own. Ends: three applied, one
-// dead-lettered at attempt 1, no key for it.
+// handler, whose refusal is then the message's own and keeps what the
+// handler wrote for it. Ends: three applied, one dead-lettered at attempt 1,
+// no key for it, its own write committed once.
 func TestBatchOutcomesFailureFallsBackToOneMessageAtATime(t *testing.T) {
 	b := setup(t)
 	var wrongLength atomic.Int64
@@ -292,6 +293,11 @@ func TestBatchOutcomesFailureFallsBackToOneMessageAtATime(t *testing.T) {
 			return nil, err
 		}
 		if d.N == 2 {
+			// What the handler writes for a refused message (a compensation
+			// event, say) commits with the refusal, as in a batch.
+			if _, err := tx.Exec(ctx, `UPDATE estoc SET unitats = unitats + 100 WHERE producte = 'carbasso'`); err != nil {
+				return nil, err
+			}
 			return []error{outcome.Permanentf("estoc_insuficient: formatge-curat")}, nil
 		}
 		return nil, effect(ctx, tx, msgs[0])
@@ -305,6 +311,9 @@ func TestBatchOutcomesFailureFallsBackToOneMessageAtATime(t *testing.T) {
 	}
 	if n := b.count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = $1`, evs[1].id); n != 0 {
 		t.Fatal("the refused message's key was recorded")
+	}
+	if c := b.stock("carbasso"); c != 180 {
+		t.Fatalf("carbasso %d, want 180: the refused message's own write committed once with its refusal", c)
 	}
 	if dl := b.read(topic+contract.DLQSuffix, 1); len(dl) != 1 || hdr(dl[0], "id_esdeveniment") != evs[1].id || hdr(dl[0], "intents") != "1" {
 		t.Fatalf("dead letters %d", len(dl))

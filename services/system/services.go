@@ -186,7 +186,7 @@ func (s *System) startInventari(ctx context.Context) error {
 	}
 	s.housekeep(inventari.Name, s.inboxPurger(inventari.Name))
 	s.consumerFor(inventari.Name, Subscriptions[inventari.ConsumerDecrement], consumer.Config{Name: inventari.ConsumerDecrement, Decode: dec, Order: consumer.PerKey, FinalFailure: inventari.Final,
-		Types: []string{inventari.TypeOrderCreated, inventari.TypeOrderCancelled}, Handle: s.Inventari.HandleOrderCreated, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
+		Types: []string{inventari.TypeOrderCreated, inventari.TypeOrderCancelled}, HandleBatchOutcomes: s.Inventari.HandleOrdersCreated, BatchSize: inventari.ConsumerBatchSize})
 	if err := s.rr.serve(ctx, inventari.ReserveQueue, rrWorkersDefault, s.Inventari.Reserve); err != nil {
 		return err
 	}
