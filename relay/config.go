@@ -165,6 +165,35 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c Config) validate() error {
+	errs := c.CheckShared()
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.BatchSize < 0 || c.BatchSize > BatchSizeMax {
+		bad("BatchSize %d is outside 0 (adaptive)..%d", c.BatchSize, BatchSizeMax)
+	}
+	if c.Workers < 0 || c.Workers > ShardCount {
+		bad("Workers %d is outside 0 (adaptive)..%d", c.Workers, ShardCount)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"PollInterval", c.PollInterval}, {"RebalanceInterval", c.RebalanceInterval}} {
+		if d.v < 0 {
+			bad("%s %v is negative", d.name, d.v)
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}
+
+// CheckShared returns what is wrong with the fields every relay reads, the
+// polling one and the CDC one (package relay/cdc) alike: Pool or
+// DatabaseURL, Publisher, Topic and Origin required; PublishTimeout,
+// BackoffMin, BackoffMax, PruneOlderThan and PruneInterval not negative,
+// BackoffMax not below BackoffMin; PruneBatch within 0..PruneBatchMax;
+// MaxRecordBytes not negative. nil when all is well.
+func (c Config) CheckShared() []error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.Pool == nil && c.DatabaseURL == "" {
@@ -179,17 +208,10 @@ func (c Config) validate() error {
 	if c.Origin == "" {
 		bad("Origin is required")
 	}
-	if c.BatchSize < 0 || c.BatchSize > BatchSizeMax {
-		bad("BatchSize %d is outside 0 (adaptive)..%d", c.BatchSize, BatchSizeMax)
-	}
-	if c.Workers < 0 || c.Workers > ShardCount {
-		bad("Workers %d is outside 0 (adaptive)..%d", c.Workers, ShardCount)
-	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"PollInterval", c.PollInterval}, {"PublishTimeout", c.PublishTimeout}, {"BackoffMin", c.BackoffMin},
-		{"BackoffMax", c.BackoffMax}, {"RebalanceInterval", c.RebalanceInterval},
+	}{{"PublishTimeout", c.PublishTimeout}, {"BackoffMin", c.BackoffMin}, {"BackoffMax", c.BackoffMax},
 		{"PruneOlderThan", c.PruneOlderThan}, {"PruneInterval", c.PruneInterval}} {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)
@@ -204,8 +226,5 @@ func (c Config) validate() error {
 	if c.MaxRecordBytes < 0 {
 		bad("MaxRecordBytes %d is negative", c.MaxRecordBytes)
 	}
-	if len(errs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+	return errs
 }

@@ -2,8 +2,12 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/migrate"
@@ -14,6 +18,38 @@ import (
 // The parts of the polling relay another relay of the same outbox (the CDC
 // relay, package relay/cdc) shares with it, so that both publish the same
 // records, park the same way and exclude each other.
+
+// Sessions returns the pool a relay runs its statements on, cfg.Pool or a
+// pool of at most maxConns opened on cfg.DatabaseURL (owned: the caller
+// closes it), and the configuration of the sessions it opens itself, with
+// application_name set, synchronous_commit off (a lost mark only republishes
+// rows with the same ids: at-least-once, so the relay's own commits need not
+// wait for the WAL flush) and jit off. A worker owning some of the shards
+// filters the claim's index scan by shard, so the planner, which cannot tell
+// that the LIMIT is reached early, costs the claim as a scan of every
+// pending row: past jit_above_cost, and then each claim spent ~100 ms
+// compiling for a scan of 2 ms. A relay's statements are small and run for
+// ever: no JIT. A DatabaseURL that does not parse is an error wrapping
+// ErrConfig that does not show it (it may hold a password).
+func Sessions(cfg Config, maxConns int32) (pool *pgxpool.Pool, owned bool, conn *pgx.ConnConfig, err error) {
+	if cfg.Pool != nil {
+		pool, conn = cfg.Pool, cfg.Pool.Config().ConnConfig.Copy()
+	} else {
+		pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+		if err != nil {
+			return nil, false, nil, fmt.Errorf("%w: DatabaseURL does not parse (not shown: it may hold a password)", ErrConfig)
+		}
+		pc.MaxConns = maxConns
+		if pool, err = pgxpool.NewWithConfig(context.Background(), pc); err != nil {
+			return nil, false, nil, fmt.Errorf("pool: %w", err)
+		}
+		owned, conn = true, pc.ConnConfig.Copy()
+	}
+	conn.RuntimeParams["application_name"] = cfg.ApplicationName
+	conn.RuntimeParams["synchronous_commit"] = "off"
+	conn.RuntimeParams["jit"] = "off"
+	return pool, owned, conn, nil
+}
 
 // Encoder builds the broker records of outbox rows exactly as the relay does.
 type Encoder struct{ cfg Config }

@@ -69,32 +69,13 @@ func New(cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, q: newQueries(cfg.Names), enc: &Encoder{cfg: cfg}, space: lockSpace(cfg.Names)}
-	if cfg.Pool != nil {
-		r.stats = cfg.Pool
-		r.connCfg = cfg.Pool.Config().ConnConfig.Copy()
-	} else {
-		pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-		if err != nil {
-			return nil, fmt.Errorf("%w: DatabaseURL does not parse (not shown: it may hold a password)", ErrConfig)
-		}
-		pc.MaxConns = 1
-		if r.stats, err = pgxpool.NewWithConfig(context.Background(), pc); err != nil {
-			return nil, fmt.Errorf("relay: pool: %w", err)
-		}
-		r.ownPool = true
-		r.connCfg = pc.ConnConfig.Copy()
-	}
-	r.connCfg.RuntimeParams["application_name"] = cfg.ApplicationName
-	// A lost mark only republishes rows with the same ids (at-least-once), so
-	// the relay's own commits need not wait for the WAL flush.
-	r.connCfg.RuntimeParams["synchronous_commit"] = "off"
-	// A worker owning some of the shards filters the claim's index scan by
-	// shard, so the planner, which cannot tell that the LIMIT is reached
-	// early, costs the claim as a scan of every pending row: past
-	// jit_above_cost, and then each claim spent ~100 ms compiling for a scan
-	// of 2 ms. The relay's statements are small and run for ever: no JIT.
-	r.connCfg.RuntimeParams["jit"] = "off"
 	var err error
+	if r.stats, r.ownPool, r.connCfg, err = Sessions(cfg, 1); err != nil {
+		if errors.Is(err, ErrConfig) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("relay: %w", err)
+	}
 	if r.m, err = newMetrics(r); err != nil {
 		r.closePool()
 		return nil, fmt.Errorf("relay: metrics: %w", err)

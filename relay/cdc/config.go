@@ -115,20 +115,8 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c Config) validate() error {
-	var errs []error
+	errs := c.Config.CheckShared()
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if c.Pool == nil && c.DatabaseURL == "" {
-		bad("Pool or DatabaseURL is required")
-	}
-	if c.Publisher == nil {
-		bad("Publisher is required")
-	}
-	if c.Topic == "" {
-		bad("Topic is required")
-	}
-	if c.Origin == "" {
-		bad("Origin is required")
-	}
 	if !slotName.MatchString(c.Slot) {
 		bad("Slot %q is not a slot name: 1 to 63 lower-case letters, digits and underscores", c.Slot)
 	}
@@ -141,21 +129,10 @@ func (c Config) validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"PublishTimeout", c.PublishTimeout}, {"BackoffMin", c.BackoffMin}, {"BackoffMax", c.BackoffMax},
-		{"StatusInterval", c.StatusInterval}, {"ReleaseCheck", c.ReleaseCheck},
-		{"PruneOlderThan", c.PruneOlderThan}, {"PruneInterval", c.PruneInterval}} {
+	}{{"StatusInterval", c.StatusInterval}, {"ReleaseCheck", c.ReleaseCheck}} {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)
 		}
-	}
-	if c.BackoffMax < c.BackoffMin {
-		bad("BackoffMax %v is below BackoffMin %v", c.BackoffMax, c.BackoffMin)
-	}
-	if c.PruneBatch < 0 || c.PruneBatch > relay.PruneBatchMax {
-		bad("PruneBatch %d is outside 0 (default %d)..%d", c.PruneBatch, relay.PruneBatchDefault, relay.PruneBatchMax)
-	}
-	if c.MaxRecordBytes < 0 {
-		bad("MaxRecordBytes %d is negative", c.MaxRecordBytes)
 	}
 	if len(errs) == 0 {
 		return nil

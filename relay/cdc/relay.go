@@ -64,32 +64,20 @@ func New(cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, q: newQueries(cfg.Names), lockKey: relay.MemberLockKey(cfg.Names), enc: relay.NewEncoder(cfg.Config)}
-	if cfg.Pool != nil {
-		r.stats = cfg.Pool
-		r.connCfg = cfg.Pool.Config().ConnConfig.Copy()
-	} else {
-		pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-		if err != nil {
+	// Its own pool, when it opens one, has 2 connections. A lost mark only
+	// republishes rows with the same ids (docs/design/cdc.md).
+	var err error
+	if r.stats, r.ownPool, r.connCfg, err = relay.Sessions(cfg.Config, 2); err != nil {
+		if errors.Is(err, relay.ErrConfig) {
 			return nil, fmt.Errorf("%w: DatabaseURL does not parse (not shown: it may hold a password)", ErrConfig)
 		}
-		pc.MaxConns = 2
-		if r.stats, err = pgxpool.NewWithConfig(context.Background(), pc); err != nil {
-			return nil, fmt.Errorf("cdc: pool: %w", err)
-		}
-		r.ownPool = true
-		r.connCfg = pc.ConnConfig.Copy()
+		return nil, fmt.Errorf("cdc: %w", err)
 	}
-	r.connCfg.RuntimeParams["application_name"] = cfg.ApplicationName
-	// A lost mark only republishes rows with the same ids (at-least-once);
-	// see docs/design/cdc.md for why it cannot lose one.
-	r.connCfg.RuntimeParams["synchronous_commit"] = "off"
-	r.connCfg.RuntimeParams["jit"] = "off"
 	r.replCfg = r.connCfg.Config.Copy()
 	r.replCfg.RuntimeParams["replication"] = "database"
 	// The decoder reads creat_en in the ISO format.
 	r.replCfg.RuntimeParams["DateStyle"] = "ISO"
 	r.replCfg.RuntimeParams["TimeZone"] = "UTC"
-	var err error
 	if r.m, err = newMetrics(r); err != nil {
 		r.Close()
 		return nil, fmt.Errorf("cdc: metrics: %w", err)
