@@ -302,10 +302,7 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	count := 0
-	for _, g := range ls.Groups {
-		count += g.Count
-	}
+	count := total(ls)
 	c.renderPage(w, r, http.StatusOK, "group", page{Title: topic + " · " + class, Data: map[string]any{
 		"Topic": topic, "Class": class, "Estat": estat, "Count": count, "Letters": ls.Letters,
 		"Shown": len(ls.Letters), "Pending": estat == string(dlq.StatePending), "Rabbit": c.cfg.Broker == "RabbitMQ",
@@ -459,13 +456,38 @@ func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 	}})
 }
 
-func (c *Console) replayPreview(w http.ResponseWriter, r *http.Request) {
+// selection is the preamble of every selection form: the dead letters'
+// source must be there and the form must parse; with unconfirmed set, the
+// form must also carry confirmo=1, else it answers 400 with unconfirmed. ok
+// false: the answer is written.
+func (c *Console) selection(w http.ResponseWriter, r *http.Request, unconfirmed string) (sel selection, ok bool) {
 	if !c.needSource(w, r) {
-		return
+		return sel, false
 	}
 	sel, err := parseSelection(r, c.cfg.Now())
 	if err != nil {
 		c.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return sel, false
+	}
+	if unconfirmed != "" && r.PostFormValue("confirmo") != "1" {
+		c.errorPage(w, r, http.StatusBadRequest, unconfirmed)
+		return sel, false
+	}
+	return sel, true
+}
+
+// total is the number of letters in the groups of ls.
+func total(ls *dlq.Listing) int {
+	n := 0
+	for _, g := range ls.Groups {
+		n += g.Count
+	}
+	return n
+}
+
+func (c *Console) replayPreview(w http.ResponseWriter, r *http.Request) {
+	sel, ok := c.selection(w, r, "")
+	if !ok {
 		return
 	}
 	rep, err := c.cfg.Source.Replay(r.Context(), sel.filter(), dlq.ReplayOptions{DryRun: true, Force: sel.Force, Retention: c.cfg.Retention})
@@ -483,12 +505,8 @@ func (c *Console) replayPreview(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) purgeConfirm(w http.ResponseWriter, r *http.Request) {
-	if !c.needSource(w, r) {
-		return
-	}
-	sel, err := parseSelection(r, c.cfg.Now())
-	if err != nil {
-		c.errorPage(w, r, http.StatusBadRequest, err.Error())
+	sel, ok := c.selection(w, r, "")
+	if !ok {
 		return
 	}
 	f := sel.filter()
@@ -501,26 +519,15 @@ func (c *Console) purgeConfirm(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	n := 0
-	for _, g := range ls.Groups {
-		n += g.Count
-	}
+	n := total(ls)
 	c.renderPage(w, r, http.StatusOK, "purgeconfirm", page{Title: "Purge: confirm", Data: map[string]any{
 		"Sel": sel, "Count": n, "Rabbit": c.cfg.Broker == "RabbitMQ",
 	}})
 }
 
 func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
-	if !c.needSource(w, r) {
-		return
-	}
-	sel, err := parseSelection(r, c.cfg.Now())
-	if err != nil {
-		c.errorPage(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	if r.PostFormValue("confirmo") != "1" {
-		c.errorPage(w, r, http.StatusBadRequest, "purge not confirmed")
+	sel, ok := c.selection(w, r, "purge not confirmed")
+	if !ok {
 		return
 	}
 	del := r.PostFormValue("delete_records") == "1" && c.cfg.Broker != "RabbitMQ"

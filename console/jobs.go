@@ -58,16 +58,8 @@ func (j *job) status() JobStatus {
 const maxShownRefusals = 100
 
 func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
-	if !c.needSource(w, r) {
-		return
-	}
-	sel, err := parseSelection(r, c.cfg.Now())
-	if err != nil {
-		c.errorPage(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	if r.PostFormValue("confirmo") != "1" {
-		c.errorPage(w, r, http.StatusBadRequest, "replay not confirmed: run the dry run first")
+	sel, ok := c.selection(w, r, "replay not confirmed: run the dry run first")
+	if !ok {
 		return
 	}
 	j := &job{ID: randomToken()[:16], Sel: sel, Started: c.cfg.Now(), state: "running"}
