@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -84,24 +84,46 @@ func (r *Relay) parkedAggregates(ctx context.Context, conn *pgx.Conn) (map[strin
 type pipeline struct {
 	r       *Relay
 	blocked map[string]bool // aggregates with a parked row: their rows stay pending
-	// done holds the ids the catch-up published that the stream may deliver
-	// again; every such row was committed at or before doneBound.
-	done      map[uuid.UUID]struct{}
-	doneBound pglogrepl.LSN
-	marker    *marker
-	inflight  *flight // the batch at the broker, if any
+	// skips are the catch-ups whose rows the stream may deliver again.
+	skips    []skip
+	marker   *marker
+	inflight *flight // the batch at the broker, if any
+}
+
+// skip is what a catch-up that did not read the slot's own snapshot
+// published: the pending rows, of aggs (nil: of every aggregate), of the
+// transactions its snapshot shows committed. The stream skips their rows,
+// whether the catch-up published them or found them published already, and
+// delivers those of every other transaction. Every transaction the snapshot
+// shows committed ends at or before bound.
+type skip struct {
+	snap  snapshot
+	aggs  map[string]bool
+	bound pglogrepl.LSN
 }
 
 func newPipeline(r *Relay, blocked map[string]bool, m *marker) *pipeline {
-	return &pipeline{r: r, blocked: blocked, done: map[uuid.UUID]struct{}{}, marker: m}
+	return &pipeline{r: r, blocked: blocked, marker: m}
+}
+
+// skipped reports whether a catch-up holds the row of aggregate agg that
+// transaction xid inserted.
+func (p *pipeline) skipped(xid uint32, agg string) bool {
+	for _, s := range p.skips {
+		if (s.aggs == nil || s.aggs[agg]) && s.snap.committed(xid) {
+			return true
+		}
+	}
+	return false
 }
 
 // catchUp publishes the pending rows that the stream will not deliver, in
 // creat_en order (commit order per aggregate): all of them, or those of
 // aggs. tx, if not nil, is a transaction holding the new slot's snapshot
 // (exact: the stream holds exactly the rows committed after it). Otherwise
-// the rows it publishes may come again in the stream, and their ids go in
-// the done set so the stream skips them.
+// the rows it reads may come again in the stream: the stream skips the
+// rows of the transactions its snapshot shows committed (a skip), and the
+// relay keeps no id of them, however many there are.
 func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact bool, aggs []string) error {
 	var err error
 	if tx == nil {
@@ -113,6 +135,18 @@ func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact
 	var hasHdr bool
 	if err := tx.QueryRow(ctx, p.r.q.hasHdr, p.r.q.table).Scan(&hasHdr); err != nil {
 		return fmt.Errorf("cdc: catch-up: %w", err)
+	}
+	var snap snapshot
+	if !exact {
+		// The transaction's snapshot (REPEATABLE READ: taken by the
+		// statement above), the one the rows below are read in.
+		var text string
+		if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text").Scan(&text); err != nil {
+			return fmt.Errorf("cdc: catch-up: %w", err)
+		}
+		if snap, err = parseSnapshot(text); err != nil {
+			return fmt.Errorf("cdc: catch-up: %w", err)
+		}
 	}
 	sql, args := p.r.q.pending, []any(nil)
 	if aggs != nil {
@@ -131,11 +165,6 @@ func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
-		}
-		if !exact {
-			for _, row := range batch {
-				p.done[row.ID] = struct{}{}
-			}
 		}
 		total += len(batch)
 		err := p.publish(ctx, batch, tids, 0, time.Time{})
@@ -173,14 +202,22 @@ func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact
 	if err := p.flush(ctx); err != nil {
 		return err
 	}
-	if !exact && total > 0 {
-		// Every row visible in the snapshot was committed before this
-		// position; later transactions of the stream hold none of them.
+	if !exact {
+		// Every transaction the snapshot shows committed wrote its commit
+		// record before this position; later transactions of the stream
+		// are none of them.
 		var bound pglogrepl.LSN
 		if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()").Scan(&bound); err != nil {
 			return fmt.Errorf("cdc: catch-up: %w", err)
 		}
-		p.doneBound = max(p.doneBound, bound)
+		sk := skip{snap: snap, bound: bound}
+		if aggs != nil {
+			sk.aggs = make(map[string]bool, len(aggs))
+			for _, a := range aggs {
+				sk.aggs[a] = true
+			}
+		}
+		p.skips = append(p.skips, sk)
 	}
 	if total > 0 {
 		p.r.cfg.Logger.Info("cdc: caught up with pending rows", "relay", p.r.q.payload, "rows", total, "aggregates", len(aggs))
@@ -247,12 +284,13 @@ func (p *pipeline) streamed(ctx context.Context, items []item, n int) error {
 	var end pglogrepl.LSN
 	var commit time.Time
 	for _, it := range items {
-		if len(p.done) > 0 && it.end > p.doneBound {
-			clear(p.done) // this transaction and every later one committed after the catch-up's snapshot
+		if it.end != 0 && len(p.skips) > 0 {
+			// This transaction and every later one committed after the
+			// snapshots of the skips it passed.
+			p.skips = slices.DeleteFunc(p.skips, func(s skip) bool { return it.end > s.bound })
 		}
 		for _, row := range it.rows {
-			if _, ok := p.done[row.ID]; ok {
-				delete(p.done, row.ID)
+			if len(p.skips) > 0 && p.skipped(it.xid, row.AggregateID) {
 				continue
 			}
 			rows = append(rows, row)

@@ -18,6 +18,7 @@ type item struct {
 	rows   []outbox.Row
 	end    pglogrepl.LSN // TransactionEndLSN; 0 on a piece that does not end its transaction
 	commit time.Time
+	xid    uint32 // the transaction's id (Begin), on every piece
 }
 
 // itemRows is the most rows of one piece: a large transaction is handed on
@@ -150,7 +151,7 @@ func (rd *reader) message(ctx context.Context, data []byte) error {
 		rd.cur.rows = append(rd.cur.rows, row)
 		if len(rd.cur.rows) >= itemRows {
 			piece := rd.cur
-			rd.cur = item{commit: piece.commit}
+			rd.cur = item{commit: piece.commit, xid: piece.xid}
 			return rd.forward(ctx, piece)
 		}
 		return nil
@@ -164,7 +165,7 @@ func (rd *reader) message(ctx context.Context, data []byte) error {
 		return rd.dec.relation(m)
 	case *pglogrepl.BeginMessage:
 		rd.inTx = true
-		rd.cur = item{commit: m.CommitTime}
+		rd.cur = item{commit: m.CommitTime, xid: m.Xid}
 	case *pglogrepl.CommitMessage:
 		rd.cur.end, rd.cur.commit = m.TransactionEndLSN, m.CommitTime
 		it := rd.cur
