@@ -136,6 +136,14 @@ type Config struct {
 	// PruneInterval. Keep it at least as long as the window you may want to
 	// replay from the outbox. Default 0: rows are never deleted.
 	PruneOlderThan time.Duration
+	// DeletePublished makes the mark a DELETE: each row is deleted as soon
+	// as the broker confirmed it, instead of getting publicat_en, so the
+	// outbox holds only pending (and parked) rows and no pruning is needed
+	// (a retention of zero, which the contract allows). Nothing can then be
+	// replayed from the outbox, and publicat_en tells nothing. It costs
+	// PostgreSQL less than the mark (no new row version, no index entries):
+	// docs/outbox-and-relay.md, Keeping the outbox small. Default false.
+	DeletePublished bool
 	// PruneInterval is the time between pruning passes. Default
 	// PruneIntervalDefault.
 	PruneInterval time.Duration

@@ -132,7 +132,7 @@ func MemberLockKey(names migrate.Names) int64 { return lockKey(lockSpace(names),
 // ParkSQL is the statement that parks rows of names in <outbox>_aparcats:
 // $1 ids uuid[], $2 agregat_ids text[], $3 reasons text[]. A row parked
 // again gets the new reason.
-func ParkSQL(names migrate.Names) string { return newQueries(names).park }
+func ParkSQL(names migrate.Names) string { return newQueries(names, false).park }
 
 // Clip makes s storable as a parking reason (valid UTF-8 without NUL, at
 // most about 500 bytes).

@@ -22,7 +22,7 @@ type Querier interface {
 func MeasureLag(ctx context.Context, db Querier, names migrate.Names) (Lag, error) {
 	var l Lag
 	var secs float64
-	if err := db.QueryRow(ctx, newQueries(names).lag).Scan(&l.Pending, &secs); err != nil {
+	if err := db.QueryRow(ctx, newQueries(names, false).lag).Scan(&l.Pending, &secs); err != nil {
 		return Lag{}, fmt.Errorf("relay: lag: %w", err)
 	}
 	l.Oldest = time.Duration(secs * float64(time.Second))

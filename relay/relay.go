@@ -68,7 +68,7 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, q: newQueries(cfg.Names), enc: &Encoder{cfg: cfg}, space: lockSpace(cfg.Names)}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished), enc: &Encoder{cfg: cfg}, space: lockSpace(cfg.Names)}
 	var err error
 	if r.stats, r.ownPool, r.connCfg, err = Sessions(cfg, 1); err != nil {
 		if errors.Is(err, ErrConfig) {

@@ -77,8 +77,20 @@ func TestPublishesEnvelopeWithKeyAndHeadersThenMarks(t *testing.T) {
 }
 
 // Crash point: the relay dies after Kafka confirmed every record of
-// the batch and before the UPDATE that marks the rows (the AfterPublish crash point of internal/faults).
+// the batch and before the UPDATE that marks the rows (the AfterPublish crash point of internal/faults);
+// with DeletePublished, before the DELETE that removes them.
 func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
+	t.Parallel()
+	for _, del := range []bool{false, true} {
+		name := "publicat_en"
+		if del {
+			name = "DeletePublished"
+		}
+		t.Run(name, func(t *testing.T) { crashAfterConfirmBeforeMark(t, del) })
+	}
+}
+
+func crashAfterConfirmBeforeMark(t *testing.T, del bool) {
 	t.Parallel()
 	b := setup(t)
 	const events = 400 // two chunks of 250 and 150: the first chunk's UPDATE is sent before the crash
@@ -95,6 +107,7 @@ func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	}
 	crashCfg := b.config()
 	crashCfg.BatchSize = 1000
+	crashCfg.DeletePublished = del
 	var probe faults.Relay
 	probe.AfterPublish = func(int) error { return faults.ErrCrashed }
 	crashing := b.newRelay(t, crashCfg)
@@ -103,14 +116,19 @@ func TestCrashAfterConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 		t.Fatalf("want the crash, got %v", err)
 	}
 	crashing.Close()
-	if p := b.pending(t); p != events {
-		t.Fatalf("after the crash %d rows pending, want all %d (nothing marked)", p, events)
+	if p, rows := b.pending(t), b.count(t, "SELECT count(*) FROM outbox"); p != events || rows != events {
+		t.Fatalf("after the crash %d rows, %d pending, want all %d (nothing marked or deleted)", rows, p, events)
 	}
-	if n := b.drainOnce(t, b.newRelay(t, b.config())); n != events {
+	cfg := b.config()
+	cfg.DeletePublished = del
+	if n := b.drainOnce(t, b.newRelay(t, cfg)); n != events {
 		t.Fatalf("second relay published %d, want %d", n, events)
 	}
 	if p := b.pending(t); p != 0 {
 		t.Fatalf("%d rows still pending", p)
+	}
+	if rows, wantRows := b.count(t, "SELECT count(*) FROM outbox"), map[bool]int{false: events, true: 0}[del]; rows != wantRows {
+		t.Fatalf("%d rows in the outbox after draining, want %d", rows, wantRows)
 	}
 	recs := b.read(t, 2*events)
 	perKey, copies := firstSeqs(t, recs)

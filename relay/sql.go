@@ -22,6 +22,18 @@ const shardExpr = "((hashtext(o.agregat_id) & 2147483647) % 64)"
 // Shard s uses low half s (0..63).
 const memberObjID = 1 << 16
 
+// MarkSQL is the statement that marks the confirmed rows of table (quoted)
+// matching where: sets publicat_en, or with del deletes them
+// (Config.DeletePublished).
+func MarkSQL(table string, del bool, where string) string { return markSQL(table, del, where) }
+
+func markSQL(table string, del bool, where string) string {
+	if del {
+		return "DELETE FROM " + table + " WHERE " + where
+	}
+	return "UPDATE " + table + " SET publicat_en = now() WHERE " + where
+}
+
 // queries are the statements of one outbox table.
 type queries struct {
 	claim    string // $1 owned shards int[], $2 limit
@@ -38,7 +50,9 @@ type queries struct {
 	name     string // the table's quoted, schema-qualified name
 }
 
-func newQueries(n migrate.Names) queries {
+// newQueries returns the statements of n's outbox; del makes the mark a
+// DELETE (Config.DeletePublished).
+func newQueries(n migrate.Names, del bool) queries {
 	n = n.WithDefaults()
 	table := pgx.Identifier{n.Schema, n.Outbox}.Sanitize()
 	parked := pgx.Identifier{n.Schema, n.Outbox + "_aparcats"}.Sanitize()
@@ -68,7 +82,7 @@ func newQueries(n migrate.Names) queries {
 		// By ctid: the claim locked these row versions FOR UPDATE in the same
 		// transaction, so their ctids cannot change before this UPDATE; a TID
 		// scan costs a quarter of 1,000 primary-key probes.
-		mark: "UPDATE " + table + " SET publicat_en = now() WHERE ctid = ANY($1::tid[])",
+		mark: markSQL(table, del, "ctid = ANY($1::tid[])"),
 		park: "INSERT INTO " + parked + " (id, agregat_id, motiu) SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])" +
 			" ON CONFLICT (id) DO UPDATE SET motiu = EXCLUDED.motiu, aparcat_en = now()",
 		lag: "SELECT count(*), coalesce(extract(epoch FROM now() - min(creat_en)), 0)::float8 FROM " + table +

@@ -145,6 +145,7 @@ func benchRelay(ctx context.Context, args []string) error {
 	validate := fs.Bool("validate", false, "also measure the write side (outbox.EnqueueBatch, 100 events a transaction) with and without JSON Schema validation, and print the ratio")
 	mode := fs.String("mode", modePolling, "polling: km0 relay (with --baseline, beside the seed's loop); cdc: km0 relay --mode cdc beside km0 relay (polling) in the same run, "+
 		"half the rows pre-inserted and half written live, then their latency; on --database-url's server if it has wal_level = logical, else on a private cluster started from "+pgcluster.BinDirDefault)
+	del := fs.Bool("delete-published", false, "--mode cdc: both relays delete each row once the broker confirmed it instead of setting publicat_en (km0 relay --delete-published)")
 	latRate := fs.Int("latency-rate", 1000, "--mode cdc: events/s of the latency run of each relay (commit → consumer commit, as `km0 bench latency`); 0 skips it")
 	latSeconds := fs.Float64("latency-seconds", 5, "--mode cdc: how long each latency run writes")
 	profile := cpuProfileFlag(fs)
@@ -164,6 +165,9 @@ func benchRelay(ctx context.Context, args []string) error {
 	}
 	switch *mode {
 	case modePolling:
+		if *del {
+			return errors.New("--delete-published applies to --mode cdc only")
+		}
 	case modeCDC:
 		if *baseline || *validate {
 			return errors.New("--baseline and --validate apply to --mode polling only")
@@ -171,7 +175,7 @@ func benchRelay(ctx context.Context, args []string) error {
 		if *latRate < 0 || *latSeconds <= 0 {
 			return errors.New("--latency-rate must not be negative and --latency-seconds must be positive")
 		}
-		return benchRelayCDC(ctx, *dbURL, *brokers, *n, *aggs, *rounds, *batch, *workers, *latRate, *latSeconds)
+		return benchRelayCDC(ctx, *dbURL, *brokers, *n, *aggs, *rounds, *batch, *workers, *latRate, *latSeconds, *del)
 	default:
 		return fmt.Errorf("--mode %q: want %s or %s", *mode, modePolling, modeCDC)
 	}

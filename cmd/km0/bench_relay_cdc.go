@@ -58,7 +58,7 @@ func logicalServer(ctx context.Context, dbURL string) (url string, c *pgcluster.
 // live (4 writers, 500 rows a transaction) while it runs; then, with
 // latRate > 0, the commit → consumer commit latency of each at latRate
 // events/s. One JSON line per round and relay, and a side-by-side line.
-func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, batch, workers, latRate int, latSeconds float64) error {
+func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, batch, workers, latRate int, latSeconds float64, del bool) error {
 	url, cluster, err := logicalServer(ctx, dbURL)
 	if err != nil {
 		return err
@@ -76,14 +76,14 @@ func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, 
 	starts := map[string]func(ctx context.Context, names migrate.Names, topic string) (func() error, error){
 		benchPolling: func(ctx context.Context, names migrate.Names, topic string) (func() error, error) {
 			r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: kafka.NewPublisher(env.cl),
-				Topic: topic, Origin: "comandes", BatchSize: batch, Workers: workers, Logger: env.log})
+				Topic: topic, Origin: "comandes", BatchSize: batch, Workers: workers, Logger: env.log, DeletePublished: del})
 			if err != nil {
 				return nil, err
 			}
 			return background(ctx, r.Run, func() { r.Close() }), nil
 		},
 		benchCDC: func(ctx context.Context, names migrate.Names, topic string) (func() error, error) {
-			r, err := newBenchCDC(env, names, topic, kafka.NewPublisher(env.cl), nil)
+			r, err := newBenchCDC(env, names, topic, kafka.NewPublisher(env.cl), nil, del)
 			if err != nil {
 				return nil, err
 			}
@@ -121,7 +121,7 @@ func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, 
 		"cdc_vs_polling": ratios, "median_cdc_vs_polling": med2(ratios),
 		"cdc_cpu_us_per_event": med2(cpus[benchCDC]), "polling_cpu_us_per_event": med2(cpus[benchPolling]),
 		"load_average_before": load0, "load_average_after": loadAverage(),
-		"target_90k_met": cdcRate >= 90_000, "target_1_3x_met": med2(ratios) >= 1.3}
+		"target_90k_met": cdcRate >= 90_000, "target_1_3x_met": med2(ratios) >= 1.3, "delete_published": del}
 	if cluster != nil {
 		out["cdc_server_cpu_us_per_event"], out["polling_server_cpu_us_per_event"] = med2(srvs[benchCDC]), med2(srvs[benchPolling])
 		out["server"] = "private cluster, wal_level = logical, fsync on"
@@ -148,14 +148,14 @@ func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, 
 					}
 					if side == benchPolling {
 						r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: pub,
-							Topic: topic, Origin: "comandes", Workers: workers, Logger: env.log, Transform: tr})
+							Topic: topic, Origin: "comandes", Workers: workers, Logger: env.log, Transform: tr, DeletePublished: del})
 						if err != nil {
 							return err
 						}
 						defer r.Close()
 						return r.Run(ctx)
 					}
-					r, err := newBenchCDC(env, names, topic, pub, tr)
+					r, err := newBenchCDC(env, names, topic, pub, tr, del)
 					if err != nil {
 						return err
 					}
@@ -190,9 +190,9 @@ func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, 
 }
 
 // newBenchCDC is km0 relay --mode cdc's relay with its defaults on names.
-func newBenchCDC(env *benchEnv, names migrate.Names, topic string, pub transport.Publisher, tr relay.Transform) (*cdc.Relay, error) {
+func newBenchCDC(env *benchEnv, names migrate.Names, topic string, pub transport.Publisher, tr relay.Transform, del bool) (*cdc.Relay, error) {
 	return cdc.New(cdc.Config{Config: relay.Config{Pool: env.pool, Names: names, Publisher: pub,
-		Topic: topic, Origin: "comandes", Logger: env.log, Transform: tr}})
+		Topic: topic, Origin: "comandes", Logger: env.log, Transform: tr, DeletePublished: del}})
 }
 
 // dropSlot removes the slot and publication of a stopped CDC relay (a slot

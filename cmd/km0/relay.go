@@ -47,6 +47,7 @@ func runRelay(ctx context.Context, args []string) error {
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL, with --exchange (default $KM0_AMQP_URL, else the local guest broker)")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default off)")
 	pruneOlder := fs.Duration("prune-older-than", 0, "delete published rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
+	deletePublished := fs.Bool("delete-published", false, "delete each row as soon as the broker confirmed it, instead of setting publicat_en: the outbox keeps only pending rows and nothing can be replayed from it")
 	mode := fs.String("mode", modePolling, "polling: claim pending rows from the table (LISTEN/NOTIFY and a fallback poll); "+
 		"cdc: stream the table's inserts from the WAL (logical replication; needs wal_level = logical and the REPLICATION privilege)")
 	slot := fs.String("slot", "", "--mode cdc: the replication slot (default km0_<schema>_<table>, e.g. km0_public_outbox)")
@@ -140,7 +141,7 @@ func runRelay(ctx context.Context, args []string) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rcfg := relay.Config{Pool: pool, Names: names, Publisher: pub, Topic: *topic,
 		Origin: *origin, MaxRecordBytes: maxRecord, BatchSize: *batch, Workers: *workers, PollInterval: *poll, Logger: log, Metrics: reg,
-		PruneOlderThan: *pruneOlder}
+		PruneOlderThan: *pruneOlder, DeletePublished: *deletePublished}
 	var run func(context.Context) error
 	if *mode == modeCDC {
 		c, err := cdc.New(cdc.Config{Config: rcfg, Slot: *slot, Publication: *publication, BatchSize: *batch})
@@ -171,7 +172,7 @@ func runRelay(ctx context.Context, args []string) error {
 		log.Info("km0 relay: metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
 	log.Info("km0 relay: running", "mode", *mode, "outbox", names.Schema+"."+names.Outbox, "topic", *topic, "origin", *origin,
-		"batch", adaptiveOr(*batch), "workers", adaptiveOr(*workers), "prune_older_than", *pruneOlder)
+		"batch", adaptiveOr(*batch), "workers", adaptiveOr(*workers), "prune_older_than", *pruneOlder, "delete_published", *deletePublished)
 	err = run(ctx)
 	log.Info("km0 relay: stopped")
 	return err

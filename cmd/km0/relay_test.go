@@ -140,6 +140,50 @@ func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 	}
 }
 
+// `km0 relay --delete-published` deletes each row once the broker confirmed
+// it: the outbox keeps only what is pending, here a parked row and the row
+// of its aggregate behind it.
+func TestRelayCommandDeletePublishedKeepsOnlyPendingRows(t *testing.T) {
+	s := pgtest.NewMigratedSchema(t)
+	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
+	ctx := context.Background()
+	ob := outbox.New(outbox.Config{Names: s.Names()})
+	tx, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, size := range []int{10, 30_000, 10, 10, 10} {
+		agg := []string{"P-1", "P-1", "P-1", "P-2", "P-2"}[i]
+		if err := ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: agg, Type: "comanda.creada",
+			Payload: map[string]string{"p": strings.Repeat("x", size)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
+		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms", "--delete-published")
+	var parked, rows, marked int
+	deadline := time.Now().Add(30 * time.Second)
+	for parked != 1 || rows != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("parked %d (want 1), rows %d (want 2: the big row and the P-1 row behind it)", parked, rows)
+		}
+		_ = s.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_aparcats), (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL)").Scan(&parked, &rows, &marked)
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if marked != 0 {
+		t.Fatalf("%d rows marked, want none (deleted instead)", marked)
+	}
+	if recs := kafkatest.ReadAll(t, b, "comandes.esdeveniments", 3, 10*time.Second); len(recs) != 3 {
+		t.Fatalf("%d records on the topic, want 3 (P-1's first row and P-2's two)", len(recs))
+	}
+}
+
 // Under a topic limit lower than the client's 1 MiB batches, rows that each
 // fit must not be packed into one batch over the limit: Kafka refuses the
 // whole batch, and a record resent on its own lands behind later records of

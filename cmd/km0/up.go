@@ -70,6 +70,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	deliveryTime := fs.Duration("delivery-time", repartiment.DeliveryTimeDefault, "repartiment: how long a courier stays busy with one delivery")
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
 	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
+	deletePublished := fs.Bool("delete-published", false, "each service's relay deletes each outbox row as soon as the broker confirmed it, instead of setting publicat_en: the outboxes keep only pending rows and nothing can be replayed from them")
 	relayMode := fs.String("relay", system.RelayPolling, "how each service's relay finds its outbox rows: polling (claim them from the table) or cdc (stream the inserts from the WAL; the server needs wal_level = logical and the REPLICATION privilege; slots km0_<database>_outbox)")
 	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+adminTokenEnv+")")
 	alerts := addAlertFlags(fs, "with --console")
@@ -137,7 +138,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
 		Brokers: brokerList, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
-		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayMode: *relayMode, Logger: logger()})
+		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()})
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,116 +17,157 @@ import (
 // Crash point: the relay dies after the broker confirmed a batch and before
 // its rows are marked (and so before its position is confirmed). Nothing is
 // marked, the slot has not moved, and the next run republishes every row of
-// the batch with the same id_esdeveniment, then marks them.
+// the batch with the same id_esdeveniment, then marks them; with
+// DeletePublished the same, and the rows are deleted instead.
 func TestCrashAfterBrokerConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	const n = 20
-	cfg := b.config()
-	crashed := 0
-	var fx faults.CDC
-	fx.AfterPublish = func(rows int) error {
-		crashed = rows
-		return faults.ErrCrashed
-	}
-	fx.Streaming = func() {
-		for i := 1; i <= n; i++ {
-			b.enqueue(t, "P-1", seqPayload{Seq: i})
-		}
-	}
-	r := newRelay(t, cfg)
-	if err := runUntilError(t, withFaults{r, fx}, 20*time.Second); !errors.Is(err, faults.ErrCrashed) {
-		t.Fatalf("Run: %v, want ErrCrashed", err)
-	}
-	if crashed == 0 {
-		t.Fatal("the hook saw no rows")
-	}
-	first := b.read(t, crashed)
-	if p := b.pending(t); p != n {
-		t.Fatalf("%d pending after the crash, want %d (nothing marked)", p, n)
-	}
-	lsn := b.confirmedLSN(t)
+	for _, del := range []bool{false, true} {
+		t.Run(markMode(del), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			const n = 20
+			cfg := b.config()
+			cfg.DeletePublished = del
+			crashed := 0
+			var fx faults.CDC
+			fx.AfterPublish = func(rows int) error {
+				crashed = rows
+				return faults.ErrCrashed
+			}
+			fx.Streaming = func() {
+				for i := 1; i <= n; i++ {
+					b.enqueue(t, "P-1", seqPayload{Seq: i})
+				}
+			}
+			r := newRelay(t, cfg)
+			if err := runUntilError(t, withFaults{r, fx}, 20*time.Second); !errors.Is(err, faults.ErrCrashed) {
+				t.Fatalf("Run: %v, want ErrCrashed", err)
+			}
+			if crashed == 0 {
+				t.Fatal("the hook saw no rows")
+			}
+			first := b.read(t, crashed)
+			if p, rows := b.pending(t), b.count(t, "SELECT count(*) FROM outbox"); p != n || rows != n {
+				t.Fatalf("%d pending, %d rows after the crash, want %d and %d (nothing marked or deleted)", p, rows, n, n)
+			}
+			lsn := b.confirmedLSN(t)
 
-	cfg = b.config()
-	start(t, newRelay(t, cfg))
-	waitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
-	waitFor(t, "the slot to move past the batch", 10*time.Second, func() bool { return b.confirmedLSN(t) > lsn })
-	recs := b.read(t, len(first)+n)
-	perKey, copies := firstSeqs(t, recs)
-	checkCommitOrder(t, perKey, map[string]int{"P-1": n})
-	twice := 0
-	for _, c := range copies {
-		if c == 2 {
-			twice++
-		}
-	}
-	if len(copies) != n || twice != crashed {
-		t.Fatalf("%d distinct ids, %d published twice; want %d and %d (the crashed batch, same ids)", len(copies), twice, n, crashed)
+			cfg = b.config()
+			cfg.DeletePublished = del
+			start(t, newRelay(t, cfg))
+			waitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
+			waitFor(t, "the slot to move past the batch", 10*time.Second, func() bool { return b.confirmedLSN(t) > lsn })
+			recs := b.read(t, len(first)+n)
+			perKey, copies := firstSeqs(t, recs)
+			checkCommitOrder(t, perKey, map[string]int{"P-1": n})
+			twice := 0
+			for _, c := range copies {
+				if c == 2 {
+					twice++
+				}
+			}
+			if len(copies) != n || twice != crashed {
+				t.Fatalf("%d distinct ids, %d published twice; want %d and %d (the crashed batch, same ids)", len(copies), twice, n, crashed)
+			}
+			checkMarkedOrDeleted(t, b, del, n)
+		})
 	}
 }
 
-// Crash point: the relay dies after a batch's rows were marked and before
-// its position was confirmed to the server. The rows stay marked and the
-// slot still points before them; the next run receives the transactions
-// again and publishes each row that is not marked, with its id, and no
-// marked row a second time: its catch-up's snapshot shows those
-// transactions committed, and the stream skips them.
+// markMode names a subtest of both ways of marking.
+func markMode(del bool) string {
+	if del {
+		return "DeletePublished"
+	}
+	return "publicat_en"
+}
+
+// checkMarkedOrDeleted asserts that the n published rows of the outbox are
+// marked, or with del gone.
+func checkMarkedOrDeleted(t *testing.T, b *bundle, del bool, n int) {
+	t.Helper()
+	marked, rows := b.count(t, "SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL"), b.count(t, "SELECT count(*) FROM outbox")
+	if del && rows != 0 {
+		t.Fatalf("DeletePublished: %d rows left in the outbox (%d marked), want none", rows, marked)
+	}
+	if !del && (marked != n || rows != n) {
+		t.Fatalf("%d rows, %d marked; want %d and %d", rows, marked, n, n)
+	}
+}
+
+// Crash point: the relay dies after a batch's rows were marked (or
+// deleted, with DeletePublished) and before its position was confirmed to
+// the server. The slot still points before them; the next run receives the
+// transactions again and publishes each row that is still pending, with
+// its id, and no marked or deleted row a second time: its catch-up's
+// snapshot shows those transactions committed, and the stream skips them.
 func TestCrashAfterMarkBeforeConfirmLosesNothingAndRepeatsNoMarkedRow(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	const n = 10
-	cfg := b.config()
-	var marked atomic.Int64
-	var fx faults.CDC
-	fx.AfterMark = func(rows int) error {
-		marked.Store(int64(rows))
-		return faults.ErrCrashed
-	}
-	var lsn int64
-	fx.Streaming = func() {
-		lsn = b.confirmedLSN(t)
-		for i := 1; i <= n; i++ {
-			b.enqueue(t, "P-1", seqPayload{Seq: i})
-		}
-	}
-	r := newRelay(t, cfg)
-	if err := runUntilError(t, withFaults{r, fx}, 20*time.Second); !errors.Is(err, faults.ErrCrashed) {
-		t.Fatalf("Run: %v, want ErrCrashed", err)
-	}
-	m := int(marked.Load())
-	if m == 0 || b.pending(t) != n-m {
-		t.Fatalf("%d marked by the hook, %d pending; want some marked and the rest pending", m, b.pending(t))
-	}
-	if got := b.confirmedLSN(t); got != lsn {
-		t.Fatalf("slot moved to %d, want it still at %d (nothing confirmed)", got, lsn)
-	}
-	rows, err := b.s.Pool.Query(context.Background(), "SELECT id::text FROM outbox WHERE publicat_en IS NOT NULL")
-	if err != nil {
-		t.Fatal(err)
-	}
-	markedIDs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var end int64
-	if err := b.s.Pool.QueryRow(context.Background(), "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
-		t.Fatal(err)
-	}
-	start(t, newRelay(t, b.config()))
-	waitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
-	// Past every transaction of the crashed run: the stream has delivered
-	// them all again, and what was to be published twice is on the topic.
-	waitFor(t, "the slot to pass the writes", 20*time.Second, func() bool { return b.confirmedLSN(t) >= end })
-	recs := kafkatest.ReadAll(t, b.b, topic, n+m, 3*time.Second)
-	perKey, copies := firstSeqs(t, recs)
-	checkCommitOrder(t, perKey, map[string]int{"P-1": n})
-	if len(copies) != n {
-		t.Fatalf("%d distinct ids, want %d", len(copies), n)
-	}
-	for _, id := range markedIDs {
-		if copies[id] != 1 {
-			t.Fatalf("marked row %s published %d times, want once (the stream's copy of a marked row is skipped)", id, copies[id])
-		}
+	for _, del := range []bool{false, true} {
+		t.Run(markMode(del), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			const n = 10
+			cfg := b.config()
+			cfg.DeletePublished = del
+			var marked atomic.Int64
+			var fx faults.CDC
+			fx.AfterMark = func(rows int) error {
+				marked.Store(int64(rows))
+				return faults.ErrCrashed
+			}
+			var lsn int64
+			var ids []string
+			fx.Streaming = func() {
+				lsn = b.confirmedLSN(t)
+				for i := 1; i <= n; i++ {
+					ids = append(ids, b.enqueue(t, "P-1", seqPayload{Seq: i}).String())
+				}
+			}
+			r := newRelay(t, cfg)
+			if err := runUntilError(t, withFaults{r, fx}, 20*time.Second); !errors.Is(err, faults.ErrCrashed) {
+				t.Fatalf("Run: %v, want ErrCrashed", err)
+			}
+			m := int(marked.Load())
+			if m == 0 || b.pending(t) != n-m {
+				t.Fatalf("%d marked by the hook, %d pending; want some marked and the rest pending", m, b.pending(t))
+			}
+			if got := b.confirmedLSN(t); got != lsn {
+				t.Fatalf("slot moved to %d, want it still at %d (nothing confirmed)", got, lsn)
+			}
+			rows, err := b.s.Pool.Query(context.Background(), "SELECT id::text FROM outbox WHERE publicat_en IS NULL")
+			if err != nil {
+				t.Fatal(err)
+			}
+			pending, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			var end int64
+			if err := b.s.Pool.QueryRow(context.Background(), "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
+				t.Fatal(err)
+			}
+			cfg = b.config()
+			cfg.DeletePublished = del
+			start(t, newRelay(t, cfg))
+			waitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
+			// Past every transaction of the crashed run: the stream has
+			// delivered them all again, and what was to be published twice
+			// is on the topic.
+			waitFor(t, "the slot to pass the writes", 20*time.Second, func() bool { return b.confirmedLSN(t) >= end })
+			recs := kafkatest.ReadAll(t, b.b, topic, n+m, 3*time.Second)
+			perKey, copies := firstSeqs(t, recs)
+			checkCommitOrder(t, perKey, map[string]int{"P-1": n})
+			if len(copies) != n {
+				t.Fatalf("%d distinct ids, want %d", len(copies), n)
+			}
+			for _, id := range ids {
+				if !slices.Contains(pending, id) && copies[id] != 1 {
+					t.Fatalf("row %s, marked before the crash, published %d times, want once (the stream's copy is skipped)", id, copies[id])
+				}
+			}
+			checkMarkedOrDeleted(t, b, del, n)
+		})
 	}
 }
 

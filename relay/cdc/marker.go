@@ -189,7 +189,7 @@ func (m *marker) commit(ctx context.Context, batch []job) error {
 			return fmt.Errorf("cdc: mark %d rows, park %d: %w", len(ids), len(parkIDs), err)
 		}
 		if marked < int64(len(ids)) {
-			if err := m.markLate(ctx, ids); err != nil {
+			if err := m.markLate(ctx, ids, marked); err != nil {
 				return err
 			}
 		}
@@ -261,30 +261,41 @@ func (l *lagTracker) seconds(now time.Time) float64 {
 // become visible.
 const lateMarkWait = 5 * time.Second
 
-// markLate marks the rows of ids the first UPDATE did not find. The server
-// sends a transaction as soon as its commit record is written, which can be
-// a moment before the transaction is visible to other sessions: its rows are
-// not found yet. A row already marked (a republished one) is found and left
-// alone. The marker counts the visible rows before each UPDATE, so that the
-// UPDATE (a later snapshot) sees at least those, and stops when all are.
-func (m *marker) markLate(ctx context.Context, ids []pgtype.UUID) error {
+// markLate marks the rows of ids the first statements did not find (they
+// marked done). The server sends a transaction as soon as its commit record
+// is written, which can be a moment before the transaction is visible to
+// other sessions: its rows are not found yet. A row already marked (a
+// republished one) is found and left alone. The marker counts the visible
+// rows before each UPDATE, so that the UPDATE (a later snapshot) sees at
+// least those, and stops when all are. With DeletePublished the rows it
+// deleted are gone from the count and are counted as found.
+func (m *marker) markLate(ctx context.Context, ids []pgtype.UUID, done int64) error {
+	var gone int64 // rows of ids deleted (DeletePublished)
+	if m.r.cfg.DeletePublished {
+		gone = done
+	}
 	end := time.Now().Add(lateMarkWait)
 	for {
-		var visible int
+		var visible int64
 		if err := m.conn.QueryRow(ctx, m.r.q.visible, ids).Scan(&visible); err != nil {
 			return fmt.Errorf("cdc: mark: %w", err)
 		}
+		found := visible + gone
 		for c := range slices.Chunk(ids, markChunk) {
-			if _, err := m.conn.Exec(ctx, m.r.q.mark, c); err != nil {
+			tag, err := m.conn.Exec(ctx, m.r.q.mark, c)
+			if err != nil {
 				return fmt.Errorf("cdc: mark: %w", err)
 			}
+			if m.r.cfg.DeletePublished {
+				gone += tag.RowsAffected()
+			}
 		}
-		if visible >= len(ids) {
+		if found >= int64(len(ids)) {
 			return nil
 		}
 		if time.Now().After(end) {
 			m.r.cfg.Logger.Warn("cdc: published rows not found to mark (deleted meanwhile?)", "relay", m.r.q.payload,
-				"rows", len(ids)-visible)
+				"rows", int64(len(ids))-found)
 			return nil
 		}
 		sleep(ctx, time.Millisecond) // the writer's transaction is becoming visible

@@ -34,7 +34,7 @@ type queries struct {
 	size    string
 }
 
-func newQueries(n migrate.Names) queries {
+func newQueries(n migrate.Names, del bool) queries {
 	n = n.WithDefaults()
 	table := pgx.Identifier{n.Schema, n.Outbox}.Sanitize()
 	parked := pgx.Identifier{n.Schema, n.Outbox + "_aparcats"}.Sanitize()
@@ -46,10 +46,10 @@ func newQueries(n migrate.Names) queries {
 	}
 	return queries{
 		table: table, payload: n.Schema + "." + n.Outbox,
-		mark: "UPDATE " + table + " SET publicat_en = now() WHERE id = ANY($1::uuid[]) AND publicat_en IS NULL",
+		mark: relay.MarkSQL(table, del, "id = ANY($1::uuid[]) AND publicat_en IS NULL"),
 		// A TID scan; the id check leaves alone a row that took the place
 		// of one that moved (that one is marked by id afterwards).
-		markTID: "UPDATE " + table + " SET publicat_en = now() WHERE ctid = ANY($1::tid[]) AND id = ANY($2::uuid[]) AND publicat_en IS NULL",
+		markTID: relay.MarkSQL(table, del, "ctid = ANY($1::tid[]) AND id = ANY($2::uuid[]) AND publicat_en IS NULL"),
 		visible: "SELECT count(*) FROM " + table + " WHERE id = ANY($1::uuid[])",
 		park:    relay.ParkSQL(n),
 		parked:  "SELECT DISTINCT agregat_id FROM " + parked,

@@ -63,7 +63,7 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, q: newQueries(cfg.Names), lockKey: relay.MemberLockKey(cfg.Names), enc: relay.NewEncoder(cfg.Config)}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished), lockKey: relay.MemberLockKey(cfg.Names), enc: relay.NewEncoder(cfg.Config)}
 	// Its own pool, when it opens one, has 2 connections. A lost mark only
 	// republishes rows with the same ids (docs/design/cdc.md).
 	var err error

@@ -43,7 +43,7 @@ func CheckServer(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, l
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.WithDefaults()
-	r := &Relay{cfg: cfg, q: newQueries(cfg.Names)}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished)}
 	r.warnedKeep.Store(true) // the relay warns when it starts
 	conn, err := pool.Acquire(ctx)
 	if err != nil {

@@ -214,6 +214,10 @@ type Config struct {
 	// as long as the window you may want to replay from the outbox. Default 0:
 	// off, the outboxes keep every row; a negative value fails Start.
 	RelayPruneOlderThan time.Duration
+	// RelayDeletePublished makes each service's relay delete each outbox row
+	// as soon as the broker confirmed it (relay.Config's DeletePublished),
+	// instead of setting publicat_en. Default false.
+	RelayDeletePublished bool
 	// RelayMode is how each service's relay finds its rows: RelayPolling (the
 	// default, "") claims them from the outbox table, RelayCDC streams the
 	// table's inserts from the WAL (package relay/cdc; the server needs

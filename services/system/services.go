@@ -62,7 +62,8 @@ func (s *System) relayFor(ctx context.Context, service string) error {
 		Logger:       s.log.With("service", service),
 		// Off (0) unless the operator asked: published rows are the replay
 		// window.
-		PruneOlderThan: s.cfg.RelayPruneOlderThan,
+		PruneOlderThan:  s.cfg.RelayPruneOlderThan,
+		DeletePublished: s.cfg.RelayDeletePublished,
 	}
 	if s.cfg.RelayMode != RelayCDC {
 		s.sup.runRelay(service, s.cfg.RelayFaults[service], cfg)

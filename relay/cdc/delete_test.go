@@ -1,0 +1,103 @@
+package cdc_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// warnings records the messages of the warnings a relay logs.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	w.msgs = append(w.msgs, r.Message)
+	w.mu.Unlock()
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+
+func (w *warnings) containing(s string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, m := range w.msgs {
+		if strings.Contains(m, s) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// With DeletePublished each row is deleted once the broker confirmed it:
+// the catch-up's rows (by ctid) at the first start and the streamed rows of
+// concurrent writers (by id, also when the stream is ahead of visibility),
+// every event once and in commit order per aggregate, and a parked row and
+// the one behind it stay, pending. No batch waits for rows it already
+// deleted ("not found to mark").
+func TestDeletePublishedLeavesOnlyPendingRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const aggs, pre, writers, perWriter = 10, 200, 4, 60
+	for i := range pre {
+		b.enqueue(t, fmt.Sprintf("A-%d", i%aggs), seqPayload{Seq: i/aggs + 1})
+	}
+	pub := &refusing{next: b.pub, mark: "refuse-me"}
+	pub.refuse.Store(true)
+	warn := &warnings{}
+	cfg := b.config()
+	cfg.Publisher = pub
+	cfg.DeletePublished = true
+	cfg.Logger = slog.New(warn)
+	r := newRelay(t, cfg)
+	start(t, r)
+	waitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	b.enqueue(t, "P", bigPayload{Seq: 1, Pad: "refuse-me"})
+	b.enqueue(t, "P", seqPayload{Seq: 2})
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := 1; i <= perWriter; i++ {
+				b.enqueue(t, fmt.Sprintf("W-%d", w), seqPayload{Seq: i})
+			}
+		})
+	}
+	wg.Wait()
+	want := map[string]int{}
+	for i := range aggs {
+		want[fmt.Sprintf("A-%d", i)] = pre / aggs
+	}
+	for w := range writers {
+		want[fmt.Sprintf("W-%d", w)] = perWriter
+	}
+	total := pre + writers*perWriter
+	waitFor(t, "every row but P's deleted", 20*time.Second, func() bool {
+		return b.count(t, "SELECT count(*) FROM outbox") == 2
+	})
+	if p, parked := b.pending(t), b.count(t, "SELECT count(*) FROM outbox_aparcats"); p != 2 || parked != 1 {
+		t.Fatalf("%d pending, %d parked; want P's 2 pending, 1 parked", p, parked)
+	}
+	perKey, copies := firstSeqs(t, b.read(t, total))
+	delete(perKey, "P")
+	checkCommitOrder(t, perKey, want)
+	if len(copies) != total {
+		t.Fatalf("%d distinct events on the topic, want %d", len(copies), total)
+	}
+	for id, c := range copies {
+		if c != 1 {
+			t.Fatalf("event %s published %d times, want once (no crash)", id, c)
+		}
+	}
+	if w := warn.containing("not found to mark"); len(w) > 0 {
+		t.Fatalf("the marker waited for rows it had deleted: %q", w)
+	}
+}
