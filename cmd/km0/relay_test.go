@@ -106,21 +106,7 @@ func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
 	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
 	ctx := context.Background()
-	ob := outbox.New(outbox.Config{Names: s.Names()})
-	tx, err := s.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, size := range []int{10, 30_000, 10, 10} {
-		agg := []string{"P-1", "P-1", "P-1", "P-2"}[i]
-		if err := ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: agg, Type: "comanda.creada",
-			Payload: map[string]string{"p": strings.Repeat("x", size)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	enqueueSized(t, s, []string{"P-1", "P-1", "P-1", "P-2"}, []int{10, 30_000, 10, 10})
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
 		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms")
 	var parked, pending int
@@ -140,6 +126,26 @@ func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 	}
 }
 
+// enqueueSized writes, in one transaction, one event per aggregate of aggs
+// with a payload of about sizes[i] bytes.
+func enqueueSized(t *testing.T, s *pgtest.Schema, aggs []string, sizes []int) {
+	t.Helper()
+	ctx := context.Background()
+	ob := outbox.New(outbox.Config{Names: s.Names()})
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		for i, size := range sizes {
+			if err := ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: aggs[i], Type: "comanda.creada",
+				Payload: map[string]string{"p": strings.Repeat("x", size)}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // `km0 relay --delete-published` deletes each row once the broker confirmed
 // it: the outbox keeps only what is pending, here a parked row and the row
 // of its aggregate behind it.
@@ -147,21 +153,7 @@ func TestRelayCommandDeletePublishedKeepsOnlyPendingRows(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
 	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
 	ctx := context.Background()
-	ob := outbox.New(outbox.Config{Names: s.Names()})
-	tx, err := s.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, size := range []int{10, 30_000, 10, 10, 10} {
-		agg := []string{"P-1", "P-1", "P-1", "P-2", "P-2"}[i]
-		if err := ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: agg, Type: "comanda.creada",
-			Payload: map[string]string{"p": strings.Repeat("x", size)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	enqueueSized(t, s, []string{"P-1", "P-1", "P-1", "P-2", "P-2"}, []int{10, 30_000, 10, 10, 10})
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
 		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms", "--delete-published")
 	var parked, rows, marked int
