@@ -1,42 +1,15 @@
 package cdc_test
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/km0/km0/internal/testlog"
 )
-
-// warnings records the messages of the warnings a relay logs.
-type warnings struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-func (w *warnings) Handle(_ context.Context, r slog.Record) error {
-	w.mu.Lock()
-	w.msgs = append(w.msgs, r.Message)
-	w.mu.Unlock()
-	return nil
-}
-func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
-func (w *warnings) WithGroup(string) slog.Handler      { return w }
-
-func (w *warnings) containing(s string) []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var out []string
-	for _, m := range w.msgs {
-		if strings.Contains(m, s) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
 
 // With DeletePublished each row is deleted once the broker confirmed it:
 // the catch-up's rows (by ctid) at the first start and the streamed rows of
@@ -53,11 +26,11 @@ func TestDeletePublishedLeavesOnlyPendingRows(t *testing.T) {
 	}
 	pub := &refusing{next: b.pub, mark: "refuse-me"}
 	pub.refuse.Store(true)
-	warn := &warnings{}
+	logs := &testlog.Buffer{}
 	cfg := b.config()
 	cfg.Publisher = pub
 	cfg.DeletePublished = true
-	cfg.Logger = slog.New(warn)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	r := newRelay(t, cfg)
 	start(t, r)
 	waitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
@@ -97,7 +70,7 @@ func TestDeletePublishedLeavesOnlyPendingRows(t *testing.T) {
 			t.Fatalf("event %s published %d times, want once (no crash)", id, c)
 		}
 	}
-	if w := warn.containing("not found to mark"); len(w) > 0 {
-		t.Fatalf("the marker waited for rows it had deleted: %q", w)
+	if l := logs.String(); strings.Contains(l, "not found to mark") {
+		t.Fatalf("the marker waited for rows it had deleted:\n%s", l)
 	}
 }
