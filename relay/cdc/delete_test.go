@@ -35,6 +35,9 @@ func TestDeletePublishedLeavesOnlyPendingRows(t *testing.T) {
 	start(t, r)
 	waitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
 	b.enqueue(t, "P", bigPayload{Seq: 1, Pad: "refuse-me"})
+	// Once P1 is parked: a later row in the very Publish the broker refused
+	// would be confirmed, and deleted (C8).
+	waitFor(t, "P1 parked", 10*time.Second, func() bool { return b.count(t, "SELECT count(*) FROM outbox_aparcats") == 1 })
 	b.enqueue(t, "P", seqPayload{Seq: 2})
 	var wg sync.WaitGroup
 	for w := range writers {
