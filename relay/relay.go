@@ -21,7 +21,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/pause"
 )
 
 // probes returns the crash points and test probes ctx carries (package
@@ -273,9 +273,9 @@ func (r *Relay) listen(ctx context.Context) {
 			return
 		}
 		failures++
-		d := backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
+		d := pause.Backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
 		log.Warn("relay: LISTEN session lost; reconnecting", "err", err, "retry_in", d)
-		sleep(ctx, d)
+		pause.Sleep(ctx, d)
 	}
 }
 
@@ -300,27 +300,5 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		if n.Payload == r.q.payload {
 			r.wakeAll()
 		}
-	}
-}
-
-// backoff is min·2^(failures-1) capped at max, with jitter in [d/2, d].
-func backoff(lo, hi time.Duration, failures int) time.Duration {
-	d := lo
-	for i := 1; i < failures && d < hi; i++ {
-		d *= 2
-	}
-	d = min(d, hi)
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/internal/pause"
 )
 
 // worker is one claim loop with its own session. The session holds, as
@@ -194,9 +196,9 @@ func (w *worker) run(ctx context.Context) error {
 			}
 			failures++
 			w.r.m.failures.Inc()
-			d := backoff(w.r.cfg.BackoffMin, w.r.cfg.BackoffMax, failures)
+			d := pause.Backoff(w.r.cfg.BackoffMin, w.r.cfg.BackoffMax, failures)
 			log.Warn("relay: cycle failed; rows stay pending", "err", err, "failures", failures, "retry_in", d)
-			sleep(ctx, d)
+			pause.Sleep(ctx, d)
 			continue
 		}
 		if failures > 0 {

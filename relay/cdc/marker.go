@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/km0/km0/internal/pause"
 )
 
 // job is one published batch: the rows to mark, the rows to park, and the
@@ -298,6 +300,6 @@ func (m *marker) markLate(ctx context.Context, ids []pgtype.UUID, done int64) er
 				"rows", int64(len(ids))-found)
 			return nil
 		}
-		sleep(ctx, time.Millisecond) // the writer's transaction is becoming visible
+		pause.Sleep(ctx, time.Millisecond) // the writer's transaction is becoming visible
 	}
 }

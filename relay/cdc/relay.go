@@ -25,7 +25,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/pause"
 	"github.com/km0/km0/relay"
 )
 
@@ -151,9 +151,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		failures++
 		r.m.failures.Inc()
-		d := backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
+		d := pause.Backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
 		log.Warn("cdc: session ended; retrying", "err", err, "retry_in", d)
-		sleep(ctx, d)
+		pause.Sleep(ctx, d)
 	}
 	return nil
 }
@@ -311,7 +311,7 @@ func (r *Relay) startReplication(ctx context.Context, repl *pgconn.PgConn, start
 			return fmt.Errorf("cdc: start replication on slot %s: %w", r.cfg.Slot, err)
 		}
 		r.cfg.Logger.Debug("cdc: slot still held by a session that is ending; retrying", "slot", r.cfg.Slot)
-		sleep(ctx, 100*time.Millisecond)
+		pause.Sleep(ctx, 100*time.Millisecond)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -349,26 +349,4 @@ func quoteLiteral(s string) string {
 		}
 	}
 	return string(append(out, '\''))
-}
-
-// backoff is min·2^(failures-1) capped at max, with jitter in [d/2, d].
-func backoff(lo, hi time.Duration, failures int) time.Duration {
-	d := lo
-	for i := 1; i < failures && d < hi; i++ {
-		d *= 2
-	}
-	d = min(d, hi)
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
