@@ -14,6 +14,7 @@ import (
 
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport"
@@ -131,7 +132,7 @@ func TestAdaptiveClaimSizeFollowsTheBacklog(t *testing.T) {
 			exp = seq(1, 50)
 		}
 		if got := perKey[key]; !slices.Equal(got, exp) {
-			t.Fatalf("aggregate %s: got %v, want %v", key, clipInts(got), clipInts(exp))
+			t.Fatalf("aggregate %s: got %v, want %v", key, relaytest.ClipInts(got), relaytest.ClipInts(exp))
 		}
 	}
 }
@@ -159,15 +160,15 @@ func TestDefaultsKeepCommitOrderWithEightWriters(t *testing.T) {
 	r := b.newRelay(t, cfg)
 	withProbes(r, probe)
 	ctx := context.Background()
-	if err := w.run(ctx, 8, 150, 1); err != nil {
+	if err := w.Run(ctx, 8, 150, 1); err != nil {
 		t.Fatal(err)
 	}
 	start(t, r)
-	if err := w.run(ctx, 8, 150, 2); err != nil {
+	if err := w.Run(ctx, 8, 150, 2); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
-	want := w.counts(t)
+	want := w.Counts(t)
 	n := total(want)
 	perKey, copies := firstSeqs(t, b.read(t, n))
 	if len(copies) != n {

@@ -29,14 +29,14 @@ func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
 	start(t, r)
 	ctx := context.Background()
 
-	if err := w.run(ctx, 4, 50, 1); err != nil {
+	if err := w.Run(ctx, 4, 50, 1); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the first events published", 20*time.Second, func() bool { return b.pending(t) == 0 })
 
 	// Kafka goes away: every produce request fails until Remove.
 	outage := b.b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
-	if err := w.run(ctx, 4, 100, 2); err != nil {
+	if err := w.Run(ctx, 4, 100, 2); err != nil {
 		t.Fatal(err)
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -47,18 +47,18 @@ func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
 	waitFor(t, "a failed cycle to be counted", 20*time.Second, func() bool {
 		return metricValue(t, reg, relay.MetricFailures) >= 1
 	})
-	written := total(w.counts(t))
+	written := total(w.Counts(t))
 	pendingDuring := b.pending(t)
 	if pendingDuring < 4*100 {
 		t.Fatalf("during the outage only %d rows pending; want at least the %d written during it", pendingDuring, 4*100)
 	}
 	outage.Remove()
 
-	if err := w.run(ctx, 4, 50, 3); err != nil {
+	if err := w.Run(ctx, 4, 50, 3); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "every row published after the outage", 30*time.Second, func() bool { return b.pending(t) == 0 })
-	want := w.counts(t)
+	want := w.Counts(t)
 	n := total(want)
 	perKey, copies := firstSeqs(t, b.read(t, n))
 	if len(copies) != n {
@@ -104,7 +104,7 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	killed := 0
 	for round := range 3 {
 		waitFor(t, "the relay's 3 sessions", 20*time.Second, func() bool { return sessions() == 3 })
-		if err := w.run(ctx, 4, 40, uint64(round)); err != nil {
+		if err := w.Run(ctx, 4, 40, uint64(round)); err != nil {
 			t.Fatal(err)
 		}
 		killed += b.count(t, "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) k",
@@ -113,12 +113,12 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	if killed < 9 {
 		t.Fatalf("terminated %d sessions, want 9", killed)
 	}
-	if err := w.run(ctx, 4, 40, 9); err != nil {
+	if err := w.Run(ctx, 4, 40, 9); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "every row published after the terminations", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	waitFor(t, "the relay's sessions back", 20*time.Second, func() bool { return sessions() == 3 })
-	want := w.counts(t)
+	want := w.Counts(t)
 	n := total(want)
 	perKey, copies := firstSeqs(t, b.read(t, n))
 	if len(copies) != n {

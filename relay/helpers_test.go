@@ -2,24 +2,20 @@ package relay_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/kafka"
@@ -178,171 +174,26 @@ func (b *bundle) read(t testing.TB, n int) []*kgo.Record {
 	return recs
 }
 
-// seqPayload is the payload of ordered events: seq is the aggregate's commit
-// order, taken under a row lock of the writer's transaction.
-type seqPayload struct {
-	Seq int `json:"seq"`
-}
+// The order and completeness checks and the writers' load of both relays'
+// tests (internal/relaytest).
+type seqPayload = relaytest.SeqPayload
 
-// firstSeqs decodes the records and returns, per key, the seq of each event
-// id at its first occurrence, in topic order; and the number of records per
-// id.
 func firstSeqs(t testing.TB, recs []*kgo.Record) (map[string][]int, map[string]int) {
 	t.Helper()
-	perKey := map[string][]int{}
-	copies := map[string]int{}
-	for _, r := range recs {
-		env, err := envelope.Decode(r.Value)
-		if err != nil {
-			t.Fatalf("record at %d/%d: %v", r.Partition, r.Offset, err)
-		}
-		copies[env.ID]++
-		if copies[env.ID] > 1 {
-			continue
-		}
-		var p seqPayload
-		if err := json.Unmarshal(env.Data, &p); err != nil {
-			t.Fatal(err)
-		}
-		perKey[string(r.Key)] = append(perKey[string(r.Key)], p.Seq)
-	}
-	return perKey, copies
+	return relaytest.FirstSeqs(t, recs)
 }
 
-// checkCommitOrder asserts that every aggregate's events arrived, by first
-// occurrence, as 1, 2, ..., want[agg]: nothing missing, commit order kept.
 func checkCommitOrder(t testing.TB, perKey map[string][]int, want map[string]int) {
 	t.Helper()
-	bad := 0
-	for agg, n := range want {
-		got := perKey[agg]
-		ok := len(got) == n
-		for i := 0; ok && i < n; i++ {
-			ok = got[i] == i+1
-		}
-		if !ok {
-			bad++
-			if bad <= 5 {
-				t.Errorf("aggregate %s: got seqs %v, want 1..%d in order", agg, clipInts(got), n)
-			}
-		}
-	}
-	if len(perKey) != len(want) {
-		t.Errorf("%d keys on the topic, want %d", len(perKey), len(want))
-	}
-	if bad > 0 {
-		t.Fatalf("%d of %d aggregates out of commit order or incomplete", bad, len(want))
-	}
+	relaytest.CheckCommitOrder(t, perKey, want)
 }
 
-func clipInts(s []int) string {
-	if len(s) > 20 {
-		return fmt.Sprint(s[:20]) + "…"
-	}
-	return fmt.Sprint(s)
-}
+func total(m map[string]int) int { return relaytest.Total(m) }
 
-// writers runs n goroutines that each commit txs transactions; each
-// transaction bumps the counters of 2 random aggregates of aggs (taking their
-// row locks, so the counter value is the aggregate's commit order) and
-// enqueues one event per aggregate carrying that value.
-type writers struct {
-	b    *bundle
-	aggs []string
-}
-
-func newWriters(t testing.TB, b *bundle, aggs int) *writers {
+func newWriters(t testing.TB, b *bundle, aggs int) *relaytest.Writers {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := b.s.Pool.Exec(ctx, "CREATE TABLE comptadors (agregat_id TEXT PRIMARY KEY, n INT NOT NULL DEFAULT 0)"); err != nil {
-		t.Fatal(err)
-	}
-	w := &writers{b: b}
-	for i := range aggs {
-		w.aggs = append(w.aggs, fmt.Sprintf("P-%05d", i))
-	}
-	if _, err := b.s.Pool.Exec(ctx, "INSERT INTO comptadors (agregat_id) SELECT unnest($1::text[])", w.aggs); err != nil {
-		t.Fatal(err)
-	}
-	return w
+	return relaytest.NewWriters(t, b.s.Pool, b.ob, aggs)
 }
-
-// run commits n×txs transactions with n concurrent writers and returns the
-// first error.
-func (w *writers) run(ctx context.Context, n, txs int, seed uint64) error {
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for g := range n {
-		wg.Go(func() {
-			rnd := newRand(seed + uint64(g)*7919)
-			for range txs {
-				a, b := w.aggs[rnd.IntN(len(w.aggs))], w.aggs[rnd.IntN(len(w.aggs))]
-				if b < a {
-					a, b = b, a
-				}
-				if err := w.one(ctx, a, b); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
-}
-
-func (w *writers) one(ctx context.Context, aggs ...string) error {
-	return pgx.BeginFunc(ctx, w.b.s.Pool, func(tx pgx.Tx) error {
-		var events []*outbox.Event
-		seen := map[string]bool{}
-		for _, a := range aggs {
-			if seen[a] {
-				continue
-			}
-			seen[a] = true
-			var n int
-			if err := tx.QueryRow(ctx, "UPDATE comptadors SET n = n + 1 WHERE agregat_id = $1 RETURNING n", a).Scan(&n); err != nil {
-				return err
-			}
-			events = append(events, &outbox.Event{Aggregate: "comanda", AggregateID: a, Type: "comanda.creada",
-				Payload: seqPayload{Seq: n}})
-		}
-		return w.b.ob.EnqueueBatch(ctx, tx, events)
-	})
-}
-
-// counts returns each aggregate's final counter (events written).
-func (w *writers) counts(t testing.TB) map[string]int {
-	t.Helper()
-	rows, err := w.b.s.Pool.Query(context.Background(), "SELECT agregat_id, n FROM comptadors WHERE n > 0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for rows.Next() {
-		var a string
-		var n int
-		if err := rows.Scan(&a, &n); err != nil {
-			t.Fatal(err)
-		}
-		out[a] = n
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func total(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
-}
-
-func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)) }
 
 // probes are the crash points and probes (internal/faults) of the relays of
 // the tests, which carry them in the context of Run and RunOnce.

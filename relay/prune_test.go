@@ -139,10 +139,10 @@ func TestPruneWhileTheRelayAndWritersRunLosesNothing(t *testing.T) {
 	start(t, b.newRelay(t, cfg))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := w.run(ctx, 4, 150, 42); err != nil {
+	if err := w.Run(ctx, 4, 150, 42); err != nil {
 		t.Fatal(err)
 	}
-	want := w.counts(t)
+	want := w.Counts(t)
 	events := total(want)
 	waitFor(t, "every event published", 60*time.Second, func() bool { return b.pending(t) == 0 })
 	perKey, copies := firstSeqs(t, b.read(t, events))

@@ -225,13 +225,13 @@ func TestTwoRelaysEightWritersKeepCommitOrder(t *testing.T) {
 	relayA, relayB := b.newRelay(t, cfg), b.newRelay(t, cfg)
 	ctx := context.Background()
 	t0 := time.Now()
-	if err := w.run(ctx, 8, 150, 1); err != nil {
+	if err := w.Run(ctx, 8, 150, 1); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("backlog of %d written in %v", b.pending(t), time.Since(t0))
 	stopA := start(t, relayA)
 	start(t, relayB)
-	if err := w.run(ctx, 8, 100, 2); err != nil {
+	if err := w.Run(ctx, 8, 100, 2); err != nil {
 		t.Fatal(err)
 	}
 	if relayA.OwnedShards() == 0 || relayB.OwnedShards() == 0 {
@@ -240,13 +240,13 @@ func TestTwoRelaysEightWritersKeepCommitOrder(t *testing.T) {
 	if err := stopA(); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.run(ctx, 8, 50, 3); err != nil {
+	if err := w.Run(ctx, 8, 50, 3); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	t.Logf("written and relayed in %v", time.Since(t0))
 
-	want := w.counts(t)
+	want := w.Counts(t)
 	n := total(want)
 	if rows := b.count(t, "SELECT count(*) FROM outbox"); rows != n || n < 8*300 {
 		t.Fatalf("writers committed %d events, outbox holds %d", n, rows)

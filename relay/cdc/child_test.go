@@ -103,7 +103,7 @@ func TestStandbyProcessTakesOverWithin5sOfASIGKILL(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- w.run(ctx, 2, 150, 21) }()
+	go func() { done <- w.Run(ctx, 2, 150, 21) }()
 	waitFor(t, "A to publish some rows", 20*time.Second, func() bool {
 		return b.count(t, "SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL") > 20
 	})
@@ -119,7 +119,7 @@ func TestStandbyProcessTakesOverWithin5sOfASIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
-	want := w.counts(t)
+	want := w.Counts(t)
 	perKey, copies := firstSeqs(t, b.read(t, total(want)))
 	if len(copies) != total(want) {
 		t.Fatalf("%d distinct events, want %d", len(copies), total(want))

@@ -183,7 +183,7 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	ctx := context.Background()
 	waitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
 	done := make(chan error, 1)
-	go func() { done <- w.run(ctx, 2, 100, 7) }()
+	go func() { done <- w.Run(ctx, 2, 100, 7) }()
 	for range 3 {
 		time.Sleep(30 * time.Millisecond) // let some rows through between the terminations (load, not a wait for work)
 		if _, err := b.s.Pool.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
@@ -195,7 +195,7 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
-	want := w.counts(t)
+	want := w.Counts(t)
 	perKey, copies := firstSeqs(t, b.read(t, total(want)))
 	if len(copies) != total(want) {
 		t.Fatalf("%d distinct events, want %d", len(copies), total(want))

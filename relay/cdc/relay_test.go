@@ -83,7 +83,7 @@ func TestEightWritersKeepCommitOrder(t *testing.T) {
 	b := setup(t)
 	w := newWriters(t, b, 1000)
 	ctx := context.Background()
-	if err := w.run(ctx, 8, 100, 1); err != nil {
+	if err := w.Run(ctx, 8, 100, 1); err != nil {
 		t.Fatal(err)
 	}
 	cfg := b.config()
@@ -92,11 +92,11 @@ func TestEightWritersKeepCommitOrder(t *testing.T) {
 	cfg.Publisher = watch
 	r := newRelay(t, cfg)
 	start(t, r)
-	if err := w.run(ctx, 8, 150, 2); err != nil {
+	if err := w.Run(ctx, 8, 150, 2); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "every row published", 60*time.Second, func() bool { return b.pending(t) == 0 })
-	want := w.counts(t)
+	want := w.Counts(t)
 	n := total(want)
 	if rows := b.count(t, "SELECT count(*) FROM outbox"); rows != n || n < 8*250 {
 		t.Fatalf("writers committed %d events, outbox holds %d", n, rows)

@@ -23,18 +23,18 @@ func TestFirstStartWhileWritersWriteMissesAndRepeatsNothing(t *testing.T) {
 	b := setup(t)
 	w := newWriters(t, b, 200)
 	ctx := context.Background()
-	if err := w.run(ctx, 4, 50, 11); err != nil { // pending before the first start
+	if err := w.Run(ctx, 4, 50, 11); err != nil { // pending before the first start
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- w.run(ctx, 4, 150, 12) }() // and during it
+	go func() { done <- w.Run(ctx, 4, 150, 12) }() // and during it
 	r := newRelay(t, b.config())
 	start(t, r)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
-	want := w.counts(t)
+	want := w.Counts(t)
 	n := total(want)
 	perKey, copies := firstSeqs(t, b.read(t, n))
 	if len(copies) != n {
@@ -58,7 +58,7 @@ func TestSwitchPollingToCDCAndBackLosesNothing(t *testing.T) {
 	ctx := context.Background()
 	write := func(seed uint64) {
 		t.Helper()
-		if err := w.run(ctx, 2, 40, seed); err != nil {
+		if err := w.Run(ctx, 2, 40, seed); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -94,7 +94,7 @@ func TestSwitchPollingToCDCAndBackLosesNothing(t *testing.T) {
 	start(t, polling2)
 	write(6)
 	waitFor(t, "the polling relay to drain again", 20*time.Second, func() bool { return b.pending(t) == 0 })
-	want := w.counts(t)
+	want := w.Counts(t)
 	perKey, copies := firstSeqs(t, b.read(t, total(want)))
 	if len(copies) != total(want) {
 		t.Fatalf("%d distinct events, want %d", len(copies), total(want))
