@@ -445,21 +445,15 @@ func (c *Consumer) tryTx(ctx context.Context, msgs []*item, whole bool) (failAt 
 			err = errors.New("per-key order: a message was refused and a later one of its key accepted")
 		}
 		if err != nil {
-			if ctx.Err() != nil || tx.Conn().IsClosed() {
-				return 0, nil, nil, fmt.Errorf("batch handler lost its connection: %w", err)
-			}
-			if pgerr.Conflict(err) != "" {
-				return 0, nil, nil, err
+			if end := txEnding(ctx, tx, "batch handler", err); end != nil {
+				return 0, nil, nil, end
 			}
 			return 0, nil, nil, fmt.Errorf("%w: %w", errBatchFailed, err)
 		}
 	case whole && len(todo) > 1:
 		if herr := c.callBatch(ctx, tx, messages(todo)); herr != nil {
-			if ctx.Err() != nil || tx.Conn().IsClosed() {
-				return 0, nil, nil, fmt.Errorf("batch handler lost its connection: %w", herr)
-			}
-			if pgerr.Conflict(herr) != "" {
-				return 0, nil, nil, herr
+			if end := txEnding(ctx, tx, "batch handler", herr); end != nil {
+				return 0, nil, nil, end
 			}
 			return 0, nil, nil, fmt.Errorf("%w: %w", errBatchFailed, herr)
 		}
@@ -475,11 +469,8 @@ func (c *Consumer) tryTx(ctx context.Context, msgs []*item, whole bool) (failAt 
 				r, herr := c.callOutcomes(ctx, tx, []*item{it})
 				switch {
 				case herr != nil:
-					if ctx.Err() != nil || tx.Conn().IsClosed() {
-						return 0, nil, nil, fmt.Errorf("handler lost its connection: %w", herr)
-					}
-					if pgerr.Conflict(herr) != "" {
-						return 0, nil, nil, herr
+					if end := txEnding(ctx, tx, "handler", herr); end != nil {
+						return 0, nil, nil, end
 					}
 					return k, herr, nil, nil
 				case len(r) > 0 && len(msgs) > 1:
@@ -684,4 +675,18 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) 
 		return fmt.Errorf("batch handler returned %d outcomes for 1 message", len(outcomes))
 	}
 	return outcomes[0]
+}
+
+// txEnding is the error that ends tx after a handler failed with herr: its
+// connection is gone (or ctx is done), or herr is a conflict (SQLSTATE 40)
+// that reruns the transaction. Nil: herr is the handler's own failure and
+// tx can go on (after its savepoint, if any, is rolled back).
+func txEnding(ctx context.Context, tx pgx.Tx, who string, herr error) error {
+	if ctx.Err() != nil || tx.Conn().IsClosed() {
+		return fmt.Errorf("%s lost its connection: %w", who, herr)
+	}
+	if pgerr.Conflict(herr) != "" {
+		return herr
+	}
+	return nil
 }

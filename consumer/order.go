@@ -377,37 +377,28 @@ func (c *Consumer) applyOne(ctx context.Context, tx pgx.Tx, it *item) (ok bool, 
 	if !fresh[it.msg.IdempotencyKey] {
 		return false, nil, sp.Commit(ctx)
 	}
-	if c.outcomesOnly() {
-		// As in tryTx: a refusal keeps what the handler wrote for it.
-		r, herr := c.callOutcomes(ctx, sp, []*item{it})
-		if herr == nil && len(r) > 0 {
-			return false, r[0].err, sp.Commit(ctx)
-		}
-		if herr == nil {
-			return true, nil, sp.Commit(ctx)
-		}
-		if ctx.Err() != nil || tx.Conn().IsClosed() {
-			return false, nil, fmt.Errorf("handler lost its connection: %w", herr)
-		}
-		if pgerr.Conflict(herr) != "" {
-			return false, nil, herr
+	failed := func(herr error) (bool, error, error) {
+		if end := txEnding(ctx, tx, "handler", herr); end != nil {
+			return false, nil, end
 		}
 		if err := sp.Rollback(ctx); err != nil {
 			return false, nil, err
 		}
 		return false, herr, nil
 	}
+	if c.outcomesOnly() {
+		// As in tryTx: a refusal keeps what the handler wrote for it.
+		r, herr := c.callOutcomes(ctx, sp, []*item{it})
+		switch {
+		case herr != nil:
+			return failed(herr)
+		case len(r) > 0:
+			return false, r[0].err, sp.Commit(ctx)
+		}
+		return true, nil, sp.Commit(ctx)
+	}
 	if herr := c.call(ctx, sp, it.msg); herr != nil {
-		if ctx.Err() != nil || tx.Conn().IsClosed() {
-			return false, nil, fmt.Errorf("handler lost its connection: %w", herr)
-		}
-		if pgerr.Conflict(herr) != "" {
-			return false, nil, herr
-		}
-		if err := sp.Rollback(ctx); err != nil {
-			return false, nil, err
-		}
-		return false, herr, nil
+		return failed(herr)
 	}
 	return true, nil, sp.Commit(ctx)
 }
