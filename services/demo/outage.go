@@ -2,12 +2,8 @@ package demo
 
 import (
 	"context"
-	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/inventari"
@@ -30,23 +26,6 @@ type KafkaOutage struct {
 	// the broker when Kafka came back.
 	InventariPending int `json:"outbox_inventari_pendents"`
 	ComandesPending  int `json:"outbox_comandes_pendents"`
-}
-
-// kafkaDown makes the embedded broker refuse every request (each connection
-// is closed as it asks) until up is called: unreachable, its data kept.
-func kafkaDown(b *kafka.Embedded) (up func()) {
-	var down atomic.Bool
-	down.Store(true)
-	c := b.Cluster()
-	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
-		if !down.Load() {
-			c.DropControl()
-			return nil, nil, false
-		}
-		c.KeepControl()
-		return nil, errors.New("kafka down"), true
-	})
-	return func() { down.Store(false) }
 }
 
 // outage takes Kafka down for d when start is called, and measures it.
@@ -74,7 +53,7 @@ func (o *outage) start(ctx context.Context) {
 			defer close(o.done)
 			inv := o.sys.Pool(inventari.Name)
 			before, _ := countOf(ctx, inv, stockEventsSQL)
-			up := kafkaDown(o.broker)
+			up := o.broker.Unreachable()
 			o.say("Kafka caigut durant %v (inventari llegeix les comandes de %s)", o.d, brokerName(o.res.InventariReads))
 			select {
 			case <-time.After(o.d):

@@ -3,15 +3,12 @@ package system_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
@@ -19,24 +16,6 @@ import (
 	"github.com/km0/km0/services/system"
 	"github.com/km0/km0/transport/kafka"
 )
-
-// kafkaDown makes the embedded broker refuse every request (each
-// connection is closed as it asks) until the returned func is called: the
-// broker is unreachable, its data kept.
-func kafkaDown(b *kafka.Embedded) (up func()) {
-	var down atomic.Bool
-	down.Store(true)
-	c := b.Cluster()
-	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
-		if !down.Load() {
-			c.DropControl()
-			return nil, nil, false
-		}
-		c.KeepControl()
-		return nil, errors.New("kafka down"), true
-	})
-	return func() { down.Store(false) }
-}
 
 // Kafka unavailable for a while, with inventari reading comanda.creada from
 // RabbitMQ (EventsByTopic) or from Kafka, and publishing estoc.actualitzat
@@ -75,7 +54,7 @@ func TestKafkaDownInventariOnRabbitMQKeepsWorkingAndNothingIsLost(t *testing.T) 
 				return count(inventari.Name, `SELECT count(*) FROM outbox WHERE publicat_en IS NULL AND tipus = 'estoc.actualitzat'`)
 			}
 			const orders = 30
-			up := kafkaDown(b)
+			up := b.Unreachable()
 			for i := range orders {
 				body := fmt.Sprintf(`{"id":"P-2026-%06d","client":"c","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":100},`+
 					`{"producte":"tomaquet-rosa","quantitat":2,"preu_centims":100}],"adreca_lliurament":{"ciutat":"Girona","codi_postal":"17001"}}`, i)

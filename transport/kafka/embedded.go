@@ -1,12 +1,15 @@
 package kafka
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // EmbeddedConfig configures an in-process broker.
@@ -98,6 +101,24 @@ func (e *Embedded) Addrs() []string { return e.c.ListenAddrs() }
 
 // Cluster returns the kfake cluster (for fault injection in tests).
 func (e *Embedded) Cluster() *kfake.Cluster { return e.c }
+
+// Unreachable makes the broker refuse every request (each connection is
+// closed as it asks) until up is called: Kafka down, its data kept. The
+// demo's --kafka-down and the outage tests use it.
+func (e *Embedded) Unreachable() (up func()) {
+	var down atomic.Bool
+	down.Store(true)
+	c := e.c
+	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
+		if !down.Load() {
+			c.DropControl()
+			return nil, nil, false
+		}
+		c.KeepControl()
+		return nil, errors.New("kafka down"), true
+	})
+	return func() { down.Store(false) }
+}
 
 // Close stops the broker (flushing DataDir state).
 func (e *Embedded) Close() { e.c.Close() }
