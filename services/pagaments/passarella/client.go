@@ -34,6 +34,19 @@ type Client struct {
 // Idempotency-Key) and returns the charge. A timeout or 5xx wraps
 // ErrUnavailable; a 4xx wraps ErrRefused.
 func (c *Client) Charge(ctx context.Context, key, orderID string, totalCents int64) (Charge, error) {
+	raw, err := c.post(ctx, "/cobraments", key, ChargeRequest{OrderID: orderID, TotalCents: totalCents})
+	if err != nil {
+		return Charge{}, err
+	}
+	var ch Charge
+	if err := json.Unmarshal(raw, &ch); err != nil || ch.Ref == "" {
+		return Charge{}, fmt.Errorf("%w: unreadable answer", ErrUnavailable)
+	}
+	return ch, nil
+}
+
+// post sends body to path with the Idempotency-Key and returns the 2xx body.
+func (c *Client) post(ctx context.Context, path, key string, body any) ([]byte, error) {
 	timeout := c.Timeout
 	if timeout <= 0 {
 		timeout = TimeoutDefault
@@ -44,28 +57,24 @@ func (c *Client) Charge(ctx context.Context, key, orderID string, totalCents int
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	body, _ := json.Marshal(ChargeRequest{OrderID: orderID, TotalCents: totalCents})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+"/cobraments", bytes.NewReader(body))
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+path, bytes.NewReader(b))
 	if err != nil {
-		return Charge{}, fmt.Errorf("%w: %v", ErrRefused, err)
+		return nil, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := hc.Do(req)
 	if err != nil {
-		return Charge{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	switch {
 	case resp.StatusCode >= 500:
-		return Charge{}, fmt.Errorf("%w: HTTP %d", ErrUnavailable, resp.StatusCode)
+		return nil, fmt.Errorf("%w: HTTP %d", ErrUnavailable, resp.StatusCode)
 	case resp.StatusCode >= 400:
-		return Charge{}, fmt.Errorf("%w: HTTP %d %s", ErrRefused, resp.StatusCode, bytes.TrimSpace(raw))
+		return nil, fmt.Errorf("%w: HTTP %d %s", ErrRefused, resp.StatusCode, bytes.TrimSpace(raw))
 	}
-	var ch Charge
-	if err := json.Unmarshal(raw, &ch); err != nil || ch.Ref == "" {
-		return Charge{}, fmt.Errorf("%w: unreadable answer", ErrUnavailable)
-	}
-	return ch, nil
+	return raw, nil
 }

@@ -1,7 +1,6 @@
 package passarella
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -178,38 +177,4 @@ func (c *Client) Refund(ctx context.Context, key, orderID, chargeKey string) (Re
 		return Refund{}, fmt.Errorf("%w: unreadable answer", ErrUnavailable)
 	}
 	return rf, nil
-}
-
-// post sends body to path with the Idempotency-Key and returns the 2xx body.
-func (c *Client) post(ctx context.Context, path, key string, body any) ([]byte, error) {
-	timeout := c.Timeout
-	if timeout <= 0 {
-		timeout = TimeoutDefault
-	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+path, bytes.NewReader(b))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrRefused, err)
-	}
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	switch {
-	case resp.StatusCode >= 500:
-		return nil, fmt.Errorf("%w: HTTP %d", ErrUnavailable, resp.StatusCode)
-	case resp.StatusCode >= 400:
-		return nil, fmt.Errorf("%w: HTTP %d %s", ErrRefused, resp.StatusCode, bytes.TrimSpace(raw))
-	}
-	return raw, nil
 }
