@@ -177,19 +177,31 @@ func (s *Server) Stats() Stats {
 	return s.stats
 }
 
-func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get("Idempotency-Key")
+// keyedRequest reads r's Idempotency-Key and decodes its JSON body (at
+// most 4 KiB) into req. ok is false when it already answered: 400 for a
+// missing or unstorable key, 415 for a body that is not JSON; err is a body
+// that does not decode, for the caller's own 400.
+func keyedRequest(w http.ResponseWriter, r *http.Request, req any) (key string, ok bool, err error) {
+	key = r.Header.Get("Idempotency-Key")
 	if !storableID(key) {
 		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "obligatòria: fins a 200 bytes d'UTF-8 sense caràcters de control")
-		return
+		return "", false, nil
 	}
 	if !svc.RequireJSON(w, r) {
-		return
+		return "", false, nil
 	}
-	var req ChargeRequest
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
 	if err == nil {
-		err = svc.DecodeJSON(body, &req)
+		err = svc.DecodeJSON(body, req)
+	}
+	return key, true, err
+}
+
+func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
+	var req ChargeRequest
+	key, ok, err := keyedRequest(w, r, &req)
+	if !ok {
+		return
 	}
 	if err != nil || req.OrderID == "" || req.TotalCents < 0 {
 		svc.WriteError(w, http.StatusBadRequest, "cos", "s'esperava {comanda_id, import_centims ≥ 0}")

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
@@ -48,18 +47,10 @@ const keyLockClass = 0x706173 // "pas"
 // replayed, 400, 415, 422 (the charge key is another order's, or was
 // refunded under another key), 503. Faults apply as to charges.
 func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get("Idempotency-Key")
-	if !storableID(key) {
-		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "obligatòria: fins a 200 bytes d'UTF-8 sense caràcters de control")
-		return
-	}
-	if !svc.RequireJSON(w, r) {
-		return
-	}
 	var req RefundRequest
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
-	if err == nil {
-		err = svc.DecodeJSON(body, &req)
+	key, ok, err := keyedRequest(w, r, &req)
+	if !ok {
+		return
 	}
 	if err != nil || !storableID(req.OrderID) || !storableID(req.ChargeKey) {
 		svc.WriteError(w, http.StatusBadRequest, "cos", "s'esperava {comanda_id, clau_cobrament}")
