@@ -56,7 +56,7 @@ func (b *bundle) enqueueRounds(t *testing.T, aggs, first, rounds int) {
 		evs := make([]*outbox.Event, aggs)
 		for a := range evs {
 			evs[a] = &outbox.Event{Aggregate: "comanda", AggregateID: fmt.Sprintf("P-%03d", a), Type: "comanda.creada",
-				Payload: seqPayload{Seq: first + r}}
+				Payload: relaytest.SeqPayload{Seq: first + r}}
 		}
 		if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.EnqueueBatch(ctx, tx, evs) }); err != nil {
 			t.Fatal(err)
@@ -96,7 +96,7 @@ func TestAdaptiveClaimSizeFollowsTheBacklog(t *testing.T) {
 	// Idle: drainOnce's last, empty claim halved the size to 1,000; claims
 	// of a few rows halve it down to BatchSizeStart, where it stays.
 	for i := range 6 {
-		b.enqueue(t, "P-000", seqPayload{Seq: 40 + i})
+		b.enqueue(t, "P-000", relaytest.SeqPayload{Seq: 40 + i})
 		if n, err := r.RunOnce(ctxFor(r)); err != nil || n != 1 {
 			t.Fatalf("trickle %d: published %d, %v; want 1", i, n, err)
 		}
@@ -117,7 +117,7 @@ func TestAdaptiveClaimSizeFollowsTheBacklog(t *testing.T) {
 	}
 
 	n := 3900 + 6 + 500
-	perKey, copies := firstSeqs(t, b.read(t, n))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
 	if len(copies) != n {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
 	}
@@ -167,14 +167,14 @@ func TestDefaultsKeepCommitOrderWithEightWriters(t *testing.T) {
 	if err := w.Run(ctx, 8, 150, 2); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
-	n := total(want)
-	perKey, copies := firstSeqs(t, b.read(t, n))
+	n := relaytest.Total(want)
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
 	if len(copies) != n {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.worker) != relay.WorkersDefault || slices.Max(c.limits) <= relay.BatchSizeStart {
@@ -308,7 +308,7 @@ func TestCrashOfOneWorkerMarksNoUnconfirmedRow(t *testing.T) {
 	if n := b.drainOnce(t, b.newRelay(t, b.config())); n != pending {
 		t.Fatalf("the next relay published %d, want the %d left pending", n, pending)
 	}
-	perKey, copies := firstSeqs(t, b.read(t, aggs*rounds))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, aggs*rounds))
 	if len(copies) != aggs*rounds {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), aggs*rounds)
 	}
@@ -316,7 +316,7 @@ func TestCrashOfOneWorkerMarksNoUnconfirmedRow(t *testing.T) {
 	for a := range aggs {
 		want[fmt.Sprintf("P-%03d", a)] = rounds
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 	t.Logf("%d marked before the crash, %d republished; %d ids published twice", len(marked), pending, countAbove(copies, 1))
 }
 
@@ -354,7 +354,7 @@ func TestWorkersSplitTheShardsAtStart(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "the relay to own every shard", 20*time.Second, func() bool { return r.OwnedShards() == relay.ShardCount })
+	relaytest.WaitFor(t, "the relay to own every shard", 20*time.Second, func() bool { return r.OwnedShards() == relay.ShardCount })
 	share := relay.ShardCount / relay.WorkersDefault
 	if got := perSession(); len(got) != relay.WorkersDefault || got[0] != share || got[len(got)-1] != share {
 		t.Fatalf("shard locks per worker session %v, want %d sessions with %d each", got, relay.WorkersDefault, share)
@@ -397,23 +397,23 @@ func TestExtraWorkerJoinsForABacklogAndLeavesWhenIdle(t *testing.T) {
 	const aggs, rounds = 50, 100
 	b.enqueueRounds(t, aggs, 1, rounds)
 	start(t, r)
-	waitFor(t, "the backlog published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the backlog published", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	c.mu.Lock()
 	perWorker := maps.Clone(c.worker)
 	c.mu.Unlock()
 	if len(perWorker) != relay.WorkersDefault || perWorker[1] == 0 {
 		t.Fatalf("rows claimed per worker %v: the extra worker did not join for the backlog", perWorker)
 	}
-	waitFor(t, "the extra worker to leave and its shards to come back", 20*time.Second, func() bool {
+	relaytest.WaitFor(t, "the extra worker to leave and its shards to come back", 20*time.Second, func() bool {
 		// the LISTEN session with no lock, and one worker with every shard
 		return slices.Equal(b.shardLocks(t, cfg.ApplicationName), []int{0, relay.ShardCount})
 	})
 	for a := range aggs { // one event of every aggregate, so of shards of both workers
-		b.enqueue(t, fmt.Sprintf("P-%03d", a), seqPayload{Seq: rounds + 1})
+		b.enqueue(t, fmt.Sprintf("P-%03d", a), relaytest.SeqPayload{Seq: rounds + 1})
 	}
-	waitFor(t, "the events after the extra worker left", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the events after the extra worker left", 20*time.Second, func() bool { return b.pending(t) == 0 })
 	n := aggs * (rounds + 1)
-	perKey, copies := firstSeqs(t, b.read(t, n))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
 	if len(copies) != n {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
 	}
@@ -421,6 +421,6 @@ func TestExtraWorkerJoinsForABacklogAndLeavesWhenIdle(t *testing.T) {
 	for a := range aggs {
 		want[fmt.Sprintf("P-%03d", a)] = rounds + 1
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 	t.Logf("rows per worker during the backlog %v", perWorker)
 }

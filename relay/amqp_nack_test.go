@@ -7,6 +7,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
@@ -44,7 +45,7 @@ func TestRowsNackedByRabbitMQStayPending(t *testing.T) {
 	cfg.Publisher, cfg.Topic = pub, queue
 	r := b.newRelay(t, cfg)
 	for seq := 1; seq <= 3; seq++ {
-		b.enqueue(t, "X", seqPayload{Seq: seq})
+		b.enqueue(t, "X", relaytest.SeqPayload{Seq: seq})
 	}
 	n, err := r.RunOnce(ctx)
 	if !errors.Is(err, amqp.ErrNacked) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/amqp"
@@ -36,13 +37,13 @@ func TestRowWithATipusTooLongForAMQPIsParked(t *testing.T) {
 	cfg.Publisher, cfg.Topic = pub, queue
 	r := b.newRelay(t, cfg)
 
-	b.enqueue(t, "X", seqPayload{Seq: 1})
-	long := &outbox.Event{Aggregate: "comanda", AggregateID: "X", Type: strings.Repeat("t", 300), Payload: seqPayload{Seq: 2}}
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 1})
+	long := &outbox.Event{Aggregate: "comanda", AggregateID: "X", Type: strings.Repeat("t", 300), Payload: relaytest.SeqPayload{Seq: 2}}
 	if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.Enqueue(ctx, tx, long) }); err != nil {
 		t.Fatal(err)
 	}
-	b.enqueue(t, "X", seqPayload{Seq: 3}) // same chunk: must not overtake X2
-	b.enqueue(t, "Y", seqPayload{Seq: 1})
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 3}) // same chunk: must not overtake X2
+	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 1})
 	if n := b.drainOnce(t, r); n != 2 {
 		t.Fatalf("published %d, want 2 (X1, Y1; X3 waits behind the parked X2)", n)
 	}
@@ -56,7 +57,7 @@ func TestRowWithATipusTooLongForAMQPIsParked(t *testing.T) {
 	if p := b.pending(t); p != 2 {
 		t.Fatalf("%d pending, want 2 (X2 parked, X3 behind it)", p)
 	}
-	b.enqueue(t, "Y", seqPayload{Seq: 2})
+	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 2})
 	if n := b.drainOnce(t, r); n != 1 {
 		t.Fatalf("published %d, want 1 (Y2; X3 waits behind the parked X2)", n)
 	}

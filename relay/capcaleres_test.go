@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/tracing"
 	"github.com/km0/km0/transport/amqp"
@@ -47,7 +48,7 @@ func TestRelayPublishesCapcaleresAsHeaders(t *testing.T) {
 	r := b.newRelay(t, b.config())
 
 	traced := &outbox.Event{Aggregate: "comanda", AggregateID: "A", Type: "comanda.creada",
-		Payload: seqPayload{Seq: 1}, Headers: map[string]string{"origen-peticio": "web"}}
+		Payload: relaytest.SeqPayload{Seq: 1}, Headers: map[string]string{"origen-peticio": "web"}}
 	if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.Enqueue(tracedCtx(t), tx, traced) }); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestRelayPublishesCapcaleresOverRabbitMQ(t *testing.T) {
 	cfg := b.config()
 	cfg.Publisher, cfg.Topic = pub, queue
 	r := b.newRelay(t, cfg)
-	e := &outbox.Event{Aggregate: "comanda", AggregateID: "A", Type: "comanda.creada", Payload: seqPayload{Seq: 1}}
+	e := &outbox.Event{Aggregate: "comanda", AggregateID: "A", Type: "comanda.creada", Payload: relaytest.SeqPayload{Seq: 1}}
 	if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.Enqueue(tracedCtx(t), tx, e) }); err != nil {
 		t.Fatal(err)
 	}
@@ -137,13 +138,13 @@ func TestRelayNeverStampsItsOwnTraceOnRows(t *testing.T) {
 	ctx := context.Background()
 	r := b.newRelay(t, b.config())
 	own := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-	e := &outbox.Event{Aggregate: "comanda", AggregateID: "A", Type: "comanda.creada", Payload: seqPayload{Seq: 1},
+	e := &outbox.Event{Aggregate: "comanda", AggregateID: "A", Type: "comanda.creada", Payload: relaytest.SeqPayload{Seq: 1},
 		Headers: map[string]string{"traceparent": own}}
 	if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.Enqueue(ctx, tx, e) }); err != nil {
 		t.Fatal(err)
 	}
-	b.enqueue(t, "B", seqPayload{Seq: 1}) // untraced
-	n, err := r.RunOnce(tracedCtx(t))     // the relay's own ctx is traced
+	b.enqueue(t, "B", relaytest.SeqPayload{Seq: 1}) // untraced
+	n, err := r.RunOnce(tracedCtx(t))               // the relay's own ctx is traced
 	if err != nil || n != 2 {
 		t.Fatalf("RunOnce: %d %v, want 2", n, err)
 	}

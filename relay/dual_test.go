@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/transport"
@@ -77,7 +78,7 @@ func TestDualPublishedPairReachesAConsumerOnce(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(cctx) }()
-	waitFor(t, "both copies consumed", 30*time.Second, func() bool {
+	relaytest.WaitFor(t, "both copies consumed", 30*time.Second, func() bool {
 		s := c.Stats()
 		return s.Processed+s.Duplicates >= 2
 	})

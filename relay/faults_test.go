@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/relay"
 )
 
@@ -32,7 +33,7 @@ func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
 	if err := w.Run(ctx, 4, 50, 1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the first events published", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the first events published", 20*time.Second, func() bool { return b.pending(t) == 0 })
 
 	// Kafka goes away: every produce request fails until Remove.
 	outage := b.b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
@@ -44,10 +45,10 @@ func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
 	if err := outage.Wait(waitCtx, 3); err != nil {
 		t.Fatalf("the relay did not try to produce during the outage: %v", err)
 	}
-	waitFor(t, "a failed cycle to be counted", 20*time.Second, func() bool {
+	relaytest.WaitFor(t, "a failed cycle to be counted", 20*time.Second, func() bool {
 		return metricValue(t, reg, relay.MetricFailures) >= 1
 	})
-	written := total(w.Counts(t))
+	written := relaytest.Total(w.Counts(t))
 	pendingDuring := b.pending(t)
 	if pendingDuring < 4*100 {
 		t.Fatalf("during the outage only %d rows pending; want at least the %d written during it", pendingDuring, 4*100)
@@ -57,14 +58,14 @@ func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
 	if err := w.Run(ctx, 4, 50, 3); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every row published after the outage", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "every row published after the outage", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
-	n := total(want)
-	perKey, copies := firstSeqs(t, b.read(t, n))
+	n := relaytest.Total(want)
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
 	if len(copies) != n {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 	t.Logf("%d events (%d written before the outage ended, %d pending at its height), %d produce requests refused",
 		n, written, pendingDuring, outage.Hits())
 }
@@ -103,7 +104,7 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	}
 	killed := 0
 	for round := range 3 {
-		waitFor(t, "the relay's 3 sessions", 20*time.Second, func() bool { return sessions() == 3 })
+		relaytest.WaitFor(t, "the relay's 3 sessions", 20*time.Second, func() bool { return sessions() == 3 })
 		if err := w.Run(ctx, 4, 40, uint64(round)); err != nil {
 			t.Fatal(err)
 		}
@@ -116,15 +117,15 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	if err := w.Run(ctx, 4, 40, 9); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every row published after the terminations", 30*time.Second, func() bool { return b.pending(t) == 0 })
-	waitFor(t, "the relay's sessions back", 20*time.Second, func() bool { return sessions() == 3 })
+	relaytest.WaitFor(t, "every row published after the terminations", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the relay's sessions back", 20*time.Second, func() bool { return sessions() == 3 })
 	want := w.Counts(t)
-	n := total(want)
-	perKey, copies := firstSeqs(t, b.read(t, n))
+	n := relaytest.Total(want)
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
 	if len(copies) != n {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 	if r.OwnedShards() != relay.ShardCount {
 		t.Fatalf("after reconnecting the relay owns %d shards, want %d", r.OwnedShards(), relay.ShardCount)
 	}

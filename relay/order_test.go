@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/internal/relaytest"
 )
 
 // CONTRACT 5, docs/design/outbox-relay.md I3/R4/R5, for a writer that is not
@@ -49,7 +51,7 @@ func TestCommitOrderOfForeignWritersWhileOneWaitsForTheAggregate(t *testing.T) {
 			return err
 		})
 	}()
-	waitFor(t, "B's INSERT to wait for X's lock", 10*time.Second, func() bool {
+	relaytest.WaitFor(t, "B's INSERT to wait for X's lock", 10*time.Second, func() bool {
 		return b.count(t, "SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted", pidB) == 1
 	})
 	if _, err := txA.Exec(ctx, insert, "X", 2); err != nil {
@@ -64,9 +66,9 @@ func TestCommitOrderOfForeignWritersWhileOneWaitsForTheAggregate(t *testing.T) {
 	if n := b.drainOnce(t, b.newRelay(t, b.config())); n != 23 {
 		t.Fatalf("published %d, want 23", n)
 	}
-	perKey, copies := firstSeqs(t, b.read(t, 23))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, 23))
 	if len(copies) != 23 {
 		t.Fatalf("%d distinct ids on the topic, want 23", len(copies))
 	}
-	checkCommitOrder(t, perKey, map[string]int{"X": 3, "Y": 20})
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"X": 3, "Y": 20})
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/kafka"
@@ -37,11 +38,11 @@ func TestOversizedRowIsParkedAndItsAggregateWaits(t *testing.T) {
 	cfg.MaxRecordBytes, cfg.Metrics = 2000, reg
 	r := b.newRelay(t, cfg)
 
-	b.enqueue(t, "X", seqPayload{Seq: 1})
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 1})
 	x2 := b.enqueue(t, "X", big(2, 3000))
-	b.enqueue(t, "X", seqPayload{Seq: 3})
-	b.enqueue(t, "Y", seqPayload{Seq: 1})
-	b.enqueue(t, "Y", seqPayload{Seq: 2})
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 3})
+	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 1})
+	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 2})
 	if n := b.drainOnce(t, r); n != 3 {
 		t.Fatalf("published %d, want 3 (X1, Y1, Y2)", n)
 	}
@@ -61,8 +62,8 @@ func TestOversizedRowIsParkedAndItsAggregateWaits(t *testing.T) {
 	}
 
 	// Later events: Y flows, X waits.
-	b.enqueue(t, "X", seqPayload{Seq: 4})
-	b.enqueue(t, "Y", seqPayload{Seq: 3})
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 4})
+	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 3})
 	if n := b.drainOnce(t, r); n != 1 {
 		t.Fatalf("published %d, want 1 (Y3)", n)
 	}
@@ -81,11 +82,11 @@ func TestOversizedRowIsParkedAndItsAggregateWaits(t *testing.T) {
 	if n := b.drainOnce(t, b.newRelay(t, b.config())); n != 3 {
 		t.Fatalf("after release published %d, want 3", n)
 	}
-	perKey, copies := firstSeqs(t, b.read(t, 7))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, 7))
 	if len(copies) != 7 {
 		t.Fatalf("%d events on the topic, want 7", len(copies))
 	}
-	checkCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 3})
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 3})
 	if v := metricValue(t, reg, relay.MetricPublished); v != 4 {
 		t.Fatalf("%s = %v, want 4", relay.MetricPublished, v)
 	}
@@ -103,16 +104,16 @@ func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
 	cfg := b.config()
 	cfg.BatchSize = 400 // chunks of 100 rows
 	r := b.newRelay(t, cfg)
-	b.enqueue(t, "X", seqPayload{Seq: 1})
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 1})
 	x2 := b.enqueue(t, "X", big(2, 8000))
 	ys := make([]*outbox.Event, 150)
 	for i := range ys {
-		ys[i] = &outbox.Event{Aggregate: "comanda", AggregateID: "Y", Type: "comanda.creada", Payload: seqPayload{Seq: i + 1}}
+		ys[i] = &outbox.Event{Aggregate: "comanda", AggregateID: "Y", Type: "comanda.creada", Payload: relaytest.SeqPayload{Seq: i + 1}}
 	}
 	if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.EnqueueBatch(ctx, tx, ys) }); err != nil {
 		t.Fatal(err)
 	}
-	b.enqueue(t, "X", seqPayload{Seq: 3}) // row 153: second chunk
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 3}) // row 153: second chunk
 	if n := b.drainOnce(t, r); n != 151 {
 		t.Fatalf("published %d, want 151 (X1 and Y1..Y150)", n)
 	}
@@ -126,7 +127,7 @@ func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
 	if len(parked) != 1 || parked[0].ID != x2 || !strings.Contains(parked[0].Reason, "MESSAGE_TOO_LARGE") {
 		t.Fatalf("parked: %+v", parked)
 	}
-	b.enqueue(t, "X", seqPayload{Seq: 4})
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 4})
 	if n := b.drainOnce(t, r); n != 0 {
 		t.Fatalf("published %d while X2 is parked, want 0", n)
 	}
@@ -140,8 +141,8 @@ func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
 	if n := b.drainOnce(t, b.newRelay(t, cfg)); n != 3 {
 		t.Fatalf("with a producer that accepts it published %d, want 3", n)
 	}
-	perKey, _ := firstSeqs(t, b.read(t, 154))
-	checkCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 150})
+	perKey, _ := relaytest.FirstSeqs(t, b.read(t, 154))
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 150})
 }
 
 // A reason longer than the parking limit is cut on a character boundary: a
@@ -164,10 +165,10 @@ func TestLongNonASCIIReasonIsParked(t *testing.T) {
 		return []*envelope.Envelope{env}, nil
 	}
 	r := b.newRelay(t, cfg)
-	x1 := b.enqueue(t, "X", seqPayload{Seq: 1})
-	b.enqueue(t, "Y", seqPayload{Seq: 1})
-	z1 := b.enqueue(t, "Z", seqPayload{Seq: 1})
-	b.enqueue(t, "Y", seqPayload{Seq: 2})
+	x1 := b.enqueue(t, "X", relaytest.SeqPayload{Seq: 1})
+	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 1})
+	z1 := b.enqueue(t, "Z", relaytest.SeqPayload{Seq: 1})
+	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 2})
 	n, err := r.RunOnce(ctx)
 	if err != nil {
 		t.Fatalf("run once: %v", err)
@@ -212,10 +213,10 @@ func TestTransformWithoutEnvelopesParksTheRow(t *testing.T) {
 		return []*envelope.Envelope{env}, nil
 	}
 	r := b.newRelay(t, cfg)
-	x1 := b.enqueue(t, "X", seqPayload{Seq: 1})
-	b.enqueue(t, "X", seqPayload{Seq: 2})
-	b.enqueue(t, "Y", seqPayload{Seq: 1})
-	z1 := b.enqueue(t, "Z", seqPayload{Seq: 1})
+	x1 := b.enqueue(t, "X", relaytest.SeqPayload{Seq: 1})
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 2})
+	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 1})
+	z1 := b.enqueue(t, "Z", relaytest.SeqPayload{Seq: 1})
 	if n := b.drainOnce(t, r); n != 1 {
 		t.Fatalf("published %d, want 1 (Y1)", n)
 	}
@@ -236,7 +237,7 @@ func TestTransformWithoutEnvelopesParksTheRow(t *testing.T) {
 	if v := metricValue(t, reg, relay.MetricPublished); v != 1 {
 		t.Fatalf("%s = %v, want 1", relay.MetricPublished, v)
 	}
-	perKey, copies := firstSeqs(t, b.read(t, 1))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, 1))
 	if len(copies) != 1 || len(perKey["Y"]) != 1 {
 		t.Fatalf("topic: %v", perKey)
 	}
@@ -257,7 +258,7 @@ func TestPayloadWithinTheOutboxLimitIsNotParked(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the outbox refused %d bytes: %v", len(payload), err)
 	}
-	b.enqueue(t, "X", seqPayload{Seq: 2})
+	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 2})
 	if n := b.drainOnce(t, b.newRelay(t, b.config())); n != 2 {
 		t.Fatalf("published %d, want 2", n)
 	}
@@ -266,9 +267,9 @@ func TestPayloadWithinTheOutboxLimitIsNotParked(t *testing.T) {
 		t.Fatalf("parked: %+v (%v)", parked, err)
 	}
 	recs := b.read(t, 2)
-	perKey, copies := firstSeqs(t, recs)
+	perKey, copies := relaytest.FirstSeqs(t, recs)
 	if len(copies) != 2 || len(recs[0].Value) > envelope.DefaultMaxBytes {
 		t.Fatalf("%d events, first record %d bytes", len(copies), len(recs[0].Value))
 	}
-	checkCommitOrder(t, perKey, map[string]int{"X": 2})
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"X": 2})
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/relay"
 )
 
@@ -143,17 +144,17 @@ func TestPruneWhileTheRelayAndWritersRunLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := w.Counts(t)
-	events := total(want)
-	waitFor(t, "every event published", 60*time.Second, func() bool { return b.pending(t) == 0 })
-	perKey, copies := firstSeqs(t, b.read(t, events))
+	events := relaytest.Total(want)
+	relaytest.WaitFor(t, "every event published", 60*time.Second, func() bool { return b.pending(t) == 0 })
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, events))
 	if len(copies) != events {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), events)
 	}
-	checkCommitOrder(t, perKey, want)
-	waitFor(t, "the published rows to be pruned", 30*time.Second, func() bool {
+	relaytest.CheckCommitOrder(t, perKey, want)
+	relaytest.WaitFor(t, "the published rows to be pruned", 30*time.Second, func() bool {
 		return b.count(t, "SELECT count(*) FROM outbox") == 0
 	})
-	waitFor(t, "the pruned counter", 10*time.Second, func() bool { return gauge(t, reg, relay.MetricPruned) == float64(events) })
+	relaytest.WaitFor(t, "the pruned counter", 10*time.Second, func() bool { return gauge(t, reg, relay.MetricPruned) == float64(events) })
 	if size := gauge(t, reg, relay.MetricTableBytes); size <= 0 {
 		t.Errorf("%s = %v, want the table's size", relay.MetricTableBytes, size)
 	}

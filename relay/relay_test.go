@@ -12,6 +12,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport"
@@ -98,7 +99,7 @@ func crashAfterConfirmBeforeMark(t *testing.T, del bool) {
 	evs := make([]*outbox.Event, events)
 	for i := range evs {
 		evs[i] = &outbox.Event{Aggregate: "comanda", AggregateID: "P-" + string(rune('A'+i%20)), Type: "comanda.creada",
-			Payload: seqPayload{Seq: i/20 + 1}}
+			Payload: relaytest.SeqPayload{Seq: i/20 + 1}}
 	}
 	for i := 0; i < events; i += 20 { // one transaction per round of the 20 aggregates
 		if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.EnqueueBatch(ctx, tx, evs[i:i+20]) }); err != nil {
@@ -131,7 +132,7 @@ func crashAfterConfirmBeforeMark(t *testing.T, del bool) {
 		t.Fatalf("%d rows in the outbox after draining, want %d", rows, wantRows)
 	}
 	recs := b.read(t, 2*events)
-	perKey, copies := firstSeqs(t, recs)
+	perKey, copies := relaytest.FirstSeqs(t, recs)
 	dups := 0
 	for _, c := range copies {
 		if c != 2 {
@@ -146,7 +147,7 @@ func crashAfterConfirmBeforeMark(t *testing.T, del bool) {
 	for i := range 20 {
 		want["P-"+string(rune('A'+i))] = events / 20
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 
 	// An idempotent consumer absorbs the duplicates: one effect per event.
 	if _, err := b.s.Pool.Exec(ctx, "CREATE TABLE efectes (id TEXT PRIMARY KEY)"); err != nil {
@@ -191,9 +192,9 @@ func TestCommitOrderBeatsTransactionStartOrder(t *testing.T) {
 	if err := txA.QueryRow(ctx, "SELECT now()").Scan(&startA); err != nil {
 		t.Fatal(err)
 	}
-	b.enqueue(t, "P-1", seqPayload{Seq: 1}) // B: begins after A, commits first
+	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 1}) // B: begins after A, commits first
 	if err := b.ob.Enqueue(ctx, txA, &outbox.Event{Aggregate: "comanda", AggregateID: "P-1", Type: "comanda.creada",
-		Payload: seqPayload{Seq: 2}}); err != nil {
+		Payload: relaytest.SeqPayload{Seq: 2}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := txA.Commit(ctx); err != nil {
@@ -202,8 +203,8 @@ func TestCommitOrderBeatsTransactionStartOrder(t *testing.T) {
 	if n := b.drainOnce(t, b.newRelay(t, b.config())); n != 2 {
 		t.Fatalf("published %d, want 2", n)
 	}
-	perKey, _ := firstSeqs(t, b.read(t, 2))
-	checkCommitOrder(t, perKey, map[string]int{"P-1": 2})
+	perKey, _ := relaytest.FirstSeqs(t, b.read(t, 2))
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": 2})
 	if n := b.count(t, "SELECT count(*) FROM outbox WHERE carrega->>'seq' = '2' AND creat_en > $1", startA); n != 1 {
 		t.Fatal("A's row was stamped with its transaction start; the trigger is not in place")
 	}
@@ -243,18 +244,18 @@ func TestTwoRelaysEightWritersKeepCommitOrder(t *testing.T) {
 	if err := w.Run(ctx, 8, 50, 3); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	t.Logf("written and relayed in %v", time.Since(t0))
 
 	want := w.Counts(t)
-	n := total(want)
+	n := relaytest.Total(want)
 	if rows := b.count(t, "SELECT count(*) FROM outbox"); rows != n || n < 8*300 {
 		t.Fatalf("writers committed %d events, outbox holds %d", n, rows)
 	}
-	perKey, copies := firstSeqs(t, b.read(t, n))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
 	if len(copies) != n {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 	t.Logf("%d events on %d aggregates, all in commit order", n, len(want))
 }

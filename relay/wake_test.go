@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/relay"
 )
 
@@ -29,7 +30,7 @@ func TestNotifyWakesTheRelay(t *testing.T) {
 	}
 	r := b.newRelay(t, cfg)
 	withProbes(r, probe)
-	b.enqueue(t, "P-1", seqPayload{Seq: 1})
+	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 1})
 	start(t, r)
 	select {
 	case <-listening:
@@ -37,13 +38,13 @@ func TestNotifyWakesTheRelay(t *testing.T) {
 		t.Fatal("the relay never started listening")
 	}
 	published := func() bool { return b.pending(t) == 0 }
-	waitFor(t, "the first event", 20*time.Second, published)
+	relaytest.WaitFor(t, "the first event", 20*time.Second, published)
 	for i := 2; i <= 6; i++ {
-		b.enqueue(t, "P-1", seqPayload{Seq: i})
-		waitFor(t, "a notified event", 20*time.Second, published)
+		b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: i})
+		relaytest.WaitFor(t, "a notified event", 20*time.Second, published)
 	}
-	perKey, _ := firstSeqs(t, b.read(t, 6))
-	checkCommitOrder(t, perKey, map[string]int{"P-1": 6})
+	perKey, _ := relaytest.FirstSeqs(t, b.read(t, 6))
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": 6})
 }
 
 // Shards move fairly: one instance owns all 64; when a second joins each
@@ -59,19 +60,19 @@ func TestShardsAreRebalancedWhenInstancesComeAndGo(t *testing.T) {
 			cfg.ApplicationName)
 	}
 	stopA := start(t, a)
-	waitFor(t, "A to own every shard", 20*time.Second, func() bool { return a.OwnedShards() == relay.ShardCount })
+	relaytest.WaitFor(t, "A to own every shard", 20*time.Second, func() bool { return a.OwnedShards() == relay.ShardCount })
 	if _, err := a.RunOnce(context.Background()); !errors.Is(err, relay.ErrRunning) {
 		t.Fatalf("RunOnce during Run: %v, want ErrRunning", err)
 	}
 	start(t, c)
-	waitFor(t, "A and C to own 32 each", 20*time.Second, func() bool { return a.OwnedShards() == 32 && c.OwnedShards() == 32 })
+	relaytest.WaitFor(t, "A and C to own 32 each", 20*time.Second, func() bool { return a.OwnedShards() == 32 && c.OwnedShards() == 32 })
 	if h := held(); h != relay.ShardCount {
 		t.Fatalf("%d shard locks held in the server, want %d", h, relay.ShardCount)
 	}
 	if err := stopA(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "C to own every shard", 20*time.Second, func() bool { return c.OwnedShards() == relay.ShardCount })
+	relaytest.WaitFor(t, "C to own every shard", 20*time.Second, func() bool { return c.OwnedShards() == relay.ShardCount })
 	if h := held(); h != relay.ShardCount {
 		t.Fatalf("%d shard locks held in the server, want %d", h, relay.ShardCount)
 	}

@@ -11,14 +11,41 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/transport/kafka"
 )
+
+// WaitFor polls cond every 10 ms until it holds or deadline passes, then
+// fails the test naming what it waited for.
+func WaitFor(t testing.TB, what string, deadline time.Duration, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out after %v waiting for %s", deadline, what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline, not waiting for work
+	}
+}
+
+// Read returns topic's records on b (in partition order), waiting up to
+// 20 s for at least n.
+func Read(t testing.TB, b *kafka.Embedded, topic string, n int) []*kgo.Record {
+	t.Helper()
+	recs := kafkatest.ReadAll(t, b, topic, n, 20*time.Second)
+	if len(recs) < n {
+		t.Fatalf("topic has %d records, want at least %d", len(recs), n)
+	}
+	return recs
+}
 
 // SeqPayload is the payload of ordered events: Seq is the aggregate's commit
 // order, taken under a row lock of the writer's transaction.

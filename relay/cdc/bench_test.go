@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 )
 
@@ -44,12 +45,12 @@ func BenchmarkCatchUpThenStream(b *testing.B) {
 	b.ResetTimer()
 	t0 := time.Now()
 	start(b, r)
-	waitFor(b, "the catch-up", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
+	relaytest.WaitFor(b, "the catch-up", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
 	catchUp := time.Since(t0)
 	t1 := time.Now()
 	write(b.N, b.N)
 	written := time.Since(t1)
-	waitFor(b, "the stream", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
+	relaytest.WaitFor(b, "the stream", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
 	stream := time.Since(t1)
 	b.ReportMetric(float64(b.N)/catchUp.Seconds(), "catchup_rows/s")
 	b.ReportMetric(float64(b.N)/stream.Seconds(), "stream_rows/s")
@@ -86,6 +87,6 @@ func BenchmarkStream(b *testing.B) {
 	b.ResetTimer()
 	t0 := time.Now()
 	close(release)
-	waitFor(b, "the stream", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
+	relaytest.WaitFor(b, "the stream", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
 	b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "stream_rows/s")
 }

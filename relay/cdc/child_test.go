@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
@@ -94,9 +95,9 @@ func TestStandbyProcessTakesOverWithin5sOfASIGKILL(t *testing.T) {
 	w := newWriters(t, b, 100)
 	appA, appB := "km0-cdc-a-"+b.s.Name, "km0-cdc-b-"+b.s.Name
 	a := b.startChild(t, appA)
-	waitFor(t, "process A to hold the slot", 20*time.Second, func() bool { return b.holder(t) == appA })
+	relaytest.WaitFor(t, "process A to hold the slot", 20*time.Second, func() bool { return b.holder(t) == appA })
 	b.startChild(t, appB)
-	waitFor(t, "process B to wait for the outbox's relay lock", 20*time.Second, func() bool {
+	relaytest.WaitFor(t, "process B to wait for the outbox's relay lock", 20*time.Second, func() bool {
 		return b.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1`, appB) == 1
 	})
@@ -104,7 +105,7 @@ func TestStandbyProcessTakesOverWithin5sOfASIGKILL(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx, 2, 150, 21) }()
-	waitFor(t, "A to publish some rows", 20*time.Second, func() bool {
+	relaytest.WaitFor(t, "A to publish some rows", 20*time.Second, func() bool {
 		return b.count(t, "SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL") > 20
 	})
 	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
@@ -112,19 +113,19 @@ func TestStandbyProcessTakesOverWithin5sOfASIGKILL(t *testing.T) {
 	}
 	killed := time.Now()
 	_ = a.Wait()
-	waitFor(t, "process B to take the slot over", 5*time.Second, func() bool { return b.holder(t) == appB })
+	relaytest.WaitFor(t, "process B to take the slot over", 5*time.Second, func() bool { return b.holder(t) == appB })
 	took := time.Since(killed)
 	t.Logf("takeover %v after the SIGKILL", took.Round(time.Millisecond))
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
-	perKey, copies := firstSeqs(t, b.read(t, total(want)))
-	if len(copies) != total(want) {
-		t.Fatalf("%d distinct events, want %d", len(copies), total(want))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, relaytest.Total(want)))
+	if len(copies) != relaytest.Total(want) {
+		t.Fatalf("%d distinct events, want %d", len(copies), relaytest.Total(want))
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 	if strings.TrimSpace(b.holder(t)) != appB {
 		t.Fatalf("slot held by %q, want %q", b.holder(t), appB)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/internal/testlog"
 )
 
@@ -22,7 +23,7 @@ func TestDeletePublishedLeavesOnlyPendingRows(t *testing.T) {
 	b := setup(t)
 	const aggs, pre, writers, perWriter = 10, 200, 4, 60
 	for i := range pre {
-		b.enqueue(t, fmt.Sprintf("A-%d", i%aggs), seqPayload{Seq: i/aggs + 1})
+		b.enqueue(t, fmt.Sprintf("A-%d", i%aggs), relaytest.SeqPayload{Seq: i/aggs + 1})
 	}
 	pub := &refusing{next: b.pub, mark: "refuse-me"}
 	pub.refuse.Store(true)
@@ -33,17 +34,17 @@ func TestDeletePublishedLeavesOnlyPendingRows(t *testing.T) {
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	r := newRelay(t, cfg)
 	start(t, r)
-	waitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
 	b.enqueue(t, "P", bigPayload{Seq: 1, Pad: "refuse-me"})
 	// Once P1 is parked: a later row in the very Publish the broker refused
 	// would be confirmed, and deleted (C8).
-	waitFor(t, "P1 parked", 10*time.Second, func() bool { return b.count(t, "SELECT count(*) FROM outbox_aparcats") == 1 })
-	b.enqueue(t, "P", seqPayload{Seq: 2})
+	relaytest.WaitFor(t, "P1 parked", 10*time.Second, func() bool { return b.count(t, "SELECT count(*) FROM outbox_aparcats") == 1 })
+	b.enqueue(t, "P", relaytest.SeqPayload{Seq: 2})
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
 			for i := 1; i <= perWriter; i++ {
-				b.enqueue(t, fmt.Sprintf("W-%d", w), seqPayload{Seq: i})
+				b.enqueue(t, fmt.Sprintf("W-%d", w), relaytest.SeqPayload{Seq: i})
 			}
 		})
 	}
@@ -56,15 +57,15 @@ func TestDeletePublishedLeavesOnlyPendingRows(t *testing.T) {
 		want[fmt.Sprintf("W-%d", w)] = perWriter
 	}
 	total := pre + writers*perWriter
-	waitFor(t, "every row but P's deleted", 20*time.Second, func() bool {
+	relaytest.WaitFor(t, "every row but P's deleted", 20*time.Second, func() bool {
 		return b.count(t, "SELECT count(*) FROM outbox") == 2
 	})
 	if p, parked := b.pending(t), b.count(t, "SELECT count(*) FROM outbox_aparcats"); p != 2 || parked != 1 {
 		t.Fatalf("%d pending, %d parked; want P's 2 pending, 1 parked", p, parked)
 	}
-	perKey, copies := firstSeqs(t, b.read(t, total))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, total))
 	delete(perKey, "P")
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 	if len(copies) != total {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), total)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/relaytest"
 )
 
 // Crash point: the relay dies after the broker confirmed a batch and before
@@ -36,7 +37,7 @@ func TestCrashAfterBrokerConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 			}
 			fx.Streaming = func() {
 				for i := 1; i <= n; i++ {
-					b.enqueue(t, "P-1", seqPayload{Seq: i})
+					b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: i})
 				}
 			}
 			r := newRelay(t, cfg)
@@ -55,11 +56,11 @@ func TestCrashAfterBrokerConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 			cfg = b.config()
 			cfg.DeletePublished = del
 			start(t, newRelay(t, cfg))
-			waitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
-			waitFor(t, "the slot to move past the batch", 10*time.Second, func() bool { return b.confirmedLSN(t) > lsn })
+			relaytest.WaitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
+			relaytest.WaitFor(t, "the slot to move past the batch", 10*time.Second, func() bool { return b.confirmedLSN(t) > lsn })
 			recs := b.read(t, len(first)+n)
-			perKey, copies := firstSeqs(t, recs)
-			checkCommitOrder(t, perKey, map[string]int{"P-1": n})
+			perKey, copies := relaytest.FirstSeqs(t, recs)
+			relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": n})
 			twice := 0
 			for _, c := range copies {
 				if c == 2 {
@@ -121,7 +122,7 @@ func TestCrashAfterMarkBeforeConfirmLosesNothingAndRepeatsNoMarkedRow(t *testing
 			fx.Streaming = func() {
 				lsn = b.confirmedLSN(t)
 				for i := 1; i <= n; i++ {
-					ids = append(ids, b.enqueue(t, "P-1", seqPayload{Seq: i}).String())
+					ids = append(ids, b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: i}).String())
 				}
 			}
 			r := newRelay(t, cfg)
@@ -150,14 +151,14 @@ func TestCrashAfterMarkBeforeConfirmLosesNothingAndRepeatsNoMarkedRow(t *testing
 			cfg = b.config()
 			cfg.DeletePublished = del
 			start(t, newRelay(t, cfg))
-			waitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
+			relaytest.WaitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
 			// Past every transaction of the crashed run: the stream has
 			// delivered them all again, and what was to be published twice
 			// is on the topic.
-			waitFor(t, "the slot to pass the writes", 20*time.Second, func() bool { return b.confirmedLSN(t) >= end })
+			relaytest.WaitFor(t, "the slot to pass the writes", 20*time.Second, func() bool { return b.confirmedLSN(t) >= end })
 			recs := kafkatest.ReadAll(t, b.b, topic, n+m, 3*time.Second)
-			perKey, copies := firstSeqs(t, recs)
-			checkCommitOrder(t, perKey, map[string]int{"P-1": n})
+			perKey, copies := relaytest.FirstSeqs(t, recs)
+			relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": n})
 			if len(copies) != n {
 				t.Fatalf("%d distinct ids, want %d", len(copies), n)
 			}
@@ -181,7 +182,7 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	r := newRelay(t, b.config())
 	start(t, r)
 	ctx := context.Background()
-	waitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx, 2, 100, 7) }()
 	for range 3 {
@@ -194,11 +195,11 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
-	perKey, copies := firstSeqs(t, b.read(t, total(want)))
-	if len(copies) != total(want) {
-		t.Fatalf("%d distinct events, want %d", len(copies), total(want))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, relaytest.Total(want)))
+	if len(copies) != relaytest.Total(want) {
+		t.Fatalf("%d distinct events, want %d", len(copies), relaytest.Total(want))
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 }

@@ -198,44 +198,13 @@ func (b *bundle) confirmedLSN(t testing.TB) int64 {
 	return int64(b.count(t, "SELECT coalesce((SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0') FROM pg_replication_slots WHERE slot_name = $1), 0)::int8", b.slot()))
 }
 
-// waitFor polls cond every 10 ms until it holds or the deadline passes.
-func waitFor(t testing.TB, what string, deadline time.Duration, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %v waiting for %s", deadline, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling with a deadline, not waiting for work
-	}
-}
-
 // read returns the topic's records (in partition order), waiting for n.
 func (b *bundle) read(t testing.TB, n int) []*kgo.Record {
 	t.Helper()
-	recs := kafkatest.ReadAll(t, b.b, topic, n, 20*time.Second)
-	if len(recs) < n {
-		t.Fatalf("topic has %d records, want at least %d", len(recs), n)
-	}
-	return recs
+	return relaytest.Read(t, b.b, topic, n)
 }
 
-// The order and completeness checks and the writers' load of both relays'
-// tests (internal/relaytest).
-type seqPayload = relaytest.SeqPayload
-
-func firstSeqs(t testing.TB, recs []*kgo.Record) (map[string][]int, map[string]int) {
-	t.Helper()
-	return relaytest.FirstSeqs(t, recs)
-}
-
-func checkCommitOrder(t testing.TB, perKey map[string][]int, want map[string]int) {
-	t.Helper()
-	relaytest.CheckCommitOrder(t, perKey, want)
-}
-
-func total(m map[string]int) int { return relaytest.Total(m) }
-
+// newWriters is the relays' concurrent-writers load on b's schema.
 func newWriters(t testing.TB, b *bundle, aggs int) *relaytest.Writers {
 	t.Helper()
 	return relaytest.NewWriters(t, b.s.Pool, b.ob, aggs)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
@@ -45,12 +46,12 @@ func TestPublishesInsertsWithEnvelopeKeyAndHeadersThenMarks(t *testing.T) {
 	b := setup(t)
 	r := newRelay(t, b.config())
 	start(t, r)
-	waitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
 	ids := map[string]bool{}
 	for i := 1; i <= 3; i++ {
-		ids[b.enqueue(t, "P-1", seqPayload{Seq: i}).String()] = true
+		ids[b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: i}).String()] = true
 	}
-	waitFor(t, "3 rows marked", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "3 rows marked", 10*time.Second, func() bool { return b.pending(t) == 0 })
 	recs := b.read(t, 3)
 	for _, rec := range recs {
 		env, err := envelope.Decode(rec.Value)
@@ -68,8 +69,8 @@ func TestPublishesInsertsWithEnvelopeKeyAndHeadersThenMarks(t *testing.T) {
 			t.Fatalf("headers %v", hs)
 		}
 	}
-	perKey, _ := firstSeqs(t, recs)
-	checkCommitOrder(t, perKey, map[string]int{"P-1": 3})
+	perKey, _ := relaytest.FirstSeqs(t, recs)
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": 3})
 }
 
 // The same concurrent-writers proof as the polling relay's: 8 writers on
@@ -95,13 +96,13 @@ func TestEightWritersKeepCommitOrder(t *testing.T) {
 	if err := w.Run(ctx, 8, 150, 2); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every row published", 60*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "every row published", 60*time.Second, func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
-	n := total(want)
+	n := relaytest.Total(want)
 	if rows := b.count(t, "SELECT count(*) FROM outbox"); rows != n || n < 8*250 {
 		t.Fatalf("writers committed %d events, outbox holds %d", n, rows)
 	}
-	perKey, copies := firstSeqs(t, b.read(t, n))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
 	if len(copies) != n {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
 	}
@@ -110,7 +111,7 @@ func TestEightWritersKeepCommitOrder(t *testing.T) {
 			t.Fatalf("event %s published %d times without a failure", id, c)
 		}
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 	if watch.shared > 0 {
 		t.Fatalf("%d Publish calls overlapped another in flight with records of the same aggregate", watch.shared)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
 )
@@ -82,9 +83,9 @@ func TestIdleOutboxAdvancesTheSlotAndExportsItsLag(t *testing.T) {
 	cfg.Metrics = reg
 	r := newRelay(t, cfg)
 	start(t, r)
-	waitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
-	b.enqueue(t, "P-1", seqPayload{Seq: 1})
-	waitFor(t, "the row published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 1})
+	relaytest.WaitFor(t, "the row published", 10*time.Second, func() bool { return b.pending(t) == 0 })
 	if _, err := b.s.Pool.Exec(ctx, "CREATE TABLE altra (n int)"); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestIdleOutboxAdvancesTheSlotAndExportsItsLag(t *testing.T) {
 	if err := b.s.Pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&target); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the slot to advance past the other table's WAL", 15*time.Second, func() bool { return b.confirmedLSN(t) >= target })
+	relaytest.WaitFor(t, "the slot to advance past the other table's WAL", 15*time.Second, func() bool { return b.confirmedLSN(t) >= target })
 	got := gather(t, reg)
 	for _, name := range []string{cdc.MetricSlotLagBytes, cdc.MetricSlotRetained, cdc.MetricSlotLagSeconds, relay.MetricPending, relay.MetricTableBytes} {
 		if _, ok := got[name]; !ok {
@@ -144,9 +145,9 @@ func TestCapcaleresBecomeHeadersWhateverTheColumnOrder(t *testing.T) {
 	}
 	r := newRelay(t, b.config())
 	start(t, r)
-	waitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
-	b.enqueue(t, "P-1", seqPayload{Seq: 1}) // no capcaleres column yet
-	waitFor(t, "P-1 #1 published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 1}) // no capcaleres column yet
+	relaytest.WaitFor(t, "P-1 #1 published", 10*time.Second, func() bool { return b.pending(t) == 0 })
 	for _, stmt := range []string{"ALTER TABLE outbox ADD COLUMN extra TEXT", "ALTER TABLE outbox ADD COLUMN capcaleres JSONB",
 		"ALTER TABLE outbox DROP COLUMN extra"} {
 		if _, err := b.s.Pool.Exec(ctx, stmt); err != nil {
@@ -161,10 +162,10 @@ func TestCapcaleresBecomeHeadersWhateverTheColumnOrder(t *testing.T) {
 	if _, err := b.s.Pool.Exec(ctx, ins, 3, nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "3 rows published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "3 rows published", 10*time.Second, func() bool { return b.pending(t) == 0 })
 	recs := b.read(t, 3)
-	perKey, _ := firstSeqs(t, recs)
-	checkCommitOrder(t, perKey, map[string]int{"P-1": 3})
+	perKey, _ := relaytest.FirstSeqs(t, recs)
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": 3})
 	for i, rec := range recs {
 		hs := map[string]string{}
 		for _, h := range rec.Headers {
@@ -194,7 +195,7 @@ func TestCapcaleresOfPendingRowsAtTheFirstStartBecomeHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, newRelay(t, b.config()))
-	waitFor(t, "the row published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the row published", 10*time.Second, func() bool { return b.pending(t) == 0 })
 	rec := b.read(t, 1)[0]
 	for _, h := range rec.Headers {
 		if h.Key == "traceparent" && string(h.Value) == "00-abc-def-01" {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 )
@@ -33,10 +34,10 @@ func TestFirstStartWhileWritersWriteMissesAndRepeatsNothing(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
-	n := total(want)
-	perKey, copies := firstSeqs(t, b.read(t, n))
+	n := relaytest.Total(want)
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
 	if len(copies) != n {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), n)
 	}
@@ -45,7 +46,7 @@ func TestFirstStartWhileWritersWriteMissesAndRepeatsNothing(t *testing.T) {
 			t.Fatalf("event %s published %d times", id, c)
 		}
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 }
 
 // Switching a table polling → CDC → polling while writers write between the
@@ -70,7 +71,7 @@ func TestSwitchPollingToCDCAndBackLosesNothing(t *testing.T) {
 	t.Cleanup(polling.Close)
 	stop := start(t, polling)
 	write(2)
-	waitFor(t, "the polling relay to drain", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the polling relay to drain", 20*time.Second, func() bool { return b.pending(t) == 0 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func TestSwitchPollingToCDCAndBackLosesNothing(t *testing.T) {
 	r := newRelay(t, b.config())
 	stop = start(t, r)
 	write(4)
-	waitFor(t, "the CDC relay to drain", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the CDC relay to drain", 20*time.Second, func() bool { return b.pending(t) == 0 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -93,13 +94,13 @@ func TestSwitchPollingToCDCAndBackLosesNothing(t *testing.T) {
 	t.Cleanup(polling2.Close)
 	start(t, polling2)
 	write(6)
-	waitFor(t, "the polling relay to drain again", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "the polling relay to drain again", 20*time.Second, func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
-	perKey, copies := firstSeqs(t, b.read(t, total(want)))
-	if len(copies) != total(want) {
-		t.Fatalf("%d distinct events, want %d", len(copies), total(want))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, relaytest.Total(want)))
+	if len(copies) != relaytest.Total(want) {
+		t.Fatalf("%d distinct events, want %d", len(copies), relaytest.Total(want))
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 }
 
 // While a polling relay of the table runs, a CDC relay waits (they share the
@@ -113,11 +114,11 @@ func TestCDCWaitsForAPollingRelayOfTheSameTable(t *testing.T) {
 	}
 	t.Cleanup(polling.Close)
 	stop := start(t, polling)
-	waitFor(t, "the polling relay to own its shards", 10*time.Second, func() bool { return polling.OwnedShards() == relay.ShardCount })
+	relaytest.WaitFor(t, "the polling relay to own its shards", 10*time.Second, func() bool { return polling.OwnedShards() == relay.ShardCount })
 	r := newRelay(t, b.config())
 	start(t, r)
-	b.enqueue(t, "P-1", seqPayload{Seq: 1})
-	waitFor(t, "the polling relay to publish", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 1})
+	relaytest.WaitFor(t, "the polling relay to publish", 10*time.Second, func() bool { return b.pending(t) == 0 })
 	if r.Active() || b.confirmedLSN(t) != 0 {
 		t.Fatal("the CDC relay streams while a polling relay of the table runs")
 	}
@@ -125,11 +126,11 @@ func TestCDCWaitsForAPollingRelayOfTheSameTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	polling.Close()
-	waitFor(t, "the CDC relay to take over", 10*time.Second, r.Active)
-	b.enqueue(t, "P-1", seqPayload{Seq: 2})
-	waitFor(t, "the CDC relay to publish", 10*time.Second, func() bool { return b.pending(t) == 0 })
-	perKey, _ := firstSeqs(t, b.read(t, 2))
-	checkCommitOrder(t, perKey, map[string]int{"P-1": 2})
+	relaytest.WaitFor(t, "the CDC relay to take over", 10*time.Second, r.Active)
+	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 2})
+	relaytest.WaitFor(t, "the CDC relay to publish", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	perKey, _ := relaytest.FirstSeqs(t, b.read(t, 2))
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": 2})
 }
 
 // Batches larger than one marking statement (BatchSize 2,500): the
@@ -148,7 +149,7 @@ func TestBatchesLargerThanAMarkStatementAreMarkedWhole(t *testing.T) {
 			agg := fmt.Sprintf("P-%d", i%7)
 			want[agg]++
 			evs[i] = &outbox.Event{Aggregate: "comanda", AggregateID: agg, Type: "comanda.creada",
-				Payload: seqPayload{Seq: want[agg]}}
+				Payload: relaytest.SeqPayload{Seq: want[agg]}}
 		}
 		if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.EnqueueBatch(ctx, tx, evs) }); err != nil {
 			t.Fatal(err)
@@ -161,11 +162,11 @@ func TestBatchesLargerThanAMarkStatementAreMarkedWhole(t *testing.T) {
 	start(t, withFaults{newRelay(t, cfg), faults.CDC{Streaming: func() { close(streaming) }}})
 	<-streaming
 	write() // one transaction of n rows in the stream
-	waitFor(t, "every row marked", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	relaytest.WaitFor(t, "every row marked", 30*time.Second, func() bool { return b.pending(t) == 0 })
 	if got := b.count(t, "SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL"); got != 2*n {
 		t.Fatalf("%d rows marked, want %d", got, 2*n)
 	}
-	perKey, copies := firstSeqs(t, b.read(t, 2*n))
+	perKey, copies := relaytest.FirstSeqs(t, b.read(t, 2*n))
 	if len(copies) != 2*n {
 		t.Fatalf("%d distinct events, want %d", len(copies), 2*n)
 	}
@@ -174,5 +175,5 @@ func TestBatchesLargerThanAMarkStatementAreMarkedWhole(t *testing.T) {
 			t.Fatalf("event %s published %d times", id, c)
 		}
 	}
-	checkCommitOrder(t, perKey, want)
+	relaytest.CheckCommitOrder(t, perKey, want)
 }
