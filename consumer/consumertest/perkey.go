@@ -140,8 +140,15 @@ func perKeyDeadHead(t *testing.T, w *world, behind consumer.Behind) {
 	if behind == consumer.StayParked {
 		wantDead = 1
 	}
-	st := w.runUntil(cfg, "the head dead-lettered, P-8 applied", func(s consumer.Stats) bool {
-		return int(s.DeadLettered) == wantDead && s.Processed == 1
+	// Parked in the store too: with StayParked the counts can be reached
+	// before the second message behind the head has arrived (RabbitMQ
+	// delivers the shard's messages one by one).
+	st := w.runUntil(cfg, "the head dead-lettered, P-8 applied, the two behind it parked", func(s consumer.Stats) bool {
+		if int(s.DeadLettered) != wantDead || s.Processed != 1 {
+			return false
+		}
+		_, parked := w.storeRows()
+		return parked == 2
 	})
 	if st.Retried != 0 || w.effects() != 1 {
 		t.Fatalf("stats %+v, %d effects: want the head dead at its first attempt and only P-8 applied", st, w.effects())
