@@ -89,7 +89,8 @@ func CheckHeaders(h map[string]string) error {
 // or empty raw) and JSON null give (nil, nil). Otherwise it returns the
 // entries CheckHeaders would accept and, if it dropped anything, an error
 // wrapping ErrInvalid saying what: the value is not a JSON object, an entry
-// is not a string, a name is reserved, or the whole is over MaxHeadersBytes
+// is not a string (null, a number, a bool, an object or an array: dropped,
+// never published as ""), a name is reserved, or the whole is over MaxHeadersBytes
 // (then every entry is dropped). A relay logs that error and publishes the
 // event with the entries returned: bad metadata never holds back an event.
 func DecodeHeaders(raw []byte) (map[string]string, error) {
@@ -107,7 +108,10 @@ func DecodeHeaders(raw []byte) (map[string]string, error) {
 	var errs []error
 	for k, rv := range fields {
 		var v string
-		if err := json.Unmarshal(rv, &v); err != nil {
+		// json.Unmarshal reads null into a string as "" without an error:
+		// only a JSON string is a header value (CONTRACT.md), so a null is
+		// dropped like a number, a bool or an object.
+		if len(rv) == 0 || rv[0] != '"' || json.Unmarshal(rv, &v) != nil {
 			errs = append(errs, fmt.Errorf("%w: capcaleres %q is not a string", ErrInvalid, k))
 			continue
 		}

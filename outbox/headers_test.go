@@ -189,6 +189,8 @@ func TestDecodeHeaders(t *testing.T) {
 		{"{}", nil, false},
 		{`{"traceparent": "` + traceparent + `"}`, map[string]string{"traceparent": traceparent}, false},
 		{`[1]`, nil, true},
+		{`{"nul": null, "b": "ok"}`, map[string]string{"b": "ok"}, true},
+		{`{"t": true, "o": {}, "l": [], "b": "ok"}`, map[string]string{"b": "ok"}, true},
 		{`"x"`, nil, true},
 		{`{"a": 1, "b": "ok", "tipus": "fals", "X-Death": "1", "clau": "k"}`, map[string]string{"b": "ok"}, true},
 		{`{"a": "` + strings.Repeat("v", outbox.MaxHeadersBytes) + `"}`, nil, true},

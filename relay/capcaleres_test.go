@@ -40,8 +40,9 @@ func recordHeaders(r *kgo.Record) map[string][]string {
 // caller header; a row written by a plain INSERT that does not name the
 // column (as the Python services do) goes out with the contract's headers
 // only; a row some other writer gave bad capcaleres (a reserved name, a
-// number, not an object) goes out all the same, with only the entries that
-// pass.
+// number, a null, a bool, an object, not an object) goes out all the same,
+// with only the string entries that pass: a null is dropped, never published
+// as an empty header.
 func TestRelayPublishesCapcaleresAsHeaders(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
@@ -58,7 +59,8 @@ func TestRelayPublishesCapcaleresAsHeaders(t *testing.T) {
 	}
 	if _, err := b.s.Pool.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, capcaleres) VALUES
 		('0190a3b4-0000-7000-8000-000000000002', 'comanda', 'C', 'comanda.creada', '{"seq":1}',
-		 '{"tipus": "fals", "id_esdeveniment": "fals", "x-death": "fals", "n": 1, "bo": "si"}'),
+		 '{"tipus": "fals", "id_esdeveniment": "fals", "x-death": "fals", "n": 1, "bo": "si",
+		   "nul": null, "cert": true, "objecte": {"a": "b"}, "llista": ["c"]}'),
 		('0190a3b4-0000-7000-8000-000000000003', 'comanda', 'D', 'comanda.creada', '{"seq":1}', '[1, 2]'),
 		('0190a3b4-0000-7000-8000-000000000004', 'comanda', 'E', 'comanda.creada', '{"seq":1}', 'null')`); err != nil {
 		t.Fatal(err)
@@ -86,7 +88,7 @@ func TestRelayPublishesCapcaleresAsHeaders(t *testing.T) {
 			t.Fatalf("%s: headers %v, want tipus and id_esdeveniment only", k, byKey[k])
 		}
 	}
-	if c := byKey["C"]; len(c) != 3 || c["bo"][0] != "si" {
+	if c := byKey["C"]; len(c) != 3 || len(c["bo"]) != 1 || c["bo"][0] != "si" {
 		t.Fatalf("C (bad capcaleres): %v, want tipus, id_esdeveniment and bo", c)
 	}
 }

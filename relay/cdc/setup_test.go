@@ -134,7 +134,7 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // column added (after other new columns, so positions shift), its string
 // values become record headers (reserved names and non-strings dropped, as
 // outbox.DecodeHeaders says); without it, or NULL, the row goes out without
-// them.
+// them. A null is dropped like a number, never published as "".
 func TestCapcaleresBecomeHeadersWhateverTheColumnOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -156,7 +156,7 @@ func TestCapcaleresBecomeHeadersWhateverTheColumnOrder(t *testing.T) {
 	}
 	const ins = `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, capcaleres)
 		VALUES (gen_random_uuid(), 'comanda', 'P-1', 'comanda.creada', jsonb_build_object('seq', $1::int), $2::jsonb)`
-	if _, err := b.s.Pool.Exec(ctx, ins, 2, `{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "n": 3, "tipus": "spoofed"}`); err != nil {
+	if _, err := b.s.Pool.Exec(ctx, ins, 2, `{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "n": 3, "tipus": "spoofed", "nul": null, "cert": false}`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.s.Pool.Exec(ctx, ins, 3, nil); err != nil {
@@ -178,8 +178,10 @@ func TestCapcaleresBecomeHeadersWhateverTheColumnOrder(t *testing.T) {
 		if want := i == 1; has != want || (want && !strings.HasPrefix(tp, "00-0af7")) || hs["tipus"] != "comanda.creada" {
 			t.Fatalf("record %d headers %v", i, hs)
 		}
-		if _, ok := hs["n"]; ok {
-			t.Fatalf("record %d: a non-string capcalera became a header: %v", i, hs)
+		for _, k := range []string{"n", "nul", "cert"} {
+			if _, ok := hs[k]; ok {
+				t.Fatalf("record %d: the non-string capcalera %s became a header: %v", i, k, hs)
+			}
 		}
 	}
 }
