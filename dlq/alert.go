@@ -77,6 +77,7 @@ type Alerter struct {
 	cfg      AlerterConfig
 	letters  *prometheus.CounterVec
 	failures *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 
 	mu      sync.Mutex
 	classes map[string]map[string]bool
@@ -137,6 +138,13 @@ func NewAlerter(cfg AlerterConfig) (*Alerter, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.refused, err = registerCounter(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "km0_dlq_refused_total",
+		Help: "Dead letters the index refused and set aside in cartes_refusades, by DLQ topic or queue.",
+	}, []string{"topic"}))
+	if err != nil {
+		return nil, err
+	}
 	if cfg.WebhookURL != "" {
 		a.queue = make(chan outgoing, cfg.WebhookQueue)
 		a.stop = make(chan struct{})
@@ -173,6 +181,16 @@ func (a *Alerter) DeadLetter(ctx context.Context, l *Letter) {
 		slog.String("motiu", l.Reason), slog.Int("intents", l.Attempts))
 	a.enqueue(outgoing{id: l.ID, body: Notice{Topic: l.OriginalTopic, ID: l.ID, EventID: l.EventID, Type: l.Type,
 		Reason: l.Reason, Attempts: l.Attempts, DLQTopic: l.Topic, DeadAt: l.DeadAt}})
+}
+
+// Refused raises the alert of a letter the index refused and set aside
+// (Refusal): it increments km0_dlq_refused_total{topic} (the DLQ topic or
+// queue) and logs at error level with the letter's id and PostgreSQL's
+// reason. Call it once per letter (Service.Sync and the Indexer do, the
+// first time a letter is set aside). It sends no webhook notice.
+func (a *Alerter) Refused(ctx context.Context, r Refusal) {
+	a.refused.WithLabelValues(r.Topic).Inc()
+	logRefused(ctx, a.cfg.Logger, r)
 }
 
 // outgoing is one queued webhook body (a Notice or a LagNotice) and the name

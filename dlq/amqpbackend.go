@@ -142,12 +142,13 @@ func (b *AMQPBackend) syncQueue(ctx context.Context, s *Store, queue string, res
 				return nil
 			}
 			left -= len(batch)
-			added, err := s.insertQueued(ctx, name, lettersOfDeliveries(queue, batch))
+			ins, err := s.insertQueued(ctx, name, lettersOfDeliveries(queue, batch))
 			if err != nil {
 				return err // nothing acked: the channel closes and RabbitMQ requeues the batch
 			}
 			res.Read += len(batch)
-			res.New = append(res.New, added...)
+			res.New = append(res.New, ins.added...)
+			res.Refused = append(res.Refused, ins.refused...)
 			if b.afterCommit != nil {
 				if err := b.afterCommit(); err != nil {
 					return err
@@ -207,20 +208,25 @@ func amqpLetter(queue string, d *amqp091.Delivery, now time.Time) *Letter {
 
 // insertQueued numbers and indexes letters of one RabbitMQ DLQ in one
 // transaction, under an advisory lock per (index table, DLQ), and returns
-// the new ones. A redelivered letter equal to one already indexed is skipped.
-func (s *Store) insertQueued(ctx context.Context, dlqName string, letters []queued) ([]*Letter, error) {
+// the new ones and those set aside. A redelivered letter equal to one
+// already indexed or set aside is skipped. A letter the index refuses is set
+// aside in cartes_refusades with its bytes (its only copy once acked) and
+// its number, which the sequence counts too.
+func (s *Store) insertQueued(ctx context.Context, dlqName string, letters []queued) (inserted, error) {
+	fail := func(err error) (inserted, error) { return inserted{}, err }
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("dlq: begin: %w", err)
+		return fail(fmt.Errorf("dlq: begin: %w", err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", s.table+" "+dlqName); err != nil {
-		return nil, fmt.Errorf("dlq: lock %s: %w", dlqName, err)
+		return fail(fmt.Errorf("dlq: lock %s: %w", dlqName, err))
 	}
 	var next int64
-	if err := tx.QueryRow(ctx, "SELECT COALESCE(max(offset_dlq) + 1, 0) FROM "+s.table+" WHERE topic = $1",
+	if err := tx.QueryRow(ctx, "SELECT COALESCE(GREATEST((SELECT max(offset_dlq) FROM "+s.table+" WHERE topic = $1), "+
+		"(SELECT max(offset_dlq) FROM "+s.refused+" WHERE topic = $1)) + 1, 0)",
 		dlqName).Scan(&next); err != nil {
-		return nil, fmt.Errorf("dlq: sequence of %s: %w", dlqName, err)
+		return fail(fmt.Errorf("dlq: sequence of %s: %w", dlqName, err))
 	}
 	fresh := make([]*Letter, 0, len(letters))
 	for _, q := range letters {
@@ -228,10 +234,11 @@ func (s *Store) insertQueued(ctx context.Context, dlqName string, letters []queu
 		if q.redelivered {
 			keys, vals := headerBytes(l.Headers)
 			var seen bool
-			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.table+` WHERE topic = $1 AND morta_en IS NOT DISTINCT FROM $2
-				AND valor = $3 AND capcaleres_claus = $4 AND capcaleres_valors = $5)`,
+			same := ` WHERE topic = $1 AND morta_en IS NOT DISTINCT FROM $2
+				AND valor = $3 AND capcaleres_claus = $4 AND capcaleres_valors = $5`
+			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.table+same+") OR EXISTS (SELECT 1 FROM "+s.refused+same+")",
 				dlqName, nullTime(l.DeadAt), nonNil(l.Value), keys, vals).Scan(&seen); err != nil {
-				return nil, fmt.Errorf("dlq: look up a redelivered letter of %s: %w", dlqName, err)
+				return fail(fmt.Errorf("dlq: look up a redelivered letter of %s: %w", dlqName, err))
 			}
 			if seen {
 				continue
@@ -241,17 +248,19 @@ func (s *Store) insertQueued(ctx context.Context, dlqName string, letters []queu
 		next++
 		fresh = append(fresh, l)
 	}
-	added, err := s.InsertTx(ctx, tx, fresh)
+	ins, err := s.insertTx(ctx, tx, fresh)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
-	if len(added) != len(fresh) { // cannot happen under the lock; never ack a letter not indexed
-		return nil, fmt.Errorf("dlq: %s: %d of %d letters collided with existing IDs", dlqName, len(fresh)-len(added), len(fresh))
+	// A collision cannot happen under the lock; never ack a letter neither
+	// indexed nor set aside.
+	if n := len(ins.added) + ins.setAside; n != len(fresh) || len(ins.refused) != ins.setAside {
+		return fail(fmt.Errorf("dlq: %s: %d of %d letters collided with existing IDs", dlqName, len(fresh)-n, len(fresh)))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("dlq: commit: %w", err)
+		return fail(fmt.Errorf("dlq: commit: %w", err))
 	}
-	return added, nil
+	return ins, nil
 }
 
 // Publish implements Backend: each message goes to the default exchange with

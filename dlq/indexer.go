@@ -93,7 +93,11 @@ func NewIndexer(cfg IndexerConfig) (*Indexer, error) {
 
 // Run indexes until ctx ends, then leaves the group and returns nil. A
 // database error does not skip letters: the batch is retried, with backoff,
-// until it is indexed (its offsets stay uncommitted meanwhile).
+// until it is indexed (its offsets stay uncommitted meanwhile). A letter the
+// index refuses for what it holds is not such an error: Store.Insert sets
+// it aside (cartes_refusades), Run raises its alert once (Alerter.Refused,
+// or an error line without an Alerter) and goes on with the letters behind
+// it.
 func (ix *Indexer) Run(ctx context.Context) error {
 	defer ix.cl.Close()
 	for {
@@ -110,16 +114,17 @@ func (ix *Indexer) Run(ctx context.Context) error {
 			ix.cl.AllowRebalance()
 			continue
 		}
-		added, err := ix.index(ctx, lettersOf(recs))
+		ins, err := ix.index(ctx, lettersOf(recs))
 		if err != nil {
 			ix.cl.AllowRebalance()
 			return nil // ctx ended while the database was down; nothing committed
 		}
 		if ix.cfg.Alerter != nil {
-			for _, l := range added {
+			for _, l := range ins.added {
 				ix.cfg.Alerter.DeadLetter(ctx, l)
 			}
 		}
+		reportRefused(ctx, ix.cfg.Alerter, ix.log, ins.refused)
 		if err := ix.cl.CommitRecords(ctx, recs...); err != nil {
 			ix.log.Warn("dlq: indexer commit (the batch will be read again, harmlessly)", "err", err)
 		}
@@ -127,19 +132,19 @@ func (ix *Indexer) Run(ctx context.Context) error {
 	}
 }
 
-func (ix *Indexer) index(ctx context.Context, letters []*Letter) ([]*Letter, error) {
+func (ix *Indexer) index(ctx context.Context, letters []*Letter) (inserted, error) {
 	wait := ix.cfg.RetryBackoff
 	for {
-		added, err := ix.cfg.Store.Insert(ctx, letters)
+		ins, err := ix.cfg.Store.insert(ctx, letters)
 		if err == nil {
-			return added, nil
+			return ins, nil
 		}
 		ix.log.Error("dlq: indexer cannot write the index; retrying the batch", "letters", len(letters), "err", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, ctx.Err()
+			return inserted{}, ctx.Err()
 		case <-t.C:
 		}
 		wait = min(2*wait, retryBackoffMax)

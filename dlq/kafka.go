@@ -183,12 +183,13 @@ func (b *KafkaBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
 				delete(target, k)
 			}
 		}
-		added, err := s.Insert(ctx, lettersOf(recs))
+		ins, err := s.insert(ctx, lettersOf(recs))
 		if err != nil {
 			return res, err
 		}
 		res.Read += len(recs)
-		res.New = append(res.New, added...)
+		res.New = append(res.New, ins.added...)
+		res.Refused = append(res.Refused, ins.refused...)
 	}
 	b.commitReached(ctx, next, committed)
 	return res, nil

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -86,8 +87,8 @@ type Letter struct {
 	EventID string // id_esdeveniment header, else from the envelope; "" if unknown
 	Type    string // tipus header, else from the envelope; "" if unknown
 
-	Reason       string    // motiu, as written
-	Attempts     int       // intents; 0 when absent or not a number
+	Reason       string    // motiu, as written (the index keeps at most MaxIndexedText bytes of it)
+	Attempts     int       // intents; 0 when absent, negative or not a number; at most 2^31-1
 	FirstFailure time.Time // primera_fallada; zero when absent
 	EventTime    time.Time // the earliest of the envelope's data_ms and data_original; zero when neither is known
 	DeadAt       time.Time // the record's timestamp; zero when unknown (TimeUnknown)
@@ -192,8 +193,10 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 		l.OriginalOffset = v
 	}
 	l.Reason = h(transport.HeaderReason)
-	if v, err := strconv.Atoi(h(transport.HeaderAttempts)); err == nil && v > 0 {
-		l.Attempts = v
+	// Clamped to the INTEGER column: a value out of range parses as
+	// MaxInt64 (strconv.ErrRange), a negative one or garbage as 0.
+	if v, _ := strconv.ParseInt(h(transport.HeaderAttempts), 10, 64); v > 0 {
+		l.Attempts = int(min(v, math.MaxInt32))
 	}
 	l.FirstFailure = unixSeconds(h(HeaderFirstFailure))
 	l.ConsumerGroup = h(HeaderConsumerGroup)

@@ -38,7 +38,8 @@ func NewMixedBackend(kafka Backend, rabbit *AMQPBackend) (*MixedBackend, error) 
 func (b *MixedBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
 	kr, kerr := b.kafka.Sync(ctx, s)
 	ar, aerr := b.amqp.Sync(ctx, s)
-	return SyncResult{Read: kr.Read + ar.Read, New: append(kr.New, ar.New...)}, errors.Join(kerr, aerr)
+	return SyncResult{Read: kr.Read + ar.Read, New: append(kr.New, ar.New...),
+		Refused: append(kr.Refused, ar.Refused...)}, errors.Join(kerr, aerr)
 }
 
 // Publish implements Backend (transport.Publisher's contract): each message

@@ -50,12 +50,19 @@ var ErrDeleteUnsupported = errors.New("dlq: this backend cannot delete records")
 type SyncResult struct {
 	Read int       // records read from the broker
 	New  []*Letter // letters indexed for the first time
+	// Refused are the letters the index refused for the first time, set
+	// aside in cartes_refusades (Store.Refused) instead of stopping the
+	// letters behind them.
+	Refused []Refusal
 }
 
 // Listing is the answer of List.
 type Listing struct {
 	Groups  []Group   `json:"grups"`
 	Letters []*Letter `json:"-"`
+	// Refused counts the letters the index refused and set aside
+	// (Store.Refused) of the Filter's topic, or of every topic.
+	Refused int `json:"refusades"`
 }
 
 // ReplayOptions tune Replay.
@@ -150,6 +157,7 @@ func (s *Service) Sync(ctx context.Context) (SyncResult, error) {
 			s.cfg.Alerter.DeadLetter(ctx, l)
 		}
 	}
+	reportRefused(ctx, s.cfg.Alerter, s.cfg.Logger, res.Refused)
 	return res, err
 }
 
@@ -163,7 +171,11 @@ func (s *Service) List(ctx context.Context, f Filter) (*Listing, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Listing{Groups: g, Letters: l}, nil
+	n, err := s.cfg.Store.RefusedCount(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	return &Listing{Groups: g, Letters: l, Refused: n}, nil
 }
 
 // Get implements Source.

@@ -46,8 +46,9 @@ type querier interface {
 // Store is the PostgreSQL index of dead letters (table cartes_mortes, created
 // by Migrations). It is safe for concurrent use.
 type Store struct {
-	db    DB
-	table string
+	db      DB
+	table   string
+	refused string // cartes_refusades
 }
 
 // NewStore returns a Store on db for the table in schema ("" = "public").
@@ -55,7 +56,8 @@ func NewStore(db DB, schema string) *Store {
 	if schema == "" {
 		schema = migrate.SchemaDefault
 	}
-	return &Store{db: db, table: pgx.Identifier{schema, Table}.Sanitize()}
+	return &Store{db: db, table: pgx.Identifier{schema, Table}.Sanitize(),
+		refused: pgx.Identifier{schema, RefusedTable}.Sanitize()}
 }
 
 // Filter selects letters. The zero Filter selects every letter.
@@ -151,27 +153,45 @@ const columns = `id, topic, particio, offset_dlq, topic_original, particio_origi
 
 // Insert indexes letters in one transaction and returns those that were new.
 // A letter already indexed (same ID) is left as it is, state included.
+//
+// Each letter is first bounded to the columns, in place: intents clamped to
+// [0, 2^31-1], text made storable and cut to MaxIndexedText (the headers
+// stay whole). A letter PostgreSQL still refuses for what it holds (a data
+// exception, a program limit, an integrity violation) is set aside in
+// cartes_refusades (Refused) and not returned, so the others are indexed;
+// any other error (the database unavailable) fails the whole call, and
+// indexing the same letters again is safe.
 func (s *Store) Insert(ctx context.Context, letters []*Letter) ([]*Letter, error) {
-	tx, err := s.db.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("dlq: begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	added, err := s.InsertTx(ctx, tx, letters)
-	if err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("dlq: commit: %w", err)
-	}
-	return added, nil
+	res, err := s.insert(ctx, letters)
+	return res.added, err
 }
 
-// InsertTx is Insert inside the caller's transaction.
-func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*Letter, error) {
-	if len(letters) == 0 {
-		return nil, nil
+// insert is Insert, reporting the letters set aside too.
+func (s *Store) insert(ctx context.Context, letters []*Letter) (inserted, error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return inserted{}, fmt.Errorf("dlq: begin: %w", err)
 	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	res, err := s.insertTx(ctx, tx, letters)
+	if err != nil {
+		return inserted{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return inserted{}, fmt.Errorf("dlq: commit: %w", err)
+	}
+	return res, nil
+}
+
+// InsertTx is Insert inside the caller's transaction (which it uses
+// savepoints of).
+func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*Letter, error) {
+	res, err := s.insertTx(ctx, tx, letters)
+	return res.added, err
+}
+
+// insertBatch inserts letters, already bounded, in one pipeline.
+func (s *Store) insertBatch(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*Letter, error) {
 	q := `INSERT INTO ` + s.table + ` (` + columns + `, classe_motiu)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
 		        'pendent', 0, NULL, NULL, $20, $21)

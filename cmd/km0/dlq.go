@@ -341,6 +341,10 @@ func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 		total += g.Count
 	}
 	fmt.Fprintf(c.out, "%d dead letter(s) (estat %s)\n", total, cmp.Or(*state, "totes"))
+	if ls.Refused > 0 {
+		fmt.Fprintf(c.out, "%d letter(s) refused by the index, set aside in table %s (the error log names each)\n",
+			ls.Refused, dlq.RefusedTable)
+	}
 	if total == 0 {
 		return nil
 	}

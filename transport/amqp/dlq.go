@@ -1,6 +1,7 @@
 package amqp
 
 import (
+	"math"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -19,7 +20,7 @@ type DeadLetter struct {
 	// retries), or, for a native one, "permanent: rejected by <queue>" built
 	// from x-death (the handler's error text is in the consumer's log).
 	Reason   string
-	Attempts int       // header intents (0 when absent)
+	Attempts int       // header intents (0 when absent or negative, at most 2^31-1: an INTEGER)
 	DeadAt   time.Time // header mort_en, else x-death time; zero if unknown
 	Headers  amqp.Table
 	Body     []byte
@@ -35,7 +36,7 @@ type DeadLetter struct {
 func DeadLetterOf(queue string, d *amqp.Delivery) *DeadLetter {
 	dlqName := DLQName(queue)
 	dl := &DeadLetter{DLQ: dlqName, MessageID: d.MessageId, Type: d.Type, Headers: d.Headers, Body: d.Body,
-		Attempts: int(headerInt(d.Headers, transport.HeaderAttempts))}
+		Attempts: int(min(max(headerInt(d.Headers, transport.HeaderAttempts), 0), math.MaxInt32))}
 	_, ownCopy := d.Headers[transport.HeaderReason]
 	dl.EventID, _ = d.Headers[transport.HeaderEventID].(string)
 	if t, ok := d.Headers[transport.HeaderType].(string); ok {
@@ -51,7 +52,9 @@ func DeadLetterOf(queue string, d *amqp.Delivery) *DeadLetter {
 		}
 		if !ownCopy {
 			// intents counts the attempts before the one that was rejected.
-			dl.Attempts++
+			if dl.Attempts < math.MaxInt32 {
+				dl.Attempts++
+			}
 			if last.Reason == "rejected" {
 				dl.Reason = "permanent: rejected by " + last.Queue
 			} else {
