@@ -136,7 +136,13 @@ func TestForgedLettersNeverStopTheKafkaIndex(t *testing.T) {
 	if len(ls.Letters) != 7 || ls.Refused != 1 {
 		t.Fatalf("list: %d letters, %d refused; want 7 and 1", len(ls.Letters), ls.Refused)
 	}
-	// A fresh group re-reads all 8: nothing new, the refusal is not logged
+	// The letter whose topic_original was cut has nowhere to go back to:
+	// replay refuses it, even forced, and publishes nothing.
+	rep, err := b.svc.Replay(b.ctx, dlq.Filter{IDs: []string{ids[3]}}, dlq.ReplayOptions{Force: true})
+	if err != nil || rep.Refused != 1 || !strings.Contains(rep.Items[0].Refused, "was cut in the index") {
+		t.Fatalf("replay of the cut topic_original: %+v, %v; want it refused", rep, err)
+	}
+		// A fresh group re-reads all 8: nothing new, the refusal is not logged
 	// or counted twice.
 	other, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.broker.Addrs(), Group: "again"})
 	if err != nil {

@@ -305,6 +305,13 @@ func (s *Service) replayBatch(ctx context.Context, f Filter, o ReplayOptions, re
 
 // refuse returns why l may not be replayed under o, or "".
 func refuse(l *Letter, o ReplayOptions, now time.Time) string {
+	// No Kafka topic (249 bytes at most) or RabbitMQ queue (255) has a name
+	// this long: the index cut a forged topic_original or cua_origen, and
+	// the letter has nowhere to go back to, forced or not.
+	if len(l.OriginalTopic) >= MaxIndexedText {
+		return fmt.Sprintf("its original topic or queue was cut in the index (%d bytes or more): no topic or queue has such a name",
+			MaxIndexedText)
+	}
 	if o.Force {
 		return ""
 	}
