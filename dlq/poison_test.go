@@ -142,7 +142,7 @@ func TestForgedLettersNeverStopTheKafkaIndex(t *testing.T) {
 	if err != nil || rep.Refused != 1 || !strings.Contains(rep.Items[0].Refused, "was cut in the index") {
 		t.Fatalf("replay of the cut topic_original: %+v, %v; want it refused", rep, err)
 	}
-		// A fresh group re-reads all 8: nothing new, the refusal is not logged
+	// A fresh group re-reads all 8: nothing new, the refusal is not logged
 	// or counted twice.
 	other, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.broker.Addrs(), Group: "again"})
 	if err != nil {
