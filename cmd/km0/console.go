@@ -50,8 +50,11 @@ type lagFlags struct {
 }
 
 func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
-	f := &lagFlags{outboxes: &mapFlag{}, services: &mapFlag{}}
-	fs.Var(f.outboxes, "outbox", "an outbox to watch: NAME=DATABASE_URL (repeatable; the table is --outbox-schema.--outbox-table)")
+	f := &lagFlags{outboxes: &mapFlag{secret: true, name: "outbox"}, services: &mapFlag{}}
+	fs.Var(f.outboxes, "outbox", "an outbox to watch: NAME=DATABASE_URL (repeatable; the table is --outbox-schema.--outbox-table; default $"+outboxesEnv+
+		", NAME=DATABASE_URL entries separated by newlines or ;); on the command line it shows in ps: prefer $"+outboxesEnv+" or --outbox-file")
+	fs.Func("outbox-file", "read outboxes to watch from the file at `PATH`: one NAME=DATABASE_URL a line, # comments (with --outbox: both; make it readable by this user only)", f.outboxes.setFile)
+	f.outboxes.loadEnv(outboxesEnv) // after fs.Var: --help prints no default
 	f.outboxSchema = fs.String("outbox-schema", migrate.SchemaDefault, "PostgreSQL schema of the --outbox tables")
 	f.outboxTable = fs.String("outbox-table", migrate.OutboxDefault, "table name of the --outbox tables")
 	f.groups = fs.String("consumer-groups", "", "the system's Kafka consumer groups, comma separated, each reported even when the cluster does not list it (default: those the cluster lists of the services' groups, as $KM0_GROUPS renames them, and the DLQ indexer's "+dlq.GroupDefault+")")
@@ -68,16 +71,43 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	return f
 }
 
+// outboxesEnv is the environment form of --outbox: NAME=DATABASE_URL
+// entries separated by newlines or semicolons (a ; inside a URL is %3B).
+const outboxesEnv = "KM0_OUTBOXES"
+
 // mapFlag is a repeatable NAME=VALUE flag.
 type mapFlag struct {
 	keys []string
 	vals map[string]string
+	// secret values are credentials (--outbox): a malformed one is reported
+	// by check after parsing, not by Set, whose error flag prints with the
+	// value; name is the flag's.
+	secret bool
+	name   string
+	errs   []error
+	// fromEnv: the entries come from the environment (loadEnv) and the
+	// first of the command line replaces them; envErrs are theirs.
+	fromEnv bool
+	envErrs []error
 }
 
 func (m *mapFlag) String() string { return strings.Join(m.keys, ",") } // never the values: URLs hold passwords
+
+// Set adds NAME=VALUE.
 func (m *mapFlag) Set(v string) error {
+	m.fromCommandLine()
+	err := m.add(v)
+	if err != nil && m.secret {
+		m.errs = append(m.errs, fmt.Errorf("--%s: %w (the value is not shown: it may hold a password)", m.name, err))
+		return nil
+	}
+	return err
+}
+
+// add adds NAME=VALUE; its errors never quote the value.
+func (m *mapFlag) add(v string) error {
 	k, val, ok := strings.Cut(v, "=")
-	if k = strings.TrimSpace(k); !ok || k == "" || val == "" {
+	if k, val = strings.TrimSpace(k), strings.TrimSpace(val); !ok || k == "" || val == "" {
 		return errors.New("want NAME=VALUE")
 	}
 	if m.vals == nil {
@@ -89,6 +119,51 @@ func (m *mapFlag) Set(v string) error {
 	m.keys = append(m.keys, k)
 	m.vals[k] = val
 	return nil
+}
+
+// fromCommandLine drops the entries of the environment at the first one of
+// the command line.
+func (m *mapFlag) fromCommandLine() {
+	if m.fromEnv {
+		m.keys, m.vals, m.fromEnv, m.envErrs = nil, nil, false, nil
+	}
+}
+
+// loadEnv takes the entries of $env (newline or ; separated) as defaults.
+func (m *mapFlag) loadEnv(env string) {
+	m.fromEnv = true
+	for i, e := range strings.FieldsFunc(os.Getenv(env), func(r rune) bool { return r == '\n' || r == ';' }) {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		if err := m.add(e); err != nil {
+			m.envErrs = append(m.envErrs, fmt.Errorf("$%s entry %d: %w (the value is not shown: it may hold a password)", env, i+1, err))
+		}
+	}
+}
+
+// setFile adds the entries of the file at path: one NAME=VALUE a line,
+// blank lines and # comments skipped. Errors name the path and the line,
+// never the content.
+func (m *mapFlag) setFile(path string) error {
+	m.fromCommandLine()
+	b, err := readSmallFile(path)
+	if err != nil {
+		return err
+	}
+	for i, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if err := m.add(line); err != nil {
+			return fmt.Errorf("%s line %d: %w", path, i+1, err)
+		}
+	}
+	return nil
+}
+
+func (m *mapFlag) check() error {
+	return errors.Join(append(m.errs, m.envErrs...)...)
 }
 
 // consoleParts is what serveConsole puts together: the dead-letter source,

@@ -35,8 +35,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	fs := newFlags("lag", "measure each outbox's pending rows and oldest age, each Kafka consumer group's lag per partition and the age of its oldest unprocessed record, and RabbitMQ ready/unacked messages per queue")
 	fs.SetOutput(errOut)
 	brokers := brokersFlag(fs)
-	amqpURL := fs.String("amqp-url", "", "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
-	*amqpURL = os.Getenv("KM0_AMQP_URL")
+	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
 	queues := &listFlag{}
 	fs.Var(queues, "queue", "a RabbitMQ queue to report, with its .dlq (repeatable or comma separated)")
 	asJSON := fs.Bool("json", false, "print the snapshot as JSON")
