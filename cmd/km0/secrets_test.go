@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
@@ -206,5 +207,17 @@ func TestMigrateDatabaseURLFromAFile(t *testing.T) {
 	var n int
 	if err := s.Pool.QueryRow(context.Background(), "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = 'outbox'", s.Name).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("outbox table in %s: %d %v", s.Name, n, err)
+	}
+}
+
+// km0 dlq's --amqp-url-file selects RabbitMQ as --amqp-url does (and so
+// asks for --queue); $KM0_AMQP_URL alone does not.
+func TestDLQAMQPURLFileSelectsRabbitMQ(t *testing.T) {
+	path := writeFile(t, "amqp-url", "amqp://u:"+password+"@127.0.0.1:5672/\n")
+	var out, errOut bytes.Buffer
+	c := &dlqCLI{out: &out, errOut: &errOut, in: strings.NewReader(""), now: time.Now}
+	err := c.run(context.Background(), []string{"ls", "--amqp-url-file", path, "--database-url", "postgres://x"})
+	if err == nil || !strings.Contains(err.Error(), "--queue") || strings.Contains(err.Error()+out.String()+errOut.String(), password) {
+		t.Fatalf("--amqp-url-file without --queue: %v\n%s%s", err, out.String(), errOut.String())
 	}
 }
