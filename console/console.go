@@ -79,6 +79,10 @@ type Config struct {
 	KeyOrderSchema string
 	// Sampler provides lag and its history; nil: no lag section.
 	Sampler *lag.Sampler
+	// AllGroups shows the foreign consumer groups the Sampler measured
+	// (lag.GroupLag.Foreign) without asking. Default false: only the
+	// system's groups, others on request (?groups=all on /lag, /lag.json).
+	AllGroups bool
 	// Services are probed for health on each page view.
 	Services []Service
 	// Retention is the consumers' idempotency retention replays respect.

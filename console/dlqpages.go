@@ -69,7 +69,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			data["Groups"], data["Total"] = rows, total
 		}
 	}
-	data["Lag"] = c.lagView()
+	data["Lag"] = c.lagView(r)
 	data["Health"] = c.health(r.Context())
 	c.renderPage(w, r, http.StatusOK, "overview", page{Title: "Dead letters", Data: data})
 }

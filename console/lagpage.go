@@ -19,18 +19,51 @@ type lagView struct {
 	Snap   *lag.Snapshot
 	Chart  *chart
 	Firing []string
+	// AllGroups: the foreign groups are shown (Config.AllGroups or
+	// ?groups=all); Toggle is the link to the other selection, "" when
+	// Config.AllGroups leaves none.
+	AllGroups bool
+	Toggle    string
 }
 
-func (c *Console) lagView() *lagView {
+// groupsAll is the query parameter value of /lag and /lag.json that shows
+// the foreign consumer groups too: ?groups=all.
+const groupsAll = "all"
+
+// allGroups tells whether r sees the foreign consumer groups.
+func (c *Console) allGroups(r *http.Request) bool {
+	return c.cfg.AllGroups || r.URL.Query().Get("groups") == groupsAll
+}
+
+// latestLag returns the Sampler's latest snapshot and history, without the
+// foreign groups unless r asks for them.
+func (c *Console) latestLag(r *http.Request) (*lag.Snapshot, []lag.Point) {
+	snap, hist := c.cfg.Sampler.Latest(), c.cfg.Sampler.History()
+	if !c.allGroups(r) {
+		snap, hist = snap.WithoutForeign(), lag.WithoutForeign(hist)
+	}
+	return snap, hist
+}
+
+func (c *Console) lagView(r *http.Request) *lagView {
 	if c.cfg.Sampler == nil {
 		return nil
 	}
-	return &lagView{Snap: c.cfg.Sampler.Latest(), Chart: makeChart(c.cfg.Sampler.History(), c.cfg.Now())}
+	snap, hist := c.latestLag(r)
+	v := &lagView{Snap: snap, Chart: makeChart(hist, c.cfg.Now()), AllGroups: c.allGroups(r)}
+	switch {
+	case c.cfg.AllGroups:
+	case v.AllGroups:
+		v.Toggle = "/lag"
+	default:
+		v.Toggle = "/lag?groups=" + groupsAll
+	}
+	return v
 }
 
 func (c *Console) lagPage(w http.ResponseWriter, r *http.Request) {
 	c.renderPage(w, r, http.StatusOK, "lag", page{Title: "Lag and health", Data: map[string]any{
-		"Lag": c.lagView(), "Health": c.health(r.Context()),
+		"Lag": c.lagView(r), "Health": c.health(r.Context()),
 	}})
 }
 
@@ -38,7 +71,8 @@ func (c *Console) lagJSON(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	var v any = map[string]any{}
 	if c.cfg.Sampler != nil {
-		v = map[string]any{"ultima": c.cfg.Sampler.Latest(), "historia": c.cfg.Sampler.History()}
+		snap, hist := c.latestLag(r)
+		v = map[string]any{"ultima": snap, "historia": hist}
 	}
 	_ = json.NewEncoder(w).Encode(v)
 }
@@ -146,8 +180,12 @@ func makeChart(points []lag.Point, now time.Time) *chart {
 		v  int64
 	}{}
 	for _, p := range points {
-		for kind, m := range map[string]map[string]int64{"grup": p.Groups, "outbox": p.Outboxes, "cua": p.Queues} {
-			for name, v := range m {
+		for _, km := range []struct {
+			kind string
+			m    map[string]int64
+		}{{"grup", p.Groups}, {"grup", p.Others}, {"outbox", p.Outboxes}, {"cua", p.Queues}} {
+			kind := km.kind
+			for name, v := range km.m {
 				k := key{kind, name}
 				vals[k] = append(vals[k], struct {
 					at time.Time

@@ -46,9 +46,18 @@ type Config struct {
 	Outboxes []Outbox
 	// Brokers are the Kafka bootstrap brokers; empty: no consumer groups.
 	Brokers []string
-	// Groups are the consumer groups to report; empty: every group the
-	// cluster lists.
+	// Groups are the system's consumer groups: the ones reported. A group
+	// of another Kafka client is not shown (its name, its topics) unless
+	// AllGroups. With Brokers, Groups or AllGroups is required.
 	Groups []string
+	// OmitUnlisted drops a group of Groups that the cluster does not list
+	// (one that has never joined nor committed), for a default list of
+	// groups of which a deployment may run only some. Default false: every
+	// group of Groups is reported, an unknown one with no partitions.
+	OmitUnlisted bool
+	// AllGroups also reports every other group the cluster lists, marked
+	// Foreign. Default false: only Groups.
+	AllGroups bool
 	// ClientOpts are extra franz-go options (TLS, SASL).
 	ClientOpts []kgo.Opt
 	// AMQP is the RabbitMQ connection of Queues.
@@ -108,6 +117,10 @@ type GroupLag struct {
 	OldestSeconds float64        `json:"antiguitat_s"` // the oldest of its partitions
 	Partitions    []PartitionLag `json:"particions"`
 	Err           string         `json:"error,omitempty"`
+	// Foreign marks a group that is not one of Config.Groups (reported with
+	// Config.AllGroups only). Its failures are logged and in Err, never in
+	// Snapshot.Errors.
+	Foreign bool `json:"extern,omitempty"`
 }
 
 // PartitionLag is one partition of a group.
@@ -138,7 +151,12 @@ type Measurer struct {
 	adm *kadm.Client
 }
 
+// ErrNoGroups is returned by NewMeasurer for Brokers without Groups nor
+// AllGroups: which consumer groups are the system's is not guessed.
+var ErrNoGroups = errors.New("lag: Config.Brokers needs Config.Groups (the system's consumer groups) or Config.AllGroups")
+
 // NewMeasurer returns a Measurer. Brokers are first contacted by Measure.
+// It fails with ErrNoGroups, or when Queues come without AMQP.
 func NewMeasurer(cfg Config) (*Measurer, error) {
 	cfg.OldestTimeout = cmp.Or(cfg.OldestTimeout, OldestTimeoutDefault)
 	cfg.VHost = cmp.Or(cfg.VHost, "/")
@@ -153,6 +171,9 @@ func NewMeasurer(cfg Config) (*Measurer, error) {
 	}
 	if len(cfg.Queues) > 0 && cfg.AMQP == nil {
 		return nil, errors.New("lag: Config.Queues needs Config.AMQP")
+	}
+	if len(cfg.Brokers) > 0 && len(cfg.Groups) == 0 && !cfg.AllGroups {
+		return nil, ErrNoGroups
 	}
 	m := &Measurer{cfg: cfg}
 	if len(cfg.Brokers) > 0 {
@@ -203,15 +224,39 @@ func (m *Measurer) fail(s *Snapshot, what, msg string, err error) string {
 	return msg
 }
 
-func (m *Measurer) groups(ctx context.Context, s *Snapshot) {
-	groups := m.cfg.Groups
-	if len(groups) == 0 {
-		listed, err := m.adm.ListGroups(ctx)
-		if err != nil {
-			m.fail(s, "Kafka", "the brokers do not answer", err)
-			return
+// groupsToMeasure returns the groups of Config.Groups (less the unlisted
+// ones with OmitUnlisted) and, with AllGroups, every other listed group;
+// foreign tells the latter.
+func (m *Measurer) groupsToMeasure(ctx context.Context) (groups []string, foreign map[string]bool, err error) {
+	groups = slices.Clone(m.cfg.Groups)
+	if !m.cfg.OmitUnlisted && !m.cfg.AllGroups {
+		return groups, nil, nil
+	}
+	listed, err := m.adm.ListGroups(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	names := listed.Groups()
+	if m.cfg.OmitUnlisted {
+		groups = slices.DeleteFunc(groups, func(g string) bool { return !slices.Contains(names, g) })
+	}
+	if m.cfg.AllGroups {
+		foreign = map[string]bool{}
+		for _, g := range names {
+			if !slices.Contains(m.cfg.Groups, g) {
+				groups = append(groups, g)
+				foreign[g] = true
+			}
 		}
-		groups = listed.Groups()
+	}
+	return groups, foreign, nil
+}
+
+func (m *Measurer) groups(ctx context.Context, s *Snapshot) {
+	groups, foreign, err := m.groupsToMeasure(ctx)
+	if err != nil {
+		m.fail(s, "Kafka", "the brokers do not answer", err)
+		return
 	}
 	if len(groups) == 0 {
 		return
@@ -223,9 +268,14 @@ func (m *Measurer) groups(ctx context.Context, s *Snapshot) {
 	}
 	want := map[partKey]bool{} // records whose timestamps tell the oldest age
 	for _, dl := range lags.Sorted() {
-		g := GroupLag{Group: dl.Group, State: dl.State, Members: len(dl.Members), Partitions: []PartitionLag{}}
+		g := GroupLag{Group: dl.Group, State: dl.State, Members: len(dl.Members), Partitions: []PartitionLag{}, Foreign: foreign[dl.Group]}
 		if err := dl.Error(); err != nil {
-			g.Err = m.fail(s, "group "+dl.Group, "cannot be described", err)
+			if g.Foreign { // logged, not in Errors: its name is not shown by default
+				m.cfg.Logger.Warn("lag: measure", "part", "foreign group "+dl.Group, "err", err)
+				g.Err = "cannot be described"
+			} else {
+				g.Err = m.fail(s, "group "+dl.Group, "cannot be described", err)
+			}
 			s.Groups = append(s.Groups, g)
 			continue
 		}
@@ -378,6 +428,17 @@ func note(s *Snapshot, text string) {
 	if !slices.Contains(s.Notes, text) {
 		s.Notes = append(s.Notes, text)
 	}
+}
+
+// WithoutForeign returns s without its Foreign groups (s itself when it
+// has none): what is shown by default.
+func (s *Snapshot) WithoutForeign() *Snapshot {
+	if s == nil || !slices.ContainsFunc(s.Groups, func(g GroupLag) bool { return g.Foreign }) {
+		return s
+	}
+	c := *s
+	c.Groups = slices.DeleteFunc(slices.Clone(s.Groups), func(g GroupLag) bool { return g.Foreign })
+	return &c
 }
 
 // Total is the lag of every group, the pending rows of every outbox and the

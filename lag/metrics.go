@@ -45,7 +45,12 @@ var (
 
 // Collector exports the Sampler's latest snapshot. Scrapes never measure:
 // they read what the last sample found (see MetricSampleTime).
-type Collector struct{ S *Sampler }
+type Collector struct {
+	S *Sampler
+	// AllGroups exports the foreign groups too (GroupLag.Foreign). Default
+	// false: only the system's groups, whatever the Sampler measured.
+	AllGroups bool
+}
 
 var _ prometheus.Collector = Collector{}
 
@@ -68,6 +73,9 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	g(descSampleTime, float64(s.At.UnixMilli())/1e3)
 	g(descSampleErrors, float64(len(s.Errors)))
+	if !c.AllGroups {
+		s = s.WithoutForeign()
+	}
 	for _, gr := range s.Groups {
 		for _, p := range gr.Partitions {
 			part := strconv.Itoa(int(p.Partition))

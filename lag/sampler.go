@@ -29,9 +29,10 @@ type SamplerConfig struct {
 // Point is one sample of the history: the headline numbers of a Snapshot.
 type Point struct {
 	At       time.Time        `json:"en"`
-	Groups   map[string]int64 `json:"grups"`    // total lag by group
-	Outboxes map[string]int64 `json:"outboxes"` // pending rows by outbox
-	Queues   map[string]int64 `json:"cues"`     // ready messages by queue
+	Groups   map[string]int64 `json:"grups"`                  // total lag by group of the system
+	Others   map[string]int64 `json:"altres_grups,omitempty"` // total lag by foreign group (Config.AllGroups)
+	Outboxes map[string]int64 `json:"outboxes"`               // pending rows by outbox
+	Queues   map[string]int64 `json:"cues"`                   // ready messages by queue
 }
 
 // Sampler measures every Interval and keeps the latest Snapshot and the
@@ -88,7 +89,14 @@ func (s *Sampler) Sample(ctx context.Context) (*Snapshot, error) {
 func (s *Sampler) Add(snap *Snapshot) {
 	p := Point{At: snap.At, Groups: map[string]int64{}, Outboxes: map[string]int64{}, Queues: map[string]int64{}}
 	for _, g := range snap.Groups {
-		p.Groups[g.Group] = g.Total
+		switch {
+		case !g.Foreign:
+			p.Groups[g.Group] = g.Total
+		case p.Others == nil:
+			p.Others = map[string]int64{g.Group: g.Total}
+		default:
+			p.Others[g.Group] = g.Total
+		}
 	}
 	for _, o := range snap.Outboxes {
 		p.Outboxes[o.Name] = o.Pending
@@ -115,9 +123,21 @@ func (s *Sampler) Latest() *Snapshot {
 	return s.latest
 }
 
-// History returns the points of the last Window, oldest first.
+// History returns the points of the last Window, oldest first, with their
+// foreign groups (Point.Others).
 func (s *Sampler) History() []Point {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]Point(nil), s.points...)
+}
+
+// WithoutForeign returns points without their foreign groups (Point.Others):
+// what is shown by default. points is not modified.
+func WithoutForeign(points []Point) []Point {
+	out := make([]Point, len(points))
+	for i, p := range points {
+		p.Others = nil
+		out[i] = p
+	}
+	return out
 }

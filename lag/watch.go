@@ -16,6 +16,9 @@ type Rule struct {
 	MaxLag int64
 	MaxAge time.Duration
 	For    time.Duration
+	// AllGroups applies the rule to foreign groups too (GroupLag.Foreign).
+	// Default false: only the system's groups alert.
+	AllGroups bool
 }
 
 // Watch turns snapshots into lag alerts through a dlq.Alerter (its log and
@@ -46,7 +49,7 @@ func (w *Watch) Evaluate(ctx context.Context, snap *Snapshot) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, g := range snap.Groups {
-		if g.Err == "" {
+		if g.Err == "" && (!g.Foreign || w.rule.AllGroups) {
 			w.check(ctx, "grup "+g.Group, g.Total, g.OldestSeconds, true, snap.At)
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -23,6 +24,7 @@ import (
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/services/system"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -44,14 +46,19 @@ type lagFlags struct {
 	outboxSchema, outboxTable  *string
 	interval, maxAge, alertFor *time.Duration
 	maxLag                     *int64
+	allGroups                  *bool
 }
 
 func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
-	f := &lagFlags{outboxes: &mapFlag{}, services: &mapFlag{}}
-	fs.Var(f.outboxes, "outbox", "an outbox to watch: NAME=DATABASE_URL (repeatable; the table is --outbox-schema.--outbox-table)")
+	f := &lagFlags{outboxes: &mapFlag{secret: true, name: "outbox"}, services: &mapFlag{}}
+	fs.Var(f.outboxes, "outbox", "an outbox to watch: NAME=DATABASE_URL (repeatable; the table is --outbox-schema.--outbox-table; default $"+outboxesEnv+
+		", NAME=DATABASE_URL entries separated by newlines or ;); on the command line it shows in ps: prefer $"+outboxesEnv+" or --outbox-file")
+	fs.Func("outbox-file", "read outboxes to watch from the file at `PATH`: one NAME=DATABASE_URL a line, # comments (with --outbox: both; make it readable by this user only)", f.outboxes.setFile)
+	f.outboxes.loadEnv(outboxesEnv) // after fs.Var: --help prints no default
 	f.outboxSchema = fs.String("outbox-schema", migrate.SchemaDefault, "PostgreSQL schema of the --outbox tables")
 	f.outboxTable = fs.String("outbox-table", migrate.OutboxDefault, "table name of the --outbox tables")
-	f.groups = fs.String("consumer-groups", "", "Kafka consumer groups to report, comma separated (default: every group)")
+	f.groups = fs.String("consumer-groups", "", "the system's Kafka consumer groups, comma separated, each reported even when the cluster does not list it (default: those the cluster lists of the services' groups, as $KM0_GROUPS renames them, and the DLQ indexer's "+dlq.GroupDefault+")")
+	f.allGroups = fs.Bool("all-groups", false, "also report the consumer groups of other Kafka clients (default: only the system's groups)")
 	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
 		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host with its credentials; \"off\": unacked unknown)")
 	f.maxLag = fs.Int64("max-lag", 0, "alert threshold: a group's lag, an outbox's pending rows or a queue's ready messages over this (0: off)")
@@ -64,16 +71,43 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	return f
 }
 
+// outboxesEnv is the environment form of --outbox: NAME=DATABASE_URL
+// entries separated by newlines or semicolons (a ; inside a URL is %3B).
+const outboxesEnv = "KM0_OUTBOXES"
+
 // mapFlag is a repeatable NAME=VALUE flag.
 type mapFlag struct {
 	keys []string
 	vals map[string]string
+	// secret values are credentials (--outbox): a malformed one is reported
+	// by check after parsing, not by Set, whose error flag prints with the
+	// value; name is the flag's.
+	secret bool
+	name   string
+	errs   []error
+	// fromEnv: the entries come from the environment (loadEnv) and the
+	// first of the command line replaces them; envErrs are theirs.
+	fromEnv bool
+	envErrs []error
 }
 
 func (m *mapFlag) String() string { return strings.Join(m.keys, ",") } // never the values: URLs hold passwords
+
+// Set adds NAME=VALUE.
 func (m *mapFlag) Set(v string) error {
+	m.fromCommandLine()
+	err := m.add(v)
+	if err != nil && m.secret {
+		m.errs = append(m.errs, fmt.Errorf("--%s: %w (the value is not shown: it may hold a password)", m.name, err))
+		return nil
+	}
+	return err
+}
+
+// add adds NAME=VALUE; its errors never quote the value.
+func (m *mapFlag) add(v string) error {
 	k, val, ok := strings.Cut(v, "=")
-	if k = strings.TrimSpace(k); !ok || k == "" || val == "" {
+	if k, val = strings.TrimSpace(k), strings.TrimSpace(val); !ok || k == "" || val == "" {
 		return errors.New("want NAME=VALUE")
 	}
 	if m.vals == nil {
@@ -85,6 +119,51 @@ func (m *mapFlag) Set(v string) error {
 	m.keys = append(m.keys, k)
 	m.vals[k] = val
 	return nil
+}
+
+// fromCommandLine drops the entries of the environment at the first one of
+// the command line.
+func (m *mapFlag) fromCommandLine() {
+	if m.fromEnv {
+		m.keys, m.vals, m.fromEnv, m.envErrs = nil, nil, false, nil
+	}
+}
+
+// loadEnv takes the entries of $env (newline or ; separated) as defaults.
+func (m *mapFlag) loadEnv(env string) {
+	m.fromEnv = true
+	for i, e := range strings.FieldsFunc(os.Getenv(env), func(r rune) bool { return r == '\n' || r == ';' }) {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		if err := m.add(e); err != nil {
+			m.envErrs = append(m.envErrs, fmt.Errorf("$%s entry %d: %w (the value is not shown: it may hold a password)", env, i+1, err))
+		}
+	}
+}
+
+// setFile adds the entries of the file at path: one NAME=VALUE a line,
+// blank lines and # comments skipped. Errors name the path and the line,
+// never the content.
+func (m *mapFlag) setFile(path string) error {
+	m.fromCommandLine()
+	b, err := readSmallFile(path)
+	if err != nil {
+		return err
+	}
+	for i, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if err := m.add(line); err != nil {
+			return fmt.Errorf("%s line %d: %w", path, i+1, err)
+		}
+	}
+	return nil
+}
+
+func (m *mapFlag) check() error {
+	return errors.Join(append(m.errs, m.envErrs...)...)
 }
 
 // consoleParts is what serveConsole puts together: the dead-letter source,
@@ -103,10 +182,13 @@ type consoleParts struct {
 	interval       time.Duration
 	services       []console.Service
 	reg            *prometheus.Registry // served at /metrics with the lag collector
-	out            io.Writer
-	name           string        // the command, for the printed lines
-	log            *slog.Logger  // default logger()
-	retention      time.Duration // default inbox.RetentionDefault
+	// allGroups shows the foreign groups by default, in the page, /metrics
+	// and the alerts; without it they are measured but shown only on request.
+	allGroups bool
+	out       io.Writer
+	name      string        // the command, for the printed lines
+	log       *slog.Logger  // default logger()
+	retention time.Duration // default inbox.RetentionDefault
 }
 
 // serveConsole starts the console's HTTP server and its lag sampler; both
@@ -118,6 +200,10 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	if p.lag.Logger == nil {
 		p.lag.Logger = p.log
 	}
+	// Foreign groups are measured so that ?groups=all can show them; the
+	// page, /metrics and the alerts leave them out unless allGroups.
+	p.lag.AllGroups = len(p.lag.Brokers) > 0
+	p.rule.AllGroups = p.allGroups
 	m, err := lag.NewMeasurer(p.lag)
 	if err != nil {
 		return "", nil, err
@@ -130,11 +216,11 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	if p.reg == nil {
 		p.reg = prometheus.NewRegistry()
 	}
-	if err := p.reg.Register(lag.Collector{S: sampler}); err != nil {
+	if err := p.reg.Register(lag.Collector{S: sampler, AllGroups: p.allGroups}); err != nil {
 		m.Close()
 		return "", nil, err
 	}
-	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Token: p.token, Sampler: sampler,
+	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Token: p.token, Sampler: sampler, AllGroups: p.allGroups,
 		Services: p.services, Logger: p.log, Retention: p.retention, KeyOrder: p.keyOrder, KeyOrderSchema: p.keyOrderSchema})
 	if err != nil {
 		m.Close()
@@ -197,7 +283,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		return err
 	}
 	defer env.close()
-	lcfg, closeLag, err := lagConfig(ctx, *o.brokers, *o.amqpURL, o.queueNames(), lf)
+	lcfg, closeLag, err := lagConfig(ctx, *o.brokers, *o.amqpURL, o.queueNames(), *o.group, lf)
 	if err != nil {
 		return err
 	}
@@ -209,7 +295,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(adminTokenEnv),
 		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
 		rule:     lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor},
-		services: services(lf.services), reg: reg, out: c.errOut, name: "km0 console", retention: *retention,
+		services: services(lf.services), reg: reg, allGroups: *lf.allGroups, out: c.errOut, name: "km0 console", retention: *retention,
 		keyOrder: env.pool, keyOrderSchema: *o.schema})
 	if err != nil {
 		return err
@@ -226,9 +312,19 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 }
 
 // lagConfig builds what km0 console and km0 lag measure from the flags: the
-// outboxes of --outbox, the groups of --brokers, the queues of --queue.
-func lagConfig(ctx context.Context, brokers, amqpURL string, queues []string, lf *lagFlags) (lag.Config, func(), error) {
-	cfg := lag.Config{Brokers: splitList(brokers), Groups: splitList(*lf.groups), ManagementURL: *lf.management, Logger: logger()}
+// outboxes of --outbox, the groups of --brokers (--consumer-groups, else the
+// system's: systemGroups with dlqGroup; others with --all-groups), the
+// queues of --queue.
+func lagConfig(ctx context.Context, brokers, amqpURL string, queues []string, dlqGroup string, lf *lagFlags) (lag.Config, func(), error) {
+	cfg := lag.Config{Brokers: splitList(brokers), Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
+		ManagementURL: *lf.management, Logger: logger()}
+	if len(cfg.Groups) == 0 {
+		groups, err := systemGroups(os.Getenv("KM0_GROUPS"), dlqGroup)
+		if err != nil {
+			return cfg, nil, err
+		}
+		cfg.Groups, cfg.OmitUnlisted = groups, true
+	}
 	var closers []func()
 	closeAll := func() {
 		for _, c := range closers {
@@ -268,6 +364,21 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, queues []string, lf
 		}
 	}
 	return cfg, closeAll, nil
+}
+
+// systemGroups are the consumer groups of the system: each service's
+// consumer group (system.ConsumerNames, as $KM0_GROUPS renames
+// them for km0 up) and the DLQ indexer's dlqGroup.
+func systemGroups(renames, dlqGroup string) ([]string, error) {
+	rn, err := parseRenames("$KM0_GROUPS", renames)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, n := range system.ConsumerNames {
+		out = append(out, cmp.Or(rn[n], n))
+	}
+	return append(out, cmp.Or(dlqGroup, dlq.GroupDefault)), nil
 }
 
 func splitList(s string) []string {

@@ -30,8 +30,8 @@ import (
 // database km0_dlq[_suffix] on adminURL's server (created if absent, dropped
 // at stop when drop is set), from Kafka's <topic>.dlq topics, the RabbitMQ
 // queues <queue>.dlq of its consumers, or both, by where its events travel
-// (Config.Events); the lag of its outboxes, of every Kafka consumer group
-// and of its RabbitMQ queues; and the health of its HTTP servers. It prints
+// (Config.Events); the lag of its outboxes, of its Kafka consumer groups
+// (others on request) and of its RabbitMQ queues; and the health of its HTTP servers. It prints
 // the console's URL.
 // Lag over rule's thresholds for rule.For is logged and sent to the DLQ
 // webhook ($KM0_DLQ_WEBHOOK), as by km0 console.
@@ -92,7 +92,8 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	for _, k := range slices.Sorted(maps.Keys(addrs)) {
 		services = append(services, console.Service{Name: k, URL: addrs[k]})
 	}
-	lcfg := lag.Config{Outboxes: outboxes, Brokers: parts.kafkaBrokers, Logger: log}
+	lcfg := lag.Config{Outboxes: outboxes, Brokers: parts.kafkaBrokers, Logger: log,
+		Groups: append(sys.ConsumerGroups(), dlq.GroupDefault), OmitUnlisted: true}
 	if len(parts.queues) > 0 {
 		lcfg.AMQP, lcfg.Queues = sys.EventsConn(), parts.queues
 	}

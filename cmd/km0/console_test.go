@@ -22,8 +22,13 @@ import (
 	"github.com/km0/km0/outbox"
 )
 
-// lagFixture: a broker where group "inventari" is 4 records behind on
-// comandes.esdeveniments, and an outbox with 2 pending rows.
+// lagGroup is a consumer group of the system (inventari's), foreignGroup
+// one of another Kafka client.
+const lagGroup, foreignGroup = "inventari.descompte_estoc", "intrus"
+
+// lagFixture: a broker where the system's group lagGroup is 4 records behind
+// on comandes.esdeveniments and foreignGroup, a plain kgo consumer of
+// another client, 3 behind; and an outbox with 2 pending rows.
 func lagFixture(t *testing.T) (brokers string, s *pgtest.Schema) {
 	t.Helper()
 	b := kafkatest.New(t, "comandes.esdeveniments")
@@ -36,9 +41,10 @@ func lagFixture(t *testing.T) (brokers string, s *pgtest.Schema) {
 	}
 	var o kadm.Offsets
 	o.Add(kadm.Offset{Topic: "comandes.esdeveniments", Partition: 2, At: 0, LeaderEpoch: -1})
-	if resp, err := kadm.NewClient(cl).CommitOffsets(ctx, "inventari", o); err != nil || resp.Error() != nil {
+	if resp, err := kadm.NewClient(cl).CommitOffsets(ctx, lagGroup, o); err != nil || resp.Error() != nil {
 		t.Fatalf("commit: %v %v", err, resp.Error())
 	}
+	commitForeign(t, b.Addrs(), "comandes.esdeveniments")
 	s = pgtest.NewMigratedSchema(t)
 	ob := outbox.New(outbox.Config{Names: s.Names()})
 	for i := 0; i < 2; i++ {
@@ -47,6 +53,41 @@ func lagFixture(t *testing.T) (brokers string, s *pgtest.Schema) {
 		}
 	}
 	return strings.Join(b.Addrs(), ","), s
+}
+
+// commitForeign joins foreignGroup on topic as any Kafka client would,
+// commits the first record it reads, and leaves.
+func commitForeign(t *testing.T, brokers []string, topic string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(foreignGroup), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DisableAutoCommit())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		fs := cl.PollRecords(ctx, 1)
+		if ctx.Err() != nil {
+			t.Fatalf("group %s read nothing: %v", foreignGroup, fs.Err0())
+		}
+		if recs := fs.Records(); len(recs) > 0 {
+			if err := cl.CommitRecords(ctx, recs[0]); err != nil {
+				t.Fatalf("group %s commit: %v", foreignGroup, err)
+			}
+			return
+		}
+	}
+}
+
+// groupNames lists the groups of snap.
+func groupNames(snap *lag.Snapshot) []string {
+	var out []string
+	for _, g := range snap.Groups {
+		out = append(out, g.Group)
+	}
+	return out
 }
 
 func TestLagCommand(t *testing.T) {
@@ -62,15 +103,34 @@ func TestLagCommand(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(out), &snap) != nil {
 		t.Fatalf("km0 lag --json: %v\n%s", err, out)
 	}
-	if len(snap.Outboxes) != 1 || snap.Outboxes[0].Pending != 2 || len(snap.Groups) != 1 || snap.Groups[0].Total != 4 {
-		t.Fatalf("snapshot: %+v", snap)
+	// By default only the system's groups: lagGroup (listed), not the
+	// foreign one, nor the system's groups the cluster does not list.
+	if len(snap.Outboxes) != 1 || snap.Outboxes[0].Pending != 2 || len(snap.Groups) != 1 || snap.Groups[0].Group != lagGroup || snap.Groups[0].Total != 4 {
+		t.Fatalf("snapshot: outboxes %+v, groups %v", snap.Outboxes, groupNames(&snap))
 	}
 	out, _, err = run()
-	if err != nil || !strings.Contains(out, "OUTBOX") || !strings.Contains(out, "inventari") || !strings.Contains(out, "comandes.esdeveniments") {
+	if err != nil || !strings.Contains(out, "OUTBOX") || !strings.Contains(out, lagGroup) || !strings.Contains(out, "comandes.esdeveniments") || strings.Contains(out, foreignGroup) {
 		t.Fatalf("km0 lag: %v\n%s", err, out)
 	}
+	// --all-groups: the foreign group too, marked.
+	out, _, err = run("--json", "--all-groups")
+	snap = lag.Snapshot{}
+	if err != nil || json.Unmarshal([]byte(out), &snap) != nil {
+		t.Fatalf("km0 lag --json --all-groups: %v\n%s", err, out)
+	}
+	if len(snap.Groups) != 2 || snap.Groups[0].Group != foreignGroup || !snap.Groups[0].Foreign || snap.Groups[0].Total != 3 ||
+		snap.Groups[1].Group != lagGroup || snap.Groups[1].Foreign || snap.Groups[1].Total != 4 {
+		t.Fatalf("km0 lag --all-groups: groups %+v", snap.Groups)
+	}
+	if out, _, err = run("--all-groups"); err != nil || !strings.Contains(out, foreignGroup) {
+		t.Fatalf("km0 lag --all-groups: %v\n%s", err, out)
+	}
+	// --consumer-groups names the system's groups instead.
+	if out, _, err = run("--consumer-groups", foreignGroup); err != nil || !strings.Contains(out, foreignGroup) || strings.Contains(out, lagGroup) {
+		t.Fatalf("km0 lag --consumer-groups %s: %v\n%s", foreignGroup, err, out)
+	}
 	_, errOut, err := run("--max-lag", "3")
-	if !errors.Is(err, errOverThreshold) || !strings.Contains(errOut, "group inventari: lag 4 > 3") || strings.Contains(errOut, "outbox comandes") {
+	if !errors.Is(err, errOverThreshold) || !strings.Contains(errOut, "group "+lagGroup+": lag 4 > 3") || strings.Contains(errOut, "outbox comandes") {
 		t.Fatalf("km0 lag --max-lag 3: %v\n%s", err, errOut)
 	}
 	if _, _, err := run("--max-lag", "4"); err != nil {
@@ -96,7 +156,7 @@ func TestServeConsole(t *testing.T) {
 	defer cancel()
 	var printed bytes.Buffer
 	url, stop, err := serveConsole(ctx, consoleParts{addr: "127.0.0.1:0", token: "t0k3n", broker: "Kafka",
-		lag:      lag.Config{Brokers: strings.Split(brokers, ","), Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()},
+		lag:      lag.Config{Brokers: strings.Split(brokers, ","), Groups: []string{lagGroup}, Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()},
 		interval: time.Hour, out: &printed, name: "km0 console"})
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +180,7 @@ func TestServeConsole(t *testing.T) {
 	}
 	var metrics string
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(metrics, `km0_consumer_group_lag{grup="inventari",particio="2",topic="comandes.esdeveniments"} 4`) {
+	for !strings.Contains(metrics, `km0_consumer_group_lag{grup="`+lagGroup+`",particio="2",topic="comandes.esdeveniments"} 4`) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no group lag on /metrics:\n%s", metrics)
 		}
@@ -130,8 +190,40 @@ func TestServeConsole(t *testing.T) {
 	if !strings.Contains(metrics, `km0_outbox_pending_rows{outbox="comandes"} 2`) {
 		t.Fatalf("no outbox lag on /metrics:\n%s", metrics)
 	}
-	if code, body := get("/lag", ""); code != 200 || !strings.Contains(body, `id="lag-chart"`) || !strings.Contains(body, "inventari") {
+	if code, body := get("/lag", ""); code != 200 || !strings.Contains(body, `id="lag-chart"`) || !strings.Contains(body, lagGroup) {
 		t.Fatalf("GET /lag: %d\n%s", code, body)
+	}
+	// The foreign group is measured but shown only on request, and never
+	// in the metrics (nor the alerts) without --all-groups.
+	if strings.Contains(metrics, foreignGroup) {
+		t.Fatalf("/metrics shows the foreign group:\n%s", metrics)
+	}
+	if _, body := get("/lag", ""); strings.Contains(body, foreignGroup) || !strings.Contains(body, `href="/lag?groups=all"`) {
+		t.Fatalf("GET /lag shows the foreign group, or no link to it:\n%s", body)
+	}
+	if _, body := get("/lag?groups=all", ""); !strings.Contains(body, foreignGroup) {
+		t.Fatalf("GET /lag?groups=all lacks the foreign group:\n%s", body)
+	}
+	lagJSON := func(path string) []string {
+		_, body := get(path, "")
+		var v struct {
+			Latest  lag.Snapshot `json:"ultima"`
+			History []lag.Point  `json:"historia"`
+		}
+		if err := json.Unmarshal([]byte(body), &v); err != nil || len(v.History) == 0 {
+			t.Fatalf("GET %s: %v\n%s", path, err, body)
+		}
+		names := groupNames(&v.Latest)
+		for g := range v.History[len(v.History)-1].Others {
+			names = append(names, "history:"+g)
+		}
+		return names
+	}
+	if got := lagJSON("/lag.json"); strings.Join(got, ",") != lagGroup {
+		t.Fatalf("GET /lag.json: groups %v, want only %s", got, lagGroup)
+	}
+	if got := lagJSON("/lag.json?groups=all"); strings.Join(got, ",") != foreignGroup+","+lagGroup+",history:"+foreignGroup {
+		t.Fatalf("GET /lag.json?groups=all: groups %v, want %s and %s", got, foreignGroup, lagGroup)
 	}
 	if code, _ := get("/", "evil.example"); code != http.StatusMisdirectedRequest {
 		t.Fatalf("GET / with another Host: %d, want 421", code)

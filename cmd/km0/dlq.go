@@ -105,10 +105,11 @@ type dlqOpts struct {
 }
 
 // rabbit reports whether the RabbitMQ backend is selected: --queue given, or
-// --amqp-url set on the command line ($KM0_AMQP_URL alone does not select it).
+// --amqp-url or --amqp-url-file set on the command line ($KM0_AMQP_URL alone
+// does not select it).
 func (o *dlqOpts) rabbit() bool {
 	set := len(*o.queues) > 0
-	o.fs.Visit(func(f *flag.Flag) { set = set || f.Name == "amqp-url" })
+	o.fs.Visit(func(f *flag.Flag) { set = set || f.Name == "amqp-url" || f.Name == "amqp-url-file" })
 	return set
 }
 
@@ -133,9 +134,7 @@ func (c *dlqCLI) flagsFor(command, summary string) (*flag.FlagSet, *dlqOpts) {
 	fs := newFlags(command, summary)
 	fs.SetOutput(c.errOut)
 	o := &dlqOpts{
-		// Not databaseURLFlag: its default, printed by --help, would show a
-		// password held in $KM0_DATABASE_URL. open() falls back to it.
-		dbURL:   fs.String("database-url", "", "PostgreSQL URL (default $KM0_DATABASE_URL)"),
+		dbURL:   databaseURLFlag(fs),
 		brokers: brokersFlag(fs),
 		schema:  fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the index table cartes_mortes"),
 		topics: fs.String("topics", "", "DLQ topics, comma separated (default: every topic matching "+
@@ -146,10 +145,7 @@ func (c *dlqCLI) flagsFor(command, summary string) (*flag.FlagSet, *dlqOpts) {
 		queues:      &listFlag{},
 		fs:          fs,
 	}
-	// Registered empty and then given $KM0_AMQP_URL, so --help never prints
-	// a password (as databaseURLFlag).
-	o.amqpURL = fs.String("amqp-url", "", "RabbitMQ URL: operate the DLQ queues of --queue (default $KM0_AMQP_URL, else the local guest broker)")
-	*o.amqpURL = os.Getenv("KM0_AMQP_URL")
+	o.amqpURL = secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL: operate the DLQ queues of --queue (default $KM0_AMQP_URL, else the local guest broker)")
 	fs.Var(o.queues, "queue", "RabbitMQ work queue whose <queue>.dlq to operate (repeatable or comma separated); selects RabbitMQ")
 	return fs, o
 }
@@ -180,7 +176,7 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 	if err != nil {
 		return nil, err
 	}
-	pool, err := openPool(ctx, cmp.Or(*o.dbURL, os.Getenv("KM0_DATABASE_URL")), 4)
+	pool, err := openPool(ctx, *o.dbURL, 4)
 	if err != nil {
 		return nil, err
 	}

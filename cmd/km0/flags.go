@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -25,6 +26,9 @@ func newFlags(name, summary string) *flag.FlagSet {
 }
 
 // parse parses args, mapping a flag error to errUsage (already printed).
+// Then each flag whose value has a check (a credential flag's, see
+// secretString and mapFlag) reports what its Set could not: flag quotes the
+// value of a failed Set, and a credential is never printed.
 func parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -36,23 +40,117 @@ func parse(fs *flag.FlagSet, args []string) error {
 		fmt.Fprintf(fs.Output(), "km0: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
 		return errUsage
 	}
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if c, ok := f.Value.(checker); ok {
+			if err := c.check(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	})
+	if len(errs) > 0 {
+		fmt.Fprintf(fs.Output(), "km0: %v\n", errors.Join(errs...))
+		return errUsage
+	}
 	return nil
 }
 
-// databaseURLFlag registers --database-url, defaulting to KM0_DATABASE_URL.
-// The environment value is applied after registration, so --help never prints
-// it: a URL may hold a password.
+// checker is a flag.Value with a check after parsing.
+type checker interface{ check() error }
+
+// databaseURLFlag registers --database-url and --database-url-file,
+// defaulting to KM0_DATABASE_URL (secretString).
 func databaseURLFlag(fs *flag.FlagSet) *string {
 	return secretString(fs, "database-url", os.Getenv("KM0_DATABASE_URL"), "PostgreSQL URL (default $KM0_DATABASE_URL)")
 }
 
-// secretString registers a string flag whose default comes from the
-// environment but is assigned after registration, so --help never prints it:
-// URLs may hold passwords or tokens.
+// secretString registers a flag that may carry a credential (a URL with a
+// password, a token) in its three forms: --NAME VALUE (shown by ps: its
+// usage says so), --NAME-file PATH (the value is the file's content, one
+// line; see readSecretFile), and def, its environment form (e.g.
+// os.Getenv("KM0_DATABASE_URL")), which either flag replaces. def is
+// assigned after registration and the value has no String, so --help never
+// prints it. Giving both --NAME and --NAME-file is a usage error.
 func secretString(fs *flag.FlagSet, name, def, usage string) *string {
-	v := fs.String(name, "", usage)
-	*v = def
-	return v
+	v := &secretValue{name: name, val: def}
+	fs.Var(v, name, usage+"; on the command line it shows in ps: prefer the environment or --"+name+"-file")
+	fs.Func(name+"-file", "read --"+name+" from the file at `PATH` (one line; make it readable by this user only)", v.setFile)
+	return &v.val
+}
+
+// secretValue is the value of a secretString flag: which of its flags gave
+// it, and a conflict found by Set, reported by check after parsing.
+type secretValue struct {
+	name, val, by string
+	both          bool
+}
+
+func (v *secretValue) String() string { return "" } // never the value
+
+// Set never fails: flag would print the value in its error.
+func (v *secretValue) Set(s string) error {
+	v.assign("--"+v.name, s)
+	return nil
+}
+
+func (v *secretValue) setFile(path string) error {
+	s, err := readSecretFile(path)
+	if err != nil {
+		return err
+	}
+	v.assign("--"+v.name+"-file", s)
+	return nil
+}
+
+func (v *secretValue) assign(by, s string) {
+	v.both = v.both || (v.by != "" && v.by != by)
+	v.val, v.by = s, by
+}
+
+func (v *secretValue) check() error {
+	if v.both {
+		return fmt.Errorf("give --%s or --%s-file, not both", v.name, v.name)
+	}
+	return nil
+}
+
+// secretFileMax bounds what readSecretFile reads.
+const secretFileMax = 64 << 10
+
+// readSecretFile returns the content of the file at path, trimmed of
+// surrounding white space: the file form of a credential flag. An
+// unreadable, empty, multi-line or larger than 64 KiB file is an error that
+// names the path, never the content.
+func readSecretFile(path string) (string, error) {
+	b, err := readSmallFile(path)
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimSpace(string(b))
+	switch {
+	case s == "":
+		return "", fmt.Errorf("%s is empty", path)
+	case strings.ContainsAny(s, "\r\n"):
+		return "", fmt.Errorf("%s has more than one line (want the value alone)", path)
+	}
+	return s, nil
+}
+
+// readSmallFile reads the file at path, refusing one over secretFileMax.
+func readSmallFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err // *fs.PathError: the path and why
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, secretFileMax+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(b) > secretFileMax {
+		return nil, fmt.Errorf("%s is larger than %d KiB", path, secretFileMax>>10)
+	}
+	return b, nil
 }
 
 // brokersFlag registers --brokers, defaulting to KM0_KAFKA_BROKERS.

@@ -29,9 +29,10 @@ func TestHelpNeverPrintsTheDatabaseURL(t *testing.T) {
 
 // Every command's --help with secrets in the environment prints none of them.
 func TestNoHelpPrintsASecretFromTheEnvironment(t *testing.T) {
-	for _, v := range []string{"KM0_DATABASE_URL", "KM0_AMQP_URL", "KM0_DLQ_WEBHOOK", "KM0_PASSARELLA_URL", "KM0_DLQ_ADMIN_TOKEN", "KM0_CATALEG_DATABASE_URL"} {
+	for _, v := range []string{"KM0_DATABASE_URL", "KM0_AMQP_URL", "KM0_DLQ_WEBHOOK", "KM0_PASSARELLA_URL", "KM0_DLQ_ADMIN_TOKEN", "KM0_CATALEG_DATABASE_URL", "KM0_AMQP_MANAGEMENT_URL"} {
 		t.Setenv(v, "postgres://km0:s3cret@db/km0")
 	}
+	t.Setenv(outboxesEnv, "s3cret=postgres://km0:s3cret@db/km0")
 	argvs := [][]string{}
 	for name := range commands {
 		argvs = append(argvs, []string{name, "--help"})

@@ -35,8 +35,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	fs := newFlags("lag", "measure each outbox's pending rows and oldest age, each Kafka consumer group's lag per partition and the age of its oldest unprocessed record, and RabbitMQ ready/unacked messages per queue")
 	fs.SetOutput(errOut)
 	brokers := brokersFlag(fs)
-	amqpURL := fs.String("amqp-url", "", "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
-	*amqpURL = os.Getenv("KM0_AMQP_URL")
+	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
 	queues := &listFlag{}
 	fs.Var(queues, "queue", "a RabbitMQ queue to report, with its .dlq (repeatable or comma separated)")
 	asJSON := fs.Bool("json", false, "print the snapshot as JSON")
@@ -50,7 +49,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	for _, q := range *queues {
 		qs = append(qs, splitList(q)...)
 	}
-	cfg, closeLag, err := lagConfig(ctx, *brokers, *amqpURL, qs, lf)
+	cfg, closeLag, err := lagConfig(ctx, *brokers, *amqpURL, qs, dlq.GroupDefault, lf)
 	if err != nil {
 		return err
 	}
@@ -58,7 +57,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	if len(cfg.Outboxes) == 0 && len(cfg.Brokers) == 0 && len(cfg.Queues) == 0 {
 		return errors.New("nothing to measure: give --outbox, --brokers (or $KM0_KAFKA_BROKERS) or --queue")
 	}
-	rule := lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor}
+	rule := lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor, AllGroups: *lf.allGroups}
 	m, err := lag.NewMeasurer(cfg)
 	if err != nil {
 		return err
@@ -190,7 +189,7 @@ func serveLag(ctx context.Context, m *lag.Measurer, addr, webhook string, rule l
 		watch = lag.NewWatch(rule, al)
 	}
 	s := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: interval, Watch: watch, Logger: logger()})
-	if err := reg.Register(lag.Collector{S: s}); err != nil {
+	if err := reg.Register(lag.Collector{S: s, AllGroups: rule.AllGroups}); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", addr)

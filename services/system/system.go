@@ -280,6 +280,17 @@ func (s *System) Addrs() map[string]string {
 	return maps.Clone(s.addrs)
 }
 
+// ConsumerGroups returns the consumer group of every consumidor of
+// ConsumerNames, as Config.Groups renames them (the system's groups,
+// whether or not this process runs their service).
+func (s *System) ConsumerGroups() []string {
+	out := make([]string, 0, len(ConsumerNames))
+	for _, n := range ConsumerNames {
+		out = append(out, cmp.Or(s.cfg.Groups[n], n))
+	}
+	return out
+}
+
 // Pool returns the pool of service's database, or nil.
 func (s *System) Pool(service string) *pgxpool.Pool { return s.pools[service] }
 
