@@ -22,9 +22,14 @@ const maxKeyLen = 200
 
 // Handler returns the HTTP API:
 //
-//	POST /comandes        create an order (201, 400 naming the field or the unknown product, 402, 409, 413, 415, 422, 503)
-//	GET  /comandes/{id}   read an order (200, 404)
-//	POST /comandes/{id}/cancellacio   cancel an order (200, the same body for a repeat; 400, 404, 413, 415, 503)
+//	POST /comandes        create an order (201 with its capacitat, 400 naming the field or the unknown product, 402, 409, 413, 415, 422, 503)
+//	GET  /comandes/{id}   read an order (200, 400, 401, 404, 503)
+//	POST /comandes/{id}/cancellacio   cancel an order (200, the same body for a repeat; 400, 401, 404, 413, 415, 503)
+//
+// The two endpoints of one order need "Authorization: Bearer <credential>":
+// the capacitat of the order's 201, or Config.OperatorToken. Without either
+// they answer 401 with one body whether or not the order exists (authorize);
+// 404 is only ever given to the operator.
 //
 // Each request runs in a server span (tracing.HTTPHandler) that continues
 // the caller's W3C trace context: the order's comanda.creada carries it in
@@ -76,7 +81,7 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "ha de ser UTF-8 vàlid")
 		return
 	}
-	a, err := s.create(r.Context(), o, key, hashBody(body))
+	a, err := s.create(r.Context(), o, key, body)
 	switch {
 	case errors.Is(err, errDuplicateID):
 		svc.WriteError(w, http.StatusConflict, "id", "ja existeix una comanda "+o.ID)
@@ -134,6 +139,15 @@ func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !idRE.MatchString(id) {
 		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q no té el format P-AAAA-NNNNNN", clip(id)))
+		return
+	}
+	if err := s.authorize(r.Context(), r, id); err != nil {
+		if !errors.Is(err, errUnauthorized) {
+			s.cfg.Logger.Error("comandes: authorize", "comanda", id, "err", err)
+			svc.WriteError(w, http.StatusServiceUnavailable, "", "could not check the credential; try again")
+			return
+		}
+		writeUnauthorized(w)
 		return
 	}
 	v, err := s.Get(r.Context(), id)
