@@ -3,8 +3,8 @@
 // before processing (consumer.AtMostOnce, no inbox), because a lost count is
 // acceptable for analytics and the next event replaces nothing critical. A
 // count is lost, never added: a copy of an event it counted recently (the
-// same id_esdeveniment, RecentEventsDefault) is dropped. Counters are served
-// at GET /analitica.
+// same id_esdeveniment, RecentEventsDefault) in a transaction that did not
+// roll back is dropped. Counters are served at GET /analitica.
 package analitica
 
 import (
@@ -13,6 +13,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -76,31 +77,58 @@ func cancelReason(m string) string {
 // HandleEvent is the consumer.Handler of every event of every domain topic:
 // it adds one to the event's tipus and, for comanda.creada, to its mercat,
 // for comanda.cancellada, to its motiu (cancelReason: a known one or
-// ReasonOther). A copy of an event among the RecentEventsDefault it counted
-// last (same id_esdeveniment) changes nothing. Undecodable dades are counted
-// under the tipus only; it never fails on data. If its count fails, the
-// event is forgotten, so a retry counts it; if the transaction fails after
-// it returned, the count is lost (at most once).
+// ReasonOther). Undecodable dades are counted under the tipus only; it never
+// fails on data.
+//
+// A copy of an event among the RecentEventsDefault it counted last (same
+// id_esdeveniment) changes nothing, unless the transaction that counted it
+// rolled back (pg_xact_status 'aborted': the consumer reruns a batch that
+// failed), and then it counts. The transaction is remembered rather than the
+// count, because a handler's success does not mean its batch committed. A
+// copy whose first count is under way, in this transaction or another, is
+// dropped: if that one rolls back, the count is lost (at most once).
 func (s *Service) HandleEvent(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	id := m.Envelope.ID
 	if id == "" { // the envelope's decoder refuses it; nothing to tell copies by
-		return s.count(ctx, tx, m)
+		_, err := s.count(ctx, tx, m)
+		return err
 	}
-	if !s.recent.add(id) {
-		return nil // counted already
+	prev, seen := s.recent.reserve(id)
+	if seen {
+		if prev == 0 {
+			return nil // being counted by another handler of this process
+		}
+		var status *string
+		if err := tx.QueryRow(ctx, `SELECT pg_xact_status($1::text::xid8)`, strconv.FormatUint(prev, 10)).Scan(&status); err != nil {
+			return err
+		}
+		// committed, in progress (this batch, or another), or too old to
+		// tell (NULL): counted already.
+		if status == nil || *status != "aborted" || !s.recent.retake(id, prev) {
+			return nil
+		}
 	}
-	if err := s.count(ctx, tx, m); err != nil {
+	xid, err := s.count(ctx, tx, m)
+	if err != nil {
 		s.recent.remove(id)
 		return err
 	}
+	s.recent.counted(id, xid)
 	return nil
 }
 
-func (s *Service) count(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO comptadors_tipus (tipus, n) VALUES ($1, 1)
-		ON CONFLICT (tipus) DO UPDATE SET n = comptadors_tipus.n + 1`, m.Envelope.Type); err != nil {
-		return err
+// count adds the event to the counters in tx and returns tx's id (xid8).
+func (s *Service) count(ctx context.Context, tx pgx.Tx, m *consumer.Message) (uint64, error) {
+	var xid uint64
+	if err := tx.QueryRow(ctx, `INSERT INTO comptadors_tipus (tipus, n) VALUES ($1, 1)
+		ON CONFLICT (tipus) DO UPDATE SET n = comptadors_tipus.n + 1 RETURNING pg_current_xact_id()::text::bigint`, m.Envelope.Type).Scan(&xid); err != nil {
+		return 0, err
 	}
+	return xid, s.countDades(ctx, tx, m)
+}
+
+// countDades adds a comanda.creada to its mercat, a comanda.cancellada to its motiu.
+func (s *Service) countDades(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	if m.Envelope.Type == TypeOrderCancelled {
 		var c struct {
 			Reason string `json:"motiu"`

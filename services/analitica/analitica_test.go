@@ -136,3 +136,50 @@ func TestACopyOfACountedEventIsNotCountedAgain(t *testing.T) {
 		t.Fatalf("after another event: %+v %v, want 2 and 2", c, err)
 	}
 }
+
+// TestACopyCountsWhenTheFirstCountRolledBack: the consumer reruns a batch
+// that failed, so an event whose handler succeeded in a transaction that
+// then rolled back comes again and must count (1); an event and its copy in
+// one batch transaction count once (1), and a copy after that batch
+// committed does not count (still 1).
+func TestACopyCountsWhenTheFirstCountRolledBack(t *testing.T) {
+	pool, _ := svctest.DB(t, analitica.Migrations)
+	s, _ := analitica.New(pool)
+	ctx := context.Background()
+	a := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 1, map[string]any{"id": "P-2026-000001", "mercat": "girona"})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.HandleEvent(ctx, tx, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil { // another message of the batch failed
+		t.Fatal(err)
+	}
+	if err := svctest.Run(t, pool, s.HandleEvent, a); err != nil { // the rerun
+		t.Fatal(err)
+	}
+	b := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 1, map[string]any{"id": "P-2026-000002", "mercat": "vic"})
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // b and its republication in one batch
+		if err := s.HandleEvent(ctx, tx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*consumer.Message{a, b} {
+		if err := svctest.Run(t, pool, s.HandleEvent, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := s.Counters(ctx)
+	if err != nil || c.PerType["comanda.creada"] != 2 || c.PerMarket["girona"] != 1 || c.PerMarket["vic"] != 1 {
+		t.Fatalf("counters %+v %v: want 2 comanda.creada, girona 1, vic 1", c, err)
+	}
+}
