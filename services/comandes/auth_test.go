@@ -165,6 +165,23 @@ func TestARetryUnderTheIdempotencyKeyGetsTheSameCapability(t *testing.T) {
 	if st, body, _ := b.get(t, c, "P-2026-000123"); st != 200 {
 		t.Fatalf("GET with the replayed capability: %d %s", st, body)
 	}
+	for _, path := range []string{"/comandes", "/comandes/P-2026-000123"} {
+		req, _ := http.NewRequest(http.MethodGet, b.srv.URL+path, nil)
+		if path == "/comandes" {
+			req, _ = http.NewRequest(http.MethodPost, b.srv.URL+path, strings.NewReader(good))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", "k-capacitat")
+		}
+		req.Header.Set("Authorization", "Bearer "+c)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 || resp.Header.Get("Cache-Control") != "no-store" {
+			t.Fatalf("%s %s: %d, Cache-Control %q, want no-store", req.Method, path, resp.StatusCode, resp.Header.Get("Cache-Control"))
+		}
+	}
 	h := sha256.Sum256([]byte(c))
 	if n := svctest.Count(t, b.pool, `SELECT count(*) FROM comandes WHERE id = 'P-2026-000123' AND hash_capacitat = $1`, h[:]); n != 1 {
 		t.Fatalf("hash_capacitat matches in %d rows, want 1", n)

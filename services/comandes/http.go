@@ -106,6 +106,7 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 	if a.Replay {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
+	w.Header().Set("Cache-Control", "no-store") // a 201 carries the capability
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(a.Status)
 	_, _ = w.Write(a.Body)
@@ -160,6 +161,7 @@ func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
 		svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut llegir la comanda")
 		return
 	}
+	w.Header().Set("Cache-Control", "no-store") // customer data
 	svc.WriteJSON(w, http.StatusOK, v)
 }
 
