@@ -1,8 +1,10 @@
 // Package analitica counts events per tipus and orders per mercat. It is the
 // at-most-once consumer of CONTRACT.md guarantee 1: its offsets are committed
-// before processing (consumer.AtMostOnce, no inbox), because a lost or doubled
-// count is acceptable for analytics and the next event replaces nothing
-// critical. Counters are served at GET /analitica.
+// before processing (consumer.AtMostOnce, no inbox), because a lost count is
+// acceptable for analytics and the next event replaces nothing critical. A
+// count is lost, never added: a copy of an event it counted recently (the
+// same id_esdeveniment, RecentEventsDefault) in a transaction that did not
+// roll back is dropped. Counters are served at GET /analitica.
 package analitica
 
 import (
@@ -10,8 +12,8 @@ import (
 	"embed"
 	"errors"
 	"net/http"
-	"strings"
-	"unicode/utf8"
+	"slices"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,35 +41,103 @@ var sqlFS embed.FS
 // Migrations creates the counter tables. No inbox: at-most-once.
 var Migrations = migrate.Set{Name: "analitica", FS: sqlFS, Dir: "sql"}
 
-// Service is the analitica service.
-type Service struct{ pool *pgxpool.Pool }
+// ReasonOther is the motiu under which a cancellation whose motiu is not in
+// KnownCancelReasons is counted.
+const ReasonOther = "altres"
 
-// New returns a Service; it fails without a pool.
+// KnownCancelReasons are the motius of comanda.cancellada counted under their
+// own name: comandes' default (client) and inventari's refusals. Any other
+// motiu (free text of POST /comandes/{id}/cancellacio) counts as ReasonOther,
+// so the counters stay a handful of rows whatever callers send.
+var KnownCancelReasons = []string{"client", "estoc_insuficient", "producte_desconegut"}
+
+// Service is the analitica service. It is safe for concurrent use.
+type Service struct {
+	pool   *pgxpool.Pool
+	recent *recentIDs // id_esdeveniment counted lately
+}
+
+// New returns a Service that remembers the RecentEventsDefault latest
+// events it counted; it fails without a pool.
 func New(pool *pgxpool.Pool) (*Service, error) {
 	if pool == nil {
 		return nil, errors.New("analitica: pool is required")
 	}
-	return &Service{pool: pool}, nil
+	return &Service{pool: pool, recent: newRecentIDs(RecentEventsDefault)}, nil
+}
+
+// cancelReason returns the counter row of motiu m.
+func cancelReason(m string) string {
+	if slices.Contains(KnownCancelReasons, m) {
+		return m
+	}
+	return ReasonOther
 }
 
 // HandleEvent is the consumer.Handler of every event of every domain topic:
 // it adds one to the event's tipus and, for comanda.creada, to its mercat,
-// for comanda.cancellada, to its motiu.
-// Undecodable dades are counted under the tipus only; it never fails on data.
+// for comanda.cancellada, to its motiu (cancelReason: a known one or
+// ReasonOther). Undecodable dades are counted under the tipus only; it never
+// fails on data.
+//
+// A copy of an event among the RecentEventsDefault it counted last (same
+// id_esdeveniment) changes nothing, unless the transaction that counted it
+// rolled back (pg_xact_status 'aborted': the consumer reruns a batch that
+// failed), and then it counts. The transaction is remembered rather than the
+// count, because a handler's success does not mean its batch committed. A
+// copy whose first count is under way, in this transaction or another, is
+// dropped: if that one rolls back, the count is lost (at most once).
 func (s *Service) HandleEvent(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO comptadors_tipus (tipus, n) VALUES ($1, 1)
-		ON CONFLICT (tipus) DO UPDATE SET n = comptadors_tipus.n + 1`, m.Envelope.Type); err != nil {
+	id := m.Envelope.ID
+	if id == "" { // the envelope's decoder refuses it; nothing to tell copies by
+		_, err := s.count(ctx, tx, m)
 		return err
 	}
+	prev, seen := s.recent.reserve(id)
+	if seen {
+		if prev == 0 {
+			return nil // being counted by another handler of this process
+		}
+		var status *string
+		if err := tx.QueryRow(ctx, `SELECT pg_xact_status($1::text::xid8)`, strconv.FormatUint(prev, 10)).Scan(&status); err != nil {
+			return err
+		}
+		// committed, in progress (this batch, or another), or too old to
+		// tell (NULL): counted already.
+		if status == nil || *status != "aborted" || !s.recent.retake(id, prev) {
+			return nil
+		}
+	}
+	xid, err := s.count(ctx, tx, m)
+	if err != nil {
+		s.recent.remove(id)
+		return err
+	}
+	s.recent.counted(id, xid)
+	return nil
+}
+
+// count adds the event to the counters in tx and returns tx's id (xid8).
+func (s *Service) count(ctx context.Context, tx pgx.Tx, m *consumer.Message) (uint64, error) {
+	var xid uint64
+	if err := tx.QueryRow(ctx, `INSERT INTO comptadors_tipus (tipus, n) VALUES ($1, 1)
+		ON CONFLICT (tipus) DO UPDATE SET n = comptadors_tipus.n + 1 RETURNING pg_current_xact_id()::text::bigint`, m.Envelope.Type).Scan(&xid); err != nil {
+		return 0, err
+	}
+	return xid, s.countDades(ctx, tx, m)
+}
+
+// countDades adds a comanda.creada to its mercat, a comanda.cancellada to its motiu.
+func (s *Service) countDades(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	if m.Envelope.Type == TypeOrderCancelled {
 		var c struct {
 			Reason string `json:"motiu"`
 		}
-		if strictjson.Unmarshal(m.Envelope.Data, &c) != nil || c.Reason == "" || !storable(c.Reason) {
+		if strictjson.Unmarshal(m.Envelope.Data, &c) != nil || c.Reason == "" {
 			return nil
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO comptadors_cancellacio (motiu, n) VALUES ($1, 1)
-			ON CONFLICT (motiu) DO UPDATE SET n = comptadors_cancellacio.n + 1`, c.Reason)
+			ON CONFLICT (motiu) DO UPDATE SET n = comptadors_cancellacio.n + 1`, cancelReason(c.Reason))
 		return err
 	}
 	if m.Envelope.Type != TypeOrderCreated {
@@ -88,7 +158,8 @@ func (s *Service) HandleEvent(ctx context.Context, tx pgx.Tx, m *consumer.Messag
 type Counters struct {
 	PerType   map[string]int64 `json:"per_tipus"`
 	PerMarket map[string]int64 `json:"per_mercat"`
-	// PerCancelReason counts comanda.cancellada per motiu.
+	// PerCancelReason counts comanda.cancellada per motiu: the
+	// KnownCancelReasons and ReasonOther.
 	PerCancelReason map[string]int64 `json:"cancellacions_per_motiu"`
 }
 
@@ -118,9 +189,4 @@ func (s *Service) Counters(ctx context.Context) (*Counters, error) {
 // Handler returns GET /analitica.
 func (s *Service) Handler() http.Handler {
 	return svc.GetJSON("/analitica", "no s'han pogut llegir els comptadors", func(ctx context.Context) (any, error) { return s.Counters(ctx) })
-}
-
-// storable reports whether PostgreSQL stores s as text: valid UTF-8, no NUL.
-func storable(s string) bool {
-	return utf8.ValidString(s) && !strings.ContainsRune(s, 0) && len(s) <= 200
 }

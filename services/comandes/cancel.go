@@ -46,7 +46,25 @@ type Cancellation struct {
 
 // CancelRequest is the optional body of POST /comandes/{id}/cancellacio.
 type CancelRequest struct {
-	Reason string `json:"motiu"` // default ReasonClient; at most 200 bytes, no control characters
+	Reason string `json:"motiu"` // default ReasonClient; checkReason: at most MaxReasonBytes, no control, format or separator characters
+}
+
+// MaxReasonBytes bounds the motiu of POST /comandes/{id}/cancellacio.
+const MaxReasonBytes = 200
+
+// checkReason refuses a motiu longer than MaxReasonBytes, not valid UTF-8,
+// or with a character that is invisible or moves text around when shown:
+// controls (Cc), format characters (Cf: the bidi overrides and isolates,
+// zero-width characters) and line or paragraph separators (Zl, Zp).
+func checkReason(r string) error {
+	if len(r) > MaxReasonBytes || !utf8.ValidString(r) {
+		return fmt.Errorf("at most %d bytes of UTF-8", MaxReasonBytes)
+	}
+	if i := strings.IndexFunc(r, func(c rune) bool { return unicode.In(c, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) }); i >= 0 {
+		c, _ := utf8.DecodeRuneInString(r[i:])
+		return fmt.Errorf("character %U at byte %d: no control, format (bidi, zero-width) or separator characters", c, i)
+	}
+	return nil
 }
 
 // errNoOrder: no order with this id.
@@ -106,9 +124,11 @@ const (
 )
 
 // postCancel is POST /comandes/{id}/cancellacio: 200 with the Cancellation
-// (the same body for a repeat), 400 for a bad id or body, 404 for an unknown
-// order, 415 unless application/json (like every POST: a browser cannot send
-// it cross-site without a preflight), 503 if it could not be stored.
+// (the same body for a repeat), 400 for a bad id or body, 401 without the
+// order's capability or the operator token (before the body is read, the
+// same for an unknown order), 404 for an unknown order (the operator's
+// answer), 415 unless application/json (like every POST: a browser cannot
+// send it cross-site without a preflight), 503 if it could not be stored.
 func (s *Service) postCancel(w http.ResponseWriter, r *http.Request) {
 	if !svc.RequireJSON(w, r) {
 		return
@@ -116,6 +136,15 @@ func (s *Service) postCancel(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !idRE.MatchString(id) {
 		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q no té el format P-AAAA-NNNNNN", clip(id)))
+		return
+	}
+	if err := s.authorize(r.Context(), r, id); err != nil {
+		if !errors.Is(err, errUnauthorized) {
+			s.cfg.Logger.Error("comandes: authorize", "comanda", id, "err", err)
+			svc.WriteError(w, http.StatusServiceUnavailable, "", "could not check the credential; try again")
+			return
+		}
+		writeUnauthorized(w)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
@@ -138,8 +167,8 @@ func (s *Service) postCancel(w http.ResponseWriter, r *http.Request) {
 	if req.Reason == "" {
 		req.Reason = ReasonClient
 	}
-	if len(req.Reason) > 200 || !utf8.ValidString(req.Reason) || strings.IndexFunc(req.Reason, unicode.IsControl) >= 0 {
-		svc.WriteError(w, http.StatusBadRequest, "motiu", "fins a 200 bytes d'UTF-8 sense caràcters de control")
+	if err := checkReason(req.Reason); err != nil {
+		svc.WriteError(w, http.StatusBadRequest, "motiu", err.Error())
 		return
 	}
 	c, err := s.Cancel(r.Context(), id, req.Reason, "")

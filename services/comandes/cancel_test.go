@@ -12,11 +12,16 @@ import (
 	"github.com/km0/km0/services/internal/svctest"
 )
 
-func (b *bundle) cancel(t *testing.T, id, contentType, body string) (int, string) {
+// cancel posts the cancellation of id with "Authorization: Bearer cred"
+// (none if cred is empty).
+func (b *bundle) cancel(t *testing.T, cred, id, contentType, body string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/comandes/"+id+"/cancellacio", strings.NewReader(body))
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
+	}
+	if cred != "" {
+		req.Header.Set("Authorization", "Bearer "+cred)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -35,10 +40,12 @@ func (b *bundle) cancel(t *testing.T, id, contentType, body string) (int, string
 // leaves it cancelled and emits no comanda.pagada.
 func TestCancellationIsIdempotentAndPublishesOnceWithTheStateChange(t *testing.T) {
 	b := setup(t, nil)
-	if st, _ := b.post(t, "", good); st != 201 {
+	st, out := b.post(t, "", good)
+	if st != 201 {
 		t.Fatalf("create: %d", st)
 	}
-	st, first := b.cancel(t, "P-2026-000123", "application/json", `{"motiu":"client"}`)
+	capability, _ := out["capacitat"].(string)
+	st, first := b.cancel(t, capability, "P-2026-000123", "application/json", `{"motiu":"client"}`)
 	if st != 200 {
 		t.Fatalf("cancel: %d %s", st, first)
 	}
@@ -47,7 +54,7 @@ func TestCancellationIsIdempotentAndPublishesOnceWithTheStateChange(t *testing.T
 		t.Fatalf("cancel body %s (%v)", first, err)
 	}
 	for _, body := range []string{`{"motiu":"client"}`, `{}`, `{"motiu":"un altre"}`} {
-		if st, again := b.cancel(t, "P-2026-000123", "application/json", body); st != 200 || again != first {
+		if st, again := b.cancel(t, capability, "P-2026-000123", "application/json", body); st != 200 || again != first {
 			t.Fatalf("repeat %s: %d %s, want 200 %s", body, st, again, first)
 		}
 	}
@@ -76,7 +83,7 @@ func TestCancellationIsIdempotentAndPublishesOnceWithTheStateChange(t *testing.T
 		{"P-2026-000123", "application/json", `{"motiu":7}`, 400},
 		{"P-2026-000123", "application/json", `{"motiu":"a\u0001b"}`, 400},
 	} {
-		if st, body := b.cancel(t, tc.id, tc.ct, tc.body); st != tc.want {
+		if st, body := b.cancel(t, operatorToken, tc.id, tc.ct, tc.body); st != tc.want {
 			t.Errorf("POST %s %s %s: %d %s, want %d", tc.id, tc.ct, tc.body, st, body, tc.want)
 		}
 	}

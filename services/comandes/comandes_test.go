@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -32,13 +33,34 @@ type bundle struct {
 func setup(t *testing.T, auth comandes.Authorizer) *bundle {
 	t.Helper()
 	pool, _ := svctest.DB(t, migrate.Outbox, migrate.Inbox, comandes.Migrations)
-	s, err := comandes.New(comandes.Config{Pool: pool, Authorizer: auth, Outbox: svctest.Outbox(t)})
+	s, err := comandes.New(comandes.Config{Pool: pool, Authorizer: auth, Outbox: svctest.Outbox(t), OperatorToken: operatorToken})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	return &bundle{pool: pool, svc: s, srv: srv}
+}
+
+// operatorToken is the Config.OperatorToken of setup's service.
+const operatorToken = "operador-de-prova-0123456789abcdef"
+
+// get reads GET /comandes/{id} with "Authorization: Bearer cred" (none if
+// cred is empty) and returns the status, the body and the answer's
+// WWW-Authenticate.
+func (b *bundle) get(t *testing.T, cred, id string) (int, string, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, b.srv.URL+"/comandes/"+id, nil)
+	if cred != "" {
+		req.Header.Set("Authorization", "Bearer "+cred)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw), resp.Header.Get("WWW-Authenticate")
 }
 
 func (b *bundle) post(t *testing.T, key, body string) (int, map[string]any) {
@@ -202,6 +224,7 @@ func TestPostWritesOrderLinesAndEventInOneTransaction(t *testing.T) {
 	if status != http.StatusCreated || out["import_centims"] != float64(3200) || out["versio"] != float64(2) {
 		t.Fatalf("got %d %v", status, out)
 	}
+	capability, _ := out["capacitat"].(string)
 	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM linies_comanda WHERE comanda_id = 'P-2026-000123'"); n != 2 {
 		t.Fatalf("lines %d", n)
 	}
@@ -228,19 +251,15 @@ func TestPostWritesOrderLinesAndEventInOneTransaction(t *testing.T) {
 	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM outbox"); n != 2 {
 		t.Fatalf("outbox rows %d, want 2", n)
 	}
-	// GET returns the order; an unknown one is 404.
-	resp, err := http.Get(b.srv.URL + "/comandes/P-2026-000123")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// GET returns the order to its capability; an unknown one is 404 to the operator.
+	st, raw, _ := b.get(t, capability, "P-2026-000123")
 	var v comandes.OrderView
-	_ = json.NewDecoder(resp.Body).Decode(&v)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || v.State != "creada" || v.TotalCents != 3200 || len(v.Lines) != 2 {
-		t.Fatalf("GET: %d %+v", resp.StatusCode, v)
+	_ = json.Unmarshal([]byte(raw), &v)
+	if st != 200 || v.State != "creada" || v.TotalCents != 3200 || len(v.Lines) != 2 {
+		t.Fatalf("GET: %d %+v", st, v)
 	}
-	if resp, _ := http.Get(b.srv.URL + "/comandes/P-2026-999999"); resp.StatusCode != 404 {
-		t.Fatalf("GET unknown: %d", resp.StatusCode)
+	if st, _, _ := b.get(t, operatorToken, "P-2026-999999"); st != 404 {
+		t.Fatalf("GET unknown: %d", st)
 	}
 }
 

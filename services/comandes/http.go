@@ -22,9 +22,14 @@ const maxKeyLen = 200
 
 // Handler returns the HTTP API:
 //
-//	POST /comandes        create an order (201, 400 naming the field or the unknown product, 402, 409, 413, 415, 422, 503)
-//	GET  /comandes/{id}   read an order (200, 404)
-//	POST /comandes/{id}/cancellacio   cancel an order (200, the same body for a repeat; 400, 404, 413, 415, 503)
+//	POST /comandes        create an order (201 with its capacitat, 400 naming the field or the unknown product, 402, 409, 413, 415, 422, 503)
+//	GET  /comandes/{id}   read an order (200, 400, 401, 404, 503)
+//	POST /comandes/{id}/cancellacio   cancel an order (200, the same body for a repeat; 400, 401, 404, 413, 415, 503)
+//
+// The two endpoints of one order need "Authorization: Bearer <credential>":
+// the capacitat of the order's 201, or Config.OperatorToken. Without either
+// they answer 401 with one body whether or not the order exists (authorize);
+// 404 is only ever given to the operator.
 //
 // Each request runs in a server span (tracing.HTTPHandler) that continues
 // the caller's W3C trace context: the order's comanda.creada carries it in
@@ -76,7 +81,7 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "ha de ser UTF-8 vàlid")
 		return
 	}
-	a, err := s.create(r.Context(), o, key, hashBody(body))
+	a, err := s.create(r.Context(), o, key, body)
 	switch {
 	case errors.Is(err, errDuplicateID):
 		svc.WriteError(w, http.StatusConflict, "id", "ja existeix una comanda "+o.ID)
@@ -101,6 +106,7 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 	if a.Replay {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
+	w.Header().Set("Cache-Control", "no-store") // a 201 carries the capability
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(a.Status)
 	_, _ = w.Write(a.Body)
@@ -136,6 +142,15 @@ func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
 		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q no té el format P-AAAA-NNNNNN", clip(id)))
 		return
 	}
+	if err := s.authorize(r.Context(), r, id); err != nil {
+		if !errors.Is(err, errUnauthorized) {
+			s.cfg.Logger.Error("comandes: authorize", "comanda", id, "err", err)
+			svc.WriteError(w, http.StatusServiceUnavailable, "", "could not check the credential; try again")
+			return
+		}
+		writeUnauthorized(w)
+		return
+	}
 	v, err := s.Get(r.Context(), id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		svc.WriteError(w, http.StatusNotFound, "id", "no hi ha cap comanda "+id)
@@ -146,6 +161,7 @@ func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
 		svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut llegir la comanda")
 		return
 	}
+	w.Header().Set("Cache-Control", "no-store") // customer data
 	svc.WriteJSON(w, http.StatusOK, v)
 }
 

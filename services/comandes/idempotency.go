@@ -78,7 +78,8 @@ func (f *flights) wake(key string) <-chan struct{} {
 // request answered under the key (or used it with another body), that answer.
 // While another live request holds the key it waits, until that request
 // answers, gives the key up, or its lease passes, or ctx ends.
-func (s *Service) claim(ctx context.Context, key, bodyHash string) (token string, a answer, answered bool, err error) {
+// A replayed 201 carries the capability again, opened with the key and body.
+func (s *Service) claim(ctx context.Context, key, bodyHash string, reqBody []byte) (token string, a answer, answered bool, err error) {
 	token = newToken()
 	lease := fmt.Sprintf("%d microseconds", s.cfg.KeyLease.Microseconds())
 	for wait := waitMin; ; wait = min(2*wait, waitMax) {
@@ -95,9 +96,10 @@ func (s *Service) claim(ctx context.Context, key, bodyHash string) (token string
 			body    []byte
 			hash    string
 			expired bool
+			sealed  []byte
 		)
-		err = s.cfg.Pool.QueryRow(ctx, `SELECT estat_http, resposta, hash_peticio, coalesce(reservada_fins < now(), false)
-			FROM peticions_idempotents WHERE clau = $1`, key).Scan(&status, &body, &hash, &expired)
+		err = s.cfg.Pool.QueryRow(ctx, `SELECT estat_http, resposta, hash_peticio, coalesce(reservada_fins < now(), false), capacitat_xifrada
+			FROM peticions_idempotents WHERE clau = $1`, key).Scan(&status, &body, &hash, &expired, &sealed)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // the holder gave the key up (no answer to keep): claim it
@@ -106,6 +108,13 @@ func (s *Service) claim(ctx context.Context, key, bodyHash string) (token string
 		case hash != bodyHash:
 			return "", answer{Status: 422, Body: errorBody("Idempotency-Key", "la clau ja s'ha fet servir amb un altre cos")}, true, nil
 		case status > 0:
+			if status == 201 && sealed != nil {
+				c, err := openCapability(key, reqBody, sealed)
+				if err != nil { // cannot happen: the body's hash matched
+					s.cfg.Logger.Warn("comandes: replay without its capability: it does not open", "err", err)
+				}
+				body = withCapability(body, c)
+			}
 			return "", answer{Status: status, Body: body, Replay: true}, true, nil
 		case expired:
 			continue // its holder died: take it over
@@ -128,13 +137,14 @@ func (s *Service) claim(ctx context.Context, key, bodyHash string) (token string
 // pagaments is asked. A 201 and a 402 are stored under the key; a 409 (a
 // taken id, or an authorisation conflict), a 503 and any failure give the key up, so a retry runs afresh. A claim left by a
 // process that died is taken over once its lease (Config.KeyLease) passes.
-func (s *Service) createKeyed(ctx context.Context, o *Order, key, bodyHash string) (answer, error) {
+func (s *Service) createKeyed(ctx context.Context, o *Order, key string, reqBody []byte) (answer, error) {
+	bodyHash := hashBody(reqBody)
 	for {
-		token, a, answered, err := s.claim(ctx, key, bodyHash)
+		token, a, answered, err := s.claim(ctx, key, bodyHash, reqBody)
 		if err != nil || answered {
 			return a, err
 		}
-		a, err = s.createHolding(ctx, o, key, bodyHash, token)
+		a, err = s.createHolding(ctx, o, key, bodyHash, token, reqBody)
 		if !errors.Is(err, errKeyLost) {
 			return a, err
 		}
@@ -143,7 +153,9 @@ func (s *Service) createKeyed(ctx context.Context, o *Order, key, bodyHash strin
 }
 
 // createHolding runs the request that holds key with token, within its lease.
-func (s *Service) createHolding(ctx context.Context, o *Order, key, bodyHash, token string) (_ answer, err error) {
+// The 201 is stored without its capability, which is stored sealed
+// (sealCapability) beside it.
+func (s *Service) createHolding(ctx context.Context, o *Order, key, bodyHash, token string, reqBody []byte) (_ answer, err error) {
 	done := s.flights.start(key)
 	defer done()
 	stored := false
@@ -195,19 +207,19 @@ func (s *Service) createHolding(ctx context.Context, o *Order, key, bodyHash, to
 	if err != nil {
 		return answer{}, err
 	}
-	body, err := s.insert(ctx, tx, o)
+	body, capability, err := s.insert(ctx, tx, o)
 	if err != nil {
 		return answer{}, err
 	}
-	if err := tx.QueryRow(ctx, `UPDATE peticions_idempotents SET estat_http = 201, resposta = $2 WHERE clau = $1
-		RETURNING resposta`, key, string(body)).Scan(&body); err != nil {
+	if err := tx.QueryRow(ctx, `UPDATE peticions_idempotents SET estat_http = 201, resposta = $2, capacitat_xifrada = $3 WHERE clau = $1
+		RETURNING resposta`, key, string(body), sealCapability(key, reqBody, capability)).Scan(&body); err != nil {
 		return answer{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return answer{}, err // if it did commit, release below deletes nothing (estat_http is 201)
 	}
 	stored = true
-	return answer{Status: 201, Body: body}, nil
+	return answer{Status: 201, Body: withCapability(body, capability)}, nil
 }
 
 // release gives up the claim of key (no answer was stored under it), so that

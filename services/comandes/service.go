@@ -2,6 +2,7 @@ package comandes
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -65,7 +66,12 @@ type Config struct {
 	// afresh. It must exceed the authorisation's timeout. Default
 	// KeyLeaseDefault.
 	KeyLease time.Duration
-	Logger   *slog.Logger // default slog.Default()
+	// OperatorToken, if set, is accepted as "Authorization: Bearer <token>"
+	// on GET /comandes/{id} and POST /comandes/{id}/cancellacio for every
+	// order (km0 up reads it from OperatorTokenEnv). Empty, the default:
+	// operator access is off and only each order's capability opens it.
+	OperatorToken string
+	Logger        *slog.Logger // default slog.Default()
 }
 
 // Service is the comandes service. It is safe for concurrent use.
@@ -73,6 +79,8 @@ type Service struct {
 	cfg      Config
 	products map[string]bool // cfg.Products
 	flights  flights         // Idempotency-Keys held by requests of this process
+	operator []byte          // SHA-256 of cfg.OperatorToken; nil: operator access off
+	dummy    []byte          // compared with when an order has no capability (authorize)
 }
 
 // New returns a Service. It fails without a pool.
@@ -102,7 +110,13 @@ func New(cfg Config) (*Service, error) {
 	for _, p := range cfg.Products {
 		products[p] = true
 	}
-	return &Service{cfg: cfg, products: products}, nil
+	s := &Service{cfg: cfg, products: products, dummy: make([]byte, sha256.Size)}
+	_, _ = rand.Read(s.dummy)
+	if cfg.OperatorToken != "" {
+		h := sha256.Sum256([]byte(cfg.OperatorToken))
+		s.operator = h[:]
+	}
+	return s, nil
 }
 
 // Created is the answer to a successful POST /comandes.
@@ -112,6 +126,25 @@ type Created struct {
 	TotalCents int64  `json:"import_centims"`
 	EventID    string `json:"id_esdeveniment"`
 	Version    int    `json:"versio"`
+	// Capability is the order's capacitat: the customer's credential for
+	// GET /comandes/{id} and its cancellation ("Authorization: Bearer
+	// <capacitat>"). It is given in this answer only (and in the replay of
+	// the same request under its Idempotency-Key); the service keeps its
+	// SHA-256.
+	Capability string `json:"capacitat,omitempty"`
+}
+
+// withCapability returns the 201 body (as stored, without the capability)
+// with capacitat c: the first answer and every replay go through it, so they
+// are byte for byte the same.
+func withCapability(body json.RawMessage, c string) json.RawMessage {
+	var cr Created
+	if c == "" || json.Unmarshal(body, &cr) != nil {
+		return body
+	}
+	cr.Capability = c
+	out, _ := json.Marshal(cr)
+	return out
 }
 
 // answer is an HTTP status and JSON body, as stored for an Idempotency-Key.
@@ -127,11 +160,12 @@ var errDuplicateID = errors.New("comandes: order id already exists")
 // create stores o (already validated), its lines and comanda.creada in one
 // transaction. With a non-empty key it is createKeyed: a retry with the same
 // key returns the first answer and creates nothing, and a retry racing the
-// first request waits for it. bodyHash tells a reused key with another body
-// (answered 422).
-func (s *Service) create(ctx context.Context, o *Order, key, bodyHash string) (answer, error) {
+// first request waits for it. body is the request's, byte for byte: its hash
+// tells a reused key with another body (answered 422), and with the key it
+// seals the capability kept for the replay.
+func (s *Service) create(ctx context.Context, o *Order, key string, body []byte) (answer, error) {
 	if key != "" {
-		return s.createKeyed(ctx, o, key, bodyHash)
+		return s.createKeyed(ctx, o, key, body)
 	}
 	if s.cfg.Authorizer != nil {
 		if err := s.checkFree(ctx, o.ID); err != nil {
@@ -152,36 +186,39 @@ func (s *Service) create(ctx context.Context, o *Order, key, bodyHash string) (a
 		return answer{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	body, err := s.insert(ctx, tx, o)
+	body, capability, err := s.insert(ctx, tx, o)
 	if err != nil {
 		return answer{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return answer{}, err
 	}
-	return answer{Status: 201, Body: body}, nil
+	return answer{Status: 201, Body: withCapability(body, capability)}, nil
 }
 
-// insert writes o, its lines and comanda.creada in tx and returns the 201 body.
-func (s *Service) insert(ctx context.Context, tx pgx.Tx, o *Order) (json.RawMessage, error) {
+// insert writes o (with the SHA-256 of a new capability), its lines and
+// comanda.creada in tx and returns the 201 body without the capability, and
+// the capability.
+func (s *Service) insert(ctx context.Context, tx pgx.Tx, o *Order) (json.RawMessage, string, error) {
 	ev := &outbox.Event{Aggregate: Aggregate, AggregateID: o.ID, Type: TypeCreated, Version: o.Version(), Payload: o}
-	if err := insertOrder(ctx, tx, o); err != nil {
-		return nil, err
+	capability, hash := newCapability()
+	if err := insertOrder(ctx, tx, o, hash); err != nil {
+		return nil, "", err
 	}
 	if err := s.cfg.Outbox.Enqueue(ctx, tx, ev); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	body, _ := json.Marshal(Created{ID: o.ID, State: "creada", TotalCents: o.Total(), EventID: ev.ID.String(), Version: ev.Version})
-	return body, nil
+	return body, capability, nil
 }
 
-func insertOrder(ctx context.Context, tx pgx.Tx, o *Order) error {
+func insertOrder(ctx context.Context, tx pgx.Tx, o *Order, capabilityHash []byte) error {
 	var city, postal *string
 	if o.Address != nil {
 		city, postal = &o.Address.City, &o.Address.PostalCode
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO comandes (id, client, mercat, estat, import_centims, ciutat, codi_postal)
-		VALUES ($1, $2, $3, 'creada', $4, $5, $6)`, o.ID, o.Client, o.Market, o.Total(), city, postal); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO comandes (id, client, mercat, estat, import_centims, ciutat, codi_postal, hash_capacitat)
+		VALUES ($1, $2, $3, 'creada', $4, $5, $6, $7)`, o.ID, o.Client, o.Market, o.Total(), city, postal, capabilityHash); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 			return errDuplicateID

@@ -18,7 +18,7 @@ type Submissions struct {
 	Requests      int `json:"peticions"`
 	Accepted      int `json:"acceptades"`              // first 201 of each order
 	Replayed      int `json:"duplicats_absorbits"`     // answers replayed for a repeated Idempotency-Key
-	ReplayDiffers int `json:"duplicats_diferents"`     // a replay whose id_esdeveniment differs (must be 0)
+	ReplayDiffers int `json:"duplicats_diferents"`     // a replay whose id_esdeveniment or capacitat differs (must be 0)
 	Invalid       int `json:"rebutjades_validacio"`    // 400
 	Refused       int `json:"rebutjades_pagament"`     // 402
 	Conflict      int `json:"conflictes"`              // 409
@@ -30,12 +30,14 @@ type Submissions struct {
 	CancelDiffers int `json:"cancellacions_diferents"` // a repeated cancellation answered another body (must be 0)
 
 	accepted map[string]string // order id → id_esdeveniment of its first answer
+	caps     map[string]string // order id → capacitat of its first 201: the credential of its cancellation
 }
 
 type answer struct {
-	status   int
-	eventID  string
-	replayed bool
+	status     int
+	eventID    string
+	capability string // capacitat of a 201
+	replayed   bool
 }
 
 // driver submits the plan with several concurrent clients.
@@ -64,11 +66,13 @@ func (d *driver) post(ctx context.Context, p *planned) (answer, error) {
 	}
 	defer resp.Body.Close()
 	var body struct {
-		EventID string `json:"id_esdeveniment"`
+		EventID    string `json:"id_esdeveniment"`
+		Capability string `json:"capacitat"`
 	}
 	raw, _ := io.ReadAll(resp.Body)
 	_ = json.Unmarshal(raw, &body)
-	return answer{status: resp.StatusCode, eventID: body.EventID, replayed: resp.Header.Get("Idempotent-Replayed") == "true"}, nil
+	return answer{status: resp.StatusCode, eventID: body.EventID, capability: body.Capability,
+		replayed: resp.Header.Get("Idempotent-Replayed") == "true"}, nil
 }
 
 // submit posts p until it gets a final answer: a 503 or a network error is
@@ -115,13 +119,14 @@ func (d *driver) record(p *planned, a answer) {
 				d.res.Unexpected++ // a second 201 that was not a replay: created twice
 			}
 			d.res.Replayed++
-			if first != a.eventID {
+			if first != a.eventID || d.res.caps[p.order.ID] != a.capability {
 				d.res.ReplayDiffers++
 			}
 			return
 		}
 		d.res.Accepted++
 		d.res.accepted[p.order.ID] = a.eventID
+		d.res.caps[p.order.ID] = a.capability
 	case http.StatusBadRequest:
 		d.res.Invalid++
 	case http.StatusPaymentRequired:
@@ -136,7 +141,7 @@ func (d *driver) record(p *planned, a answer) {
 // run submits plan with clients concurrent clients; a duplicate order is
 // submitted twice at the same moment with the same key.
 func (d *driver) run(ctx context.Context, plan []*planned, clients int) Submissions {
-	d.res = Submissions{Planned: len(plan), accepted: map[string]string{}}
+	d.res = Submissions{Planned: len(plan), accepted: map[string]string{}, caps: map[string]string{}}
 	work := make(chan *planned)
 	var wg sync.WaitGroup
 	for range clients {
@@ -193,9 +198,13 @@ func (d *driver) run(ctx context.Context, plan []*planned, clients int) Submissi
 	return d.res
 }
 
-// cancel posts the order's cancellation twice (a client that retries): both
-// must answer 200 with the same body. A 503 or a network error is retried.
+// cancel posts the order's cancellation twice (a client that retries), with
+// the capacitat of its 201: both must answer 200 with the same body. A 503 or
+// a network error is retried.
 func (d *driver) cancel(ctx context.Context, p *planned) {
+	d.mu.Lock()
+	capability := d.res.caps[p.order.ID]
+	d.mu.Unlock()
 	var bodies []string
 	for range 2 {
 		delay := 100 * time.Millisecond
@@ -205,6 +214,7 @@ func (d *driver) cancel(ctx context.Context, p *planned) {
 				return
 			}
 			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+capability)
 			resp, err := d.client.Do(req)
 			if err == nil {
 				raw, _ := io.ReadAll(resp.Body)

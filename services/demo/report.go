@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -255,8 +257,54 @@ func reconcile(ctx context.Context, sys *system.System, ev *eventLog, plan []*pl
 		if r.Analytics, err = sys.Analitica.Counters(ctx); err != nil {
 			return err
 		}
+		if err := checkAnalytics(ctx, pools, r); err != nil {
+			return err
+		}
 	}
 	r.checkInjectedFailures(stats[inventari.ConsumerDecrement].Duplicates)
+	return nil
+}
+
+// checkAnalytics checks that analitica (at most once) counted no event
+// twice: per tipus, no more than the outbox rows of that tipus, though the
+// relay republished some and inventari's consumer was restarted.
+func checkAnalytics(ctx context.Context, pools map[string]*pgxpool.Pool, r *Report) error {
+	rows := map[string]int{}
+	for _, name := range []string{comandes.Name, inventari.Name, pagaments.Name, repartiment.Name} {
+		per, err := queryMap(ctx, pools[name], `SELECT tipus, count(*)::int FROM outbox GROUP BY 1`, func(rs pgx.Rows) (string, int, error) {
+			var k string
+			var n int
+			err := rs.Scan(&k, &n)
+			return k, n, err
+		})
+		if err != nil {
+			return err
+		}
+		for k, n := range per {
+			rows[k] += n
+		}
+	}
+	var over []string
+	counted, lost := 0, 0
+	for _, k := range slices.Sorted(maps.Keys(rows)) {
+		n := int(r.Analytics.PerType[k])
+		counted += n
+		if n > rows[k] {
+			over = append(over, fmt.Sprintf("%s %d of %d", k, n, rows[k]))
+		}
+		lost += max(rows[k]-n, 0)
+	}
+	for k := range r.Analytics.PerType {
+		if _, ok := rows[k]; !ok {
+			over = append(over, k+" counted, never written")
+		}
+	}
+	total := 0
+	for _, n := range rows {
+		total += n
+	}
+	r.check("analitica counts no event twice", len(over) == 0,
+		"%d events counted of %d written (%d lost, at most once); counted more than written: %v", counted, total, lost, over)
 	return nil
 }
 

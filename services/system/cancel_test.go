@@ -2,6 +2,7 @@ package system_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -16,6 +17,35 @@ import (
 func post(t *testing.T, url, body string) int {
 	t.Helper()
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// placeOrder posts an order and returns the status and the capacitat of its 201.
+func placeOrder(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Capability string `json:"capacitat"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out.Capability
+}
+
+// cancelOrder posts the cancellation of id with the capability cred.
+func cancelOrder(t *testing.T, base, id, cred string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, base+"/comandes/"+id+"/cancellacio", strings.NewReader(`{"motiu":"client"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+cred)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +97,9 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 	t.Cleanup(sys.Close)
 	ctx := context.Background()
 	base := sys.Addrs()["comandes"]
-	if st := post(t, base+"/comandes", orderBody("P-2026-000001", "formatge-fresc", 2)); st != 201 {
+	caps := map[string]string{}
+	var st int
+	if st, caps["P-2026-000001"] = placeOrder(t, base+"/comandes", orderBody("P-2026-000001", "formatge-fresc", 2)); st != 201 {
 		t.Fatalf("A: %d", st)
 	}
 	waitFor(t, "A served, charged and assigned", func() (bool, string) {
@@ -79,11 +111,20 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 	if st := post(t, base+"/comandes", orderBody("P-2026-000002", "formatge-curat", 6)); st != 201 {
 		t.Fatalf("B: %d", st)
 	}
-	if st := post(t, base+"/comandes", orderBody("P-2026-000003", "carbasso", 1)); st != 201 {
+	if st, caps["P-2026-000003"] = placeOrder(t, base+"/comandes", orderBody("P-2026-000003", "carbasso", 1)); st != 201 {
 		t.Fatalf("C: %d", st)
 	}
+	// C's capability does not cancel (and so refund) A, nor does none.
+	for _, cred := range []string{caps["P-2026-000003"], ""} {
+		if st := cancelOrder(t, base, "P-2026-000001", cred); st != http.StatusUnauthorized {
+			t.Fatalf("cancel A with %q: %d, want 401", cred, st)
+		}
+	}
+	if v, err := sys.Comandes.Get(ctx, "P-2026-000001"); err != nil || v.State == "cancellada" {
+		t.Fatalf("A after refused cancellations: %+v %v, want it not cancelled", v, err)
+	}
 	for _, id := range []string{"P-2026-000001", "P-2026-000003"} {
-		if st := post(t, base+"/comandes/"+id+"/cancellacio", `{"motiu":"client"}`); st != 200 {
+		if st := cancelOrder(t, base, id, caps[id]); st != 200 {
 			t.Fatalf("cancel %s: %d", id, st)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -138,7 +139,13 @@ func (s *System) startComandes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg := comandes.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", comandes.Name)}
+	// Operator access to every order (GET /comandes/{id}, its cancellation)
+	// only with a token in the environment; without one, each order opens
+	// with its own capability only.
+	cfg := comandes.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", comandes.Name), OperatorToken: os.Getenv(comandes.OperatorTokenEnv)}
+	if cfg.OperatorToken == "" {
+		s.log.Info("system: comandes operator access off: each order is read and cancelled with its own capacitat; set " + comandes.OperatorTokenEnv + " to allow an operator")
+	}
 	if s.cfg.Authorize {
 		if cfg.Authorizer, err = s.rr.authorizer(ctx); err != nil {
 			return err
