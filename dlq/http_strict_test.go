@@ -67,7 +67,7 @@ func TestAdminAPIErrorsShowNoInternals(t *testing.T) {
 	internals := []string{"SQLSTATE", "invalid byte sequence", "UTF8", "postgres", b.schema.Name}
 	for _, path := range []string{"/letters?topic=%00", "/letters?motiu=a%00b", "/letters?topic=%ff",
 		"/letters?id=a%00", "/letters/x%00y"} {
-		code, body := call(t, "GET", srv.URL+path, "", "")
+		code, body := call(t, "GET", srv.URL+path, "tok", "")
 		if code != 400 || !strings.Contains(body, "NUL byte or invalid UTF-8") {
 			t.Errorf("GET %s: %d %s, want 400 naming the bad byte", path, code, body)
 		}
