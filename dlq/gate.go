@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -63,6 +64,21 @@ const (
 	// Disabled: no token is configured; nothing can be granted.
 	Disabled
 )
+
+// String names v: granted, denied, throttled or disabled.
+func (v Verdict) String() string {
+	switch v {
+	case Granted:
+		return "granted"
+	case Denied:
+		return "denied"
+	case Throttled:
+		return "throttled"
+	case Disabled:
+		return "disabled"
+	}
+	return "Verdict(" + strconv.Itoa(int(v)) + ")"
+}
 
 // Gate is the one check of the admin token, used by the DLQ admin API and
 // the console's login on every listener: a constant-time comparison behind

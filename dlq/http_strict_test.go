@@ -55,7 +55,7 @@ func TestAdminAPIStrictBodiesAndExplicitAll(t *testing.T) {
 }
 
 // A GET the index cannot answer never shows PostgreSQL's text to the caller
-// (the GETs need no token): a NUL byte or invalid UTF-8 in a filter is a 400
+// (with the token): a NUL byte or invalid UTF-8 in a filter is a 400
 // with a clear message, and a database that is down is a 503 that names no
 // user, database, host or port; the full error goes to the server log.
 func TestAdminAPIErrorsShowNoInternals(t *testing.T) {
