@@ -9,31 +9,28 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/km0/km0/dlq"
 )
 
 // CookieName is the session cookie.
 const CookieName = "km0_consola"
 
-// Login throttling: at most maxFailures wrong tokens per failureWindow, for
-// everyone together; then logins are refused until the window ends.
-const (
-	maxFailures   = 10
-	failureWindow = time.Minute
-)
-
-// auth holds the admin token's digest and the open sessions (in memory: a
+// auth holds the admin token's Gate (shared with the DLQ admin API on the
+// same listener: one attempt budget) and the open sessions (in memory: a
 // restart logs everyone out).
 type auth struct {
-	want    [32]byte
+	gate    *dlq.Gate
 	enabled bool
 	ttl     time.Duration
 	now     func() time.Time
 
 	mu       sync.Mutex
 	sessions map[string]*session // by the SHA-256 of the cookie value
-	failures []time.Time
 }
 
 // session is one login.
@@ -42,37 +39,10 @@ type session struct {
 	expires time.Time
 }
 
-func (a *auth) init(token string, ttl time.Duration, now func() time.Time) {
-	a.enabled = token != ""
-	a.want = sha256.Sum256([]byte(token))
+func (a *auth) init(g *dlq.Gate, ttl time.Duration, now func() time.Time) {
+	a.gate, a.enabled = g, g.Enabled()
 	a.ttl, a.now = ttl, now
 	a.sessions = map[string]*session{}
-}
-
-// check compares got with the token in constant time (digests of equal
-// length, so neither the token's length nor its content leaks).
-func (a *auth) check(got string) bool {
-	sum := sha256.Sum256([]byte(got))
-	return a.enabled && subtle.ConstantTimeCompare(sum[:], a.want[:]) == 1
-}
-
-// throttled reports whether too many wrong tokens came lately, and records
-// one more failure when failed.
-func (a *auth) throttled(failed bool) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	now := a.now()
-	kept := a.failures[:0]
-	for _, t := range a.failures {
-		if now.Sub(t) < failureWindow {
-			kept = append(kept, t)
-		}
-	}
-	a.failures = kept
-	if failed {
-		a.failures = append(a.failures, now)
-	}
-	return len(a.failures) >= maxFailures
 }
 
 func randomToken() string {
@@ -124,6 +94,10 @@ func (a *auth) close(r *http.Request) {
 	}
 }
 
+// noToken is the answer to a login or a letter's page when no token is
+// configured.
+const noToken = "no admin token is configured: this console shows counts only (set KM0_DLQ_ADMIN_TOKEN)"
+
 func setCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: value, Path: "/", MaxAge: maxAge,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
@@ -150,7 +124,7 @@ func (c *Console) withSession(next http.HandlerFunc) http.HandlerFunc {
 			}
 			code, msg := http.StatusUnauthorized, "log in with the admin token first"
 			if !c.auth.enabled {
-				code, msg = http.StatusForbidden, "no admin token is configured: this console shows counts only (set KM0_DLQ_ADMIN_TOKEN)"
+				code, msg = http.StatusForbidden, noToken
 			}
 			c.errorPage(w, r, code, msg)
 			return
@@ -171,26 +145,28 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "login", map[string]any{"Next": safeNext(r.URL.Query().Get("next"))})
 }
 
+// login opens a session for the right token. The body is read first and
+// the attempt is counted by the Gate before the token is compared, so slow
+// bodies sent together are evaluated at most as often as the budget allows.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	if !c.auth.enabled {
-		c.errorPage(w, r, http.StatusForbidden, "no admin token is configured: this console shows counts only (set KM0_DLQ_ADMIN_TOKEN)")
+		c.errorPage(w, r, http.StatusForbidden, noToken)
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
-	if c.auth.throttled(false) {
-		c.render(w, r, http.StatusTooManyRequests, "login", map[string]any{"Error": "too many wrong tokens: wait a minute"})
-		return
-	}
 	next := safeNext(r.PostFormValue("next"))
-	if !c.auth.check(r.PostFormValue("token")) {
-		c.auth.throttled(true)
+	switch v, wait := c.auth.gate.Check(r, r.PostFormValue("token")); v {
+	case dlq.Granted:
+		id, _ := c.auth.open()
+		setCookie(w, r, id, int(c.cfg.SessionTTL.Seconds()))
+		http.Redirect(w, r, next, http.StatusSeeOther)
+	case dlq.Throttled:
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
+		c.render(w, r, http.StatusTooManyRequests, "login", map[string]any{"Error": "too many wrong tokens from this address: wait a minute", "Next": next})
+	default:
 		c.cfg.Logger.Warn("console: wrong admin token", "remote", r.RemoteAddr)
 		c.render(w, r, http.StatusUnauthorized, "login", map[string]any{"Error": "wrong token", "Next": next})
-		return
 	}
-	id, _ := c.auth.open()
-	setCookie(w, r, id, int(c.cfg.SessionTTL.Seconds()))
-	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
@@ -200,10 +176,27 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 }
 
 // safeNext keeps a redirect target on this console: a path, never a URL or
-// a scheme-relative //host.
+// a scheme-relative //host. A target with a control character (browsers drop
+// TAB, CR and LF from URLs, so "/\t/host" would become "//host") or a
+// backslash (read as a slash) anywhere, or in its path also percent-encoded,
+// is refused.
 func safeNext(p string) string {
-	if len(p) == 0 || p[0] != '/' || (len(p) > 1 && (p[1] == '/' || p[1] == '\\')) {
+	if len(p) == 0 || p[0] != '/' || (len(p) > 1 && p[1] == '/') || unsafeInURL(p) {
+		return "/"
+	}
+	path, _, _ := strings.Cut(p, "?")
+	if u, err := url.PathUnescape(path); err != nil || unsafeInURL(u) || strings.HasPrefix(u, "//") {
 		return "/"
 	}
 	return p
+}
+
+// unsafeInURL reports whether s holds a control character or a backslash.
+func unsafeInURL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b < 0x20 || b == 0x7f || b == '\\' {
+			return true
+		}
+	}
+	return false
 }

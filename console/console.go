@@ -8,8 +8,11 @@
 // Access: counts (groups, lag, health) are open; reading a letter and every
 // change need the admin token of the DLQ admin API, given once in a login
 // form, which opens a session (an HttpOnly, SameSite=Strict cookie) whose
-// CSRF token every form carries. With no token configured the console shows
-// counts only. Errors never show internals; the log has them.
+// CSRF token every form carries. The login's token goes through a dlq.Gate
+// (share the one of the DLQ admin API on the same listener, Config.Gate):
+// every attempt is counted before the token is compared, per source address
+// with a global ceiling. With no token configured the console shows counts
+// only. Errors never show internals; the log has them.
 package console
 
 import (
@@ -70,6 +73,11 @@ type Config struct {
 	// Token is the admin token (the DLQ admin API's, $KM0_DLQ_ADMIN_TOKEN).
 	// Empty: counts only; nobody can log in.
 	Token string
+	// Gate checks the token of a login and throttles attempts; pass the one
+	// of the DLQ admin API on the same listener (dlq.HandlerConfig.Gate) so
+	// that both draw on one budget. Default dlq.NewGate(Token, ...); when
+	// set, Token is ignored.
+	Gate *dlq.Gate
 	// KeyOrder, if set, is the database holding the keyorder tables of the
 	// per-key order consumers (schema KeyOrderSchema, default public): the
 	// page of a letter that is a key's blocked head shows the key's sequence
@@ -128,7 +136,10 @@ func New(cfg Config) (*Console, error) {
 	}
 	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, jobs: map[string]*job{},
 		hc: &http.Client{Timeout: cfg.HealthTimeout}}
-	c.auth.init(cfg.Token, cfg.SessionTTL, cfg.Now)
+	if cfg.Gate == nil {
+		cfg.Gate = dlq.NewGate(cfg.Token, dlq.GateConfig{Now: cfg.Now})
+	}
+	c.auth.init(cfg.Gate, cfg.SessionTTL, cfg.Now)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	pages, err := fs.Glob(templateFS, "templates/*.html")
 	if err != nil {

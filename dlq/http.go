@@ -2,8 +2,6 @@ package dlq
 
 import (
 	"cmp"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,13 +19,16 @@ import (
 
 // HandlerConfig configures the admin API.
 type HandlerConfig struct {
-	// Token is the bearer token POST /replay and POST /purge require
-	// ("Authorization: Bearer <token>", compared in constant time). Empty:
-	// those endpoints answer 403, whoever asks.
+	// Token is the bearer token every endpoint requires ("Authorization:
+	// Bearer <token>", checked by a Gate). Empty: every endpoint answers 403,
+	// whoever asks: letters are customer data.
 	Token string
+	// Gate checks the token and throttles attempts; share the console's
+	// when both are on one listener, so that they have one budget. Default
+	// NewGate(Token, GateConfig{Now: Now}); when set, Token is ignored.
+	Gate *Gate
 	// SyncOnRead syncs the index before each GET. Default false: a running
-	// Indexer keeps it current, and an open endpoint should not make anyone
-	// able to trigger broker reads. POSTs always sync first.
+	// Indexer keeps it current. POSTs always sync first.
 	SyncOnRead bool
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -44,8 +45,8 @@ const maxBody = 1 << 20
 
 // Handler returns the HTTP admin API of src:
 //
-//	GET  /letters?topic=&motiu=&since=&until=&estat=&id=&limit=   groups and rows (open)
-//	GET  /letters/{id...}                                          one letter with its value (open)
+//	GET  /letters?topic=&motiu=&since=&until=&estat=&id=&limit=   groups and rows
+//	GET  /letters/{id...}                                          one letter with its value
 //	POST /replay  {"ids":[],"topic":"","motiu":"","since":"","until":"","all":false,"dry_run":false,"force":false,"retention":"336h"}
 //	POST /purge   {"ids":[],"topic":"","motiu":"","since":"","until":"","all":false,"yes":true,"delete_records":false}
 //
@@ -54,8 +55,10 @@ const maxBody = 1 << 20
 // at least one filter, or "all": true (and then nothing else) for every
 // letter; an empty selection is a 400, never "everything".
 //
-// The POSTs need the bearer token (401 without it or with a wrong one; 403
-// when no token is configured). estat defaults to pendent (estat=totes for
+// Every endpoint needs the bearer token, checked before anything of the
+// request is validated: 401 without it or with a wrong one whatever the
+// rest of the request, 429 (with Retry-After) when the Gate throttles the
+// source, 403 when no token is configured. estat defaults to pendent (estat=totes for
 // all); limit defaults to 100 and is at most MaxListLimit. Errors are JSON {"error": "..."}: 400 for bad
 // input, 404 for an unknown letter, 409 for an unconfirmed purge, 503 when
 // the index or the broker fails (a generic message; the error is logged).
@@ -66,12 +69,15 @@ func Handler(src Source, cfg HandlerConfig) http.Handler {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Gate == nil {
+		cfg.Gate = NewGate(cfg.Token, GateConfig{Now: cfg.Now})
+	}
 	h := &handler{src: src, cfg: cfg}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /letters", h.list)
-	mux.HandleFunc("GET /letters/{id...}", h.show)
-	mux.HandleFunc("POST /replay", h.guard(h.replay))
-	mux.HandleFunc("POST /purge", h.guard(h.purge))
+	mux.HandleFunc("GET /letters", h.guard(h.list))
+	mux.HandleFunc("GET /letters/{id...}", h.guard(h.show))
+	mux.HandleFunc("POST /replay", h.guard(h.synced(h.replay)))
+	mux.HandleFunc("POST /purge", h.guard(h.synced(h.purge)))
 	return mux
 }
 
@@ -83,21 +89,38 @@ type handler struct {
 // errBadRequest marks input errors (400).
 var errBadRequest = errors.New("bad request")
 
+// NoTokenMessage is the answer of the admin API when no token is
+// configured.
+const NoTokenMessage = "the dead-letter admin API is disabled: no admin token is configured " +
+	"(km0 reads it from $KM0_DLQ_ADMIN_TOKEN); letters are customer data"
+
+// guard runs next only for the right bearer token (h.cfg.Gate), before
+// anything else of the request is read.
 func (h *handler) guard(next http.HandlerFunc) http.HandlerFunc {
-	want := sha256.Sum256([]byte(h.cfg.Token))
 	return func(w http.ResponseWriter, r *http.Request) {
-		if h.cfg.Token == "" {
-			writeError(w, http.StatusForbidden, "state-changing endpoints are disabled: no admin token is configured")
-			return
-		}
 		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-		ok := strings.EqualFold(scheme, "Bearer") // scheme names are case-insensitive (RFC 9110 11.1)
-		sum := sha256.Sum256([]byte(got))
-		if subtle.ConstantTimeCompare(sum[:], want[:]) != 1 || !ok {
+		if !strings.EqualFold(scheme, "Bearer") { // scheme names are case-insensitive (RFC 9110 11.1)
+			got = ""
+		}
+		switch v, wait := h.cfg.Gate.Check(r, got); v {
+		case Granted:
+			next(w, r)
+		case Disabled:
+			writeError(w, http.StatusForbidden, NoTokenMessage)
+		case Throttled:
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
+			writeError(w, http.StatusTooManyRequests, "too many token attempts from this address: try again later")
+		default:
+			h.cfg.Logger.Warn("dlq: admin API: missing or wrong bearer token", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="km0 dlq"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
-			return
 		}
+	}
+}
+
+// synced syncs the index before next (the POSTs act on a current index).
+func (h *handler) synced(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		if _, err := h.src.Sync(r.Context()); err != nil {
 			h.fail(w, r, err)
 			return
@@ -157,7 +180,9 @@ func ListingView(ls *Listing) any {
 	return struct {
 		Groups  []Group      `json:"grups"`
 		Letters []LetterView `json:"cartes"`
-	}{groups, rows}
+		// Refused: letters the index set aside (Store.Refused).
+		Refused int `json:"refusades"`
+	}{groups, rows, ls.Refused}
 }
 
 func (h *handler) show(w http.ResponseWriter, r *http.Request) {

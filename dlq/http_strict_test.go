@@ -55,7 +55,7 @@ func TestAdminAPIStrictBodiesAndExplicitAll(t *testing.T) {
 }
 
 // A GET the index cannot answer never shows PostgreSQL's text to the caller
-// (the GETs need no token): a NUL byte or invalid UTF-8 in a filter is a 400
+// (with the token): a NUL byte or invalid UTF-8 in a filter is a 400
 // with a clear message, and a database that is down is a 503 that names no
 // user, database, host or port; the full error goes to the server log.
 func TestAdminAPIErrorsShowNoInternals(t *testing.T) {
@@ -67,7 +67,7 @@ func TestAdminAPIErrorsShowNoInternals(t *testing.T) {
 	internals := []string{"SQLSTATE", "invalid byte sequence", "UTF8", "postgres", b.schema.Name}
 	for _, path := range []string{"/letters?topic=%00", "/letters?motiu=a%00b", "/letters?topic=%ff",
 		"/letters?id=a%00", "/letters/x%00y"} {
-		code, body := call(t, "GET", srv.URL+path, "", "")
+		code, body := call(t, "GET", srv.URL+path, "tok", "")
 		if code != 400 || !strings.Contains(body, "NUL byte or invalid UTF-8") {
 			t.Errorf("GET %s: %d %s, want 400 naming the bad byte", path, code, body)
 		}

@@ -36,16 +36,32 @@ func call(t *testing.T, method, u, token, body string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// GETs are open; POST replay and purge need the bearer token: a missing or
-// wrong token is 401 and changes nothing; the right one replays.
-func TestAdminAPIRequiresTokenForStateChanges(t *testing.T) {
+// Every endpoint needs the bearer token: a missing or wrong token is 401,
+// shows nothing of a letter and changes nothing; the right one reads and
+// replays.
+func TestAdminAPIRequiresTokenForEveryEndpoint(t *testing.T) {
 	b := setup(t)
-	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
+	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: DNI 12345678Z"})
 	b.sync(t)
-	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{Token: "s3cret-token"}))
+	// A budget this test's wrong tokens do not exhaust (the throttle has its
+	// own tests).
+	gate := dlq.NewGate("s3cret-token", dlq.GateConfig{PerSource: 1000, Global: 1000})
+	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{Gate: gate}))
 	defer srv.Close()
 
-	code, body := call(t, "GET", srv.URL+"/letters?motiu="+url.QueryEscape("permanent: esquema"), "", "")
+	// Reads: every route that shows a letter's content, headers or motiu.
+	reads := []string{"/letters", "/letters?motiu=" + url.QueryEscape("permanent: esquema: DNI"), "/letters/" + id,
+		"/letters?motif=typo", "/letters/" + comandesDLQ + "/0/999"}
+	for _, tok := range []string{"", "wrong", "Basic czNjcmV0LXRva2Vu", "Bearer", "Token s3cret-token"} {
+		for _, p := range reads {
+			code, body := call(t, "GET", srv.URL+p, tok, "")
+			if code != 401 || strings.Contains(body, "12345678Z") || strings.Contains(body, id) {
+				t.Fatalf("GET %s with %q: %d %s, want 401 and nothing of the letter", p, tok, code, body)
+			}
+		}
+	}
+
+	code, body := call(t, "GET", srv.URL+"/letters?motiu="+url.QueryEscape("permanent: esquema"), "s3cret-token", "")
 	var ls struct {
 		Groups  []dlq.Group      `json:"grups"`
 		Letters []dlq.LetterView `json:"cartes"`
@@ -53,19 +69,22 @@ func TestAdminAPIRequiresTokenForStateChanges(t *testing.T) {
 	if code != 200 || json.Unmarshal([]byte(body), &ls) != nil || len(ls.Letters) != 1 || ls.Groups[0].Count != 1 {
 		t.Fatalf("GET /letters: %d %s", code, body)
 	}
-	code, body = call(t, "GET", srv.URL+"/letters/"+id, "", "")
+	code, body = call(t, "GET", srv.URL+"/letters/"+id, "s3cret-token", "")
 	var v dlq.LetterView
 	if code != 200 || json.Unmarshal([]byte(body), &v) != nil || v.ID != id || v.Envelope == nil {
 		t.Fatalf("GET /letters/%s: %d %s", id, code, body)
 	}
-	if code, _ := call(t, "GET", srv.URL+"/letters/"+comandesDLQ+"/0/999", "", ""); code != 404 {
+	if code, _ := call(t, "GET", srv.URL+"/letters/"+comandesDLQ+"/0/999", "s3cret-token", ""); code != 404 {
 		t.Fatalf("unknown letter: %d, want 404", code)
 	}
 
 	req := `{"ids":["` + id + `"]}`
 	for _, tok := range []string{"", "wrong", "s3cret-token-but-longer", "s3cret-toke"} {
-		if code, _ := call(t, "POST", srv.URL+"/replay", tok, req); code != 401 {
-			t.Fatalf("replay with token %q: %d, want 401", tok, code)
+		// Authentication before validation: the same 401 whatever the body.
+		for _, body := range []string{req, `{}`, `not json`, `{"ids":["x"],"nope":1}`} {
+			if code, _ := call(t, "POST", srv.URL+"/replay", tok, body); code != 401 {
+				t.Fatalf("replay with token %q and body %s: %d, want 401", tok, body, code)
+			}
 		}
 		if code, _ := call(t, "POST", srv.URL+"/purge", tok, `{"yes":true}`); code != 401 {
 			t.Fatalf("purge with token %q: %d, want 401", tok, code)
@@ -100,11 +119,12 @@ func TestAdminAPIRequiresTokenForStateChanges(t *testing.T) {
 	}
 }
 
-// With no token configured the state-changing endpoints are disabled (403),
-// even for a request that sends some token; reads still work.
-func TestAdminAPIWithoutTokenIsReadOnly(t *testing.T) {
+// With no token configured every endpoint is disabled (403), even for a
+// request that sends some token: nothing of a letter is shown, nothing
+// changes, and the answer says how to set the token.
+func TestAdminAPIWithoutTokenIsClosed(t *testing.T) {
 	b := setup(t)
-	b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
+	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: DNI 12345678Z"})
 	b.sync(t)
 	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{}))
 	defer srv.Close()
@@ -115,9 +135,12 @@ func TestAdminAPIWithoutTokenIsReadOnly(t *testing.T) {
 		if code, _ := call(t, "POST", srv.URL+"/purge", tok, `{"yes":true}`); code != 403 {
 			t.Fatalf("purge: %d, want 403", code)
 		}
-	}
-	if code, _ := call(t, "GET", srv.URL+"/letters", "", ""); code != 200 {
-		t.Fatalf("GET /letters: %d", code)
+		for _, p := range []string{"/letters", "/letters?motiu=permanent", "/letters/" + id} {
+			code, body := call(t, "GET", srv.URL+p, tok, "")
+			if code != 403 || !strings.Contains(body, "KM0_DLQ_ADMIN_TOKEN") || strings.Contains(body, "12345678Z") || strings.Contains(body, id) {
+				t.Fatalf("GET %s with no token configured: %d %s, want 403 naming KM0_DLQ_ADMIN_TOKEN", p, code, body)
+			}
+		}
 	}
 	if n := b.records(t, comandes); n != 0 || b.rows(t, dlq.StatePending) != 1 {
 		t.Fatalf("a disabled endpoint changed something: %d records, %d pending", n, b.rows(t, dlq.StatePending))
@@ -165,17 +188,17 @@ func TestAdminAPIRefusesUnknownFilter(t *testing.T) {
 	b := setup(t)
 	b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
 	b.sync(t)
-	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{}))
+	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{Token: "tok"}))
 	defer srv.Close()
-	if code, body := call(t, "GET", srv.URL+"/letters?motif=permanent", "", ""); code != 400 {
+	if code, body := call(t, "GET", srv.URL+"/letters?motif=permanent", "tok", ""); code != 400 {
 		t.Fatalf("GET /letters?motif=: %d %s, want 400", code, body)
 	}
-	if code, body := call(t, "GET", srv.URL+"/letters?motiu=permanent&estat=totes&limit=5", "", ""); code != 200 {
+	if code, body := call(t, "GET", srv.URL+"/letters?motiu=permanent&estat=totes&limit=5", "tok", ""); code != 200 {
 		t.Fatalf("GET /letters with known filters: %d %s, want 200", code, body)
 	}
 }
 
-// GET /letters is open, so its rows are bounded: a limit of 0 ("all") or
+// GET /letters rows are bounded: a limit of 0 ("all") or
 // above MaxListLimit is a 400, never a whole DLQ loaded into memory.
 func TestAdminAPIBoundsTheRowsOfAListing(t *testing.T) {
 	b := setup(t)
@@ -188,10 +211,10 @@ func TestAdminAPIBoundsTheRowsOfAListing(t *testing.T) {
 	if added, err := b.store.Insert(b.ctx, letters); err != nil || len(added) != len(letters) {
 		t.Fatalf("insert: %d, %v", len(added), err)
 	}
-	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{}))
+	srv := httptest.NewServer(dlq.Handler(b.svc, dlq.HandlerConfig{Token: "tok"}))
 	defer srv.Close()
 	rows := func(query string) (int, int) {
-		code, body := call(t, "GET", srv.URL+"/letters?"+query, "", "")
+		code, body := call(t, "GET", srv.URL+"/letters?"+query, "tok", "")
 		var ls struct {
 			Letters []dlq.LetterView `json:"cartes"`
 		}

@@ -220,7 +220,8 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 		m.Close()
 		return "", nil, err
 	}
-	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Token: p.token, Sampler: sampler, AllGroups: p.allGroups,
+	gate := dlq.NewGate(p.token, dlq.GateConfig{}) // one attempt budget for the login and the admin API
+	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Gate: gate, Sampler: sampler, AllGroups: p.allGroups,
 		Services: p.services, Logger: p.log, Retention: p.retention, KeyOrder: p.keyOrder, KeyOrderSchema: p.keyOrderSchema})
 	if err != nil {
 		m.Close()
@@ -235,7 +236,7 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	// The console's registry, and the default one (the process's own metrics).
 	mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{p.reg, prometheus.DefaultGatherer}, promhttp.HandlerOpts{}))
 	if p.source != nil {
-		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(p.source, dlq.HandlerConfig{Token: p.token, Logger: p.log})))
+		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(p.source, dlq.HandlerConfig{Gate: gate, Logger: p.log})))
 	}
 	mux.Handle("/", con.Handler())
 	srv := console.NewServer(ln, mux, p.allowed)
@@ -244,9 +245,9 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	go func() { _ = srv.Serve(ln); done <- struct{}{} }()
 	go func() { _ = sampler.Run(sctx); done <- struct{}{} }()
 	url = "http://" + ln.Addr().String()
-	access := "log in with $" + adminTokenEnv + " to read letters, replay and purge"
+	access := "log in with $" + adminTokenEnv + " to read letters, replay and purge; /dlq/ needs it as a bearer token"
 	if p.token == "" {
-		access = "counts only: set $" + adminTokenEnv + " to read letters, replay and purge"
+		access = "counts only: set $" + adminTokenEnv + " to read letters, replay and purge, here and at /dlq/"
 	}
 	fmt.Fprintf(p.out, "%s: console at %s/ (%s; metrics at /metrics)\n", p.name, url, access)
 	return url, func() {

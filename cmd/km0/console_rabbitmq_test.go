@@ -52,7 +52,8 @@ func TestUpConsoleListsTheSystemsRabbitMQDeadLetters(t *testing.T) {
 			api, console := freeAddr(t), freeAddr(t)
 			args := append([]string{"up", "--database-url", pgtest.URL(), "--database-suffix", suffix, "--amqp-url", amqptest.URL(),
 				"--events-exchange", exchange, "--events-queue-prefix", prefix, "--http", "comandes=" + api, "--console", console}, tc.events...)
-			up := startKm0(t, []string{adminTokenEnv + "="}, args...)
+			const adminToken = "t0k3n-of-the-rabbitmq-console-test"
+			up := startKm0(t, []string{adminTokenEnv + "=" + adminToken}, args...)
 			up.waitRunning(t, 90*time.Second)
 			defer func() { // a clean stop: the console and the system close their connections
 				_ = up.cmd.Process.Signal(syscall.SIGTERM)
@@ -80,7 +81,11 @@ func TestUpConsoleListsTheSystemsRabbitMQDeadLetters(t *testing.T) {
 
 			dlqName := amqp.DLQName(prefix + "inventari.descompte_estoc")
 			get := func(path string) (int, string) {
-				resp, err := http.Get("http://" + console + path)
+				req, _ := http.NewRequest(http.MethodGet, "http://"+console+path, nil)
+				if strings.HasPrefix(path, "/dlq/") {
+					req.Header.Set("Authorization", "Bearer "+adminToken)
+				}
+				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					return 0, err.Error()
 				}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,7 +36,9 @@ import (
 // (others on request) and of its RabbitMQ queues; and the health of its HTTP servers. It prints
 // the console's URL.
 // Lag over rule's thresholds for rule.For is logged and sent to the DLQ
-// webhook ($KM0_DLQ_WEBHOOK), as by km0 console.
+// webhook ($KM0_DLQ_WEBHOOK), as by km0 console. With no
+// $KM0_DLQ_ADMIN_TOKEN it makes a random token for the run (runToken) and
+// prints the path of the file that holds it, so that letters are never open.
 func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suffix string, brokers []string, drop bool, rule lag.Rule, out io.Writer, name string, log *slog.Logger) (stop func(), err error) {
 	if adminURL == "" {
 		return nil, errors.New("--console needs --database-url (or $KM0_DATABASE_URL): the dead-letter index gets its own database km0_dlq on that server")
@@ -97,8 +101,18 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	if len(parts.queues) > 0 {
 		lcfg.AMQP, lcfg.Queues = sys.EventsConn(), parts.queues
 	}
+	token := os.Getenv(adminTokenEnv)
+	if token == "" {
+		var path string
+		var remove func()
+		if token, path, remove, err = runToken(); err != nil {
+			return fail(err)
+		}
+		closers = append(closers, remove)
+		fmt.Fprintf(out, "%s: no $%s: this run's admin token is in %s (mode 0600, removed at stop); log in to the console with it\n", name, adminTokenEnv, path)
+	}
 	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(svc.AllowedHostsEnv), ","),
-		token: os.Getenv(adminTokenEnv), source: parts.source, broker: parts.broker, alerter: al,
+		token: token, source: parts.source, broker: parts.broker, alerter: al,
 		lag:      lcfg,
 		interval: lag.IntervalDefault, rule: rule, services: services, reg: reg, out: out, name: name, log: log})
 	if err != nil {
@@ -106,6 +120,28 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	}
 	closers = append(closers, stopConsole)
 	return cleanup, nil
+}
+
+// runToken makes a random admin token for one run of a system's console
+// and writes it to a new file that only this user can read (never to the
+// terminal or the log); remove deletes the file.
+func runToken() (token, path string, remove func(), err error) {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	token = base64.RawURLEncoding.EncodeToString(b)
+	f, err := os.CreateTemp("", "km0-admin-token-*") // mode 0600
+	if err != nil {
+		return "", "", nil, fmt.Errorf("console: the run's admin token: %w", err)
+	}
+	if _, err = f.WriteString(token + "\n"); err == nil {
+		err = f.Close()
+	}
+	if err != nil {
+		_ = f.Close()
+		_ = os.Remove(f.Name())
+		return "", "", nil, fmt.Errorf("console: the run's admin token: %w", err)
+	}
+	return token, f.Name(), func() { _ = os.Remove(f.Name()) }, nil
 }
 
 // alertFlags are the lag-alert thresholds of the console that km0 up

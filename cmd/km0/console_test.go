@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
@@ -245,9 +247,12 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 
 // km0 console indexes new dead letters by itself (it replaces km0 dlq
 // index): one written to the DLQ after it started shows up in its overview
-// and its metrics, and it stops cleanly with its context.
+// and its metrics, and it stops cleanly with its context. Its /dlq/ API
+// needs the token, and shares the login's attempt budget: wrong bearer
+// tokens there throttle a login from the same address.
 func TestConsoleCommandIndexesAndServes(t *testing.T) {
 	h := newDLQHarness(t)
+	t.Setenv(adminTokenEnv, "t0k3n-of-the-console")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out, errOut syncBuffer
@@ -278,6 +283,33 @@ func TestConsoleCommandIndexesAndServes(t *testing.T) {
 	})
 	if m := get("/metrics"); !strings.Contains(m, `km0_dlq_letters_total{motiu="permanent: esquema",topic="comandes.esdeveniments"} 1`) {
 		t.Fatalf("no dead-letter counter on /metrics:\n%s", m)
+	}
+	api := func(tok string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, base+"/dlq/letters?motiu=permanent", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := api("t0k3n-of-the-console"); code != http.StatusOK || !strings.Contains(body, "falta client") {
+		t.Fatalf("GET /dlq/letters with the token: %d %s", code, body)
+	}
+	for i := range dlq.GatePerSourceDefault {
+		if code, body := api("guess"); code != http.StatusUnauthorized || strings.Contains(body, "falta client") {
+			t.Fatalf("GET /dlq/letters with wrong token %d: %d %s, want 401", i, code, body)
+		}
+	}
+	resp, err := http.PostForm(base+"/login", url.Values{"token": {"t0k3n-of-the-console"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("login after the API's budget of wrong tokens from this address: %d, want 429 (one budget)", resp.StatusCode)
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -26,7 +26,7 @@ func runDemo(ctx context.Context, args []string) error {
 	orders := fs.Int("orders", demo.OrdersDefault, "number of orders to submit (with --chaos the default is 2000)")
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
 	keep := fs.Bool("keep-running", false, "leave the services, their HTTP APIs and the operator console up after the report (Ctrl-C stops them)")
-	consoleAddr := fs.String("console", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none)")
+	consoleAddr := fs.String("console", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none; token $"+adminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
 	alerts := addAlertFlags(fs, "with --keep-running")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
 	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set or --events puts events there, else the embedded Kafka)")

@@ -24,6 +24,7 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -535,7 +536,8 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 
 func (c *dlqCLI) index(ctx context.Context, args []string) error {
 	fs, o := c.flags("index", "index every new dead letter and alert on it; optionally serve /metrics and the admin API")
-	addr := fs.String("http-addr", "", "serve /metrics and the admin API (/dlq/...) here, e.g. 127.0.0.1:9464; empty: no HTTP")
+	addr := fs.String("http-addr", "", "serve /metrics and the admin API (/dlq/..., bearer token $"+adminTokenEnv+") here, e.g. 127.0.0.1:9464; empty: no HTTP (the Host header is checked)")
+	allowed := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names --http-addr answers besides its listen address: NAME or NAME:PORT,... (default $"+svc.AllowedHostsEnv+")")
 	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -555,7 +557,7 @@ func (c *dlqCLI) index(ctx context.Context, args []string) error {
 		}
 	}
 	if *addr != "" {
-		token := os.Getenv("KM0_DLQ_ADMIN_TOKEN")
+		token := os.Getenv(adminTokenEnv)
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.Handler())
 		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(env.svc, dlq.HandlerConfig{Token: token, Logger: logger()})))
@@ -563,13 +565,14 @@ func (c *dlqCLI) index(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		// A replay of many letters may take long: the write bound is generous.
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
+		// The Host check of the other servers (DNS rebinding); a replay of
+		// many letters may take long: the write bound is generous.
+		srv := &http.Server{Handler: svc.HostGuard(mux, ln.Addr(), strings.Split(*allowed, ",")), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
-		state := "POST /dlq/replay and /dlq/purge enabled (bearer token from KM0_DLQ_ADMIN_TOKEN)"
+		state := "/dlq/ needs the bearer token of $" + adminTokenEnv
 		if token == "" {
-			state = "POST endpoints disabled: set KM0_DLQ_ADMIN_TOKEN to enable them"
+			state = "/dlq/ disabled (403): set $" + adminTokenEnv + " to read, replay and purge letters"
 		}
 		fmt.Fprintf(c.errOut, "km0 dlq index: http://%s/metrics and /dlq/letters; %s\n", ln.Addr(), state)
 	}

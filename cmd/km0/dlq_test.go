@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"io"
+	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -190,5 +192,60 @@ func TestDLQReplayAndPurgeNeedAnExplicitAll(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "--all selects every letter") {
 			t.Errorf("km0 dlq %v: %v, want a refusal of --all with a filter", args, err)
 		}
+	}
+}
+
+// km0 dlq index --http-addr checks the Host header as the other servers do
+// (a DNS-rebinding page sends Host: attacker.example: 421, nothing of the
+// letter, even with the right token), and its /dlq/ API needs the token.
+func TestDLQIndexHTTPChecksTheHostAndTheToken(t *testing.T) {
+	h := newDLQHarness(t)
+	id := h.dead("P-7", "permanent: esquema: DNI 12345678Z", []byte(`{}`))
+	t.Setenv(adminTokenEnv, "t0k3n-of-the-index")
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		c := &dlqCLI{out: &out, errOut: &errOut, in: strings.NewReader(""), now: time.Now}
+		done <- c.run(ctx, append(append([]string{"index"}, h.base...), "--http-addr", addr))
+	}()
+	get := func(path, host, tok string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		if host != "" {
+			req.Host = host
+		}
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitUntil(t, "the letter in the index's API", func() bool {
+		code, body := get("/dlq/letters/"+id, "", "t0k3n-of-the-index")
+		return code == http.StatusOK && strings.Contains(body, "12345678Z")
+	})
+	for _, host := range []string{"attacker.example", "attacker.example:" + strings.Split(addr, ":")[1]} {
+		for _, p := range []string{"/dlq/letters/" + id, "/dlq/letters", "/metrics"} {
+			if code, body := get(p, host, "t0k3n-of-the-index"); code != http.StatusMisdirectedRequest || strings.Contains(body, "12345678Z") {
+				t.Fatalf("GET %s with Host %s: %d, want 421 and nothing of the letter", p, host, code)
+			}
+		}
+	}
+	if code, body := get("/dlq/letters/"+id, "", ""); code != http.StatusUnauthorized || strings.Contains(body, "12345678Z") {
+		t.Fatalf("GET a letter without the token: %d, want 401", code)
+	}
+	if code, _ := get("/dlq/letters/"+id, "localhost:"+strings.Split(addr, ":")[1], "t0k3n-of-the-index"); code != http.StatusOK {
+		t.Fatalf("GET a letter with Host localhost: %d, want 200", code)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("km0 dlq index: %v\n%s", err, errOut.String())
 	}
 }

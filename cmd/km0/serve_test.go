@@ -41,12 +41,20 @@ type proc struct {
 	err     error
 	mu      sync.Mutex
 	stderr  bytes.Buffer
+	stdout  bytes.Buffer
 }
 
 func (p *proc) log() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stderr.String()
+}
+
+// output is what p printed on stdout so far.
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stdout.String()
 }
 
 type lockedWriter struct{ p *proc }
@@ -82,6 +90,9 @@ func startKm0(t *testing.T, env []string, args ...string) *proc {
 		sc := bufio.NewScanner(out)
 		once := sync.Once{}
 		for sc.Scan() {
+			p.mu.Lock()
+			p.stdout.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
 			if strings.Contains(sc.Text(), ": running ") {
 				once.Do(func() { close(p.running) })
 			}

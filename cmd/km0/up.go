@@ -72,7 +72,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	deletePublished := fs.Bool("delete-published", false, "each service's relay deletes each outbox row as soon as the broker confirmed it, instead of setting publicat_en: the outboxes keep only pending rows and nothing can be replayed from them")
 	relayMode := fs.String("relay", system.RelayPolling, "how each service's relay finds its outbox rows: polling (claim them from the table) or cdc (stream the inserts from the WAL; the server needs wal_level = logical and the REPLICATION privilege; slots km0_<database>_outbox)")
-	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+adminTokenEnv+")")
+	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+adminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
 	alerts := addAlertFlags(fs, "with --console")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {

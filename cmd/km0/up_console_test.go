@@ -8,8 +8,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -95,5 +98,65 @@ func TestUpRefusesLagThresholdsWithoutConsole(t *testing.T) {
 	err := runServices(context.Background(), "up", system.Services, []string{"--max-lag", "5", "--brokers", "127.0.0.1:1"})
 	if err == nil || !strings.Contains(err.Error(), "--console") {
 		t.Fatalf("km0 up --max-lag without --console: %v", err)
+	}
+}
+
+// km0 up --console (here km0 serve --console) with no $KM0_DLQ_ADMIN_TOKEN
+// makes a token for its run: it prints the path of a 0600 file that holds
+// it (never the token itself), the console's /dlq/ API refuses every read
+// without it and answers with it, and a clean stop removes the file.
+func TestUpConsoleWithoutTokenMakesOneForTheRun(t *testing.T) {
+	b := kafkatest.New(t, system.DomainTopics()...)
+	sfx := make([]byte, 4)
+	_, _ = rand.Read(sfx)
+	suffix := "tok_" + hex.EncodeToString(sfx)
+	t.Cleanup(func() { _ = svc.DropDatabase(context.Background(), pgtest.URL(), svc.DatabaseName("dlq", suffix)) })
+	console := freeAddr(t)
+	p := startKm0(t, []string{adminTokenEnv + "=", serviceDatabaseEnv("analitica") + "=" + pgtest.NewDatabase(t)},
+		"serve", "analitica", "--brokers", strings.Join(b.Addrs(), ","), "--database-url", pgtest.URL(), "--database-suffix", suffix,
+		"--console", console)
+	p.waitRunning(t, 60*time.Second)
+	var m []string
+	waitFor(t, "the token file's path and the console's URL", func() bool {
+		m = regexp.MustCompile(`admin token is in (\S+) \(mode 0600`).FindStringSubmatch(p.output())
+		return m != nil && strings.Contains(p.output(), "console at http://"+console+"/")
+	})
+	path := m[1]
+	t.Cleanup(func() { _ = os.Remove(path) }) // if the process was killed
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file %s: %v, mode %v; want 0600", path, err, fi)
+	}
+	raw, _ := os.ReadFile(path)
+	tok := strings.TrimSpace(string(raw))
+	if len(tok) < 40 || strings.Contains(p.output(), tok) || strings.Contains(p.log(), tok) {
+		t.Fatalf("token of %d characters, printed: %v", len(tok), strings.Contains(p.output()+p.log(), tok))
+	}
+	get := func(auth string) int {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+console+"/dlq/letters", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(""); code != http.StatusUnauthorized {
+		t.Fatalf("GET /dlq/letters without the token: %d, want 401", code)
+	}
+	if code := get(tok); code != http.StatusOK {
+		t.Fatalf("GET /dlq/letters with the run's token: %d, want 200", code)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("km0 serve did not stop within 30 s of SIGTERM\n%s", p.log())
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("token file after a clean stop: %v, want removed", err)
 	}
 }
