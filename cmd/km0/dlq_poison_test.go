@@ -56,4 +56,7 @@ func TestDLQLsOnRabbitMQSurvivesForgedLetters(t *testing.T) {
 	if b, i := r.onBroker(), r.indexed(); b != 0 || i != 2 {
 		t.Fatalf("%d left on the broker, %d indexed; want 0 and 2", b, i)
 	}
+	if out, err := r.run("ls", "--json"); err != nil || !strings.Contains(out, `"refusades": 1`) {
+		t.Fatalf("ls --json does not count the refused letter: %v\n%s", err, out)
+	}
 }
