@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -101,7 +102,7 @@ func runKm0(t *testing.T, env []string, args ...string) (string, error) {
 	return string(out), err
 }
 
-// km0 migrate and km0 relay (polling) as processes against PostgreSQL with
+// km0 migrate and km0 relay (polling, then cdc) as processes against PostgreSQL with
 // sslmode=verify-full, authenticated by a client certificate, the relay
 // publishing to RabbitMQ over amqps:// (--amqp-tls-ca-file, a client
 // certificate, --amqp-tls-server-name): every row reaches the queue and is
@@ -131,20 +132,23 @@ func TestMigrateAndRelayOverTLS(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t, dbURL, 2)
 	ob := outbox.New(outbox.Config{})
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const rows = 20
-	for i := range rows {
-		if err := ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: fmt.Sprint("P-", i%3), Type: "comanda.creada",
-			Payload: map[string]int{"i": i}}); err != nil {
+	enqueue := func(n int) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			if err := ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: fmt.Sprint("P-", i%3), Type: "comanda.creada",
+				Payload: map[string]int{"i": i}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	const rows = 20
+	enqueue(rows)
 	conn := amqptest.Dial(t)
 	exchange, queue := amqptest.Name("km0.test.tlsrelay"), amqptest.Name("km0.test.tlsrelay.q")
 	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue} })
@@ -180,6 +184,32 @@ func TestMigrateAndRelayOverTLS(t *testing.T) {
 	}
 	if strings.Contains(relay.log(), "guest:guest") {
 		t.Fatalf("the relay logged the broker's password:\n%s", relay.log())
+	}
+	_ = relay.cmd.Process.Signal(syscall.SIGTERM)
+	<-relay.exited
+
+	// The CDC relay: its replication connection takes the same TLS
+	// parameters (as postgres: it needs REPLICATION).
+	enqueue(rows)
+	adminURL := strings.Replace(tc.c.URL, "/postgres?", "/km0tls?", 1)
+	cdcRelay := startKm0(t, []string{"KM0_DATABASE_URL=" + adminURL, "KM0_AMQP_URL=" + rabbit.URL, "KM0_AMQP_TLS_CA_FILE=" + rabbit.CA.CertFile,
+		"KM0_AMQP_TLS_CERT_FILE=" + client.CertFile, "KM0_AMQP_TLS_KEY_FILE=" + client.KeyFile},
+		"relay", "--mode", "cdc", "--topic", "comandes.esdeveniments", "--origin", "comandes", "--exchange", exchange)
+	waitFor(t, "the CDC relay published the new rows over TLS and marked them", func() bool {
+		select {
+		case <-cdcRelay.exited:
+			t.Fatalf("km0 relay --mode cdc exited: %v\n%s", cdcRelay.err, cdcRelay.log())
+		default:
+		}
+		var pending int
+		return pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE publicat_en IS NULL").Scan(&pending) == nil && pending == 0 &&
+			amqptest.QueueLen(t, conn, queue) == 2*rows
+	})
+	admin := pgtest.NewPool(t, tc.c.URL, 1)
+	var walsenders int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+		WHERE a.backend_type = 'walsender' AND s.ssl`).Scan(&walsenders); err != nil || walsenders != 1 {
+		t.Fatalf("replication connections over TLS: %d (%v), want 1", walsenders, err)
 	}
 }
 
