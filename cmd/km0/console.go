@@ -284,7 +284,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		return err
 	}
 	defer env.close()
-	lcfg, closeLag, err := lagConfig(ctx, *o.brokers, *o.amqpURL, o.queueNames(), *o.group, lf)
+	lcfg, closeLag, err := lagConfig(ctx, *o.brokers, *o.amqpURL, o.amqpTLS, o.queueNames(), *o.group, lf)
 	if err != nil {
 		return err
 	}
@@ -316,7 +316,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 // outboxes of --outbox, the groups of --brokers (--consumer-groups, else the
 // system's: systemGroups with dlqGroup; others with --all-groups), the
 // queues of --queue.
-func lagConfig(ctx context.Context, brokers, amqpURL string, queues []string, dlqGroup string, lf *lagFlags) (lag.Config, func(), error) {
+func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (lag.Config, func(), error) {
 	cfg := lag.Config{Brokers: splitList(brokers), Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
 		ManagementURL: *lf.management, Logger: logger()}
 	if len(cfg.Groups) == 0 {
@@ -342,7 +342,14 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, queues []string, dl
 		cfg.Outboxes = append(cfg.Outboxes, lag.Outbox{Name: name, DB: pool, Names: migrate.Names{Schema: *lf.outboxSchema, Outbox: *lf.outboxTable}})
 	}
 	if qs := queues; len(qs) > 0 {
-		conn, err := amqp.Dial(ctx, amqp.Config{URL: amqpURL, Name: "km0 lag", Logger: logger()})
+		tlsCfg, err := amqpTLS.config()
+		if err != nil {
+			closeAll()
+			return cfg, nil, err
+		}
+		// The management API is reached with the broker's TLS settings.
+		cfg.HTTPClient = managementClient(tlsCfg)
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: amqpURL, Name: "km0 lag", Logger: logger(), TLS: tlsCfg})
 		if err != nil {
 			closeAll()
 			return cfg, nil, err

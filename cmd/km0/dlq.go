@@ -99,6 +99,7 @@ func (c *dlqCLI) run(ctx context.Context, args []string) error {
 type dlqOpts struct {
 	dbURL, brokers, schema, topics, group, webhook *string
 	amqpURL                                        *string
+	amqpTLS                                        *amqpTLSFlags
 	queues                                         *listFlag
 	syncTimeout                                    *time.Duration
 	json                                           *bool
@@ -147,6 +148,7 @@ func (c *dlqCLI) flagsFor(command, summary string) (*flag.FlagSet, *dlqOpts) {
 		fs:          fs,
 	}
 	o.amqpURL = secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL: operate the DLQ queues of --queue (default $KM0_AMQP_URL, else the local guest broker)")
+	o.amqpTLS = addAMQPTLSFlags(fs)
 	fs.Var(o.queues, "queue", "RabbitMQ work queue whose <queue>.dlq to operate (repeatable or comma separated); selects RabbitMQ")
 	return fs, o
 }
@@ -190,7 +192,11 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 	var backend dlq.Backend
 	if o.rabbit() {
 		env.rabbit = true
-		conn, err := amqp.Dial(ctx, amqp.Config{URL: *o.amqpURL, Name: "km0 dlq", Logger: log})
+		tlsCfg, err := o.amqpTLS.config()
+		if err != nil {
+			return fail(err)
+		}
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: *o.amqpURL, Name: "km0 dlq", Logger: log, TLS: tlsCfg})
 		if err != nil {
 			return fail(err) // names the URL without its password
 		}

@@ -229,3 +229,20 @@ func TestDLQRabbitMQFlags(t *testing.T) {
 		t.Fatalf("--help leaks the password or lacks --queue:\n%s", s)
 	}
 }
+
+// `km0 dlq ls` over amqps:// (--amqp-tls-ca-file, through a TLS listener in
+// front of the broker) takes the DLQ's letter into the index: broker 1 +
+// index 0 → broker 0 + index 1.
+func TestDLQCommandsOverTLS(t *testing.T) {
+	r := newRabbitDLQ(t)
+	r.publish("perm")
+	amqptest.WaitFor(t, 20*time.Second, "1 dead letter in the DLQ", func() bool { return r.onBroker() == 1 })
+	b := amqptest.NewTLSBroker(t, false)
+	out, err := r.run("ls", "--amqp-url", b.URL, "--amqp-tls-ca-file", b.CA.CertFile, "--amqp-tls-server-name", b.ServerName)
+	if err != nil || !strings.Contains(out, "1 new dead letter(s) indexed") {
+		t.Fatalf("ls over TLS: %v\n%s", err, out)
+	}
+	if bk, i := r.onBroker(), r.indexed(); bk != 0 || i != 1 || b.Proxy.Accepted() == 0 {
+		t.Fatalf("after ls over TLS: %d on the broker, %d indexed, %d TLS connections; want 0, 1 and some", bk, i, b.Proxy.Accepted())
+	}
+}

@@ -36,6 +36,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	fs.SetOutput(errOut)
 	brokers := brokersFlag(fs)
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
+	amqpTLS := addAMQPTLSFlags(fs)
 	queues := &listFlag{}
 	fs.Var(queues, "queue", "a RabbitMQ queue to report, with its .dlq (repeatable or comma separated)")
 	asJSON := fs.Bool("json", false, "print the snapshot as JSON")
@@ -49,7 +50,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	for _, q := range *queues {
 		qs = append(qs, splitList(q)...)
 	}
-	cfg, closeLag, err := lagConfig(ctx, *brokers, *amqpURL, qs, dlq.GroupDefault, lf)
+	cfg, closeLag, err := lagConfig(ctx, *brokers, *amqpURL, amqpTLS, qs, dlq.GroupDefault, lf)
 	if err != nil {
 		return err
 	}

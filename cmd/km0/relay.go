@@ -45,6 +45,7 @@ func runRelay(ctx context.Context, args []string) error {
 	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of the topic if it has to be created")
 	exchange := fs.String("exchange", "", "publish to this RabbitMQ exchange (routing key = --topic) instead of Kafka")
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL, with --exchange (default $KM0_AMQP_URL, else the local guest broker)")
+	amqpTLS := addAMQPTLSFlags(fs)
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default off)")
 	pruneOlder := fs.Duration("prune-older-than", 0, "delete published rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	deletePublished := fs.Bool("delete-published", false, "delete each row as soon as the broker confirmed it, instead of setting publicat_en: the outbox keeps only pending rows and nothing can be replayed from it")
@@ -99,7 +100,11 @@ func runRelay(ctx context.Context, args []string) error {
 	var pub transport.Publisher
 	maxRecord := relay.MaxRecordBytesDefault
 	if *exchange != "" {
-		conn, err := amqp.Dial(ctx, amqp.Config{URL: *amqpURL, Name: "km0-relay", Logger: log})
+		tlsCfg, err := amqpTLS.config()
+		if err != nil {
+			return err
+		}
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: *amqpURL, Name: "km0-relay", Logger: log, TLS: tlsCfg})
 		if err != nil {
 			return err
 		}

@@ -63,6 +63,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	eventsExchange := fs.String("events-exchange", cmp.Or(os.Getenv("KM0_EVENTS_EXCHANGE"), system.EventsExchangeDefault), "RabbitMQ topic exchange of the events --events puts there (default $KM0_EVENTS_EXCHANGE, else "+system.EventsExchangeDefault+")")
 	eventsPrefix := fs.String("events-queue-prefix", os.Getenv("KM0_EVENTS_QUEUE_PREFIX"), "put this before the name of every RabbitMQ queue of the events, e.g. staging. (default $KM0_EVENTS_QUEUE_PREFIX; give every process the same)")
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply and for the events --events puts there (default $KM0_AMQP_URL; empty: request/reply over Kafka, and with --events rabbitmq the local guest broker)")
+	amqpTLS := addAMQPTLSFlags(fs)
 	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply")
 	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
 	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
@@ -108,6 +109,10 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if cfg.NeedsRabbitMQ() && cfg.AMQPURL == "" {
 		cfg.AMQPURL = amqp.URLDefault
 	}
+	amqpTLSCfg, err := amqpTLS.config()
+	if err != nil {
+		return err
+	}
 	var brokerList []string
 	switch {
 	case !cfg.NeedsKafka() && !*embedded:
@@ -136,7 +141,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		addrs[k] = v
 	}
 	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
-		Brokers: brokerList, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
+		Brokers: brokerList, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, AMQPTLS: amqpTLSCfg, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
 		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()})
 	if err != nil {

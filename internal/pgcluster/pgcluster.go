@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -33,13 +34,34 @@ type Options struct {
 	// top of: wal_level=logical, fsync=on, max_replication_slots and
 	// max_wal_senders 20, listen_addresses=127.0.0.1.
 	Settings map[string]string
+	// TLS, when set, turns ssl on with these files (copied into the
+	// cluster's directory, the key readable by the server alone) and makes
+	// every TCP connection use TLS: pg_hba.conf gets hostssl lines only
+	// (trust, or cert for CertUsers), plain TCP is refused. Default nil:
+	// TCP without TLS, trust.
+	TLS *TLS
+}
+
+// TLS are the server files of a cluster with ssl=on.
+type TLS struct {
+	// CertFile and KeyFile are the server's certificate and key (PEM). The
+	// certificate must name 127.0.0.1 for sslmode=verify-full.
+	CertFile, KeyFile string
+	// CAFile verifies client certificates (ssl_ca_file), and is the
+	// sslrootcert of Cluster.URL.
+	CAFile string
+	// CertUsers authenticate with a client certificate whose common name
+	// is their name (pg_hba method cert), over TCP; no password or trust.
+	// The roles are not created.
+	CertUsers []string
 }
 
 // Cluster is a private PostgreSQL server of its own data directory, port and
 // socket directory, for tests that need settings the machine's shared server
 // must not get (wal_level=logical) or that restart the server.
 type Cluster struct {
-	// URL connects as the superuser postgres over TCP (trust).
+	// URL connects as the superuser postgres over TCP (trust); with
+	// Options.TLS over TLS, sslmode=verify-full and sslrootcert the CA.
 	URL   string
 	Port  int
 	dir   string // holds data/ and sock/
@@ -93,10 +115,19 @@ func Start(opts Options) (*Cluster, error) {
 	if c.Port, err = freePort(); err != nil {
 		return nil, err
 	}
+	var tlsSettings map[string]string
+	if opts.TLS != nil {
+		if tlsSettings, err = c.setupTLS(data, *opts.TLS); err != nil {
+			return nil, err
+		}
+	}
 	settings := map[string]string{
 		"wal_level": "logical", "fsync": "on", "max_replication_slots": "20", "max_wal_senders": "20",
 		"listen_addresses": "127.0.0.1", "port": strconv.Itoa(c.Port), "unix_socket_directories": filepath.Join(dir, "sock"),
 		"shared_buffers": "64MB", "max_connections": "100", "logging_collector": "off",
+	}
+	for k, v := range tlsSettings {
+		settings[k] = v
 	}
 	for k, v := range opts.Settings {
 		settings[k] = v
@@ -118,6 +149,10 @@ func Start(opts Options) (*Cluster, error) {
 	}
 	go func() { c.done <- c.cmd.Wait() }()
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
+	if opts.TLS != nil {
+		c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=%s",
+			c.Port, url.QueryEscape(opts.TLS.CAFile))
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -295,4 +330,38 @@ func procTicks(pid int, children bool) int64 {
 		t += v
 	}
 	return t
+}
+
+// setupTLS copies the files of t into the data directory, owned by the
+// server's user (the key 0600, as PostgreSQL demands), writes a pg_hba.conf
+// that takes TCP connections over TLS only, and returns the ssl settings.
+func (c *Cluster) setupTLS(data string, t TLS) (map[string]string, error) {
+	files := map[string]string{"server.crt": t.CertFile, "server.key": t.KeyFile, "root.crt": t.CAFile}
+	for name, src := range files {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return nil, fmt.Errorf("pgcluster: TLS: %w", err)
+		}
+		dst := filepath.Join(data, name)
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			return nil, fmt.Errorf("pgcluster: TLS: %w", err)
+		}
+		if err := c.chown(dst); err != nil {
+			return nil, err
+		}
+	}
+	var hba strings.Builder
+	hba.WriteString("# written by pgcluster: TCP over TLS only\nlocal all all trust\nlocal replication all trust\n")
+	for _, u := range t.CertUsers {
+		fmt.Fprintf(&hba, "hostssl all %[1]s 127.0.0.1/32 cert\nhostssl replication %[1]s 127.0.0.1/32 cert\n", u)
+	}
+	hba.WriteString("hostssl all all 127.0.0.1/32 trust\nhostssl replication all 127.0.0.1/32 trust\n" +
+		"hostnossl all all 0.0.0.0/0 reject\nhostnossl replication all 0.0.0.0/0 reject\n")
+	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba.String()), 0o600); err != nil {
+		return nil, fmt.Errorf("pgcluster: TLS: %w", err)
+	}
+	if err := c.chown(filepath.Join(data, "pg_hba.conf")); err != nil {
+		return nil, err
+	}
+	return map[string]string{"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key", "ssl_ca_file": "root.crt"}, nil
 }

@@ -38,14 +38,29 @@ func DatabaseName(service, suffix string) string {
 	return "km0_" + service + "_" + suffix
 }
 
-// WithDatabase returns the URL base with its database replaced by name. It
-// fails on an unparseable URL without echoing it (it may hold a password).
+// WithDatabase returns the connection string base with its database
+// replaced by name, every other setting kept: host, user, and the TLS
+// parameters (sslmode, sslrootcert, sslcert, sslkey), so that a derived
+// km0_<service> database is reached as securely as base. base is a URL
+// (postgres://, postgresql://) or a keyword/value DSN ("host=... sslmode=..."),
+// whose later dbname overrides an earlier one. It fails on an unparseable
+// base without echoing it (it may hold a password).
 func WithDatabase(base, name string) (string, error) {
+	unparseable := errors.New("svc: unparseable database URL (not shown: it may hold a password)")
+	if !strings.HasPrefix(base, "postgres://") && !strings.HasPrefix(base, "postgresql://") {
+		// Not parsed here: pgconn.ParseConfig reads the TLS files, and the
+		// connection reports their errors.
+		if !strings.Contains(base, "=") {
+			return "", unparseable
+		}
+		return strings.TrimSpace(base) + " dbname='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(name) + "'", nil
+	}
 	u, err := url.Parse(base)
 	if err != nil {
-		return "", errors.New("svc: unparseable database URL (not shown: it may hold a password)")
+		return "", unparseable
 	}
 	u.Path = "/" + name
+	u.RawPath = ""
 	return u.String(), nil
 }
 

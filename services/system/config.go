@@ -9,6 +9,7 @@ package system
 
 import (
 	"cmp"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -166,6 +167,10 @@ type Config struct {
 	// AMQPURL, if set, carries request/reply over RabbitMQ, and the events
 	// Events puts there; otherwise request/reply runs over Kafka (Brokers).
 	AMQPURL string
+	// AMQPTLS configures the connections of an amqps:// AMQPURL (see
+	// amqp.Config.TLS). Default nil: the URL's TLS parameters, else the
+	// system's roots.
+	AMQPTLS *tls.Config
 	// Authorize makes comandes ask pagaments to authorise each order before
 	// accepting it. Default false.
 	Authorize bool

@@ -187,7 +187,7 @@ func (s *System) rabbitTopics(topics []string) []string {
 // read its events exist, or RabbitMQ drops those events for them), and
 // opens the relays' publisher.
 func (s *System) startEvents(ctx context.Context) error {
-	conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-events", Logger: s.log})
+	conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-events", Logger: s.log, TLS: s.cfg.AMQPTLS})
 	if err != nil {
 		return fmt.Errorf("system: events over RabbitMQ: %w", err)
 	}

@@ -40,7 +40,7 @@ func newRR(ctx context.Context, s *System) (*rrStack, error) {
 	if s.cfg.AMQPURL != "" {
 		// Many requests are answered and acked at once: their frames go
 		// out together (amqp.Config.CoalesceWrites).
-		conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-system", Logger: s.log, CoalesceWrites: true})
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-system", Logger: s.log, CoalesceWrites: true, TLS: s.cfg.AMQPTLS})
 		if err != nil {
 			return nil, fmt.Errorf("system: request/reply over RabbitMQ: %w", err)
 		}

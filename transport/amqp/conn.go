@@ -11,6 +11,7 @@ package amqp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -60,6 +61,14 @@ type Config struct {
 	// been queued; a write error closes the connection as before (it
 	// heals). Default false.
 	CoalesceWrites bool
+	// TLS configures the connection of an amqps:// URL: the roots that
+	// verify the broker, a client certificate, the server name (TLSFiles
+	// builds one from files). Default nil: the URL's own TLS parameters
+	// (cacertfile, certfile, keyfile, server_name_indication), else the
+	// system's roots and the URL's host. Verification is never turned off
+	// here. With an amqp:// URL, TLS is an error: the connection would
+	// not be encrypted.
+	TLS *tls.Config
 }
 
 // WithDefaults returns c with empty fields filled in.
@@ -126,6 +135,9 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 		}
 		return nil, fmt.Errorf("amqp: invalid URL (not shown: it may hold a password): %w", err)
 	}
+	if u, _ := amqp.ParseURI(cfg.URL); cfg.TLS != nil && u.Scheme != "amqps" {
+		return nil, fmt.Errorf("amqp: TLS settings given for a plain %s URL: use amqps:// (the connection would not be encrypted)", u.Scheme)
+	}
 	c := &Conn{cfg: cfg, log: cfg.Logger, closed: make(chan struct{}), done: make(chan struct{}), changed: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	conn, err := c.dial(ctx)
@@ -158,7 +170,13 @@ func (c *Conn) dial(ctx context.Context) (*amqp.Connection, error) {
 				return newCoalescingConn(nc), nil
 			}
 		}
-		conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{Heartbeat: c.cfg.Heartbeat, Properties: props, Dial: dial})
+		// DialConfig fills in the server name of the TLS configuration it
+		// is given: a copy for each dial.
+		var tlsCfg *tls.Config
+		if c.cfg.TLS != nil {
+			tlsCfg = c.cfg.TLS.Clone()
+		}
+		conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{Heartbeat: c.cfg.Heartbeat, Properties: props, Dial: dial, TLSClientConfig: tlsCfg})
 		ch <- result{conn, err}
 	}()
 	select {
