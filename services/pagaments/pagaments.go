@@ -92,7 +92,7 @@ type Config struct {
 	// with a permanent ErrNotAuthorised and the gateway is not called.
 	// Default false: every well-formed order is charged.
 	RequireApproval bool
-	Logger         *slog.Logger // default slog.Default()
+	Logger          *slog.Logger // default slog.Default()
 }
 
 // Service is the pagaments service. It is safe for concurrent use.
