@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
@@ -21,6 +22,8 @@ import (
 	"github.com/km0/km0/services/internal/svctest"
 	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // The trust boundary of pagaments.autoritzacions, end to end (Kafka):
@@ -223,5 +226,42 @@ func TestAcceptUnsignedRequestsShowsInHealth(t *testing.T) {
 	var h system.Health
 	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || !h.UnsignedRequests {
 		t.Fatalf("/salut: %+v, %v: want peticions_sense_signar true", h, err)
+	}
+}
+
+// With Authorize, a comanda.creada that did not come through comandes' ask
+// (published straight to the topic by anyone who can write it, for an order
+// pagaments never approved) is dead-lettered by the charging consumer with
+// motiu "permanent: sense_autoritzacio: ...", and the gateway is never called.
+func TestChargingConsumerDeadLettersAnOrderWithoutApproval(t *testing.T) {
+	sys, b := startWith(t, []string{pagaments.Name}, func(c *system.Config) { c.Authorize = true })
+	t.Cleanup(sys.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m := svctest.Message(t, comandes.Topic, comandes.TypeCreated, 2, map[string]any{"id": "P-2026-000991", "client": "anna", "mercat": "girona",
+		"linies": []map[string]any{{"producte": "formatge-curat", "quantitat": 1, "preu_centims": 900000}}})
+	m.Message.Key = []byte("P-2026-000991")
+	if err := kafka.NewPublisher(kafkatest.Client(t, b)).Publish(ctx, []*transport.Message{m.Message}); err != nil {
+		t.Fatal(err)
+	}
+	dead := kafkatest.ReadAll(t, b, contract.DLQName(comandes.Topic), 1, 30*time.Second)
+	if len(dead) != 1 {
+		t.Fatalf("%d dead letters on %s, want 1", len(dead), contract.DLQName(comandes.Topic))
+	}
+	var motiu string
+	for _, h := range dead[0].Headers {
+		if h.Key == "motiu" {
+			motiu = string(h.Value)
+		}
+	}
+	if !strings.HasPrefix(motiu, "permanent: sense_autoritzacio: P-2026-000991") {
+		t.Fatalf("motiu %q, want permanent: sense_autoritzacio: P-2026-000991 ...", motiu)
+	}
+	charges, err := sys.Gateway.Charges(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if payments := svctest.Count(t, sys.Pool(pagaments.Name), "SELECT count(*) FROM pagaments"); len(charges) != 0 || payments != 0 {
+		t.Fatalf("%d gateway charges and %d payments, want 0 and 0", len(charges), payments)
 	}
 }
