@@ -36,12 +36,14 @@ type rrStack struct {
 	s       *System
 	conn    *amqp.Conn // nil over Kafka
 	key     []byte     // the shared signing key; nil: unsigned
+	warned  bool       // the warning about serving without a key is out
 	closers []func() error
 }
 
 func newRR(ctx context.Context, s *System) (*rrStack, error) {
 	r := &rrStack{s: s, key: s.cfg.SigningKey}
 	if r.unsigned() {
+		r.warned = true
 		s.log.Warn("system: request/reply without a signing key (accept unsigned requests): pagaments answers anyone who can publish to " +
 			pagaments.AuthQueue + " and comandes takes any reply; set " + requestreply.SigningKeyEnv + " (the same key for comandes and pagaments) to refuse them")
 	}
@@ -79,6 +81,11 @@ const (
 func (r *rrStack) serve(ctx context.Context, queue string, workers int, h func(ctx context.Context, body []byte) ([]byte, error)) error {
 	var handler requestreply.Handler = func(ctx context.Context, req *requestreply.Request) ([]byte, error) { return h(ctx, req.Body) }
 	log := r.s.log.With("rr", queue)
+	if r.key == nil && !r.warned {
+		r.warned = true
+		r.s.log.Warn("system: request/reply servers accept unsigned requests: anyone who can publish to "+queue+" is trusted; set "+
+			requestreply.SigningKeyEnv+" (the same key in every process) to refuse them", "cua", queue)
+	}
 	var run func(context.Context) error
 	if r.conn != nil {
 		srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: r.conn, Handler: handler, Queue: queue, Workers: workers, Prefetch: 2 * workers, Logger: log, SigningKey: r.key, Metrics: prometheus.DefaultRegisterer})
