@@ -30,25 +30,31 @@ func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*amqp.Conn,
 
 // Over RabbitMQ: a server with a SigningKey answers only requests signed
 // with it, and its requesters take only its replies, whatever a competing
-// consumer of the queue answers.
+// consumer of the queue answers; with an exclusive reply queue and with
+// direct reply-to (whose address the server sees with a token the requester
+// never knew).
 func TestSigning(t *testing.T) {
-	rrtest.RunSigning(t, func(t *testing.T, h requestreply.Handler, key []byte) rrtest.Signed {
-		conn, srv, queue := signedServer(t, h, key)
-		ctx := context.Background()
-		return rrtest.Signed{
-			Service: queue,
-			Refused: func() int64 { return srv.Stats().Unauthenticated },
-			Requester: func(key []byte) (requestreply.Requester, func() int64) {
-				cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn, SigningKey: key})
-				if err != nil {
-					t.Fatal(err)
+	for _, direct := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ExclusiveQueue", true: "DirectReplyTo"}[direct], func(t *testing.T) {
+			rrtest.RunSigning(t, func(t *testing.T, h requestreply.Handler, key []byte) rrtest.Signed {
+				conn, srv, queue := signedServer(t, h, key)
+				ctx := context.Background()
+				return rrtest.Signed{
+					Service: queue,
+					Refused: func() int64 { return srv.Stats().Unauthenticated },
+					Requester: func(key []byte) (requestreply.Requester, func() int64) {
+						cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn, SigningKey: key, DirectReplyTo: direct})
+						if err != nil {
+							t.Fatal(err)
+						}
+						t.Cleanup(func() { _ = cl.Close() })
+						return cl, cl.DroppedReplies
+					},
+					Rogue: func(key, body []byte) func() int64 { return rogue(t, conn, queue, key, body) },
 				}
-				t.Cleanup(func() { _ = cl.Close() })
-				return cl, cl.DroppedReplies
-			},
-			Rogue: func(key, body []byte) func() int64 { return rogue(t, conn, queue, key, body) },
-		}
-	})
+			})
+		})
+	}
 }
 
 // rogue consumes queue beside the server and answers every request it gets
