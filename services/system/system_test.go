@@ -66,7 +66,7 @@ func TestReservarEstocOverRequestReplyIsIdempotent(t *testing.T) {
 	t.Cleanup(sys.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs(), Timeout: 20 * time.Second})
+	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs(), Timeout: 20 * time.Second, SigningKey: testKey})
 	if err != nil {
 		t.Fatal(err)
 	}

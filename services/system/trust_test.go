@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,9 +95,9 @@ var testKey = []byte("clau-de-prova-compartida-32-bytes")
 // group of its own, so it sees respondre_a and correlacio) answers every
 // authorisation request approved at once, unsigned and signed with another
 // key. comandes drops both replies (counted in
-// requestreply.MetricRepliesDropped) and takes pagaments' own refusal: an
-// order of 9,000 EUR (the limit is 2,000) is answered 402, and nothing is
-// created or charged.
+// requestreply.MetricRepliesDropped) and takes pagaments' own refusal, which
+// comes after them: an order of 9,000 EUR (the limit is 2,000) is answered
+// 402, and nothing is created or charged.
 func TestRogueApprovalCreatesAndChargesNothing(t *testing.T) {
 	sys, b := startWith(t, []string{comandes.Name, pagaments.Name}, func(c *system.Config) { c.Authorize = true })
 	t.Cleanup(sys.Close)
@@ -105,8 +106,11 @@ func TestRogueApprovalCreatesAndChargesNothing(t *testing.T) {
 	droppedBefore := metricSum(t, requestreply.MetricRepliesDropped)
 	var answered atomic.Int64
 	for _, key := range [][]byte{nil, []byte(strings.Repeat("x", 32))} {
+		assigned := make(chan struct{})
+		var once sync.Once
 		rogue := kafkatest.Client(t, b, kgo.ConsumeTopics(pagaments.AuthQueue), kgo.ConsumerGroup(requestreply.NewIDs().Prefix()),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond),
+			kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { once.Do(func() { close(assigned) }) }))
 		go func() {
 			for ctx.Err() == nil {
 				rogue.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
@@ -127,16 +131,43 @@ func TestRogueApprovalCreatesAndChargesNothing(t *testing.T) {
 				})
 			}
 		}()
+		select { // the rogue reads the topic before the order is posted
+		case <-assigned:
+		case <-ctx.Done():
+			t.Fatal("the rogue was never assigned the request topic's partitions")
+		}
+	}
+	// pagaments answers only after both rogues: its insert of the order's
+	// decision waits for this transaction, which holds the same comanda_id.
+	hold, err := sys.Pool(pagaments.Name).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(context.Background()) //nolint:errcheck // a no-op once rolled back below; before Close, which waits for it
+	if _, err := hold.Exec(ctx, `INSERT INTO autoritzacions (comanda_id, import_centims, aprovada) VALUES ('P-2026-000990', 900000, false)`); err != nil {
+		t.Fatal(err)
 	}
 	body := `{"id":"P-2026-000990","client":"anna","mercat":"girona","linies":[{"producte":"formatge-curat","quantitat":1,"preu_centims":900000}]}`
-	if r := postOrder(t, sys.Addrs()[comandes.Name], "k-990", body); r.status != http.StatusPaymentRequired {
+	posted := make(chan reply, 1)
+	go func() { posted <- postOrder(t, sys.Addrs()[comandes.Name], "k-990", body) }()
+	for deadline := time.Now().Add(20 * time.Second); metricSum(t, requestreply.MetricRepliesDropped)-droppedBefore < 2; time.Sleep(10 * time.Millisecond) {
+		select {
+		case r := <-posted:
+			t.Fatalf("the order was answered %d %s while pagaments could not answer yet: a rogue's reply was taken", r.status, r.body)
+		default:
+		}
+		if time.Now().After(deadline) { // polling with a deadline
+			t.Fatalf("%s grew by %v, want 2 (one reply of each rogue)", requestreply.MetricRepliesDropped, metricSum(t, requestreply.MetricRepliesDropped)-droppedBefore)
+		}
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-posted; r.status != http.StatusPaymentRequired {
 		t.Fatalf("an order of 9,000 EUR while rogues answer approved: %d %s, want 402", r.status, r.body)
 	}
-	if answered.Load() == 0 {
-		t.Fatal("no rogue answered: the proof proves nothing")
-	}
-	if got := metricSum(t, requestreply.MetricRepliesDropped) - droppedBefore; got < 1 {
-		t.Fatalf("%s grew by %v, want at least 1", requestreply.MetricRepliesDropped, got)
+	if got := answered.Load(); got != 2 {
+		t.Fatalf("the rogues wrote %d replies, want 2", got)
 	}
 	charges, err := sys.Gateway.Charges(ctx)
 	if err != nil {
