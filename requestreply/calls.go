@@ -17,8 +17,8 @@ type Reply struct {
 
 // Calls is the table of requests waiting for their replies, by correlation
 // id, that a transport's requester keeps. It is safe for concurrent use.
-// Each correlation id gets at most one reply: Deliver and a Received
-// Delivered remove it.
+// Each correlation id gets at most one reply: Deliver, and Receive when it
+// delivers, remove it.
 type Calls struct {
 	verify  *ReplyVerifier
 	mu      sync.Mutex
