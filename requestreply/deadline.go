@@ -1,8 +1,6 @@
 package requestreply
 
 import (
-	"errors"
-	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -77,18 +75,9 @@ func NewServerMetrics(reg prometheus.Registerer, queue string) (*ServerMetrics, 
 		Name: MetricServerRequests,
 		Help: "Requests finished by a km0 request/reply server, by queue (cua) and resultat (respost, error, caducat, orfe, sense_resposta).",
 	}, []string{"cua", "resultat"})
-	if reg != nil {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, fmt.Errorf("requestreply: metrics: %w", err)
-			}
-			existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
-			if !ok {
-				return nil, fmt.Errorf("requestreply: metrics: %w", err)
-			}
-			c = existing
-		}
+	c, err := registerCounter(reg, c)
+	if err != nil {
+		return nil, err
 	}
 	return &ServerMetrics{requests: c, queue: queue}, nil
 }

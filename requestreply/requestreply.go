@@ -49,6 +49,10 @@ type Request struct {
 	ID            string // request id: stable across retries; the idempotency key
 	CorrelationID string // this attempt's correlation id
 	Body          []byte
+	// ReplyTo is the reply address the request named (reply_to over
+	// RabbitMQ, DirectReplyTo's name for any direct reply-to consumer;
+	// respondre_a over Kafka): part of the signed bytes.
+	ReplyTo string
 	// Deadline is the request's HeaderDeadline value as sent ("" if none).
 	Deadline string
 	// Signature is the request's HeaderSignature value ("" if unsigned):

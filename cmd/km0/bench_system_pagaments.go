@@ -137,6 +137,7 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 	var (
 		name, dbURL, queue, count string
 		args, env                 []string
+		key                       []byte // signs the requests and checks the replies: km0's side only
 	)
 	pname := "km0 serve pagaments"
 	if side == sideKm0 {
@@ -144,6 +145,11 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 		name, dbURL, extra, err = b.serviceDB(ctx, pagaments.Name, strconv.Itoa(r))
 		queue, count = pagaments.AuthQueue, "SELECT count(*) FROM autoritzacions WHERE comanda_id LIKE $1"
 		env = b.serviceEnv() // with KM0_AMQP_URL: request/reply over RabbitMQ
+		// km0 serve pagaments needs a signing key; the peer verifies nothing.
+		if key = requestreply.SigningKeyFromEnv(); key == nil && err == nil {
+			key, err = newSigningKey()
+		}
+		env = append(env, requestreply.SigningKeyEnv+"="+string(key))
 		args = append([]string{"serve", pagaments.Name, "--brokers", k.addr}, extra...)
 	} else {
 		pname = "plain amqp091-go server"
@@ -163,7 +169,7 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 		return one, many, 0, 0, err
 	}
 	defer p.stop()
-	cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn, SigningKey: requestreply.SigningKeyFromEnv()})
+	cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn, SigningKey: key})
 	if err != nil {
 		return one, many, 0, 0, err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/services/demo"
 	"github.com/km0/km0/services/system"
 )
@@ -51,6 +52,17 @@ func runDemo(ctx context.Context, args []string) error {
 	evBroker, evTopics, err := system.ParseEvents(*events)
 	if err != nil {
 		return fmt.Errorf("--events: %w", err)
+	}
+	// Signed by default: the demo's own processes (the --chaos children
+	// inherit the environment) share a key generated for this run.
+	if requestreply.SigningKeyFromEnv() == nil {
+		key, err := newSigningKey()
+		if err != nil {
+			return err
+		}
+		if err := os.Setenv(requestreply.SigningKeyEnv, string(key)); err != nil {
+			return err
+		}
 	}
 	if *chaos {
 		if evBroker == system.EventsRabbitMQ || len(evTopics) > 0 || *kafkaDown > 0 {

@@ -156,7 +156,7 @@ func TestServeStopsWithinTheGraceWhileARebalanceWaitsForADeadMember(t *testing.T
 			t.Parallel()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			env := []string{serviceDatabaseEnv(service) + "=" + pgtest.NewDatabase(t)}
+			env := []string{serviceDatabaseEnv(service) + "=" + pgtest.NewDatabase(t), testSigningKeyEnv}
 			args := []string{"serve", service, "--brokers", strings.Join(b.Addrs(), ",")}
 			first := startKm0(t, env, args...)
 			first.waitRunning(t, 60*time.Second)
@@ -230,7 +230,7 @@ func TestServeComandesRetryAfterACrashMidRequestGetsItsOrderOnce(t *testing.T) {
 	comandesDB, pagamentsDB := pgtest.NewDatabase(t), pgtest.NewDatabase(t)
 	addr := freeAddr(t)
 	brokers := strings.Join(b.Addrs(), ",")
-	env := []string{serviceDatabaseEnv("comandes") + "=" + comandesDB, serviceDatabaseEnv("pagaments") + "=" + pagamentsDB}
+	env := []string{serviceDatabaseEnv("comandes") + "=" + comandesDB, serviceDatabaseEnv("pagaments") + "=" + pagamentsDB, testSigningKeyEnv}
 	args := []string{"serve", "comandes", "--authorize", "--brokers", brokers, "--http", "comandes=" + addr}
 	const key, body = "clau-caiguda", `{"id":"P-2026-000777","client":"anna","mercat":"vic","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":300}]}`
 	post := func(ctx context.Context) (int, error) {

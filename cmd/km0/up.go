@@ -3,6 +3,8 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"os"
@@ -10,6 +12,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/km0/km0/requestreply"
+	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/services/system"
@@ -64,7 +68,8 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	eventsPrefix := fs.String("events-queue-prefix", os.Getenv("KM0_EVENTS_QUEUE_PREFIX"), "put this before the name of every RabbitMQ queue of the events, e.g. staging. (default $KM0_EVENTS_QUEUE_PREFIX; give every process the same)")
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply and for the events --events puts there (default $KM0_AMQP_URL; empty: request/reply over Kafka, and with --events rabbitmq the local guest broker)")
 	amqpTLS := addAMQPTLSFlags(fs)
-	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply")
+	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply, and pagaments charges only orders it approved (give every process the same)")
+	acceptUnsigned := fs.Bool("accept-unsigned-requests", false, "start pagaments, or comandes with --authorize, without $"+requestreply.SigningKeyEnv+": authorisation requests and replies go unsigned and anyone who can publish to "+pagaments.AuthQueue+" is trusted (logged at start and shown in /salut; km0 up instead generates a key for its own process)")
 	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
 	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
 	allowedHosts := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names the HTTP APIs answer besides their listen address: NAME or NAME:PORT,... or * for any (default $"+svc.AllowedHostsEnv+"; loopback servers answer localhost, 127.0.0.1 and [::1])")
@@ -140,7 +145,11 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		}
 		addrs[k] = v
 	}
-	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
+	key, err := signingKey(name, *acceptUnsigned)
+	if err != nil {
+		return err
+	}
+	sys, err := system.Start(ctx, system.Config{SigningKey: key, AcceptUnsignedRequests: *acceptUnsigned, DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
 		Brokers: brokerList, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, AMQPTLS: amqpTLSCfg, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
 		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()})
@@ -176,6 +185,28 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	<-ctx.Done()
 	fmt.Printf("km0 %s: stopping\n", name)
 	return nil
+}
+
+// signingKey is the request/reply signing key of km0 NAME: $KM0_RR_HMAC_KEY,
+// or for km0 up (comandes and pagaments in one process) a random one it
+// generates when none is set and unsigned requests are not accepted. nil
+// lets system.Start read the environment and refuse a process that needs a
+// key without one.
+func signingKey(name string, acceptUnsigned bool) ([]byte, error) {
+	if key := requestreply.SigningKeyFromEnv(); key != nil || name != "up" || acceptUnsigned {
+		return key, nil
+	}
+	return newSigningKey()
+}
+
+// newSigningKey returns a random key of requestreply.MinKeyBytes bytes,
+// hex-encoded (so it can travel in the environment).
+func newSigningKey() ([]byte, error) {
+	b := make([]byte, requestreply.MinKeyBytes)
+	if _, err := rand.Read(b); err != nil {
+		return nil, fmt.Errorf("generate a request/reply signing key: %w", err)
+	}
+	return []byte(hex.EncodeToString(b)), nil
 }
 
 // transports names where the events and request/reply travel.

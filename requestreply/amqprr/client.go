@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/requestreply"
@@ -49,9 +50,15 @@ type ClientConfig struct {
 	DirectReplyTo bool
 	// SigningKey, if set, signs every request (header
 	// requestreply.HeaderSignature; see requestreply.Sign) for servers that
-	// verify. Default none: requests go unsigned. Never logged.
+	// verify, and makes the client drop every reply not signed with it
+	// (requestreply.SignReply): such a request waits on, for the server's
+	// reply or its deadline. At least requestreply.MinKeyBytes, or NewClient
+	// fails. Default none: requests go unsigned and any reply is taken.
+	// Never logged.
 	SigningKey []byte
-	Logger     *slog.Logger // default slog.Default()
+	// Metrics, if set, receives requestreply.MetricRepliesDropped.
+	Metrics prometheus.Registerer
+	Logger  *slog.Logger // default slog.Default()
 }
 
 // Client is a requestreply.Requester over RabbitMQ. Many goroutines may call
@@ -72,8 +79,9 @@ type Client struct {
 	sess    *session      // nil while (re)connecting
 	changed chan struct{} // closed and replaced when sess changes
 
-	ids  *requestreply.IDs
-	late atomic.Int64
+	ids    *requestreply.IDs
+	late   atomic.Int64
+	verify *requestreply.ReplyVerifier
 }
 
 var _ requestreply.Requester = (*Client)(nil)
@@ -101,7 +109,11 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), changed: make(chan struct{}), ids: requestreply.NewIDs()}
+	verify, err := requestreply.NewReplyVerifier(cfg.SigningKey, cfg.Metrics, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("amqprr: %w", err)
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), changed: make(chan struct{}), ids: requestreply.NewIDs(), verify: verify}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	s, err := c.open(ctx)
 	if err != nil {
@@ -132,7 +144,7 @@ func (c *Client) open(ctx context.Context) (*session, error) {
 		_ = ch.Close()
 		return nil, err
 	}
-	s := &session{ch: ch, pub: pub, calls: requestreply.NewCalls()}
+	s := &session{ch: ch, pub: pub, calls: requestreply.NewCalls(c.verify)}
 	if c.cfg.DirectReplyTo {
 		// RabbitMQ delivers direct replies to the channel that published
 		// the request, so this one consumes them.
@@ -220,8 +232,9 @@ func (c *Client) serve(s *session) {
 			if !ok {
 				return
 			}
-			result, _ := d.Headers[requestreply.HeaderResult].(string)
-			if !s.calls.Deliver(d.CorrelationId, requestreply.Reply{Body: d.Body, Result: result}) {
+			r := requestreply.Reply{Body: d.Body, Result: headerString(d.Headers[requestreply.HeaderResult]),
+				Signature: headerString(d.Headers[requestreply.HeaderSignature])}
+			if s.calls.Receive(d.CorrelationId, r) == requestreply.Late {
 				c.late.Add(1)
 				c.log.Debug("amqprr: late or unknown reply dropped", "correlation_id", d.CorrelationId)
 			}
@@ -291,7 +304,7 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 		}
 		return nil, err
 	}
-	wait, err := s.calls.Add(corr)
+	wait, err := s.calls.Add(corr, requestID, s.replyTo)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +319,7 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	ttl := max(time.Until(deadline).Milliseconds(), 1)
 	headers := amqp091.Table{requestreply.HeaderDeadline: requestreply.FormatDeadline(deadline)}
 	if len(c.cfg.SigningKey) > 0 {
-		headers[requestreply.HeaderSignature] = requestreply.Sign(c.cfg.SigningKey, service, requestID, headers[requestreply.HeaderDeadline].(string), body)
+		headers[requestreply.HeaderSignature] = requestreply.Sign(c.cfg.SigningKey, service, requestID, corr, s.replyTo, headers[requestreply.HeaderDeadline].(string), body)
 	}
 	err = s.pub.PublishWithContext(ctx, "", service, true, false, amqp091.Publishing{
 		Headers:       headers,
@@ -331,6 +344,10 @@ const maxShortstr = 255
 // LateReplies counts replies dropped because their request had timed out
 // (or was unknown).
 func (c *Client) LateReplies() int64 { return c.late.Load() }
+
+// DroppedReplies counts replies dropped for a missing or wrong signature
+// (always 0 without ClientConfig.SigningKey).
+func (c *Client) DroppedReplies() int64 { return c.verify.Dropped() }
 
 // Close stops the client: waiting requests fail with ErrClosed and
 // the reply queue is deleted with its channel. The Conn stays open.

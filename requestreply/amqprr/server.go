@@ -41,6 +41,15 @@ type ServerConfig struct {
 	// non-retryable error reply and the handler does not run. Default
 	// requestreply.MaxBodyBytesDefault (64 KiB); negative: no bound.
 	MaxBodyBytes int
+	// SigningKey, if set, makes the server answer only requests signed with
+	// it (requestreply.Verifier over the queue, request id, correlation id,
+	// reply_to, no_despres and body; the others get the error reply
+	// requestreply.ErrUnauthenticated and the handler does not run) and
+	// sign every reply (requestreply.SignReply), so that its requesters can
+	// tell its replies from anyone else's. At least
+	// requestreply.MinKeyBytes, or NewServer fails. Default none: every
+	// request is served and replies go unsigned. Never logged.
+	SigningKey []byte
 }
 
 // ServerStats counts what a Server did.
@@ -50,6 +59,9 @@ type ServerStats struct {
 	Orphaned     int64 // of Replied, returned unroutable: the client's queue was gone
 	DeadLettered int64 // requests without reply_to or correlation_id, or unanswerable
 	Expired      int64 // requests past their no_despres, dropped without running the handler
+	// Unauthenticated: requests refused for a missing or wrong signature
+	// (with ServerConfig.SigningKey), answered with an error reply.
+	Unauthenticated int64
 }
 
 // Server answers requests from a queue.
@@ -80,9 +92,10 @@ type ServerStats struct {
 // no reply_to or correlation_id cannot be answered and is dead-lettered (nack
 // without requeue) to <queue>.dlq.
 type Server struct {
-	cfg ServerConfig
-	rep *replier
-	m   *requestreply.ServerMetrics
+	cfg    ServerConfig
+	rep    *replier
+	m      *requestreply.ServerMetrics
+	verify *requestreply.Verifier // nil without SigningKey
 
 	replied, errorReplies, orphaned, dead, expired atomic.Int64
 
@@ -105,10 +118,17 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var v *requestreply.Verifier
+	if len(cfg.SigningKey) > 0 {
+		if v, err = requestreply.NewVerifier(requestreply.VerifierConfig{Key: cfg.SigningKey, Queue: cfg.Queue, Registerer: cfg.Metrics, Logger: cfg.Logger}); err != nil {
+			return nil, fmt.Errorf("amqprr: %w", err)
+		}
+		cfg.Handler = v.Wrap(cfg.Handler)
+	}
 	if err := cfg.Conn.Declare(ctx, amqp.WorkQueueTopology(cfg.DLX, cfg.Queue, cfg.Queue, false)); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, m: m}
+	s := &Server{cfg: cfg, m: m, verify: v}
 	s.rep = newReplier(cfg.Conn, s.replyReturned)
 	return s, nil
 }
@@ -119,7 +139,23 @@ func (s *Server) Queues() []string { return []string{s.cfg.Queue, amqp.DLQName(s
 // Stats returns the counters so far.
 func (s *Server) Stats() ServerStats {
 	return ServerStats{Replied: s.replied.Load(), ErrorReplies: s.errorReplies.Load(), Orphaned: s.orphaned.Load(),
-		DeadLettered: s.dead.Load(), Expired: s.expired.Load()}
+		DeadLettered: s.dead.Load(), Expired: s.expired.Load(), Unauthenticated: s.refused()}
+}
+
+func (s *Server) refused() int64 {
+	if s.verify == nil {
+		return 0
+	}
+	return s.verify.Refused()
+}
+
+// signedReplyTo is the reply address as signed: the requester knows only
+// DirectReplyTo, which the broker completes with a token for the server.
+func signedReplyTo(replyTo string) string {
+	if isDirectReplyTo(replyTo) {
+		return DirectReplyTo
+	}
+	return replyTo
 }
 
 // Run serves until ctx ends (then it finishes the requests in hand and
@@ -177,7 +213,7 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 		_ = d.Nack(false, false)
 		return
 	}
-	req := &requestreply.Request{ID: cmp.Or(d.MessageId, d.CorrelationId), CorrelationID: d.CorrelationId, Body: d.Body,
+	req := &requestreply.Request{ID: cmp.Or(d.MessageId, d.CorrelationId), CorrelationID: d.CorrelationId, Body: d.Body, ReplyTo: signedReplyTo(d.ReplyTo),
 		Deadline: headerString(d.Headers[requestreply.HeaderDeadline]), Signature: headerString(d.Headers[requestreply.HeaderSignature])}
 	if t, ok := Deadline(d); requestreply.Expired(t, ok, time.Now()) {
 		s.count(requestreply.ResExpired, &s.expired)
@@ -193,8 +229,12 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 	if isErr {
 		result = requestreply.ResultError
 	}
+	headers := amqp091.Table{requestreply.HeaderResult: result}
+	if len(s.cfg.SigningKey) > 0 {
+		headers[requestreply.HeaderSignature] = requestreply.SignReply(s.cfg.SigningKey, req.ID, req.CorrelationID, req.ReplyTo, result, body)
+	}
 	reply := amqp091.Publishing{
-		Headers:       amqp091.Table{requestreply.HeaderResult: result},
+		Headers:       headers,
 		ContentType:   amqp.ContentTypeJSON,
 		DeliveryMode:  amqp091.Transient,
 		CorrelationId: d.CorrelationId,

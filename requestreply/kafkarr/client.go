@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -47,9 +48,17 @@ type ClientConfig struct {
 	Timeout time.Duration
 	// SigningKey, if set, signs every request (header
 	// requestreply.HeaderSignature; see requestreply.Sign) for servers that
-	// verify. Default none: requests go unsigned. Never logged.
+	// verify, and makes the client drop every reply not signed with it
+	// (requestreply.SignReply): anyone who reads the request topic sees
+	// respondre_a and correlacio, so without it anyone may answer first.
+	// A request whose reply is dropped waits on, for the server's reply or
+	// its deadline. At least requestreply.MinKeyBytes, or NewClient fails.
+	// Default none: requests go unsigned and any reply is taken. Never
+	// logged.
 	SigningKey []byte
-	Logger     *slog.Logger // default slog.Default()
+	// Metrics, if set, receives requestreply.MetricRepliesDropped.
+	Metrics prometheus.Registerer
+	Logger  *slog.Logger // default slog.Default()
 }
 
 // Client is a requestreply.Requester over Kafka. Many goroutines may call
@@ -63,9 +72,10 @@ type Client struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	calls *requestreply.Calls
-	ids   *requestreply.IDs
-	late  atomic.Int64
+	calls  *requestreply.Calls
+	ids    *requestreply.IDs
+	late   atomic.Int64
+	verify *requestreply.ReplyVerifier
 }
 
 var _ requestreply.Requester = (*Client)(nil)
@@ -84,6 +94,10 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	verify, err := requestreply.NewReplyVerifier(cfg.SigningKey, cfg.Metrics, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("kafkarr: %w", err)
+	}
 	prod, err := kafka.NewClient(cfg.Brokers)
 	if err != nil {
 		return nil, err
@@ -100,7 +114,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: reply consumer: %w", err)
 	}
-	c := &Client{cfg: cfg, prod: prod, cons: cons, done: make(chan struct{}), calls: requestreply.NewCalls(), ids: requestreply.NewIDs()}
+	c := &Client{cfg: cfg, prod: prod, cons: cons, done: make(chan struct{}), calls: requestreply.NewCalls(verify), ids: requestreply.NewIDs(), verify: verify}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	go c.loop()
 	return c, nil
@@ -117,16 +131,19 @@ func (c *Client) loop() {
 			c.cfg.Logger.Warn("kafkarr: reply fetch error", "topic", topic, "partition", p, "err", err)
 		})
 		fs.EachRecord(func(r *kgo.Record) {
-			var corr, result string
+			var corr string
+			rep := requestreply.Reply{Body: r.Value}
 			for _, h := range r.Headers {
 				switch h.Key {
 				case HeaderCorrelation:
 					corr = string(h.Value)
 				case requestreply.HeaderResult:
-					result = string(h.Value)
+					rep.Result = string(h.Value)
+				case requestreply.HeaderSignature:
+					rep.Signature = string(h.Value)
 				}
 			}
-			if !c.calls.Deliver(corr, requestreply.Reply{Body: r.Value, Result: result}) {
+			if c.calls.Receive(corr, rep) == requestreply.Late {
 				c.late.Add(1)
 				c.cfg.Logger.Debug("kafkarr: late or unknown reply dropped", "correlacio", corr)
 			}
@@ -155,7 +172,7 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	if requestID == "" {
 		requestID = corr
 	}
-	wait, err := c.calls.Add(corr)
+	wait, err := c.calls.Add(corr, requestID, c.cfg.ReplyTopic)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +186,7 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	}}
 	if len(c.cfg.SigningKey) > 0 {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: requestreply.HeaderSignature,
-			Value: []byte(requestreply.Sign(c.cfg.SigningKey, service, requestID, noLater, body))})
+			Value: []byte(requestreply.Sign(c.cfg.SigningKey, service, requestID, corr, c.cfg.ReplyTopic, noLater, body))})
 	}
 	c.prod.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 		if err != nil && ctx.Err() == nil {
@@ -184,6 +201,10 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 
 // LateReplies counts replies dropped because their request had timed out.
 func (c *Client) LateReplies() int64 { return c.late.Load() }
+
+// DroppedReplies counts replies dropped for a missing or wrong signature
+// (always 0 without ClientConfig.SigningKey).
+func (c *Client) DroppedReplies() int64 { return c.verify.Dropped() }
 
 // ReplyTopic returns the client's reply topic.
 func (c *Client) ReplyTopic() string { return c.cfg.ReplyTopic }

@@ -63,6 +63,15 @@ type ServerConfig struct {
 	// non-retryable error reply and the handler does not run. Default
 	// requestreply.MaxBodyBytesDefault (64 KiB); negative: no bound.
 	MaxBodyBytes int
+	// SigningKey, if set, makes the server answer only requests signed with
+	// it (requestreply.Verifier over the topic, request id, correlacio,
+	// respondre_a, no_despres and body; the others get the error reply
+	// requestreply.ErrUnauthenticated and the handler does not run) and
+	// sign every reply (requestreply.SignReply), so that its requesters can
+	// tell its replies from those of anyone else who reads the topic. At
+	// least requestreply.MinKeyBytes, or NewServer fails. Default none: every
+	// request is served and replies go unsigned. Never logged.
+	SigningKey []byte
 }
 
 // ServerStats counts what a Server did.
@@ -71,6 +80,9 @@ type ServerStats struct {
 	ErrorReplies int64
 	Unanswerable int64 // requests without respondre_a or correlacio, or whose reply failed
 	Expired      int64 // requests past their no_despres, dropped without running the handler
+	// Unauthenticated: requests refused for a missing or wrong signature
+	// (with ServerConfig.SigningKey), answered with an error reply.
+	Unauthenticated int64
 }
 
 // Server answers requests from a topic in a consumer group.
@@ -96,6 +108,7 @@ type Server struct {
 	cancelCons context.CancelFunc // ends a leave stuck behind a pending rebalance
 	tr         *tracker
 	m          *requestreply.ServerMetrics
+	verify     *requestreply.Verifier // nil without SigningKey
 
 	replied, errorReplies, unanswerable, expired atomic.Int64
 }
@@ -121,6 +134,13 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var v *requestreply.Verifier
+	if len(cfg.SigningKey) > 0 {
+		if v, err = requestreply.NewVerifier(requestreply.VerifierConfig{Key: cfg.SigningKey, Queue: cfg.Topic, Registerer: cfg.Metrics, Logger: cfg.Logger}); err != nil {
+			return nil, fmt.Errorf("kafkarr: %w", err)
+		}
+		cfg.Handler = v.Wrap(cfg.Handler)
+	}
 	// Replies are not idempotent writes: a reply is worth nothing once its
 	// requester gave up, so the producer may fail it at any moment (a
 	// deleted reply topic, the bound) instead of holding it for a retry.
@@ -133,7 +153,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: request topic %s: %w", cfg.Topic, err)
 	}
-	s := &Server{cfg: cfg, prod: prod, tr: newTracker(), m: m}
+	s := &Server{cfg: cfg, prod: prod, tr: newTracker(), m: m, verify: v}
 	consCtx, cancelCons := context.WithCancel(context.Background())
 	cons, err := kgo.NewClient(append(kafka.GroupOpts(cfg.SessionTimeout), kgo.WithContext(consCtx), kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(time.Second),
@@ -149,7 +169,11 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 
 // Stats returns the counters so far.
 func (s *Server) Stats() ServerStats {
-	return ServerStats{Replied: s.replied.Load(), ErrorReplies: s.errorReplies.Load(), Unanswerable: s.unanswerable.Load(), Expired: s.expired.Load()}
+	st := ServerStats{Replied: s.replied.Load(), ErrorReplies: s.errorReplies.Load(), Unanswerable: s.unanswerable.Load(), Expired: s.expired.Load()}
+	if s.verify != nil {
+		st.Unauthenticated = s.verify.Refused()
+	}
+	return st
 }
 
 type job struct {
@@ -341,7 +365,7 @@ func (s *Server) handle(ctx context.Context, r *kgo.Record) bool {
 			"prefix", s.cfg.ReplyTopicPrefix, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
 		return true
 	}
-	req := &requestreply.Request{ID: cmp.Or(id, string(r.Key), corr), CorrelationID: corr, Body: r.Value, Deadline: deadline, Signature: signature}
+	req := &requestreply.Request{ID: cmp.Or(id, string(r.Key), corr), CorrelationID: corr, Body: r.Value, ReplyTo: replyTo, Deadline: deadline, Signature: signature}
 	if t, ok := requestreply.ParseDeadline(deadline); requestreply.Expired(t, ok, time.Now()) {
 		s.count(requestreply.ResExpired, &s.expired)
 		log.Debug("kafkarr: expired request dropped", "id_peticio", req.ID, "no_despres", deadline)
@@ -368,6 +392,10 @@ func (s *Server) reply(req *requestreply.Request, replyTo string, body []byte, i
 		{Key: HeaderCorrelation, Value: []byte(req.CorrelationID)},
 		{Key: requestreply.HeaderResult, Value: []byte(result)},
 	}}
+	if len(s.cfg.SigningKey) > 0 {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: requestreply.HeaderSignature,
+			Value: []byte(requestreply.SignReply(s.cfg.SigningKey, req.ID, req.CorrelationID, replyTo, result, body))})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReplyTimeout)
 	s.prod.TryProduce(ctx, rec, func(_ *kgo.Record, err error) {
 		cancel()

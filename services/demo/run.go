@@ -21,6 +21,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/redact"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/inventari"
 	"github.com/km0/km0/services/pagaments"
@@ -162,6 +163,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if sysCfg.NeedsRabbitMQ() && sysCfg.AMQPURL == "" {
 		sysCfg.AMQPURL = amqp.URLDefault
+	}
+	if sysCfg.SigningKey = requestreply.SigningKeyFromEnv(); sysCfg.SigningKey == nil {
+		sysCfg.SigningKey = runKey() // signed by default: comandes and pagaments share this process
 	}
 	var broker *kafka.Embedded
 	if sysCfg.NeedsKafka() {
@@ -455,6 +459,14 @@ func (f *injector) afterCharge(orderID string) error {
 		})
 	}
 	return err
+}
+
+// runKey returns a random request/reply signing key for one run: 32 bytes,
+// hex-encoded.
+func runKey() []byte {
+	b := make([]byte, requestreply.MinKeyBytes)
+	_, _ = rand.Read(b)
+	return []byte(hex.EncodeToString(b))
 }
 
 func randomSuffix() string {

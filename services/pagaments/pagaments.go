@@ -59,7 +59,14 @@ var Migrations = migrate.Set{Name: "pagaments", FS: sqlFS, Dir: "sql"}
 // refused): a business outcome, not a fault an operator fixes and replays. In
 // per-key order (consumer.Config.FinalFailure) such an order is dead-lettered
 // but does not block its key, so its cancellation is applied behind it.
-func Final(err error) bool { return errors.Is(err, passarella.ErrRefused) }
+func Final(err error) bool {
+	return errors.Is(err, passarella.ErrRefused) || errors.Is(err, ErrNotAuthorised)
+}
+
+// ErrNotAuthorised is wrapped (outcome.Permanent, motiu
+// "sense_autoritzacio: ...") by HandleOrderCreated's error for an order that
+// has no approved authorisation for its total, with Config.RequireApproval.
+var ErrNotAuthorised = errors.New("no approved authorisation stored for the order's total")
 
 // Gateway charges cards; *passarella.Client is the implementation. It must
 // deduplicate by key: that is what makes a crash after the call and before
@@ -78,7 +85,14 @@ type Config struct {
 	Outbox  *outbox.Outbox // default outbox.New(outbox.Config{})
 	// AuthLimitCents: Authorize refuses larger amounts. Default AuthLimitCentsDefault.
 	AuthLimitCents int64
-	Logger         *slog.Logger // default slog.Default()
+	// RequireApproval makes HandleOrderCreated charge only an order whose
+	// authorisation Authorize stored, approved, for at least the order's
+	// total (set it when comandes asks for authorisations: a comanda.creada
+	// without one did not come through them). Otherwise the order is refused
+	// with a permanent ErrNotAuthorised and the gateway is not called.
+	// Default false: every well-formed order is charged.
+	RequireApproval bool
+	Logger          *slog.Logger // default slog.Default()
 }
 
 // Service is the pagaments service. It is safe for concurrent use.
@@ -132,7 +146,9 @@ func ChargeKey(orderID string) string { return "cobrament-" + orderID }
 // charge. An order already recorded (another event id for the same order) is
 // not recorded or confirmed twice. Gateway unavailable or slow → transient;
 // refused → permanent "targeta_refusada"; a malformed event, or an order id
-// requestreply.CheckID refuses → permanent "esquema".
+// requestreply.CheckID refuses → permanent "esquema"; with
+// Config.RequireApproval, no approved authorisation for the total →
+// permanent "sense_autoritzacio" (ErrNotAuthorised), nothing charged.
 func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	if s.cfg.Gateway == nil {
 		return errors.New("pagaments: Config.Gateway is required to charge")
@@ -169,6 +185,11 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 	if cancelled {
 		return nil
 	}
+	if s.cfg.RequireApproval {
+		if err := checkApproval(ctx, tx, o.ID, total); err != nil {
+			return err
+		}
+	}
 	ch, err := s.cfg.Gateway.Charge(ctx, ChargeKey(o.ID), o.ID, total)
 	switch {
 	case errors.Is(err, passarella.ErrRefused):
@@ -191,6 +212,27 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 	}
 	return s.cfg.Outbox.Enqueue(ctx, tx, &outbox.Event{Aggregate: Aggregate, AggregateID: o.ID, Type: TypeConfirmed,
 		Payload: Confirmed{OrderID: o.ID, TotalCents: ch.TotalCents, GatewayRef: ch.Ref}})
+}
+
+// checkApproval returns a permanent ErrNotAuthorised unless orderID has an
+// approved authorisation stored for at least total. Authorize commits the
+// row before it answers and comandes creates the order only after the
+// answer, so a genuine comanda.creada always finds it.
+func checkApproval(ctx context.Context, tx pgx.Tx, orderID string, total int64) error {
+	var approved bool
+	var cents int64
+	err := tx.QueryRow(ctx, `SELECT aprovada, import_centims FROM autoritzacions WHERE comanda_id = $1`, orderID).Scan(&approved, &cents)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return outcome.Permanent(fmt.Errorf("sense_autoritzacio: %s: none stored: %w", orderID, ErrNotAuthorised))
+	case err != nil:
+		return err
+	case !approved:
+		return outcome.Permanent(fmt.Errorf("sense_autoritzacio: %s: the authorisation was refused: %w", orderID, ErrNotAuthorised))
+	case total > cents:
+		return outcome.Permanent(fmt.Errorf("sense_autoritzacio: %s: total %d cents above the %d authorised: %w", orderID, total, cents, ErrNotAuthorised))
+	}
+	return nil
 }
 
 // Payments returns the recorded payments: order id → (amount, gateway ref).

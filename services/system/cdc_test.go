@@ -81,7 +81,7 @@ func startWithErr(t *testing.T, url string, services []string, tweak func(*syste
 	b := kafkatest.New(t, system.DomainTopics()...)
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	cfg := system.Config{DatabaseURL: url, DatabaseSuffix: "tcdc" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: services}
+	cfg := system.Config{DatabaseURL: url, DatabaseSuffix: "tcdc" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: services, SigningKey: testKey}
 	tweak(&cfg)
 	t.Cleanup(func() { // after Close; a private cluster goes whole
 		if url == pgtest.URL() {

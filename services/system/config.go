@@ -10,6 +10,7 @@ package system
 import (
 	"cmp"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -22,6 +23,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
 	"github.com/km0/km0/services/comandes"
@@ -172,8 +174,24 @@ type Config struct {
 	// system's roots.
 	AMQPTLS *tls.Config
 	// Authorize makes comandes ask pagaments to authorise each order before
-	// accepting it. Default false.
+	// accepting it, and pagaments' charging consumer refuse an order with no
+	// approved authorisation stored for its total
+	// (pagaments.Config.RequireApproval). Give every process of a deployment
+	// the same choice. Default false.
 	Authorize bool
+	// SigningKey is the key shared by the request/reply requesters and
+	// servers of the deployment (comandes and pagaments): requests and
+	// replies are signed with it, and unsigned or badly signed ones refused
+	// (requestreply.Sign, requestreply.SignReply). At least
+	// requestreply.MinKeyBytes (32), or Start fails with ErrConfig. Default
+	// $KM0_RR_HMAC_KEY (requestreply.SigningKeyEnv). Never logged.
+	SigningKey []byte
+	// AcceptUnsignedRequests lets a process that serves authorisations
+	// (pagaments) or asks for them (comandes with Authorize) start without a
+	// SigningKey: its servers then answer anyone who can publish to their
+	// queues, it logs a warning at start and its HealthPath says so. Default
+	// false: without a key such a process does not start (ErrConfig).
+	AcceptUnsignedRequests bool
 	// HTTPAddrs are the listen addresses of the services' HTTP APIs and of
 	// the simulated gateway ("passarella") and maps service ("mapes"), by
 	// name. Default 127.0.0.1:0 (a free port) for each.
@@ -245,6 +263,31 @@ type Config struct {
 	RestartDelay time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+}
+
+// ErrConfig is wrapped by every error Start returns for request/reply
+// settings that cannot work or are unsafe (see validateRR).
+var ErrConfig = errors.New("system: invalid configuration")
+
+// usesRR reports whether the process serves authorisations or asks for them.
+func (cfg *Config) usesRR() bool {
+	return slices.Contains(cfg.Services, pagaments.Name) || (cfg.Authorize && slices.Contains(cfg.Services, comandes.Name))
+}
+
+// validateRR checks the signing key (cfg.SigningKey already defaulted) and
+// reports every problem at once, each wrapping ErrConfig: a key shorter than
+// requestreply.MinKeyBytes; no key in a process that uses request/reply,
+// unless AcceptUnsignedRequests.
+func (cfg *Config) validateRR() error {
+	var errs []error
+	if err := requestreply.CheckKey(cfg.SigningKey); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+	}
+	if len(cfg.SigningKey) == 0 && cfg.usesRR() && !cfg.AcceptUnsignedRequests {
+		errs = append(errs, fmt.Errorf("%w: pagaments' authorisations need a signing key: set %s (at least %d bytes, the same for comandes and pagaments: openssl rand -hex 32), or accept unsigned requests explicitly (--accept-unsigned-requests)",
+			ErrConfig, requestreply.SigningKeyEnv, requestreply.MinKeyBytes))
+	}
+	return errors.Join(errs...)
 }
 
 // Relay modes of Config.RelayMode.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/requestreply/kafkarr"
@@ -23,20 +25,28 @@ const RequestReplyAvailable = true
 // inventari.reserves), else Kafka (topics of the same names, a reply topic per
 // requester).
 //
-// With requestreply.SigningKeyEnv (KM0_RR_HMAC_KEY) set in the environment,
-// its requesters sign every request and its servers refuse unsigned or badly
-// signed ones (requestreply.Verifier); unset, requests go unsigned and are
-// served, and a warning says so at start.
+// With Config.SigningKey (default $KM0_RR_HMAC_KEY) its requesters sign
+// every request and drop replies not signed with the key, and its servers
+// refuse unsigned or badly signed requests and sign their replies. Without
+// one (Config.AcceptUnsignedRequests) requests and replies go unsigned, and
+// a warning says so at start. Their counters (requestreply.MetricServerRequests,
+// MetricUnauthenticated, MetricRepliesDropped) go to Prometheus' default
+// registry, which the console's /metrics serves.
 type rrStack struct {
 	s       *System
 	conn    *amqp.Conn // nil over Kafka
 	key     []byte     // the shared signing key; nil: unsigned
-	warned  bool
+	warned  bool       // the warning about serving without a key is out
 	closers []func() error
 }
 
 func newRR(ctx context.Context, s *System) (*rrStack, error) {
-	r := &rrStack{s: s, key: requestreply.SigningKeyFromEnv()}
+	r := &rrStack{s: s, key: s.cfg.SigningKey}
+	if r.unsigned() {
+		r.warned = true
+		s.log.Warn("system: request/reply without a signing key (accept unsigned requests): pagaments answers anyone who can publish to " +
+			pagaments.AuthQueue + " and comandes takes any reply; set " + requestreply.SigningKeyEnv + " (the same key for comandes and pagaments) to refuse them")
+	}
 	if s.cfg.AMQPURL != "" {
 		// Many requests are answered and acked at once: their frames go
 		// out together (amqp.Config.CoalesceWrites).
@@ -71,26 +81,20 @@ const (
 func (r *rrStack) serve(ctx context.Context, queue string, workers int, h func(ctx context.Context, body []byte) ([]byte, error)) error {
 	var handler requestreply.Handler = func(ctx context.Context, req *requestreply.Request) ([]byte, error) { return h(ctx, req.Body) }
 	log := r.s.log.With("rr", queue)
-	if r.key != nil {
-		v, err := requestreply.NewVerifier(requestreply.VerifierConfig{Key: r.key, Queue: queue, Logger: log})
-		if err != nil {
-			return err
-		}
-		handler = v.Wrap(handler)
-	} else if !r.warned {
+	if r.key == nil && !r.warned {
 		r.warned = true
-		r.s.log.Warn("system: request/reply servers accept unsigned requests: anyone who can publish to their queues is trusted; set " +
-			requestreply.SigningKeyEnv + " (the same key for comandes and pagaments) to refuse them")
+		r.s.log.Warn("system: request/reply servers accept unsigned requests: anyone who can publish to "+queue+" is trusted; set "+
+			requestreply.SigningKeyEnv+" (the same key in every process) to refuse them", "cua", queue)
 	}
 	var run func(context.Context) error
 	if r.conn != nil {
-		srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: r.conn, Handler: handler, Queue: queue, Workers: workers, Prefetch: 2 * workers, Logger: log})
+		srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: r.conn, Handler: handler, Queue: queue, Workers: workers, Prefetch: 2 * workers, Logger: log, SigningKey: r.key, Metrics: prometheus.DefaultRegisterer})
 		if err != nil {
 			return err
 		}
 		run = srv.Run
 	} else {
-		srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: r.s.cfg.Brokers, Handler: handler, Topic: queue, Workers: workers, Logger: log})
+		srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: r.s.cfg.Brokers, Handler: handler, Topic: queue, Workers: workers, Logger: log, SigningKey: r.key, Metrics: prometheus.DefaultRegisterer})
 		if err != nil {
 			return err
 		}
@@ -103,14 +107,14 @@ func (r *rrStack) serve(ctx context.Context, queue string, workers int, h func(c
 // requester returns a new requester on the transport, closed with the system.
 func (r *rrStack) requester(ctx context.Context) (requestreply.Requester, error) {
 	if r.conn != nil {
-		c, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: r.conn, SigningKey: r.key, Logger: r.s.log})
+		c, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: r.conn, SigningKey: r.key, Metrics: prometheus.DefaultRegisterer, Logger: r.s.log})
 		if err != nil {
 			return nil, err
 		}
 		r.closers = append(r.closers, c.Close)
 		return c, nil
 	}
-	c, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: r.s.cfg.Brokers, SigningKey: r.key, Logger: r.s.log})
+	c, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: r.s.cfg.Brokers, SigningKey: r.key, Metrics: prometheus.DefaultRegisterer, Logger: r.s.log})
 	if err != nil {
 		return nil, err
 	}
@@ -144,6 +148,10 @@ func (r *rrStack) authorizer(ctx context.Context) (comandes.Authorizer, error) {
 		return nil
 	}), nil
 }
+
+// unsigned reports whether the process serves or asks for authorisations
+// without a signing key.
+func (r *rrStack) unsigned() bool { return len(r.key) == 0 && r.s.cfg.usesRR() }
 
 func (r *rrStack) close() {
 	for i := len(r.closers) - 1; i >= 0; i-- {

@@ -226,7 +226,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 		}
 		gatewayURL = s.addrs[GatewayName]
 	}
-	s.Pagaments, err = pagaments.New(pagaments.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", pagaments.Name),
+	s.Pagaments, err = pagaments.New(pagaments.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", pagaments.Name), RequireApproval: s.cfg.Authorize,
 		Gateway: &passarella.Client{BaseURL: gatewayURL, Timeout: s.cfg.GatewayTimeout}})
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
@@ -97,6 +98,12 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		return nil, fmt.Errorf("system: Config.RelayPruneOlderThan %v is negative (0 turns pruning off)", cfg.RelayPruneOlderThan)
 	}
 	if err := cfg.validateNames(); err != nil {
+		return nil, err
+	}
+	if cfg.SigningKey == nil {
+		cfg.SigningKey = requestreply.SigningKeyFromEnv()
+	}
+	if err := cfg.validateRR(); err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = cmp.Or(cfg.MaxConns, MaxConnsDefault)
@@ -226,11 +233,14 @@ const HealthTimeout = 2 * time.Second
 type Health struct {
 	Service string `json:"servei"`
 	State   string `json:"estat"` // "ok", or why not
+	// UnsignedRequests: the process serves or asks for authorisations
+	// without a signing key (Config.AcceptUnsignedRequests); absent otherwise.
+	UnsignedRequests bool `json:"peticions_sense_signar,omitempty"`
 }
 
 func (s *System) health(name string, pool *pgxpool.Pool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h, code := Health{Service: name, State: "ok"}, http.StatusOK
+		h, code := Health{Service: name, State: "ok", UnsignedRequests: s.rr != nil && s.rr.unsigned()}, http.StatusOK
 		if s.ctx.Err() != nil {
 			h.State, code = "aturant-se", http.StatusServiceUnavailable
 		} else if pool != nil {

@@ -66,7 +66,7 @@ func TestReservarEstocOverRequestReplyIsIdempotent(t *testing.T) {
 	t.Cleanup(sys.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs(), Timeout: 20 * time.Second})
+	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs(), Timeout: 20 * time.Second, SigningKey: testKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,8 @@ func startWith(t *testing.T, services []string, tweak func(*system.Config)) (*sy
 	b := kafkatest.New(t, system.DomainTopics()...)
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "t" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: services}
+	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "t" + hex.EncodeToString(suffix), Brokers: b.Addrs(), Services: services,
+		SigningKey: testKey}
 	if tweak != nil {
 		tweak(&cfg)
 	}
