@@ -60,6 +60,15 @@ type Config struct {
 	// ReleaseCheck is the period of the check for released rows. Default
 	// ReleaseCheckDefault.
 	ReleaseCheck time.Duration
+	// WAL makes the relay publish the outbox's logical decoding messages
+	// (outbox.ModeWAL, the prefix migrate.WALPrefix(Names)) instead of the
+	// table's inserts: nothing is marked, a refused event and the later
+	// events of its aggregate are parked in <outbox>_wal_aparcats, and the
+	// slot's position is the only record of what is published. Then Slot
+	// defaults to migrate.WALSlot(<database>, Names) and Publication (empty:
+	// it publishes no table) to the same name; prune settings do not apply.
+	// Default false (the table mode).
+	WAL bool
 }
 
 // maxName is NAMEDATALEN - 1, the longest slot or publication name.
@@ -106,8 +115,10 @@ func DefaultPublication(n migrate.Names) string { return DefaultSlot(n) }
 func (c Config) WithDefaults() Config {
 	c.ApplicationName = cmp.Or(c.ApplicationName, ApplicationNameDefault)
 	c.Config = c.Config.WithDefaults()
-	c.Slot = cmp.Or(c.Slot, DefaultSlot(c.Names))
-	c.Publication = cmp.Or(c.Publication, DefaultPublication(c.Names))
+	if !c.WAL { // WAL mode: New names them after the database
+		c.Slot = cmp.Or(c.Slot, DefaultSlot(c.Names))
+		c.Publication = cmp.Or(c.Publication, DefaultPublication(c.Names))
+	}
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
 	c.StatusInterval = cmp.Or(c.StatusInterval, StatusIntervalDefault)
 	c.ReleaseCheck = cmp.Or(c.ReleaseCheck, ReleaseCheckDefault)
@@ -117,11 +128,14 @@ func (c Config) WithDefaults() Config {
 func (c Config) validate() error {
 	errs := c.Config.CheckShared()
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if !slotName.MatchString(c.Slot) {
+	if !slotName.MatchString(c.Slot) && !(c.WAL && c.Slot == "") {
 		bad("Slot %q is not a slot name: 1 to 63 lower-case letters, digits and underscores", c.Slot)
 	}
 	if len(c.Publication) > maxName || strings.ContainsRune(c.Publication, 0) {
 		bad("Publication %q is longer than 63 bytes or holds a NUL", c.Publication)
+	}
+	if c.WAL && c.PruneOlderThan > 0 {
+		bad("PruneOlderThan does not apply in WAL mode: there is no outbox row to prune")
 	}
 	if c.BatchSize < 1 || c.BatchSize > BatchSizeMax {
 		bad("BatchSize %d is outside 1..%d", c.BatchSize, BatchSizeMax)

@@ -1,0 +1,213 @@
+package cdc_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay/cdc"
+)
+
+// walBundle is a bundle whose outbox writes in WAL mode, with its slot
+// created as km0 migrate --outbox-mode wal does (unless noSlot).
+type walBundle struct {
+	*bundle
+	slot string
+}
+
+func setupWAL(t testing.TB, noSlot bool) *walBundle {
+	t.Helper()
+	b := setup(t)
+	var db string
+	if err := b.s.Pool.QueryRow(context.Background(), "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	w := &walBundle{bundle: b, slot: migrate.WALSlot(db, b.s.Names())}
+	b.ob = outbox.New(outbox.Config{Names: b.s.Names(), Mode: outbox.ModeWAL, SlotCheckInterval: 20 * time.Millisecond})
+	t.Cleanup(func() { w.dropWALSlot(t) })
+	if !noSlot {
+		w.createSlot(t)
+	}
+	return w
+}
+
+func (w *walBundle) createSlot(t testing.TB) {
+	t.Helper()
+	created, err := migrate.EnsureWALSlot(context.Background(), w.s.Pool, w.slot)
+	if err != nil || !created {
+		t.Fatalf("EnsureWALSlot: created %v, %v", created, err)
+	}
+}
+
+func (w *walBundle) dropWALSlot(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	relaytest.WaitFor(t, "the WAL slot to be free to drop", 10*time.Second, func() bool {
+		_, err := w.s.Pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", w.slot)
+		return err == nil
+	})
+	if _, err := w.s.Pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{w.slot}.Sanitize()); err != nil {
+		t.Errorf("drop publication: %v", err)
+	}
+}
+
+func (w *walBundle) walConfig() cdc.Config {
+	cfg := w.config()
+	cfg.WAL = true
+	return cfg
+}
+
+// walConfirmed is the WAL slot's confirmed_flush_lsn as a number.
+func (w *walBundle) walConfirmed(t testing.TB) int64 {
+	t.Helper()
+	return int64(w.count(t, "SELECT coalesce((SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0') FROM pg_replication_slots WHERE slot_name = $1), 0)::int8", w.slot))
+}
+
+// In WAL mode nothing may be written before the slot exists: Enqueue and
+// EnqueueBatch refuse with ErrNoSlot, and roll nothing into the caller's
+// transaction; once km0 migrate's EnsureWALSlot created the slot, writes
+// pass (within the check interval) and reach the topic.
+func TestWALWritesAreRefusedUntilTheSlotExists(t *testing.T) {
+	t.Parallel()
+	w := setupWAL(t, true)
+	ctx := context.Background()
+	ev := func(agg string) *outbox.Event {
+		return &outbox.Event{Aggregate: "comanda", AggregateID: agg, Type: "comanda.creada", Payload: map[string]int{"seq": 1}}
+	}
+	err := pgx.BeginFunc(ctx, w.s.Pool, func(tx pgx.Tx) error { return w.ob.Enqueue(ctx, tx, ev("A")) })
+	if !errors.Is(err, outbox.ErrNoSlot) {
+		t.Fatalf("Enqueue without a slot: %v, want ErrNoSlot", err)
+	}
+	err = pgx.BeginFunc(ctx, w.s.Pool, func(tx pgx.Tx) error { return w.ob.EnqueueBatch(ctx, tx, []*outbox.Event{ev("A"), ev("B")}) })
+	if !errors.Is(err, outbox.ErrNoSlot) {
+		t.Fatalf("EnqueueBatch without a slot: %v, want ErrNoSlot", err)
+	}
+	w.createSlot(t)
+	if created, err := migrate.EnsureWALSlot(ctx, w.s.Pool, w.slot); err != nil || created {
+		t.Fatalf("EnsureWALSlot a second time: created %v, %v; want false, nil", created, err)
+	}
+	relaytest.WaitFor(t, "Enqueue to accept once the slot exists", 5*time.Second, func() bool {
+		return pgx.BeginFunc(ctx, w.s.Pool, func(tx pgx.Tx) error { return w.ob.Enqueue(ctx, tx, ev("C")) }) == nil
+	})
+	start(t, newRelay(t, w.walConfig()))
+	recs := w.read(t, 1)
+	if len(recs) != 1 || string(recs[0].Key) != "C" {
+		t.Fatalf("records %d (first key %q), want exactly the one written after the slot", len(recs), recs[0].Key)
+	}
+	if n := w.count(t, "SELECT count(*) FROM outbox"); n != 0 {
+		t.Fatalf("outbox table has %d rows in WAL mode, want 0", n)
+	}
+}
+
+// The WAL mode keeps the table mode's guarantees on the wire: concurrent
+// writers sharing aggregates (the next sequence taken under a row lock),
+// every event once, in commit order per aggregate; the same envelope and
+// headers (capcaleres included); rolled-back transactions publish nothing;
+// the outbox table stays empty; a rolled-back message is not decoded.
+func TestWALModePublishesEveryEventInCommitOrder(t *testing.T) {
+	t.Parallel()
+	w := setupWAL(t, false)
+	ctx := context.Background()
+	start(t, newRelay(t, w.walConfig()))
+	// One event with headers, one rolled back.
+	h := &outbox.Event{Aggregate: "comanda", AggregateID: "H", Type: "comanda.creada", Payload: map[string]int{"seq": 1},
+		Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+	if err := pgx.BeginFunc(ctx, w.s.Pool, func(tx pgx.Tx) error { return w.ob.Enqueue(ctx, tx, h) }); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := w.s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: "R", Type: "comanda.creada", Payload: map[string]int{"seq": 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wr := newWriters(t, w.bundle, 200)
+	if err := wr.Run(ctx, 8, 60, 7); err != nil {
+		t.Fatal(err)
+	}
+	want := wr.Counts(t)
+	recs := w.read(t, relaytest.Total(want)+1)
+	var hdrRec int
+	for _, r := range recs {
+		switch string(r.Key) {
+		case "R":
+			t.Fatalf("the rolled-back event was published")
+		case "H":
+			hdrRec++
+			got := map[string]string{}
+			for _, x := range r.Headers {
+				got[x.Key] = string(x.Value)
+			}
+			if got["traceparent"] != h.Headers["traceparent"] || got["id_esdeveniment"] != h.ID.String() || got["tipus"] != "comanda.creada" {
+				t.Fatalf("headers of H: %v", got)
+			}
+			var env struct {
+				ID   string          `json:"id_esdeveniment"`
+				Data json.RawMessage `json:"dades"`
+			}
+			if err := json.Unmarshal(r.Value, &env); err != nil || env.ID != h.ID.String() || string(env.Data) != `{"seq":1}` {
+				t.Fatalf("envelope of H: %s (%v)", r.Value, err)
+			}
+		}
+	}
+	if hdrRec != 1 {
+		t.Fatalf("H published %d times, want 1", hdrRec)
+	}
+	var rest = recs[:0:0]
+	for _, r := range recs {
+		if string(r.Key) != "H" {
+			rest = append(rest, r)
+		}
+	}
+	perKey, copies := relaytest.FirstSeqs(t, rest)
+	if len(copies) != relaytest.Total(want) {
+		t.Fatalf("%d distinct events, want %d", len(copies), relaytest.Total(want))
+	}
+	relaytest.CheckCommitOrder(t, perKey, want)
+	if n := w.count(t, "SELECT count(*) FROM outbox"); n != 0 {
+		t.Fatalf("outbox table has %d rows in WAL mode, want 0", n)
+	}
+}
+
+// A restart resumes from the slot's confirmed position: after a graceful
+// stop, the events published before are not published again; those written
+// while no relay ran are, once each.
+func TestWALRestartResumesFromTheConfirmedPosition(t *testing.T) {
+	t.Parallel()
+	w := setupWAL(t, false)
+	stop := start(t, newRelay(t, w.walConfig()))
+	for i := range 20 {
+		w.enqueue(t, "A", relaytest.SeqPayload{Seq: i + 1})
+	}
+	w.read(t, 20)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	before := w.walConfirmed(t)
+	for i := range 10 {
+		w.enqueue(t, "A", relaytest.SeqPayload{Seq: 21 + i})
+	}
+	if w.walConfirmed(t) != before {
+		t.Fatalf("the slot moved with no relay running")
+	}
+	start(t, newRelay(t, w.walConfig()))
+	relaytest.WaitFor(t, "the slot to move past the new events", 20*time.Second, func() bool { return w.walConfirmed(t) > before })
+	recs := w.read(t, 30)
+	perKey, copies := relaytest.FirstSeqs(t, recs)
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"A": 30})
+	if len(recs) != 30 {
+		t.Fatalf("%d records, want 30: the restart republished %d events before its confirmed position", len(recs), len(recs)-30)
+	}
+	_ = copies
+}
