@@ -70,9 +70,40 @@ func WALSlot(database string, n Names) string {
 // by a slot that is not a pgoutput slot of this database.
 var ErrSlot = errors.New("migrate: replication slot")
 
-// EnsureWALSlot creates the logical replication slot (plugin pgoutput) of a
-// WAL-mode outbox on db's database if it does not exist, and reports whether
-// it created it. In WAL mode the slot is the only durable store of the
+// EnsurePublication creates the publication of a WAL-mode outbox, which
+// publishes no table (CREATE PUBLICATION name), if it does not exist. The
+// error wraps ErrSlot when the role may not create it (it needs CREATE on
+// the database), with the statement to run as the owner.
+func EnsurePublication(ctx context.Context, db contract.DBTX, name string) error {
+	pub := pgx.Identifier{name}.Sanitize()
+	var exists bool
+	if err := db.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", name).Scan(&exists); err != nil {
+		return fmt.Errorf("migrate: read publication %s: %w", name, err)
+	}
+	if exists {
+		return nil
+	}
+	_, err := db.Exec(ctx, "CREATE PUBLICATION "+pub)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42710": // created meanwhile
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		return fmt.Errorf("%w: cannot create publication %s: the role lacks CREATE on the database; "+
+			"create it as the owner: CREATE PUBLICATION %s", ErrSlot, name, pub)
+	default:
+		return fmt.Errorf("migrate: create publication %s: %w", name, err)
+	}
+}
+
+// EnsureWALSlot creates the publication (EnsurePublication, named
+// publication; "" means slot) and then the logical replication slot (plugin
+// pgoutput) of a WAL-mode outbox on db's database if they do not exist, and
+// reports whether it created the slot. The publication comes first:
+// pgoutput looks it up as of each change it decodes, so a publication
+// younger than its slot fails the stream. In WAL mode the slot is the only durable store of the
 // events: a message written while no slot holds the WAL is lost, so run
 // this (km0 migrate --outbox-mode wal does) before anything may be written.
 // db must not be inside a transaction that has written (PostgreSQL refuses
@@ -80,9 +111,12 @@ var ErrSlot = errors.New("migrate: replication slot")
 // the REPLICATION privilege. The error wraps ErrSlot, naming the owner, when
 // the name is taken by a slot of another database or plugin; it never
 // suggests dropping it (it may be another database's relay's).
-func EnsureWALSlot(ctx context.Context, db contract.DBTX, slot string) (created bool, err error) {
+func EnsureWALSlot(ctx context.Context, db contract.DBTX, slot, publication string) (created bool, err error) {
 	if !slotRe.MatchString(slot) {
 		return false, fmt.Errorf("%w: %q is not a slot name: 1 to 63 lower-case letters, digits and underscores", ErrSlot, slot)
+	}
+	if publication == "" {
+		publication = slot
 	}
 	for range 2 {
 		var plugin, database, here, status string
@@ -109,6 +143,9 @@ func EnsureWALSlot(ctx context.Context, db contract.DBTX, slot string) (created 
 		if level != "logical" {
 			return false, fmt.Errorf("%w: cannot create %s: the server has wal_level = %s and a WAL-mode outbox needs "+
 				"wal_level = logical (ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)", ErrSlot, slot, level)
+		}
+		if err := EnsurePublication(ctx, db, publication); err != nil {
+			return false, err
 		}
 		_, err = db.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
 		if err == nil {

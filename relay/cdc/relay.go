@@ -197,14 +197,15 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 			return false, fmt.Errorf("cdc: lock: %w", err)
 		}
 	}
-	ensurePub := r.ensurePublication
-	if r.cfg.WAL {
-		ensurePub = r.ensureWALPublication
-	}
-	if err := ensurePub(ctx, lock); err != nil {
+	exists, resume, err := r.slotState(ctx, lock)
+	if err != nil {
 		return false, err
 	}
-	exists, resume, err := r.slotState(ctx, lock)
+	if r.cfg.WAL {
+		err = r.ensureWALPublication(ctx, lock, exists)
+	} else {
+		err = r.ensurePublication(ctx, lock)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -234,7 +235,7 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 		snapshot = "NOEXPORT_SNAPSHOT"
 	}
 	if !exists && r.cfg.WAL {
-		log.Warn("cdc: the WAL-mode outbox had no slot; creating it now (create it with km0 migrate --outbox-mode wal "+
+		log.Warn("cdc: the WAL-mode outbox had no slot; creating it now (create it with km0 migrate --outbox-mode wal " +
 			"before the writers start: until it exists they are refused)")
 	}
 	var snapName string

@@ -17,7 +17,7 @@ import (
 type item struct {
 	rows   []outbox.Row
 	lsns   []pglogrepl.LSN // WAL mode: each row's message position; nil in table mode
-	end    pglogrepl.LSN // TransactionEndLSN; 0 on a piece that does not end its transaction
+	end    pglogrepl.LSN   // TransactionEndLSN; 0 on a piece that does not end its transaction
 	commit time.Time
 	xid    uint32 // the transaction's id (Begin), on every piece
 }

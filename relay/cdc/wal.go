@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/km0/km0/migrate"
@@ -229,30 +228,33 @@ func (rd *reader) walMessage(m *pglogrepl.LogicalDecodingMessage) (outbox.Row, b
 	return row, true
 }
 
-// ensureWALPublication creates the WAL mode's publication, which publishes
-// no table (pgoutput needs one to start; the messages pass without one).
-func (r *Relay) ensureWALPublication(ctx context.Context, conn *pgx.Conn) error {
+// ensureWALPublication makes sure of the WAL mode's publication, which
+// publishes no table: pgoutput needs one to start (the messages pass
+// without one) and looks it up as of each change it decodes, so it must be
+// older than the slot. It is created here only with the slot (slot false:
+// the slot does not exist yet); a slot without it is an ErrSetup error.
+func (r *Relay) ensureWALPublication(ctx context.Context, conn *pgx.Conn, slot bool) error {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", r.cfg.Publication).Scan(&exists); err != nil {
 		return fmt.Errorf("cdc: read publication: %w", err)
 	}
-	if exists {
-		return nil
-	}
-	_, err := conn.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{r.cfg.Publication}.Sanitize())
-	var pgErr *pgconn.PgError
 	switch {
-	case err == nil:
+	case exists:
+		return nil
+	case slot:
+		return fmt.Errorf("%w: slot %s exists but publication %s does not: PostgreSQL would fail on every change "+
+			"written before a publication created now; create both with km0 migrate --outbox-mode wal (publication first)",
+			ErrSetup, r.cfg.Slot, r.cfg.Publication)
+	}
+	err := migrate.EnsurePublication(ctx, conn, r.cfg.Publication)
+	if err == nil {
 		r.cfg.Logger.Info("cdc: publication created (no table: WAL mode)", "publication", r.cfg.Publication, "outbox", r.q.payload)
 		return nil
-	case errors.As(err, &pgErr) && pgErr.Code == "42501":
-		return fmt.Errorf("%w: cannot create publication %s: the relay's role lacks CREATE on the database; "+
-			"create it as the owner: CREATE PUBLICATION %s", ErrSetup, r.cfg.Publication, pgx.Identifier{r.cfg.Publication}.Sanitize())
-	case errors.As(err, &pgErr) && pgErr.Code == "42710":
-		return nil
-	default:
-		return fmt.Errorf("cdc: create publication: %w", err)
 	}
+	if errors.Is(err, migrate.ErrSlot) {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
+	return fmt.Errorf("cdc: %w", err)
 }
 
 // ReleaseWAL releases the parked message id of the WAL-mode outbox names:

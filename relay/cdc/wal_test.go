@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
 )
 
@@ -40,7 +43,7 @@ func setupWAL(t testing.TB, noSlot bool) *walBundle {
 
 func (w *walBundle) createSlot(t testing.TB) {
 	t.Helper()
-	created, err := migrate.EnsureWALSlot(context.Background(), w.s.Pool, w.slot)
+	created, err := migrate.EnsureWALSlot(context.Background(), w.s.Pool, w.slot, "")
 	if err != nil || !created {
 		t.Fatalf("EnsureWALSlot: created %v, %v", created, err)
 	}
@@ -90,7 +93,7 @@ func TestWALWritesAreRefusedUntilTheSlotExists(t *testing.T) {
 		t.Fatalf("EnqueueBatch without a slot: %v, want ErrNoSlot", err)
 	}
 	w.createSlot(t)
-	if created, err := migrate.EnsureWALSlot(ctx, w.s.Pool, w.slot); err != nil || created {
+	if created, err := migrate.EnsureWALSlot(ctx, w.s.Pool, w.slot, ""); err != nil || created {
 		t.Fatalf("EnsureWALSlot a second time: created %v, %v; want false, nil", created, err)
 	}
 	relaytest.WaitFor(t, "Enqueue to accept once the slot exists", 5*time.Second, func() bool {
@@ -210,4 +213,142 @@ func TestWALRestartResumesFromTheConfirmedPosition(t *testing.T) {
 		t.Fatalf("%d records, want 30: the restart republished %d events before its confirmed position", len(recs), len(recs)-30)
 	}
 	_ = copies
+}
+
+// Crash point: the relay process dies by SIGKILL (no cleanup of any kind)
+// mid-stream, with writers writing, three times: each time another process takes
+// the slot and resumes from its confirmed position. Every event written
+// reaches the topic (none lost with the WAL as the only store), in commit
+// order per aggregate.
+func TestWALNothingLostAcrossSIGKILLsOfTheRelayProcess(t *testing.T) {
+	t.Parallel()
+	w := setupWAL(t, false)
+	wr := newWriters(t, w.bundle, 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- wr.Run(ctx, 4, 150, 31) }()
+	for i := range 4 {
+		app := "km0-cdc-wal-" + string(rune('a'+i)) + "-" + w.s.Name
+		before := w.walConfirmed(t)
+		child := w.startChild(t, app, "KM0_CDC_TEST_WAL=1")
+		relaytest.WaitFor(t, app+" to confirm a position", 20*time.Second, func() bool { return w.walConfirmed(t) > before })
+		if i == 3 {
+			break // the last one finishes the stream
+		}
+		if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = child.Wait()
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var end int64
+	if err := w.s.Pool.QueryRow(context.Background(), "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	relaytest.WaitFor(t, "the slot to pass the last write", 30*time.Second, func() bool { return w.walConfirmed(t) >= end })
+	want := wr.Counts(t)
+	perKey, copies := relaytest.FirstSeqs(t, w.read(t, relaytest.Total(want)))
+	if len(copies) != relaytest.Total(want) {
+		t.Fatalf("%d distinct events, want %d", len(copies), relaytest.Total(want))
+	}
+	relaytest.CheckCommitOrder(t, perKey, want)
+}
+
+// Crash point: the broker is unreachable while events are written. The
+// slot's confirmed position does not pass an event the broker has not
+// confirmed; once the broker is back, every event goes out once at least,
+// in order, and the slot moves past them.
+func TestWALBrokerDownHoldsTheSlotUntilItConfirms(t *testing.T) {
+	t.Parallel()
+	w := setupWAL(t, false)
+	reg := prometheus.NewRegistry()
+	cfg := w.walConfig()
+	cfg.Metrics = reg
+	cfg.PublishTimeout = 300 * time.Millisecond
+	r := newRelay(t, cfg)
+	start(t, r)
+	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	w.enqueue(t, "A", relaytest.SeqPayload{Seq: 1})
+	w.read(t, 1)
+	up := w.b.Unreachable()
+	var first int64
+	for i := range 30 {
+		w.enqueue(t, "A", relaytest.SeqPayload{Seq: i + 2})
+		if i == 0 {
+			if err := w.s.Pool.QueryRow(context.Background(), "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&first); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	relaytest.WaitFor(t, "two failed sessions while the broker is down", 20*time.Second, func() bool {
+		return gather(t, reg)[relay.MetricFailures] >= 2
+	})
+	if c := w.walConfirmed(t); c >= first {
+		t.Fatalf("confirmed_flush_lsn %d passed the first unconfirmed event (%d) while the broker was down", c, first)
+	}
+	up()
+	relaytest.WaitFor(t, "the slot to pass the events", 20*time.Second, func() bool { return w.walConfirmed(t) >= first })
+	perKey, _ := relaytest.FirstSeqs(t, w.read(t, 31))
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"A": 31})
+}
+
+// A message the broker refuses for good is parked in <outbox>_wal_aparcats
+// with its motiu; the later messages of its aggregate wait there behind it
+// (also those streamed after a restart of the relay) while other aggregates
+// flow and the slot moves on; once released (cdc.ReleaseWAL), the relay
+// publishes it and those behind it, in order, and empties the table.
+func TestWALRefusedMessageIsParkedAndItsAggregateWaitsUntilReleased(t *testing.T) {
+	t.Parallel()
+	w := setupWAL(t, false)
+	ctx := context.Background()
+	pub := &refusing{next: w.pub, mark: "refuse-me"}
+	pub.refuse.Store(true)
+	cfg := w.walConfig()
+	cfg.Publisher = pub
+	stop := start(t, newRelay(t, cfg))
+	w.enqueue(t, "X", relaytest.SeqPayload{Seq: 1})
+	x2 := w.enqueue(t, "X", bigPayload{Seq: 2, Pad: "refuse-me"})
+	relaytest.WaitFor(t, "X2 parked", 10*time.Second, func() bool {
+		return w.count(t, "SELECT count(*) FROM outbox_wal_aparcats WHERE motiu LIKE 'broker: MESSAGE_TOO_LARGE%'") == 1
+	})
+	w.enqueue(t, "X", relaytest.SeqPayload{Seq: 3})
+	w.enqueue(t, "Y", relaytest.SeqPayload{Seq: 1})
+	w.read(t, 2) // X1, Y1
+	relaytest.WaitFor(t, "X3 kept behind X2", 10*time.Second, func() bool {
+		return w.count(t, "SELECT count(*) FROM outbox_wal_aparcats WHERE motiu IS NULL AND agregat_id = 'X'") == 1
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	start(t, newRelay(t, cfg))
+	w.enqueue(t, "X", relaytest.SeqPayload{Seq: 4})
+	w.enqueue(t, "Y", relaytest.SeqPayload{Seq: 2})
+	relaytest.WaitFor(t, "X4 kept after the restart", 10*time.Second, func() bool {
+		return w.count(t, "SELECT count(*) FROM outbox_wal_aparcats") == 3
+	})
+	w.read(t, 3) // Y2
+	var end int64
+	if err := w.s.Pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	relaytest.WaitFor(t, "the slot to move past the parked messages", 10*time.Second, func() bool { return w.walConfirmed(t) >= end })
+	pub.refuse.Store(false)
+	if err := cdc.ReleaseWAL(ctx, w.s.Pool, w.s.Names(), x2); err != nil {
+		t.Fatal(err)
+	}
+	if err := cdc.ReleaseWAL(ctx, w.s.Pool, w.s.Names(), x2); !errors.Is(err, relay.ErrNotParked) {
+		t.Fatalf("second release: %v, want ErrNotParked", err)
+	}
+	relaytest.WaitFor(t, "the parking table emptied", 10*time.Second, func() bool {
+		return w.count(t, "SELECT count(*) FROM outbox_wal_aparcats") == 0
+	})
+	recs := w.read(t, 6)
+	perKey, copies := relaytest.FirstSeqs(t, recs)
+	relaytest.CheckCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 2})
+	if len(recs) != 6 || copies[x2.String()] != 1 {
+		t.Fatalf("%d records (X2 %d times), want 6 and 1", len(recs), copies[x2.String()])
+	}
 }
