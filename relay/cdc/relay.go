@@ -57,6 +57,7 @@ type Relay struct {
 	warnedKeep atomic.Bool
 	faults     faults.CDC // of the current Run (internal/faults), set before its goroutines start
 	prefix     string     // WAL mode: the messages' prefix (migrate.WALPrefix)
+	legacySlot string     // a defaulted table-mode Slot: DefaultSlot, refused to be left behind
 }
 
 // New checks cfg and returns a Relay. It opens no connection yet. The error
@@ -76,8 +77,13 @@ func New(cfg Config) (*Relay, error) {
 		}
 		return nil, fmt.Errorf("cdc: %w", err)
 	}
-	if cfg.WAL && cfg.Slot == "" {
-		r.cfg.Slot = migrate.WALSlot(cmp.Or(r.connCfg.Database, r.connCfg.User), cfg.Names)
+	database := cmp.Or(r.connCfg.Database, r.connCfg.User) // PostgreSQL's default database is the user's name
+	switch {
+	case cfg.Slot != "":
+	case cfg.WAL:
+		r.cfg.Slot = migrate.WALSlot(database, cfg.Names)
+	default:
+		r.cfg.Slot, r.legacySlot = DefaultSlotIn(database, cfg.Names), DefaultSlot(cfg.Names)
 	}
 	if cfg.WAL && cfg.Publication == "" {
 		r.cfg.Publication = r.cfg.Slot

@@ -44,6 +44,7 @@ func CheckServer(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, l
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.WithDefaults()
+	cfg.Slot = DefaultSlot(cfg.Names) // only named in a warning
 	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished, false)}
 	r.warnedKeep.Store(true) // the relay warns when it starts
 	conn, err := pool.Acquire(ctx)
@@ -140,7 +141,7 @@ func (r *Relay) slotState(ctx context.Context, conn *pgx.Conn) (bool, pglogrepl.
 		coalesce(confirmed_flush_lsn, '0/0')::text
 		FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&plugin, &slotType, &database, &here, &resume)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, 0, nil
+		return false, 0, r.checkLegacySlot(ctx, conn)
 	}
 	if err != nil {
 		return false, 0, fmt.Errorf("cdc: read slot: %w", err)
@@ -158,4 +159,25 @@ func (r *Relay) slotState(ctx context.Context, conn *pgx.Conn) (bool, pglogrepl.
 		return false, 0, fmt.Errorf("cdc: slot %s: confirmed_flush_lsn %q: %w", r.cfg.Slot, resume, err)
 	}
 	return true, lsn, nil
+}
+
+// checkLegacySlot refuses to create the defaulted slot while the outbox's
+// slot of the older default name (DefaultSlot, without the database) exists
+// in this database: a new slot would leave that one holding WAL forever.
+func (r *Relay) checkLegacySlot(ctx context.Context, conn *pgx.Conn) error {
+	if r.legacySlot == "" {
+		return nil
+	}
+	var here bool
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots
+		WHERE slot_name = $1 AND database = current_database() AND plugin = 'pgoutput')`, r.legacySlot).Scan(&here)
+	if err != nil {
+		return fmt.Errorf("cdc: read slot: %w", err)
+	}
+	if here {
+		return fmt.Errorf("%w: this outbox's slot has the name of older km0 versions, %s (the default is now %s, "+
+			"named after the database too: slots are server-wide); pass --slot %s (Config.Slot) to keep its position",
+			ErrSetup, r.legacySlot, r.cfg.Slot, r.legacySlot)
+	}
+	return nil
 }
