@@ -6,6 +6,7 @@ package pgcluster
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -47,6 +48,7 @@ type Cluster struct {
 	cmd   *exec.Cmd
 	runAs *user.User // the postgres user when this process is root
 	done  chan error
+	args  []string // postgres's command line, for Restart
 }
 
 // Start runs initdb in a new temporary directory and starts a server
@@ -101,23 +103,62 @@ func Start(opts Options) (*Cluster, error) {
 	for k, v := range opts.Settings {
 		settings[k] = v
 	}
-	args := []string{"-D", data}
+	c.args = []string{"-D", data}
 	for k, v := range settings {
-		args = append(args, "-c", k+"="+v)
+		c.args = append(c.args, "-c", k+"="+v)
 	}
-	logPath := filepath.Join(dir, "server.log")
-	logFile, err := os.Create(logPath)
+	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
+	if err := c.run(); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+// Crash stops the server the way pg_ctl stop -m immediate does (SIGQUIT:
+// every process exits at once, no checkpoint; the next start recovers from
+// the WAL) and waits for it to exit. Restart starts it again.
+func (c *Cluster) Crash() {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-c.done:
+	case <-time.After(20 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+	c.cmd = nil
+}
+
+// Restart starts the server again, on the same data directory and port,
+// after Crash, waiting until it accepts connections (crash recovery done).
+func (c *Cluster) Restart() error {
+	if c.cmd != nil {
+		return errors.New("pgcluster: Restart of a running server")
+	}
+	return c.run()
+}
+
+// run starts postgres and waits until it accepts connections.
+func (c *Cluster) run() error {
+	logPath := filepath.Join(c.dir, "server.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("pgcluster: %w", err)
+		return fmt.Errorf("pgcluster: %w", err)
 	}
 	defer logFile.Close()
-	c.cmd = c.command("postgres", args...)
+	if err := c.chown(logPath); err != nil {
+		return err
+	}
+	c.cmd = c.command("postgres", c.args...)
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("pgcluster: start postgres: %w", err)
+		return fmt.Errorf("pgcluster: start postgres: %w", err)
 	}
-	go func() { c.done <- c.cmd.Wait() }()
-	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
+	cmd := c.cmd
+	go func() { c.done <- cmd.Wait() }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -129,19 +170,18 @@ func Start(opts Options) (*Cluster, error) {
 		}
 		select {
 		case werr := <-c.done:
-			c.done <- werr
 			log, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("pgcluster: postgres exited (%v): %s", werr, tail(string(log)))
+			c.cmd = nil
+			return fmt.Errorf("pgcluster: postgres exited (%v): %s", werr, tail(string(log)))
 		default:
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("pgcluster: postgres did not accept connections within 60s: %v: %s", err, tail(string(log)))
+			return fmt.Errorf("pgcluster: postgres did not accept connections within 60s: %v: %s", err, tail(string(log)))
 		}
 		time.Sleep(50 * time.Millisecond) // polling the server's start with a deadline
 	}
-	ok = true
-	return c, nil
+	return nil
 }
 
 // Stop stops the server (fast shutdown, then a kill after 20 s) and removes
