@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -108,4 +110,41 @@ func countSlots(t *testing.T, pool *pgxpool.Pool) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// A restart logs the position it resumes from, the slot's
+// confirmed_flush_lsn, not 0/0 (the "from where the slot is" of
+// START_REPLICATION).
+func TestRestartLogsTheResumePosition(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stop := start(t, newRelay(t, b.config()))
+	b.enqueue(t, "A", relaytest.SeqPayload{Seq: 1})
+	relaytest.WaitFor(t, "the row published and its position confirmed", 10*time.Second, func() bool {
+		return b.pending(t) == 0 && b.confirmedLSN(t) > 0
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	var resume string
+	if err := b.s.Pool.QueryRow(context.Background(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", b.slot()).Scan(&resume); err != nil {
+		t.Fatal(err)
+	}
+	var logs testlog.Buffer
+	cfg := b.config()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	r := newRelay(t, cfg)
+	start(t, r)
+	line := ""
+	relaytest.WaitFor(t, "the restarted relay to log that it holds the slot", 10*time.Second, func() bool {
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "holding the slot") {
+				line = l
+			}
+		}
+		return line != ""
+	})
+	if !strings.Contains(line, "start="+resume+" ") {
+		t.Fatalf("restart log %q, want start=%s (the slot's confirmed_flush_lsn)", line, resume)
+	}
 }
