@@ -261,7 +261,29 @@ func (c *Cluster) CPU() time.Duration {
 	if c.cmd == nil || c.cmd.Process == nil {
 		return 0
 	}
-	pm := c.cmd.Process.Pid
+	return ServerCPU(c.cmd.Process.Pid)
+}
+
+// ProcessCPU is the processor time of each live server process (the
+// postmaster's children) by pid, from /proc; nil where there is none.
+func (c *Cluster) ProcessCPU() map[int]time.Duration {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return nil
+	}
+	return ServerProcessCPU(c.cmd.Process.Pid)
+}
+
+// Postmaster is the postmaster of a server process of this machine (the
+// parent of backend, a pg_backend_pid()), or 0 when /proc does not show it
+// (the server runs elsewhere).
+func Postmaster(backend int) int {
+	return procParent(backend)
+}
+
+// ServerCPU is the processor time of the server of postmaster pm: its own,
+// that of its exited children and that of its live ones, from /proc; 0 when
+// /proc does not show it.
+func ServerCPU(pm int) time.Duration {
 	total := procTicks(pm, true)
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -276,13 +298,9 @@ func (c *Cluster) CPU() time.Duration {
 	return time.Duration(total) * time.Second / clockTicks
 }
 
-// ProcessCPU is the processor time of each live server process (the
-// postmaster's children) by pid, from /proc; nil where there is none.
-func (c *Cluster) ProcessCPU() map[int]time.Duration {
-	if c.cmd == nil || c.cmd.Process == nil {
-		return nil
-	}
-	pm := c.cmd.Process.Pid
+// ServerProcessCPU is the processor time of each live child of postmaster
+// pm by pid, from /proc.
+func ServerProcessCPU(pm int) map[int]time.Duration {
 	out := map[int]time.Duration{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
