@@ -109,3 +109,48 @@ func TestBenchServerCPUIsMeasuredOnAGivenLocalServer(t *testing.T) {
 		t.Fatalf("unmeasured server: %v, want server_cpu_us_per_event null and the reason", res)
 	}
 }
+
+// `km0 bench relay --mode cdc --outbox wal` with tiny numbers, as a
+// process: a line per side (wal, cdc, polling) and round, then the
+// side-by-side line with the ratios; the WAL side leaves no outbox row. It
+// keeps the harness from rotting; it measures nothing.
+func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe, "bench", "relay", "--mode", "cdc", "--outbox", "wal", "--database-url", pgtest.URL(),
+		"--n", "800", "--rounds", "1")
+	cmd.Env = append(os.Environ(), envRunMain+"=1")
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("km0 bench relay --mode cdc --outbox wal: %v\n%s", err, stderr.String())
+	}
+	seen := map[string]map[string]any{}
+	sc := bufio.NewScanner(&out)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("not a JSON line: %q", sc.Text())
+		}
+		b, _ := m["bench"].(string)
+		seen[b] = m
+	}
+	for _, b := range []string{benchWAL, benchCDC, benchPolling} {
+		if seen[b] == nil || seen[b]["records"].(float64) < 800 {
+			t.Fatalf("%s line %v; output:\n%s", b, seen[b], out.String())
+		}
+	}
+	if seen[benchWAL]["outbox_rows"] != float64(0) || seen[benchPolling]["outbox_rows"] != float64(800) {
+		t.Fatalf("outbox rows: wal %v (want 0), polling %v (want 800)", seen[benchWAL]["outbox_rows"], seen[benchPolling]["outbox_rows"])
+	}
+	sum := seen["relay_wal_vs_cdc_vs_polling"]
+	for _, k := range []string{"wal_vs_polling", "wal_vs_cdc", "wal_writers_vs_table", "wal_server_cpu_vs_polling"} {
+		if _, ok := sum[k].(float64); !ok {
+			t.Fatalf("summary lacks %s: %v", k, sum)
+		}
+	}
+}
