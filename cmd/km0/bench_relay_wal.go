@@ -88,7 +88,7 @@ func benchRelayWAL(ctx context.Context, dbURL, brokers string, n, aggs, rounds i
 		"wal_vs_polling":       ratio(m(benchWAL, "events_per_s"), m(benchPolling, "events_per_s")),
 		"wal_vs_cdc":           ratio(m(benchWAL, "events_per_s"), m(benchCDC, "events_per_s")),
 		"wal_writers_seconds":  m(benchWAL, "writers_seconds"), "polling_writers_seconds": m(benchPolling, "writers_seconds"),
-		"cdc_writers_seconds": m(benchCDC, "writers_seconds"),
+		"cdc_writers_seconds":  m(benchCDC, "writers_seconds"),
 		"wal_writers_vs_table": ratio(m(benchWAL, "writers_seconds"), m(benchPolling, "writers_seconds")),
 		"server":               srv.describe(), "load_average_before": load0, "load_average_after": loadAverage()}
 	if srv.measured() {
