@@ -1,6 +1,9 @@
 // Package outbox writes events into the transactional outbox of CONTRACT.md,
 // inside the caller's own database transaction. Nothing here talks to a broker:
-// the relay (package relay) publishes committed rows later.
+// the relay (package relay) publishes committed rows later. In WAL mode
+// (Config.Mode = ModeWAL) the events are logical decoding messages of the
+// same transaction instead of rows, published by the CDC relay in WAL mode
+// (package relay/cdc); see ModeWAL.
 //
 // The event id is generated once, here, when the row is written (a UUIDv7, so
 // ids of one process sort in write order). It becomes the id_esdeveniment and is

@@ -18,6 +18,11 @@
 // the server send the transaction again, and the relay republishes it with
 // the same id_esdeveniment.
 //
+// In WAL mode (Config.WAL) it publishes instead the outbox's logical
+// decoding messages (outbox.ModeWAL): the same records, with no table to
+// mark; the slot's confirmed position, moved only after the broker
+// confirmed every event up to it, is the record of what is published.
+//
 // docs/design/cdc.md states the invariants and where they are enforced.
 package cdc
 
