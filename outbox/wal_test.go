@@ -96,7 +96,7 @@ func TestWALContentRoundTripsAndRefusesForeignContent(t *testing.T) {
 	for content, why := range map[string]string{
 		`not json`: "not a JSON object",
 		`{"v":2}`:  "v 2",
-		`{"v":1,"id":"x","agregat":"a","agregat_id":"b","tipus":"t","versio":1,"creat_en":"2026-12-01T10:00:00Z","carrega":{}}`: `id "x"`,
+		`{"v":1,"id":"x","agregat":"a","agregat_id":"b","tipus":"t","versio":1,"creat_en":"2026-12-01T10:00:00Z","carrega":{}}`:                      `id "x"`,
 		`{"v":1,"id":"` + in.ID.String() + `","agregat":"a","agregat_id":"b","tipus":"t","versio":1,"creat_en":"2026-12-01T10:00:00Z","carrega":[]}`: "carrega",
 	} {
 		if _, _, err := outbox.DecodeWAL([]byte(content)); err == nil || !strings.Contains(err.Error(), why) {
