@@ -93,6 +93,20 @@ func TestWALContentRoundTripsAndRefusesForeignContent(t *testing.T) {
 		string(out.Payload) != string(in.Payload) || out.Headers["traceparent"] != in.Headers["traceparent"] {
 		t.Fatalf("decoded %+v, want %+v", out, in)
 	}
+	// Strings that need escaping, and invalid UTF-8 (read back as U+FFFD).
+	odd := in
+	odd.AggregateID, odd.Type = "P-\"1\"\\\n\t\x01 è 😀", "comanda.creada\xff"
+	b, err = outbox.EncodeWAL(&odd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, _, err := outbox.DecodeWAL(b)
+	if err != nil || back.AggregateID != odd.AggregateID || back.Type != "comanda.creada\ufffd" {
+		t.Fatalf("odd strings: %q %q (%v) from %s", back.AggregateID, back.Type, err, b)
+	}
+	if _, err := outbox.EncodeWAL(&outbox.Row{Payload: []byte("{nope")}); err == nil {
+		t.Fatal("EncodeWAL accepted a payload that is not JSON")
+	}
 	for content, why := range map[string]string{
 		`not json`: "not a JSON object",
 		`{"v":2}`:  "v 2",
