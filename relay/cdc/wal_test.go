@@ -258,8 +258,9 @@ func TestWALNothingLostAcrossSIGKILLsOfTheRelayProcess(t *testing.T) {
 
 // Crash point: the broker is unreachable while events are written. The
 // slot's confirmed position does not pass an event the broker has not
-// confirmed; once the broker is back, every event goes out once at least,
-// in order, and the slot moves past them.
+// confirmed, and the metrics show the slot's lag and retained WAL; once
+// the broker is back, every event goes out once at least, in order, and the
+// slot moves past them.
 func TestWALBrokerDownHoldsTheSlotUntilItConfirms(t *testing.T) {
 	t.Parallel()
 	w := setupWAL(t, false)
@@ -287,6 +288,12 @@ func TestWALBrokerDownHoldsTheSlotUntilItConfirms(t *testing.T) {
 	})
 	if c := w.walConfirmed(t); c >= first {
 		t.Fatalf("confirmed_flush_lsn %d passed the first unconfirmed event (%d) while the broker was down", c, first)
+	}
+	// What the operator sees meanwhile: the slot's lag and retained WAL.
+	got := gather(t, reg)
+	if got[cdc.MetricSlotLagBytes] <= 0 || got[cdc.MetricSlotRetained] <= 0 {
+		t.Fatalf("%s = %v, %s = %v during the outage, want both positive", cdc.MetricSlotLagBytes, got[cdc.MetricSlotLagBytes],
+			cdc.MetricSlotRetained, got[cdc.MetricSlotRetained])
 	}
 	up()
 	relaytest.WaitFor(t, "the slot to pass the events", 20*time.Second, func() bool { return w.walConfirmed(t) >= first })
