@@ -67,7 +67,8 @@ type Config struct {
 	// events of its aggregate are parked in <outbox>_wal_aparcats, and the
 	// slot's position is the only record of what is published. Then Slot
 	// defaults to migrate.WALSlot(<database>, Names) and Publication (empty:
-	// it publishes no table) to the same name; prune settings do not apply.
+	// it publishes no table) to the same name; PruneOlderThan and
+	// DeletePublished are refused.
 	// Default false (the table mode).
 	WAL bool
 }
@@ -149,6 +150,9 @@ func (c Config) validate() error {
 	}
 	if c.WAL && c.PruneOlderThan > 0 {
 		bad("PruneOlderThan does not apply in WAL mode: there is no outbox row to prune")
+	}
+	if c.WAL && c.DeletePublished {
+		bad("DeletePublished does not apply in WAL mode: there is no outbox row to delete")
 	}
 	if c.BatchSize < 1 || c.BatchSize > BatchSizeMax {
 		bad("BatchSize %d is outside 1..%d", c.BatchSize, BatchSizeMax)
