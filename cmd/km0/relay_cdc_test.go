@@ -20,6 +20,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay/cdc"
+	"github.com/km0/km0/services/system"
 )
 
 // --mode and the flags of each mode are checked before anything connects.
@@ -257,5 +258,25 @@ func TestRelayHelpDescribesEveryMode(t *testing.T) {
 		if !strings.Contains(string(help), want) {
 			t.Errorf("km0 relay --help lacks %q:\n%s", want, help)
 		}
+	}
+}
+
+// `km0 serve --outbox wal` implies --relay cdc, and refuses --relay polling;
+// on the machine's replica-level server it fails with wal_level named
+// (creating the service's slot), before anything is written.
+func TestServeOutboxWALImpliesTheCDCRelay(t *testing.T) {
+	t.Setenv("KM0_DATABASE_URL", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := runServe(ctx, []string{"cataleg", "--outbox", "wal", "--relay", "polling",
+		"--service-database-url", "postgres://postgres@127.0.0.1:1/qualsevol", "--brokers", "127.0.0.1:1"})
+	if err == nil || !strings.Contains(err.Error(), "OutboxMode") {
+		t.Fatalf("km0 serve --outbox wal --relay polling: %v, want an error naming OutboxMode", err)
+	}
+	b := kafkatest.New(t, system.DomainTopics()...)
+	err = runServe(ctx, []string{"comandes", "--outbox", "wal", "--service-database-url", pgtest.NewDatabase(t),
+		"--brokers", b.Addrs()[0]})
+	if err == nil || !strings.Contains(err.Error(), "wal_level = logical") {
+		t.Fatalf("km0 serve comandes --outbox wal on a replica-level server: %v, want wal_level named", err)
 	}
 }
