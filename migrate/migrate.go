@@ -187,7 +187,7 @@ func recordName(set Set, files []file, names Names) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		for _, p := range []string{"{{outbox", "{{aparcats", "{{pendents_name}}", "{{publicats_name}}"} {
+		for _, p := range []string{"{{outbox", "{{aparcats", "{{wal_aparcats", "{{pendents_name}}", "{{publicats_name}}"} {
 			usesOutbox = usesOutbox || strings.Contains(string(body), p)
 		}
 		usesProcessats = usesProcessats || strings.Contains(string(body), "{{processats")
@@ -259,6 +259,7 @@ func replacer(n Names) *strings.Replacer {
 		"{{processats_name}}", pgx.Identifier{n.Processats}.Sanitize(),
 		"{{aparcats}}", pgx.Identifier{n.Schema, n.Outbox + "_aparcats"}.Sanitize(),
 		"{{aparcats_idx}}", pgx.Identifier{n.Outbox + "_aparcats_agregat"}.Sanitize(),
+		"{{wal_aparcats}}", pgx.Identifier{n.Schema, n.Outbox + WALParkedSuffix}.Sanitize(),
 		"{{pendents_name}}", pgx.Identifier{n.Outbox + "_pendents"}.Sanitize(),
 		"{{publicats_name}}", pgx.Identifier{n.Outbox + "_publicats"}.Sanitize(),
 		"{{processats_idx}}", pgx.Identifier{n.Processats + "_antiguitat"}.Sanitize(),

@@ -36,8 +36,8 @@ func TestUpIsIdempotentAndConcurrent(t *testing.T) {
 	if err := s.Pool.QueryRow(ctx, "SELECT count(*) FROM km0_migracions").Scan(&files); err != nil {
 		t.Fatal(err)
 	}
-	if total != files || files != 5 {
-		t.Fatalf("applied %d in all, %d recorded; want 5 and 5", total, files)
+	if total != files || files != 6 {
+		t.Fatalf("applied %d in all, %d recorded; want 6 and 6", total, files)
 	}
 	n, err := migrate.Up(ctx, s.Pool, s.Names(), migrate.Outbox, migrate.Inbox)
 	if err != nil || n != 0 {
@@ -104,7 +104,8 @@ func TestSecondTableNameInOneSchemaIsMigrated(t *testing.T) {
 	}
 	var tables, triggers int
 	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1
-		AND table_name IN ('outbox', 'outbox_aparcats', 'missatges_processats', 'outbox_pagaments', 'outbox_pagaments_aparcats', 'processats_b')`,
+		AND table_name IN ('outbox', 'outbox_aparcats', 'outbox_wal_aparcats', 'missatges_processats',
+		'outbox_pagaments', 'outbox_pagaments_aparcats', 'outbox_pagaments_wal_aparcats', 'processats_b')`,
 		s.Name).Scan(&tables); err != nil {
 		t.Fatal(err)
 	}
@@ -112,8 +113,8 @@ func TestSecondTableNameInOneSchemaIsMigrated(t *testing.T) {
 		second.Table("outbox_pagaments")).Scan(&triggers); err != nil {
 		t.Fatal(err)
 	}
-	if n != 5 || tables != 6 || triggers != 2 {
-		t.Fatalf("second names: applied %d files, %d of 6 tables, %d of 2 triggers on outbox_pagaments", n, tables, triggers)
+	if n != 6 || tables != 8 || triggers != 2 {
+		t.Fatalf("second names: applied %d files, %d of 8 tables, %d of 2 triggers on outbox_pagaments", n, tables, triggers)
 	}
 	if n, err := migrate.Up(ctx, s.Pool, second, migrate.Outbox, migrate.Inbox); err != nil || n != 0 {
 		t.Fatalf("second names again: applied %d (%v), want 0", n, err)

@@ -1,6 +1,9 @@
 // Package outbox writes events into the transactional outbox of CONTRACT.md,
 // inside the caller's own database transaction. Nothing here talks to a broker:
-// the relay (package relay) publishes committed rows later.
+// the relay (package relay) publishes committed rows later. In WAL mode
+// (Config.Mode = ModeWAL) the events are logical decoding messages of the
+// same transaction instead of rows, published by the CDC relay in WAL mode
+// (package relay/cdc); see ModeWAL.
 //
 // The event id is generated once, here, when the row is written (a UUIDv7, so
 // ids of one process sort in write order). It becomes the id_esdeveniment and is
@@ -71,6 +74,18 @@ type Config struct {
 	// MaxPayloadBytes refuses payloads larger than this. Default
 	// envelope.DefaultMaxBytes minus room for the envelope members.
 	MaxPayloadBytes int
+	// Mode is where events are written: ModeTable (the default, "") or
+	// ModeWAL. Any other value makes every Enqueue fail with ErrInvalid.
+	Mode Mode
+	// Slot is, in WAL mode, the replication slot that must exist before
+	// anything is written. Default migrate.WALSlot(<the database>, Names),
+	// the relay's and km0 migrate's default.
+	Slot string
+	// SlotCheckInterval is, in WAL mode, how long one look at the slot is
+	// trusted: Enqueue runs one query on the caller's transaction at most
+	// this often, so a slot dropped meanwhile may go unnoticed for this long.
+	// Default SlotCheckIntervalDefault.
+	SlotCheckInterval time.Duration
 }
 
 // MaxPayloadBytesDefault leaves 4 KiB of the 1 MiB envelope limit for the
@@ -84,6 +99,8 @@ type Outbox struct {
 	insertBatch  string
 	insertOneH   string // with capcaleres
 	insertBatchH string // with capcaleres
+	prefix       string // ModeWAL: migrate.WALPrefix
+	wal          walState
 }
 
 // New returns an Outbox for cfg.
@@ -92,11 +109,17 @@ func New(cfg Config) *Outbox {
 	if cfg.MaxPayloadBytes <= 0 {
 		cfg.MaxPayloadBytes = MaxPayloadBytesDefault
 	}
+	if cfg.SlotCheckInterval <= 0 {
+		cfg.SlotCheckInterval = SlotCheckIntervalDefault
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ModeTable
+	}
 	table := pgx.Identifier{cfg.Names.Schema, cfg.Names.Outbox}.Sanitize()
 	// Events without headers (the usual case) use the statements without
 	// capcaleres: the column stays NULL at no cost.
 	return &Outbox{
-		cfg: cfg,
+		cfg: cfg, prefix: migrate.WALPrefix(cfg.Names), wal: walState{slot: cfg.Slot},
 		insertOne: "INSERT INTO " + table + " (id, agregat, agregat_id, tipus, versio, carrega) " +
 			"VALUES ($1, $2, $3, $4, $5, $6)",
 		insertBatch: "INSERT INTO " + table + " (id, agregat, agregat_id, tipus, versio, carrega) " +
@@ -114,7 +137,13 @@ func New(cfg Config) *Outbox {
 // e.Headers, or NULL when there is neither. It returns an error wrapping
 // ErrInvalid (naming the field) for an event that cannot be written, and the
 // database error otherwise; either way nothing is written by this call.
+// In ModeWAL it writes the event as a logical decoding message instead (the
+// same members and headers, EncodeWAL) and returns an error wrapping
+// ErrNoSlot while the outbox's slot is missing or invalidated.
 func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, e *Event) error {
+	if err := o.checkMode(); err != nil {
+		return err
+	}
 	payload, err := o.prepare(e)
 	if err != nil {
 		return err
@@ -122,6 +151,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, e *Event) error {
 	headers, err := encodeHeaders(tracing.Headers(ctx), e.Headers)
 	if err != nil {
 		return fmt.Errorf("%s: %w", e.Type, err)
+	}
+	if o.cfg.Mode == ModeWAL {
+		return o.emit(ctx, tx, []*Event{e}, [][]byte{payload}, []*string{headers})
 	}
 	if headers == nil {
 		_, err = tx.Exec(ctx, o.insertOne, pgUUID(e.ID), e.Aggregate, e.AggregateID, e.Type, e.Version, string(payload))
@@ -139,10 +171,14 @@ func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, e *Event) error {
 // by agregat_id so that concurrent batches take the per-aggregate locks in the
 // same order and cannot deadlock each other. Every event gets the trace
 // context of ctx merged with its own Headers, as with Enqueue. If any event
-// is invalid, nothing is written.
+// is invalid, nothing is written. In ModeWAL the messages are written in the
+// caller's order, in one statement.
 func (o *Outbox) EnqueueBatch(ctx context.Context, tx DBTX, events []*Event) error {
 	if len(events) == 0 {
 		return nil
+	}
+	if err := o.checkMode(); err != nil {
+		return err
 	}
 	if len(events) == 1 {
 		return o.Enqueue(ctx, tx, events[0])
@@ -168,6 +204,9 @@ func (o *Outbox) EnqueueBatch(ctx context.Context, tx DBTX, events []*Event) err
 			headers[i] = h
 		}
 	}
+	if o.cfg.Mode == ModeWAL {
+		return o.emit(ctx, tx, events, prepared, headers)
+	}
 	order := make([]int, n)
 	for i := range order {
 		order[i] = i
@@ -191,6 +230,13 @@ func (o *Outbox) EnqueueBatch(ctx context.Context, tx DBTX, events []*Event) err
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: insert batch of %d: %w", n, err)
+	}
+	return nil
+}
+
+func (o *Outbox) checkMode() error {
+	if o.cfg.Mode != ModeTable && o.cfg.Mode != ModeWAL {
+		return fmt.Errorf("%w: outbox mode %q is neither %q nor %q", ErrInvalid, o.cfg.Mode, ModeTable, ModeWAL)
 	}
 	return nil
 }

@@ -148,6 +148,9 @@ func benchRelay(ctx context.Context, args []string) error {
 	del := fs.Bool("delete-published", false, "--mode cdc: both relays delete each row once the broker confirmed it instead of setting publicat_en (km0 relay --delete-published)")
 	latRate := fs.Int("latency-rate", 1000, "--mode cdc: events/s of the latency run of each relay (commit → consumer commit, as `km0 bench latency`); 0 skips it")
 	latSeconds := fs.Float64("latency-seconds", 5, "--mode cdc: how long each latency run writes")
+	outboxMode := fs.String("outbox", string(outbox.ModeTable), "--mode cdc: wal runs three sides instead, live writes only "+
+		"(4 writers, transactions of 100, --aggregates default 1,000), each side's first write to its last record on the topic: "+
+		"the WAL-mode outbox with km0 relay --outbox wal, the table with km0 relay --mode cdc, and the table with km0 relay (polling)")
 	profile := cpuProfileFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -168,12 +171,31 @@ func benchRelay(ctx context.Context, args []string) error {
 		if *del {
 			return errors.New("--delete-published applies to --mode cdc only")
 		}
+		if *outboxMode != string(outbox.ModeTable) {
+			return errors.New("--outbox applies to --mode cdc only")
+		}
 	case modeCDC:
 		if *baseline || *validate {
 			return errors.New("--baseline and --validate apply to --mode polling only")
 		}
 		if *latRate < 0 || *latSeconds <= 0 {
 			return errors.New("--latency-rate must not be negative and --latency-seconds must be positive")
+		}
+		switch *outboxMode {
+		case string(outbox.ModeTable):
+		case string(outbox.ModeWAL):
+			if *del || *batch != 0 || *workers != 0 {
+				return errors.New("--outbox wal runs every relay with its defaults: --delete-published, --batch and --workers do not apply")
+			}
+			a := 1000
+			fs.Visit(func(f *flag.Flag) {
+				if f.Name == "aggregates" {
+					a = *aggs
+				}
+			})
+			return benchRelayWAL(ctx, *dbURL, *brokers, *n, a, *rounds)
+		default:
+			return fmt.Errorf("--outbox %q: want %s or %s", *outboxMode, outbox.ModeTable, outbox.ModeWAL)
 		}
 		return benchRelayCDC(ctx, *dbURL, *brokers, *n, *aggs, *rounds, *batch, *workers, *latRate, *latSeconds, *del)
 	default:

@@ -71,7 +71,7 @@ func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, 
 		return err
 	}
 	defer env.close()
-	srv := &serverMeter{c: cluster, pool: env.pool}
+	srv := newServerMeter(ctx, cluster, env.pool)
 	load0 := loadAverage()
 	starts := map[string]func(ctx context.Context, names migrate.Names, topic string) (func() error, error){
 		benchPolling: func(ctx context.Context, names migrate.Names, topic string) (func() error, error) {
@@ -122,10 +122,12 @@ func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, 
 		"cdc_cpu_us_per_event": med2(cpus[benchCDC]), "polling_cpu_us_per_event": med2(cpus[benchPolling]),
 		"load_average_before": load0, "load_average_after": loadAverage(),
 		"target_90k_met": cdcRate >= 90_000, "target_1_3x_met": med2(ratios) >= 1.3, "delete_published": del}
-	if cluster != nil {
+	if srv.measured() {
 		out["cdc_server_cpu_us_per_event"], out["polling_server_cpu_us_per_event"] = med2(srvs[benchCDC]), med2(srvs[benchPolling])
-		out["server"] = "private cluster, wal_level = logical, fsync on"
+	} else {
+		out["cdc_server_cpu_us_per_event"], out["polling_server_cpu_us_per_event"] = nil, nil
 	}
+	out["server"] = srv.describe()
 	emit(out)
 	if latRate <= 0 {
 		return nil
@@ -302,40 +304,84 @@ func (e *benchEnv) moveLive(ctx context.Context, bench string, n, aggs int,
 	res := map[string]any{"bench": bench, "events": n, "pre_inserted": pre, "live": live, "records": recs,
 		"seconds": round2(elapsed.Seconds()), "events_per_s": round2(float64(n) / elapsed.Seconds()), "rss_mb": round2(rss),
 		"cpu_us_per_event": round2(float64(cpu.Microseconds()) / float64(n))}
-	if srvCPU > 0 {
-		res["server_cpu_us_per_event"] = round2(float64(srvCPU.Microseconds()) / float64(n))
-		per := map[string]float64{}
-		for k, v := range byProc {
-			per[k] = round2(float64(v.Microseconds()) / float64(n))
-		}
-		res["server_cpu_us_per_event_by_process"] = per
-	}
+	srv.put(res, srvCPU, byProc, n)
 	return res, nil
 }
 
-// serverMeter measures the private cluster's CPU time over a run, in total
-// and by kind of server process (walsender, the relay's sessions, the
-// writers', background processes); it measures nothing on a given server.
+// put adds the server's CPU per event to res: server_cpu_us_per_event and
+// by process when measured, else null with the reason in server_cpu.
+func (m *serverMeter) put(res map[string]any, cpu time.Duration, byProc map[string]time.Duration, n int) {
+	if !m.measured() {
+		res["server_cpu_us_per_event"] = nil
+		res["server_cpu"] = m.describe()
+		return
+	}
+	res["server_cpu_us_per_event"] = round2(float64(cpu.Microseconds()) / float64(n))
+	per := map[string]float64{}
+	for k, v := range byProc {
+		per[k] = round2(float64(v.Microseconds()) / float64(n))
+	}
+	res["server_cpu_us_per_event_by_process"] = per
+}
+
+// serverMeter measures the server's CPU time over a run, in total and by
+// kind of server process (walsender, the relay's sessions, the writers',
+// background processes): the private cluster's, or a given server's when it
+// runs on this machine (its postmaster found from a session's pid in
+// /proc); nothing otherwise, and says so.
 type serverMeter struct {
 	c     *pgcluster.Cluster
+	pm    int // the given server's postmaster, 0 if not on this machine
 	pool  *pgxpool.Pool
 	total time.Duration
 	procs map[int]time.Duration
 }
 
-func (m *serverMeter) start() {
-	if m.c != nil {
-		m.total, m.procs = m.c.CPU(), m.c.ProcessCPU()
+func newServerMeter(ctx context.Context, c *pgcluster.Cluster, pool *pgxpool.Pool) *serverMeter {
+	m := &serverMeter{c: c, pool: pool}
+	if c == nil {
+		var pid int
+		if pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid) == nil {
+			m.pm = pgcluster.Postmaster(pid)
+		}
 	}
+	return m
 }
+
+// measured reports whether the meter reads the server's CPU.
+func (m *serverMeter) measured() bool { return m.c != nil || m.pm > 0 }
+
+// describe names the server measured, or why it is not.
+func (m *serverMeter) describe() string {
+	switch {
+	case m.c != nil:
+		return "private cluster, wal_level = logical, fsync on"
+	case m.pm > 0:
+		return "--database-url's server, on this machine (CPU from /proc)"
+	}
+	return "not measured: --database-url's server is not on this machine (its processes are not in /proc)"
+}
+
+func (m *serverMeter) cpu() (time.Duration, map[int]time.Duration) {
+	switch {
+	case m.c != nil:
+		return m.c.CPU(), m.c.ProcessCPU()
+	case m.pm > 0:
+		return pgcluster.ServerCPU(m.pm), pgcluster.ServerProcessCPU(m.pm)
+	}
+	return 0, nil
+}
+
+func (m *serverMeter) start() { m.total, m.procs = m.cpu() }
 
 // stop returns the CPU time since start, and that of the processes alive
 // now by kind.
 func (m *serverMeter) stop(ctx context.Context) (time.Duration, map[string]time.Duration) {
-	if m.c == nil {
+	if !m.measured() {
 		return 0, nil
 	}
-	total, procs := m.c.CPU()-m.total, m.c.ProcessCPU()
+	total, procs := m.cpu()
+	total -= m.total
 	kinds := map[int]string{}
 	rows, err := m.pool.Query(ctx, "SELECT pid, backend_type, coalesce(application_name, '') FROM pg_stat_activity")
 	if err == nil {

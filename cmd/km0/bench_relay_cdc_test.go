@@ -79,3 +79,78 @@ func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 		}
 	}
 }
+
+// `km0 bench relay --mode cdc` on a given server of this machine (here the
+// shared one; with wal_level = logical the bench runs on it directly)
+// measures the server's CPU from /proc, so server_cpu_us_per_event is
+// printed, not only on the private cluster; a server it cannot see gets
+// server_cpu_us_per_event null with the reason, never a silent absence.
+func TestBenchServerCPUIsMeasuredOnAGivenLocalServer(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewPool(t, pgtest.URL(), 2)
+	m := newServerMeter(ctx, nil, pool)
+	if !m.measured() {
+		t.Fatalf("the local server's postmaster was not found: %s", m.describe())
+	}
+	m.start()
+	if _, err := pool.Exec(ctx, "SELECT count(*) FROM generate_series(1, 3000000)"); err != nil {
+		t.Fatal(err)
+	}
+	cpu, byProc := m.stop(ctx)
+	res := map[string]any{}
+	m.put(res, cpu, byProc, 1000)
+	if v, ok := res["server_cpu_us_per_event"].(float64); !ok || v <= 0 {
+		t.Fatalf("server_cpu_us_per_event %v (cpu %v), want a positive figure", res["server_cpu_us_per_event"], cpu)
+	}
+	remote := &serverMeter{}
+	res = map[string]any{}
+	remote.put(res, 0, nil, 1000)
+	if v, ok := res["server_cpu_us_per_event"]; !ok || v != nil || !strings.Contains(res["server_cpu"].(string), "not measured") {
+		t.Fatalf("unmeasured server: %v, want server_cpu_us_per_event null and the reason", res)
+	}
+}
+
+// `km0 bench relay --mode cdc --outbox wal` with tiny numbers, as a
+// process: a line per side (wal, cdc, polling) and round, then the
+// side-by-side line with the ratios; the WAL side leaves no outbox row. It
+// keeps the harness from rotting; it measures nothing.
+func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe, "bench", "relay", "--mode", "cdc", "--outbox", "wal", "--database-url", pgtest.URL(),
+		"--n", "800", "--rounds", "1")
+	cmd.Env = append(os.Environ(), envRunMain+"=1")
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("km0 bench relay --mode cdc --outbox wal: %v\n%s", err, stderr.String())
+	}
+	seen := map[string]map[string]any{}
+	sc := bufio.NewScanner(&out)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("not a JSON line: %q", sc.Text())
+		}
+		b, _ := m["bench"].(string)
+		seen[b] = m
+	}
+	for _, b := range []string{benchWAL, benchCDC, benchPolling} {
+		if seen[b] == nil || seen[b]["records"].(float64) < 800 {
+			t.Fatalf("%s line %v; output:\n%s", b, seen[b], out.String())
+		}
+	}
+	if seen[benchWAL]["outbox_rows"] != float64(0) || seen[benchPolling]["outbox_rows"] != float64(800) {
+		t.Fatalf("outbox rows: wal %v (want 0), polling %v (want 800)", seen[benchWAL]["outbox_rows"], seen[benchPolling]["outbox_rows"])
+	}
+	sum := seen["relay_wal_vs_cdc_vs_polling"]
+	for _, k := range []string{"wal_vs_polling", "wal_vs_cdc", "wal_writers_vs_table", "wal_server_cpu_vs_polling"} {
+		if _, ok := sum[k].(float64); !ok {
+			t.Fatalf("summary lacks %s: %v", k, sum)
+		}
+	}
+}

@@ -79,7 +79,7 @@ func runOutbox(ctx context.Context, args []string) error {
 	defer pool.Close()
 	switch sub {
 	case "prune":
-		if err := requireOutbox(ctx, pool, names); err != nil {
+		if err := requireOutbox(ctx, pool, names, false); err != nil {
 			return err
 		}
 		n, err := relay.Prune(ctx, pool, names, olderThan, batch)

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -18,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
 	"github.com/km0/km0/transport"
@@ -30,7 +33,10 @@ func init() {
 }
 
 func runRelay(ctx context.Context, args []string) error {
-	fs := newFlags("relay", "publish committed outbox rows to Kafka (claim, publish, wait for every ack, mark)")
+	fs := newFlags("relay", "publish committed outbox events to Kafka or a RabbitMQ exchange, in commit order per aggregate, "+
+		"at least once: --mode polling (the default) claims pending rows from the table, publishes them, waits for every ack "+
+		"and marks them; --mode cdc streams them from the WAL (logical replication) and confirms the slot's position once the "+
+		"broker acked; --outbox wal (implies --mode cdc) streams the events written as WAL messages, with no table")
 	dbURL := databaseURLFlag(fs)
 	brokers := brokersFlag(fs)
 	topic := fs.String("topic", "", "Kafka topic for the events (required), e.g. comandes.esdeveniments")
@@ -51,12 +57,20 @@ func runRelay(ctx context.Context, args []string) error {
 	deletePublished := fs.Bool("delete-published", false, "delete each row as soon as the broker confirmed it, instead of setting publicat_en: the outbox keeps only pending rows and nothing can be replayed from it")
 	mode := fs.String("mode", modePolling, "polling: claim pending rows from the table (LISTEN/NOTIFY and a fallback poll); "+
 		"cdc: stream the table's inserts from the WAL (logical replication; needs wal_level = logical and the REPLICATION privilege)")
-	slot := fs.String("slot", "", "--mode cdc: the replication slot (default km0_<schema>_<table>, e.g. km0_public_outbox)")
+	slot := fs.String("slot", "", "--mode cdc: the replication slot (default km0_<database>_<schema>_<table>, e.g. km0_shop_public_outbox; "+
+		"--outbox wal: km0_wal_<database>_<schema>_<table>)")
+	outboxMode := fs.String("outbox", string(outbox.ModeTable), "table: the events are rows of the outbox table; "+
+		"wal: they are WAL messages (outbox.ModeWAL, created by km0 migrate --outbox-mode wal), streamed with --mode cdc (implied)")
 	publication := fs.String("publication", "", "--mode cdc: the publication of the table's inserts, created if absent (default the slot's name)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := checkMode(*mode, *slot, *publication, *workers); err != nil {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *outboxMode == string(outbox.ModeWAL) && !set["mode"] {
+		*mode = modeCDC
+	}
+	if err := checkMode(*mode, *outboxMode, *slot, *publication, *workers, set); err != nil {
 		return err
 	}
 	if *topic == "" || *origin == "" {
@@ -87,7 +101,8 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	names := migrate.Names{Schema: *schema, Outbox: *table}.WithDefaults()
-	if err := requireOutbox(ctx, pool, names); err != nil {
+	wal := *outboxMode == string(outbox.ModeWAL)
+	if err := requireOutbox(ctx, pool, names, wal); err != nil {
 		return err
 	}
 	if *mode == modeCDC {
@@ -149,7 +164,7 @@ func runRelay(ctx context.Context, args []string) error {
 		PruneOlderThan: *pruneOlder, DeletePublished: *deletePublished}
 	var run func(context.Context) error
 	if *mode == modeCDC {
-		c, err := cdc.New(cdc.Config{Config: rcfg, Slot: *slot, Publication: *publication, BatchSize: *batch})
+		c, err := cdc.New(cdc.Config{Config: rcfg, Slot: *slot, Publication: *publication, BatchSize: *batch, WAL: wal})
 		if err != nil {
 			return err
 		}
@@ -176,8 +191,7 @@ func runRelay(ctx context.Context, args []string) error {
 		defer srv.Close()
 		log.Info("km0 relay: metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
-	log.Info("km0 relay: running", "mode", *mode, "outbox", names.Schema+"."+names.Outbox, "topic", *topic, "origin", *origin,
-		"batch", adaptiveOr(*batch), "workers", adaptiveOr(*workers), "prune_older_than", *pruneOlder, "delete_published", *deletePublished)
+	log.Info("km0 relay: running", startAttrs(*mode, *outboxMode, names, *topic, *origin, *batch, *workers, *pruneOlder, *deletePublished)...)
 	err = run(ctx)
 	log.Info("km0 relay: stopped")
 	return err
@@ -189,9 +203,23 @@ const (
 	modeCDC     = "cdc"
 )
 
-// checkMode refuses a --mode other than polling or cdc, and the flags that
-// belong to the other mode.
-func checkMode(mode, slot, publication string, workers int) error {
+// checkMode refuses a --mode other than polling or cdc, an --outbox other
+// than table or wal, and the flags given (set) that belong to another mode.
+func checkMode(mode, outboxMode, slot, publication string, workers int, set map[string]bool) error {
+	switch outboxMode {
+	case string(outbox.ModeTable):
+	case string(outbox.ModeWAL):
+		if mode != modeCDC {
+			return fmt.Errorf("--outbox wal is streamed by --mode cdc only, not --mode %s", mode)
+		}
+		for _, f := range []string{"prune-older-than", "delete-published"} {
+			if set[f] {
+				return fmt.Errorf("--%s applies to --outbox table only: a WAL-mode outbox has no rows", f)
+			}
+		}
+	default:
+		return fmt.Errorf("--outbox %q: want %s or %s", outboxMode, outbox.ModeTable, outbox.ModeWAL)
+	}
 	switch mode {
 	case modePolling:
 		if slot != "" || publication != "" {
@@ -200,6 +228,9 @@ func checkMode(mode, slot, publication string, workers int) error {
 	case modeCDC:
 		if workers != 0 {
 			return errors.New("--workers applies to --mode polling only (the CDC relay streams with one session)")
+		}
+		if set["poll"] {
+			return errors.New("--poll applies to --mode polling only (the CDC relay is woken by the stream, it never polls)")
 		}
 		if slot != "" && !cdc.ValidSlot(slot) {
 			return fmt.Errorf("--slot %q: a slot name is 1 to 63 lower-case letters, digits and underscores", slot)
@@ -211,9 +242,22 @@ func checkMode(mode, slot, publication string, workers int) error {
 }
 
 // requireOutbox fails with the fix when the outbox table does not exist, or
-// lacks a column the relay reads (capcaleres, migration 004).
-func requireOutbox(ctx context.Context, pool *pgxpool.Pool, names migrate.Names) error {
+// lacks a column the relay reads (capcaleres, migration 004); with wal, when
+// the WAL mode's parking table (migration 005) does not exist.
+func requireOutbox(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, wal bool) error {
 	names = names.WithDefaults()
+	if wal {
+		var exists bool
+		parked := names.Outbox + migrate.WALParkedSuffix
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{names.Schema, parked}.Sanitize()).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s --outbox-table %s --outbox-mode wal first",
+				names.Schema, parked, names.Schema, names.Outbox)
+		}
+		return nil
+	}
 	var exists, headers bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attname = 'capcaleres' AND NOT attisdropped)`,
@@ -269,10 +313,33 @@ func waitForTopic(ctx context.Context, log *slog.Logger, cl *kgo.Client, partiti
 	}
 }
 
+// startAttrs are the attributes of the relay's start line: each mode's own
+// settings, with the value it runs with (the CDC relay has a fixed batch
+// and no workers; a WAL-mode outbox no pruning).
+func startAttrs(mode, outboxMode string, names migrate.Names, topic, origin string, batch, workers int, pruneOlder time.Duration, del bool) []any {
+	attrs := []any{"mode", mode, "outbox", names.Schema + "." + names.Outbox, "outbox_mode", outboxMode, "topic", topic, "origin", origin}
+	if mode == modeCDC {
+		attrs = append(attrs, "batch", cmp.Or(batch, cdc.BatchSizeDefault))
+	} else {
+		attrs = append(attrs, "batch", adaptiveOr(batch), "workers", adaptiveOr(workers))
+	}
+	if outboxMode != string(outbox.ModeWAL) {
+		attrs = append(attrs, "prune_older_than", pruneOlder, "delete_published", del)
+	}
+	return attrs
+}
+
 // adaptiveOr is n, or "adaptive" for 0 (the relay's adaptive default).
 func adaptiveOr(n int) any {
 	if n == 0 {
 		return "adaptive"
 	}
 	return n
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/repartiment"
@@ -78,11 +79,15 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	deletePublished := fs.Bool("delete-published", false, "each service's relay deletes each outbox row as soon as the broker confirmed it, instead of setting publicat_en: the outboxes keep only pending rows and nothing can be replayed from them")
 	relayMode := fs.String("relay", system.RelayPolling, "how each service's relay finds its outbox rows: polling (claim them from the table) or cdc (stream the inserts from the WAL; the server needs wal_level = logical and the REPLICATION privilege; slots km0_<database>_outbox)")
+	outboxMode := fs.String("outbox", string(outbox.ModeTable), "where the services write their events: table (outbox rows) or wal (WAL messages, no rows; implies --relay cdc; each service's slot is created at start, before anything is written; see docs/cdc.md)")
 	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+adminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
 	alerts := addAlertFlags(fs, "with --console")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *outboxMode == string(outbox.ModeWAL) && !flagSet(fs, "relay") {
+		*relayMode = system.RelayCDC // --outbox wal implies --relay cdc
 	}
 	if err := alerts.check(*consoleAddr != "", "--console"); err != nil {
 		return err
@@ -152,6 +157,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	sys, err := system.Start(ctx, system.Config{SigningKey: key, AcceptUnsignedRequests: *acceptUnsigned, DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
 		Brokers: brokerList, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, AMQPTLS: amqpTLSCfg, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
+		OutboxMode:   outbox.Mode(*outboxMode),
 		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()})
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ package pgcluster
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -69,6 +70,7 @@ type Cluster struct {
 	cmd   *exec.Cmd
 	runAs *user.User // the postgres user when this process is root
 	done  chan error
+	args  []string // postgres's command line, for Restart
 }
 
 // Start runs initdb in a new temporary directory and starts a server
@@ -132,27 +134,66 @@ func Start(opts Options) (*Cluster, error) {
 	for k, v := range opts.Settings {
 		settings[k] = v
 	}
-	args := []string{"-D", data}
+	c.args = []string{"-D", data}
 	for k, v := range settings {
-		args = append(args, "-c", k+"="+v)
+		c.args = append(c.args, "-c", k+"="+v)
 	}
-	logPath := filepath.Join(dir, "server.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("pgcluster: %w", err)
-	}
-	defer logFile.Close()
-	c.cmd = c.command("postgres", args...)
-	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
-	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("pgcluster: start postgres: %w", err)
-	}
-	go func() { c.done <- c.cmd.Wait() }()
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
 	if opts.TLS != nil {
 		c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=%s",
 			c.Port, url.QueryEscape(opts.TLS.CAFile))
 	}
+	if err := c.run(); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+// Crash stops the server the way pg_ctl stop -m immediate does (SIGQUIT:
+// every process exits at once, no checkpoint; the next start recovers from
+// the WAL) and waits for it to exit. Restart starts it again.
+func (c *Cluster) Crash() {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-c.done:
+	case <-time.After(20 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+	c.cmd = nil
+}
+
+// Restart starts the server again, on the same data directory and port,
+// after Crash, waiting until it accepts connections (crash recovery done).
+func (c *Cluster) Restart() error {
+	if c.cmd != nil {
+		return errors.New("pgcluster: Restart of a running server")
+	}
+	return c.run()
+}
+
+// run starts postgres and waits until it accepts connections.
+func (c *Cluster) run() error {
+	logPath := filepath.Join(c.dir, "server.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	defer logFile.Close()
+	if err := c.chown(logPath); err != nil {
+		return err
+	}
+	c.cmd = c.command("postgres", c.args...)
+	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
+	if err := c.cmd.Start(); err != nil {
+		return fmt.Errorf("pgcluster: start postgres: %w", err)
+	}
+	cmd := c.cmd
+	go func() { c.done <- cmd.Wait() }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -164,19 +205,18 @@ func Start(opts Options) (*Cluster, error) {
 		}
 		select {
 		case werr := <-c.done:
-			c.done <- werr
 			log, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("pgcluster: postgres exited (%v): %s", werr, tail(string(log)))
+			c.cmd = nil
+			return fmt.Errorf("pgcluster: postgres exited (%v): %s", werr, tail(string(log)))
 		default:
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("pgcluster: postgres did not accept connections within 60s: %v: %s", err, tail(string(log)))
+			return fmt.Errorf("pgcluster: postgres did not accept connections within 60s: %v: %s", err, tail(string(log)))
 		}
 		time.Sleep(50 * time.Millisecond) // polling the server's start with a deadline
 	}
-	ok = true
-	return c, nil
+	return nil
 }
 
 // Stop stops the server (fast shutdown, then a kill after 20 s) and removes
@@ -256,7 +296,29 @@ func (c *Cluster) CPU() time.Duration {
 	if c.cmd == nil || c.cmd.Process == nil {
 		return 0
 	}
-	pm := c.cmd.Process.Pid
+	return ServerCPU(c.cmd.Process.Pid)
+}
+
+// ProcessCPU is the processor time of each live server process (the
+// postmaster's children) by pid, from /proc; nil where there is none.
+func (c *Cluster) ProcessCPU() map[int]time.Duration {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return nil
+	}
+	return ServerProcessCPU(c.cmd.Process.Pid)
+}
+
+// Postmaster is the postmaster of a server process of this machine (the
+// parent of backend, a pg_backend_pid()), or 0 when /proc does not show it
+// (the server runs elsewhere).
+func Postmaster(backend int) int {
+	return procParent(backend)
+}
+
+// ServerCPU is the processor time of the server of postmaster pm: its own,
+// that of its exited children and that of its live ones, from /proc; 0 when
+// /proc does not show it.
+func ServerCPU(pm int) time.Duration {
 	total := procTicks(pm, true)
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -271,13 +333,9 @@ func (c *Cluster) CPU() time.Duration {
 	return time.Duration(total) * time.Second / clockTicks
 }
 
-// ProcessCPU is the processor time of each live server process (the
-// postmaster's children) by pid, from /proc; nil where there is none.
-func (c *Cluster) ProcessCPU() map[int]time.Duration {
-	if c.cmd == nil || c.cmd.Process == nil {
-		return nil
-	}
-	pm := c.cmd.Process.Pid
+// ServerProcessCPU is the processor time of each live child of postmaster
+// pm by pid, from /proc.
+func ServerProcessCPU(pm int) map[int]time.Duration {
 	out := map[int]time.Duration{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {

@@ -22,7 +22,7 @@ import (
 
 // The test binary runs as a CDC relay process when childEnv is set (see
 // TestMain): KM0_CDC_TEST_URL, KM0_CDC_TEST_SCHEMA, KM0_CDC_TEST_BROKER and
-// KM0_CDC_TEST_APP configure it.
+// KM0_CDC_TEST_APP configure it; KM0_CDC_TEST_WAL makes it a WAL-mode relay.
 const childEnv = "KM0_CDC_TEST_CHILD"
 
 func runChild() int {
@@ -43,7 +43,7 @@ func runChild() int {
 	r, err := cdc.New(cdc.Config{Config: relay.Config{Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_CDC_TEST_SCHEMA")},
 		Publisher: kafka.NewPublisher(cl), Topic: topic, Origin: "comandes", ApplicationName: os.Getenv("KM0_CDC_TEST_APP"),
 		BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: testLogger()},
-		StatusInterval: 100 * time.Millisecond})
+		StatusInterval: 100 * time.Millisecond, WAL: os.Getenv("KM0_CDC_TEST_WAL") != ""})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2
@@ -55,12 +55,14 @@ func runChild() int {
 	return 0
 }
 
-// startChild starts a relay process named app; cleanup kills it.
-func (b *bundle) startChild(t *testing.T, app string) *exec.Cmd {
+// startChild starts a relay process named app; cleanup kills it. env is
+// added to its environment.
+func (b *bundle) startChild(t *testing.T, app string, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), childEnv+"=1", "KM0_CDC_TEST_URL="+b.s.URL, "KM0_CDC_TEST_SCHEMA="+b.s.Name,
 		"KM0_CDC_TEST_BROKER="+b.b.Addrs()[0], "KM0_CDC_TEST_APP="+app)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -44,7 +44,8 @@ var ErrConfig = errors.New("cdc: invalid config")
 type Config struct {
 	relay.Config
 	// Slot is the logical replication slot: lower-case letters, digits and
-	// underscores, at most 63. Default DefaultSlot(Names).
+	// underscores, at most 63. Default DefaultSlotIn(<the database>, Names),
+	// or migrate.WALSlot in WAL mode.
 	Slot string
 	// Publication is the publication of the outbox table (inserts only),
 	// created if absent. Default DefaultPublication(Names).
@@ -60,6 +61,16 @@ type Config struct {
 	// ReleaseCheck is the period of the check for released rows. Default
 	// ReleaseCheckDefault.
 	ReleaseCheck time.Duration
+	// WAL makes the relay publish the outbox's logical decoding messages
+	// (outbox.ModeWAL, the prefix migrate.WALPrefix(Names)) instead of the
+	// table's inserts: nothing is marked, a refused event and the later
+	// events of its aggregate are parked in <outbox>_wal_aparcats, and the
+	// slot's position is the only record of what is published. Then Slot
+	// defaults to migrate.WALSlot(<database>, Names) and Publication (empty:
+	// it publishes no table) to the same name; PruneOlderThan and
+	// DeletePublished are refused.
+	// Default false (the table mode).
+	WAL bool
 }
 
 // maxName is NAMEDATALEN - 1, the longest slot or publication name.
@@ -70,11 +81,22 @@ var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 // ValidSlot reports whether s is a slot name PostgreSQL accepts.
 func ValidSlot(s string) bool { return slotName.MatchString(s) }
 
-// DefaultSlot is the default slot of an outbox: km0_<schema>_<table> when
-// that is a valid slot name (km0_public_outbox for the contract's table);
-// otherwise the name lower-cased with every other character replaced by '_',
-// cut, and followed by 8 hex digits of a hash of the exact names, so that two
-// tables never share a slot.
+// DefaultSlotIn is the default slot of the outbox n of database:
+// km0_<database>_<schema>_<table> (migrate.SlotName: lower-cased, with a
+// hash of the exact names when they had to be changed or cut). Slots are
+// server-wide, so the database is in the name: two databases' outboxes with
+// the same schema and table never share a slot.
+func DefaultSlotIn(database string, n migrate.Names) string {
+	n = n.WithDefaults()
+	return migrate.SlotName("km0", database, n.Schema, n.Outbox)
+}
+
+// DefaultSlot is the slot name of an outbox that leaves out the database
+// (km0_<schema>_<table>, km0_public_outbox for the contract's table), the
+// default before DefaultSlotIn. A relay whose Slot is defaulted refuses to
+// create DefaultSlotIn's slot while this one exists in its database, so
+// that an upgrade never leaves a slot holding WAL behind: pass it as Slot
+// to keep its position. Also the default publication's name.
 func DefaultSlot(n migrate.Names) string {
 	n = n.WithDefaults()
 	name := "km0_" + n.Schema + "_" + n.Outbox
@@ -106,8 +128,11 @@ func DefaultPublication(n migrate.Names) string { return DefaultSlot(n) }
 func (c Config) WithDefaults() Config {
 	c.ApplicationName = cmp.Or(c.ApplicationName, ApplicationNameDefault)
 	c.Config = c.Config.WithDefaults()
-	c.Slot = cmp.Or(c.Slot, DefaultSlot(c.Names))
-	c.Publication = cmp.Or(c.Publication, DefaultPublication(c.Names))
+	// Slot: New names it after the database (and the publication in WAL
+	// mode after the slot).
+	if !c.WAL {
+		c.Publication = cmp.Or(c.Publication, DefaultPublication(c.Names))
+	}
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
 	c.StatusInterval = cmp.Or(c.StatusInterval, StatusIntervalDefault)
 	c.ReleaseCheck = cmp.Or(c.ReleaseCheck, ReleaseCheckDefault)
@@ -117,11 +142,17 @@ func (c Config) WithDefaults() Config {
 func (c Config) validate() error {
 	errs := c.Config.CheckShared()
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if !slotName.MatchString(c.Slot) {
+	if c.Slot != "" && !slotName.MatchString(c.Slot) {
 		bad("Slot %q is not a slot name: 1 to 63 lower-case letters, digits and underscores", c.Slot)
 	}
 	if len(c.Publication) > maxName || strings.ContainsRune(c.Publication, 0) {
 		bad("Publication %q is longer than 63 bytes or holds a NUL", c.Publication)
+	}
+	if c.WAL && c.PruneOlderThan > 0 {
+		bad("PruneOlderThan does not apply in WAL mode: there is no outbox row to prune")
+	}
+	if c.WAL && c.DeletePublished {
+		bad("DeletePublished does not apply in WAL mode: there is no outbox row to delete")
 	}
 	if c.BatchSize < 1 || c.BatchSize > BatchSizeMax {
 		bad("BatchSize %d is outside 1..%d", c.BatchSize, BatchSizeMax)

@@ -39,10 +39,11 @@ const topic = "comandes.esdeveniments"
 // kfake broker with the topic, a publisher and an outbox writer. The slot
 // and the publication of the schema are dropped at cleanup.
 type bundle struct {
-	s   *pgtest.Schema
-	b   *kafka.Embedded
-	pub *kafka.Publisher
-	ob  *outbox.Outbox
+	s        *pgtest.Schema
+	slotName string // the relay's default slot
+	b        *kafka.Embedded
+	pub      *kafka.Publisher
+	ob       *outbox.Outbox
 }
 
 func setup(t testing.TB) *bundle {
@@ -51,11 +52,16 @@ func setup(t testing.TB) *bundle {
 	b := kafkatest.New(t, topic)
 	bu := &bundle{s: s, b: b, pub: kafka.NewPublisher(kafkatest.Client(t, b)),
 		ob: outbox.New(outbox.Config{Names: s.Names(), MaxPayloadBytes: 4 << 20})}
+	var db string
+	if err := s.Pool.QueryRow(context.Background(), "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	bu.slotName = cdc.DefaultSlotIn(db, s.Names())
 	t.Cleanup(func() { bu.dropSlot(t) })
 	return bu
 }
 
-func (b *bundle) slot() string { return cdc.DefaultSlot(b.s.Names()) }
+func (b *bundle) slot() string { return b.slotName }
 
 // dropSlot drops the schema's slot and publication, waiting (a little) for a
 // killed holder's session to end.

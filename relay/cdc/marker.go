@@ -27,6 +27,13 @@ type job struct {
 	end      pglogrepl.LSN
 	commit   time.Time
 	barrier  chan struct{} // closed once every earlier job is committed
+	// WAL mode: the messages to keep in the parking table (parked ones
+	// with their motiu, those waiting behind them with nil), and, for a
+	// batch read back from it (fromParked), the ids the broker confirmed,
+	// to delete from it.
+	wal        walRows
+	fromParked bool
+	walDone    []uuid.UUID
 }
 
 // markMergeMax bounds the rows of one marking round trip when the marker
@@ -147,20 +154,27 @@ func (m *marker) commit(ctx context.Context, batch []job) error {
 	var parkIDs []uuid.UUID
 	var parkAggs, parkWhy []string
 	var end pglogrepl.LSN
+	var wal walRows
+	var walDone []uuid.UUID
 	for _, j := range batch {
+		wal.append(&j.wal)
+		walDone = append(walDone, j.walDone...)
 		ids = append(ids, j.ids...)
 		parkIDs, parkAggs, parkWhy = append(parkIDs, j.parkIDs...), append(parkAggs, j.parkAggs...), append(parkWhy, j.parkWhy...)
 		end = max(end, j.end)
 	}
 	var byID []pgtype.UUID
 	for _, j := range batch {
+		if m.r.cfg.WAL { // nothing to mark: the slot's position is the mark
+			break
+		}
 		if j.tids != nil {
 			tids, byTID = append(tids, j.tids...), append(byTID, j.ids...)
 		} else {
 			byID = append(byID, j.ids...)
 		}
 	}
-	if len(ids) > 0 || len(parkIDs) > 0 {
+	if len(ids) > 0 || len(parkIDs) > 0 || len(wal.ids) > 0 || len(walDone) > 0 {
 		b := &pgx.Batch{}
 		marks := 0
 		// In statements of at most markChunk rows: given arrays of many
@@ -177,6 +191,12 @@ func (m *marker) commit(ctx context.Context, batch []job) error {
 		if len(parkIDs) > 0 {
 			b.Queue(m.r.q.park, parkIDs, parkAggs, parkWhy)
 		}
+		if len(wal.ids) > 0 {
+			wal.queue(b, m.r.q.wal.store)
+		}
+		if len(walDone) > 0 {
+			b.Queue(m.r.q.wal.done, walDone)
+		}
 		br := m.conn.SendBatch(ctx, b)
 		var marked int64
 		for range marks {
@@ -190,7 +210,7 @@ func (m *marker) commit(ctx context.Context, batch []job) error {
 		if err := br.Close(); err != nil {
 			return fmt.Errorf("cdc: mark %d rows, park %d: %w", len(ids), len(parkIDs), err)
 		}
-		if marked < int64(len(ids)) {
+		if marked < int64(len(ids)) && !m.r.cfg.WAL {
 			if err := m.markLate(ctx, ids, marked); err != nil {
 				return err
 			}
@@ -201,7 +221,7 @@ func (m *marker) commit(ctx context.Context, batch []job) error {
 			}
 		}
 		m.r.m.published.Add(float64(len(ids)))
-		m.r.m.parked.Add(float64(len(parkIDs)))
+		m.r.m.parked.Add(float64(len(parkIDs) + wal.parkedCount()))
 	}
 	if end > 0 {
 		for {

@@ -156,7 +156,10 @@ func (r *Relay) SlotLag(ctx context.Context) (SlotLag, error) {
 }
 
 // Lag measures the pending rows of the outbox and the age of the oldest one,
-// as the polling relay's Lag does.
+// as the polling relay's Lag does. In WAL mode it counts the messages kept
+// in the parking table (parked, or waiting behind a parked one): what is
+// pending in the WAL is the slot's lag (SlotLag, MetricSlotLagBytes,
+// MetricSlotLagSeconds).
 func (r *Relay) Lag(ctx context.Context) (relay.Lag, error) {
 	var l relay.Lag
 	var secs float64

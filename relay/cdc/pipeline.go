@@ -32,9 +32,13 @@ type queries struct {
 	hasHdr  string // whether the outbox has the capcaleres column
 	lag     string
 	size    string
+	wal     walQueries
 }
 
-func newQueries(n migrate.Names, del bool) queries {
+// newQueries returns the statements of n's outbox; del makes the mark a
+// DELETE, wal reads the WAL mode's parking table where the table mode reads
+// the outbox (check, lag, size).
+func newQueries(n migrate.Names, del, wal bool) queries {
 	n = n.WithDefaults()
 	table := pgx.Identifier{n.Schema, n.Outbox}.Sanitize()
 	parked := pgx.Identifier{n.Schema, n.Outbox + "_aparcats"}.Sanitize()
@@ -44,7 +48,7 @@ func newQueries(n migrate.Names, del bool) queries {
 		return "SELECT o.id, o.agregat, o.agregat_id, o.tipus, o.versio, o.carrega, o.creat_en, NULL::jsonb, o.ctid" +
 			" FROM " + table + " o WHERE o.publicat_en IS NULL" + filter + " ORDER BY o.creat_en, o.id"
 	}
-	return queries{
+	q := queries{
 		table: table, payload: n.Schema + "." + n.Outbox,
 		mark: relay.MarkSQL(table, del, "id = ANY($1::uuid[]) AND publicat_en IS NULL"),
 		// A TID scan; the id check leaves alone a row that took the place
@@ -61,9 +65,22 @@ func newQueries(n migrate.Names, del bool) queries {
 			" WHERE publicat_en IS NULL",
 		size: "SELECT pg_total_relation_size($1::text::regclass)",
 	}
+	if wal {
+		q.wal = newWALQueries(n)
+		q.table = q.wal.table
+		q.lag = q.wal.lag
+	}
+	return q
 }
 
-func (r *Relay) parkedAggregates(ctx context.Context, conn *pgx.Conn) (map[string]bool, error) {
+// parkedAggregates are the aggregates with a parked row. In table mode
+// every later row of one waits (the value is 0); in WAL mode the value is
+// the position of its first parked or waiting message, and the messages
+// from there on wait (walBlocked).
+func (r *Relay) parkedAggregates(ctx context.Context, conn *pgx.Conn) (map[string]pglogrepl.LSN, error) {
+	if r.cfg.WAL {
+		return r.walBlocked(ctx, conn)
+	}
 	rows, err := conn.Query(ctx, r.q.parked)
 	if err != nil {
 		return nil, fmt.Errorf("cdc: read parked rows: %w", err)
@@ -72,9 +89,9 @@ func (r *Relay) parkedAggregates(ctx context.Context, conn *pgx.Conn) (map[strin
 	if err != nil {
 		return nil, fmt.Errorf("cdc: read parked rows: %w", err)
 	}
-	out := make(map[string]bool, len(aggs))
+	out := make(map[string]pglogrepl.LSN, len(aggs))
 	for _, a := range aggs {
-		out[a] = true
+		out[a] = 0
 	}
 	return out, nil
 }
@@ -83,7 +100,7 @@ func (r *Relay) parkedAggregates(ctx context.Context, conn *pgx.Conn) (map[strin
 // other, and hands each confirmed batch to the marker.
 type pipeline struct {
 	r       *Relay
-	blocked map[string]bool // aggregates with a parked row: their rows stay pending
+	blocked map[string]pglogrepl.LSN // aggregates with a parked row: their rows (from that position) stay pending
 	// skips are the catch-ups whose rows the stream may deliver again.
 	skips    []skip
 	marker   *marker
@@ -102,7 +119,7 @@ type skip struct {
 	bound pglogrepl.LSN
 }
 
-func newPipeline(r *Relay, blocked map[string]bool, m *marker) *pipeline {
+func newPipeline(r *Relay, blocked map[string]pglogrepl.LSN, m *marker) *pipeline {
 	return &pipeline{r: r, blocked: blocked, marker: m}
 }
 
@@ -167,7 +184,7 @@ func (p *pipeline) catchUp(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, exact
 			return nil
 		}
 		total += len(batch)
-		err := p.publish(ctx, batch, tids, 0, time.Time{})
+		err := p.publish(ctx, batch, tids, nil, 0, time.Time{})
 		batch, tids = make([]outbox.Row, 0, len(batch)), make([]pgtype.TID, 0, len(tids)) // the batch may still be in flight
 		return err
 	}
@@ -281,6 +298,7 @@ func (p *pipeline) stream(ctx context.Context, in <-chan item, readerExit <-chan
 // published, and confirms up to the end of the last whole transaction.
 func (p *pipeline) streamed(ctx context.Context, items []item, n int) error {
 	rows := make([]outbox.Row, 0, n)
+	var lsns []pglogrepl.LSN // WAL mode: each row's message position
 	var end pglogrepl.LSN
 	var commit time.Time
 	for _, it := range items {
@@ -289,11 +307,14 @@ func (p *pipeline) streamed(ctx context.Context, items []item, n int) error {
 			// snapshots of the skips it passed.
 			p.skips = slices.DeleteFunc(p.skips, func(s skip) bool { return it.end > s.bound })
 		}
-		for _, row := range it.rows {
+		for i, row := range it.rows {
 			if len(p.skips) > 0 && p.skipped(it.xid, row.AggregateID) {
 				continue
 			}
 			rows = append(rows, row)
+			if it.lsns != nil {
+				lsns = append(lsns, it.lsns[i])
+			}
 		}
 		if it.end != 0 {
 			end, commit = it.end, it.commit
@@ -301,7 +322,7 @@ func (p *pipeline) streamed(ctx context.Context, items []item, n int) error {
 		}
 	}
 	p.r.cfg.Logger.Debug("cdc: batch", "items", len(items), "rows", len(rows), "end", end.String())
-	return p.publish(ctx, rows, nil, end, commit)
+	return p.publish(ctx, rows, nil, lsns, end, commit)
 }
 
 // releases finds the aggregates an operator released (no parked row any
@@ -314,13 +335,16 @@ func (p *pipeline) releases(ctx context.Context, lock *pgx.Conn) error {
 	if err := p.marker.wait(ctx); err != nil { // parkings of earlier batches committed
 		return err
 	}
+	if p.r.cfg.WAL {
+		return p.walReleases(ctx, lock)
+	}
 	parked, err := p.r.parkedAggregates(ctx, lock)
 	if err != nil {
 		return err
 	}
 	var released []string
 	for a := range p.blocked {
-		if !parked[a] {
+		if _, still := parked[a]; !still {
 			released = append(released, a)
 			delete(p.blocked, a)
 		}
@@ -342,6 +366,7 @@ const (
 // has not processed yet.
 type flight struct {
 	rows  []outbox.Row
+	lsns  []pglogrepl.LSN // WAL mode: each row's message position, or nil
 	state []uint8
 	owner []int // owner[i] is the row of record i
 	msgs  []*transport.Message
@@ -368,18 +393,25 @@ type flight struct {
 //
 // tids, when not nil, are the rows' ctids as the catch-up read them: the
 // marker marks by ctid (and id), a quarter of the cost of marking by id.
-func (p *pipeline) publish(ctx context.Context, rows []outbox.Row, tids []pgtype.TID, end pglogrepl.LSN, commit time.Time) error {
-	f := &flight{rows: rows, state: make([]uint8, len(rows)), j: job{end: end, commit: commit}, tids: tids,
+//
+// lsns, when not nil (WAL mode), are the rows' message positions: a row
+// that waits behind a parked one is stored with it (the slot moves past
+// it), and only rows from the parked one's position on wait.
+func (p *pipeline) publish(ctx context.Context, rows []outbox.Row, tids []pgtype.TID, lsns []pglogrepl.LSN, end pglogrepl.LSN, commit time.Time) error {
+	f := &flight{rows: rows, lsns: lsns, state: make([]uint8, len(rows)), j: job{end: end, commit: commit}, tids: tids,
 		aggs: make(map[string]struct{}, len(rows))}
 	for i := range rows {
 		row := &rows[i]
-		if p.blocked[row.AggregateID] {
+		if p.held(row.AggregateID, f.lsn(i)) {
+			if p.r.cfg.WAL {
+				f.j.store(row, f.lsn(i), nil)
+			}
 			continue
 		}
 		recs, reason := p.r.enc.Records(row)
 		if reason != "" {
 			f.state[i] = parked
-			p.park(&f.j, row, reason)
+			p.park(&f.j, row, f.lsn(i), reason)
 			continue
 		}
 		f.state[i] = sent
@@ -449,7 +481,7 @@ func (p *pipeline) confirmed(ctx context.Context, f *flight, err error) error {
 				reason = rej.Errs[k].Error()
 			}
 			f.state[f.owner[idx]] = parked
-			p.park(&f.j, &f.rows[f.owner[idx]], relay.Clip("broker: "+reason))
+			p.park(&f.j, &f.rows[f.owner[idx]], f.lsn(f.owner[idx]), relay.Clip("broker: "+reason))
 		}
 	default:
 		return fmt.Errorf("cdc: publish %d records: %w", len(f.msgs), err)
@@ -457,6 +489,9 @@ func (p *pipeline) confirmed(ctx context.Context, f *flight, err error) error {
 	for i := range f.rows {
 		if f.state[i] == sent {
 			f.j.ids = append(f.j.ids, pgtype.UUID{Bytes: f.rows[i].ID, Valid: true})
+			if f.j.fromParked {
+				f.j.walDone = append(f.j.walDone, f.rows[i].ID)
+			}
 			if f.tids != nil {
 				f.j.tids = append(f.j.tids, f.tids[i])
 			}
@@ -482,11 +517,32 @@ func overlap(a, b map[string]struct{}) bool {
 	return false
 }
 
-func (p *pipeline) park(j *job, row *outbox.Row, reason string) {
-	p.blocked[row.AggregateID] = true
-	j.parkIDs = append(j.parkIDs, row.ID)
-	j.parkAggs = append(j.parkAggs, row.AggregateID)
-	j.parkWhy = append(j.parkWhy, reason)
+// held reports whether the row of aggregate agg at lsn (0 in table mode)
+// waits behind a parked row.
+func (p *pipeline) held(agg string, lsn pglogrepl.LSN) bool {
+	at, ok := p.blocked[agg]
+	return ok && lsn >= at
+}
+
+// lsn is row i's message position, 0 in table mode.
+func (f *flight) lsn(i int) pglogrepl.LSN {
+	if f.lsns == nil {
+		return 0
+	}
+	return f.lsns[i]
+}
+
+func (p *pipeline) park(j *job, row *outbox.Row, lsn pglogrepl.LSN, reason string) {
+	if at, ok := p.blocked[row.AggregateID]; !ok || lsn < at {
+		p.blocked[row.AggregateID] = lsn
+	}
+	if p.r.cfg.WAL {
+		j.store(row, lsn, &reason)
+	} else {
+		j.parkIDs = append(j.parkIDs, row.ID)
+		j.parkAggs = append(j.parkAggs, row.AggregateID)
+		j.parkWhy = append(j.parkWhy, reason)
+	}
 	p.r.cfg.Logger.Error("cdc: row parked: its aggregate waits until it is released",
 		"relay", p.r.q.payload, "id", row.ID, "agregat_id", row.AggregateID, "tipus", row.Type, "motiu", reason)
 }

@@ -18,10 +18,16 @@
 // the server send the transaction again, and the relay republishes it with
 // the same id_esdeveniment.
 //
+// In WAL mode (Config.WAL) it publishes instead the outbox's logical
+// decoding messages (outbox.ModeWAL): the same records, with no table to
+// mark; the slot's confirmed position, moved only after the broker
+// confirmed every event up to it, is the record of what is published.
+//
 // docs/design/cdc.md states the invariants and where they are enforced.
 package cdc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +42,7 @@ import (
 
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/pause"
+	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
 )
 
@@ -54,6 +61,8 @@ type Relay struct {
 	running    atomic.Bool
 	warnedKeep atomic.Bool
 	faults     faults.CDC // of the current Run (internal/faults), set before its goroutines start
+	prefix     string     // WAL mode: the messages' prefix (migrate.WALPrefix)
+	legacySlot string     // a defaulted table-mode Slot: DefaultSlot, refused to be left behind
 }
 
 // New checks cfg and returns a Relay. It opens no connection yet. The error
@@ -63,7 +72,7 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished), lockKey: relay.MemberLockKey(cfg.Names), enc: relay.NewEncoder(cfg.Config)}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished, cfg.WAL), lockKey: relay.MemberLockKey(cfg.Names), enc: relay.NewEncoder(cfg.Config)}
 	// Its own pool, when it opens one, has 2 connections. A lost mark only
 	// republishes rows with the same ids (docs/design/cdc.md).
 	var err error
@@ -73,6 +82,18 @@ func New(cfg Config) (*Relay, error) {
 		}
 		return nil, fmt.Errorf("cdc: %w", err)
 	}
+	database := cmp.Or(r.connCfg.Database, r.connCfg.User) // PostgreSQL's default database is the user's name
+	switch {
+	case cfg.Slot != "":
+	case cfg.WAL:
+		r.cfg.Slot = migrate.WALSlot(database, cfg.Names)
+	default:
+		r.cfg.Slot, r.legacySlot = DefaultSlotIn(database, cfg.Names), DefaultSlot(cfg.Names)
+	}
+	if cfg.WAL && cfg.Publication == "" {
+		r.cfg.Publication = r.cfg.Slot
+	}
+	r.prefix = migrate.WALPrefix(cfg.Names)
 	// Custom plans for every statement: the marks' id = ANY($n) filters
 	// are then hashed instead of searched one element at a time (1,000
 	// comparisons a row for a batch of 1,000 under the generic plan that
@@ -187,10 +208,15 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 			return false, fmt.Errorf("cdc: lock: %w", err)
 		}
 	}
-	if err := r.ensurePublication(ctx, lock); err != nil {
+	exists, resume, err := r.slotState(ctx, lock)
+	if err != nil {
 		return false, err
 	}
-	exists, err := r.slotState(ctx, lock)
+	if r.cfg.WAL {
+		err = r.ensureWALPublication(ctx, lock, exists)
+	} else {
+		err = r.ensurePublication(ctx, lock)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -213,9 +239,20 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 	var catchUp pgx.Tx
 	var start pglogrepl.LSN
 	exact := false // the catch-up reads the slot's own snapshot
+	snapshot := "EXPORT_SNAPSHOT"
+	if r.cfg.WAL {
+		// Nothing to catch up with: no message was written before the slot
+		// (outbox.ErrNoSlot), and none of before is kept anyway.
+		snapshot = "NOEXPORT_SNAPSHOT"
+	}
+	if !exists && r.cfg.WAL {
+		log.Warn("cdc: the WAL-mode outbox had no slot; creating it now (create it with km0 migrate --outbox-mode wal " +
+			"before the writers start: until it exists they are refused)")
+	}
+	var snapName string
 	if !exists {
 		res, err := pglogrepl.CreateReplicationSlot(ctx, repl, r.cfg.Slot, "pgoutput",
-			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: snapshot})
 		if err != nil {
 			return false, fmt.Errorf("cdc: create slot %s: %w", r.cfg.Slot, err)
 		}
@@ -223,13 +260,16 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 			return false, fmt.Errorf("cdc: slot %s: consistent point %q: %w", r.cfg.Slot, res.ConsistentPoint, err)
 		}
 		log.Info("cdc: slot created", "consistent_point", start.String())
+		snapName = res.SnapshotName
+	}
+	if !exists && !r.cfg.WAL {
 		// Import the slot's snapshot before the replication session runs
 		// another command: pending rows are exactly the rows committed before
 		// the consistent point, the stream exactly those after it.
 		if catchUp, err = lock.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}); err != nil {
 			return false, fmt.Errorf("cdc: catch-up: %w", err)
 		}
-		if _, err := catchUp.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(res.SnapshotName)); err != nil {
+		if _, err := catchUp.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapName)); err != nil {
 			return false, fmt.Errorf("cdc: catch-up: import the slot's snapshot: %w", err)
 		}
 		exact = true
@@ -240,7 +280,10 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 	r.m.active(true)
 	defer r.m.active(false)
 	defer r.lag.reset() // a new session receives the unconfirmed transactions again
-	log.Info("cdc: holding the slot", "start", start.String())
+	if exists {
+		start = resume // what the server resumes from (START_REPLICATION at 0/0 means there)
+	}
+	log.Info("cdc: holding the slot", "start", start.String(), "mode", r.mode())
 
 	rd := newReader(r, repl, p.marker, start)
 	var readerErr error
@@ -271,9 +314,11 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 		stopMarker()
 		mwg.Wait()
 	}()
-	if err := p.catchUp(ctx, lock, catchUp, exact, nil); err != nil {
-		crashed = isCrash(err)
-		return false, err
+	if !r.cfg.WAL {
+		if err := p.catchUp(ctx, lock, catchUp, exact, nil); err != nil {
+			crashed = isCrash(err)
+			return false, err
+		}
 	}
 	if h := r.faults.Streaming; h != nil {
 		h()
@@ -281,6 +326,14 @@ func (r *Relay) session(parent context.Context) (streamed bool, err error) {
 	err = p.stream(ctx, rd.out, readerExit, func() error { return readerErr }, lock)
 	crashed = isCrash(err)
 	return true, err
+}
+
+// mode is the outbox mode the relay reads, for the logs.
+func (r *Relay) mode() string {
+	if r.cfg.WAL {
+		return "wal"
+	}
+	return "table"
 }
 
 // closeConn closes a session, waiting at most a second for a clean goodbye.
@@ -300,6 +353,9 @@ func isCrash(err error) bool {
 // the server has not noticed yet) is retried every 100 ms.
 func (r *Relay) startReplication(ctx context.Context, repl *pgconn.PgConn, start pglogrepl.LSN) error {
 	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(pgx.Identifier{r.cfg.Publication}.Sanitize())}
+	if r.cfg.WAL {
+		args = append(args, "messages 'true'")
+	}
 	for {
 		err := pglogrepl.StartReplication(ctx, repl, r.cfg.Slot, start, pglogrepl.StartReplicationOptions{
 			Mode: pglogrepl.LogicalReplication, PluginArgs: args})

@@ -33,6 +33,12 @@ func TestConfigIsValidatedAndNamesDefault(t *testing.T) {
 	if !errors.Is(err, cdc.ErrConfig) || !strings.Contains(err.Error(), "Slot") || !strings.Contains(err.Error(), "BatchSize") {
 		t.Fatalf("New with a bad slot and batch: %v", err)
 	}
+	cfg := cdc.Config{Config: relay.Config{DatabaseURL: "postgres://x@127.0.0.1/x", Publisher: transportNop{},
+		Topic: "t", Origin: "o", PruneOlderThan: time.Hour, DeletePublished: true}, WAL: true}
+	if _, err := cdc.New(cfg); !errors.Is(err, cdc.ErrConfig) || !strings.Contains(err.Error(), "PruneOlderThan") ||
+		!strings.Contains(err.Error(), "DeletePublished") {
+		t.Fatalf("New in WAL mode with pruning and deleting: %v", err)
+	}
 }
 
 type transportNop struct{}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,7 +44,8 @@ func CheckServer(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, l
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.WithDefaults()
-	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished)}
+	cfg.Slot = DefaultSlot(cfg.Names) // only named in a warning
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished, false)}
 	r.warnedKeep.Store(true) // the relay warns when it starts
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -72,7 +74,7 @@ func (r *Relay) check(ctx context.Context, conn *pgx.Conn) error {
 			role, pgx.Identifier{role}.Sanitize()))
 	}
 	if !exists {
-		missing = append(missing, fmt.Sprintf("table %s.%s does not exist (run km0 migrate first)", r.cfg.Names.Schema, r.cfg.Names.Outbox))
+		missing = append(missing, fmt.Sprintf("table %s does not exist (run km0 migrate first)", r.q.table))
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: %s", ErrSetup, strings.Join(missing, "; "))
@@ -128,22 +130,54 @@ func (r *Relay) ensurePublication(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// slotState reads the slot: whether it exists, and an ErrSetup error when
-// it is not a pgoutput slot of this database.
-func (r *Relay) slotState(ctx context.Context, conn *pgx.Conn) (bool, error) {
-	var plugin, slotType string
-	var here bool
-	err := conn.QueryRow(ctx, `SELECT coalesce(plugin, ''), slot_type, coalesce(database = current_database(), false)
-		FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&plugin, &slotType, &here)
+// slotState reads the slot: whether it exists and the position a stream
+// resumes from (confirmed_flush_lsn), and an ErrSetup error, naming the
+// slot's database and plugin, when it is not a pgoutput slot of this
+// database. That error never suggests dropping the slot: it may be another
+// database's relay's.
+func (r *Relay) slotState(ctx context.Context, conn *pgx.Conn) (bool, pglogrepl.LSN, error) {
+	var plugin, slotType, database, here, resume string
+	err := conn.QueryRow(ctx, `SELECT coalesce(plugin, ''), slot_type, coalesce(database::text, ''), current_database(),
+		coalesce(confirmed_flush_lsn, '0/0')::text
+		FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&plugin, &slotType, &database, &here, &resume)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+		return false, 0, r.checkLegacySlot(ctx, conn)
 	}
 	if err != nil {
-		return false, fmt.Errorf("cdc: read slot: %w", err)
+		return false, 0, fmt.Errorf("cdc: read slot: %w", err)
 	}
-	if slotType != "logical" || plugin != "pgoutput" || !here {
-		return false, fmt.Errorf("%w: slot %s exists but is not a pgoutput slot of this database (%s, plugin %q); "+
-			"choose another --slot, or drop it: SELECT pg_drop_replication_slot('%s')", ErrSetup, r.cfg.Slot, slotType, plugin, r.cfg.Slot)
+	if slotType != "logical" || plugin != "pgoutput" || database != here {
+		owner := fmt.Sprintf("a %s slot of database %q with plugin %q", slotType, database, plugin)
+		if database == "" {
+			owner = fmt.Sprintf("a %s slot of no database", slotType)
+		}
+		return false, 0, fmt.Errorf("%w: slot %s is %s, not a pgoutput slot of this database (%q): "+
+			"it belongs to someone else; give this relay its own slot (--slot)", ErrSetup, r.cfg.Slot, owner, here)
 	}
-	return true, nil
+	lsn, err := pglogrepl.ParseLSN(resume)
+	if err != nil {
+		return false, 0, fmt.Errorf("cdc: slot %s: confirmed_flush_lsn %q: %w", r.cfg.Slot, resume, err)
+	}
+	return true, lsn, nil
+}
+
+// checkLegacySlot refuses to create the defaulted slot while the outbox's
+// slot of the older default name (DefaultSlot, without the database) exists
+// in this database: a new slot would leave that one holding WAL forever.
+func (r *Relay) checkLegacySlot(ctx context.Context, conn *pgx.Conn) error {
+	if r.legacySlot == "" {
+		return nil
+	}
+	var here bool
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots
+		WHERE slot_name = $1 AND database = current_database() AND plugin = 'pgoutput')`, r.legacySlot).Scan(&here)
+	if err != nil {
+		return fmt.Errorf("cdc: read slot: %w", err)
+	}
+	if here {
+		return fmt.Errorf("%w: this outbox's slot has the name of older km0 versions, %s (the default is now %s, "+
+			"named after the database too: slots are server-wide); pass --slot %s (Config.Slot) to keep its position",
+			ErrSetup, r.legacySlot, r.cfg.Slot, r.legacySlot)
+	}
+	return nil
 }

@@ -16,7 +16,8 @@ import (
 // the transaction's last piece, its end position and commit time.
 type item struct {
 	rows   []outbox.Row
-	end    pglogrepl.LSN // TransactionEndLSN; 0 on a piece that does not end its transaction
+	lsns   []pglogrepl.LSN // WAL mode: each row's message position; nil in table mode
+	end    pglogrepl.LSN   // TransactionEndLSN; 0 on a piece that does not end its transaction
 	commit time.Time
 	xid    uint32 // the transaction's id (Begin), on every piece
 }
@@ -138,7 +139,7 @@ func (rd *reader) copyData(ctx context.Context, data []byte) error {
 }
 
 func (rd *reader) message(ctx context.Context, data []byte) error {
-	if len(data) > 0 && data[0] == byte(pglogrepl.MessageTypeInsert) {
+	if len(data) > 0 && data[0] == byte(pglogrepl.MessageTypeInsert) && !rd.r.cfg.WAL {
 		rel, cols, err := parseInsert(data, rd.cols)
 		rd.cols = cols
 		if err != nil {
@@ -161,7 +162,26 @@ func (rd *reader) message(ctx context.Context, data []byte) error {
 		return fmt.Errorf("cdc: decode: %w", err)
 	}
 	switch m := msg.(type) {
+	case *pglogrepl.LogicalDecodingMessage:
+		if !rd.r.cfg.WAL {
+			return nil
+		}
+		row, ok := rd.walMessage(m)
+		if !ok {
+			return nil
+		}
+		rd.cur.rows, rd.cur.lsns = append(rd.cur.rows, row), append(rd.cur.lsns, m.LSN)
+		if len(rd.cur.rows) >= itemRows {
+			piece := rd.cur
+			rd.cur = item{commit: piece.commit, xid: piece.xid}
+			return rd.forward(ctx, piece)
+		}
+	case *pglogrepl.InsertMessage:
+		return nil // WAL mode: its publication holds no table
 	case *pglogrepl.RelationMessage:
+		if rd.r.cfg.WAL {
+			return nil
+		}
 		return rd.dec.relation(m)
 	case *pglogrepl.BeginMessage:
 		rd.inTx = true

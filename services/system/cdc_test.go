@@ -13,6 +13,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/svc"
@@ -101,4 +102,66 @@ func startWithErr(t *testing.T, url string, services []string, tweak func(*syste
 		cancel()
 	})
 	return sys, nil
+}
+
+// km0 serve comandes --outbox wal on a logical server: the service's slot
+// exists as soon as Start returns (before anything may be written), the
+// service's outbox writes WAL messages, its relay streams them (the slot
+// moves past them) and the outbox table stays empty. A polling relay or
+// pruning with the WAL mode fails Start.
+func TestServeWithAWALModeOutboxPublishesIt(t *testing.T) {
+	for _, bad := range []func(*system.Config){
+		func(c *system.Config) { c.OutboxMode, c.RelayMode = outbox.ModeWAL, system.RelayPolling },
+		func(c *system.Config) { c.OutboxMode, c.RelayDeletePublished = outbox.ModeWAL, true },
+		func(c *system.Config) { c.OutboxMode = "rows" },
+	} {
+		cfg := system.Config{Brokers: []string{"127.0.0.1:1"}, DatabaseURL: "postgres://127.0.0.1:1/x"}
+		bad(&cfg)
+		if _, err := system.Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "OutboxMode") {
+			t.Errorf("Start with OutboxMode %q, RelayMode %q: %v, want an error naming OutboxMode", cfg.OutboxMode, cfg.RelayMode, err)
+		}
+	}
+	c, err := pgcluster.Start(pgcluster.Options{})
+	if err != nil {
+		t.Fatalf("a private PostgreSQL cluster is required: %v", err)
+	}
+	t.Cleanup(c.Stop)
+	sys, err := startWithErr(t, c.URL, []string{comandes.Name}, func(c *system.Config) { c.OutboxMode = outbox.ModeWAL })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pool := sys.Pool(comandes.Name)
+	var db string
+	if err := pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	slot := migrate.WALSlot(db, migrate.Names{})
+	var slots int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&slots); err != nil || slots != 1 {
+		t.Fatalf("slot %s: %d (%v), want it there once Start returned", slot, slots, err)
+	}
+	ob := outbox.New(outbox.Config{Mode: outbox.ModeWAL})
+	e := &outbox.Event{Aggregate: "comanda", AggregateID: "P-2026-000001", Type: "comanda.creada", Payload: map[string]any{"id": "P-2026-000001"}}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, e) }); err != nil {
+		t.Fatal(err)
+	}
+	var end, confirmed int64
+	if err := pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); confirmed < end; {
+		if err := pool.QueryRow(ctx, "SELECT coalesce(pg_wal_lsn_diff(confirmed_flush_lsn, '0/0'), 0)::int8 FROM pg_replication_slots WHERE slot_name = $1",
+			slot).Scan(&confirmed); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot %s confirmed %d after 30s, want at least %d", slot, confirmed, end)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("outbox rows %d (%v), want 0", rows, err)
+	}
 }

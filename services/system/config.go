@@ -23,6 +23,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/services/analitica"
 	"github.com/km0/km0/services/cataleg"
@@ -248,6 +249,14 @@ type Config struct {
 	// naming them). Each service's slot is named after its database
 	// (km0_comandes_outbox). Another value fails Start.
 	RelayMode string
+	// OutboxMode is where the services write their events: outbox.ModeTable
+	// (the default, "") or outbox.ModeWAL (logical decoding messages, no
+	// outbox rows; docs/cdc.md), which implies RelayCDC: each service's
+	// publication and slot (migrate.WALSlot of its database) are created
+	// when its database is migrated, before anything may be written, and
+	// its relay streams them. With ModeWAL, RelayMode polling,
+	// RelayPruneOlderThan and RelayDeletePublished fail Start.
+	OutboxMode outbox.Mode
 	// RelayFaults are crash points of each service's relay, by service name
 	// (internal/faults: the demo's chaos run and tests).
 	RelayFaults map[string]faults.Relay

@@ -45,7 +45,7 @@ func (s *System) decoder(handles map[string]int) (func([]byte) (*envelope.Envelo
 // outbox returns the service's outbox writer, validating every event
 // against the published schemas before it is written.
 func (s *System) outbox() *outbox.Outbox {
-	return outbox.New(outbox.Config{Validate: s.schemas.Validate})
+	return outbox.New(outbox.Config{Validate: s.schemas.Validate, Mode: s.cfg.OutboxMode})
 }
 
 // relayFor supervises the outbox relay of a publishing service: the polling
@@ -74,6 +74,10 @@ func (s *System) relayFor(ctx context.Context, service string) error {
 		return fmt.Errorf("system: %s: %w", service, err)
 	}
 	cfg.Workers = 0
+	if s.cfg.OutboxMode == outbox.ModeWAL { // its slot: migrate.WALSlot of the database, made by open
+		s.sup.runCDCRelay(service, cdc.Config{Config: cfg, WAL: true})
+		return nil
+	}
 	s.sup.runCDCRelay(service, cdc.Config{Config: cfg, Slot: cdcSlot(cfg.Pool.Config().ConnConfig.Database)})
 	return nil
 }

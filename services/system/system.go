@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/services/analitica"
@@ -93,6 +94,19 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	}
 	if cfg.RelayMode != "" && cfg.RelayMode != RelayPolling && cfg.RelayMode != RelayCDC {
 		return nil, fmt.Errorf("system: Config.RelayMode %q: want %q or %q", cfg.RelayMode, RelayPolling, RelayCDC)
+	}
+	switch cfg.OutboxMode {
+	case "", outbox.ModeTable:
+	case outbox.ModeWAL:
+		switch {
+		case cfg.RelayMode == RelayPolling:
+			return nil, fmt.Errorf("system: Config.OutboxMode %q is streamed by the CDC relay, not RelayMode %q", cfg.OutboxMode, cfg.RelayMode)
+		case cfg.RelayPruneOlderThan != 0 || cfg.RelayDeletePublished:
+			return nil, fmt.Errorf("system: Config.OutboxMode %q has no outbox rows: RelayPruneOlderThan and RelayDeletePublished do not apply", cfg.OutboxMode)
+		}
+		cfg.RelayMode = RelayCDC
+	default:
+		return nil, fmt.Errorf("system: Config.OutboxMode %q: want %q or %q", cfg.OutboxMode, outbox.ModeTable, outbox.ModeWAL)
 	}
 	if cfg.RelayPruneOlderThan < 0 {
 		return nil, fmt.Errorf("system: Config.RelayPruneOlderThan %v is negative (0 turns pruning off)", cfg.RelayPruneOlderThan)
@@ -183,6 +197,12 @@ func (s *System) open(ctx context.Context, service string, maxConns int32, sets 
 	s.log.Info("system: database", "service", service, "database", redact.URL(u))
 	if err := svc.Migrate(ctx, pool, sets...); err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", name, err)
+	}
+	if s.cfg.OutboxMode == outbox.ModeWAL && slices.Contains(sets, migrate.Outbox) {
+		// Before the service exists: no event without its slot.
+		if _, err := migrate.EnsureWALSlot(ctx, pool, migrate.WALSlot(name, migrate.Names{}), ""); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
 	}
 	return pool, nil
 }
