@@ -5,9 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 
 	"github.com/km0/km0/internal/buildinfo"
+	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/services/system"
 )
 
 func init() {
@@ -39,4 +42,16 @@ func printVersion(w io.Writer, in buildinfo.Info) {
 	} {
 		fmt.Fprintf(w, "%-12s %s\n", row[0], row[1])
 	}
+}
+
+// relayHealthPath is the liveness probe `km0 relay --metrics-addr` serves
+// beside /metrics: 200 with the body of system.HealthPath while the process
+// runs (the relay retries a lost database or broker by itself; its lag
+// metrics tell whether it keeps up).
+const relayHealthPath = system.HealthPath
+
+func relayHealth() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		svc.WriteJSON(w, http.StatusOK, system.Health{Service: "relay", State: "ok", Version: buildinfo.Read().Short()})
+	})
 }
