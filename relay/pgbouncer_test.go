@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/km0/km0/consumer"
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgbouncer"
@@ -18,6 +22,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -27,7 +32,10 @@ import (
 // cause, poll, and own its shards per transaction, so that two instances of
 // two workers each still publish every event once and in commit order per
 // aggregate while writers commit. Session pooling keeps LISTEN and the
-// session locks: no fallback.
+// session locks: no fallback. In both modes a consumer whose inbox goes
+// through the bouncer then applies each event once and absorbs a copy of
+// each (the services' pools carry default_query_exec_mode=cache_describe,
+// as docs/deploying.md says for PgBouncer before 1.21).
 func TestRelayBehindPgBouncer(t *testing.T) {
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
@@ -131,9 +139,67 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 					t.Fatalf("session pooling: %d fallback warnings, want none:\n%s", fellBack, logs.String())
 				}
 			}
-			t.Logf("%s pooling: %d events over %d aggregates, each once and in order", mode, total, len(want))
+
+			// A consumer with its inbox on the same pooled connections,
+			// fed every event twice (the relay's records, then copies):
+			// each effect applied once, each copy absorbed.
+			if err := kafka.NewPublisher(kafkatest.Client(t, broker)).Publish(ctx, copies(recs)); err != nil {
+				t.Fatal(err)
+			}
+			pooledPool := pgxpoolFor(t, b.URL(db, "default_query_exec_mode=cache_describe"))
+			if _, err := migrate.Up(ctx, pooledPool, migrate.Names{}, migrate.Inbox); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := direct.Exec(ctx, "CREATE TABLE aplicats (id TEXT PRIMARY KEY, n INT NOT NULL)"); err != nil {
+				t.Fatal(err)
+			}
+			cons, err := consumer.New(consumer.Config{
+				Source: kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "proves-" + mode, Topics: []string{topic}}),
+				Name:   "proves.aplica", Pool: pooledPool, Types: []string{"comanda.creada"},
+				Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					_, err := tx.Exec(ctx, "INSERT INTO aplicats VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = aplicats.n + 1", m.Envelope.ID)
+					return err
+				},
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, stopConsumer := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- cons.Run(runCtx) }()
+			relaytest.WaitFor(t, "the consumer to settle every delivery", 60*time.Second, func() bool {
+				st := cons.Stats()
+				return st.Processed+st.Duplicates >= int64(2*total)
+			})
+			stopConsumer()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			var applied, once int
+			if err := direct.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE n = 1) FROM aplicats").Scan(&applied, &once); err != nil {
+				t.Fatal(err)
+			}
+			if st := cons.Stats(); st.Processed != int64(total) || st.Duplicates != int64(total) || applied != total || once != total {
+				t.Fatalf("consumer: processed %d, duplicates %d; %d effects, %d applied once; want %d, %d, %d, %d",
+					st.Processed, st.Duplicates, applied, once, total, total, total, total)
+			}
+			t.Logf("%s pooling: %d events over %d aggregates, each published once and in order, each applied once", mode, total, len(want))
 		})
 	}
+}
+
+// copies are recs again, as a redelivery would bring them.
+func copies(recs []*kgo.Record) []*transport.Message {
+	out := make([]*transport.Message, len(recs))
+	for i, r := range recs {
+		m := &transport.Message{Topic: r.Topic, Key: r.Key, Value: r.Value}
+		for _, h := range r.Headers {
+			m.Headers = append(m.Headers, transport.Header{Key: h.Key, Value: string(h.Value)})
+		}
+		out[i] = m
+	}
+	return out
 }
 
 func pgxpoolFor(t *testing.T, u string) *pgxpool.Pool {
