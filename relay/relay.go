@@ -265,7 +265,9 @@ func (r *Relay) Lag(ctx context.Context) (Lag, error) {
 	return l, nil
 }
 
-// OwnedShards returns how many shards this instance's workers own now.
+// OwnedShards returns how many shards this instance's workers own now
+// between transactions: 0 when Pooled (each claim transaction locks its
+// shards for itself only).
 func (r *Relay) OwnedShards() int {
 	n := 0
 	for _, w := range r.workers {

@@ -113,7 +113,11 @@ func (w *worker) drop() {
 
 func (w *worker) setOwned(s []int32) {
 	w.owned = s
-	w.ownedCount.Store(int32(len(s)))
+	if w.r.pooled.Load() {
+		w.ownedCount.Store(0) // candidates only: locked per claim transaction
+	} else {
+		w.ownedCount.Store(int32(len(s)))
+	}
 	if w.r.m != nil {
 		w.r.m.shards.Set(float64(w.r.OwnedShards()))
 	}
