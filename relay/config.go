@@ -56,6 +56,10 @@ const (
 	// so that with Kafka's framing it stays under the producer's batch limit
 	// (1 MiB in transport/kafka). Larger rows are parked unsent.
 	MaxRecordBytesDefault = envelope.DefaultMaxBytes - 1024
+	// ListenCheckTimeoutDefault is how long the LISTEN self-test at start
+	// waits for its notification (CheckListen). On a working connection it
+	// arrives within milliseconds.
+	ListenCheckTimeoutDefault = 2 * time.Second
 	// ApplicationNameDefault is the application_name of the relay's sessions.
 	ApplicationNameDefault = "km0-relay"
 )
@@ -123,6 +127,12 @@ type Config struct {
 	// of the batch has then already been confirmed. Default
 	// MaxRecordBytesDefault.
 	MaxRecordBytes int
+	// ListenCheckTimeout bounds the wait of the LISTEN self-test that Run
+	// and the first RunOnce make before anything else (CheckListen). When no
+	// notification arrives in time, the relay logs a warning naming the
+	// cause and falls back to polling every PollInterval, with shards owned
+	// per claim transaction. Default ListenCheckTimeoutDefault.
+	ListenCheckTimeout time.Duration
 	// ApplicationName is the application_name of the relay's sessions.
 	// Default ApplicationNameDefault.
 	ApplicationName string
@@ -164,6 +174,7 @@ func (c Config) WithDefaults() Config {
 	c.RebalanceInterval = cmp.Or(c.RebalanceInterval, RebalanceIntervalDefault)
 	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault)
 	c.ApplicationName = cmp.Or(c.ApplicationName, ApplicationNameDefault)
+	c.ListenCheckTimeout = cmp.Or(c.ListenCheckTimeout, ListenCheckTimeoutDefault)
 	c.PruneInterval = cmp.Or(c.PruneInterval, PruneIntervalDefault)
 	c.PruneBatch = cmp.Or(c.PruneBatch, PruneBatchDefault)
 	if c.Logger == nil {
@@ -184,7 +195,7 @@ func (c Config) validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"PollInterval", c.PollInterval}, {"RebalanceInterval", c.RebalanceInterval}} {
+	}{{"PollInterval", c.PollInterval}, {"RebalanceInterval", c.RebalanceInterval}, {"ListenCheckTimeout", c.ListenCheckTimeout}} {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)
 		}

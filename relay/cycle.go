@@ -156,19 +156,34 @@ func (w *worker) exec(ctx context.Context, sql string) error {
 }
 
 // claim begins the transaction and claims up to limit rows of the owned
-// shards, in creat_en order, in one round trip.
+// shards, in creat_en order, in one round trip (two when pooled: the shards
+// are locked for the transaction first, see claimPooled).
 func (w *worker) claim(ctx context.Context, limit int) ([]outbox.Row, []pgtype.TID, error) {
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	if len(w.owned) == ShardCount {
+	shards := w.owned
+	if w.r.pooled.Load() {
+		var err error
+		if shards, err = w.claimPooled(ctx); err != nil {
+			return nil, nil, err
+		}
+		if len(shards) == 0 {
+			return nil, nil, nil // the transaction is open: cycle commits it
+		}
+	} else {
+		b.Queue("BEGIN")
+		w.queueLocal(b)
+	}
+	if len(shards) == ShardCount {
 		b.Queue(w.r.q.claimAll, limit)
 	} else {
-		b.Queue(w.r.q.claim, w.owned, limit)
+		b.Queue(w.r.q.claim, shards, limit)
 	}
 	br := w.conn.SendBatch(ctx, b)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("relay: begin: %w", err)
+	for range b.Len() - 1 {
+		if _, err := br.Exec(); err != nil {
+			return nil, nil, fmt.Errorf("relay: begin: %w", err)
+		}
 	}
 	q, err := br.Query()
 	if err != nil {

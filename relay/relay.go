@@ -10,7 +10,11 @@
 // order per aggregate. docs/design/outbox-relay.md states the invariants and
 // the code that enforces them.
 //
-// The relay wakes on LISTEN km0_outbox at once and polls as a fallback; it
+// The relay wakes on LISTEN km0_outbox at once and polls as a fallback. A
+// self-test at start (CheckListen) finds a connection on which LISTEN does
+// not work, as through a transaction-pooling PgBouncer: the relay then
+// polls only, and owns shards per claim transaction instead of per session
+// (docs/deploying.md, PgBouncer). It
 // reconnects by itself after the database or the broker went away, backing
 // off exponentially. Rows the broker refuses for good are parked in
 // <outbox>_aparcats, and their aggregate waits behind them until an operator
@@ -58,6 +62,10 @@ type Relay struct {
 	workers  []*worker
 	adaptive bool        // Workers 0: workers after the first join under a backlog
 	running  atomic.Bool // set while Run or RunOnce runs
+	// Set by selfTest before any worker connects (pooler.go).
+	tested   bool        // the self-test ran
+	setLocal bool        // the server refused sessionParams at connection: SET LOCAL them
+	pooled   atomic.Bool // LISTEN does not work: poll, own shards per transaction
 	mu       sync.Mutex  // serialises RunOnce and Close
 }
 
@@ -102,8 +110,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.running.Store(false)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	if r.selfTest(ctx) != nil {
+		return nil // ctx is done
+	}
 	var wg sync.WaitGroup
-	wg.Go(func() { r.listen(ctx) })
+	if !r.pooled.Load() {
+		wg.Go(func() { r.listen(ctx) })
+	}
 	if r.cfg.PruneOlderThan > 0 {
 		wg.Go(func() { r.prune(ctx) })
 	}
@@ -157,6 +170,9 @@ func (r *Relay) join(ctx context.Context) {
 // first claim is of size batch, the activating worker's (the backlog is
 // there already).
 func (r *Relay) activateExtra(batch int) {
+	if r.pooled.Load() {
+		return // each worker tries every shard in each claim: one is enough
+	}
 	for _, w := range r.workers {
 		if w.extra() && w.active.CompareAndSwap(false, true) {
 			w.batch = batch // read by w's goroutine after it receives the signal
@@ -188,6 +204,9 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	defer r.running.Store(false)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.selfTest(ctx); err != nil {
+		return 0, err
+	}
 	for _, w := range r.workers {
 		if err := w.connect(ctx); err != nil {
 			return 0, err
@@ -246,7 +265,9 @@ func (r *Relay) Lag(ctx context.Context) (Lag, error) {
 	return l, nil
 }
 
-// OwnedShards returns how many shards this instance's workers own now.
+// OwnedShards returns how many shards this instance's workers own now
+// between transactions: 0 when Pooled (each claim transaction locks its
+// shards for itself only).
 func (r *Relay) OwnedShards() int {
 	n := 0
 	for _, w := range r.workers {

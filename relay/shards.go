@@ -53,6 +53,12 @@ func (w *worker) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: connect: %w", err)
 	}
+	if w.r.pooled.Load() {
+		// No session lock: it would stay on whichever server session ran
+		// the statement.
+		w.conn = conn
+		return nil
+	}
 	if _, err := conn.Exec(ctx, w.r.q.join, lockKey(w.r.space, memberObjID)); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return fmt.Errorf("relay: join: %w", err)
@@ -75,7 +81,10 @@ func (w *worker) extra() bool { return w.r.adaptive && w.idx > 0 }
 // the shards back.
 func (w *worker) retire(ctx context.Context) {
 	if w.conn != nil {
-		if _, err := w.conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+		if w.r.pooled.Load() {
+			// Nothing held between transactions, and the statement would
+			// unlock another client's server session.
+		} else if _, err := w.conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
 			w.r.cfg.Logger.Debug("relay: unlocking before leaving", "relay", w.r.q.payload, "worker", w.idx, "err", err)
 		}
 		w.drop()
@@ -104,7 +113,11 @@ func (w *worker) drop() {
 
 func (w *worker) setOwned(s []int32) {
 	w.owned = s
-	w.ownedCount.Store(int32(len(s)))
+	if w.r.pooled.Load() {
+		w.ownedCount.Store(0) // candidates only: locked per claim transaction
+	} else {
+		w.ownedCount.Store(int32(len(s)))
+	}
 	if w.r.m != nil {
 		w.r.m.shards.Set(float64(w.r.OwnedShards()))
 	}
@@ -115,6 +128,18 @@ func (w *worker) setOwned(s []int32) {
 // between transactions, so a shard is never released with a claim open.
 func (w *worker) rebalance(ctx context.Context) error {
 	w.lastRebalance = time.Now()
+	if w.r.pooled.Load() {
+		// Every shard is a candidate; claimPooled locks per transaction
+		// those no other relay holds.
+		if len(w.owned) != ShardCount {
+			all := make([]int32, ShardCount)
+			for i := range all {
+				all[i] = int32(i)
+			}
+			w.setOwned(all)
+		}
+		return nil
+	}
 	var members int
 	var taken []int32
 	if err := w.conn.QueryRow(ctx, w.r.q.members, int64(w.r.space), int64(memberObjID)).Scan(&members, &taken); err != nil {

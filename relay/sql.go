@@ -43,11 +43,13 @@ type queries struct {
 	lag      string
 	members  string // $1 lock space (bigint), $2 member objid
 	acquire  string // $1 shards int[], $2 key of shard 0
-	release  string // $1 shards int[], $2 key of shard 0
-	join     string // $1 member key
-	payload  string // NOTIFY payload of this table
-	size     string // $1 the table's quoted name
-	name     string // the table's quoted, schema-qualified name
+	// acquireXact is acquire for one transaction (a pooled relay).
+	acquireXact string
+	release     string // $1 shards int[], $2 key of shard 0
+	join        string // $1 member key
+	payload     string // NOTIFY payload of this table
+	size        string // $1 the table's quoted name
+	name        string // the table's quoted, schema-qualified name
 }
 
 // newQueries returns the statements of n's outbox; del makes the mark a
@@ -92,12 +94,13 @@ func newQueries(n migrate.Names, del bool) queries {
 			FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND classid = $1::bigint::oid`,
-		acquire: "SELECT s FROM unnest($1::int[]) AS s WHERE pg_try_advisory_lock($2::bigint + s)",
-		release: "SELECT count(*) FILTER (WHERE pg_advisory_unlock($2::bigint + s)) FROM unnest($1::int[]) AS s",
-		join:    "SELECT pg_advisory_lock_shared($1::bigint)",
-		payload: n.Schema + "." + n.Outbox,
-		size:    "SELECT pg_total_relation_size($1::text::regclass)",
-		name:    table,
+		acquire:     "SELECT s FROM unnest($1::int[]) AS s WHERE pg_try_advisory_lock($2::bigint + s)",
+		acquireXact: "SELECT s FROM unnest($1::int[]) AS s WHERE pg_try_advisory_xact_lock($2::bigint + s) ORDER BY s",
+		release:     "SELECT count(*) FILTER (WHERE pg_advisory_unlock($2::bigint + s)) FROM unnest($1::int[]) AS s",
+		join:        "SELECT pg_advisory_lock_shared($1::bigint)",
+		payload:     n.Schema + "." + n.Outbox,
+		size:        "SELECT pg_total_relation_size($1::text::regclass)",
+		name:        table,
 	}
 }
 

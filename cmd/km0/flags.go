@@ -52,8 +52,19 @@ func parse(fs *flag.FlagSet, args []string) error {
 		fmt.Fprintf(fs.Output(), "km0: %v\n", errors.Join(errs...))
 		return errUsage
 	}
+	if parseOnly {
+		return errParsed
+	}
 	return nil
 }
+
+// parseOnly makes parse return errParsed after a successful parse, so the
+// command stops before doing anything: the deploy artefacts' test checks
+// their command lines against the real flags this way (deploy_test.go).
+var parseOnly bool
+
+// errParsed is parse's result while parseOnly is set.
+var errParsed = errors.New("km0: flags parsed (parse only)")
 
 // checker is a flag.Value with a check after parsing.
 type checker interface{ check() error }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/km0/km0/internal/buildinfo"
 	"github.com/km0/km0/internal/pgtest"
 )
 
@@ -28,7 +29,7 @@ func TestHealthEndpoint(t *testing.T) {
 		if err := json.Unmarshal(rec.Body.Bytes(), &h); err != nil {
 			t.Fatalf("body %q: %v", rec.Body, err)
 		}
-		if rec.Code != wantCode || h.Service != "comandes" || h.State != wantState {
+		if rec.Code != wantCode || h.Service != "comandes" || h.State != wantState || h.Version != buildinfo.Read().Short() || h.Version == "" {
 			t.Fatalf("health: %d %+v, want %d %q", rec.Code, h, wantCode, wantState)
 		}
 		for _, internal := range []string{"closed", "5432", "postgres"} {

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/buildinfo"
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -256,11 +257,14 @@ type Health struct {
 	// UnsignedRequests: the process serves or asks for authorisations
 	// without a signing key (Config.AcceptUnsignedRequests); absent otherwise.
 	UnsignedRequests bool `json:"peticions_sense_signar,omitempty"`
+	// Version is the binary's module version and commit
+	// (buildinfo.Info.Short, the short form of `km0 version`).
+	Version string `json:"versio"`
 }
 
 func (s *System) health(name string, pool *pgxpool.Pool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h, code := Health{Service: name, State: "ok", UnsignedRequests: s.rr != nil && s.rr.unsigned()}, http.StatusOK
+		h, code := Health{Service: name, State: "ok", Version: buildinfo.Read().Short(), UnsignedRequests: s.rr != nil && s.rr.unsigned()}, http.StatusOK
 		if s.ctx.Err() != nil {
 			h.State, code = "aturant-se", http.StatusServiceUnavailable
 		} else if pool != nil {
