@@ -23,7 +23,7 @@ import (
 func TestChargeRefusesAnOrderWithoutStoredApproval(t *testing.T) {
 	b := setup(t, passarella.Faults{})
 	s, err := pagaments.New(pagaments.Config{Pool: b.pool, Outbox: svctest.Outbox(t), RequireApproval: true,
-		Gateway: &passarella.Client{BaseURL: b.url, Timeout: time.Second}})
+		Gateway: &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey(), Timeout: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func setup(t *testing.T, gwFaults passarella.Faults) *bundle {
 
 func (b *bundle) service(t *testing.T, timeout time.Duration) *pagaments.Service {
 	t.Helper()
-	s, err := pagaments.New(pagaments.Config{Pool: b.pool, Outbox: svctest.Outbox(t), Gateway: &passarella.Client{BaseURL: b.url, Timeout: timeout}})
+	s, err := pagaments.New(pagaments.Config{Pool: b.pool, Outbox: svctest.Outbox(t), Gateway: &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey(), Timeout: timeout}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,11 +139,14 @@ func TestGatewayFailureAndHangAreTransientAndNeverChargeTwice(t *testing.T) {
 
 func TestGatewayRejectsMissingKeyAndReusedKey(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	resp, err := http.Post(b.url+"/cobraments", "application/json", strings.NewReader(`{"comanda_id":"P-2026-000001","import_centims":1}`))
+	req, _ := http.NewRequest(http.MethodPost, b.url+"/cobraments", strings.NewReader(`{"comanda_id":"P-2026-000001","import_centims":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+b.gw.APIKey())
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("no key: %v %v", resp.StatusCode, err)
 	}
-	cl := &passarella.Client{BaseURL: b.url}
+	cl := &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey()}
 	if _, err := cl.Charge(context.Background(), "cobrament-P-2026-000001", "P-2026-000001", 100); err != nil {
 		t.Fatal(err)
 	}
@@ -290,6 +293,7 @@ func TestBadIDsAre400AtTheGatewayAndPermanentInTheCharge(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, b.url+"/cobraments", strings.NewReader(c.body))
 		req.Header["Idempotency-Key"] = []string{c.key}
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+b.gw.APIKey())
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

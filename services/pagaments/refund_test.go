@@ -102,7 +102,7 @@ func TestACancellationBeforeTheCreationChargesNothing(t *testing.T) {
 	if n := svctest.Count(t, b.pool, `SELECT (SELECT count(*) FROM pagaments) + (SELECT count(*) FROM outbox) + (SELECT count(*) FROM reemborsaments)`); n != 0 {
 		t.Fatalf("%d payments, events and refunds, want 0", n)
 	}
-	c := &passarella.Client{BaseURL: b.url}
+	c := &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey()}
 	if _, err := c.Charge(context.Background(), pagaments.ChargeKey("P-2026-000123"), "P-2026-000123", 2900); !errors.Is(err, passarella.ErrRefused) {
 		t.Fatalf("a late charge with the voided key: %v, want refused", err)
 	}
@@ -150,7 +150,7 @@ func TestACancellationAfterAHungChargeRefundsIt(t *testing.T) {
 // naming another order.
 func TestRefundVoidsAnUnchargedKeyAndRefundsAChargeOnce(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	c := &passarella.Client{BaseURL: b.url}
+	c := &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey()}
 	ctx := context.Background()
 	if rf, err := c.Refund(ctx, "r0", "P-2026-000009", "cobrament-P-2026-000009"); err != nil || !rf.Void || rf.TotalCents != 0 {
 		t.Fatalf("refund of an uncharged key: %+v %v, want a void", rf, err)

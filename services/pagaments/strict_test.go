@@ -62,6 +62,7 @@ func TestGatewayRefusesBodiesThatAreNotJSON(t *testing.T) {
 	for _, ct := range []string{"", "text/plain", "application/x-www-form-urlencoded"} {
 		req, _ := http.NewRequest(http.MethodPost, b.url+"/cobraments", strings.NewReader(`{"comanda_id":"P-2026-000001","import_centims":1}`))
 		req.Header.Set("Idempotency-Key", "cobrament-P-2026-000001")
+		req.Header.Set("Authorization", "Bearer "+b.gw.APIKey())
 		if ct != "" {
 			req.Header.Set("Content-Type", ct)
 		}
@@ -84,7 +85,7 @@ func TestGatewayRefusesBodiesThatAreNotJSON(t *testing.T) {
 // charge is listed once.
 func TestGatewayListsChargesInPages(t *testing.T) {
 	b := setup(t, passarella.Faults{})
-	cl := &passarella.Client{BaseURL: b.url}
+	cl := &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey()}
 	const n = 205
 	for i := range n {
 		id := fmt.Sprintf("P-2026-%06d", i)
@@ -93,7 +94,9 @@ func TestGatewayListsChargesInPages(t *testing.T) {
 		}
 	}
 	get := func(query string) (int, passarella.Page) {
-		resp, err := http.Get(b.url + "/cobraments" + query)
+		req, _ := http.NewRequest(http.MethodGet, b.url+"/cobraments"+query, nil)
+		req.Header.Set("Authorization", "Bearer "+b.gw.APIKey())
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -204,8 +204,15 @@ type Config struct {
 	// [::1] with their port; others their IP address. km0 up/serve read
 	// --http-allowed-hosts, default $KM0_HTTP_ALLOWED_HOSTS.
 	AllowedHosts []string
-	// GatewayURL, if set, is used instead of starting the simulated gateway.
+	// GatewayURL, if set, is used instead of starting the simulated gateway;
+	// it needs GatewayAPIKey.
 	GatewayURL string
+	// GatewayAPIKey is the payment gateway's API key, sent with every
+	// charge and refund. Default $KM0_PASSARELLA_API_KEY
+	// (passarella.APIKeyEnv); unset with the simulated gateway, the gateway
+	// makes one for the process; unset with GatewayURL, Start fails with
+	// ErrConfig. Never logged.
+	GatewayAPIKey string
 	// GatewayFaults make the simulated gateway fail or hang.
 	GatewayFaults passarella.Faults
 	// GatewayTimeout bounds one charge call. Default passarella.TimeoutDefault.
@@ -295,6 +302,9 @@ func (cfg *Config) validateRR() error {
 	if len(cfg.SigningKey) == 0 && cfg.usesRR() && !cfg.AcceptUnsignedRequests {
 		errs = append(errs, fmt.Errorf("%w: pagaments' authorisations need a signing key: set %s (at least %d bytes, the same for comandes and pagaments: openssl rand -hex 32), or accept unsigned requests explicitly (--accept-unsigned-requests)",
 			ErrConfig, requestreply.SigningKeyEnv, requestreply.MinKeyBytes))
+	}
+	if cfg.GatewayURL != "" && cfg.GatewayAPIKey == "" && slices.Contains(cfg.Services, pagaments.Name) {
+		errs = append(errs, fmt.Errorf("%w: an external payment gateway (--gateway-url) needs its API key in $%s", ErrConfig, passarella.APIKeyEnv))
 	}
 	return errors.Join(errs...)
 }

@@ -210,7 +210,7 @@ func (s *System) startPagaments(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gatewayURL := s.cfg.GatewayURL
+	gatewayURL, gatewayKey := s.cfg.GatewayURL, s.cfg.GatewayAPIKey
 	if gatewayURL == "" {
 		// The simulated gateway keeps its own storage: schema passarella of
 		// km0_pagaments, through a pool of its own.
@@ -222,16 +222,16 @@ func (s *System) startPagaments(ctx context.Context) error {
 		if _, err := migrate.Up(ctx, gwPool, migrate.Names{Schema: passarella.SchemaDefault}, passarella.Migrations); err != nil {
 			return fmt.Errorf("migrate passarella: %w", err)
 		}
-		if s.Gateway, err = passarella.New(passarella.Config{Pool: gwPool, Faults: s.cfg.GatewayFaults, Logger: s.log.With("service", GatewayName)}); err != nil {
+		if s.Gateway, err = passarella.New(passarella.Config{Pool: gwPool, APIKey: gatewayKey, Faults: s.cfg.GatewayFaults, Logger: s.log.With("service", GatewayName)}); err != nil {
 			return err
 		}
 		if err := s.serve(GatewayName, s.Gateway.Handler()); err != nil {
 			return err
 		}
-		gatewayURL = s.addrs[GatewayName]
+		gatewayURL, gatewayKey = s.addrs[GatewayName], s.Gateway.APIKey()
 	}
 	s.Pagaments, err = pagaments.New(pagaments.Config{Pool: pool, Outbox: s.outbox(), Logger: s.log.With("service", pagaments.Name), RequireApproval: s.cfg.Authorize,
-		Gateway: &passarella.Client{BaseURL: gatewayURL, Timeout: s.cfg.GatewayTimeout}})
+		Gateway: &passarella.Client{BaseURL: gatewayURL, APIKey: gatewayKey, Timeout: s.cfg.GatewayTimeout}})
 	if err != nil {
 		return err
 	}

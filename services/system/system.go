@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -115,6 +116,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if err := cfg.validateNames(); err != nil {
 		return nil, err
 	}
+	cfg.GatewayAPIKey = cmp.Or(cfg.GatewayAPIKey, os.Getenv(passarella.APIKeyEnv))
 	if cfg.SigningKey == nil {
 		cfg.SigningKey = requestreply.SigningKeyFromEnv()
 	}

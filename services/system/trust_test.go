@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/internal/svctest"
 	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/services/pagaments/passarella"
 	"github.com/km0/km0/services/system"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
@@ -206,6 +207,7 @@ func metricSum(t *testing.T, name string) float64 {
 // accepts unsigned requests explicitly.
 func TestStartRefusesAShortKeyAndNoKeyForAuthorisations(t *testing.T) {
 	t.Setenv(requestreply.SigningKeyEnv, "")
+	t.Setenv(passarella.APIKeyEnv, "")
 	short := strings.Repeat("k", 16)
 	for _, c := range []struct {
 		cfg  system.Config
@@ -214,6 +216,7 @@ func TestStartRefusesAShortKeyAndNoKeyForAuthorisations(t *testing.T) {
 		{system.Config{SigningKey: []byte(short), Services: []string{comandes.Name}}, []string{"16 bytes"}},
 		{system.Config{Services: []string{pagaments.Name}}, []string{requestreply.SigningKeyEnv, "--accept-unsigned-requests"}},
 		{system.Config{Services: []string{comandes.Name}, Authorize: true}, []string{requestreply.SigningKeyEnv}},
+		{system.Config{SigningKey: []byte(strings.Repeat("k", 32)), Services: []string{pagaments.Name}, GatewayURL: "https://gateway.example"}, []string{passarella.APIKeyEnv}},
 	} {
 		c.cfg.Brokers, c.cfg.DatabaseURL = []string{"127.0.0.1:1"}, "postgres://127.0.0.1:1/x"
 		_, err := system.Start(context.Background(), c.cfg)

@@ -13,8 +13,9 @@ import (
 
 // Errors of Client.Charge.
 var (
-	// ErrUnavailable: the gateway answered 5xx or did not answer in time. Retrying
-	// with the same key is safe (transient).
+	// ErrUnavailable: the gateway answered 5xx, refused the API key (401,
+	// 403: km0's configuration) or did not answer in time. Retrying with the
+	// same key is safe (transient).
 	ErrUnavailable = errors.New("passarella no disponible")
 	// ErrRefused: the gateway refused the request (4xx). Retrying cannot help.
 	ErrRefused = errors.New("passarella: cobrament refusat")
@@ -26,6 +27,7 @@ const TimeoutDefault = 2 * time.Second
 // Client calls a gateway.
 type Client struct {
 	BaseURL string        // e.g. http://127.0.0.1:8089
+	APIKey  string        // sent as "Authorization: Bearer"; Server.APIKey, or the external gateway's key
 	Timeout time.Duration // per call; default TimeoutDefault
 	HTTP    *http.Client  // default http.DefaultClient
 }
@@ -64,6 +66,9 @@ func (c *Client) post(ctx context.Context, path, key string, body any) ([]byte, 
 	}
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
+	if c.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.APIKey)
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
@@ -73,6 +78,10 @@ func (c *Client) post(ctx context.Context, path, key string, body any) ([]byte, 
 	switch {
 	case resp.StatusCode >= 500:
 		return nil, fmt.Errorf("%w: HTTP %d", ErrUnavailable, resp.StatusCode)
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		// km0's configuration, not the customer's card: retried, never
+		// dead-lettered as a refused card.
+		return nil, fmt.Errorf("%w: HTTP %d: the gateway refused km0's API key (check $%s)", ErrUnavailable, resp.StatusCode, APIKeyEnv)
 	case resp.StatusCode >= 400:
 		return nil, fmt.Errorf("%w: HTTP %d %s", ErrRefused, resp.StatusCode, bytes.TrimSpace(raw))
 	}

@@ -9,6 +9,8 @@ package passarella
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"embed"
 	"encoding/hex"
 	"errors"
@@ -49,10 +51,26 @@ type Faults struct {
 	HangFor time.Duration // default 3 s
 }
 
+// APIKeyEnv is the environment variable that holds the API key of an
+// external gateway (system.Config.GatewayAPIKey's default).
+const APIKeyEnv = "KM0_PASSARELLA_API_KEY"
+
+// APIKeyMinBytes is the shortest API key New accepts.
+const APIKeyMinBytes = 32
+
+// ErrShortAPIKey: Config.APIKey is set but shorter than APIKeyMinBytes.
+var ErrShortAPIKey = fmt.Errorf("passarella: the API key must have at least %d bytes", APIKeyMinBytes)
+
 // Config configures a Server.
 type Config struct {
 	Pool   *pgxpool.Pool // migrated with Migrations; required
 	Schema string        // default SchemaDefault
+	// APIKey is the secret every request must carry as
+	// "Authorization: Bearer <key>", as a real gateway's API key: charges,
+	// refunds and the list of charges move or show money. Default: a random
+	// key made by New (read it with Server.APIKey and give it to the
+	// Client). Shorter than APIKeyMinBytes: New fails with ErrShortAPIKey.
+	APIKey string
 	Faults Faults
 	Logger *slog.Logger
 }
@@ -60,6 +78,7 @@ type Config struct {
 // Server is the gateway. It is safe for concurrent use.
 type Server struct {
 	cfg      Config
+	keyHash  [sha256.Size]byte
 	table    string
 	refunds  string
 	mu       sync.Mutex
@@ -87,8 +106,39 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, table: pgx.Identifier{cfg.Schema, "cobraments"}.Sanitize(),
+	switch {
+	case cfg.APIKey == "":
+		cfg.APIKey = rand.Text() + rand.Text() // 256 random bits
+	case len(cfg.APIKey) < APIKeyMinBytes:
+		return nil, ErrShortAPIKey
+	}
+	return &Server{cfg: cfg, keyHash: sha256.Sum256([]byte(cfg.APIKey)), table: pgx.Identifier{cfg.Schema, "cobraments"}.Sanitize(),
 		refunds: pgx.Identifier{cfg.Schema, "reemborsaments"}.Sanitize(), attempts: map[string]int{}}, nil
+}
+
+// APIKey returns the key callers must send (Config.APIKey, or the one New
+// made). Never log it.
+func (s *Server) APIKey() string { return s.cfg.APIKey }
+
+// authorized reports whether r carries the API key, compared in constant
+// time (over hashes, so the key's length does not show either).
+func (s *Server) authorized(r *http.Request) bool {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	got := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(got[:], s.keyHash[:]) == 1 && ok
+}
+
+// requireKey answers 401 to a request without the API key, before its body
+// or parameters are looked at.
+func (s *Server) requireKey(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="passarella"`)
+			svc.WriteError(w, http.StatusUnauthorized, "Authorization", "the gateway's API key is required: Authorization: Bearer <key>")
+			return
+		}
+		h(w, r)
+	}
 }
 
 // ChargeRequest is the body of POST /cobraments.
@@ -120,7 +170,9 @@ type Page struct {
 	Next    string   `json:"seguent,omitempty"`
 }
 
-// Handler returns the gateway's HTTP API:
+// Handler returns the gateway's HTTP API. Every route needs the API key
+// (Config.APIKey) as "Authorization: Bearer <key>"; without it: 401, nothing
+// charged, refunded or shown.
 //
 //	POST /cobraments   charge (Idempotency-Key required; application/json; 201, 200 replayed, 400, 415, 422, 503)
 //	GET  /cobraments?limit=&despres_de=   one page of charges in key order (Page)
@@ -131,9 +183,9 @@ type Page struct {
 // other parameter, or a limit out of range, is a 400.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /cobraments", s.charge)
-	mux.HandleFunc("GET /cobraments", s.list)
-	mux.HandleFunc("POST /reemborsaments", s.refund)
+	mux.HandleFunc("POST /cobraments", s.requireKey(s.charge))
+	mux.HandleFunc("GET /cobraments", s.requireKey(s.list))
+	mux.HandleFunc("POST /reemborsaments", s.requireKey(s.refund))
 	return mux
 }
 
