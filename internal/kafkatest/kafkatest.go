@@ -44,8 +44,15 @@ func Client(t testing.TB, b *kafka.Embedded, opts ...kgo.Opt) *kgo.Client {
 // and returns what it read, in partition order (order within a partition kept).
 func ReadAll(t testing.TB, b *kafka.Embedded, topic string, n int, timeout time.Duration) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	return ReadAllWith(t, b, nil, topic, n, timeout)
+}
+
+// ReadAllWith is ReadAll with extra client options (a secured broker's,
+// see Secure.Opts).
+func ReadAllWith(t testing.TB, b *kafka.Embedded, opts []kgo.Opt, topic string, n int, timeout time.Duration) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.Addrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
