@@ -147,6 +147,8 @@ type SecureConfig struct {
 	PKI *PKI
 	// Topics are created at start (6 partitions each).
 	Topics []string
+	// GroupMinSessionTimeout: see kafka.EmbeddedConfig. Default 6 s.
+	GroupMinSessionTimeout time.Duration
 }
 
 // Secure is a secured embedded broker and what a client needs to reach it.
@@ -181,7 +183,7 @@ func NewSecure(t testing.TB, cfg SecureConfig) *Secure {
 		extra = append(extra, kfake.TLS(s.PKI.Server))
 		s.Security.TLS, s.Security.TLSCAFile = true, s.PKI.CAFile
 	}
-	s.Embedded = NewWith(t, kafka.EmbeddedConfig{Topics: cfg.Topics, Extra: extra})
+	s.Embedded = NewWith(t, kafka.EmbeddedConfig{Topics: cfg.Topics, GroupMinSessionTimeout: cfg.GroupMinSessionTimeout, Extra: extra})
 	return s
 }
 

@@ -50,6 +50,10 @@ type ClientConfig struct {
 	// verify. Default none: requests go unsigned. Never logged.
 	SigningKey []byte
 	Logger     *slog.Logger // default slog.Default()
+	// KgoOpts are added to the options of the client's Kafka clients
+	// (producer and reply consumer): kafka.Security's, for a secured
+	// cluster. Default none.
+	KgoOpts []kgo.Opt
 }
 
 // Client is a requestreply.Requester over Kafka. Many goroutines may call
@@ -84,7 +88,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	prod, err := kafka.NewClient(cfg.Brokers)
+	prod, err := kafka.NewClient(cfg.Brokers, cfg.KgoOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -94,8 +98,8 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	// The topic is new, so reading from its start loses no reply, however late
 	// the first fetch is.
-	cons, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumeTopics(cfg.ReplyTopic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))
+	cons, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumeTopics(cfg.ReplyTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second)}, cfg.KgoOpts...)...)
 	if err != nil {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: reply consumer: %w", err)

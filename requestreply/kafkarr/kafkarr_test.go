@@ -4,19 +4,44 @@ import (
 	"context"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/requestreply/rrtest"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // The proofs of rrtest over Kafka (kfake).
 func TestConformance(t *testing.T) {
+	runConformance(t, func(t *testing.T) ([]string, []kgo.Opt) { return kafkatest.New(t).Addrs(), nil })
+}
+
+// TestConformanceSecured: the proofs of rrtest over kfake with SASL
+// SCRAM-SHA-512 over TLS (a test CA) and with SASL PLAIN, the server's and
+// the client's Kafka clients all given kafka.Security's options (KgoOpts).
+func TestConformanceSecured(t *testing.T) {
+	for _, cfg := range []kafkatest.SecureConfig{
+		{Mechanism: kafka.SASLScramSHA512, TLS: true},
+		{Mechanism: kafka.SASLPlain},
+	} {
+		t.Run(cfg.Mechanism, func(t *testing.T) {
+			runConformance(t, func(t *testing.T) ([]string, []kgo.Opt) {
+				b := kafkatest.NewSecure(t, cfg)
+				return b.Addrs(), b.Opts(t)
+			})
+		})
+	}
+}
+
+// runConformance runs rrtest against the broker newBroker starts for each case.
+func runConformance(t *testing.T, newBroker func(t *testing.T) ([]string, []kgo.Opt)) {
 	rrtest.Run(t, func(t *testing.T, h requestreply.Handler) rrtest.Started {
-		b := kafkatest.New(t)
+		brokers, opts := newBroker(t)
 		ctx := context.Background()
 		serve := func(h requestreply.Handler) func() {
-			srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: b.Addrs(), Handler: h})
+			srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: brokers, Handler: h, KgoOpts: opts})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -25,7 +50,7 @@ func TestConformance(t *testing.T) {
 			return stop
 		}
 		stop := serve(h)
-		cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs()})
+		cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: brokers, KgoOpts: opts})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -129,7 +129,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		return nil, err
 	}
 	if cfg.onKafka() {
-		if s.kcl, err = kafka.NewClient(cfg.Brokers); err != nil {
+		if s.kcl, err = kafka.NewClient(cfg.Brokers, cfg.KafkaOpts...); err != nil {
 			return nil, err
 		}
 		s.pub = kafka.NewPublisher(s.kcl)
