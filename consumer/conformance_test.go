@@ -151,7 +151,7 @@ func (r *topicReader) read(t testing.TB, n int) []*transport.Message {
 	defer r.mu.Unlock()
 	if r.cl == nil {
 		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(r.brokers...), kgo.ConsumeTopics(r.topic),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond)}, r.opts...)...)
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, r.opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
