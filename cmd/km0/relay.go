@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +34,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs := newFlags("relay", "publish committed outbox rows to Kafka (claim, publish, wait for every ack, mark)")
 	dbURL := databaseURLFlag(fs)
 	brokers := brokersFlag(fs)
+	ksec := kafkaSecurityFlags(fs)
 	topic := fs.String("topic", "", "Kafka topic for the events (required), e.g. comandes.esdeveniments")
 	origin := fs.String("origin", "", "the envelope's origen (required), e.g. comandes")
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
@@ -112,7 +114,11 @@ func runRelay(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		cl, err := kafka.NewClient(bs)
+		kopts, err := ksec.opts(ctx, bs, log)
+		if err != nil {
+			return err
+		}
+		cl, err := kafka.NewClient(bs, kopts...)
 		if err != nil {
 			return err
 		}
@@ -130,7 +136,7 @@ func runRelay(ctx context.Context, args []string) error {
 			log.Warn("km0 relay: cannot read the topic's size limit; using the default", "err", err)
 		} else if limit-1024 < maxRecord {
 			maxRecord = limit - 1024
-			if pcl, err = kafka.NewClient(bs, kgo.ProducerBatchMaxBytes(int32(limit))); err != nil {
+			if pcl, err = kafka.NewClient(bs, append(slices.Clip(kopts), kgo.ProducerBatchMaxBytes(int32(limit)))...); err != nil {
 				return err
 			}
 			defer pcl.Close()

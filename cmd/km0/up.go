@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/services/system"
@@ -58,6 +60,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	topics := fs.String("topics", os.Getenv("KM0_TOPICS"), "rename domain topics: CONTRACT=NAME,... e.g. comandes.esdeveniments=prod.comandes (default $KM0_TOPICS; .retry and .dlq follow; give every process the same)")
 	groups := fs.String("groups", os.Getenv("KM0_GROUPS"), "rename consumer groups: CONSUMIDOR=GROUP,... e.g. cataleg.estoc_baix=cataleg-prod (default $KM0_GROUPS)")
 	brokers := brokersFlag(fs)
+	ksec := kafkaSecurityFlags(fs)
 	embedded := fs.Bool("embedded-kafka", false, "start an embedded Kafka broker in this process instead of using --brokers")
 	events := eventsFlag(fs)
 	eventsExchange := fs.String("events-exchange", cmp.Or(os.Getenv("KM0_EVENTS_EXCHANGE"), system.EventsExchangeDefault), "RabbitMQ topic exchange of the events --events puts there (default $KM0_EVENTS_EXCHANGE, else "+system.EventsExchangeDefault+")")
@@ -109,6 +112,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		cfg.AMQPURL = amqp.URLDefault
 	}
 	var brokerList []string
+	var kopts []kgo.Opt // the embedded broker is plaintext
 	switch {
 	case !cfg.NeedsKafka() && !*embedded:
 	case *embedded:
@@ -121,6 +125,9 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	default:
 		if brokerList, err = requireBrokers(*brokers); err != nil {
 			return fmt.Errorf("%w (or pass --embedded-kafka)", err)
+		}
+		if kopts, err = ksec.opts(ctx, brokerList, logger()); err != nil {
+			return err
 		}
 	}
 	addrs := map[string]string{}
@@ -136,7 +143,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		addrs[k] = v
 	}
 	sys, err := system.Start(ctx, system.Config{DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
-		Brokers: brokerList, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
+		Brokers: brokerList, KafkaOpts: kopts, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
 		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()})
 	if err != nil {

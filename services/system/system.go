@@ -291,6 +291,10 @@ func (s *System) ConsumerGroups() []string {
 	return out
 }
 
+// KafkaOpts returns Config.KafkaOpts: the options (a secured cluster's)
+// of the system's Kafka clients, for other clients of the same brokers.
+func (s *System) KafkaOpts() []kgo.Opt { return s.cfg.KafkaOpts }
+
 // Pool returns the pool of service's database, or nil.
 func (s *System) Pool(service string) *pgxpool.Pool { return s.pools[service] }
 
