@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -145,12 +148,27 @@ func TestCommandsRunOverSASLSSL(t *testing.T) {
 		return g.State == "Stable" && len(g.Members) == 1
 	})
 
-	// km0 console: its DLQ indexer joins its group through SASL_SSL.
+	// km0 console: its DLQ indexer joins its group, and its lag sampler
+	// measures km0-sec-test, through SASL_SSL.
 	consoleProc := startKm0(t, sec.env, append([]string{"console", "--http-addr", "127.0.0.1:0", "--database-url", s.URL,
-		"--schema", s.Name, "--consumer-groups", inventari.ConsumerDecrement}, sec.flags...)...)
+		"--schema", s.Name, "--consumer-groups", "km0-sec-test"}, sec.flags...)...)
 	waitGroup(t, sec.adm, dlq.GroupDefault, "stable with one member", func(g kadm.DescribedGroup) bool {
 		return g.State == "Stable" && len(g.Members) == 1
 	})
+	metrics := consoleMetrics(t, consoleProc, `km0_lag_sample_errors 0`)
+	var parts, total int
+	for _, line := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(line, `km0_consumer_group_lag{grup="km0-sec-test",`) && strings.Contains(line, `topic="`+topic+`"}`) {
+			n, err := strconv.Atoi(line[strings.LastIndexByte(line, ' ')+1:])
+			if err != nil {
+				t.Fatalf("metric line %q: %v", line, err)
+			}
+			parts, total = parts+1, total+n
+		}
+	}
+	if parts != kafka.PartitionsDefault || total != 20 {
+		t.Fatalf("the console measured %d partitions of km0-sec-test with lag %d, want %d and 20:\n%s", parts, total, kafka.PartitionsDefault, metrics)
+	}
 	for _, p := range []struct {
 		what string
 		p    *proc
@@ -160,6 +178,29 @@ func TestCommandsRunOverSASLSSL(t *testing.T) {
 			t.Errorf("%s does not log the Kafka security it uses:\n%s", p.what, p.p.log())
 		}
 	}
+}
+
+// consoleMetrics polls the /metrics of the console p runs until they hold
+// want, and returns them.
+func consoleMetrics(t *testing.T, p *proc, want string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		if _, rest, ok := strings.Cut(p.log(), "console at "); ok {
+			url, _, _ := strings.Cut(rest, "/ ")
+			if resp, err := http.Get(url + "/metrics"); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if last = string(b); strings.Contains(last, want) {
+					return last
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+	t.Fatalf("the console's /metrics lack %q after 30 s:\n%s\n%s", want, last, p.log())
+	return ""
 }
 
 // A wrong password, an unknown CA and a password flag end a command at
