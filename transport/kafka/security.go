@@ -337,6 +337,7 @@ func classify(err error) error {
 		verify      *tls.CertificateVerificationError
 		alert       tls.AlertError
 		recordHdr   tls.RecordHeaderError
+		opErr       *net.OpError
 		kerrSASL    = errors.Is(err, kerr.SaslAuthenticationFailed)
 		unsupported = errors.Is(err, kerr.UnsupportedSaslMechanism) || errors.Is(err, kerr.IllegalSaslState)
 	)
@@ -353,7 +354,7 @@ func classify(err error) error {
 		return fmt.Errorf("%w: TLS: the brokers' certificate is not for this host (set the server name): %w", ErrSecurity, err)
 	case errors.As(err, &verify):
 		return fmt.Errorf("%w: TLS: the brokers' certificate was refused: %w", ErrSecurity, err)
-	case errors.As(err, &alert):
+	case errors.As(err, &alert), errors.As(err, &opErr) && opErr.Op == "remote error": // the broker's TLS alert
 		return fmt.Errorf("%w: TLS: the brokers refused the handshake (a client certificate missing or not trusted?): %w", ErrSecurity, err)
 	case errors.As(err, &recordHdr):
 		return fmt.Errorf("%w: TLS: the brokers do not speak TLS on this port: %w", ErrSecurity, err)

@@ -1,8 +1,10 @@
 package kafka_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -94,4 +96,36 @@ func TestExpiredCertificateFailsFastNamingX509(t *testing.T) {
 		PKI: kafkatest.NewPKI(t, kafkatest.PKIOptions{Expired: true})})
 	err := pingWith(t, b, b.Security)
 	requireCause(t, err, "x509: certificate has expired")
+}
+
+// Mutual TLS: a broker that requires a client certificate refuses a
+// client without one, naming the handshake, and accepts the CA's client.
+func TestClientCertificateIsRequiredAndAccepted(t *testing.T) {
+	t.Parallel()
+	pki := kafkatest.NewPKI(t, kafkatest.PKIOptions{RequireClientCert: true})
+	b := kafkatest.NewSecure(t, kafkatest.SecureConfig{Mechanism: kafka.SASLScramSHA512, TLS: true, PKI: pki})
+	requireCause(t, pingWith(t, b, b.Security), "TLS")
+	sec := b.Security
+	sec.TLSCertFile, sec.TLSKeyFile = pki.ClientCert, pki.ClientKey
+	if err := pingWith(t, b, sec); err != nil {
+		t.Fatalf("with the client certificate: %v", err)
+	}
+}
+
+// Skipping verification is explicit, connects to a broker whose
+// certificate expired, and says so in the log.
+func TestInsecureSkipVerifyConnectsAndWarns(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.NewSecure(t, kafkatest.SecureConfig{Mechanism: kafka.SASLScramSHA512, TLS: true,
+		PKI: kafkatest.NewPKI(t, kafkatest.PKIOptions{Expired: true})})
+	var logged bytes.Buffer
+	sec := b.Security
+	sec.TLSCAFile, sec.TLSInsecureSkipVerify = "", true
+	sec.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+	if err := pingWith(t, b, sec); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logged.String(), "level=WARN") || !strings.Contains(logged.String(), "NOT verified") {
+		t.Fatalf("no warning logged: %q", logged.String())
+	}
 }
