@@ -40,6 +40,18 @@ func Client(t testing.TB, b *kafka.Embedded, opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
+// ClientFor returns a client for brokers with opts (a secured broker's),
+// closed at cleanup.
+func ClientFor(t testing.TB, brokers []string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kafka.NewClient(brokers, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
 // ReadAll reads topic from the start until it has n records or timeout passes,
 // and returns what it read, in partition order (order within a partition kept).
 func ReadAll(t testing.TB, b *kafka.Embedded, topic string, n int, timeout time.Duration) []*kgo.Record {

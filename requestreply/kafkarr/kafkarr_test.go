@@ -3,7 +3,9 @@ package kafkarr_test
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/internal/kafkatest"
@@ -50,6 +52,7 @@ func runConformance(t *testing.T, newBroker func(t *testing.T) ([]string, []kgo.
 			return stop
 		}
 		stop := serve(h)
+		waitServing(t, brokers, opts)
 		cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: brokers, KgoOpts: opts})
 		if err != nil {
 			t.Fatal(err)
@@ -62,4 +65,29 @@ func runConformance(t *testing.T, newBroker func(t *testing.T) ([]string, []kgo.
 		return rrtest.Started{Requester: cl, Service: kafkarr.TopicDefault, Late: cl.LateReplies,
 			StopServer: func() { stop() }, StartServer: func(h requestreply.Handler) { stop = serve(h) }}
 	})
+}
+
+// waitServing waits until the server's group is Stable with its partitions
+// assigned, so that a case's first request (with a deadline of 300 ms) does
+// not wait for the join: over TLS and SCRAM each connection of the server
+// takes a handshake and a PBKDF2 first.
+func waitServing(t *testing.T, brokers []string, opts []kgo.Opt) {
+	t.Helper()
+	group := kafkarr.TopicDefault + ".servidor"
+	adm := kadm.NewClient(kafkatest.ClientFor(t, brokers, opts...))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		gs, err := adm.DescribeGroups(ctx, group)
+		cancel()
+		if g, ok := gs[group]; err == nil && ok && g.Err == nil && g.State == "Stable" && len(g.Members) > 0 {
+			if _, assigned := g.Members[0].Assigned.AsConsumer(); assigned {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group %s not Stable after 30 s: %v %+v", group, err, gs[group])
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
 }
