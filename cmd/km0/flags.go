@@ -294,15 +294,16 @@ const kafkaPingTimeout = 15 * time.Second
 // (kafka.Ping within kafkaPingTimeout): a refused certificate or password
 // is an error naming the cause at start, not a hang; a broker that does not
 // answer is only logged, as without security. The settings are logged
-// without their secrets.
+// without their secrets. Without brokers (no Kafka, or the embedded
+// broker, which speaks plaintext) there are none.
 func (k *kafkaSecurity) opts(ctx context.Context, brokers []string, log *slog.Logger) ([]kgo.Opt, error) {
+	if len(brokers) == 0 {
+		return nil, nil // no Kafka, or the embedded broker (plaintext)
+	}
 	sec := k.security(log)
 	opts, err := sec.Opts()
-	if err != nil {
-		return nil, err
-	}
-	if !sec.Enabled() {
-		return nil, nil
+	if err != nil || !sec.Enabled() {
+		return opts, err
 	}
 	log.Info("kafka: connecting with "+sec.String(), "brokers", strings.Join(brokers, ","))
 	cl, err := kafka.NewClient(brokers, opts...)

@@ -10,8 +10,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/services/system"
@@ -112,7 +110,6 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		cfg.AMQPURL = amqp.URLDefault
 	}
 	var brokerList []string
-	var kopts []kgo.Opt // the embedded broker is plaintext
 	switch {
 	case !cfg.NeedsKafka() && !*embedded:
 	case *embedded:
@@ -126,9 +123,14 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		if brokerList, err = requireBrokers(*brokers); err != nil {
 			return fmt.Errorf("%w (or pass --embedded-kafka)", err)
 		}
-		if kopts, err = ksec.opts(ctx, brokerList, logger()); err != nil {
-			return err
-		}
+	}
+	remote := brokerList
+	if *embedded {
+		remote = nil // the embedded broker speaks plaintext
+	}
+	kopts, err := ksec.opts(ctx, remote, logger())
+	if err != nil {
+		return err
 	}
 	addrs := map[string]string{}
 	known := append([]string{system.GatewayName, system.MapsName}, system.Services...)

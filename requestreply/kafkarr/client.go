@@ -39,6 +39,10 @@ const ReplyTopicPrefix = "respostes."
 // ClientConfig configures a Client.
 type ClientConfig struct {
 	Brokers []string // required
+	// KgoOpts are added to the options of the client's Kafka clients
+	// (producer and reply consumer): kafka.Security's, for a secured
+	// cluster. Default none.
+	KgoOpts []kgo.Opt
 	// ReplyTopic is this client's reply topic. Default "respostes.<random>".
 	// It is created (one partition) by NewClient and deleted by Close.
 	ReplyTopic string
@@ -50,10 +54,6 @@ type ClientConfig struct {
 	// verify. Default none: requests go unsigned. Never logged.
 	SigningKey []byte
 	Logger     *slog.Logger // default slog.Default()
-	// KgoOpts are added to the options of the client's Kafka clients
-	// (producer and reply consumer): kafka.Security's, for a secured
-	// cluster. Default none.
-	KgoOpts []kgo.Opt
 }
 
 // Client is a requestreply.Requester over Kafka. Many goroutines may call

@@ -31,6 +31,10 @@ const (
 type ServerConfig struct {
 	Brokers []string             // required
 	Handler requestreply.Handler // required
+	// KgoOpts are added to the options of the server's Kafka clients
+	// (reply producer and request consumer): kafka.Security's, for a
+	// secured cluster. Default none.
+	KgoOpts []kgo.Opt
 	// Topic the requests arrive on, created if absent (Partitions
 	// partitions). Default "pagaments.autoritzacions".
 	Topic      string
@@ -63,10 +67,6 @@ type ServerConfig struct {
 	// non-retryable error reply and the handler does not run. Default
 	// requestreply.MaxBodyBytesDefault (64 KiB); negative: no bound.
 	MaxBodyBytes int
-	// KgoOpts are added to the options of the server's Kafka clients
-	// (reply producer and request consumer): kafka.Security's, for a
-	// secured cluster. Default none.
-	KgoOpts []kgo.Opt
 }
 
 // ServerStats counts what a Server did.
