@@ -29,18 +29,39 @@ func TestConsumerConformance(t *testing.T) {
 	if len(brokers) == 0 {
 		brokers = kafkatest.NewWith(t, kafka.EmbeddedConfig{GroupMinSessionTimeout: time.Second}).Addrs()
 	}
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	runKafkaConformance(t, brokers, nil, 10_000)
+}
+
+// TestConsumerConformanceSecured runs the consumer suite on the Kafka
+// source against kfake with SASL SCRAM-SHA-512 over TLS (a test CA) and
+// with SASL PLAIN, every client built with kafka.Security's options
+// (SourceConfig.KgoOpts for the source). The per-key case over many keys
+// runs at its default size here: the full size runs above.
+func TestConsumerConformanceSecured(t *testing.T) {
+	for _, cfg := range []kafkatest.SecureConfig{
+		{Mechanism: kafka.SASLScramSHA512, TLS: true, GroupMinSessionTimeout: time.Second},
+		{Mechanism: kafka.SASLPlain, GroupMinSessionTimeout: time.Second},
+	} {
+		t.Run(cfg.Mechanism, func(t *testing.T) {
+			b := kafkatest.NewSecure(t, cfg)
+			runKafkaConformance(t, b.Addrs(), b.Opts(t), 0)
+		})
+	}
+}
+
+func runKafkaConformance(t *testing.T, brokers []string, sec []kgo.Opt, perKeyEvents int) {
+	admCl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, sec...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(admCl.Close)
 	consumertest.Run(t, consumertest.Harness{
-		Features: consumertest.Features{RepeatedHeaders: true, OrderPerKey: true, PermanentLettersCarryReason: true, PerKeyEvents: 10_000},
-		New:      func(t *testing.T) consumertest.Broker { return kafkaBroker(t, brokers, admCl) },
+		Features: consumertest.Features{RepeatedHeaders: true, OrderPerKey: true, PermanentLettersCarryReason: true, PerKeyEvents: perKeyEvents},
+		New:      func(t *testing.T) consumertest.Broker { return kafkaBroker(t, brokers, sec, admCl) },
 	})
 }
 
-func kafkaBroker(t *testing.T, brokers []string, admCl *kgo.Client) consumertest.Broker {
+func kafkaBroker(t *testing.T, brokers []string, sec []kgo.Opt, admCl *kgo.Client) consumertest.Broker {
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
 	suffix := hex.EncodeToString(b)
@@ -58,7 +79,7 @@ func kafkaBroker(t *testing.T, brokers []string, admCl *kgo.Client) consumertest
 			t.Errorf("delete topics: %v", err)
 		}
 	})
-	pub, err := kafka.NewClient(brokers)
+	pub, err := kafka.NewClient(brokers, sec...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +97,7 @@ func kafkaBroker(t *testing.T, brokers []string, admCl *kgo.Client) consumertest
 			t.Fatal(err)
 		}
 	}
-	dlq := &topicReader{brokers: brokers, topic: topic + contract.DLQSuffix}
+	dlq := &topicReader{brokers: brokers, opts: sec, topic: topic + contract.DLQSuffix}
 	t.Cleanup(dlq.close)
 	return consumertest.Broker{
 		Publish: func(t testing.TB, msgs ...*transport.Message) { produce(t, topic, msgs) },
@@ -86,7 +107,7 @@ func kafkaBroker(t *testing.T, brokers []string, admCl *kgo.Client) consumertest
 		Source: func(*testing.T) transport.Source {
 			return kafka.NewSource(kafka.SourceConfig{Brokers: brokers, Group: group, Topics: []string{topic},
 				SessionTimeout: 6 * time.Second, NoCreateTopics: true,
-				KgoOpts: []kgo.Opt{kgo.FetchMaxWait(200 * time.Millisecond)}})
+				KgoOpts: append([]kgo.Opt{kgo.FetchMaxWait(200 * time.Millisecond)}, sec...)})
 		},
 		DeadLetters: dlq.read,
 		Pending: func(t testing.TB) int {
@@ -117,6 +138,7 @@ func kafkaBroker(t *testing.T, brokers []string, admCl *kgo.Client) consumertest
 // topicReader reads a topic from its start and keeps what it read.
 type topicReader struct {
 	brokers []string
+	opts    []kgo.Opt // the broker's security
 	topic   string
 	mu      sync.Mutex
 	cl      *kgo.Client
@@ -128,8 +150,8 @@ func (r *topicReader) read(t testing.TB, n int) []*transport.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cl == nil {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.ConsumeTopics(r.topic),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(r.brokers...), kgo.ConsumeTopics(r.topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, r.opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -289,6 +289,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		return err
 	}
 	defer closeLag()
+	lcfg.ClientOpts = env.kopts
 	broker := "Kafka"
 	if env.rabbit {
 		broker = "RabbitMQ"

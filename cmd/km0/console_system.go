@@ -96,7 +96,7 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	for _, k := range slices.Sorted(maps.Keys(addrs)) {
 		services = append(services, console.Service{Name: k, URL: addrs[k]})
 	}
-	lcfg := lag.Config{Outboxes: outboxes, Brokers: parts.kafkaBrokers, Logger: log,
+	lcfg := lag.Config{Outboxes: outboxes, Brokers: parts.kafkaBrokers, Logger: log, ClientOpts: sys.KafkaOpts(),
 		Groups: append(sys.ConsumerGroups(), dlq.GroupDefault), OmitUnlisted: true}
 	if len(parts.queues) > 0 {
 		lcfg.AMQP, lcfg.Queues = sys.EventsConn(), parts.queues
@@ -204,7 +204,7 @@ func systemDeadLetters(ctx context.Context, sys *system.System, brokers []string
 		if len(brokers) == 0 {
 			return p, errors.New("the console needs the Kafka brokers of the events on Kafka")
 		}
-		kcfg = dlq.KafkaConfig{Brokers: brokers, Logger: log}
+		kcfg = dlq.KafkaConfig{Brokers: brokers, Logger: log, ClientOpts: sys.KafkaOpts()}
 		b, err := dlq.NewKafkaBackend(kcfg)
 		if err != nil {
 			return p, err

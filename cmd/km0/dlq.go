@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
@@ -103,6 +105,7 @@ type dlqOpts struct {
 	queues                                         *listFlag
 	syncTimeout                                    *time.Duration
 	json                                           *bool
+	kafka                                          *kafkaSecurity
 	fs                                             *flag.FlagSet
 }
 
@@ -138,6 +141,7 @@ func (c *dlqCLI) flagsFor(command, summary string) (*flag.FlagSet, *dlqOpts) {
 	o := &dlqOpts{
 		dbURL:   databaseURLFlag(fs),
 		brokers: brokersFlag(fs),
+		kafka:   kafkaSecurityFlags(fs),
 		schema:  fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the index table cartes_mortes"),
 		topics: fs.String("topics", "", "DLQ topics, comma separated (default: every topic matching "+
 			dlq.TopicPatternDefault+")"),
@@ -163,6 +167,7 @@ type dlqEnv struct {
 	backend *dlq.KafkaBackend // nil with RabbitMQ
 	rabbit  bool
 	kcfg    dlq.KafkaConfig
+	kopts   []kgo.Opt // the Kafka security of --brokers, for every Kafka client
 	alerter *dlq.Alerter
 	close   func()
 }
@@ -189,6 +194,11 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 		return fail(err)
 	}
 	log := logger()
+	if bs := kafka.SplitBrokers(*o.brokers); len(bs) > 0 {
+		if env.kopts, err = o.kafka.opts(ctx, bs, log); err != nil {
+			return fail(err)
+		}
+	}
 	var backend dlq.Backend
 	if o.rabbit() {
 		env.rabbit = true
@@ -210,7 +220,7 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 		backend = ab
 	} else {
 		env.kcfg = dlq.KafkaConfig{Brokers: brokers, Topics: kafka.SplitBrokers(*o.topics), Group: *o.group,
-			SyncTimeout: *o.syncTimeout, Logger: log}
+			SyncTimeout: *o.syncTimeout, Logger: log, ClientOpts: env.kopts}
 		if env.backend, err = dlq.NewKafkaBackend(env.kcfg); err != nil {
 			return fail(err)
 		}

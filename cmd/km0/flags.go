@@ -8,9 +8,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/transport/kafka"
 )
@@ -220,4 +223,111 @@ func logger() *slog.Logger {
 		_ = lvl.UnmarshalText([]byte(v))
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+}
+
+// kafkaSecurity is the Kafka security flag set every command that talks to
+// Kafka registers (kafkaSecurityFlags): one spelling, each with an
+// environment fallback, the password only from the environment or a file.
+type kafkaSecurity struct {
+	tls, skipVerify                *bool
+	ca, cert, key, serverName      *string
+	mechanism, username, tokenFile *string
+	password                       string // $KM0_KAFKA_SASL_PASSWORD, or --kafka-sasl-password-file
+	errs                           []error
+}
+
+// kafkaSecurityFlags registers --kafka-tls, --kafka-tls-ca-file,
+// --kafka-tls-cert-file, --kafka-tls-key-file, --kafka-tls-server-name,
+// --kafka-tls-insecure-skip-verify, --kafka-sasl-mechanism,
+// --kafka-sasl-username, --kafka-sasl-password-file and
+// --kafka-sasl-oauth-token-file, each defaulting to its KM0_KAFKA_*
+// variable (docs/operations.md, "Kafka security"). There is no password
+// flag: the password comes from $KM0_KAFKA_SASL_PASSWORD or the file. A
+// boolean variable that is not a boolean is reported by parse.
+func kafkaSecurityFlags(fs *flag.FlagSet) *kafkaSecurity {
+	k := &kafkaSecurity{password: os.Getenv("KM0_KAFKA_SASL_PASSWORD")}
+	envBool := func(name string) bool {
+		v := os.Getenv(name)
+		if v == "" {
+			return false
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			k.errs = append(k.errs, fmt.Errorf("$%s: want true or false", name))
+		}
+		return b
+	}
+	k.tls = fs.Bool("kafka-tls", envBool("KM0_KAFKA_TLS"), "Kafka: connect with TLS, verifying the brokers' certificates (default $KM0_KAFKA_TLS; any --kafka-tls-* flag turns it on)")
+	k.ca = fs.String("kafka-tls-ca-file", os.Getenv("KM0_KAFKA_TLS_CA_FILE"), "Kafka: PEM `file` of the authorities trusted for the brokers' certificates (default $KM0_KAFKA_TLS_CA_FILE, else the system's roots)")
+	k.cert = fs.String("kafka-tls-cert-file", os.Getenv("KM0_KAFKA_TLS_CERT_FILE"), "Kafka: PEM client certificate `file` for mutual TLS, with --kafka-tls-key-file (default $KM0_KAFKA_TLS_CERT_FILE)")
+	k.key = fs.String("kafka-tls-key-file", os.Getenv("KM0_KAFKA_TLS_KEY_FILE"), "Kafka: PEM `file` of the client certificate's key (default $KM0_KAFKA_TLS_KEY_FILE)")
+	k.serverName = fs.String("kafka-tls-server-name", os.Getenv("KM0_KAFKA_TLS_SERVER_NAME"), "Kafka: name checked in the brokers' certificates (default $KM0_KAFKA_TLS_SERVER_NAME, else each broker's host)")
+	k.skipVerify = fs.Bool("kafka-tls-insecure-skip-verify", envBool("KM0_KAFKA_TLS_INSECURE_SKIP_VERIFY"), "Kafka: accept any certificate (encrypted but NOT authenticated; logs a warning; default $KM0_KAFKA_TLS_INSECURE_SKIP_VERIFY)")
+	k.mechanism = fs.String("kafka-sasl-mechanism", os.Getenv("KM0_KAFKA_SASL_MECHANISM"), "Kafka: SASL mechanism, one of "+strings.Join(kafka.SASLMechanisms, ", ")+" (default $KM0_KAFKA_SASL_MECHANISM, else none)")
+	k.username = fs.String("kafka-sasl-username", os.Getenv("KM0_KAFKA_SASL_USERNAME"), "Kafka: SASL user of PLAIN and SCRAM (default $KM0_KAFKA_SASL_USERNAME); the password comes from $KM0_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file")
+	fs.Func("kafka-sasl-password-file", "Kafka: read the SASL password from the file at `PATH` (one line; make it readable by this user only; default $KM0_KAFKA_SASL_PASSWORD)", func(path string) error {
+		s, err := readSecretFile(path)
+		if err != nil {
+			return err
+		}
+		k.password = s
+		return nil
+	})
+	k.tokenFile = fs.String("kafka-sasl-oauth-token-file", os.Getenv("KM0_KAFKA_SASL_OAUTH_TOKEN_FILE"), "Kafka: OAUTHBEARER token `file`, read again for each new connection (default $KM0_KAFKA_SASL_OAUTH_TOKEN_FILE)")
+	fs.Var(k, "kafka-sasl-password", "not accepted: a password on the command line shows in ps; use $KM0_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file")
+	return k
+}
+
+// kafkaSecurity is also the flag.Value of --kafka-sasl-password, refused
+// after parsing (check) without quoting what was given.
+func (k *kafkaSecurity) String() string { return "" }
+
+func (k *kafkaSecurity) Set(string) error {
+	k.errs = append(k.errs, errors.New("--kafka-sasl-password is not accepted (it would show in ps): set $KM0_KAFKA_SASL_PASSWORD or pass --kafka-sasl-password-file"))
+	return nil
+}
+
+func (k *kafkaSecurity) check() error { return errors.Join(k.errs...) }
+
+// security returns the settings of the flags, the AWS credentials read
+// from the environment, warnings to log.
+func (k *kafkaSecurity) security(log *slog.Logger) kafka.Security {
+	return kafka.Security{TLS: *k.tls, TLSCAFile: *k.ca, TLSCertFile: *k.cert, TLSKeyFile: *k.key, TLSServerName: *k.serverName,
+		TLSInsecureSkipVerify: *k.skipVerify, SASLMechanism: strings.ToUpper(strings.TrimSpace(*k.mechanism)), SASLUsername: *k.username,
+		SASLPassword: k.password, SASLOAuthTokenFile: *k.tokenFile, Logger: log}
+}
+
+// kafkaPingTimeout bounds the start-up check of a secured connection.
+const kafkaPingTimeout = 15 * time.Second
+
+// opts returns the kgo options of the flags for every Kafka client of the
+// command. With TLS or SASL it also checks them once against brokers
+// (kafka.Ping within kafkaPingTimeout): a refused certificate or password
+// is an error naming the cause at start, not a hang; a broker that does not
+// answer is only logged, as without security. The settings are logged
+// without their secrets. Without brokers (no Kafka, or the embedded
+// broker, which speaks plaintext) there are none.
+func (k *kafkaSecurity) opts(ctx context.Context, brokers []string, log *slog.Logger) ([]kgo.Opt, error) {
+	if len(brokers) == 0 {
+		return nil, nil // no Kafka, or the embedded broker (plaintext)
+	}
+	sec := k.security(log)
+	opts, err := sec.Opts()
+	if err != nil || !sec.Enabled() {
+		return opts, err
+	}
+	log.Info("kafka: connecting with "+sec.String(), "brokers", strings.Join(brokers, ","))
+	cl, err := kafka.NewClient(brokers, opts...)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, kafkaPingTimeout)
+	defer cancel()
+	if err := kafka.Ping(pctx, cl); errors.Is(err, kafka.ErrSecurity) {
+		return nil, err
+	} else if err != nil {
+		log.Warn("kafka: the brokers do not answer yet; going on", "err", err)
+	}
+	return opts, nil
 }

@@ -35,6 +35,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	fs := newFlags("lag", "measure each outbox's pending rows and oldest age, each Kafka consumer group's lag per partition and the age of its oldest unprocessed record, and RabbitMQ ready/unacked messages per queue")
 	fs.SetOutput(errOut)
 	brokers := brokersFlag(fs)
+	ksec := kafkaSecurityFlags(fs)
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
 	amqpTLS := addAMQPTLSFlags(fs)
 	queues := &listFlag{}
@@ -55,6 +56,11 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 		return err
 	}
 	defer closeLag()
+	if len(cfg.Brokers) > 0 {
+		if cfg.ClientOpts, err = ksec.opts(ctx, cfg.Brokers, cfg.Logger); err != nil {
+			return err
+		}
+	}
 	if len(cfg.Outboxes) == 0 && len(cfg.Brokers) == 0 && len(cfg.Queues) == 0 {
 		return errors.New("nothing to measure: give --outbox, --brokers (or $KM0_KAFKA_BROKERS) or --queue")
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,7 @@ func runRelay(ctx context.Context, args []string) error {
 		"broker acked; --outbox wal (implies --mode cdc) streams the events written as WAL messages, with no table")
 	dbURL := databaseURLFlag(fs)
 	brokers := brokersFlag(fs)
+	ksec := kafkaSecurityFlags(fs)
 	topic := fs.String("topic", "", "Kafka topic for the events (required), e.g. comandes.esdeveniments")
 	origin := fs.String("origin", "", "the envelope's origen (required), e.g. comandes")
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
@@ -132,7 +134,11 @@ func runRelay(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		cl, err := kafka.NewClient(bs)
+		kopts, err := ksec.opts(ctx, bs, log)
+		if err != nil {
+			return err
+		}
+		cl, err := kafka.NewClient(bs, kopts...)
 		if err != nil {
 			return err
 		}
@@ -150,7 +156,7 @@ func runRelay(ctx context.Context, args []string) error {
 			log.Warn("km0 relay: cannot read the topic's size limit; using the default", "err", err)
 		} else if limit-1024 < maxRecord {
 			maxRecord = limit - 1024
-			if pcl, err = kafka.NewClient(bs, kgo.ProducerBatchMaxBytes(int32(limit))); err != nil {
+			if pcl, err = kafka.NewClient(bs, append(slices.Clip(kopts), kgo.ProducerBatchMaxBytes(int32(limit)))...); err != nil {
 				return err
 			}
 			defer pcl.Close()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -86,20 +85,12 @@ func (tc *tlsCluster) sslConnections(t *testing.T, db string) (all, ssl int) {
 	return all, ssl
 }
 
-// runKm0 runs `km0 args...` as a process to its end, with env added.
-func runKm0(t *testing.T, env []string, args ...string) (string, error) {
+// runKm0Combined runs `km0 args...` as a process to its end, with env
+// added (runKm0), and returns its stdout and stderr together.
+func runKm0Combined(t *testing.T, env []string, args ...string) (string, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KM0_DATABASE_URL=") && !strings.HasPrefix(kv, "KM0_AMQP_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(append(cmd.Env, runMainEnv+"=1"), env...)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	out, errOut, err := runKm0(t, env, args...)
+	return out + errOut, err
 }
 
 // km0 migrate and km0 relay (polling, then cdc) as processes against PostgreSQL with
@@ -114,7 +105,7 @@ func TestMigrateAndRelayOverTLS(t *testing.T) {
 	client := rabbit.CA.Client(t, "km0-relay")
 	dbURL := tc.certURL()
 
-	out, err := runKm0(t, []string{"KM0_DATABASE_URL=" + dbURL}, "migrate")
+	out, err := runKm0Combined(t, []string{"KM0_DATABASE_URL=" + dbURL}, "migrate")
 	if err != nil || !strings.Contains(out, "file(s) applied") {
 		t.Fatalf("km0 migrate over TLS: %v\n%s", err, out)
 	}
@@ -124,7 +115,7 @@ func TestMigrateAndRelayOverTLS(t *testing.T) {
 		t.Fatal("test: the CA path is not in the URL")
 	}
 	start := time.Now()
-	out, err = runKm0(t, []string{"KM0_DATABASE_URL=" + wrong}, "migrate")
+	out, err = runKm0Combined(t, []string{"KM0_DATABASE_URL=" + wrong}, "migrate")
 	if err == nil || !strings.Contains(out, "certificate signed by unknown authority") || time.Since(start) > 20*time.Second {
 		t.Fatalf("km0 migrate with another CA: want a failure naming the unknown authority at once, got %v after %v\n%s", err, time.Since(start), out)
 	}

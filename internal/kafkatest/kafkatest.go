@@ -40,12 +40,31 @@ func Client(t testing.TB, b *kafka.Embedded, opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
+// ClientFor returns a client for brokers with opts (a secured broker's),
+// closed at cleanup.
+func ClientFor(t testing.TB, brokers []string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kafka.NewClient(brokers, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
 // ReadAll reads topic from the start until it has n records or timeout passes,
 // and returns what it read, in partition order (order within a partition kept).
 func ReadAll(t testing.TB, b *kafka.Embedded, topic string, n int, timeout time.Duration) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	return ReadAllWith(t, b, nil, topic, n, timeout)
+}
+
+// ReadAllWith is ReadAll with extra client options (a secured broker's,
+// see Secure.Opts).
+func ReadAllWith(t testing.TB, b *kafka.Embedded, opts []kgo.Opt, topic string, n int, timeout time.Duration) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.Addrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,10 @@ const ReplyTopicPrefix = "respostes."
 // ClientConfig configures a Client.
 type ClientConfig struct {
 	Brokers []string // required
+	// KgoOpts are added to the options of the client's Kafka clients
+	// (producer and reply consumer): kafka.Security's, for a secured
+	// cluster. Default none.
+	KgoOpts []kgo.Opt
 	// ReplyTopic is this client's reply topic. Default "respostes.<random>".
 	// It is created (one partition) by NewClient and deleted by Close.
 	ReplyTopic string
@@ -98,7 +102,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafkarr: %w", err)
 	}
-	prod, err := kafka.NewClient(cfg.Brokers)
+	prod, err := kafka.NewClient(cfg.Brokers, cfg.KgoOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -108,8 +112,8 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	// The topic is new, so reading from its start loses no reply, however late
 	// the first fetch is.
-	cons, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumeTopics(cfg.ReplyTopic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))
+	cons, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumeTopics(cfg.ReplyTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second)}, cfg.KgoOpts...)...)
 	if err != nil {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: reply consumer: %w", err)

@@ -31,6 +31,10 @@ const (
 type ServerConfig struct {
 	Brokers []string             // required
 	Handler requestreply.Handler // required
+	// KgoOpts are added to the options of the server's Kafka clients
+	// (reply producer and request consumer): kafka.Security's, for a
+	// secured cluster. Default none.
+	KgoOpts []kgo.Opt
 	// Topic the requests arrive on, created if absent (Partitions
 	// partitions). Default "pagaments.autoritzacions".
 	Topic      string
@@ -144,8 +148,8 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	// Replies are not idempotent writes: a reply is worth nothing once its
 	// requester gave up, so the producer may fail it at any moment (a
 	// deleted reply topic, the bound) instead of holding it for a retry.
-	prod, err := kafka.NewClient(cfg.Brokers, kgo.DisableIdempotentWrite(), kgo.RecordDeliveryTimeout(cfg.ReplyTimeout),
-		kgo.UnknownTopicRetries(1), kgo.ProduceRequestTimeout(cfg.ReplyTimeout), kgo.MaxBufferedRecords(10*cfg.MaxInFlight))
+	prod, err := kafka.NewClient(cfg.Brokers, append([]kgo.Opt{kgo.DisableIdempotentWrite(), kgo.RecordDeliveryTimeout(cfg.ReplyTimeout),
+		kgo.UnknownTopicRetries(1), kgo.ProduceRequestTimeout(cfg.ReplyTimeout), kgo.MaxBufferedRecords(10 * cfg.MaxInFlight)}, cfg.KgoOpts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -155,9 +159,10 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, prod: prod, tr: newTracker(), m: m, verify: v}
 	consCtx, cancelCons := context.WithCancel(context.Background())
-	cons, err := kgo.NewClient(append(kafka.GroupOpts(cfg.SessionTimeout), kgo.WithContext(consCtx), kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
+	consOpts := append(kafka.GroupOpts(cfg.SessionTimeout), kgo.WithContext(consCtx), kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(cfg.Topic),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(time.Second),
-		kgo.OnPartitionsRevoked(s.revoked), kgo.OnPartitionsLost(s.lost))...)
+		kgo.OnPartitionsRevoked(s.revoked), kgo.OnPartitionsLost(s.lost))
+	cons, err := kgo.NewClient(append(consOpts, cfg.KgoOpts...)...)
 	if err != nil {
 		cancelCons()
 		prod.Close()

@@ -20,6 +20,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/faults"
@@ -136,6 +138,10 @@ type Config struct {
 	// topic travels over RabbitMQ (Events, EventsByTopic) and request/reply
 	// too (AMQPURL).
 	Brokers []string
+	// KafkaOpts are added to the options of every Kafka client the system
+	// makes (the relays' producer, the consumers, request/reply): a
+	// secured cluster's, from kafka.Security's Opts. Default none.
+	KafkaOpts []kgo.Opt
 	// Events is the broker that carries the domain events: EventsKafka
 	// (default) or EventsRabbitMQ. Over RabbitMQ each relay publishes to the
 	// topic exchange EventsExchange with routing key <topic> and the shard

@@ -153,7 +153,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		return nil, err
 	}
 	if cfg.onKafka() {
-		if s.kcl, err = kafka.NewClient(cfg.Brokers); err != nil {
+		if s.kcl, err = kafka.NewClient(cfg.Brokers, cfg.KafkaOpts...); err != nil {
 			return nil, err
 		}
 		s.pub = kafka.NewPublisher(s.kcl)
@@ -326,6 +326,10 @@ func (s *System) ConsumerGroups() []string {
 	}
 	return out
 }
+
+// KafkaOpts returns Config.KafkaOpts: the options (a secured cluster's)
+// of the system's Kafka clients, for other clients of the same brokers.
+func (s *System) KafkaOpts() []kgo.Opt { return s.cfg.KafkaOpts }
 
 // Pool returns the pool of service's database, or nil.
 func (s *System) Pool(service string) *pgxpool.Pool { return s.pools[service] }

@@ -41,8 +41,8 @@ func (c *Cluster) handleSASLAuthenticate(creq *clientReq) (kmsg.Response, error)
 		if c.sasls.plain == nil {
 			return nil, errors.New("invalid sasl")
 		}
-		if p != c.sasls.plain[u] {
-			return nil, errors.New("invalid sasl")
+		if want, ok := c.sasls.plain[u]; !ok || p != want {
+			return saslAuthFailed(resp, "PLAIN"), nil
 		}
 		// On re-authentication, the principal must not change
 		// (SaslServerAuthenticator ensurePrincipalUnchanged).
@@ -63,7 +63,7 @@ func (c *Cluster) handleSASLAuthenticate(creq *clientReq) (kmsg.Response, error)
 		}
 		a, ok := c.sasls.scram256[c0.user]
 		if !ok {
-			return nil, errors.New("invalid sasl")
+			return saslAuthFailed(resp, "SCRAM-SHA-256"), nil
 		}
 		if creq.cc.user != "" && creq.cc.user != c0.user {
 			return nil, errors.New("sasl reauthentication changed the authenticated user")
@@ -84,7 +84,7 @@ func (c *Cluster) handleSASLAuthenticate(creq *clientReq) (kmsg.Response, error)
 		}
 		a, ok := c.sasls.scram512[c0.user]
 		if !ok {
-			return nil, errors.New("invalid sasl")
+			return saslAuthFailed(resp, "SCRAM-SHA-512"), nil
 		}
 		if creq.cc.user != "" && creq.cc.user != c0.user {
 			return nil, errors.New("sasl reauthentication changed the authenticated user")
@@ -97,6 +97,11 @@ func (c *Cluster) handleSASLAuthenticate(creq *clientReq) (kmsg.Response, error)
 
 	case saslStageAuthScram1:
 		serverFinal, err := creq.cc.s0.serverFinal(req.SASLAuthBytes)
+		if errors.Is(err, errScramInvalidPassword) {
+			mechanism := creq.cc.s0.a.mechanism
+			creq.cc.user, creq.cc.s0 = "", nil
+			return saslAuthFailed(resp, string(mechanism)), nil
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -123,4 +128,16 @@ func (c *Cluster) maybeFillSessionLifetime(cc *clientConn, resp *kmsg.SASLAuthen
 		resp.SessionLifetimeMillis = reauthMs
 	}
 	cc.hasSessionExpiry = reauthMs > 0
+}
+
+// saslAuthFailed answers an authentication with unknown credentials as
+// Kafka does (KIP-152): SASL_AUTHENTICATION_FAILED with a message, instead of
+// closing the connection, which a client could not tell from a network
+// failure and would retry. The connection stays unauthenticated: handleSASL
+// refuses every further request but a new handshake.
+func saslAuthFailed(resp *kmsg.SASLAuthenticateResponse, mechanism string) kmsg.Response {
+	resp.ErrorCode = kerr.SaslAuthenticationFailed.Code
+	msg := "Authentication failed during authentication due to invalid credentials with SASL mechanism " + mechanism
+	resp.ErrorMessage = &msg
+	return resp
 }

@@ -239,7 +239,7 @@ func (s *scramServer0) serverFinal(clientFinal []byte) ([]byte, error) {
 		usedKey = h.Sum(nil)
 	}
 	if !bytes.Equal(usedKey, storedKey) {
-		return nil, errors.New("invalid password")
+		return nil, errScramInvalidPassword
 	}
 
 	var serverKey []byte // := HMAC(SaltedPass, "Server Key")
@@ -258,6 +258,10 @@ func (s *scramServer0) serverFinal(clientFinal []byte) ([]byte, error) {
 	serverFinal := []byte(fmt.Sprintf("v=%s", base64.StdEncoding.EncodeToString(serverSignature)))
 	return serverFinal, nil
 }
+
+// errScramInvalidPassword is a client proof that does not match the
+// user's stored key: a wrong password, answered SASL_AUTHENTICATION_FAILED.
+var errScramInvalidPassword = errors.New("invalid password")
 
 var reClient0, reClientFinal *regexp.Regexp
 

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/transporttest"
@@ -35,11 +36,33 @@ func TestPublisherConformance(t *testing.T) {
 		t.Cleanup(c.Close)
 		brokers = c.ListenAddrs()
 	}
-	transporttest.Run(t, kafkaHarness(t, brokers))
+	transporttest.Run(t, kafkaHarness(t, brokers, kafka.Security{}))
 }
 
-func kafkaHarness(t *testing.T, brokers []string) transporttest.Harness {
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+// TestPublisherConformanceSecured runs the publisher suite against kfake
+// with SASL SCRAM-SHA-512 over TLS (a test CA) and with SASL PLAIN: every
+// client of the suite (publisher, admin, readers) goes through
+// kafka.Security's options.
+func TestPublisherConformanceSecured(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []kafkatest.SecureConfig{
+		{Mechanism: kafka.SASLScramSHA512, TLS: true},
+		{Mechanism: kafka.SASLPlain},
+	} {
+		t.Run(cfg.Mechanism, func(t *testing.T) {
+			t.Parallel()
+			b := kafkatest.NewSecure(t, cfg)
+			transporttest.Run(t, kafkaHarness(t, b.Addrs(), b.Security))
+		})
+	}
+}
+
+func kafkaHarness(t *testing.T, brokers []string, sec kafka.Security) transporttest.Harness {
+	secOpts, err := sec.Opts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	admCl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, secOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,13 +86,19 @@ func kafkaHarness(t *testing.T, brokers []string) transporttest.Harness {
 		// UnknownTopicRetries(1): a topic that does not exist fails its
 		// records after one metadata refresh instead of four; a short
 		// MetadataMinAge finds the broker again soon after an outage.
-		cl, err := kafka.NewClient(brokers, kgo.Dialer(gate.DialContext), kgo.UnknownTopicRetries(1),
-			kgo.MetadataMinAge(250*time.Millisecond))
+		gated := sec
+		gated.Dialer = gate.DialContext
+		gatedOpts, err := gated.Opts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, err := kafka.NewClient(brokers, append(gatedOpts, kgo.UnknownTopicRetries(1),
+			kgo.MetadataMinAge(250*time.Millisecond))...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(cl.Close)
-		r := &kafkaReader{brokers: brokers, cls: map[string]*kgo.Client{}}
+		r := &kafkaReader{brokers: brokers, opts: secOpts, cls: map[string]*kgo.Client{}}
 		t.Cleanup(r.close)
 		create := func(topic string) {
 			t.Helper()
@@ -103,6 +132,7 @@ func kafkaHarness(t *testing.T, brokers []string) transporttest.Harness {
 // that a Read returns only what the previous Read of the topic did not.
 type kafkaReader struct {
 	brokers []string
+	opts    []kgo.Opt // the broker's security
 	mu      sync.Mutex
 	cls     map[string]*kgo.Client
 }
@@ -112,8 +142,8 @@ func (r *kafkaReader) read(topic string, n int, timeout time.Duration) []*transp
 	cl, ok := r.cls[topic]
 	if !ok {
 		var err error
-		cl, err = kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.ConsumeTopics(topic),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		cl, err = kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(r.brokers...), kgo.ConsumeTopics(topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, r.opts...)...)
 		if err != nil {
 			r.mu.Unlock()
 			panic(err)
