@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,12 +42,62 @@ const adminTokenEnv = "KM0_DLQ_ADMIN_TOKEN"
 // lagFlags are the flags of what km0 console and km0 lag measure besides
 // what the DLQ flags name.
 type lagFlags struct {
-	outboxes, services         *mapFlag
-	groups, management         *string
-	outboxSchema, outboxTable  *string
-	interval, maxAge, alertFor *time.Duration
-	maxLag                     *int64
-	allGroups                  *bool
+	outboxes, services        *mapFlag
+	groups, management        *string
+	outboxSchema, outboxTable *string
+	interval, alertFor        *time.Duration
+	maxLag                    *thresholdFlag[int64]
+	maxAge                    *thresholdFlag[time.Duration]
+	allGroups                 *bool
+}
+
+// rule is the lag.Rule of f's thresholds.
+func (f *lagFlags) rule() lag.Rule {
+	r := lag.Rule{MaxLag: f.maxLag.v, LagSet: f.maxLag.set, MaxAge: f.maxAge.v, AgeSet: f.maxAge.set, AllGroups: *f.allGroups}
+	if f.alertFor != nil {
+		r.For = *f.alertFor
+	}
+	return r
+}
+
+// thresholdFlag is a lag threshold flag: absent is off, and any value given,
+// 0 included, applies (--max-lag 0: fully caught up). Negative is refused.
+type thresholdFlag[T int64 | time.Duration] struct {
+	v   T
+	set bool
+}
+
+func (f *thresholdFlag[T]) String() string {
+	if f == nil || !f.set {
+		return ""
+	}
+	if d, ok := any(f.v).(time.Duration); ok {
+		return d.String()
+	}
+	return strconv.FormatInt(int64(f.v), 10)
+}
+
+func (f *thresholdFlag[T]) Set(s string) error {
+	var v T
+	switch p := any(&v).(type) {
+	case *time.Duration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return errors.New("not a duration (e.g. 30s, 5m)")
+		}
+		*p = d
+	case *int64:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return errors.New("not an integer")
+		}
+		*p = n
+	}
+	if v < 0 {
+		return errors.New("must not be negative")
+	}
+	f.v, f.set = v, true
+	return nil
 }
 
 func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
@@ -61,8 +112,9 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	f.allGroups = fs.Bool("all-groups", false, "also report the consumer groups of other Kafka clients (default: only the system's groups)")
 	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
 		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host with its credentials; \"off\": unacked unknown)")
-	f.maxLag = fs.Int64("max-lag", 0, "alert threshold: a group's lag, an outbox's pending rows or a queue's ready messages over this (0: off)")
-	f.maxAge = fs.Duration("max-age", 0, "alert threshold: a group's oldest unprocessed record or an outbox's oldest row older than this (0: off)")
+	f.maxLag, f.maxAge = &thresholdFlag[int64]{}, &thresholdFlag[time.Duration]{}
+	fs.Var(f.maxLag, "max-lag", "alert threshold: a group's lag, an outbox's pending rows or a queue's ready messages over this (0: any lag at all; default: off)")
+	fs.Var(f.maxAge, "max-age", "alert threshold: a group's oldest unprocessed record or an outbox's oldest row older than this (0: any age at all; default: off)")
 	if alerts {
 		fs.Var(f.services, "service", "a service whose health to show: NAME=BASE_URL (GET BASE_URL/salut; repeatable)")
 		f.interval = fs.Duration("lag-interval", lag.IntervalDefault, "time between two lag samples")
@@ -209,7 +261,7 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 		return "", nil, err
 	}
 	var watch *lag.Watch
-	if p.alerter != nil && (p.rule.MaxLag > 0 || p.rule.MaxAge > 0) {
+	if p.alerter != nil && p.rule.On() {
 		watch = lag.NewWatch(p.rule, p.alerter)
 	}
 	sampler := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: p.interval, Watch: watch, Logger: p.log})
@@ -295,7 +347,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	}
 	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(adminTokenEnv),
 		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
-		rule:     lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor},
+		rule:     lf.rule(),
 		services: services(lf.services), reg: reg, allGroups: *lf.allGroups, out: c.errOut, name: "km0 console", retention: *retention,
 		keyOrder: env.pool, keyOrderSchema: *o.schema})
 	if err != nil {

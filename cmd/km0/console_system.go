@@ -147,28 +147,29 @@ func runToken() (token, path string, remove func(), err error) {
 // alertFlags are the lag-alert thresholds of the console that km0 up
 // --console and km0 demo --keep-running start: the flags of km0 console.
 type alertFlags struct {
-	maxLag           *int64
-	maxAge, alertFor *time.Duration
+	maxLag   *thresholdFlag[int64]
+	maxAge   *thresholdFlag[time.Duration]
+	alertFor *time.Duration
 }
 
 func addAlertFlags(fs *flag.FlagSet, with string) *alertFlags {
-	return &alertFlags{
-		maxLag:   fs.Int64("max-lag", 0, with+": alert (log and $KM0_DLQ_WEBHOOK) when a group's lag or an outbox's pending rows stay over this for --alert-for (0: off)"),
-		maxAge:   fs.Duration("max-age", 0, with+": alert when a group's oldest unprocessed record or an outbox's oldest row stays older than this for --alert-for (0: off)"),
-		alertFor: fs.Duration("alert-for", 5*time.Minute, with+": how long a lag threshold must be exceeded before the alert"),
-	}
+	f := &alertFlags{maxLag: &thresholdFlag[int64]{}, maxAge: &thresholdFlag[time.Duration]{},
+		alertFor: fs.Duration("alert-for", 5*time.Minute, with+": how long a lag threshold must be exceeded before the alert")}
+	fs.Var(f.maxLag, "max-lag", with+": alert (log and $KM0_DLQ_WEBHOOK) when a group's lag or an outbox's pending rows stay over this for --alert-for (0: any lag; default: off)")
+	fs.Var(f.maxAge, "max-age", with+": alert when a group's oldest unprocessed record or an outbox's oldest row stays older than this for --alert-for (0: any age; default: off)")
+	return f
 }
 
 func (f *alertFlags) rule() lag.Rule {
-	return lag.Rule{MaxLag: *f.maxLag, MaxAge: *f.maxAge, For: *f.alertFor}
+	return lag.Rule{MaxLag: f.maxLag.v, LagSet: f.maxLag.set, MaxAge: f.maxAge.v, AgeSet: f.maxAge.set, For: *f.alertFor}
 }
 
 // check refuses thresholds that no console would watch, and bad values.
 func (f *alertFlags) check(console bool, with string) error {
-	if *f.maxLag < 0 || *f.maxAge < 0 || *f.alertFor < 0 {
-		return errors.New("--max-lag, --max-age and --alert-for must not be negative")
+	if *f.alertFor < 0 {
+		return errors.New("--alert-for must not be negative")
 	}
-	if !console && (*f.maxLag > 0 || *f.maxAge > 0) {
+	if !console && (f.maxLag.set || f.maxAge.set) {
 		return fmt.Errorf("--max-lag and --max-age are thresholds of the console: they need %s", with)
 	}
 	return nil

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
@@ -325,5 +327,40 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+}
+
+// km0 lag --max-lag 0 means "fully caught up": the process exits 1 while a
+// group has lag 4; without the flag (off) it exits 0; --max-age 0 is a
+// threshold as well. The exit status of the binary, as a script sees it.
+func TestLagMaxLagZeroExitStatus(t *testing.T) {
+	brokers, s := lagFixture(t)
+	exit := func(args ...string) (int, string) {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], append([]string{"lag", "--brokers", brokers, "--outbox", "comandes=" + s.URL, "--outbox-schema", s.Name}, args...)...)
+		cmd.Env = append(os.Environ(), runMainEnv+"=1", outboxesEnv+"=")
+		var errOut bytes.Buffer
+		cmd.Stderr = &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), errOut.String()
+		}
+		if err != nil {
+			t.Fatalf("km0 lag %v: %v", args, err)
+		}
+		return 0, errOut.String()
+	}
+	if code, errOut := exit(); code != 0 {
+		t.Fatalf("km0 lag (no threshold): exit %d, want 0\n%s", code, errOut)
+	}
+	if code, errOut := exit("--max-lag", "0"); code != 1 || !strings.Contains(errOut, "group "+lagGroup+": lag 4 > 0") || !strings.Contains(errOut, "outbox comandes: lag 2 > 0") {
+		t.Fatalf("km0 lag --max-lag 0 with lag 4: exit %d, want 1\n%s", code, errOut)
+	}
+	if code, errOut := exit("--max-age", "0s"); code != 1 || !strings.Contains(errOut, "outbox comandes: oldest") {
+		t.Fatalf("km0 lag --max-age 0s: exit %d, want 1\n%s", code, errOut)
+	}
+	if code, errOut := exit("--max-lag", "-1"); code != 2 {
+		t.Fatalf("km0 lag --max-lag -1: exit %d, want 2 (usage)\n%s", code, errOut)
 	}
 }
