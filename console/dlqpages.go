@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/keyorder"
 )
@@ -58,7 +60,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 				rows[i] = groupRow{Group: g}
 				total += g.Count
 				if loggedIn {
-					gf := dlq.Filter{Topic: g.Topic, Class: g.Class, States: states, Limit: 1}
+					gf := dlq.Filter{Topic: g.Topic, Consumer: g.Consumer, Class: g.Class, States: states, Limit: 1}
 					n.apply(&gf)
 					s, err := c.cfg.Source.List(r.Context(), gf)
 					if err == nil && len(s.Letters) > 0 {
@@ -75,17 +77,20 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 }
 
 // narrowing is the filter form of the overview, as the CLI's selection
-// flags: a topic (DLQ or original), a motiu prefix (--motiu), and the dead
-// time in [Since, Until) (--since, --until, in the same forms). Ages are
+// flags: a topic (DLQ or original), the consumer group that dead-lettered
+// the letters (consumidor; dlq.NoConsumer for none), a motiu prefix
+// (--motiu), and the dead time in [Since, Until) (--since, --until, in the
+// same forms). Ages are
 // resolved once, when the form is read, and carried on as absolute times,
 // so a dry run, its confirmation and the job select the same letters.
 type narrowing struct {
 	Topic        string
+	Consumer     string
 	Motiu        string
 	Since, Until time.Time
 }
 
-// parseNarrowing reads the fields topic, motiu, des_de and fins_a.
+// parseNarrowing reads the fields topic, consumidor, motiu, des_de and fins_a.
 func parseNarrowing(get func(string) string, now time.Time) (narrowing, error) {
 	var n narrowing
 	var err error
@@ -93,6 +98,9 @@ func parseNarrowing(get func(string) string, now time.Time) (narrowing, error) {
 		return n, err
 	}
 	if n.Motiu, err = text(get("motiu")); err != nil {
+		return n, err
+	}
+	if n.Consumer, err = text(strings.TrimSpace(get("consumidor"))); err != nil {
 		return n, err
 	}
 	for _, f := range []struct {
@@ -115,19 +123,22 @@ func parseNarrowing(get func(string) string, now time.Time) (narrowing, error) {
 
 // Empty reports whether n selects every letter.
 func (n narrowing) Empty() bool {
-	return n.Topic == "" && n.Motiu == "" && n.Since.IsZero() && n.Until.IsZero()
+	return n.Topic == "" && n.Consumer == "" && n.Motiu == "" && n.Since.IsZero() && n.Until.IsZero()
 }
 
-// apply narrows f by n (a topic f already has wins: a group's).
+// apply narrows f by n (a topic or consumer f already has wins: a group's).
 func (n narrowing) apply(f *dlq.Filter) {
 	if f.Topic == "" {
 		f.Topic = n.Topic
 	}
+	if f.Consumer == "" {
+		f.Consumer = n.Consumer
+	}
 	f.Reason, f.Since, f.Until = n.Motiu, n.Since, n.Until
 }
 
-// Pairs are the form fields that carry n but its topic (a group's link and
-// form carry the group's topic).
+// Pairs are the form fields that carry n but its topic and consumer (a
+// group's link and form carry the group's own).
 func (n narrowing) Pairs() []struct{ Name, Value string } {
 	var out []struct{ Name, Value string }
 	add := func(name, v string) {
@@ -155,6 +166,9 @@ func stampRFC3339(t time.Time) string {
 // Describe names n's conditions for people ("" when none).
 func (n narrowing) Describe() string {
 	var parts []string
+	if n.Consumer != "" {
+		parts = append(parts, fmt.Sprintf("consumer %q", n.Consumer))
+	}
 	if n.Motiu != "" {
 		parts = append(parts, fmt.Sprintf("motiu starting %q", n.Motiu))
 	}
@@ -168,7 +182,8 @@ func (n narrowing) Describe() string {
 }
 
 // selection is what a replay or purge form selects: a whole failure group
-// (abast=grup: topic and classe), letters by ID (abast=seleccio), or every
+// (abast=grup: topic, consumidor and classe; without consumidor, the class
+// of every consumer), letters by ID (abast=seleccio), or every
 // letter the overview's filter form selects (abast=filtre: never empty);
 // a group and a filter are narrowed by N.
 type selection struct {
@@ -179,6 +194,9 @@ type selection struct {
 	Force bool
 	N     narrowing
 }
+
+// errNoneTicked is a selection of letters by ID with none ticked.
+var errNoneTicked = fmt.Errorf("%w: no letter selected", errBadInput)
 
 func parseSelection(r *http.Request, now time.Time) (selection, error) {
 	s := selection{Scope: r.PostFormValue("abast"), Force: r.PostFormValue("force") == "1"}
@@ -203,7 +221,7 @@ func parseSelection(r *http.Request, now time.Time) (selection, error) {
 	case "seleccio":
 		s.IDs = r.PostForm["id"]
 		if len(s.IDs) == 0 {
-			return s, fmt.Errorf("%w: no letter selected", errBadInput)
+			return s, errNoneTicked
 		}
 	case "filtre":
 		s.Class = ""
@@ -230,6 +248,9 @@ func (s selection) filter() dlq.Filter {
 // Hidden returns the form fields that carry s to the next step.
 func (s selection) Hidden() []struct{ Name, Value string } {
 	out := []struct{ Name, Value string }{{"abast", s.Scope}, {"topic", s.Topic}, {"classe", s.Class}}
+	if s.N.Consumer != "" {
+		out = append(out, struct{ Name, Value string }{"consumidor", s.N.Consumer})
+	}
 	out = append(out, s.N.Pairs()...)
 	if s.Force {
 		out = append(out, struct{ Name, Value string }{"force", "1"})
@@ -248,6 +269,15 @@ func (s selection) Describe() string {
 		return fmt.Sprintf("%d selected letter(s)", len(s.IDs))
 	case "grup":
 		d = fmt.Sprintf("every pending letter of %s with class %q", s.Topic, s.Class)
+		if s.N.Consumer != "" {
+			d = fmt.Sprintf("every pending letter of %s that consumer %q dead-lettered with class %q", s.Topic, s.N.Consumer, s.Class)
+			n := s.N
+			n.Consumer = ""
+			if nd := n.Describe(); nd != "" {
+				d += " with " + nd
+			}
+			return d
+		}
 	default:
 		d = "every pending letter"
 		if s.Topic != "" {
@@ -295,7 +325,7 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	const limit = 500
-	f := dlq.Filter{Topic: topic, Class: class, States: states, Limit: limit}
+	f := dlq.Filter{Topic: topic, Consumer: n.Consumer, Class: class, States: states, Limit: limit}
 	n.apply(&f)
 	ls, err := c.cfg.Source.List(r.Context(), f)
 	if err != nil {
@@ -303,15 +333,41 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	count := total(ls)
-	c.renderPage(w, r, http.StatusOK, "group", page{Title: topic + " · " + class, Data: map[string]any{
-		"Topic": topic, "Class": class, "Estat": estat, "Count": count, "Letters": ls.Letters,
+	title := topic + " · " + class
+	if n.Consumer != "" {
+		title = topic + " · " + n.Consumer + " · " + class
+	}
+	consumerOnly := n
+	consumerOnly.Consumer = ""
+	c.renderPage(w, r, http.StatusOK, "group", page{Title: title, Data: map[string]any{
+		"Topic": topic, "Consumer": n.Consumer, "Class": class, "Estat": estat, "Count": count, "Letters": ls.Letters,
 		"Shown": len(ls.Letters), "Pending": estat == string(dlq.StatePending), "Rabbit": c.cfg.Broker == "RabbitMQ",
-		"N": n,
+		"N": n, "Rest": consumerOnly.Describe(), "NoneTicked": q.Get("avis") == "cap",
 	}})
 }
 
-// header is one header of a letter, made safe to show.
-type header struct{ Key, Value string }
+// header is one header of a letter, made safe to show. A time header of the
+// contract (unix seconds) shows as a date, with the raw value in Raw (the
+// page's hover title).
+type header struct{ Key, Value, Raw string }
+
+// timeHeaders are the contract's time headers: unix seconds, as a decimal
+// string, on both brokers.
+var timeHeaders = map[string]bool{
+	contract.HeaderNotBefore: true, contract.HeaderFirstFailure: true, contract.HeaderOriginalTime: true,
+	contract.HeaderDeadAt: true, contract.HeaderDeadline: true,
+}
+
+// showHeader is header k=v as the letter page shows it.
+func showHeader(k, v string) header {
+	h := header{Key: dlq.Safe(k), Value: dlq.Safe(v)}
+	if timeHeaders[k] {
+		if t, err := contract.ParseTime(v); err == nil {
+			h.Raw, h.Value = h.Value, t.UTC().Format("2006-01-02 15:04:05.000Z")
+		}
+	}
+	return h
+}
 
 func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 	if !c.needSource(w, r) {
@@ -329,7 +385,7 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 	}
 	hs := make([]header, len(l.Headers))
 	for i, h := range l.Headers {
-		hs[i] = header{dlq.Safe(h.Key), dlq.Safe(h.Value)}
+		hs[i] = showHeader(h.Key, h.Value)
 	}
 	sort.SliceStable(hs, func(i, j int) bool { return hs[i].Key < hs[j].Key })
 	value, isJSON := dlq.PrettyValue(l.Value, 0)
@@ -465,6 +521,22 @@ func (c *Console) selection(w http.ResponseWriter, r *http.Request, unconfirmed 
 		return sel, false
 	}
 	sel, err := parseSelection(r, c.cfg.Now())
+	if errors.Is(err, errNoneTicked) && sel.Topic != "" && sel.Class != "" {
+		// Back to the group's page, which says what happened.
+		q := url.Values{"topic": {sel.Topic}, "classe": {sel.Class}, "avis": {"cap"}}
+		if sel.N.Consumer != "" {
+			q.Set("consumidor", sel.N.Consumer)
+		}
+		for _, p := range sel.N.Pairs() {
+			q.Set(p.Name, p.Value)
+		}
+		http.Redirect(w, r, "/grup?"+q.Encode(), http.StatusSeeOther)
+		return sel, false
+	}
+	if errors.Is(err, errNoneTicked) {
+		c.errorPage(w, r, http.StatusBadRequest, "No letter is ticked: tick the letters to act on, or use the group's or the filter's button.")
+		return sel, false
+	}
 	if err != nil {
 		c.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return sel, false

@@ -96,6 +96,12 @@ func (b *bundle) produceDead(t *testing.T, n int, reason string) []string {
 // produceDeadAt is produceDead of letters dead at now.
 func (b *bundle) produceDeadAt(t *testing.T, n int, reason string, now time.Time) []string {
 	t.Helper()
+	return b.produceDeadBy(t, n, reason, now, "repartiment")
+}
+
+// produceDeadBy is produceDeadAt of letters that consumer group dead-lettered.
+func (b *bundle) produceDeadBy(t *testing.T, n int, reason string, now time.Time, group string) []string {
+	t.Helper()
 	var ids []string
 	for i := 0; i < n; i++ {
 		eid := uuid.NewString()
@@ -110,7 +116,7 @@ func (b *bundle) produceDeadAt(t *testing.T, n int, reason string, now time.Time
 			{Key: "intents", Value: []byte("3")}, {Key: "motiu", Value: []byte(reason)},
 			{Key: "topic_original", Value: []byte(comandes)}, {Key: "particio_original", Value: []byte("0")},
 			{Key: "offset_original", Value: []byte(strconv.Itoa(i))}, {Key: "primera_fallada", Value: []byte(ts)},
-			{Key: "grup_consumidor", Value: []byte("repartiment")}, {Key: "tipus", Value: []byte("comanda.creada")},
+			{Key: "grup_consumidor", Value: []byte(group)}, {Key: "tipus", Value: []byte("comanda.creada")},
 			{Key: "id_esdeveniment", Value: []byte(eid)},
 		}}
 		if err := b.client.ProduceSync(b.ctx, r).FirstErr(); err != nil {

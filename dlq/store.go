@@ -70,6 +70,10 @@ type Filter struct {
 	// Summary) is exactly this: one failure group, where a Reason prefix
 	// would also match longer classes.
 	Class string
+	// Consumer keeps the letters one consumer group dead-lettered
+	// (grup_consumidor, exactly); NoConsumer keeps those that name none;
+	// "" = all.
+	Consumer string
 	// Since and Until bound the dead time (morta_en) to [Since, Until); zero = open.
 	Since, Until time.Time
 	// IDs, when not empty, keeps only these letters.
@@ -87,7 +91,7 @@ type Filter struct {
 
 // Empty reports whether f selects every letter (no condition at all).
 func (f Filter) Empty() bool {
-	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Since.IsZero() && f.Until.IsZero() &&
+	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Consumer == "" && f.Since.IsZero() && f.Until.IsZero() &&
 		len(f.IDs) == 0 && len(f.EventIDs) == 0 && len(f.States) == 0
 }
 
@@ -111,6 +115,13 @@ func (f Filter) where(args *[]any) string {
 	}
 	if f.Class != "" {
 		conds = append(conds, "classe_motiu = "+arg(f.Class))
+	}
+	switch f.Consumer {
+	case "":
+	case NoConsumer:
+		conds = append(conds, "coalesce(grup_consumidor, '') = ''")
+	default:
+		conds = append(conds, "grup_consumidor = "+arg(f.Consumer))
 	}
 	if !f.Since.IsZero() {
 		conds = append(conds, "morta_en >= "+arg(f.Since))
@@ -279,26 +290,34 @@ func (s *Store) Get(ctx context.Context, id string) (*Letter, error) {
 
 // Group is the count of letters of one DLQ topic with one reason class.
 type Group struct {
-	Topic  string    `json:"topic"`
-	Class  string    `json:"classe_motiu"`
-	Count  int       `json:"cartes"`
-	Oldest time.Time `json:"primera"`
-	Newest time.Time `json:"darrera"`
+	Topic string `json:"topic"`
+	// Consumer is the consumer group that dead-lettered the group's letters
+	// (grup_consumidor); NoConsumer when they name none.
+	Consumer string    `json:"grup_consumidor"`
+	Class    string    `json:"classe_motiu"`
+	Count    int       `json:"cartes"`
+	Oldest   time.Time `json:"primera"`
+	Newest   time.Time `json:"darrera"`
 }
 
-// Summary counts the letters f selects by DLQ topic and reason class, largest
-// groups first.
+// NoConsumer is Group.Consumer and Filter.Consumer for letters that name no
+// consumer group (grup_consumidor absent or empty).
+const NoConsumer = "-"
+
+// Summary counts the letters f selects by DLQ topic, consumer group and
+// reason class (one event that failed in two consumers is in two groups),
+// largest groups first.
 func (s *Store) Summary(ctx context.Context, f Filter) ([]Group, error) {
 	var args []any
-	rows, err := s.db.Query(ctx, "SELECT topic, classe_motiu, count(*), min(morta_en), max(morta_en) FROM "+
-		s.table+" "+f.where(&args)+" GROUP BY topic, classe_motiu ORDER BY count(*) DESC, topic, classe_motiu", args...)
+	rows, err := s.db.Query(ctx, "SELECT topic, coalesce(nullif(grup_consumidor, ''), '"+NoConsumer+"') AS consumidor, classe_motiu, count(*), min(morta_en), max(morta_en) FROM "+
+		s.table+" "+f.where(&args)+" GROUP BY topic, consumidor, classe_motiu ORDER BY count(*) DESC, topic, consumidor, classe_motiu", args...)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: summary: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Group, error) {
 		var g Group
 		var oldest, newest *time.Time // NULL when every letter of the group has an unknown time
-		err := r.Scan(&g.Topic, &g.Class, &g.Count, &oldest, &newest)
+		err := r.Scan(&g.Topic, &g.Consumer, &g.Class, &g.Count, &oldest, &newest)
 		g.Oldest, g.Newest = derefTime(oldest), derefTime(newest)
 		return g, err
 	})
