@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -236,6 +237,11 @@ func (s *System) startPagaments(ctx context.Context) error {
 		return err
 	}
 	if err := s.relayFor(ctx, pagaments.Name); err != nil {
+		return err
+	}
+	// pagaments has no HTTP API of its own (it answers by request/reply):
+	// a server of its health alone, so that health shows every service.
+	if err := s.serve(pagaments.Name, http.NotFoundHandler()); err != nil {
 		return err
 	}
 	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))
