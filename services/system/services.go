@@ -113,6 +113,7 @@ func (s *System) consumerFor(service string, topics []string, cfg consumer.Confi
 	// (30 s) would outlast it and the consumer would be left behind.
 	cfg.ShutdownTimeout = ShutdownGraceDefault / 2
 	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
+	cfg.Pause = s.pauseFor(service, group)
 	probes := s.cfg.ConsumerFaults[cfg.Name]
 	worker := "consumer " + group
 	var onKafka []string

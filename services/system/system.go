@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/migrate"
@@ -66,6 +67,7 @@ type System struct {
 	Gateway     *passarella.Server
 	Maps        *repartiment.MapsServer
 
+	pause   pauses // the operator's pause switches of the consumer groups
 	sup     supervisor
 	rr      *rrStack
 	schemas *schema.Registry
@@ -150,6 +152,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			return nil, fmt.Errorf("system: %s: %w", name, err)
 		}
 	}
+	s.watchPauses()
 	return s, nil
 }
 
@@ -174,7 +177,7 @@ func (s *System) open(ctx context.Context, service string, maxConns int32, sets 
 	s.pools[service] = pool
 	s.dbNames[service] = name
 	s.log.Info("system: database", "service", service, "database", redact.URL(u))
-	if err := svc.Migrate(ctx, pool, sets...); err != nil {
+	if err := svc.Migrate(ctx, pool, append(sets, consumer.PauseMigrations)...); err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", name, err)
 	}
 	return pool, nil
@@ -226,11 +229,14 @@ const HealthTimeout = 2 * time.Second
 type Health struct {
 	Service string `json:"servei"`
 	State   string `json:"estat"` // "ok", or why not
+	// Paused are the service's consumer groups an operator paused (they
+	// take no new batch); a paused service is still healthy.
+	Paused []string `json:"pausats,omitempty"`
 }
 
 func (s *System) health(name string, pool *pgxpool.Pool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h, code := Health{Service: name, State: "ok"}, http.StatusOK
+		h, code := Health{Service: name, State: "ok", Paused: s.Paused(name)}, http.StatusOK
 		if s.ctx.Err() != nil {
 			h.State, code = "aturant-se", http.StatusServiceUnavailable
 		} else if pool != nil {
