@@ -73,7 +73,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	data["Lag"] = c.lagView(r)
 	data["Health"] = c.health(r.Context())
-	c.renderPage(w, r, http.StatusOK, "overview", page{Title: "Dead letters", Data: data})
+	c.renderPage(w, r, http.StatusOK, "overview", page{Title: "Dead letters", Refresh: refreshSeconds, Data: data})
 }
 
 // narrowing is the filter form of the overview, as the CLI's selection
@@ -407,6 +407,7 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 
 // seqView is a blocked key's sequence as the letter page shows it.
 type seqView struct {
+	Service                                  string // its ServiceDB's name
 	Consumer, Key, HeadID, Reason, LastError string
 	Since                                    time.Time
 	Behind                                   []seqRow
@@ -419,29 +420,42 @@ type seqRow struct {
 }
 
 // sequencesOf returns the sequences of the keys whose blocked head is l's
-// event (per-key order consumers; none without Config.KeyOrder).
+// event, in every service's database (per-key order consumers; none
+// without Config.ServiceDBs or Config.KeyOrder).
 func (c *Console) sequencesOf(ctx context.Context, l *dlq.Letter) ([]seqView, error) {
-	if c.cfg.KeyOrder == nil || l.EventID == "" {
+	if l.EventID == "" {
 		return nil, nil
 	}
-	refs, err := dlq.BlockedHeads(ctx, c.cfg.KeyOrder, c.cfg.KeyOrderSchema, l.EventID)
+	var out []seqView
+	for _, sdb := range c.serviceDBs() {
+		vs, err := c.sequencesIn(ctx, sdb, l)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, vs...)
+	}
+	return out, nil
+}
+
+func (c *Console) sequencesIn(ctx context.Context, sdb ServiceDB, l *dlq.Letter) ([]seqView, error) {
+	refs, err := dlq.BlockedHeads(ctx, sdb.DB, sdb.Schema, l.EventID)
 	if err != nil {
 		return nil, err
 	}
-	ko, err := keyorder.New(keyorder.Config{Schema: c.cfg.KeyOrderSchema})
+	ko, err := keyorder.New(keyorder.Config{Schema: sdb.Schema})
 	if err != nil {
 		return nil, err
 	}
 	var out []seqView
 	for _, ref := range refs {
-		seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, c.cfg.KeyOrder, ref.Consumer, ref.Key)
+		seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, sdb.DB, ref.Consumer, ref.Key)
 		if errors.Is(err, dlq.ErrNotBlocked) {
 			continue // released meanwhile
 		}
 		if err != nil {
 			return nil, err
 		}
-		v := seqView{Consumer: dlq.Safe(seq.Consumer), Key: dlq.Safe(seq.Key), HeadID: dlq.Safe(seq.Head.MessageID),
+		v := seqView{Service: sdb.Name, Consumer: dlq.Safe(seq.Consumer), Key: dlq.Safe(seq.Key), HeadID: dlq.Safe(seq.Head.MessageID),
 			Reason: string(seq.Head.Reason), LastError: dlq.Safe(seq.Head.LastError), Since: seq.Head.Since}
 		for _, p := range seq.Behind {
 			if p.ID == seq.Head.MessageID {
@@ -471,24 +485,26 @@ func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 	if !c.needSource(w, r) {
 		return
 	}
-	if c.cfg.KeyOrder == nil {
-		c.errorPage(w, r, http.StatusNotFound, "this console shows no per-key order sequences")
-		return
-	}
+	service, err0 := text(r.PostFormValue("servei"))
 	consumer, err1 := text(r.PostFormValue("consumidor"))
 	key, err2 := text(r.PostFormValue("clau"))
-	if err1 != nil || err2 != nil || consumer == "" || key == "" {
+	if err0 != nil || err1 != nil || err2 != nil || consumer == "" || key == "" {
 		c.errorPage(w, r, http.StatusBadRequest, "a sequence replay needs consumidor and clau")
 		return
 	}
-	ko, err := keyorder.New(keyorder.Config{Schema: c.cfg.KeyOrderSchema})
+	sdb, ok := c.serviceDB(service)
+	if !ok {
+		c.errorPage(w, r, http.StatusNotFound, "this console shows no per-key order sequences of that service")
+		return
+	}
+	ko, err := keyorder.New(keyorder.Config{Schema: sdb.Schema})
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
 	defer cancel()
-	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, c.cfg.KeyOrder, consumer, key)
+	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, sdb.DB, consumer, key)
 	if errors.Is(err, dlq.ErrNotBlocked) {
 		c.errorPage(w, r, http.StatusConflict, "this key is not blocked any more: nothing to replay")
 		return
