@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -223,6 +224,7 @@ func (m *mapFlag) check() error {
 type consoleParts struct {
 	keyOrder       keyorder.DBTX // the per-key order consumers' keyorder tables; nil: none shown
 	keyOrderSchema string
+	serviceDBs     []console.ServiceDB // the services' own databases: blocked keys, pause
 	addr           string
 	allowed        []string
 	token          string
@@ -274,7 +276,8 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	}
 	gate := dlq.NewGate(p.token, dlq.GateConfig{}) // one attempt budget for the login and the admin API
 	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Gate: gate, Sampler: sampler, AllGroups: p.allGroups,
-		Services: p.services, Logger: p.log, Retention: p.retention, KeyOrder: p.keyOrder, KeyOrderSchema: p.keyOrderSchema})
+		Services: p.services, Logger: p.log, Retention: p.retention, KeyOrder: p.keyOrder, KeyOrderSchema: p.keyOrderSchema,
+		ServiceDBs: p.serviceDBs})
 	if err != nil {
 		m.Close()
 		return "", nil, err
@@ -324,6 +327,11 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: replays refuse older letters unless forced")
 	lf := addLagFlags(fs, true)
+	serviceDBs := &mapFlag{secret: true, name: "service-db"}
+	fs.Var(serviceDBs, "service-db", "a service's own database: NAME=DATABASE_URL (repeatable; default $"+serviceDBsEnv+
+		"): its blocked keys (per-key order) and the pause of its consumer groups; on the command line it shows in ps: prefer $"+serviceDBsEnv+" or --service-db-file")
+	fs.Func("service-db-file", "read the services' databases from the file at `PATH`: one NAME=DATABASE_URL a line, # comments", serviceDBs.setFile)
+	serviceDBs.loadEnv(serviceDBsEnv)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -341,6 +349,11 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		return err
 	}
 	defer closeLag()
+	sdbs, closeSDBs, err := serviceDatabases(serviceDBs)
+	if err != nil {
+		return err
+	}
+	defer closeSDBs()
 	broker := "Kafka"
 	if env.rabbit {
 		broker = "RabbitMQ"
@@ -349,7 +362,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
 		rule:     lf.rule(),
 		services: services(lf.services), reg: reg, allGroups: *lf.allGroups, out: c.errOut, name: "km0 console", retention: *retention,
-		keyOrder: env.pool, keyOrderSchema: *o.schema})
+		keyOrder: env.pool, keyOrderSchema: *o.schema, serviceDBs: sdbs})
 	if err != nil {
 		return err
 	}
@@ -385,7 +398,10 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, queues []string, dl
 		}
 	}
 	for _, name := range lf.outboxes.keys {
-		pool, err := openPool(ctx, lf.outboxes.vals[name], 2)
+		// Not pinged: a database that does not answer yet (or does not
+		// exist yet) is an error of that outbox on every sample, retried,
+		// not a reason to quit.
+		pool, err := lazyPool(lf.outboxes.vals[name], 2)
 		if err != nil {
 			closeAll()
 			return cfg, nil, fmt.Errorf("--outbox %s: %w", name, err)
@@ -448,6 +464,62 @@ func services(m *mapFlag) []console.Service {
 	var out []console.Service
 	for _, k := range m.keys {
 		out = append(out, console.Service{Name: k, URL: m.vals[k]})
+	}
+	return out
+}
+
+// serviceDBsEnv is the environment form of --service-db: NAME=DATABASE_URL
+// entries separated by newlines or semicolons.
+const serviceDBsEnv = "KM0_SERVICE_DBS"
+
+// lazyPool returns a pool of url that connects on first use: a database
+// that does not answer (or does not exist) yet fails each query, and a
+// later one succeeds once it does. Only a malformed URL is an error (never
+// quoted: it may hold a password).
+func lazyPool(url string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, errors.New("invalid database URL (not shown: it may hold a password)")
+	}
+	cfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(context.Background(), cfg)
+}
+
+// serviceDatabases opens the databases of --service-db (lazily, as the
+// outboxes) with each service's consumer groups (system.ConsumerNames of
+// the service, as $KM0_GROUPS renames them).
+func serviceDatabases(m *mapFlag) ([]console.ServiceDB, func(), error) {
+	rn, err := parseRenames("$KM0_GROUPS", os.Getenv("KM0_GROUPS"))
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []console.ServiceDB
+	var pools []*pgxpool.Pool
+	closeAll := func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}
+	for _, name := range m.keys {
+		pool, err := lazyPool(m.vals[name], 2)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("--service-db %s: %w", name, err)
+		}
+		pools = append(pools, pool)
+		out = append(out, console.ServiceDB{Name: name, DB: pool, Groups: serviceGroups(name, rn)})
+	}
+	return out, closeAll, nil
+}
+
+// serviceGroups are the consumer groups of service among
+// system.ConsumerNames (named service.*), renamed by rn.
+func serviceGroups(service string, rn map[string]string) []string {
+	var out []string
+	for _, n := range system.ConsumerNames {
+		if strings.HasPrefix(n, service+".") {
+			out = append(out, cmp.Or(rn[n], n))
+		}
 	}
 	return out
 }

@@ -111,8 +111,16 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 		closers = append(closers, remove)
 		fmt.Fprintf(out, "%s: no $%s: this run's admin token is in %s (mode 0600, removed at stop); log in to the console with it\n", name, adminTokenEnv, path)
 	}
+	// Each service keeps its blocked keys and its paused groups in its own
+	// database.
+	var sdbs []console.ServiceDB
+	for _, s := range slices.Sorted(maps.Keys(sys.DatabaseNames())) {
+		if p := sys.Pool(s); p != nil {
+			sdbs = append(sdbs, console.ServiceDB{Name: s, DB: p, Groups: sys.Groups(s)})
+		}
+	}
 	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(svc.AllowedHostsEnv), ","),
-		token: token, source: parts.source, broker: parts.broker, alerter: al,
+		token: token, source: parts.source, broker: parts.broker, alerter: al, serviceDBs: sdbs,
 		lag:      lcfg,
 		interval: lag.IntervalDefault, rule: rule, services: services, reg: reg, out: out, name: name, log: log})
 	if err != nil {

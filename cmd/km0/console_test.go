@@ -5,17 +5,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -23,6 +26,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
+	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 )
 
@@ -362,5 +366,59 @@ func TestLagMaxLagZeroExitStatus(t *testing.T) {
 	}
 	if code, errOut := exit("--max-lag", "-1"); code != 2 {
 		t.Fatalf("km0 lag --max-lag -1: exit %d, want 2 (usage)\n%s", code, errOut)
+	}
+}
+
+// km0 console (and km0 lag) start when an --outbox database does not exist
+// yet: that outbox is an error of each sample, and once the database is
+// there (created, migrated) the next sample measures it.
+func TestConsoleStartsWithAnOutboxDatabaseMissing(t *testing.T) {
+	ctx := context.Background()
+	name := "km0t_absent_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	u, err := url.Parse(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	admin, err := pgxpool.New(ctx, pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	lf := addLagFlags(fs, true)
+	if err := fs.Parse([]string{"--outbox", "comandes=" + u.String()}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, closeLag, err := lagConfig(ctx, "", "", nil, dlq.GroupDefault, lf)
+	if err != nil {
+		t.Fatalf("an outbox database that does not exist yet stopped the start: %v", err)
+	}
+	defer closeLag()
+	m, err := lag.NewMeasurer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	snap, err := m.Measure(ctx)
+	if err != nil || len(snap.Outboxes) != 1 || snap.Outboxes[0].Err == "" || strings.Contains(snap.Outboxes[0].Err, "postgres://") {
+		t.Fatalf("first sample: %v %+v", err, snap)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	db, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = migrate.Up(ctx, db, migrate.Names{}, migrate.Outbox)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err = m.Measure(ctx)
+	if err != nil || len(snap.Outboxes) != 1 || snap.Outboxes[0].Err != "" || snap.Outboxes[0].Pending != 0 {
+		t.Fatalf("sample once the database exists: %v %+v", err, snap.Outboxes)
 	}
 }

@@ -87,6 +87,18 @@ func (s *System) watchPauses() {
 	}
 }
 
+// Groups returns the consumer groups of service's consumers, sorted.
+func (s *System) Groups(service string) []string {
+	s.pause.mu.Lock()
+	defer s.pause.mu.Unlock()
+	out := make([]string, 0, len(s.pause.sw[service]))
+	for g := range s.pause.sw[service] {
+		out = append(out, g)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Paused returns the paused consumer groups of service, sorted.
 func (s *System) Paused(service string) []string {
 	s.pause.mu.Lock()
