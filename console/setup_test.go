@@ -46,6 +46,8 @@ type bundle struct {
 	con    *console.Console
 	srv    *httptest.Server
 	logs   *testlog.Buffer
+	// brokers are the addresses of the test's Kafka broker.
+	brokers []string
 }
 
 // setup starts a broker with the DLQ topic, a migrated index, a Service and
@@ -83,7 +85,7 @@ func setupWith(t *testing.T, tok string, more func(*console.Config)) *bundle {
 	}
 	srv := httptest.NewServer(con.Handler())
 	t.Cleanup(func() { srv.Close(); con.Close() })
-	return &bundle{ctx: ctx, schema: s, client: cl, adm: kadm.NewClient(cl), svc: svc, con: con, srv: srv, logs: logs}
+	return &bundle{ctx: ctx, schema: s, client: cl, adm: kadm.NewClient(cl), svc: svc, con: con, srv: srv, logs: logs, brokers: b.Addrs()}
 }
 
 // produceDead writes n dead letters of comandes with reason to the DLQ and
