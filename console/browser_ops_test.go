@@ -139,7 +139,7 @@ func TestBrowserOperations(t *testing.T) {
 	step(t, ctx, "back to all", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#refreshed")))
 	first := text(t, ctx, "#refreshed")
 	b.produceDeadBy(t, 1, class+": falta adreca_lliurament", now, "inventari.descompte_estoc")
-	waitJS(t, ctx, "the new letter on the refreshed overview", `document.getElementById("total").textContent === "7"`)
+	waitJS(t, ctx, "the new letter on the refreshed overview", `(document.getElementById("total") || {}).textContent === "7"`)
 	if n := text(t, ctx, `tr.group[data-consumer="inventari.descompte_estoc"] .count`); n != "4" || !strings.HasPrefix(text(t, ctx, "#refreshed"), "updated ") {
 		t.Fatalf("after the refresh: inventari's group %q, stamp %q (was %q)", n, text(t, ctx, "#refreshed"), first)
 	}
@@ -162,7 +162,7 @@ func TestBrowserOperations(t *testing.T) {
 	}
 	step(t, ctx, "confirm", chromedp.Click(chromedp.CSS("#confirm-replay")), chromedp.WaitVisible(chromedp.CSS("#job")))
 	screenshot(t, ctx, "03-replay-job.png")
-	waitJS(t, ctx, "the job done", `document.getElementById("job").dataset.state === "done"`)
+	waitJS(t, ctx, "the job done", `(document.getElementById("job") || {dataset: {}}).dataset.state === "done"`)
 	if n := b.pending(t); n != 3 {
 		t.Fatalf("pending after replaying inventari's group: %d, want repartiment's 3", n)
 	}
@@ -183,7 +183,7 @@ func TestBrowserOperations(t *testing.T) {
 	}
 	screenshot(t, ctx, "05-consumer-paused.png")
 	step(t, ctx, "health", chromedp.Navigate(base+"/lag"), chromedp.WaitVisible(chromedp.CSS("#health")))
-	waitJS(t, ctx, "cataleg's health to say paused", `document.getElementById("health").innerText.includes("paused: `+cataleg.ConsumerLowStock+`")`)
+	waitJS(t, ctx, "cataleg's health to say paused", `(document.getElementById("health") || {innerText: ""}).innerText.includes("paused: `+cataleg.ConsumerLowStock+`")`)
 	screenshot(t, ctx, "06-lag-and-health-paused.png")
 	step(t, ctx, "resume", chromedp.Navigate(base+"/consumidors"), chromedp.WaitVisible(chromedp.CSS("#consumers")),
 		chromedp.Click(chromedp.CSS(`tr[data-group="`+cataleg.ConsumerLowStock+`"] button.resume`)), chromedp.WaitVisible(chromedp.CSS("#done")))
@@ -191,7 +191,7 @@ func TestBrowserOperations(t *testing.T) {
 		t.Fatalf("after the resume: paused %q", p)
 	}
 	step(t, ctx, "health after the resume", chromedp.Navigate(base+"/lag?finestra=15m"), chromedp.WaitVisible(chromedp.CSS("#health")))
-	waitJS(t, ctx, "cataleg's health to be plain ok", `document.getElementById("health").innerText.includes("ok") && !document.getElementById("health").innerText.includes("paused")`)
+	waitJS(t, ctx, "cataleg's health to be plain ok", `((document.getElementById("health") || {innerText: "paused"}).innerText).includes("ok") && !(document.getElementById("health") || {innerText: "paused"}).innerText.includes("paused")`)
 	if n := eval[int](t, ctx, `document.querySelectorAll("#lag-chart polyline").length`); n != 3 {
 		t.Fatalf("15-minute chart: %d lines, want 3 (two groups and the outbox, all with lag in the window)", n)
 	}

@@ -60,7 +60,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 				rows[i] = groupRow{Group: g}
 				total += g.Count
 				if loggedIn {
-					gf := dlq.Filter{Topic: g.Topic, Consumer: g.Consumer, Class: g.Class, States: states, Limit: 1}
+					gf := dlq.Filter{Topic: g.Topic, Class: g.Class, States: states, Limit: 1}
+					consumerFilter(&gf, g.Consumer)
 					n.apply(&gf)
 					s, err := c.cfg.Source.List(r.Context(), gf)
 					if err == nil && len(s.Letters) > 0 {
@@ -121,6 +122,16 @@ func parseNarrowing(get func(string) string, now time.Time) (narrowing, error) {
 	return n, nil
 }
 
+// consumerFilter narrows f to the letters of consumer group g (the form's
+// consumidor; dlq.NoConsumer: those that name none; "": every consumer).
+func consumerFilter(f *dlq.Filter, g string) {
+	if g == dlq.NoConsumer {
+		f.NoGroup = true
+		return
+	}
+	f.Group = g
+}
+
 // Empty reports whether n selects every letter.
 func (n narrowing) Empty() bool {
 	return n.Topic == "" && n.Consumer == "" && n.Motiu == "" && n.Since.IsZero() && n.Until.IsZero()
@@ -131,8 +142,8 @@ func (n narrowing) apply(f *dlq.Filter) {
 	if f.Topic == "" {
 		f.Topic = n.Topic
 	}
-	if f.Consumer == "" {
-		f.Consumer = n.Consumer
+	if f.Group == "" && !f.NoGroup {
+		consumerFilter(f, n.Consumer)
 	}
 	f.Reason, f.Since, f.Until = n.Motiu, n.Since, n.Until
 }
@@ -325,7 +336,8 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	const limit = 500
-	f := dlq.Filter{Topic: topic, Consumer: n.Consumer, Class: class, States: states, Limit: limit}
+	f := dlq.Filter{Topic: topic, Class: class, States: states, Limit: limit}
+	consumerFilter(&f, n.Consumer)
 	n.apply(&f)
 	ls, err := c.cfg.Source.List(r.Context(), f)
 	if err != nil {

@@ -70,10 +70,9 @@ type Filter struct {
 	// Summary) is exactly this: one failure group, where a Reason prefix
 	// would also match longer classes.
 	Class string
-	// Consumer keeps the letters one consumer group dead-lettered
-	// (grup_consumidor, exactly); NoConsumer keeps those that name none;
-	// "" = all.
-	Consumer string
+	// Group keeps letters of this consumer (grup_consumidor: the Kafka
+	// consumer group, or the RabbitMQ work queue); "" = every consumer.
+	Group string
 	// Since and Until bound the dead time (morta_en) to [Since, Until); zero = open.
 	Since, Until time.Time
 	// IDs, when not empty, keeps only these letters.
@@ -83,6 +82,10 @@ type Filter struct {
 	EventIDs []string
 	// States, when not empty, keeps only letters in these states.
 	States []State
+	// NoGroup keeps only letters that name no consumer group (the
+	// Group.Consumer NoConsumer of Summary). Empty ignores it: alone it
+	// counts as no condition.
+	NoGroup bool
 	// Limit caps the rows List returns; 0 = no cap. Summary ignores it.
 	Limit int
 
@@ -91,7 +94,7 @@ type Filter struct {
 
 // Empty reports whether f selects every letter (no condition at all).
 func (f Filter) Empty() bool {
-	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Consumer == "" && f.Since.IsZero() && f.Until.IsZero() &&
+	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Group == "" && f.Since.IsZero() && f.Until.IsZero() &&
 		len(f.IDs) == 0 && len(f.EventIDs) == 0 && len(f.States) == 0
 }
 
@@ -116,12 +119,8 @@ func (f Filter) where(args *[]any) string {
 	if f.Class != "" {
 		conds = append(conds, "classe_motiu = "+arg(f.Class))
 	}
-	switch f.Consumer {
-	case "":
-	case NoConsumer:
-		conds = append(conds, "coalesce(grup_consumidor, '') = ''")
-	default:
-		conds = append(conds, "grup_consumidor = "+arg(f.Consumer))
+	if f.Group != "" {
+		conds = append(conds, "grup_consumidor = "+arg(f.Group))
 	}
 	if !f.Since.IsZero() {
 		conds = append(conds, "morta_en >= "+arg(f.Since))
@@ -134,6 +133,9 @@ func (f Filter) where(args *[]any) string {
 	}
 	if len(f.EventIDs) > 0 {
 		conds = append(conds, "id_esdeveniment = ANY("+arg(f.EventIDs)+")")
+	}
+	if f.NoGroup {
+		conds = append(conds, "coalesce(grup_consumidor, '') = ''")
 	}
 	if len(f.exclude) > 0 {
 		conds = append(conds, "NOT (id = ANY("+arg(f.exclude)+"))")
@@ -300,8 +302,8 @@ type Group struct {
 	Newest   time.Time `json:"darrera"`
 }
 
-// NoConsumer is Group.Consumer and Filter.Consumer for letters that name no
-// consumer group (grup_consumidor absent or empty).
+// NoConsumer is Group.Consumer for letters that name no consumer group
+// (grup_consumidor absent or empty); Filter.NoGroup selects them.
 const NoConsumer = "-"
 
 // Summary counts the letters f selects by DLQ topic, consumer group and
