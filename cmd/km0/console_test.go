@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -420,5 +421,32 @@ func TestConsoleStartsWithAnOutboxDatabaseMissing(t *testing.T) {
 	snap, err = m.Measure(ctx)
 	if err != nil || len(snap.Outboxes) != 1 || snap.Outboxes[0].Err != "" || snap.Outboxes[0].Pending != 0 {
 		t.Fatalf("sample once the database exists: %v %+v", err, snap.Outboxes)
+	}
+}
+
+// km0 console --service-db: each service's database with its consumer
+// groups (as $KM0_GROUPS renames them), opened without connecting; a
+// malformed URL is refused without showing it.
+func TestServiceDatabases(t *testing.T) {
+	t.Setenv("KM0_GROUPS", "comandes.refus_estoc=c-refus")
+	m := &mapFlag{secret: true, name: "service-db"}
+	for _, v := range []string{"comandes=postgres://u:pw@127.0.0.1:1/km0_comandes", "cataleg=postgres://u:pw@127.0.0.1:1/km0_cataleg"} {
+		if err := m.Set(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sdbs, closeAll, err := serviceDatabases(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	if len(sdbs) != 2 || sdbs[0].Name != "comandes" || !slices.Equal(sdbs[0].Groups, []string{"comandes.confirmacio_pagament", "c-refus"}) ||
+		!slices.Equal(sdbs[1].Groups, []string{"cataleg.estoc_baix"}) {
+		t.Fatalf("service databases: %+v", sdbs)
+	}
+	bad := &mapFlag{secret: true, name: "service-db"}
+	_ = bad.Set("x=postgres://u:pw@h:notaport/db")
+	if _, _, err := serviceDatabases(bad); err == nil || strings.Contains(err.Error(), "pw") {
+		t.Fatalf("malformed --service-db: %v", err)
 	}
 }
