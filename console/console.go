@@ -85,6 +85,12 @@ type Config struct {
 	// as one.
 	KeyOrder       keyorder.DBTX
 	KeyOrderSchema string
+	// ServiceDBs are the services' own databases: every service's blocked
+	// keys (page /claus, and the sequence on a head's letter page) and the
+	// pause of its consumer groups (page /consumidors). Each service keeps
+	// its key-order tables in its own database; KeyOrder is one more,
+	// without a name.
+	ServiceDBs []ServiceDB
 	// Sampler provides lag and its history; nil: no lag section.
 	Sampler *lag.Sampler
 	// AllGroups shows the foreign consumer groups the Sampler measured
@@ -190,6 +196,10 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /purgar/confirmar", c.withSession(c.purgeConfirm))
 	mux.HandleFunc("POST /purgar", c.withSession(c.purge))
 	mux.HandleFunc("POST /sequencia/reproduir", c.withSession(c.replaySequence))
+	mux.HandleFunc("GET /claus", c.withSession(c.blockedPage))
+	mux.HandleFunc("GET /consumidors", c.withSession(c.consumersPage))
+	mux.HandleFunc("POST /consumidors/pausar", c.withSession(c.pauseGroup(true)))
+	mux.HandleFunc("POST /consumidors/reprendre", c.withSession(c.pauseGroup(false)))
 	return c.headers(mux)
 }
 

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/keyorder"
 )
@@ -59,6 +61,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 				total += g.Count
 				if loggedIn {
 					gf := dlq.Filter{Topic: g.Topic, Class: g.Class, States: states, Limit: 1}
+					consumerFilter(&gf, g.Consumer)
 					n.apply(&gf)
 					s, err := c.cfg.Source.List(r.Context(), gf)
 					if err == nil && len(s.Letters) > 0 {
@@ -71,21 +74,24 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	data["Lag"] = c.lagView(r)
 	data["Health"] = c.health(r.Context())
-	c.renderPage(w, r, http.StatusOK, "overview", page{Title: "Dead letters", Data: data})
+	c.renderPage(w, r, http.StatusOK, "overview", page{Title: "Dead letters", Refresh: refreshSeconds, Data: data})
 }
 
 // narrowing is the filter form of the overview, as the CLI's selection
-// flags: a topic (DLQ or original), a motiu prefix (--motiu), and the dead
-// time in [Since, Until) (--since, --until, in the same forms). Ages are
+// flags: a topic (DLQ or original), the consumer group that dead-lettered
+// the letters (consumidor; dlq.NoConsumer for none), a motiu prefix
+// (--motiu), and the dead time in [Since, Until) (--since, --until, in the
+// same forms). Ages are
 // resolved once, when the form is read, and carried on as absolute times,
 // so a dry run, its confirmation and the job select the same letters.
 type narrowing struct {
 	Topic        string
+	Consumer     string
 	Motiu        string
 	Since, Until time.Time
 }
 
-// parseNarrowing reads the fields topic, motiu, des_de and fins_a.
+// parseNarrowing reads the fields topic, consumidor, motiu, des_de and fins_a.
 func parseNarrowing(get func(string) string, now time.Time) (narrowing, error) {
 	var n narrowing
 	var err error
@@ -93,6 +99,9 @@ func parseNarrowing(get func(string) string, now time.Time) (narrowing, error) {
 		return n, err
 	}
 	if n.Motiu, err = text(get("motiu")); err != nil {
+		return n, err
+	}
+	if n.Consumer, err = text(strings.TrimSpace(get("consumidor"))); err != nil {
 		return n, err
 	}
 	for _, f := range []struct {
@@ -113,21 +122,34 @@ func parseNarrowing(get func(string) string, now time.Time) (narrowing, error) {
 	return n, nil
 }
 
-// Empty reports whether n selects every letter.
-func (n narrowing) Empty() bool {
-	return n.Topic == "" && n.Motiu == "" && n.Since.IsZero() && n.Until.IsZero()
+// consumerFilter narrows f to the letters of consumer group g (the form's
+// consumidor; dlq.NoConsumer: those that name none; "": every consumer).
+func consumerFilter(f *dlq.Filter, g string) {
+	if g == dlq.NoConsumer {
+		f.NoGroup = true
+		return
+	}
+	f.Group = g
 }
 
-// apply narrows f by n (a topic f already has wins: a group's).
+// Empty reports whether n selects every letter.
+func (n narrowing) Empty() bool {
+	return n.Topic == "" && n.Consumer == "" && n.Motiu == "" && n.Since.IsZero() && n.Until.IsZero()
+}
+
+// apply narrows f by n (a topic or consumer f already has wins: a group's).
 func (n narrowing) apply(f *dlq.Filter) {
 	if f.Topic == "" {
 		f.Topic = n.Topic
 	}
+	if f.Group == "" && !f.NoGroup {
+		consumerFilter(f, n.Consumer)
+	}
 	f.Reason, f.Since, f.Until = n.Motiu, n.Since, n.Until
 }
 
-// Pairs are the form fields that carry n but its topic (a group's link and
-// form carry the group's topic).
+// Pairs are the form fields that carry n but its topic and consumer (a
+// group's link and form carry the group's own).
 func (n narrowing) Pairs() []struct{ Name, Value string } {
 	var out []struct{ Name, Value string }
 	add := func(name, v string) {
@@ -155,6 +177,9 @@ func stampRFC3339(t time.Time) string {
 // Describe names n's conditions for people ("" when none).
 func (n narrowing) Describe() string {
 	var parts []string
+	if n.Consumer != "" {
+		parts = append(parts, fmt.Sprintf("consumer %q", n.Consumer))
+	}
 	if n.Motiu != "" {
 		parts = append(parts, fmt.Sprintf("motiu starting %q", n.Motiu))
 	}
@@ -168,7 +193,8 @@ func (n narrowing) Describe() string {
 }
 
 // selection is what a replay or purge form selects: a whole failure group
-// (abast=grup: topic and classe), letters by ID (abast=seleccio), or every
+// (abast=grup: topic, consumidor and classe; without consumidor, the class
+// of every consumer), letters by ID (abast=seleccio), or every
 // letter the overview's filter form selects (abast=filtre: never empty);
 // a group and a filter are narrowed by N.
 type selection struct {
@@ -179,6 +205,9 @@ type selection struct {
 	Force bool
 	N     narrowing
 }
+
+// errNoneTicked is a selection of letters by ID with none ticked.
+var errNoneTicked = fmt.Errorf("%w: no letter selected", errBadInput)
 
 func parseSelection(r *http.Request, now time.Time) (selection, error) {
 	s := selection{Scope: r.PostFormValue("abast"), Force: r.PostFormValue("force") == "1"}
@@ -203,7 +232,7 @@ func parseSelection(r *http.Request, now time.Time) (selection, error) {
 	case "seleccio":
 		s.IDs = r.PostForm["id"]
 		if len(s.IDs) == 0 {
-			return s, fmt.Errorf("%w: no letter selected", errBadInput)
+			return s, errNoneTicked
 		}
 	case "filtre":
 		s.Class = ""
@@ -230,6 +259,9 @@ func (s selection) filter() dlq.Filter {
 // Hidden returns the form fields that carry s to the next step.
 func (s selection) Hidden() []struct{ Name, Value string } {
 	out := []struct{ Name, Value string }{{"abast", s.Scope}, {"topic", s.Topic}, {"classe", s.Class}}
+	if s.N.Consumer != "" {
+		out = append(out, struct{ Name, Value string }{"consumidor", s.N.Consumer})
+	}
 	out = append(out, s.N.Pairs()...)
 	if s.Force {
 		out = append(out, struct{ Name, Value string }{"force", "1"})
@@ -248,6 +280,15 @@ func (s selection) Describe() string {
 		return fmt.Sprintf("%d selected letter(s)", len(s.IDs))
 	case "grup":
 		d = fmt.Sprintf("every pending letter of %s with class %q", s.Topic, s.Class)
+		if s.N.Consumer != "" {
+			d = fmt.Sprintf("every pending letter of %s that consumer %q dead-lettered with class %q", s.Topic, s.N.Consumer, s.Class)
+			n := s.N
+			n.Consumer = ""
+			if nd := n.Describe(); nd != "" {
+				d += " with " + nd
+			}
+			return d
+		}
 	default:
 		d = "every pending letter"
 		if s.Topic != "" {
@@ -296,6 +337,7 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	}
 	const limit = 500
 	f := dlq.Filter{Topic: topic, Class: class, States: states, Limit: limit}
+	consumerFilter(&f, n.Consumer)
 	n.apply(&f)
 	ls, err := c.cfg.Source.List(r.Context(), f)
 	if err != nil {
@@ -303,15 +345,41 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	count := total(ls)
-	c.renderPage(w, r, http.StatusOK, "group", page{Title: topic + " · " + class, Data: map[string]any{
-		"Topic": topic, "Class": class, "Estat": estat, "Count": count, "Letters": ls.Letters,
+	title := topic + " · " + class
+	if n.Consumer != "" {
+		title = topic + " · " + n.Consumer + " · " + class
+	}
+	consumerOnly := n
+	consumerOnly.Consumer = ""
+	c.renderPage(w, r, http.StatusOK, "group", page{Title: title, Data: map[string]any{
+		"Topic": topic, "Consumer": n.Consumer, "Class": class, "Estat": estat, "Count": count, "Letters": ls.Letters,
 		"Shown": len(ls.Letters), "Pending": estat == string(dlq.StatePending), "Rabbit": c.cfg.Broker == "RabbitMQ",
-		"N": n,
+		"N": n, "Rest": consumerOnly.Describe(), "NoneTicked": q.Get("avis") == "cap",
 	}})
 }
 
-// header is one header of a letter, made safe to show.
-type header struct{ Key, Value string }
+// header is one header of a letter, made safe to show. A time header of the
+// contract (unix seconds) shows as a date, with the raw value in Raw (the
+// page's hover title).
+type header struct{ Key, Value, Raw string }
+
+// timeHeaders are the contract's time headers: unix seconds, as a decimal
+// string, on both brokers.
+var timeHeaders = map[string]bool{
+	contract.HeaderNotBefore: true, contract.HeaderFirstFailure: true, contract.HeaderOriginalTime: true,
+	contract.HeaderDeadAt: true, contract.HeaderDeadline: true,
+}
+
+// showHeader is header k=v as the letter page shows it.
+func showHeader(k, v string) header {
+	h := header{Key: dlq.Safe(k), Value: dlq.Safe(v)}
+	if timeHeaders[k] {
+		if t, err := contract.ParseTime(v); err == nil {
+			h.Raw, h.Value = h.Value, t.UTC().Format("2006-01-02 15:04:05.000Z")
+		}
+	}
+	return h
+}
 
 func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 	if !c.needSource(w, r) {
@@ -329,7 +397,7 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 	}
 	hs := make([]header, len(l.Headers))
 	for i, h := range l.Headers {
-		hs[i] = header{dlq.Safe(h.Key), dlq.Safe(h.Value)}
+		hs[i] = showHeader(h.Key, h.Value)
 	}
 	sort.SliceStable(hs, func(i, j int) bool { return hs[i].Key < hs[j].Key })
 	value, isJSON := dlq.PrettyValue(l.Value, 0)
@@ -351,6 +419,7 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 
 // seqView is a blocked key's sequence as the letter page shows it.
 type seqView struct {
+	Service                                  string // its ServiceDB's name
 	Consumer, Key, HeadID, Reason, LastError string
 	Since                                    time.Time
 	Behind                                   []seqRow
@@ -363,29 +432,42 @@ type seqRow struct {
 }
 
 // sequencesOf returns the sequences of the keys whose blocked head is l's
-// event (per-key order consumers; none without Config.KeyOrder).
+// event, in every service's database (per-key order consumers; none
+// without Config.ServiceDBs or Config.KeyOrder).
 func (c *Console) sequencesOf(ctx context.Context, l *dlq.Letter) ([]seqView, error) {
-	if c.cfg.KeyOrder == nil || l.EventID == "" {
+	if l.EventID == "" {
 		return nil, nil
 	}
-	refs, err := dlq.BlockedHeads(ctx, c.cfg.KeyOrder, c.cfg.KeyOrderSchema, l.EventID)
+	var out []seqView
+	for _, sdb := range c.serviceDBs() {
+		vs, err := c.sequencesIn(ctx, sdb, l)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, vs...)
+	}
+	return out, nil
+}
+
+func (c *Console) sequencesIn(ctx context.Context, sdb ServiceDB, l *dlq.Letter) ([]seqView, error) {
+	refs, err := dlq.BlockedHeads(ctx, sdb.DB, sdb.Schema, l.EventID)
 	if err != nil {
 		return nil, err
 	}
-	ko, err := keyorder.New(keyorder.Config{Schema: c.cfg.KeyOrderSchema})
+	ko, err := keyorder.New(keyorder.Config{Schema: sdb.Schema})
 	if err != nil {
 		return nil, err
 	}
 	var out []seqView
 	for _, ref := range refs {
-		seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, c.cfg.KeyOrder, ref.Consumer, ref.Key)
+		seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, sdb.DB, ref.Consumer, ref.Key)
 		if errors.Is(err, dlq.ErrNotBlocked) {
 			continue // released meanwhile
 		}
 		if err != nil {
 			return nil, err
 		}
-		v := seqView{Consumer: dlq.Safe(seq.Consumer), Key: dlq.Safe(seq.Key), HeadID: dlq.Safe(seq.Head.MessageID),
+		v := seqView{Service: sdb.Name, Consumer: dlq.Safe(seq.Consumer), Key: dlq.Safe(seq.Key), HeadID: dlq.Safe(seq.Head.MessageID),
 			Reason: string(seq.Head.Reason), LastError: dlq.Safe(seq.Head.LastError), Since: seq.Head.Since}
 		for _, p := range seq.Behind {
 			if p.ID == seq.Head.MessageID {
@@ -415,24 +497,26 @@ func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 	if !c.needSource(w, r) {
 		return
 	}
-	if c.cfg.KeyOrder == nil {
-		c.errorPage(w, r, http.StatusNotFound, "this console shows no per-key order sequences")
-		return
-	}
+	service, err0 := text(r.PostFormValue("servei"))
 	consumer, err1 := text(r.PostFormValue("consumidor"))
 	key, err2 := text(r.PostFormValue("clau"))
-	if err1 != nil || err2 != nil || consumer == "" || key == "" {
+	if err0 != nil || err1 != nil || err2 != nil || consumer == "" || key == "" {
 		c.errorPage(w, r, http.StatusBadRequest, "a sequence replay needs consumidor and clau")
 		return
 	}
-	ko, err := keyorder.New(keyorder.Config{Schema: c.cfg.KeyOrderSchema})
+	sdb, ok := c.serviceDB(service)
+	if !ok {
+		c.errorPage(w, r, http.StatusNotFound, "this console shows no per-key order sequences of that service")
+		return
+	}
+	ko, err := keyorder.New(keyorder.Config{Schema: sdb.Schema})
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
 	defer cancel()
-	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, c.cfg.KeyOrder, consumer, key)
+	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, sdb.DB, consumer, key)
 	if errors.Is(err, dlq.ErrNotBlocked) {
 		c.errorPage(w, r, http.StatusConflict, "this key is not blocked any more: nothing to replay")
 		return
@@ -465,6 +549,22 @@ func (c *Console) selection(w http.ResponseWriter, r *http.Request, unconfirmed 
 		return sel, false
 	}
 	sel, err := parseSelection(r, c.cfg.Now())
+	if errors.Is(err, errNoneTicked) && sel.Topic != "" && sel.Class != "" {
+		// Back to the group's page, which says what happened.
+		q := url.Values{"topic": {sel.Topic}, "classe": {sel.Class}, "avis": {"cap"}}
+		if sel.N.Consumer != "" {
+			q.Set("consumidor", sel.N.Consumer)
+		}
+		for _, p := range sel.N.Pairs() {
+			q.Set(p.Name, p.Value)
+		}
+		http.Redirect(w, r, "/grup?"+q.Encode(), http.StatusSeeOther)
+		return sel, false
+	}
+	if errors.Is(err, errNoneTicked) {
+		c.errorPage(w, r, http.StatusBadRequest, "No letter is ticked: tick the letters to act on, or use the group's or the filter's button.")
+		return sel, false
+	}
 	if err != nil {
 		c.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return sel, false

@@ -44,6 +44,7 @@ type page struct {
 	Broker   string
 	Data     any
 	Refresh  int // seconds; 0 = none
+	Rendered time.Time
 }
 
 // render executes the template name into a buffer first, so that a template
@@ -62,7 +63,7 @@ func (c *Console) renderPage(w http.ResponseWriter, r *http.Request, code int, n
 	if s == nil {
 		s = c.auth.lookup(r)
 	}
-	p.LoggedIn, p.CanLogin, p.Broker = s != nil, c.auth.enabled, c.cfg.Broker
+	p.LoggedIn, p.CanLogin, p.Broker, p.Rendered = s != nil, c.auth.enabled, c.cfg.Broker, c.cfg.Now()
 	if s != nil {
 		p.CSRF = s.csrf
 	}
@@ -80,3 +81,7 @@ func (c *Console) renderPage(w http.ResponseWriter, r *http.Request, code int, n
 func (c *Console) errorPage(w http.ResponseWriter, r *http.Request, code int, msg string) {
 	c.renderPage(w, r, code, "error", page{Title: fmt.Sprintf("%d %s", code, http.StatusText(code)), Data: msg})
 }
+
+// refreshSeconds is how often the pages that show counts, lag and health
+// refresh themselves (by script; without it, a meta refresh).
+const refreshSeconds = 5

@@ -46,6 +46,8 @@ type bundle struct {
 	con    *console.Console
 	srv    *httptest.Server
 	logs   *testlog.Buffer
+	// brokers are the addresses of the test's Kafka broker.
+	brokers []string
 }
 
 // setup starts a broker with the DLQ topic, a migrated index, a Service and
@@ -83,7 +85,7 @@ func setupWith(t *testing.T, tok string, more func(*console.Config)) *bundle {
 	}
 	srv := httptest.NewServer(con.Handler())
 	t.Cleanup(func() { srv.Close(); con.Close() })
-	return &bundle{ctx: ctx, schema: s, client: cl, adm: kadm.NewClient(cl), svc: svc, con: con, srv: srv, logs: logs}
+	return &bundle{ctx: ctx, schema: s, client: cl, adm: kadm.NewClient(cl), svc: svc, con: con, srv: srv, logs: logs, brokers: b.Addrs()}
 }
 
 // produceDead writes n dead letters of comandes with reason to the DLQ and
@@ -95,6 +97,12 @@ func (b *bundle) produceDead(t *testing.T, n int, reason string) []string {
 
 // produceDeadAt is produceDead of letters dead at now.
 func (b *bundle) produceDeadAt(t *testing.T, n int, reason string, now time.Time) []string {
+	t.Helper()
+	return b.produceDeadBy(t, n, reason, now, "repartiment")
+}
+
+// produceDeadBy is produceDeadAt of letters that consumer group dead-lettered.
+func (b *bundle) produceDeadBy(t *testing.T, n int, reason string, now time.Time, group string) []string {
 	t.Helper()
 	var ids []string
 	for i := 0; i < n; i++ {
@@ -110,7 +118,7 @@ func (b *bundle) produceDeadAt(t *testing.T, n int, reason string, now time.Time
 			{Key: "intents", Value: []byte("3")}, {Key: "motiu", Value: []byte(reason)},
 			{Key: "topic_original", Value: []byte(comandes)}, {Key: "particio_original", Value: []byte("0")},
 			{Key: "offset_original", Value: []byte(strconv.Itoa(i))}, {Key: "primera_fallada", Value: []byte(ts)},
-			{Key: "grup_consumidor", Value: []byte("repartiment")}, {Key: "tipus", Value: []byte("comanda.creada")},
+			{Key: "grup_consumidor", Value: []byte(group)}, {Key: "tipus", Value: []byte("comanda.creada")},
 			{Key: "id_esdeveniment", Value: []byte(eid)},
 		}}
 		if err := b.client.ProduceSync(b.ctx, r).FirstErr(); err != nil {

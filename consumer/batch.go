@@ -92,6 +92,9 @@ func (c *Consumer) handle(ctx context.Context, b *transport.Batch) ([]*transport
 	if len(b.Deliveries) == 0 {
 		return nil, nil
 	}
+	if err := c.cfg.Pause.wait(ctx, b.Stop, c.crashCh); err != nil {
+		return nil, err // paused until the lane or the consumer stopped: redelivered
+	}
 	first := b.Deliveries[0]
 	l := &lane{ctx: ctx, stop: b.Stop, origin: first.Origin, topic: first.Topic, part: first.Partition}
 	var (

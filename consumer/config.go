@@ -148,6 +148,9 @@ type Config struct {
 	// for in-flight work (and on Kafka the group leave, which gets at least
 	// a second). Default ShutdownTimeoutDefault.
 	ShutdownTimeout time.Duration
+	// Pause, if set, is an operator's switch: while it is on the consumer
+	// takes no new batch (see Pause, WatchPauses). Default nil: never paused.
+	Pause *Pause
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics, if set, receives the consumer's Prometheus collectors

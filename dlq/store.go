@@ -70,6 +70,9 @@ type Filter struct {
 	// Summary) is exactly this: one failure group, where a Reason prefix
 	// would also match longer classes.
 	Class string
+	// Group keeps letters of this consumer (grup_consumidor: the Kafka
+	// consumer group, or the RabbitMQ work queue); "" = every consumer.
+	Group string
 	// Since and Until bound the dead time (morta_en) to [Since, Until); zero = open.
 	Since, Until time.Time
 	// IDs, when not empty, keeps only these letters.
@@ -79,6 +82,10 @@ type Filter struct {
 	EventIDs []string
 	// States, when not empty, keeps only letters in these states.
 	States []State
+	// NoGroup keeps only letters that name no consumer group (the
+	// Group.Consumer NoConsumer of Summary). Empty ignores it: alone it
+	// counts as no condition.
+	NoGroup bool
 	// Limit caps the rows List returns; 0 = no cap. Summary ignores it.
 	Limit int
 
@@ -87,7 +94,7 @@ type Filter struct {
 
 // Empty reports whether f selects every letter (no condition at all).
 func (f Filter) Empty() bool {
-	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Since.IsZero() && f.Until.IsZero() &&
+	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Group == "" && f.Since.IsZero() && f.Until.IsZero() &&
 		len(f.IDs) == 0 && len(f.EventIDs) == 0 && len(f.States) == 0
 }
 
@@ -112,6 +119,9 @@ func (f Filter) where(args *[]any) string {
 	if f.Class != "" {
 		conds = append(conds, "classe_motiu = "+arg(f.Class))
 	}
+	if f.Group != "" {
+		conds = append(conds, "grup_consumidor = "+arg(f.Group))
+	}
 	if !f.Since.IsZero() {
 		conds = append(conds, "morta_en >= "+arg(f.Since))
 	}
@@ -123,6 +133,9 @@ func (f Filter) where(args *[]any) string {
 	}
 	if len(f.EventIDs) > 0 {
 		conds = append(conds, "id_esdeveniment = ANY("+arg(f.EventIDs)+")")
+	}
+	if f.NoGroup {
+		conds = append(conds, "coalesce(grup_consumidor, '') = ''")
 	}
 	if len(f.exclude) > 0 {
 		conds = append(conds, "NOT (id = ANY("+arg(f.exclude)+"))")
@@ -279,26 +292,34 @@ func (s *Store) Get(ctx context.Context, id string) (*Letter, error) {
 
 // Group is the count of letters of one DLQ topic with one reason class.
 type Group struct {
-	Topic  string    `json:"topic"`
-	Class  string    `json:"classe_motiu"`
-	Count  int       `json:"cartes"`
-	Oldest time.Time `json:"primera"`
-	Newest time.Time `json:"darrera"`
+	Topic string `json:"topic"`
+	// Consumer is the consumer group that dead-lettered the group's letters
+	// (grup_consumidor); NoConsumer when they name none.
+	Consumer string    `json:"grup_consumidor"`
+	Class    string    `json:"classe_motiu"`
+	Count    int       `json:"cartes"`
+	Oldest   time.Time `json:"primera"`
+	Newest   time.Time `json:"darrera"`
 }
 
-// Summary counts the letters f selects by DLQ topic and reason class, largest
-// groups first.
+// NoConsumer is Group.Consumer for letters that name no consumer group
+// (grup_consumidor absent or empty); Filter.NoGroup selects them.
+const NoConsumer = "-"
+
+// Summary counts the letters f selects by DLQ topic, consumer group and
+// reason class (one event that failed in two consumers is in two groups),
+// largest groups first.
 func (s *Store) Summary(ctx context.Context, f Filter) ([]Group, error) {
 	var args []any
-	rows, err := s.db.Query(ctx, "SELECT topic, classe_motiu, count(*), min(morta_en), max(morta_en) FROM "+
-		s.table+" "+f.where(&args)+" GROUP BY topic, classe_motiu ORDER BY count(*) DESC, topic, classe_motiu", args...)
+	rows, err := s.db.Query(ctx, "SELECT topic, coalesce(nullif(grup_consumidor, ''), '"+NoConsumer+"') AS consumidor, classe_motiu, count(*), min(morta_en), max(morta_en) FROM "+
+		s.table+" "+f.where(&args)+" GROUP BY topic, consumidor, classe_motiu ORDER BY count(*) DESC, topic, consumidor, classe_motiu", args...)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: summary: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Group, error) {
 		var g Group
 		var oldest, newest *time.Time // NULL when every letter of the group has an unknown time
-		err := r.Scan(&g.Topic, &g.Class, &g.Count, &oldest, &newest)
+		err := r.Scan(&g.Topic, &g.Consumer, &g.Class, &g.Count, &oldest, &newest)
 		g.Oldest, g.Newest = derefTime(oldest), derefTime(newest)
 		return g, err
 	})

@@ -11,14 +11,34 @@ import (
 // Rule is when a lag alerts: a value over MaxLag, or an oldest age over
 // MaxAge, held for at least For. MaxLag applies to a group's total lag, an
 // outbox's pending rows and a queue's ready messages; MaxAge to a group's
-// and an outbox's oldest age. A zero threshold is off.
+// and an outbox's oldest age. A zero threshold is off unless LagSet (AgeSet)
+// says it was given: then 0 means zero, "fully caught up".
 type Rule struct {
 	MaxLag int64
 	MaxAge time.Duration
-	For    time.Duration
+	// LagSet and AgeSet make MaxLag and MaxAge apply even when zero (an
+	// operator's --max-lag 0: any lag is over). Default false: a zero
+	// threshold is off, so the zero Rule never alerts.
+	LagSet, AgeSet bool
+	For            time.Duration
 	// AllGroups applies the rule to foreign groups too (GroupLag.Foreign).
 	// Default false: only the system's groups alert.
 	AllGroups bool
+}
+
+// LagOn reports whether MaxLag applies.
+func (r Rule) LagOn() bool { return r.LagSet || r.MaxLag > 0 }
+
+// AgeOn reports whether MaxAge applies.
+func (r Rule) AgeOn() bool { return r.AgeSet || r.MaxAge > 0 }
+
+// On reports whether the rule checks anything.
+func (r Rule) On() bool { return r.LagOn() || r.AgeOn() }
+
+// Over reports whether lag is over MaxLag and whether oldest (seconds; only
+// when hasAge) is over MaxAge.
+func (r Rule) Over(lag int64, oldest float64, hasAge bool) (lagOver, ageOver bool) {
+	return r.LagOn() && lag > r.MaxLag, hasAge && r.AgeOn() && oldest > r.MaxAge.Seconds()
 }
 
 // Watch turns snapshots into lag alerts through a dlq.Alerter (its log and
@@ -66,8 +86,8 @@ func (w *Watch) Evaluate(ctx context.Context, snap *Snapshot) {
 }
 
 func (w *Watch) check(ctx context.Context, obj string, lag int64, oldest float64, hasAge bool, now time.Time) {
-	over := (w.rule.MaxLag > 0 && lag > w.rule.MaxLag) ||
-		(hasAge && w.rule.MaxAge > 0 && oldest > w.rule.MaxAge.Seconds())
+	lagOver, ageOver := w.rule.Over(lag, oldest, hasAge)
+	over := lagOver || ageOver
 	st := w.state[obj]
 	n := dlq.LagNotice{Objecte: obj, Lag: lag, OldestSeconds: oldest, MaxLag: w.rule.MaxLag,
 		MaxAgeSeconds: w.rule.MaxAge.Seconds(), At: now}

@@ -11,9 +11,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -41,12 +43,62 @@ const adminTokenEnv = "KM0_DLQ_ADMIN_TOKEN"
 // lagFlags are the flags of what km0 console and km0 lag measure besides
 // what the DLQ flags name.
 type lagFlags struct {
-	outboxes, services         *mapFlag
-	groups, management         *string
-	outboxSchema, outboxTable  *string
-	interval, maxAge, alertFor *time.Duration
-	maxLag                     *int64
-	allGroups                  *bool
+	outboxes, services        *mapFlag
+	groups, management        *string
+	outboxSchema, outboxTable *string
+	interval, alertFor        *time.Duration
+	maxLag                    *thresholdFlag[int64]
+	maxAge                    *thresholdFlag[time.Duration]
+	allGroups                 *bool
+}
+
+// rule is the lag.Rule of f's thresholds.
+func (f *lagFlags) rule() lag.Rule {
+	r := lag.Rule{MaxLag: f.maxLag.v, LagSet: f.maxLag.set, MaxAge: f.maxAge.v, AgeSet: f.maxAge.set, AllGroups: *f.allGroups}
+	if f.alertFor != nil {
+		r.For = *f.alertFor
+	}
+	return r
+}
+
+// thresholdFlag is a lag threshold flag: absent is off, and any value given,
+// 0 included, applies (--max-lag 0: fully caught up). Negative is refused.
+type thresholdFlag[T int64 | time.Duration] struct {
+	v   T
+	set bool
+}
+
+func (f *thresholdFlag[T]) String() string {
+	if f == nil || !f.set {
+		return ""
+	}
+	if d, ok := any(f.v).(time.Duration); ok {
+		return d.String()
+	}
+	return strconv.FormatInt(int64(f.v), 10)
+}
+
+func (f *thresholdFlag[T]) Set(s string) error {
+	var v T
+	switch p := any(&v).(type) {
+	case *time.Duration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return errors.New("not a duration (e.g. 30s, 5m)")
+		}
+		*p = d
+	case *int64:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return errors.New("not an integer")
+		}
+		*p = n
+	}
+	if v < 0 {
+		return errors.New("must not be negative")
+	}
+	f.v, f.set = v, true
+	return nil
 }
 
 func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
@@ -61,8 +113,9 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	f.allGroups = fs.Bool("all-groups", false, "also report the consumer groups of other Kafka clients (default: only the system's groups)")
 	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
 		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host with its credentials; \"off\": unacked unknown)")
-	f.maxLag = fs.Int64("max-lag", 0, "alert threshold: a group's lag, an outbox's pending rows or a queue's ready messages over this (0: off)")
-	f.maxAge = fs.Duration("max-age", 0, "alert threshold: a group's oldest unprocessed record or an outbox's oldest row older than this (0: off)")
+	f.maxLag, f.maxAge = &thresholdFlag[int64]{}, &thresholdFlag[time.Duration]{}
+	fs.Var(f.maxLag, "max-lag", "alert threshold: a group's lag, an outbox's pending rows or a queue's ready messages over this (0: any lag at all; default: off)")
+	fs.Var(f.maxAge, "max-age", "alert threshold: a group's oldest unprocessed record or an outbox's oldest row older than this (0: any age at all; default: off)")
 	if alerts {
 		fs.Var(f.services, "service", "a service whose health to show: NAME=BASE_URL (GET BASE_URL/salut; repeatable)")
 		f.interval = fs.Duration("lag-interval", lag.IntervalDefault, "time between two lag samples")
@@ -171,6 +224,7 @@ func (m *mapFlag) check() error {
 type consoleParts struct {
 	keyOrder       keyorder.DBTX // the per-key order consumers' keyorder tables; nil: none shown
 	keyOrderSchema string
+	serviceDBs     []console.ServiceDB // the services' own databases: blocked keys, pause
 	addr           string
 	allowed        []string
 	token          string
@@ -209,7 +263,7 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 		return "", nil, err
 	}
 	var watch *lag.Watch
-	if p.alerter != nil && (p.rule.MaxLag > 0 || p.rule.MaxAge > 0) {
+	if p.alerter != nil && p.rule.On() {
 		watch = lag.NewWatch(p.rule, p.alerter)
 	}
 	sampler := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: p.interval, Watch: watch, Logger: p.log})
@@ -222,7 +276,8 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	}
 	gate := dlq.NewGate(p.token, dlq.GateConfig{}) // one attempt budget for the login and the admin API
 	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Gate: gate, Sampler: sampler, AllGroups: p.allGroups,
-		Services: p.services, Logger: p.log, Retention: p.retention, KeyOrder: p.keyOrder, KeyOrderSchema: p.keyOrderSchema})
+		Services: p.services, Logger: p.log, Retention: p.retention, KeyOrder: p.keyOrder, KeyOrderSchema: p.keyOrderSchema,
+		ServiceDBs: p.serviceDBs})
 	if err != nil {
 		m.Close()
 		return "", nil, err
@@ -272,6 +327,11 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: replays refuse older letters unless forced")
 	lf := addLagFlags(fs, true)
+	serviceDBs := &mapFlag{secret: true, name: "service-db"}
+	fs.Var(serviceDBs, "service-db", "a service's own database: NAME=DATABASE_URL (repeatable; default $"+serviceDBsEnv+
+		"): its blocked keys (per-key order) and the pause of its consumer groups; on the command line it shows in ps: prefer $"+serviceDBsEnv+" or --service-db-file")
+	fs.Func("service-db-file", "read the services' databases from the file at `PATH`: one NAME=DATABASE_URL a line, # comments", serviceDBs.setFile)
+	serviceDBs.loadEnv(serviceDBsEnv)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -290,15 +350,20 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	}
 	defer closeLag()
 	lcfg.ClientOpts = env.kopts
+	sdbs, closeSDBs, err := serviceDatabases(serviceDBs)
+	if err != nil {
+		return err
+	}
+	defer closeSDBs()
 	broker := "Kafka"
 	if env.rabbit {
 		broker = "RabbitMQ"
 	}
 	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(adminTokenEnv),
 		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
-		rule:     lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor},
+		rule:     lf.rule(),
 		services: services(lf.services), reg: reg, allGroups: *lf.allGroups, out: c.errOut, name: "km0 console", retention: *retention,
-		keyOrder: env.pool, keyOrderSchema: *o.schema})
+		keyOrder: env.pool, keyOrderSchema: *o.schema, serviceDBs: sdbs})
 	if err != nil {
 		return err
 	}
@@ -334,7 +399,10 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFla
 		}
 	}
 	for _, name := range lf.outboxes.keys {
-		pool, err := openPool(ctx, lf.outboxes.vals[name], 2)
+		// Not pinged: a database that does not answer yet (or does not
+		// exist yet) is an error of that outbox on every sample, retried,
+		// not a reason to quit.
+		pool, err := lazyPool(lf.outboxes.vals[name], 2)
 		if err != nil {
 			closeAll()
 			return cfg, nil, fmt.Errorf("--outbox %s: %w", name, err)
@@ -404,6 +472,62 @@ func services(m *mapFlag) []console.Service {
 	var out []console.Service
 	for _, k := range m.keys {
 		out = append(out, console.Service{Name: k, URL: m.vals[k]})
+	}
+	return out
+}
+
+// serviceDBsEnv is the environment form of --service-db: NAME=DATABASE_URL
+// entries separated by newlines or semicolons.
+const serviceDBsEnv = "KM0_SERVICE_DBS"
+
+// lazyPool returns a pool of url that connects on first use: a database
+// that does not answer (or does not exist) yet fails each query, and a
+// later one succeeds once it does. Only a malformed URL is an error (never
+// quoted: it may hold a password).
+func lazyPool(url string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, errors.New("invalid database URL (not shown: it may hold a password)")
+	}
+	cfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(context.Background(), cfg)
+}
+
+// serviceDatabases opens the databases of --service-db (lazily, as the
+// outboxes) with each service's consumer groups (system.ConsumerNames of
+// the service, as $KM0_GROUPS renames them).
+func serviceDatabases(m *mapFlag) ([]console.ServiceDB, func(), error) {
+	rn, err := parseRenames("$KM0_GROUPS", os.Getenv("KM0_GROUPS"))
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []console.ServiceDB
+	var pools []*pgxpool.Pool
+	closeAll := func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}
+	for _, name := range m.keys {
+		pool, err := lazyPool(m.vals[name], 2)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("--service-db %s: %w", name, err)
+		}
+		pools = append(pools, pool)
+		out = append(out, console.ServiceDB{Name: name, DB: pool, Groups: serviceGroups(name, rn)})
+	}
+	return out, closeAll, nil
+}
+
+// serviceGroups are the consumer groups of service among
+// system.ConsumerNames (named service.*), renamed by rn.
+func serviceGroups(service string, rn map[string]string) []string {
+	var out []string
+	for _, n := range system.ConsumerNames {
+		if strings.HasPrefix(n, service+".") {
+			out = append(out, cmp.Or(rn[n], n))
+		}
 	}
 	return out
 }

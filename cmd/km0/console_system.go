@@ -111,8 +111,16 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 		closers = append(closers, remove)
 		fmt.Fprintf(out, "%s: no $%s: this run's admin token is in %s (mode 0600, removed at stop); log in to the console with it\n", name, adminTokenEnv, path)
 	}
+	// Each service keeps its blocked keys and its paused groups in its own
+	// database.
+	var sdbs []console.ServiceDB
+	for _, s := range slices.Sorted(maps.Keys(sys.DatabaseNames())) {
+		if p := sys.Pool(s); p != nil {
+			sdbs = append(sdbs, console.ServiceDB{Name: s, DB: p, Groups: sys.Groups(s)})
+		}
+	}
 	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(svc.AllowedHostsEnv), ","),
-		token: token, source: parts.source, broker: parts.broker, alerter: al,
+		token: token, source: parts.source, broker: parts.broker, alerter: al, serviceDBs: sdbs,
 		lag:      lcfg,
 		interval: lag.IntervalDefault, rule: rule, services: services, reg: reg, out: out, name: name, log: log})
 	if err != nil {
@@ -147,28 +155,29 @@ func runToken() (token, path string, remove func(), err error) {
 // alertFlags are the lag-alert thresholds of the console that km0 up
 // --console and km0 demo --keep-running start: the flags of km0 console.
 type alertFlags struct {
-	maxLag           *int64
-	maxAge, alertFor *time.Duration
+	maxLag   *thresholdFlag[int64]
+	maxAge   *thresholdFlag[time.Duration]
+	alertFor *time.Duration
 }
 
 func addAlertFlags(fs *flag.FlagSet, with string) *alertFlags {
-	return &alertFlags{
-		maxLag:   fs.Int64("max-lag", 0, with+": alert (log and $KM0_DLQ_WEBHOOK) when a group's lag or an outbox's pending rows stay over this for --alert-for (0: off)"),
-		maxAge:   fs.Duration("max-age", 0, with+": alert when a group's oldest unprocessed record or an outbox's oldest row stays older than this for --alert-for (0: off)"),
-		alertFor: fs.Duration("alert-for", 5*time.Minute, with+": how long a lag threshold must be exceeded before the alert"),
-	}
+	f := &alertFlags{maxLag: &thresholdFlag[int64]{}, maxAge: &thresholdFlag[time.Duration]{},
+		alertFor: fs.Duration("alert-for", 5*time.Minute, with+": how long a lag threshold must be exceeded before the alert")}
+	fs.Var(f.maxLag, "max-lag", with+": alert (log and $KM0_DLQ_WEBHOOK) when a group's lag or an outbox's pending rows stay over this for --alert-for (0: any lag; default: off)")
+	fs.Var(f.maxAge, "max-age", with+": alert when a group's oldest unprocessed record or an outbox's oldest row stays older than this for --alert-for (0: any age; default: off)")
+	return f
 }
 
 func (f *alertFlags) rule() lag.Rule {
-	return lag.Rule{MaxLag: *f.maxLag, MaxAge: *f.maxAge, For: *f.alertFor}
+	return lag.Rule{MaxLag: f.maxLag.v, LagSet: f.maxLag.set, MaxAge: f.maxAge.v, AgeSet: f.maxAge.set, For: *f.alertFor}
 }
 
 // check refuses thresholds that no console would watch, and bad values.
 func (f *alertFlags) check(console bool, with string) error {
-	if *f.maxLag < 0 || *f.maxAge < 0 || *f.alertFor < 0 {
-		return errors.New("--max-lag, --max-age and --alert-for must not be negative")
+	if *f.alertFor < 0 {
+		return errors.New("--alert-for must not be negative")
 	}
-	if !console && (*f.maxLag > 0 || *f.maxAge > 0) {
+	if !console && (f.maxLag.set || f.maxAge.set) {
 		return fmt.Errorf("--max-lag and --max-age are thresholds of the console: they need %s", with)
 	}
 	return nil

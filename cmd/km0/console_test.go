@@ -5,15 +5,21 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -21,6 +27,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
+	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 )
 
@@ -325,5 +332,121 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+}
+
+// km0 lag --max-lag 0 means "fully caught up": the process exits 1 while a
+// group has lag 4; without the flag (off) it exits 0; --max-age 0 is a
+// threshold as well. The exit status of the binary, as a script sees it.
+func TestLagMaxLagZeroExitStatus(t *testing.T) {
+	brokers, s := lagFixture(t)
+	exit := func(args ...string) (int, string) {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], append([]string{"lag", "--brokers", brokers, "--outbox", "comandes=" + s.URL, "--outbox-schema", s.Name}, args...)...)
+		cmd.Env = append(os.Environ(), runMainEnv+"=1", outboxesEnv+"=")
+		var errOut bytes.Buffer
+		cmd.Stderr = &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), errOut.String()
+		}
+		if err != nil {
+			t.Fatalf("km0 lag %v: %v", args, err)
+		}
+		return 0, errOut.String()
+	}
+	if code, errOut := exit(); code != 0 {
+		t.Fatalf("km0 lag (no threshold): exit %d, want 0\n%s", code, errOut)
+	}
+	if code, errOut := exit("--max-lag", "0"); code != 1 || !strings.Contains(errOut, "group "+lagGroup+": lag 4 > 0") || !strings.Contains(errOut, "outbox comandes: lag 2 > 0") {
+		t.Fatalf("km0 lag --max-lag 0 with lag 4: exit %d, want 1\n%s", code, errOut)
+	}
+	if code, errOut := exit("--max-age", "0s"); code != 1 || !strings.Contains(errOut, "outbox comandes: oldest") {
+		t.Fatalf("km0 lag --max-age 0s: exit %d, want 1\n%s", code, errOut)
+	}
+	if code, errOut := exit("--max-lag", "-1"); code != 2 {
+		t.Fatalf("km0 lag --max-lag -1: exit %d, want 2 (usage)\n%s", code, errOut)
+	}
+}
+
+// km0 console (and km0 lag) start when an --outbox database does not exist
+// yet: that outbox is an error of each sample, and once the database is
+// there (created, migrated) the next sample measures it.
+func TestConsoleStartsWithAnOutboxDatabaseMissing(t *testing.T) {
+	ctx := context.Background()
+	name := "km0t_absent_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	u, err := url.Parse(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	admin, err := pgxpool.New(ctx, pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	lf := addLagFlags(fs, true)
+	if err := fs.Parse([]string{"--outbox", "comandes=" + u.String()}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, closeLag, err := lagConfig(ctx, "", "", nil, nil, dlq.GroupDefault, lf)
+	if err != nil {
+		t.Fatalf("an outbox database that does not exist yet stopped the start: %v", err)
+	}
+	defer closeLag()
+	m, err := lag.NewMeasurer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	snap, err := m.Measure(ctx)
+	if err != nil || len(snap.Outboxes) != 1 || snap.Outboxes[0].Err == "" || strings.Contains(snap.Outboxes[0].Err, "postgres://") {
+		t.Fatalf("first sample: %v %+v", err, snap)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	db, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = migrate.Up(ctx, db, migrate.Names{}, migrate.Outbox)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err = m.Measure(ctx)
+	if err != nil || len(snap.Outboxes) != 1 || snap.Outboxes[0].Err != "" || snap.Outboxes[0].Pending != 0 {
+		t.Fatalf("sample once the database exists: %v %+v", err, snap.Outboxes)
+	}
+}
+
+// km0 console --service-db: each service's database with its consumer
+// groups (as $KM0_GROUPS renames them), opened without connecting; a
+// malformed URL is refused without showing it.
+func TestServiceDatabases(t *testing.T) {
+	t.Setenv("KM0_GROUPS", "comandes.refus_estoc=c-refus")
+	m := &mapFlag{secret: true, name: "service-db"}
+	for _, v := range []string{"comandes=postgres://u:pw@127.0.0.1:1/km0_comandes", "cataleg=postgres://u:pw@127.0.0.1:1/km0_cataleg"} {
+		if err := m.Set(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sdbs, closeAll, err := serviceDatabases(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	if len(sdbs) != 2 || sdbs[0].Name != "comandes" || !slices.Equal(sdbs[0].Groups, []string{"comandes.confirmacio_pagament", "c-refus"}) ||
+		!slices.Equal(sdbs[1].Groups, []string{"cataleg.estoc_baix"}) {
+		t.Fatalf("service databases: %+v", sdbs)
+	}
+	bad := &mapFlag{secret: true, name: "service-db"}
+	_ = bad.Set("x=postgres://u:pw@h:notaport/db")
+	if _, _, err := serviceDatabases(bad); err == nil || strings.Contains(err.Error(), "pw") {
+		t.Fatalf("malformed --service-db: %v", err)
 	}
 }

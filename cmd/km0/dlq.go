@@ -362,9 +362,9 @@ func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nTOPIC\tMOTIU\tCARTES\tPRIMERA\tDARRERA")
+	fmt.Fprintln(tw, "\nTOPIC\tGRUP_CONSUMIDOR\tMOTIU\tCARTES\tPRIMERA\tDARRERA")
 	for _, g := range ls.Groups {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", g.Topic, dlq.Safe(g.Class), g.Count, stamp(g.Oldest), stamp(g.Newest))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", g.Topic, dlq.Safe(g.Consumer), dlq.Safe(g.Class), g.Count, stamp(g.Oldest), stamp(g.Newest))
 	}
 	fmt.Fprintln(tw, "\nID\tMORTA_EN\tINTENTS\tESTAT\tTIPUS\tID_ESDEVENIMENT\tMOTIU")
 	for _, l := range ls.Letters {

@@ -64,7 +64,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	if len(cfg.Outboxes) == 0 && len(cfg.Brokers) == 0 && len(cfg.Queues) == 0 {
 		return errors.New("nothing to measure: give --outbox, --brokers (or $KM0_KAFKA_BROKERS) or --queue")
 	}
-	rule := lag.Rule{MaxLag: *lf.maxLag, MaxAge: *lf.maxAge, For: *lf.alertFor, AllGroups: *lf.allGroups}
+	rule := lf.rule()
 	m, err := lag.NewMeasurer(cfg)
 	if err != nil {
 		return err
@@ -103,10 +103,11 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 func overThreshold(s *lag.Snapshot, r lag.Rule) []string {
 	var out []string
 	over := func(obj string, n int64, age float64, hasAge bool) {
-		if r.MaxLag > 0 && n > r.MaxLag {
+		lagOver, ageOver := r.Over(n, age, hasAge)
+		if lagOver {
 			out = append(out, fmt.Sprintf("%s: lag %d > %d", obj, n, r.MaxLag))
 		}
-		if hasAge && r.MaxAge > 0 && age > r.MaxAge.Seconds() {
+		if ageOver {
 			out = append(out, fmt.Sprintf("%s: oldest %s > %s", obj, time.Duration(age*float64(time.Second)).Round(time.Second), r.MaxAge))
 		}
 	}
@@ -183,7 +184,7 @@ func printLag(w io.Writer, s *lag.Snapshot) {
 func serveLag(ctx context.Context, m *lag.Measurer, addr, webhook string, rule lag.Rule, interval time.Duration, errOut io.Writer) error {
 	reg := prometheus.NewRegistry()
 	var watch *lag.Watch
-	if webhook != "" && (rule.MaxLag > 0 || rule.MaxAge > 0) {
+	if webhook != "" && rule.On() {
 		al, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, Logger: logger(), WebhookURL: webhook})
 		if err != nil {
 			return err

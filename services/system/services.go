@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -116,6 +117,7 @@ func (s *System) consumerFor(service string, topics []string, cfg consumer.Confi
 	// (30 s) would outlast it and the consumer would be left behind.
 	cfg.ShutdownTimeout = ShutdownGraceDefault / 2
 	cfg.Logger = s.log.With("service", service, "consumidor", cfg.Name)
+	cfg.Pause = s.pauseFor(service, group)
 	probes := s.cfg.ConsumerFaults[cfg.Name]
 	worker := "consumer " + group
 	var onKafka []string
@@ -240,6 +242,11 @@ func (s *System) startPagaments(ctx context.Context) error {
 		return err
 	}
 	if err := s.relayFor(ctx, pagaments.Name); err != nil {
+		return err
+	}
+	// pagaments has no HTTP API of its own (it answers by request/reply):
+	// a server of its health alone, so that health shows every service.
+	if err := s.serve(pagaments.Name, http.NotFoundHandler()); err != nil {
 		return err
 	}
 	s.housekeep(pagaments.Name, s.inboxPurger(pagaments.Name))

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/buildinfo"
 	"github.com/km0/km0/internal/redact"
@@ -70,6 +71,7 @@ type System struct {
 	Gateway     *passarella.Server
 	Maps        *repartiment.MapsServer
 
+	pause   pauses // the operator's pause switches of the consumer groups
 	sup     supervisor
 	rr      *rrStack
 	schemas *schema.Registry
@@ -174,6 +176,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			return nil, fmt.Errorf("system: %s: %w", name, err)
 		}
 	}
+	s.watchPauses()
 	return s, nil
 }
 
@@ -198,7 +201,7 @@ func (s *System) open(ctx context.Context, service string, maxConns int32, sets 
 	s.pools[service] = pool
 	s.dbNames[service] = name
 	s.log.Info("system: database", "service", service, "database", redact.URL(u))
-	if err := svc.Migrate(ctx, pool, sets...); err != nil {
+	if err := svc.Migrate(ctx, pool, append(sets, consumer.PauseMigrations)...); err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", name, err)
 	}
 	if s.cfg.OutboxMode == outbox.ModeWAL && slices.Contains(sets, migrate.Outbox) {
@@ -262,11 +265,14 @@ type Health struct {
 	// Version is the binary's module version and commit
 	// (buildinfo.Info.Short, the short form of `km0 version`).
 	Version string `json:"versio"`
+	// Paused are the service's consumer groups an operator paused (they
+	// take no new batch); a paused service is still healthy.
+	Paused []string `json:"pausats,omitempty"`
 }
 
 func (s *System) health(name string, pool *pgxpool.Pool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h, code := Health{Service: name, State: "ok", Version: buildinfo.Read().Short(), UnsignedRequests: s.rr != nil && s.rr.unsigned()}, http.StatusOK
+		h, code := Health{Service: name, State: "ok", Version: buildinfo.Read().Short(), UnsignedRequests: s.rr != nil && s.rr.unsigned(), Paused: s.Paused(name)}, http.StatusOK
 		if s.ctx.Err() != nil {
 			h.State, code = "aturant-se", http.StatusServiceUnavailable
 		} else if pool != nil {

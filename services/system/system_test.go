@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -165,4 +166,30 @@ func startWith(t *testing.T, services []string, tweak func(*system.Config)) (*sy
 		}
 	})
 	return sys, b
+}
+
+// pagaments serves no HTTP API of its own, but it has a health entry: its
+// server answers GET /salut with 200 and nothing else.
+func TestPagamentsHasHealth(t *testing.T) {
+	sys, _ := startOne(t, "pagaments")
+	t.Cleanup(sys.Close)
+	base := sys.Addrs()["pagaments"]
+	if base == "" {
+		t.Fatalf("addresses %v: no pagaments", sys.Addrs())
+	}
+	resp, err := http.Get(base + system.HealthPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h system.Health
+	err = json.NewDecoder(resp.Body).Decode(&h)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || h.Service != "pagaments" || h.State != "ok" {
+		t.Fatalf("GET pagaments /salut: %d %+v %v", resp.StatusCode, h, err)
+	}
+	if resp, err := http.Get(base + "/pagaments"); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("GET pagaments /pagaments: %v %v, want 404", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 }
