@@ -31,6 +31,7 @@ var layers = map[string]Layer{
 	"internal/redact":     Base,
 	"internal/faults":     Base,
 	"internal/pause":      Base,
+	"internal/buildinfo":  Base,
 
 	"envelope":     Pattern,
 	"tracing":      Pattern,
@@ -60,6 +61,7 @@ var layers = map[string]Layer{
 	"internal/tlstest":          TestKit,
 	"internal/doctest":          TestKit,
 	"internal/archtest":         TestKit,
+	"internal/pgbouncer":        TestKit,
 	"consumer/consumertest":     TestKit,
 	"transport/transporttest":   TestKit,
 	"transport/amqp/amqptest":   TestKit,
