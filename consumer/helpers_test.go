@@ -264,8 +264,6 @@ func (b *bundle) stock(producte string) int {
 
 func (b *bundle) effects() int { return b.count(`SELECT count(*) FROM efectes`) }
 
-func (b *bundle) keys() int { return b.count(`SELECT count(*) FROM missatges_processats`) }
-
 // committed returns the sum of the group's committed offsets on t.
 func (b *bundle) committed(t string) int64 {
 	b.t.Helper()

@@ -17,6 +17,8 @@ import (
 // Wiring the DLQ tools of a service: the index table, the indexer that
 // alerts on every new dead letter, the admin API, and a fix-and-replay of
 // the letters dead-lettered for a schema problem.
+// Compiled, not run (no Output): it wires a service against its own
+// database and broker, so deadcode -test reports it unreachable.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("KM0_DATABASE_URL"))
@@ -59,6 +61,8 @@ func Example() {
 // The DLQ of a RabbitMQ work queue: the index takes custody of its letters
 // (Sync acks them off the broker only after they are indexed), then list by
 // motiu and replay the fixed ones, with the same operations as on Kafka.
+// Compiled, not run (no Output): it wires a service against its own
+// database and RabbitMQ, so deadcode -test reports it unreachable.
 func ExampleNewAMQPBackend() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("KM0_DATABASE_URL"))

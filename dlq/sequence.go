@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/km0/km0/contract"
 	"github.com/km0/km0/keyorder"
 )
 
@@ -103,16 +102,6 @@ func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOpti
 	}
 	rep.Items = append(rep.Items, pr.Items...)
 	return rep, nil
-}
-
-// BlockedBy reports whether motiu is that of a message dead-lettered as
-// blocked by its key's head (keyorder.BlockedReason), and the head's id.
-func BlockedBy(motiu string) (head string, ok bool) {
-	const p = contract.ReasonPermanent + "bloquejat_per_clau: darrere de "
-	if len(motiu) > len(p) && motiu[:len(p)] == p {
-		return motiu[len(p):], true
-	}
-	return "", false
 }
 
 // HeadRef names a key a consumer blocks.

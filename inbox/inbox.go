@@ -115,13 +115,6 @@ const maxConsumerBytes = 256
 // ErrEmptyKey is returned for an empty consumer or message id.
 var ErrEmptyKey = errors.New("inbox: empty consumidor or id_missatge")
 
-var defaultInbox = New(Config{})
-
-// Process is Inbox.Process with CONTRACT.md's names (public.missatges_processats).
-func Process(ctx context.Context, db Beginner, consumer, messageID string, effect func(tx pgx.Tx) error) (Result, error) {
-	return defaultInbox.Process(ctx, db, consumer, messageID, effect)
-}
-
 // Process runs effect at most once per (messageID, consumer): in one
 // transaction it records the key and, if the key was new, runs effect and
 // commits. If the key exists it returns Duplicate without running effect.

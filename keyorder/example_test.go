@@ -17,6 +17,8 @@ import (
 // parked behind the key's head if the key is blocked, applied otherwise; the
 // head's success releases what waited behind it, in order, in the same
 // transaction.
+// Compiled, not run (no Output): it wires a service against its own
+// database, so deadcode -test reports it unreachable.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("KM0_DATABASE_URL"))

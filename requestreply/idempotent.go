@@ -110,9 +110,15 @@ func keyRefused(err error) bool {
 }
 
 // PurgeResponses deletes stored responses older than age (use the inbox
-// retention, 14 days by default: past it no retry can arrive) and returns
-// how many it deleted.
+// retention, inbox.RetentionDefault: past it no retry can arrive) and returns
+// how many it deleted. Whoever serves with Idempotent runs it periodically,
+// beside inbox.Purge, or respostes_desades grows without bound. An age that
+// is not positive is refused and deletes nothing: it would take the stored
+// response of every request still inside its retry window.
 func PurgeResponses(ctx context.Context, db inbox.Beginner, names migrate.Names, age time.Duration) (int64, error) {
+	if age <= 0 {
+		return 0, fmt.Errorf("requestreply: purge: age %v must be positive", age)
+	}
 	names = names.WithDefaults()
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -76,5 +77,44 @@ func TestIdempotentRequestWhoseKeyWasPurgedBeforeItsResponseRunsAgain(t *testing
 	}
 	if effects != 1 {
 		t.Fatalf("%d effects, want 1", effects)
+	}
+}
+
+// PurgeResponses deletes the stored responses older than the age and keeps
+// the younger ones; an age that is not positive is refused and deletes
+// nothing (it would take the response of every request still retrying).
+func TestPurgeResponsesDeletesOnlyOldResponses(t *testing.T) {
+	db := pgtest.NewSchema(t)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, db.Pool, db.Names(), migrate.Inbox, requestreply.Migrations); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO respostes_desades (id_peticio, consumidor, resposta, desada_en) VALUES
+		('vella-1', 'inventari.reserva', '{}', now() - interval '15 days'),
+		('vella-2', 'inventari.reserva', '{}', now() - interval '20 days'),
+		('nova-1', 'inventari.reserva', '{}', now() - interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	left := func() (n int) {
+		t.Helper()
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM respostes_desades`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, age := range []time.Duration{0, -time.Hour} {
+		if n, err := requestreply.PurgeResponses(ctx, db.Pool, db.Names(), age); err == nil || n != 0 {
+			t.Fatalf("PurgeResponses(age %v) = %d, %v; want 0 and an error", age, n, err)
+		}
+	}
+	if n := left(); n != 3 {
+		t.Fatalf("%d responses after the refused purges, want 3", n)
+	}
+	n, err := requestreply.PurgeResponses(ctx, db.Pool, db.Names(), 14*24*time.Hour)
+	if err != nil || n != 2 {
+		t.Fatalf("PurgeResponses(14 days) = %d, %v; want 2 deleted", n, err)
+	}
+	if n := left(); n != 1 {
+		t.Fatalf("%d responses left, want 1 (nova-1)", n)
 	}
 }

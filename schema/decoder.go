@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"sort"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -155,16 +154,6 @@ func compileRequirement(tipus, src string) (*jsonschema.Schema, error) {
 		return nil, fmt.Errorf("%w: Require %s: %v", ErrConfig, tipus, err)
 	}
 	return s, nil
-}
-
-// Types returns the tipus the decoder handles, sorted.
-func (d *Decoder) Types() []string {
-	out := make([]string, 0, len(d.types))
-	for t := range d.types {
-		out = append(out, t)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // Decode decodes one envelope and, for a tipus the decoder handles, checks

@@ -79,7 +79,7 @@ func benchLatency(ctx context.Context, args []string) error {
 
 // latency writes n events at rate (each in its own transaction, from 8
 // writers), runs the relay given and a consumer that records each event with
-// inbox.Process and then commits its offset, and measures for each event the
+// Inbox.Process and then commits its offset, and measures for each event the
 // time from the writer's COMMIT returning to the consumer's offset commit
 // returning.
 func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
@@ -276,7 +276,7 @@ func pct(xs []float64, p float64) float64 {
 }
 
 // consume is the benchmark's consumer: one goroutine per partition records
-// each of its records with inbox.Process in its own transaction, in offset
+// each of its records with Inbox.Process in its own transaction, in offset
 // order, then commits their offsets; the time after that commit is the
 // record's end.
 func consume(ctx context.Context, cl *kgo.Client, db inbox.Beginner, in *inbox.Inbox, mu *sync.Mutex,

@@ -178,7 +178,7 @@ func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, 
 		}
 	}
 	sum := map[string]any{"bench": "latency_cdc_vs_polling", "rate": latRate, "events": ln, "rounds": rounds,
-		"what":         "commit → consumer commit (the consumer: inbox.Process of each record in its own transaction, then the offset commit); broker_ack: commit → the broker's confirmation to the relay; medians of the rounds",
+		"what":         "commit → consumer commit (the consumer: Inbox.Process of each record in its own transaction, then the offset commit); broker_ack: commit → the broker's confirmation to the relay; medians of the rounds",
 		"load_average": loadAverage()}
 	for side, name := range map[string]string{benchCDC: "cdc", benchPolling: "polling"} {
 		for _, k := range keys {

@@ -180,8 +180,6 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	return s, nil
 }
 
-func (s *System) enabled(name string) bool { return slices.Contains(s.cfg.Services, name) }
-
 // open opens and migrates the database of service: its own
 // (Config.DatabaseURLs) as is, or km0_<service> on the admin URL's server,
 // created if absent.
@@ -344,9 +342,6 @@ func (s *System) Pool(service string) *pgxpool.Pool { return s.pools[service] }
 func (s *System) DatabaseNames() map[string]string {
 	return maps.Clone(s.dbNames)
 }
-
-// Done is closed when the system stops.
-func (s *System) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Close stops everything Start started and waits for it: at most
 // ShutdownGraceDefault for the HTTP servers to drain, and as long again for
