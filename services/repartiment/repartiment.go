@@ -4,7 +4,12 @@
 //
 //	maps service answers 503                 → outcome.Transient: retry with backoff, then DLQ
 //	delivery city not covered                → decision + repartiment.rebutjat committed, then
-//	                                           outcome.Permanent "ciutat_no_coberta: …" (DLQ)
+//	                                           outcome.Permanent "ciutat_no_coberta: …" (DLQ);
+//	                                           Final: it never blocks the order's key
+//
+// The covered cities (ciutats.coberta, changed with SetCovered) are published
+// as repartiment.cobertura snapshots, so that comandes refuses an order to
+// an uncovered city at creation without asking repartiment per order.
 //	adreca_lliurament missing in versio 1    → alert committed, then outcome.Permanent "esquema: …"
 //	database refuses connections             → transient (Classifier), retry with backoff
 //	no courier free right now                → delivery persisted as 'pendent', ack;
@@ -164,7 +169,7 @@ func (s *Service) HandleOrderPaid(ctx context.Context, tx pgx.Tx, m *consumer.Me
 	}
 	city := normalize(o.Address.City)
 	var covered bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ciutats WHERE ciutat = $1)`, city).Scan(&covered); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ciutats WHERE ciutat = $1 AND coberta)`, city).Scan(&covered); err != nil {
 		return err
 	}
 	if !covered {
@@ -244,7 +249,7 @@ func (s *Service) reject(ctx context.Context, orderID, city string) error {
 	if err != nil {
 		return outcome.Transient(fmt.Errorf("repartiment: record rejection of %s: %w", orderID, err))
 	}
-	return outcome.Permanentf("%s: %s (%s)", ReasonNotCovered, city, orderID)
+	return outcome.Permanent(fmt.Errorf("%w: %s (%s)", ErrNotCovered, city, orderID))
 }
 
 // schemaFailure raises the alert (logged, and committed once per event in
@@ -359,4 +364,4 @@ func (s *Service) Handler() http.Handler {
 	return svc.GetJSON("/lliuraments", "no s'han pogut llegir els lliuraments", func(ctx context.Context) (any, error) { return s.Summary(ctx) })
 }
 
-func normalize(city string) string { return strings.ToLower(strings.TrimSpace(city)) }
+func normalize(city string) string { return NormalizeCity(city) }
