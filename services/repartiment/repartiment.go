@@ -10,6 +10,7 @@
 // The covered cities (ciutats.coberta, changed with SetCovered) are published
 // as repartiment.cobertura snapshots, so that comandes refuses an order to
 // an uncovered city at creation without asking repartiment per order.
+//
 //	adreca_lliurament missing in versio 1    → alert committed, then outcome.Permanent "esquema: …"
 //	database refuses connections             → transient (Classifier), retry with backoff
 //	no courier free right now                → delivery persisted as 'pendent', ack;
