@@ -6,15 +6,14 @@
 //	delivery city not covered                → decision + repartiment.rebutjat committed, then
 //	                                           outcome.Permanent "ciutat_no_coberta: …" (DLQ);
 //	                                           Final: it never blocks the order's key
-//
-// The covered cities (ciutats.coberta, changed with SetCovered) are published
-// as repartiment.cobertura snapshots, so that comandes refuses an order to
-// an uncovered city at creation without asking repartiment per order.
-//
 //	adreca_lliurament missing in versio 1    → alert committed, then outcome.Permanent "esquema: …"
 //	database refuses connections             → transient (Classifier), retry with backoff
 //	no courier free right now                → delivery persisted as 'pendent', ack;
 //	                                           RunAssigner assigns it later
+//
+// The covered cities (ciutats.coberta, changed with SetCovered) are published
+// as repartiment.cobertura snapshots, so that comandes refuses an order to
+// an uncovered city at creation without asking repartiment per order.
 package repartiment
 
 import (
