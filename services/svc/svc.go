@@ -179,11 +179,19 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 type ErrorBody struct {
 	Error string `json:"error"`
 	Field string `json:"camp,omitempty"`
+	// Code, when set, is a stable machine code (e.g. ciutat_no_coberta):
+	// clients test it, not the English message.
+	Code string `json:"codi,omitempty"`
 }
 
 // WriteError writes {"error": msg, "camp": field} with status.
 func WriteError(w http.ResponseWriter, status int, field, msg string) {
 	WriteJSON(w, status, ErrorBody{Error: msg, Field: field})
+}
+
+// WriteErrorCode writes {"error": msg, "camp": field, "codi": code} with status.
+func WriteErrorCode(w http.ResponseWriter, status int, code, field, msg string) {
+	WriteJSON(w, status, ErrorBody{Error: msg, Field: field, Code: code})
 }
 
 // GetJSON returns a handler serving GET pattern with the JSON of read's
