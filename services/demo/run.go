@@ -326,7 +326,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 func settle(ctx context.Context, sys *system.System, ev *eventLog, timeout time.Duration, say func(string, ...any)) (bool, string) {
 	deadline := time.Now().Add(timeout)
 	var groups []string
-	for _, g := range []string{comandes.ConsumerPaymentConfirmed, comandes.ConsumerStockRefused, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
+	for _, g := range []string{comandes.ConsumerPaymentConfirmed, comandes.ConsumerStockRefused, comandes.ConsumerDelivery, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
 		repartiment.ConsumerAssign, "analitica.comptadors", "cataleg.estoc_baix"} {
 		if ev.onKafka(g) {
 			groups = append(groups, g)
