@@ -16,7 +16,6 @@ import (
 
 const repartimentTopic = "repartiment.esdeveniments"
 
-
 // orderTo is good with its delivery city replaced by city.
 func orderTo(id, city string) string {
 	return `{"id":"` + id + `","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":2,"preu_centims":350}],
