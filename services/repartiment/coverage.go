@@ -52,28 +52,53 @@ type Coverage struct {
 // delivering there (false), and publishes the new snapshot
 // (repartiment.cobertura) in the same transaction. A city added this way
 // has no courier until one is added to repartidors: its orders wait as
-// pendent. Orders already paid to a city no longer covered are rejected
-// (repartiment.rebutjat) and compensated. An empty city is an error.
-func (s *Service) SetCovered(ctx context.Context, city string, covered bool) error {
+// pendent. Withdrawing a city rejects, in the same transaction, every
+// delivery of it still pendent (estat rebutjat and one repartiment.rebutjat
+// each, which comandes compensates: cancel, refund) and returns how many; a
+// comanda.pagada handled later is rejected by HandleOrderPaid. Deliveries
+// already assigned are left to their courier. An empty city is an error.
+func (s *Service) SetCovered(ctx context.Context, city string, covered bool) (int, error) {
 	c := normalize(city)
 	if c == "" {
-		return errors.New("repartiment: SetCovered: empty city")
+		return 0, errors.New("repartiment: SetCovered: empty city")
 	}
+	rejected := 0
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM cobertura_publicada FOR UPDATE`); err != nil {
 			return err
 		}
+		// The city's row lock waits for every comanda.pagada of it in flight
+		// (HandleOrderPaid reads it FOR SHARE): their pendent rows are
+		// committed before the UPDATE below reads them, and later ones see
+		// the new coberta.
 		if _, err := tx.Exec(ctx, `INSERT INTO ciutats (ciutat, coberta) VALUES ($1, $2)
 			ON CONFLICT (ciutat) DO UPDATE SET coberta = excluded.coberta`, c, covered); err != nil {
 			return err
+		}
+		if !covered {
+			rows, err := tx.Query(ctx, `UPDATE lliuraments SET estat = 'rebutjat', motiu = $2 WHERE ciutat = $1 AND estat = 'pendent' RETURNING comanda_id`, c, ReasonNotCovered)
+			if err != nil {
+				return err
+			}
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return err
+			}
+			for _, id := range ids {
+				if err := s.cfg.Outbox.Enqueue(ctx, tx, &outbox.Event{Aggregate: Aggregate, AggregateID: id, Type: TypeRejected,
+					Payload: Rejected{OrderID: id, City: c, Reason: ReasonNotCovered}}); err != nil {
+					return err
+				}
+			}
+			rejected = len(ids)
 		}
 		_, err := s.publishCoverage(ctx, tx)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("repartiment: set coverage of %s: %w", c, err)
+		return 0, fmt.Errorf("repartiment: set coverage of %s: %w", c, err)
 	}
-	return nil
+	return rejected, nil
 }
 
 // PublishCoverage writes the current snapshot of covered cities

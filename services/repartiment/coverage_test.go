@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -62,8 +63,8 @@ func TestSetCoveredPublishesASnapshotAndRejectsTheCity(t *testing.T) {
 	if err != nil || !slices.Equal(first.Cities, []string{"barcelona", "figueres", "girona", "lleida", "tarragona", "vic"}) || first.Revision <= 0 {
 		t.Fatalf("first snapshot %+v %v", first, err)
 	}
-	if err := b.svc.SetCovered(ctx, " Figueres ", false); err != nil {
-		t.Fatal(err)
+	if n, err := b.svc.SetCovered(ctx, " Figueres ", false); err != nil || n != 0 {
+		t.Fatalf("withdraw figueres: %d rejected, %v", n, err)
 	}
 	if _, err := b.svc.PublishCoverage(ctx); err != nil { // a restart
 		t.Fatal(err)
@@ -77,7 +78,35 @@ func TestSetCoveredPublishesASnapshotAndRejectsTheCity(t *testing.T) {
 	if !repartiment.Final(err) || state(t, b, "P-2026-000012") != repartiment.StateRejected || events(t, b, "repartiment.rebutjat") != 1 {
 		t.Fatalf("order to withdrawn figueres: %v, state %q, want rejected with one repartiment.rebutjat", err, state(t, b, "P-2026-000012"))
 	}
-	if err := b.svc.SetCovered(ctx, "", true); err == nil {
+	if _, err := b.svc.SetCovered(ctx, "", true); err == nil {
 		t.Fatal("SetCovered of an empty city: nil error")
+	}
+}
+
+// A city added without couriers keeps its paid orders pendent; withdrawing
+// it rejects them in the same transaction (one repartiment.rebutjat each),
+// and leaves the other cities' deliveries alone.
+func TestWithdrawingACityRejectsItsPendingDeliveries(t *testing.T) {
+	b := setup(t, nil, nil)
+	ctx := context.Background()
+	if n, err := b.svc.SetCovered(ctx, "Portbou", true); err != nil || n != 0 {
+		t.Fatalf("add portbou: %d %v", n, err)
+	}
+	for i, city := range []string{"Portbou", "Portbou", "Girona"} {
+		m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid(fmt.Sprintf("P-2026-00002%d", i), city))
+		if err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := state(t, b, "P-2026-000020"); st != repartiment.StatePending {
+		t.Fatalf("portbou order %q, want pendent (no courier)", st)
+	}
+	n, err := b.svc.SetCovered(ctx, "portbou", false)
+	if err != nil || n != 2 {
+		t.Fatalf("withdraw portbou: %d rejected, %v; want 2", n, err)
+	}
+	sum, _ := b.svc.Summary(ctx)
+	if sum[repartiment.StateRejected] != 2 || sum[repartiment.StateAssigned] != 1 || sum[repartiment.StatePending] != 0 || events(t, b, "repartiment.rebutjat") != 2 {
+		t.Fatalf("deliveries %v, %d repartiment.rebutjat; want 2 rejected (2 events), girona's assigned", sum, events(t, b, "repartiment.rebutjat"))
 	}
 }

@@ -168,8 +168,11 @@ func (s *Service) HandleOrderPaid(ctx context.Context, tx pgx.Tx, m *consumer.Me
 		return err
 	}
 	city := normalize(o.Address.City)
+	// FOR SHARE: a SetCovered of this city waits for this transaction, so
+	// the pendent row written below is rejected by it if it withdraws the city.
 	var covered bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ciutats WHERE ciutat = $1 AND coberta)`, city).Scan(&covered); err != nil {
+	err := tx.QueryRow(ctx, `SELECT coberta FROM ciutats WHERE ciutat = $1 FOR SHARE`, city).Scan(&covered)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
 	if !covered {

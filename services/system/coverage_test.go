@@ -71,7 +71,7 @@ func TestUncoveredCityIsRefusedAtCreationAndARejectionAfterAcceptanceIsRefunded(
 	if st, body := postBody(t, base+"/comandes", orderTo(x, "Figueres")); st != 201 {
 		t.Fatalf("X: %d %s", st, body)
 	}
-	if err := sys.Repartiment.SetCovered(ctx, "figueres", false); err != nil {
+	if _, err := sys.Repartiment.SetCovered(ctx, "figueres", false); err != nil {
 		t.Fatal(err)
 	}
 	withdrawn.Store(true)
