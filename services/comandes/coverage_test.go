@@ -122,3 +122,18 @@ func TestDeliveryRejectionCancelsTheOrder(t *testing.T) {
 		t.Fatalf("unknown order: %v, want permanent", err)
 	}
 }
+
+// An array body to the cancellation endpoint is a 400 that names the JSON
+// kinds, never a Go type (comandes.CancelRequest).
+func TestCancellationWithAnArrayBodySaysWhatJSONItExpects(t *testing.T) {
+	b := setup(t, nil)
+	st, out := b.post(t, "", good)
+	if st != 201 {
+		t.Fatalf("create: %d", st)
+	}
+	capability, _ := out["capacitat"].(string)
+	st, body := b.cancel(t, capability, "P-2026-000123", "application/json", `[1]`)
+	if want := `{"error":"cos: wrong type: expected an object, got array","camp":"cos"}` + "\n"; st != 400 || body != want {
+		t.Fatalf("array body: %d %q, want 400 %q", st, body, want)
+	}
+}
