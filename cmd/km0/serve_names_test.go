@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,5 +51,18 @@ func TestHTTPAddrsNamesOnlyServersThisProcessRuns(t *testing.T) {
 	}
 	if _, err := parseHTTPAddrs("passarella=:8086", []string{"pagaments"}, "http://gw"); err == nil {
 		t.Fatal("passarella with --gateway-url: nil error")
+	}
+}
+
+// An error of one service carries one prefix, the service's, after the
+// command's own (main prints "km0 up: "): not "system: comandes: svc: …".
+func TestUpErrorHasOnePrefixPerLayer(t *testing.T) {
+	t.Setenv("KM0_COMANDES_DATABASE_URL", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := runServices(ctx, "up", []string{"comandes"}, []string{"--database-url", "postgres://postgres@127.0.0.1:1/postgres", "--embedded-kafka"})
+	const want = "comandes: connect to postgres://postgres@127.0.0.1:1/postgres: failed to connect to `user=postgres database=postgres`"
+	if err == nil || !strings.HasPrefix(err.Error(), want) || strings.Contains(err.Error(), "system:") || strings.Contains(err.Error(), "svc:") {
+		t.Fatalf("km0 up with a server that refuses: %v, want it to start %q with no system: or svc: prefix", err, want)
 	}
 }

@@ -71,7 +71,7 @@ func (s *System) relayFor(ctx context.Context, service string) error {
 		return nil
 	}
 	if err := cdc.CheckServer(ctx, cfg.Pool, cfg.Names, cfg.Logger); err != nil {
-		return fmt.Errorf("system: %s: %w", service, err)
+		return err // Start names the service
 	}
 	cfg.Workers = 0
 	s.sup.runCDCRelay(service, cdc.Config{Config: cfg, Slot: cdcSlot(cfg.Pool.Config().ConnConfig.Database)})
