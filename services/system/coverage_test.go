@@ -94,6 +94,10 @@ func TestUncoveredCityIsRefusedAtCreationAndARejectionAfterAcceptanceIsRefunded(
 			fmt.Sprintf("charges %v refunds %v booked %v stock %d deliveries %v cancellation applied by repartiment %d",
 				charges, refunds, booked, stock["carbasso"], lz, applied)
 	})
+	waitFor(t, "analitica counted the cancellation under its motiu", func() (bool, string) {
+		an, err := sys.Analitica.Counters(ctx)
+		return an.PerCancelReason["ciutat_no_coberta"] == 1 && an.PerCancelReason["altres"] == 0, fmt.Sprintf("%v %v", an.PerCancelReason, err)
+	})
 	var blocked, parked, letters int
 	rp := sys.Pool("repartiment")
 	if err := rp.QueryRow(ctx, `SELECT (SELECT count(*) FROM claus_bloquejades), (SELECT count(*) FROM missatges_aparcats),
