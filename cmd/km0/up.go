@@ -14,6 +14,10 @@ import (
 
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/requestreply"
+	"github.com/km0/km0/services/analitica"
+	"github.com/km0/km0/services/cataleg"
+	"github.com/km0/km0/services/comandes"
+	"github.com/km0/km0/services/inventari"
 	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/repartiment"
 	"github.com/km0/km0/services/svc"
@@ -37,7 +41,54 @@ func runServe(ctx context.Context, args []string) error {
 		}
 		return errUsage
 	}
+	if !slices.Contains(system.Services, args[0]) {
+		// Before any flag or database is looked at.
+		return fmt.Errorf("unknown service %q: NAME is one of %s", args[0], strings.Join(system.Services, ", "))
+	}
 	return runServices(ctx, "serve "+args[0], []string{args[0]}, args[1:])
+}
+
+// httpServers are the names --http accepts: the services with an HTTP API
+// and the simulated gateway and maps service.
+var httpServers = []string{comandes.Name, inventari.Name, repartiment.Name, analitica.Name, cataleg.Name, system.GatewayName, system.MapsName}
+
+// parseHTTPAddrs reads --http NAME=ADDR,... for a process that runs
+// services (gateway: --gateway-url). A NAME without an HTTP server
+// (pagaments), or whose server this process does not start, is refused
+// rather than ignored.
+func parseHTTPAddrs(spec string, services []string, gateway string) (map[string]string, error) {
+	addrs := map[string]string{}
+	for _, kv := range strings.Split(spec, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		switch {
+		case k == pagaments.Name:
+			return nil, fmt.Errorf("--http %q: pagaments has no HTTP API (it consumes events and answers authorisations over request/reply); NAME is one of %s",
+				kv, strings.Join(httpServers, ", "))
+		case !ok || v == "" || !slices.Contains(httpServers, k):
+			return nil, fmt.Errorf("--http %q: want NAME=ADDR with NAME one of %s", kv, strings.Join(httpServers, ", "))
+		}
+		owner := k
+		switch k {
+		case system.GatewayName:
+			owner = pagaments.Name
+			if gateway != "" {
+				return nil, fmt.Errorf("--http %q: the simulated gateway does not run with --gateway-url", kv)
+			}
+		case system.MapsName:
+			owner = repartiment.Name
+		}
+		if !slices.Contains(services, owner) {
+			return nil, fmt.Errorf("--http %q: %s does not run in this process (it runs %s)", kv, k, strings.Join(services, ", "))
+		}
+		if _, dup := addrs[k]; dup {
+			return nil, fmt.Errorf("--http %q: %s given twice", kv, k)
+		}
+		addrs[k] = v
+	}
+	return addrs, nil
 }
 
 func runServices(ctx context.Context, name string, services []string, args []string) error {
@@ -93,6 +144,10 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err := alerts.check(*consoleAddr != "", "--console"); err != nil {
 		return err
 	}
+	addrs, err := parseHTTPAddrs(*httpAddrs, services, *gateway)
+	if err != nil {
+		return err
+	}
 	if strings.Trim(*dbSuffix, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
 		return fmt.Errorf("--database-suffix %q: use lower-case letters, digits and _ only", *dbSuffix)
 	}
@@ -146,18 +201,6 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	kopts, err := ksec.opts(ctx, remote, logger())
 	if err != nil {
 		return err
-	}
-	addrs := map[string]string{}
-	known := append([]string{system.GatewayName, system.MapsName}, system.Services...)
-	for _, kv := range strings.Split(*httpAddrs, ",") {
-		if kv = strings.TrimSpace(kv); kv == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || v == "" || !slices.Contains(known, k) {
-			return fmt.Errorf("--http %q: want NAME=ADDR with NAME one of %s", kv, strings.Join(known, ", "))
-		}
-		addrs[k] = v
 	}
 	key, err := signingKey(name, *acceptUnsigned)
 	if err != nil {

@@ -71,7 +71,7 @@ func (o Options) Unmarshal(data []byte, v any) error {
 	if err := json.Unmarshal(data, fresh.Interface()); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return &Error{Path: te.Field, Reason: "tipus incorrecte: s'esperava " + te.Type.String()}
+			return &Error{Path: te.Field, Reason: "wrong type: expected " + jsonKind(te.Type) + ", got " + te.Value}
 		}
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
@@ -365,4 +365,31 @@ func addFields(out map[string]reflect.Type, t reflect.Type, depth int) {
 			out[name] = f.Type
 		}
 	}
+}
+
+// jsonKind names the JSON value a Go type decodes from, for an error a
+// caller reads: never the Go type's name (a package path, a struct name).
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 && t.Kind() == reflect.Slice {
+			return "a string (base64)"
+		}
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return "another JSON value"
 }

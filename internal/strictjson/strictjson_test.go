@@ -55,7 +55,7 @@ func TestRefused(t *testing.T) {
 		{"embedded struct field case", `{"Id":"x"}`, "Id", "majúscules"},
 		{"malformed", `{"id":`, "", "mal format"},
 		{"trailing data", `{"id":"a"} {}`, "", "mal format"},
-		{"wrong type", `{"linies":[{"quantitat":"dos"}]}`, "linies.quantitat", "tipus incorrecte"},
+		{"wrong type", `{"linies":[{"quantitat":"dos"}]}`, "linies.quantitat", "wrong type: expected an integer, got string"},
 	}
 	for _, c := range cases {
 		var v any = &order{}

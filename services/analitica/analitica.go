@@ -46,10 +46,11 @@ var Migrations = migrate.Set{Name: "analitica", FS: sqlFS, Dir: "sql"}
 const ReasonOther = "altres"
 
 // KnownCancelReasons are the motius of comanda.cancellada counted under their
-// own name: comandes' default (client) and inventari's refusals. Any other
+// own name: comandes' default (client), inventari's refusals and
+// repartiment's (ciutat_no_coberta, the compensation of a rejected delivery). Any other
 // motiu (free text of POST /comandes/{id}/cancellacio) counts as ReasonOther,
 // so the counters stay a handful of rows whatever callers send.
-var KnownCancelReasons = []string{"client", "estoc_insuficient", "producte_desconegut"}
+var KnownCancelReasons = []string{"client", "estoc_insuficient", "producte_desconegut", "ciutat_no_coberta"}
 
 // Service is the analitica service. It is safe for concurrent use.
 type Service struct {

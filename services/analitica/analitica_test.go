@@ -77,15 +77,15 @@ func TestCountsCancellationsPerMotiu(t *testing.T) {
 
 // TestAnyOtherMotiuCountsAsAltres: 300 distinct free-text motius (bidi
 // characters, 200 bytes, an operator's note) make one row, altres = 300,
-// beside the known client and the inventari refusals.
+// beside the known client, the inventari refusals and ciutat_no_coberta.
 func TestAnyOtherMotiuCountsAsAltres(t *testing.T) {
 	pool, _ := svctest.DB(t, analitica.Migrations)
 	s, _ := analitica.New(pool)
-	motius := []string{comandes.ReasonClient, inventari.ErrInsufficient.Error(), inventari.ErrUnknownProduct.Error()}
+	motius := []string{comandes.ReasonClient, inventari.ErrInsufficient.Error(), inventari.ErrUnknownProduct.Error(), comandes.ReasonNotCovered}
 	for i := range 300 {
 		motius = append(motius, fmt.Sprintf("nota %d \u202etxet", i))
 	}
-	motius[10] = strings.Repeat("x", 200)
+	motius[11] = strings.Repeat("x", 200)
 	for _, motiu := range motius {
 		m := svctest.Message(t, "t", "comanda.cancellada", 1, map[string]any{"comanda_id": "P-2026-000001", "motiu": motiu})
 		if err := svctest.Run(t, pool, s.HandleEvent, m); err != nil {
@@ -96,13 +96,13 @@ func TestAnyOtherMotiuCountsAsAltres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]int64{"client": 1, "estoc_insuficient": 1, "producte_desconegut": 1, analitica.ReasonOther: 300}
-	if !maps.Equal(c.PerCancelReason, want) || c.PerType["comanda.cancellada"] != 303 {
-		t.Fatalf("%d motiu rows (altres %d, client %d), %d comanda.cancellada; want %v and 303",
+	want := map[string]int64{"client": 1, "estoc_insuficient": 1, "producte_desconegut": 1, "ciutat_no_coberta": 1, analitica.ReasonOther: 300}
+	if !maps.Equal(c.PerCancelReason, want) || c.PerType["comanda.cancellada"] != 304 {
+		t.Fatalf("%d motiu rows (altres %d, client %d), %d comanda.cancellada; want %v and 304",
 			len(c.PerCancelReason), c.PerCancelReason[analitica.ReasonOther], c.PerCancelReason["client"], c.PerType["comanda.cancellada"], want)
 	}
-	if len(analitica.KnownCancelReasons) != 3 {
-		t.Fatalf("known motius %v: this test counts 3", analitica.KnownCancelReasons)
+	if len(analitica.KnownCancelReasons) != 4 {
+		t.Fatalf("known motius %v: this test counts 4", analitica.KnownCancelReasons)
 	}
 }
 

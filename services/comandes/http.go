@@ -22,7 +22,8 @@ const maxKeyLen = 200
 
 // Handler returns the HTTP API:
 //
-//	POST /comandes        create an order (201 with its capacitat, 400 naming the field or the unknown product, 402, 409, 413, 415, 422, 503)
+//	POST /comandes        create an order (201 with its capacitat, 400 naming the field or the unknown product, 402, 409, 413, 415,
+//	                      422 (codi ciutat_no_coberta: a delivery city repartiment does not cover, before anything is stored or authorised), 503)
 //	GET  /comandes/{id}   read an order (200, 400, 401, 404, 503)
 //	POST /comandes/{id}/cancellacio   cancel an order (200, the same body for a repeat; 400, 401, 404, 413, 415, 503)
 //
@@ -70,6 +71,18 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 		} else {
 			svc.WriteError(w, http.StatusBadRequest, "", ferr.Error())
 		}
+		return
+	}
+	if err := s.checkCoverage(r.Context(), o); err != nil {
+		var nc *errNotCovered
+		if errors.As(err, &nc) {
+			writeNotCovered(w, nc)
+			return
+		}
+		if r.Context().Err() == nil {
+			s.cfg.Logger.Error("comandes: check coverage", "comanda", o.ID, "err", err)
+		}
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "could not check the delivery city; try again")
 		return
 	}
 	key := r.Header.Get("Idempotency-Key")

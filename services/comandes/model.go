@@ -1,7 +1,11 @@
 // Package comandes is the orders service of Quilòmetre Zero: an HTTP JSON API
 // that validates and stores orders and writes comanda.creada through the
 // transactional outbox in the same transaction, and the consumer of
-// pagament.confirmat that marks an order paid and emits comanda.pagada.
+// pagament.confirmat that marks an order paid and emits comanda.pagada. It
+// keeps a copy of repartiment's coverage (repartiment.cobertura) to refuse an
+// order to an uncovered city at creation (422 ciutat_no_coberta), and cancels
+// the orders inventari or repartiment refuse (estoc.refusat,
+// repartiment.rebutjat) so that they are refunded.
 package comandes
 
 import (

@@ -243,6 +243,17 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 		close(c.poisonDone)
 	}
 
+	// comandes refuses Perpinyà (422) once it holds repartiment's coverage.
+	cp, err := c.pool(ctx, comandes.Name)
+	if err != nil {
+		return nil, err
+	}
+	err = waitCoverage(ctx, cp, UncoveredCity, false)
+	cp.Close()
+	if err != nil {
+		return nil, err
+	}
+
 	// Drive and faults at once.
 	c.t0 = time.Now()
 	driveCtx, cancelDrive := context.WithTimeout(ctx, cfg.Duration+cfg.SettleTimeout)

@@ -202,6 +202,10 @@ func (c *chaos) reconcile(ctx context.Context, plan []*planned, sub Submissions,
 	r.Compensation = comp
 	r.check("cancel·lades (pel client o per manca d'estoc): estoc retornat, reemborsament un cop, repartidor alliberat",
 		comp.ok() && sub.Cancelled == comp.ByReason[comandes.ReasonClient] && sub.CancelDiffers == 0, "%s; %d cancel·lacions del client respostes 200", comp, sub.Cancelled)
+	r.check("no order rejected by repartiment stays charged: each cancelled (ciutat_no_coberta) and refunded once, or never charged",
+		comp.RejectedNotCancelled == 0 && comp.RejectedCharged == 0 && comp.ByReason[comandes.ReasonNotCovered] == comp.Rejected,
+		"%d rejected, %d cancelled for ciutat_no_coberta, %d not cancelled, %d left charged; %d orders to %s refused with 422",
+		comp.Rejected, comp.ByReason[comandes.ReasonNotCovered], comp.RejectedNotCancelled, comp.RejectedCharged, sub.NotCovered, UncoveredCity)
 	if err := c.checkStock(ctx, pools, plan, sub, restock, insufficient, comp.cancelled, dls, r); err != nil {
 		return err
 	}

@@ -25,7 +25,7 @@ var (
 		comandes.Topic:    {inventari.ConsumerDecrement, pagaments.ConsumerCharge, repartiment.ConsumerAssign, analitica.ConsumerCount},
 		pagaments.Topic:   {comandes.ConsumerPaymentConfirmed, analitica.ConsumerCount},
 		inventari.Topic:   {cataleg.ConsumerLowStock, comandes.ConsumerStockRefused, analitica.ConsumerCount},
-		repartiment.Topic: {analitica.ConsumerCount},
+		repartiment.Topic: {comandes.ConsumerDelivery, analitica.ConsumerCount},
 	}
 	handledBy = map[string]string{
 		inventari.ConsumerDecrement: comandes.TypeCreated, pagaments.ConsumerCharge: comandes.TypeCreated,
@@ -34,6 +34,7 @@ var (
 		// comandes.refus_estoc ignores what it does not handle and must move past it:
 		// any healthy record after a poison one, by its committed offset.
 		comandes.ConsumerStockRefused: "",
+		comandes.ConsumerDelivery:     "",
 	}
 	// inboxGroups record every processed key in missatges_processats
 	// (comandes.refus_estoc too, but it ignores most records of its topic,

@@ -28,7 +28,7 @@ var publishing = []string{comandes.Name, inventari.Name, pagaments.Name, reparti
 // services' domain consumers and, with authorisations, the request/reply servers.
 func (c *chaos) chaosGroups() []string {
 	g := []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
-		repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock, comandes.ConsumerStockRefused}
+		repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock, comandes.ConsumerStockRefused, comandes.ConsumerDelivery}
 	if !c.cfg.NoAuthorize && os.Getenv("KM0_AMQP_URL") == "" {
 		g = append(g, pagaments.AuthQueue+".servidor")
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/km0/km0/services/comandes"
 	"github.com/km0/km0/services/inventari"
+	"github.com/km0/km0/services/repartiment"
 )
 
 // Compensation reconciles the cancelled orders of a run: the client's
@@ -30,6 +31,12 @@ type Compensation struct {
 	Released            int            `json:"repartidors_alliberats"`
 	RefusedNotCancelled int            `json:"refusades_sense_cancellar"`  // orders refused for stock not cancelled: must be 0
 	UnplannedCancel     int            `json:"cancellacions_no_previstes"` // must be 0
+	// Rejected are the orders repartiment rejected (repartiment.rebutjat,
+	// delivery estat rebutjat): each must be cancelled (motiu
+	// ciutat_no_coberta) and refunded, or never charged.
+	Rejected             int `json:"rebutjades_repartiment"`
+	RejectedNotCancelled int `json:"rebutjades_sense_cancellar"` // must be 0
+	RejectedCharged      int `json:"rebutjades_cobrades"`        // rejected and still charged (not refunded once): must be 0
 
 	cancelled map[string]bool
 }
@@ -48,12 +55,24 @@ func compensate(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*pla
 			planned[p.order.ID] = true
 		}
 	}
+	rejected, err := scanPair[string, string](ctx, pools[repartiment.Name], `SELECT comanda_id, coalesce(motiu, '') FROM lliuraments WHERE estat = 'rebutjat'`)
+	if err != nil {
+		return nil, err
+	}
 	for id, why := range reasons {
 		c.Cancelled++
 		c.ByReason[why]++
 		c.cancelled[id] = true
-		if !(planned[id] && why == comandes.ReasonClient) && !(refused[id] && why == inventari.ErrInsufficient.Error()) {
+		_, isRejected := rejected[id]
+		if !(planned[id] && why == comandes.ReasonClient) && !(refused[id] && why == inventari.ErrInsufficient.Error()) &&
+			!(isRejected && why == comandes.ReasonNotCovered) {
 			c.UnplannedCancel++
+		}
+	}
+	c.Rejected = len(rejected)
+	for id := range rejected {
+		if !c.cancelled[id] {
+			c.RejectedNotCancelled++
 		}
 	}
 	for id := range refused {
@@ -103,6 +122,9 @@ func compensate(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*pla
 				c.ChargedUnbooked++
 			}
 		}
+		if _, isRejected := rejected[id]; isRejected && charged && (!refunded || nRefunds[id] != 1 || rf.cents != ch.cents) {
+			c.RejectedCharged++
+		}
 		switch {
 		case !charged && !refunded:
 			c.NeverCharged++
@@ -117,6 +139,11 @@ func compensate(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*pla
 	for id := range refunds {
 		if !c.cancelled[id] {
 			c.RefundWrong++
+		}
+	}
+	for id := range rejected {
+		if _, charged := charges[id]; charged && !c.cancelled[id] {
+			c.RejectedCharged++ // charged, never cancelled: never refunded
 		}
 	}
 	held, err := scanPair[string, string](ctx, pools[inventari.Name], `SELECT comanda_id, estat || CASE WHEN restaurada THEN '+' ELSE '' END FROM comandes_estoc`)
@@ -157,7 +184,8 @@ func compensate(ctx context.Context, pools map[string]*pgxpool.Pool, plan []*pla
 
 // ok reports whether every cancelled order is compensated.
 func (c *Compensation) ok() bool {
-	return c.Owed == 0 && c.RefundWrong == 0 && c.StockHeld == 0 && c.CourierHeld == 0 && c.RefusedNotCancelled == 0 && c.UnplannedCancel == 0
+	return c.Owed == 0 && c.RefundWrong == 0 && c.StockHeld == 0 && c.CourierHeld == 0 && c.RefusedNotCancelled == 0 && c.UnplannedCancel == 0 &&
+		c.RejectedNotCancelled == 0 && c.RejectedCharged == 0
 }
 
 func (c *Compensation) String() string {

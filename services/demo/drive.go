@@ -16,18 +16,19 @@ import (
 type Submissions struct {
 	Planned       int `json:"planejades"`
 	Requests      int `json:"peticions"`
-	Accepted      int `json:"acceptades"`              // first 201 of each order
-	Replayed      int `json:"duplicats_absorbits"`     // answers replayed for a repeated Idempotency-Key
-	ReplayDiffers int `json:"duplicats_diferents"`     // a replay whose id_esdeveniment or capacitat differs (must be 0)
-	Invalid       int `json:"rebutjades_validacio"`    // 400
-	Refused       int `json:"rebutjades_pagament"`     // 402
-	Conflict      int `json:"conflictes"`              // 409
-	Unavailable   int `json:"no_disponible_503"`       // 503 answers (then retried with the same key)
-	Other         int `json:"altres"`                  // anything else (must be 0)
-	Unexpected    int `json:"resultats_inesperats"`    // a status other than the plan expects (must be 0)
-	Unanswered    int `json:"sense_resposta"`          // orders still without a final answer when the drive was cut short
-	Cancelled     int `json:"cancellades_pel_client"`  // POST /comandes/{id}/cancellacio answered 200 (twice each: the repeat answers the same)
-	CancelDiffers int `json:"cancellacions_diferents"` // a repeated cancellation answered another body (must be 0)
+	Accepted      int `json:"acceptades"`                   // first 201 of each order
+	Replayed      int `json:"duplicats_absorbits"`          // answers replayed for a repeated Idempotency-Key
+	ReplayDiffers int `json:"duplicats_diferents"`          // a replay whose id_esdeveniment or capacitat differs (must be 0)
+	Invalid       int `json:"rebutjades_validacio"`         // 400
+	Refused       int `json:"rebutjades_pagament"`          // 402
+	NotCovered    int `json:"rebutjades_ciutat_no_coberta"` // 422 codi ciutat_no_coberta
+	Conflict      int `json:"conflictes"`                   // 409
+	Unavailable   int `json:"no_disponible_503"`            // 503 answers (then retried with the same key)
+	Other         int `json:"altres"`                       // anything else (must be 0)
+	Unexpected    int `json:"resultats_inesperats"`         // a status other than the plan expects (must be 0)
+	Unanswered    int `json:"sense_resposta"`               // orders still without a final answer when the drive was cut short
+	Cancelled     int `json:"cancellades_pel_client"`       // POST /comandes/{id}/cancellacio answered 200 (twice each: the repeat answers the same)
+	CancelDiffers int `json:"cancellacions_diferents"`      // a repeated cancellation answered another body (must be 0)
 
 	accepted map[string]string // order id → id_esdeveniment of its first answer
 	caps     map[string]string // order id → capacitat of its first 201: the credential of its cancellation
@@ -106,6 +107,8 @@ func (d *driver) record(p *planned, a answer) {
 	switch {
 	case p.invalid:
 		want = http.StatusBadRequest
+	case p.uncovered:
+		want = http.StatusUnprocessableEntity // checked before the card
 	case p.refused:
 		want = http.StatusPaymentRequired
 	}
@@ -131,6 +134,8 @@ func (d *driver) record(p *planned, a answer) {
 		d.res.Invalid++
 	case http.StatusPaymentRequired:
 		d.res.Refused++
+	case http.StatusUnprocessableEntity:
+		d.res.NotCovered++
 	case http.StatusConflict:
 		d.res.Conflict++
 	default:

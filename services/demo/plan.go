@@ -17,8 +17,15 @@ const Cheese = "formatge-curat"
 // CheesePerOrder is the units of Cheese each cheese order asks for.
 const CheesePerOrder = 2
 
-// UncoveredCity is a delivery city Quilòmetre Zero does not serve.
+// UncoveredCity is a delivery city Quilòmetre Zero does not serve: comandes
+// refuses its orders at creation (422 ciutat_no_coberta).
 const UncoveredCity = "Perpinyà"
+
+// WithdrawnCity is the city the in-process demo adds to repartiment's
+// coverage before the drive (without couriers: its paid orders wait as
+// pendent) and withdraws after it: its accepted orders are rejected by
+// repartiment (repartiment.rebutjat), then cancelled and refunded.
+const WithdrawnCity = "Portbou"
 
 var (
 	prices   = map[string]int64{"tomaquet-rosa": 350, "carbasso": 300, "formatge-fresc": 900, "vi-crianca": 1250, Cheese: 1450}
@@ -40,6 +47,7 @@ type planned struct {
 	legacy    bool   // no address: comanda.creada / comanda.pagada versio 1
 	cancel    bool   // cancelled by the client right after its 201
 	late      bool   // cancelled once the system has settled: paid, assigned a courier
+	withdrawn bool   // to WithdrawnCity (markWithdrawn): accepted, then rejected and compensated
 }
 
 // Scenario rules, by order number.
@@ -119,6 +127,22 @@ func makePlan(n int, seed uint64, run string, authorize bool) []*planned {
 		out = append(out, p)
 	}
 	return out
+}
+
+// isWithdrawn: orders to WithdrawnCity (markWithdrawn).
+func isWithdrawn(n int) bool { return n%40 == 27 }
+
+// markWithdrawn sends the plain orders isWithdrawn picks to WithdrawnCity.
+// Only the in-process demo calls it: it changes repartiment's coverage.
+func markWithdrawn(plan []*planned) {
+	for _, p := range plan {
+		if !isWithdrawn(p.num) || p.invalid || p.refused || p.cheese || p.uncovered || p.legacy || p.duplicate || p.cancel || p.late {
+			continue
+		}
+		p.withdrawn = true
+		p.order.Address = &comandes.Address{City: WithdrawnCity, PostalCode: "17497"}
+		p.body, _ = json.Marshal(p.order)
+	}
 }
 
 // restockFor returns the units to add to each plentiful product so that the

@@ -464,11 +464,17 @@ func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planne
 	if err != nil {
 		return err
 	}
-	// Per paid order (a cancelled one is reconciled by Compensation).
+	// Per paid order (a cancelled one is reconciled by Compensation); a
+	// rejected order is cancelled by its compensation, counted apart.
 	sum := map[string]int{}
 	for id, o := range orders {
-		if o[0] == "pagada" && states[id] != "" {
+		if o[0] == "pagada" && states[id] != "" && states[id] != repartiment.StateRejected {
 			sum[states[id]]++
+		}
+	}
+	for _, st := range states {
+		if st == repartiment.StateRejected {
+			sum[st]++
 		}
 	}
 	notCovered := dlqBy(repartiment.ConsumerAssign, "permanent: "+repartiment.ReasonNotCovered)
@@ -500,7 +506,7 @@ func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planne
 		if _, ok := sub.accepted[p.order.ID]; !ok {
 			continue
 		}
-		if p.uncovered {
+		if p.withdrawn {
 			wantUncovered++
 		}
 		if p.legacy {
@@ -514,10 +520,27 @@ func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planne
 		}
 	}
 	a, pend, rej := sum[repartiment.StateAssigned], sum[repartiment.StatePending], sum[repartiment.StateRejected]
-	r.check("cada comanda pagada: assignada, pendent, rebutjada o a la DLQ d'esquema", a+pend+rej+len(schema) == paid,
-		"%d pagades = %d assignades + %d pendents + %d rebutjades + %d esquema", paid, a, pend, rej, len(schema))
-	r.check("ciutat no coberta: DLQ ciutat_no_coberta + repartiment.rebutjat, un per comanda", rej == wantUncovered && len(notCovered) == rej && rejectedEv == rej,
-		"%d comandes a %s, %d rebutjades, %d a la DLQ, %d esdeveniments repartiment.rebutjat", wantUncovered, UncoveredCity, rej, len(notCovered), rejectedEv)
+	// A rejected order is cancelled by its compensation: no longer pagada.
+	r.check("cada comanda pagada: assignada, pendent o a la DLQ d'esquema", a+pend+len(schema) == paid,
+		"%d pagades = %d assignades + %d pendents + %d esquema (%d rebutjades, cancel·lades)", paid, a, pend, len(schema), rej)
+	// Rejected by repartiment when WithdrawnCity was withdrawn: those still
+	// pendent by SetCovered (no letter), those paid later by the handler
+	// (letter ciutat_no_coberta, final: it blocks no key).
+	blocked, err := countOf(ctx, rp, `SELECT count(*) FROM claus_bloquejades b JOIN lliuraments l ON b.clau = convert_to(l.comanda_id, 'UTF8')
+		WHERE b.consumidor = '`+repartiment.ConsumerAssign+`' AND l.estat = 'rebutjat'`)
+	if err != nil {
+		return err
+	}
+	lettersOK := len(notCovered) <= rej
+	for id := range notCovered {
+		if p := byID(plan, id); p == nil || !p.withdrawn {
+			lettersOK = false
+		}
+	}
+	r.check("uncovered city: refused at creation (422 ciutat_no_coberta); coverage withdrawn after acceptance: rejected once (repartiment.rebutjat), no key blocked",
+		sub.NotCovered == wantRefusedUncovered(plan) && rej == wantUncovered && rejectedEv == rej && lettersOK && blocked == 0,
+		"%d orders to %s refused with 422 (of %d planned); %d accepted orders to %s: %d rejected, %d repartiment.rebutjat, %d dead letters ciutat_no_coberta, %d keys blocked",
+		sub.NotCovered, UncoveredCity, wantRefusedUncovered(plan), wantUncovered, WithdrawnCity, rej, rejectedEv, len(notCovered), blocked)
 	r.check("versio 1 sense adreça: DLQ esquema + alerta", len(schema) == wantLegacy && alerts >= wantLegacy,
 		"%d comandes sense adreça, %d a la DLQ esquema, %d alertes", wantLegacy, len(schema), alerts)
 	r.check("repartidors assignats un cop i cap lliurament pendent", assignedEv == a+comp.Released && pend == 0,
@@ -530,8 +553,8 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nkm0 demo · informe de conciliació (execució %s, %.1f s)\n", r.Run, r.Elapsed)
 	fmt.Fprintf(w, "PostgreSQL: %s · esdeveniments: %s · petició/resposta: %s\n\n", r.Database, cmp.Or(r.EventsBroker, "Kafka"), r.RequestReply)
 	o := r.Orders
-	fmt.Fprintf(w, "Comandes: %d planejades, %d peticions HTTP · %d acceptades · %d duplicats absorbits (Idempotency-Key) · %d rebutjades per validació (400) · %d pagament refusat (402) · %d respostes 503 reintentades\n\n",
-		o.Planned, o.Requests, o.Accepted, o.Replayed, o.Invalid, o.Refused, o.Unavailable)
+	fmt.Fprintf(w, "Comandes: %d planejades, %d peticions HTTP · %d acceptades · %d duplicats absorbits (Idempotency-Key) · %d rebutjades per validació (400) · %d ciutat no coberta (422) · %d pagament refusat (402) · %d respostes 503 reintentades\n\n",
+		o.Planned, o.Requests, o.Accepted, o.Replayed, o.Invalid, o.NotCovered, o.Refused, o.Unavailable)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "Esdeveniments\tfiles outbox\tpendents\tregistres\tids diferents\trepublicats\tperduts")
 	for _, t := range sortedKeys(r.Events) {
@@ -646,7 +669,33 @@ func (r *Report) checkCancellations(plan []*planned, sub Submissions, refused ma
 		planned, planned-late, inRetry, late, c.Released, sub.Cancelled, sub.CancelDiffers, c.ByReason[comandes.ReasonClient])
 	r.check("refusades per estoc: cancel·lades (estoc_insuficient) i reemborsades", c.RefusedNotCancelled == 0 && c.ByReason[inventari.ErrInsufficient.Error()] == len(refused),
 		"%d refusades per estoc, %d cancel·lades per estoc_insuficient, %d sense cancel·lar", len(refused), c.ByReason[inventari.ErrInsufficient.Error()], c.RefusedNotCancelled)
+	r.check("no order rejected by repartiment stays charged: each cancelled (ciutat_no_coberta) and refunded once, or never charged",
+		c.RejectedNotCancelled == 0 && c.RejectedCharged == 0 && c.ByReason[comandes.ReasonNotCovered] == c.Rejected,
+		"%d rejected, %d cancelled for ciutat_no_coberta, %d not cancelled, %d left charged",
+		c.Rejected, c.ByReason[comandes.ReasonNotCovered], c.RejectedNotCancelled, c.RejectedCharged)
 	r.check("cancel·lades: estoc retornat, reemborsament un cop, repartidor alliberat", c.ok(), "%s", c)
+}
+
+// wantRefusedUncovered counts the orders to UncoveredCity that reach the
+// coverage check (a 400 for bad input comes first).
+func wantRefusedUncovered(plan []*planned) int {
+	n := 0
+	for _, p := range plan {
+		if p.uncovered && !p.invalid {
+			n++
+		}
+	}
+	return n
+}
+
+// byID returns the planned order id, or nil.
+func byID(plan []*planned, id string) *planned {
+	for _, p := range plan {
+		if p.order.ID == id {
+			return p
+		}
+	}
+	return nil
 }
 
 // brokerName is the display name of a system.Events broker.

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
@@ -136,6 +137,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	run := randomSuffix()
 	plan := makePlan(cfg.Orders, cfg.Seed, run, !cfg.NoAuthorize)
+	markWithdrawn(plan)
 	inject := newInjector(cfg.Orders)
 	sysCfg := system.Config{
 		DatabaseURL: server.URL, DatabaseSuffix: "demo_" + run, AMQPURL: cfg.AMQPURL, Authorize: !cfg.NoAuthorize,
@@ -237,6 +239,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	say("reposat l'estoc de %d productes perquè només el formatge curat (5 unitats) s'esgoti", len(restock))
 
+	// WithdrawnCity joins the coverage now and leaves it after the drive;
+	// comandes must hold the new snapshot before the first order (else it
+	// accepts Perpinyà, which repartiment would reject and the saga refund).
+	if _, err := sys.Repartiment.SetCovered(ctx, WithdrawnCity, true); err != nil {
+		return nil, err
+	}
+	if err := waitCoverage(ctx, sys.Pool(comandes.Name), WithdrawnCity, true); err != nil {
+		return nil, err
+	}
+	say("coverage: comandes holds repartiment's snapshot (%s added, without couriers; %s not covered)", WithdrawnCity, UncoveredCity)
+
 	d := &driver{url: sys.Addrs()[comandes.Name], client: &http.Client{Timeout: 30 * time.Second}}
 	step := max(cfg.Orders/10, 1)
 	var out *outage
@@ -260,6 +273,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		out.wait(ctx)
 	}
 	say("enviament acabat: %d acceptades, %d duplicats absorbits; esperant que el sistema s'assenti", sub.Accepted, sub.Replayed)
+	rejected, err := sys.Repartiment.SetCovered(ctx, WithdrawnCity, false)
+	if err != nil {
+		return nil, err
+	}
+	say("coverage: %s withdrawn; %d pending deliveries rejected (the orders paid later are rejected on arrival), to be cancelled and refunded", WithdrawnCity, rejected)
 
 	ev := &eventLog{sys: sys, rabbit: rmq}
 	if broker != nil {
@@ -330,7 +348,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 func settle(ctx context.Context, sys *system.System, ev *eventLog, timeout time.Duration, say func(string, ...any)) (bool, string) {
 	deadline := time.Now().Add(timeout)
 	var groups []string
-	for _, g := range []string{comandes.ConsumerPaymentConfirmed, comandes.ConsumerStockRefused, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
+	for _, g := range []string{comandes.ConsumerPaymentConfirmed, comandes.ConsumerStockRefused, comandes.ConsumerDelivery, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
 		repartiment.ConsumerAssign, "analitica.comptadors", "cataleg.estoc_baix"} {
 		if ev.onKafka(g) {
 			groups = append(groups, g)
@@ -473,4 +491,24 @@ func randomSuffix() string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// waitCoverage polls comandes's copy of the coverage (pool: km0_comandes)
+// until it holds a snapshot in which city is covered (or not), for at most
+// 30 s.
+func waitCoverage(ctx context.Context, pool *pgxpool.Pool, city string, covered bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		var known, in bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM cobertura), EXISTS (SELECT 1 FROM ciutats_cobertes WHERE ciutat = lower($1))`, city).Scan(&known, &in)
+		if err == nil && known && in == covered {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("demo: comandes has no coverage snapshot with %s covered=%v after 30 s (is comandes.repartiment consuming repartiment.esdeveniments?): %v", city, covered, cmp.Or(err, ctx.Err()))
+		case <-time.After(50 * time.Millisecond): // polling with a deadline
+		}
+	}
 }

@@ -4,11 +4,16 @@
 //
 //	maps service answers 503                 → outcome.Transient: retry with backoff, then DLQ
 //	delivery city not covered                → decision + repartiment.rebutjat committed, then
-//	                                           outcome.Permanent "ciutat_no_coberta: …" (DLQ)
+//	                                           outcome.Permanent "ciutat_no_coberta: …" (DLQ);
+//	                                           Final: it never blocks the order's key
 //	adreca_lliurament missing in versio 1    → alert committed, then outcome.Permanent "esquema: …"
 //	database refuses connections             → transient (Classifier), retry with backoff
 //	no courier free right now                → delivery persisted as 'pendent', ack;
 //	                                           RunAssigner assigns it later
+//
+// The covered cities (ciutats.coberta, changed with SetCovered) are published
+// as repartiment.cobertura snapshots, so that comandes refuses an order to
+// an uncovered city at creation without asking repartiment per order.
 package repartiment
 
 import (
@@ -163,8 +168,11 @@ func (s *Service) HandleOrderPaid(ctx context.Context, tx pgx.Tx, m *consumer.Me
 		return err
 	}
 	city := normalize(o.Address.City)
+	// FOR SHARE: a SetCovered of this city waits for this transaction, so
+	// the pendent row written below is rejected by it if it withdraws the city.
 	var covered bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ciutats WHERE ciutat = $1)`, city).Scan(&covered); err != nil {
+	err := tx.QueryRow(ctx, `SELECT coberta FROM ciutats WHERE ciutat = $1 FOR SHARE`, city).Scan(&covered)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
 	if !covered {
@@ -244,7 +252,7 @@ func (s *Service) reject(ctx context.Context, orderID, city string) error {
 	if err != nil {
 		return outcome.Transient(fmt.Errorf("repartiment: record rejection of %s: %w", orderID, err))
 	}
-	return outcome.Permanentf("%s: %s (%s)", ReasonNotCovered, city, orderID)
+	return outcome.Permanent(fmt.Errorf("%w: %s (%s)", ErrNotCovered, city, orderID))
 }
 
 // schemaFailure raises the alert (logged, and committed once per event in
@@ -359,4 +367,4 @@ func (s *Service) Handler() http.Handler {
 	return svc.GetJSON("/lliuraments", "no s'han pogut llegir els lliuraments", func(ctx context.Context) (any, error) { return s.Summary(ctx) })
 }
 
-func normalize(city string) string { return strings.ToLower(strings.TrimSpace(city)) }
+func normalize(city string) string { return NormalizeCity(city) }

@@ -46,7 +46,7 @@ func DatabaseName(service, suffix string) string {
 // whose later dbname overrides an earlier one. It fails on an unparseable
 // base without echoing it (it may hold a password).
 func WithDatabase(base, name string) (string, error) {
-	unparseable := errors.New("svc: unparseable database URL (not shown: it may hold a password)")
+	unparseable := errors.New("unparseable database URL (not shown: it may hold a password)")
 	if !strings.HasPrefix(base, "postgres://") && !strings.HasPrefix(base, "postgresql://") {
 		// Not parsed here: pgconn.ParseConfig reads the TLS files, and the
 		// connection reports their errors.
@@ -73,12 +73,12 @@ func EnsureDatabase(ctx context.Context, base, name string) (string, error) {
 	}
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
-		return "", fmt.Errorf("svc: connect to %s: %w", redact.URL(base), err)
+		return "", fmt.Errorf("connect to %s: %w", redact.URL(base), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
-		return "", fmt.Errorf("svc: look up database %s: %w", name, err)
+		return "", fmt.Errorf("look up database %s: %w", name, err)
 	}
 	if exists {
 		return target, nil
@@ -89,7 +89,7 @@ func EnsureDatabase(ctx context.Context, base, name string) (string, error) {
 		if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505") {
 			return target, nil
 		}
-		return "", fmt.Errorf("svc: create database %s: %w", name, err)
+		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
 	return target, nil
 }
@@ -98,11 +98,11 @@ func EnsureDatabase(ctx context.Context, base, name string) (string, error) {
 func DropDatabase(ctx context.Context, base, name string) error {
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
-		return fmt.Errorf("svc: connect to %s: %w", redact.URL(base), err)
+		return fmt.Errorf("connect to %s: %w", redact.URL(base), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		return fmt.Errorf("svc: drop database %s: %w", name, err)
+		return fmt.Errorf("drop database %s: %w", name, err)
 	}
 	return nil
 }
@@ -112,7 +112,7 @@ func DropDatabase(ctx context.Context, base, name string) error {
 func OpenPool(ctx context.Context, connURL string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(connURL)
 	if err != nil {
-		return nil, errors.New("svc: invalid database URL (not shown: it may hold a password)")
+		return nil, errors.New("invalid database URL (not shown: it may hold a password)")
 	}
 	if maxConns <= 0 {
 		maxConns = MaxConnsDefault
@@ -120,11 +120,11 @@ func OpenPool(ctx context.Context, connURL string, maxConns int32) (*pgxpool.Poo
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("svc: pool %s: %w", redact.URL(connURL), err)
+		return nil, fmt.Errorf("pool %s: %w", redact.URL(connURL), err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("svc: database %s does not answer: %w", redact.URL(connURL), err)
+		return nil, fmt.Errorf("database %s does not answer: %w", redact.URL(connURL), err)
 	}
 	return pool, nil
 }
@@ -194,11 +194,19 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 type ErrorBody struct {
 	Error string `json:"error"`
 	Field string `json:"camp,omitempty"`
+	// Code, when set, is a stable machine code (e.g. ciutat_no_coberta):
+	// clients test it, not the English message.
+	Code string `json:"codi,omitempty"`
 }
 
 // WriteError writes {"error": msg, "camp": field} with status.
 func WriteError(w http.ResponseWriter, status int, field, msg string) {
 	WriteJSON(w, status, ErrorBody{Error: msg, Field: field})
+}
+
+// WriteErrorCode writes {"error": msg, "camp": field, "codi": code} with status.
+func WriteErrorCode(w http.ResponseWriter, status int, code, field, msg string) {
+	WriteJSON(w, status, ErrorBody{Error: msg, Field: field, Code: code})
 }
 
 // GetJSON returns a handler serving GET pattern with the JSON of read's

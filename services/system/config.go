@@ -66,7 +66,7 @@ func domainTopics(renames map[string]string) []string {
 // name of its consumer group: the first six in the order of Services (one
 // per service), then the services' further consumers.
 var ConsumerNames = []string{comandes.ConsumerPaymentConfirmed, inventari.ConsumerDecrement, pagaments.ConsumerCharge,
-	repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock, comandes.ConsumerStockRefused}
+	repartiment.ConsumerAssign, analitica.ConsumerCount, cataleg.ConsumerLowStock, comandes.ConsumerStockRefused, comandes.ConsumerDelivery}
 
 // topicRE: a Kafka topic name (249 characters at most, less the .retry suffix).
 var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,243}$`)

@@ -45,6 +45,7 @@ const EventShards = kafka.PartitionsDefault
 var Subscriptions = map[string][]string{
 	comandes.ConsumerPaymentConfirmed: {pagaments.Topic},
 	comandes.ConsumerStockRefused:     {inventari.Topic},
+	comandes.ConsumerDelivery:         {repartiment.Topic},
 	inventari.ConsumerDecrement:       {comandes.Topic},
 	pagaments.ConsumerCharge:          {comandes.Topic},
 	repartiment.ConsumerAssign:        {comandes.Topic},

@@ -72,7 +72,7 @@ func (s *System) relayFor(ctx context.Context, service string) error {
 		return nil
 	}
 	if err := cdc.CheckServer(ctx, cfg.Pool, cfg.Names, cfg.Logger); err != nil {
-		return fmt.Errorf("system: %s: %w", service, err)
+		return err // Start names the service
 	}
 	cfg.Workers = 0
 	if s.cfg.OutboxMode == outbox.ModeWAL { // its slot: migrate.WALSlot of the database, made by open
@@ -180,6 +180,14 @@ func (s *System) startComandes(ctx context.Context) error {
 	}
 	s.consumerFor(comandes.Name, Subscriptions[comandes.ConsumerStockRefused], consumer.Config{Name: comandes.ConsumerStockRefused, Decode: decRefused,
 		Types: []string{comandes.TypeStockRefused}, Handle: s.Comandes.HandleStockRefused})
+	// repartiment's side: the copy of its coverage (POST /comandes refuses an
+	// uncovered city) and the compensation of an order it rejected.
+	decDelivery, err := s.decoder(map[string]int{comandes.TypeCoverage: 1, comandes.TypeDeliveryRejected: 1})
+	if err != nil {
+		return err
+	}
+	s.consumerFor(comandes.Name, Subscriptions[comandes.ConsumerDelivery], consumer.Config{Name: comandes.ConsumerDelivery, Decode: decDelivery,
+		Types: []string{comandes.TypeCoverage, comandes.TypeDeliveryRejected}, Handle: s.Comandes.HandleDelivery})
 	return s.serve(comandes.Name, s.Comandes.Handler())
 }
 
@@ -287,7 +295,15 @@ func (s *System) startRepartiment(ctx context.Context) error {
 		return err
 	}
 	s.housekeep(repartiment.Name, s.inboxPurger(repartiment.Name))
-	s.consumerFor(repartiment.Name, Subscriptions[repartiment.ConsumerAssign], consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec, Order: consumer.PerKey,
+	// A snapshot of the coverage at every start: a comandes whose copy was
+	// lost (a new database) gets one.
+	if _, err := s.Repartiment.PublishCoverage(ctx); err != nil {
+		return err
+	}
+	// An uncovered city is final (repartiment.Final): dead-lettered with its
+	// repartiment.rebutjat, it does not block the order's key, so the
+	// order's comanda.cancellada (its compensation) is applied behind it.
+	s.consumerFor(repartiment.Name, Subscriptions[repartiment.ConsumerAssign], consumer.Config{Name: repartiment.ConsumerAssign, Decode: dec, Order: consumer.PerKey, FinalFailure: repartiment.Final,
 		Types: []string{repartiment.TypeOrderPaid, repartiment.TypeOrderCancelled}, Handle: s.Repartiment.HandleOrder, Classifier: repartiment.Classifier})
 	s.wg.Go(func() { _ = s.Repartiment.RunAssigner(s.ctx, s.cfg.AssignInterval) })
 	return s.serve(repartiment.Name, s.Repartiment.Handler())

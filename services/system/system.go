@@ -173,7 +173,8 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	}
 	for _, name := range cfg.Services {
 		if err := s.startService(ctx, name); err != nil {
-			return nil, fmt.Errorf("system: %s: %w", name, err)
+			// One prefix, the service's: the caller adds its own (km0 up:).
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	s.watchPauses()
