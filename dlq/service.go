@@ -33,9 +33,14 @@ type Backend interface {
 	// Sync indexes into s every dead letter the broker holds now (up to the
 	// current end of each DLQ) and returns the letters that were new.
 	Sync(ctx context.Context, s *Store) (SyncResult, error)
-	// Publish republishes msgs (Topic = the original topic or routing key) and
-	// returns once the broker confirmed them, with transport.Publisher's
-	// error contract.
+	// Publish republishes msgs (Topic = the original topic or work queue)
+	// and returns once the broker confirmed them, with transport.Publisher's
+	// error contract. A message carrying the header grup_consumidor is
+	// addressed to that consumer alone: Kafka's backend sends it to
+	// <topic>.retry, where the sources of other groups skip it (counted as
+	// Foreign); RabbitMQ's sends it to the work queue, which only that
+	// consumer reads. A message without it reaches every consumer of the
+	// topic.
 	transport.Publisher
 	// DeletePurged physically removes what it can of the letters now purged
 	// and returns what it deleted. A broker that cannot returns

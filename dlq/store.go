@@ -70,6 +70,9 @@ type Filter struct {
 	// Summary) is exactly this: one failure group, where a Reason prefix
 	// would also match longer classes.
 	Class string
+	// Group keeps letters of this consumer (grup_consumidor: the Kafka
+	// consumer group, or the RabbitMQ work queue); "" = every consumer.
+	Group string
 	// Since and Until bound the dead time (morta_en) to [Since, Until); zero = open.
 	Since, Until time.Time
 	// IDs, when not empty, keeps only these letters.
@@ -87,7 +90,7 @@ type Filter struct {
 
 // Empty reports whether f selects every letter (no condition at all).
 func (f Filter) Empty() bool {
-	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Since.IsZero() && f.Until.IsZero() &&
+	return f.Topic == "" && f.Reason == "" && f.Class == "" && f.Group == "" && f.Since.IsZero() && f.Until.IsZero() &&
 		len(f.IDs) == 0 && len(f.EventIDs) == 0 && len(f.States) == 0
 }
 
@@ -111,6 +114,9 @@ func (f Filter) where(args *[]any) string {
 	}
 	if f.Class != "" {
 		conds = append(conds, "classe_motiu = "+arg(f.Class))
+	}
+	if f.Group != "" {
+		conds = append(conds, "grup_consumidor = "+arg(f.Group))
 	}
 	if !f.Since.IsZero() {
 		conds = append(conds, "morta_en >= "+arg(f.Since))
