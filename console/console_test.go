@@ -56,7 +56,7 @@ func TestWithoutLoginCountsOnly(t *testing.T) {
 	if n := b.pending(t); n != 3 {
 		t.Fatalf("pending letters after refused actions: %d, want 3", n)
 	}
-	if n := b.records(t, comandes); n != 0 {
+	if n := b.records(t, comandesRetry); n != 0 {
 		t.Fatalf("records republished by refused actions: %d, want 0", n)
 	}
 }
@@ -178,7 +178,7 @@ func TestReplayGroupJob(t *testing.T) {
 	if n := b.pending(t); n != 2 {
 		t.Fatalf("pending after the replay: %d, want the 2 of the other group", n)
 	}
-	if n := b.records(t, comandes); n != 250 {
+	if n := b.records(t, comandesRetry); n != 250 {
 		t.Fatalf("records on %s: %d, want 250", comandes, n)
 	}
 	_, body = br.get("/")

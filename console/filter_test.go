@@ -109,7 +109,7 @@ func TestFilterFormNarrowsGroupsAndActions(t *testing.T) {
 	if st.State != "done" || st.Total != 2 || st.Republished != 2 || !strings.Contains(st.Selection, "dead at or after") {
 		t.Fatalf("job: %+v", st)
 	}
-	if n, r := b.pending(t), b.records(t, comandes); n != 4 || r != 2 {
+	if n, r := b.pending(t), b.records(t, comandesRetry); n != 4 || r != 2 {
 		t.Fatalf("after the filtered replay: %d pending, %d republished; want 4 and 2", n, r)
 	}
 

@@ -31,7 +31,10 @@ import (
 const (
 	comandes    = "comandes.esdeveniments"
 	comandesDLQ = "comandes.esdeveniments.dlq"
-	token       = "s3cret-admin-token"
+	// comandesRetry is where a replay of a letter of one consumer group
+	// goes (dlq.Backend.Publish).
+	comandesRetry = "comandes.esdeveniments.retry"
+	token         = "s3cret-admin-token"
 	// customer is customer data inside every letter's envelope: it must
 	// never be shown without the token.
 	customer = "C-CONFIDENCIAL-77"
@@ -60,7 +63,7 @@ func setupWith(t *testing.T, tok string, more func(*console.Config)) *bundle {
 	if _, err := migrate.Up(ctx, s.Pool, s.Names(), dlq.Migrations); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	b := kafkatest.New(t, comandes, comandesDLQ)
+	b := kafkatest.New(t, comandes, comandesDLQ, comandesRetry)
 	cl := kafkatest.Client(t, b)
 	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
