@@ -117,6 +117,7 @@ type Console struct {
 
 	jobsMu sync.Mutex
 	jobs   map[string]*job
+	plans  map[string]*plan // dry runs a confirmation may act on (plans.go), under jobsMu
 	wg     sync.WaitGroup
 }
 
@@ -134,7 +135,7 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, jobs: map[string]*job{},
+	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, jobs: map[string]*job{}, plans: map[string]*plan{},
 		hc: &http.Client{Timeout: cfg.HealthTimeout}}
 	if cfg.Gate == nil {
 		cfg.Gate = dlq.NewGate(cfg.Token, dlq.GateConfig{Now: cfg.Now})

@@ -152,6 +152,7 @@ func TestReplayGroupJob(t *testing.T) {
 	csrf := br.login(token)
 	sel := url.Values{"csrf": {csrf}, "abast": {"grup"}, "topic": {comandesDLQ}, "classe": {class}}
 	_, body := br.post("/reproduir/previsualitzar", sel)
+	sel.Set("pla", planOf(t, body))
 	if !strings.Contains(body, `<b id="would">250</b>`) || b.pending(t) != 252 {
 		t.Fatalf("dry run: pending %d\n%s", b.pending(t), body)
 	}
@@ -196,6 +197,7 @@ func TestPurgeSelection(t *testing.T) {
 	csrf := br.login(token)
 	sel := url.Values{"csrf": {csrf}, "abast": {"seleccio"}, "id": {ids[0], ids[2]}}
 	_, body := br.post("/purgar/confirmar", sel)
+	sel.Set("pla", planOf(t, body))
 	if !strings.Contains(body, `<b id="purge-count">2</b>`) || b.pending(t) != 3 {
 		t.Fatalf("confirmation page:\n%s", body)
 	}

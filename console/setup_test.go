@@ -220,3 +220,14 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 }
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// planOf is the plan token (form field pla) a dry run or purge confirmation
+// page binds its confirmation to.
+func planOf(t *testing.T, body string) string {
+	t.Helper()
+	m := regexp.MustCompile(`name="pla" value="([^"]+)"`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("the page binds no plan to its confirmation:\n%s", body)
+	}
+	return m[1]
+}

@@ -24,6 +24,15 @@ type Source interface {
 	Replay(ctx context.Context, f Filter, o ReplayOptions) (*Report, error)
 	// Purge marks the letters f selects purged (and may delete records).
 	Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report, error)
+	// Snapshot returns the IDs of the letters f selects now, in DLQ order,
+	// without their bytes (f.Limit caps them; 0 = all): what a dry run
+	// shows, and what its confirmation must then act on (Filter{IDs: ...})
+	// rather than resolving f again.
+	Snapshot(ctx context.Context, f Filter) ([]string, error)
+	// Arrived counts the letters f selects now that ids does not hold: the
+	// letters that died after the snapshot ids was taken, which a
+	// confirmation bound to ids leaves alone and should report.
+	Arrived(ctx context.Context, f Filter, ids []string) (int, error)
 }
 
 // Backend is the broker-specific part of a Source. KafkaBackend is one; a
@@ -181,6 +190,17 @@ func (s *Service) List(ctx context.Context, f Filter) (*Listing, error) {
 		return nil, err
 	}
 	return &Listing{Groups: g, Letters: l, Refused: n}, nil
+}
+
+// Snapshot implements Source.
+func (s *Service) Snapshot(ctx context.Context, f Filter) ([]string, error) {
+	return s.cfg.Store.IDs(ctx, f)
+}
+
+// Arrived implements Source.
+func (s *Service) Arrived(ctx context.Context, f Filter, ids []string) (int, error) {
+	f.IDs, f.exclude = nil, ids
+	return s.cfg.Store.Count(ctx, f)
 }
 
 // Get implements Source.

@@ -271,6 +271,35 @@ func (s *Store) listColumns(ctx context.Context, q querier, cols string, f Filte
 	return out, nil
 }
 
+// IDs returns the IDs of the letters f selects, in DLQ order (topic,
+// partition, offset), at most f.Limit of them (0 = all).
+func (s *Store) IDs(ctx context.Context, f Filter) ([]string, error) {
+	var args []any
+	sql := "SELECT id FROM " + s.table + " " + f.where(&args) + byPosition
+	if f.Limit > 0 {
+		sql += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	rows, err := s.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: ids: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("dlq: ids: %w", err)
+	}
+	return out, nil
+}
+
+// Count returns how many letters f selects (f.Limit is ignored).
+func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
+	var args []any
+	var n int
+	if err := s.db.QueryRow(ctx, "SELECT count(*) FROM "+s.table+" "+f.where(&args), args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("dlq: count: %w", err)
+	}
+	return n, nil
+}
+
 // Get returns one letter, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (*Letter, error) {
 	out, err := s.list(ctx, s.db, Filter{IDs: []string{id}}, byDeadTime, "")
