@@ -477,15 +477,13 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 		if len(sel.IDs) == 0 {
 			sel.States = []dlq.State{dlq.StatePending, dlq.StateReplayed}
 		}
-		sel.Limit = 1 // the groups count every letter; the rows are not needed
-		ls, err := env.svc.List(ctx, sel)
+		// The confirmation acts on the letters counted here, by ID: a letter
+		// that dies while the question waits is not purged.
+		ids, err := env.svc.Snapshot(ctx, sel)
 		if err != nil {
 			return err
 		}
-		n := 0
-		for _, g := range ls.Groups {
-			n += g.Count
-		}
+		n := len(ids)
 		if n == 0 {
 			fmt.Fprintln(c.out, "nothing to purge")
 			return nil
@@ -506,6 +504,10 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 			}
 			return errors.New("purge cancelled")
 		}
+		if arrived, err := env.svc.Arrived(ctx, sel, ids); err == nil && arrived > 0 {
+			defer fmt.Fprintf(c.out, "%d letter(s) arrived while the question waited and were not purged\n", arrived)
+		}
+		f = dlq.Filter{IDs: ids}
 	}
 	rep, err := env.svc.Purge(ctx, f, dlq.PurgeOptions{Confirmed: true, DeleteRecords: *del})
 	if rep != nil && *o.json {
