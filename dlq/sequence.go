@@ -73,16 +73,47 @@ func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOpti
 		return nil, fmt.Errorf("dlq: the head %s of key %q has no pending dead letter (motiu %s): nothing to replay",
 			Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)
 	}
+	head := seq.newestHead()
+	rep, err := src.Replay(ctx, Filter{IDs: []string{head.ID}}, o)
+	if err != nil || rep.Done != 1 || o.DryRun {
+		return rep, err
+	}
+	return seq.purgeBehind(ctx, src, head, rep, o.Actor)
+}
+
+// EditSequence is ReplaySequence with the head's payload edited: the head's
+// newest pending letter is replayed with value (Service.ReplayEdited:
+// validated against its schema first, the original kept), and the letters
+// behind it are marked purged once it went out. This is the way out of a
+// head that can never succeed as it is, in order: its consumer applies the
+// edited head, then every message behind it.
+func EditSequence(ctx context.Context, svc *Service, seq *Sequence, value []byte, o EditOptions) (*Report, error) {
+	if len(seq.HeadLetters) == 0 {
+		return nil, fmt.Errorf("dlq: the head %s of key %q has no pending dead letter (motiu %s): nothing to replay",
+			Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)
+	}
+	head := seq.newestHead()
+	rep, err := svc.ReplayEdited(ctx, head.ID, value, o)
+	if err != nil || rep.Done != 1 {
+		return rep, err
+	}
+	return seq.purgeBehind(ctx, svc, head, rep, o.Actor)
+}
+
+// newestHead is the head's newest pending letter.
+func (seq *Sequence) newestHead() *Letter {
 	head := seq.HeadLetters[len(seq.HeadLetters)-1]
 	for _, l := range seq.HeadLetters {
 		if l.DeadAt.After(head.DeadAt) {
 			head = l
 		}
 	}
-	rep, err := src.Replay(ctx, Filter{IDs: []string{head.ID}}, o)
-	if err != nil || rep.Done != 1 || o.DryRun {
-		return rep, err
-	}
+	return head
+}
+
+// purgeBehind marks purged the letters behind the replayed head, and the
+// head's other copies, appending to rep.
+func (seq *Sequence) purgeBehind(ctx context.Context, src Source, head *Letter, rep *Report, actor string) (*Report, error) {
 	var behind []string
 	for _, ls := range seq.BehindLetters {
 		for _, l := range ls {
@@ -97,7 +128,7 @@ func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOpti
 	if len(behind) == 0 {
 		return rep, nil
 	}
-	pr, err := src.Purge(ctx, Filter{IDs: behind}, PurgeOptions{Confirmed: true})
+	pr, err := src.Purge(ctx, Filter{IDs: behind}, PurgeOptions{Confirmed: true, Actor: actor})
 	if err != nil {
 		return rep, fmt.Errorf("dlq: head replayed; marking the letters behind it: %w", err)
 	}

@@ -90,6 +90,13 @@ type ReplayOptions struct {
 	// oldest time (Letter.Oldest) is older than this is refused, because a
 	// duplicate could no longer be recognised. Default inbox.RetentionDefault.
 	Retention time.Duration
+	// Actor names who replays, for the audit log (auditoria_cartes): the
+	// console session's or the CLI's identity. Default ActorUnknown.
+	Actor string
+	// action is the audit action (ActionReplay unless an edit or a skip).
+	action string
+	// values replace the value of these letters (ReplayEdited).
+	values map[string][]byte
 }
 
 // PurgeOptions tune Purge.
@@ -99,6 +106,10 @@ type PurgeOptions struct {
 	// DeleteRecords also asks the backend to delete the purged records on
 	// the broker (Kafka: DeleteRecords up to the lowest pending offset).
 	DeleteRecords bool
+	// Actor names who purges, for the audit log. Default ActorUnknown.
+	Actor string
+	// action is the audit action (ActionPurge unless a skip).
+	action string
 }
 
 // ErrNotConfirmed is returned by Purge without PurgeOptions.Confirmed.
@@ -109,8 +120,9 @@ type Item struct {
 	ID      string `json:"id"`
 	Topic   string `json:"topic_original"`
 	EventID string `json:"id_esdeveniment,omitempty"`
-	Done    bool   `json:"fet"`               // replayed/purged (in a dry run: would be)
-	Refused string `json:"refusat,omitempty"` // why not, when Done is false
+	Group   string `json:"grup_consumidor,omitempty"` // the consumer a replay is addressed to
+	Done    bool   `json:"fet"`                       // replayed/purged (in a dry run: would be)
+	Refused string `json:"refusat,omitempty"`         // why not, when Done is false
 }
 
 // Report says what Replay or Purge did.
@@ -121,6 +133,23 @@ type Report struct {
 	Refused  int        `json:"refusades"`
 	Items    []Item     `json:"cartes"`
 	Deleted  []Position `json:"esborrat_fins_a,omitempty"` // Purge with DeleteRecords
+	// Started is when Replay began publishing (zero for a dry run): a
+	// letter of the same event and consumer dead at or after it means the
+	// replay did not take (Service.Watch).
+	Started time.Time `json:"iniciada,omitempty"`
+
+	replayed []Item // what Replay republished (Items may also hold a sequence's purged letters)
+}
+
+// doneIDs returns the IDs of the letters r replayed or purged.
+func (r *Report) doneIDs() []string {
+	var out []string
+	for _, it := range r.Items {
+		if it.Done {
+			out = append(out, it.ID)
+		}
+	}
+	return out
 }
 
 func (r *Report) add(it Item) {
@@ -233,17 +262,38 @@ func (s *Service) Replay(ctx context.Context, f Filter, o ReplayOptions) (*Repor
 		f.States = []State{StatePending}
 	}
 	rep := &Report{DryRun: o.DryRun}
+	if !o.DryRun {
+		rep.Started = s.cfg.Now().UTC().Truncate(time.Millisecond) // Kafka timestamps are milliseconds
+	}
 	seen := map[string]bool{}
 	for {
 		n, err := s.replayBatch(ctx, f, o, rep, seen)
-		if err != nil {
+		if err == nil && n < replayBatch {
+			reportMissing(rep, f.IDs, seen)
+		}
+		if err != nil || n < replayBatch {
+			if !o.DryRun {
+				s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionReplay), rep, err)
+			}
 			return rep, err
 		}
-		if n < replayBatch {
-			reportMissing(rep, f.IDs, seen)
-			return rep, nil
-		}
 	}
+}
+
+// auditReport records what Replay or Purge did (rep) and how it ended.
+func (s *Service) auditReport(ctx context.Context, actor, action string, rep *Report, err error) {
+	result := "fet"
+	if err != nil {
+		result = "stopped: " + err.Error()
+	}
+	_ = s.audit(ctx, actor, action, rep.doneIDs(), rep.Refused, result)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 // reportMissing refuses the requested IDs no selection returned: unknown
@@ -278,18 +328,22 @@ func (s *Service) replayBatch(ctx context.Context, f Filter, o ReplayOptions, re
 	for _, l := range letters {
 		seen[l.ID] = true
 		rep.Selected++
-		it := Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID}
+		it := Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Group: l.ConsumerGroup}
 		if why := refuse(l, o, now); why != "" {
 			it.Refused = why
 			rep.add(it)
 			continue
 		}
-		msgs = append(msgs, replayMessage(l))
+		m := replayMessage(l)
+		if v, ok := o.values[l.ID]; ok {
+			m.Value = v // an edit-and-replay: the edited envelope, same key and id_esdeveniment
+		}
+		msgs = append(msgs, m)
 		sent = append(sent, l)
 	}
 	if o.DryRun || len(sent) == 0 {
 		for _, l := range sent {
-			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Done: true})
+			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Group: l.ConsumerGroup, Done: true})
 		}
 		return len(letters), nil
 	}
@@ -307,7 +361,7 @@ func (s *Service) replayBatch(ctx context.Context, f Filter, o ReplayOptions, re
 	var ids []string
 	for i, l := range sent {
 		if why, bad := rejected[i]; bad {
-			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Refused: why})
+			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Group: l.ConsumerGroup, Refused: why})
 			continue
 		}
 		ids = append(ids, l.ID)
@@ -320,7 +374,9 @@ func (s *Service) replayBatch(ctx context.Context, f Filter, o ReplayOptions, re
 	}
 	for i, l := range sent {
 		if _, bad := rejected[i]; !bad {
-			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Done: true})
+			it := Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Group: l.ConsumerGroup, Done: true}
+			rep.add(it)
+			rep.replayed = append(rep.replayed, it)
 			s.cfg.Logger.Info("dlq: letter replayed", "id", l.ID, "topic", l.OriginalTopic,
 				"id_esdeveniment", l.EventID, "motiu", l.Reason)
 		}
@@ -424,6 +480,7 @@ func (s *Service) Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report,
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("dlq: purge: %w", err)
 	}
+	s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionPurge), rep, nil)
 	for _, l := range purged {
 		s.cfg.Logger.Info("dlq: letter purged", "id", l.ID, "id_esdeveniment", l.EventID, "motiu", l.Reason)
 	}

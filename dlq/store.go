@@ -49,6 +49,8 @@ type Store struct {
 	db      DB
 	table   string
 	refused string // cartes_refusades
+	audit   string // auditoria_cartes
+	edits   string // cartes_editades
 }
 
 // NewStore returns a Store on db for the table in schema ("" = "public").
@@ -57,7 +59,9 @@ func NewStore(db DB, schema string) *Store {
 		schema = migrate.SchemaDefault
 	}
 	return &Store{db: db, table: pgx.Identifier{schema, Table}.Sanitize(),
-		refused: pgx.Identifier{schema, RefusedTable}.Sanitize()}
+		refused: pgx.Identifier{schema, RefusedTable}.Sanitize(),
+		audit:   pgx.Identifier{schema, "auditoria_cartes"}.Sanitize(),
+		edits:   pgx.Identifier{schema, "cartes_editades"}.Sanitize()}
 }
 
 // Filter selects letters. The zero Filter selects every letter.
