@@ -87,7 +87,7 @@ func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOpti
 // behind it are marked purged once it went out. This is the way out of a
 // head that can never succeed as it is, in order: its consumer applies the
 // edited head, then every message behind it.
-func EditSequence(ctx context.Context, svc *Service, seq *Sequence, value []byte, o EditOptions) (*Report, error) {
+func EditSequence(ctx context.Context, svc Source, seq *Sequence, value []byte, o EditOptions) (*Report, error) {
 	if len(seq.HeadLetters) == 0 {
 		return nil, fmt.Errorf("dlq: the head %s of key %q has no pending dead letter (motiu %s): nothing to replay",
 			Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)

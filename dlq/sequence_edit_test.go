@@ -103,7 +103,7 @@ func TestEditAndReplayClearsABlockedHeadInOrder(t *testing.T) {
 	if err != nil || rep.Done != 1 || len(rep.Items) != 3 {
 		t.Fatalf("sequence replay: %+v %v", rep, err)
 	}
-	takes, err := b.svc.Watch(b.ctx, rep, 20*time.Second, 0)
+	takes, err := b.svc.Watch(b.ctx, 20*time.Second, 0, rep)
 	if err != nil || len(takes) != 1 || takes[0].Took ||
 		takes[0].String() != "did not take: dead-lettered again: permanent: ciutat_no_coberta: tancat (letter "+takes[0].Again+")" {
 		t.Fatalf("watch of a replay that failed again: %+v %v", takes, err)
@@ -142,7 +142,7 @@ func TestEditAndReplayClearsABlockedHeadInOrder(t *testing.T) {
 	if got != head+","+b1+","+b2 {
 		t.Fatalf("applied %s, want the head then the two behind it in order", got)
 	}
-	takes, err = b.svc.Watch(b.ctx, rep, time.Second, 0)
+	takes, err = b.svc.Watch(b.ctx, time.Second, 0, rep)
 	if err != nil || len(takes) != 1 || !takes[0].Took {
 		t.Fatalf("watch of the edit: %+v %v", takes, err)
 	}

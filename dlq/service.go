@@ -33,6 +33,14 @@ type Source interface {
 	// letters that died after the snapshot ids was taken, which a
 	// confirmation bound to ids leaves alone and should report.
 	Arrived(ctx context.Context, f Filter, ids []string) (int, error)
+	// ReplayEdited replays one letter with an operator's edit of its
+	// envelope, validated against its schema first (Service.ReplayEdited).
+	ReplayEdited(ctx context.Context, id string, value []byte, o EditOptions) (*Report, error)
+	// Watch reports, per letter the reports replayed, whether its consumer
+	// dead-lettered the event again within a bound (Service.Watch).
+	Watch(ctx context.Context, within, poll time.Duration, reps ...*Report) ([]Take, error)
+	// AuditLog lists the audit log of replays, purges and edits.
+	AuditLog(ctx context.Context, f AuditFilter) ([]AuditEntry, error)
 }
 
 // Backend is the broker-specific part of a Source. KafkaBackend is one; a

@@ -30,28 +30,38 @@ func (t Take) String() string {
 	return "did not take: dead-lettered again: " + Safe(t.Reason) + " (letter " + Safe(t.Again) + ")"
 }
 
-// Watch watches the letters rep replayed for within: it syncs the index
-// every poll (default 200 ms) and reports, per replayed letter, whether a new
-// letter of the same event and consumer died at or after rep.Started. It
+// Watch watches the letters the reports replayed for within: it syncs the
+// index every poll (default 200 ms) and reports, per replayed letter, whether
+// a new letter of the same event and consumer died at or after its report's
+// Started. It
 // returns as soon as every replayed letter dead-lettered again, or when within
 // has passed: a letter with no new dead letter by then is reported as taken,
 // which for a transient failure still in its retries may not be final. A
 // failed Sync is retried until the deadline; the error is returned with
 // what was seen if none succeeded.
-func (s *Service) Watch(ctx context.Context, rep *Report, within, poll time.Duration) ([]Take, error) {
+func (s *Service) Watch(ctx context.Context, within, poll time.Duration, reps ...*Report) ([]Take, error) {
 	if poll <= 0 {
 		poll = 200 * time.Millisecond
 	}
 	var takes []Take
 	var events, replayed []string
-	for _, it := range rep.replayed {
-		if it.EventID != "" {
-			takes = append(takes, Take{ID: it.ID, EventID: it.EventID, Group: it.Group, Took: true})
-			events = append(events, it.EventID)
-			replayed = append(replayed, it.ID)
+	var started time.Time
+	for _, rep := range reps {
+		if rep == nil || rep.DryRun {
+			continue
+		}
+		for _, it := range rep.replayed {
+			if it.EventID != "" {
+				takes = append(takes, Take{ID: it.ID, EventID: it.EventID, Group: it.Group, Took: true})
+				events = append(events, it.EventID)
+				replayed = append(replayed, it.ID)
+			}
+		}
+		if started.IsZero() || rep.Started.Before(started) {
+			started = rep.Started
 		}
 	}
-	if len(takes) == 0 || rep.DryRun {
+	if len(takes) == 0 {
 		return takes, nil
 	}
 	deadline := time.Now().Add(within)
@@ -63,7 +73,7 @@ func (s *Service) Watch(ctx context.Context, rep *Report, within, poll time.Dura
 		} else {
 			synced = true
 		}
-		f := Filter{EventIDs: events, Since: rep.Started, exclude: replayed}
+		f := Filter{EventIDs: events, Since: started, exclude: replayed}
 		found, err := s.cfg.Store.listColumns(ctx, s.cfg.Store.db, idColumns, f, byDeadTime, "")
 		if err != nil {
 			return takes, err

@@ -50,6 +50,7 @@ commands:
   sequence a key blocked by a per-key order consumer: its head and the messages behind it;
            --replay replays it as one (the head; its consumer releases the rest in order)
   purge    mark letters purged (Kafka cannot delete single records; see --delete-records)
+  audit    the audit log: every replay, purge and edit, who ran it, when, on which letters
   index    run the indexer: index every new dead letter, alert, serve /metrics and the admin API
            (RabbitMQ: syncs every --interval)
 `
@@ -87,6 +88,8 @@ func (c *dlqCLI) run(ctx context.Context, args []string) error {
 		return c.purge(ctx, args[1:])
 	case "index":
 		return c.index(ctx, args[1:])
+	case "audit":
+		return c.auditLog(ctx, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(c.out, dlqUsage)
 		return nil
@@ -246,8 +249,8 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 
 // filterFlags registers the selection flags of replay and purge.
 type filterFlags struct {
-	topic, motiu, since, until *string
-	ids                        *listFlag
+	topic, motiu, since, until, group *string
+	ids                               *listFlag
 }
 
 func addFilterFlags(fs *flag.FlagSet) *filterFlags {
@@ -256,6 +259,7 @@ func addFilterFlags(fs *flag.FlagSet) *filterFlags {
 		motiu: fs.String("motiu", "", `only letters whose motiu starts with this, e.g. "permanent: esquema"`),
 		since: fs.String("since", "", "only letters dead at or after this: RFC 3339, YYYY-MM-DD, or an age (36h, 7d)"),
 		until: fs.String("until", "", "only letters dead before this (same forms as --since)"),
+		group: fs.String("consumer", "", "only letters of this consumer (grup_consumidor: the Kafka group or RabbitMQ work queue)"),
 		ids:   &listFlag{},
 	}
 	fs.Var(f.ids, "id", "only this letter (repeatable)")
@@ -263,7 +267,7 @@ func addFilterFlags(fs *flag.FlagSet) *filterFlags {
 }
 
 func (f *filterFlags) filter(now time.Time) (dlq.Filter, error) {
-	out := dlq.Filter{Topic: *f.topic, Reason: *f.motiu, IDs: *f.ids}
+	out := dlq.Filter{Topic: *f.topic, Reason: *f.motiu, Group: *f.group, IDs: *f.ids}
 	var err error
 	if out.Since, err = dlq.ParseTime(*f.since, now); err != nil {
 		return out, err
@@ -280,7 +284,7 @@ func addAllFlag(fs *flag.FlagSet, verb string) func(*dlq.Filter) error {
 	return func(f *dlq.Filter) error {
 		switch {
 		case f.Empty() && !*all:
-			return fmt.Errorf("refusing to %s every letter: no --id, --topic, --motiu, --since or --until given; pass --all to select every letter", verb)
+			return fmt.Errorf("refusing to %s every letter: no --id, --topic, --motiu, --consumer, --since or --until given; pass --all to select every letter", verb)
 		case !f.Empty() && *all:
 			return fmt.Errorf("--all selects every letter: give it without --id, --topic, --motiu, --since or --until")
 		}
@@ -429,20 +433,28 @@ func (c *dlqCLI) replay(ctx context.Context, args []string) error {
 	dry := fs.Bool("dry-run", false, "say what would be replayed; publish and mark nothing")
 	force := fs.Bool("force", false, "also replay letters already replayed or purged, or older than --retention")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: older letters are refused without --force")
+	watch := fs.Duration("watch", 0, "after replaying, watch this long for a consumer dead-lettering a replayed event again, and say so (0: do not watch)")
 	f, env, err := c.start(ctx, fs, o, ff, args, addAllFlag(fs, "replay"))
 	if err != nil {
 		return err
 	}
 	defer env.close()
-	rep, err := env.svc.Replay(ctx, f, dlq.ReplayOptions{DryRun: *dry, Force: *force, Retention: *retention})
+	rep, err := env.svc.Replay(ctx, f, dlq.ReplayOptions{DryRun: *dry, Force: *force, Retention: *retention, Actor: cliActor()})
 	if err != nil {
 		return err
+	}
+	var takes []dlq.Take
+	if !rep.DryRun && *watch > 0 && rep.Done > 0 {
+		if takes, err = env.svc.Watch(ctx, *watch, 0, rep); err != nil {
+			return err
+		}
 	}
 	if *o.json {
 		if err := c.printJSON(rep); err != nil {
 			return err
 		}
 	} else {
+		defer func() { _ = c.printTakes(takes, *watch) }()
 		verb := "replayed"
 		if rep.DryRun {
 			verb = "would replay"
@@ -459,7 +471,7 @@ func (c *dlqCLI) replay(ctx context.Context, args []string) error {
 	if rep.Refused > 0 {
 		return fmt.Errorf("%d letter(s) refused", rep.Refused)
 	}
-	return nil
+	return notTaken(takes)
 }
 
 func (c *dlqCLI) purge(ctx context.Context, args []string) error {
@@ -509,7 +521,7 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 		}
 		f = dlq.Filter{IDs: ids}
 	}
-	rep, err := env.svc.Purge(ctx, f, dlq.PurgeOptions{Confirmed: true, DeleteRecords: *del})
+	rep, err := env.svc.Purge(ctx, f, dlq.PurgeOptions{Confirmed: true, DeleteRecords: *del, Actor: cliActor()})
 	if rep != nil && *o.json {
 		if jerr := c.printJSON(rep); jerr != nil {
 			return jerr
@@ -673,4 +685,36 @@ func clip(s string, n int) string {
 		return string(r[:n-1]) + "…"
 	}
 	return s
+}
+
+// auditLog is `km0 dlq audit`: the audit log, newest first.
+func (c *dlqCLI) auditLog(ctx context.Context, args []string) error {
+	fs, o := c.flags("audit", "the audit log of replays, purges and edits, newest first")
+	id := fs.String("id", "", "only the entries that acted on this letter")
+	limit := fs.Int("limit", 100, "at most this many entries")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	env, err := c.open(ctx, o, nil, false)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	log, err := env.svc.AuditLog(ctx, dlq.AuditFilter{Letter: *id, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	if *o.json {
+		return c.printJSON(log)
+	}
+	tw := tabwriter.NewWriter(c.out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "EN\tQUI\tACCIO\tCARTES\tREFUSADES\tRESULTAT")
+	for _, e := range log {
+		letters := strings.Join(e.Letters, " ")
+		if len(e.Letters) > 3 {
+			letters = strings.Join(e.Letters[:3], " ") + fmt.Sprintf(" … (%d in all)", len(e.Letters))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", stamp(e.At), dlq.Safe(e.Actor), e.Action, orDash(letters), e.Refused, dlq.Safe(e.Result))
+	}
+	return tw.Flush()
 }
