@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/console"
+	"github.com/km0/km0/dlq"
 )
 
 // A confirmation acts on exactly the letters its dry run listed. The dry run
@@ -55,6 +56,11 @@ func TestReplayConfirmationActsOnTheLettersTheDryRunListed(t *testing.T) {
 	}
 	if resp, _ := br.post("/reproduir", sel); resp.StatusCode != http.StatusConflict {
 		t.Fatalf("the same confirmation again: %d, want 409 (a plan is used once)", resp.StatusCode)
+	}
+	log, err := b.svc.AuditLog(b.ctx, dlq.AuditFilter{})
+	if err != nil || len(log) != 1 || !strings.HasPrefix(log[0].Actor, "console:") || log[0].Action != dlq.ActionReplay ||
+		len(log[0].Letters) != 4 || log[0].Result != "fet" {
+		t.Fatalf("audit log: %+v %v; want one replay of 4 letters by the console session", log, err)
 	}
 }
 

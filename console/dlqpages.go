@@ -441,7 +441,7 @@ func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	rep, err := dlq.ReplaySequence(ctx, c.cfg.Source, seq, dlq.ReplayOptions{Retention: c.cfg.Retention})
+	rep, err := dlq.ReplaySequence(ctx, c.cfg.Source, seq, dlq.ReplayOptions{Retention: c.cfg.Retention, Actor: actorOf(r)})
 	if err != nil && rep == nil {
 		c.cfg.Logger.Warn("console: sequence replay refused", "consumidor", consumer, "err", err)
 		c.errorPage(w, r, http.StatusConflict, "the sequence was not replayed: its head has no pending dead letter")
@@ -554,7 +554,7 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	rep := &dlq.Report{}
 	var err error
 	if len(p.ids) > 0 { // Filter{IDs: none} would select every letter
-		rep, err = c.cfg.Source.Purge(ctx, dlq.Filter{IDs: p.ids}, dlq.PurgeOptions{Confirmed: true, DeleteRecords: del})
+		rep, err = c.cfg.Source.Purge(ctx, dlq.Filter{IDs: p.ids}, dlq.PurgeOptions{Confirmed: true, DeleteRecords: del, Actor: actorOf(r)})
 	}
 	if err != nil && rep == nil {
 		c.fail(w, r, err)

@@ -19,6 +19,7 @@ type job struct {
 	Sel     selection
 	Started time.Time
 	planned []string // the letters its dry run listed: all it replays
+	actor   string   // who confirmed it (audit log)
 
 	mu       sync.Mutex
 	total    int
@@ -68,7 +69,7 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	j := &job{ID: randomToken()[:16], Sel: sel, Started: c.cfg.Now(), state: "running", planned: sel.IDs}
+	j := &job{ID: randomToken()[:16], Sel: sel, Started: c.cfg.Now(), state: "running", planned: sel.IDs, actor: actorOf(r)}
 	if sel.Scope != "seleccio" {
 		p := c.takePlan(r.PostFormValue("pla"), "replay")
 		if p == nil {
@@ -125,7 +126,7 @@ func (c *Console) runReplay(j *job) {
 	for start := 0; start < len(ids); start += ReplayChunk {
 		chunk := ids[start:min(start+ReplayChunk, len(ids))]
 		sctx, cancel := context.WithTimeout(ctx, ActionTimeout)
-		rep, err := c.cfg.Source.Replay(sctx, dlq.Filter{IDs: chunk}, dlq.ReplayOptions{Force: j.Sel.Force, Retention: c.cfg.Retention})
+		rep, err := c.cfg.Source.Replay(sctx, dlq.Filter{IDs: chunk}, dlq.ReplayOptions{Force: j.Sel.Force, Retention: c.cfg.Retention, Actor: j.actor})
 		cancel()
 		if err != nil {
 			c.cfg.Logger.Error("console: replay", "job", j.ID, "err", err)

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"net/http"
 	"time"
 )
 
@@ -62,3 +63,12 @@ func (c *Console) takePlan(tok, kind string) *plan {
 // errNoPlan is the answer to a confirmation without a valid plan.
 const errNoPlan = "this confirmation is not bound to a dry run the console knows (it expired after an hour, " +
 	"was used already, or the console restarted): run the dry run again and confirm what it lists"
+
+// actorOf is who acts, for the audit log: the session's identity, or
+// "console" when the console runs without a token.
+func actorOf(r *http.Request) string {
+	if s := sessionOf(r); s != nil && s.actor != "" {
+		return s.actor
+	}
+	return "console"
+}
