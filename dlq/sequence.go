@@ -29,7 +29,8 @@ type Sequence struct {
 var ErrNotBlocked = errors.New("dlq: key not blocked by this consumer")
 
 // KeySequence reads consumer's sequence for key from the keyorder store ko
-// (in db) and the dead letters of its messages from src. It returns an error
+// (in db) and the dead letters of its messages from src, and records the
+// head's newest pending letter as its id_carta (keyorder.Store.SetLetter). It returns an error
 // wrapping ErrNotBlocked when the key is not blocked.
 func KeySequence(ctx context.Context, src Source, ko *keyorder.Store, db keyorder.DBTX, consumer, key string) (*Sequence, error) {
 	ks, ok, err := ko.Sequence(ctx, db, consumer, key)
@@ -56,6 +57,14 @@ func KeySequence(ctx context.Context, src Source, ko *keyorder.Store, db keyorde
 		} else {
 			seq.BehindLetters[lt.EventID] = append(seq.BehindLetters[lt.EventID], lt)
 		}
+	}
+	if len(seq.HeadLetters) > 0 {
+		// claus_bloquejades.id_carta: the consumer could not know it.
+		head := seq.newestHead()
+		if err := ko.SetLetter(ctx, db, consumer, key, ks.Head.MessageID, head.ID); err != nil {
+			return nil, err
+		}
+		seq.Head.LetterID = head.ID
 	}
 	return seq, nil
 }

@@ -97,6 +97,11 @@ func TestEditAndReplayClearsABlockedHeadInOrder(t *testing.T) {
 	if err != nil || len(seq.HeadLetters) != 1 || seq.Head.MessageID != head {
 		t.Fatalf("sequence: %+v %v", seq, err)
 	}
+	var letter *string
+	if err := b.schema.Pool.QueryRow(b.ctx, `SELECT id_carta FROM claus_bloquejades WHERE id_missatge = $1`, head).Scan(&letter); err != nil ||
+		letter == nil || *letter != seq.HeadLetters[0].ID {
+		t.Fatalf("claus_bloquejades.id_carta %v (%v), want the head's letter %s", letter, err, seq.HeadLetters[0].ID)
+	}
 
 	// Replayed unchanged, the head fails again: the operator is told.
 	rep, err := dlq.ReplaySequence(b.ctx, b.svc, seq, dlq.ReplayOptions{Actor: "cli:maria"})
