@@ -107,6 +107,11 @@ type Letter struct {
 	Replays    int       // how many times it was republished
 	ReplayedAt time.Time // last replay; zero if never
 	PurgedAt   time.Time // zero if not purged
+
+	// Copies is, in a folded listing (Store.ListFolded), how many letters
+	// of the selection share this one's event and consumer (1: no
+	// duplicate); 0 elsewhere.
+	Copies int
 }
 
 // Class returns the bounded reason class of the letter (contract.ReasonClass).

@@ -163,3 +163,26 @@ func TestReplayOfTwoConsumersLettersDeliversOnceToEach(t *testing.T) {
 		t.Fatalf("%d new dead letter(s) after the replay, want 0", len(res.New))
 	}
 }
+
+// After a SIGKILL both retry copies of one message can reach the restarted
+// consumer: two letters of one event and consumer. A folded listing shows
+// one letter for them, counting 2 copies; the counts still count 3 letters.
+func TestFoldedListingShowsOneLetterPerEventAndConsumer(t *testing.T) {
+	b := setup(t)
+	_, dup := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: estoc insuficient"})
+	b.produceDead(t, dead{topic: comandes, key: "P-1", eventID: dup, reason: "permanent: estoc insuficient"})
+	_, other := b.produceDead(t, dead{topic: comandes, key: "P-2", reason: "permanent: estoc insuficient"})
+	b.sync(t)
+	ls := b.list(t, dlq.Filter{Fold: true})
+	copies := map[string]int{}
+	for _, l := range ls.Letters {
+		copies[l.EventID] = l.Copies
+	}
+	if len(ls.Letters) != 2 || copies[dup] != 2 || copies[other] != 1 || ls.Groups[0].Count != 3 {
+		t.Fatalf("folded listing: %d letters, copies %v, count %d; want 2 letters, 2 and 1 copies, a count of 3",
+			len(ls.Letters), copies, ls.Groups[0].Count)
+	}
+	if n := len(b.list(t, dlq.Filter{}).Letters); n != 3 {
+		t.Fatalf("unfolded listing: %d letters, want 3", n)
+	}
+}

@@ -218,7 +218,12 @@ func (s *Service) List(ctx context.Context, f Filter) (*Listing, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := s.cfg.Store.List(ctx, f)
+	var l []*Letter
+	if f.Fold {
+		l, err = s.cfg.Store.ListFolded(ctx, f)
+	} else {
+		l, err = s.cfg.Store.List(ctx, f)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -88,6 +88,11 @@ type Filter struct {
 	States []State
 	// Limit caps the rows List returns; 0 = no cap. Summary ignores it.
 	Limit int
+	// Fold makes List return one letter per event and consumer, with
+	// Letter.Copies counting the duplicates (Store.ListFolded). The
+	// counts of Summary still count every letter. Replay and Purge
+	// ignore it.
+	Fold bool
 
 	exclude []string // letters a Replay already handled
 }
@@ -304,6 +309,39 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	return n, nil
 }
 
+// ListFolded is List with one letter per event and consumer: of the letters
+// f selects that share an id_esdeveniment and a grup_consumidor (after a
+// SIGKILL both retry copies of one message can reach the restarted consumer
+// and give two letters), it returns the newest, with Copies set to how many
+// there are. A letter without id_esdeveniment is its own event. f.Limit caps
+// the rows returned.
+func (s *Store) ListFolded(ctx context.Context, f Filter) ([]*Letter, error) {
+	var args []any
+	part := "PARTITION BY coalesce(id_esdeveniment, id), coalesce(grup_consumidor, '')"
+	sql := "SELECT " + columns + ", copies FROM (SELECT *, count(*) OVER (" + part + ") AS copies, " +
+		"row_number() OVER (" + part + " ORDER BY morta_en DESC NULLS LAST, id DESC) AS rn FROM " + s.table + " " +
+		f.where(&args) + ") folded WHERE rn = 1" + byDeadTime
+	if f.Limit > 0 {
+		sql += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	rows, err := s.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list folded: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Letter, error) {
+		var n int64
+		l, err := scanLetterAnd(r, &n)
+		if l != nil {
+			l.Copies = int(n)
+		}
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list folded: %w", err)
+	}
+	return out, nil
+}
+
 // Get returns one letter, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (*Letter, error) {
 	out, err := s.list(ctx, s.db, Filter{IDs: []string{id}}, byDeadTime, "")
@@ -431,7 +469,10 @@ func (s *Store) DeletableBefore(ctx context.Context, topics []string) ([]Positio
 	return out, nil
 }
 
-func scanLetter(r pgx.CollectableRow) (*Letter, error) {
+func scanLetter(r pgx.CollectableRow) (*Letter, error) { return scanLetterAnd(r) }
+
+// scanLetterAnd scans a letter's columns, then extra.
+func scanLetterAnd(r pgx.CollectableRow, extra ...any) (*Letter, error) {
 	l := &Letter{}
 	var (
 		op, oo              *int64
@@ -443,9 +484,9 @@ func scanLetter(r pgx.CollectableRow) (*Letter, error) {
 		partition, attempts int32
 		replays             int32
 	)
-	err := r.Scan(&l.ID, &l.Topic, &partition, &l.Offset, &l.OriginalTopic, &op, &oo,
+	err := r.Scan(append([]any{&l.ID, &l.Topic, &partition, &l.Offset, &l.OriginalTopic, &op, &oo,
 		&eid, &typ, &l.Reason, &attempts, &ff, &et, &dead, &group, &l.Key, &l.Value,
-		&hkeys, &hvals, &state, &replays, &rep, &pur, &l.TimeUnknown)
+		&hkeys, &hvals, &state, &replays, &rep, &pur, &l.TimeUnknown}, extra...)...)
 	if err != nil {
 		return nil, err
 	}

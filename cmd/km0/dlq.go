@@ -322,7 +322,7 @@ func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 	state := fs.String("estat", "pendent", "pendent, reproduida, purgada or totes")
 	limit := fs.Int("limit", 200, "rows to print at most (0 = all); the counts always cover every letter")
 	f, env, err := c.start(ctx, fs, o, ff, args, func(f *dlq.Filter) (err error) {
-		f.Limit = *limit
+		f.Limit, f.Fold = *limit, true
 		f.States, err = dlq.ParseState(*state)
 		return err
 	})
@@ -355,14 +355,24 @@ func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", g.Topic, dlq.Safe(g.Class), g.Count, stamp(g.Oldest), stamp(g.Newest))
 	}
 	fmt.Fprintln(tw, "\nID\tMORTA_EN\tINTENTS\tESTAT\tTIPUS\tID_ESDEVENIMENT\tMOTIU")
+	folded := 0
 	for _, l := range ls.Letters {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, deadStamp(l), l.Attempts, l.State,
+		id := l.ID
+		if l.Copies > 1 {
+			id += fmt.Sprintf(" (+%d)", l.Copies-1)
+			folded += l.Copies - 1
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", id, deadStamp(l), l.Attempts, l.State,
 			orDash(dlq.Safe(l.Type)), orDash(dlq.Safe(l.EventID)), clip(dlq.Safe(l.Reason), 80))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(ls.Letters) < total {
+	if folded > 0 {
+		fmt.Fprintf(c.out, "%d duplicate letter(s) folded: the same event dead in the same consumer more than once "+
+			"(after a crash both retry copies of a message can reach it); replaying one is enough\n", folded)
+	}
+	if len(ls.Letters)+folded < total {
 		fmt.Fprintf(c.out, "(%d of %d rows shown; --limit 0 shows all)\n", len(ls.Letters), total)
 	}
 	return nil
