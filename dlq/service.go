@@ -41,6 +41,12 @@ type Source interface {
 	Watch(ctx context.Context, within, poll time.Duration, reps ...*Report) ([]Take, error)
 	// AuditLog lists the audit log of replays, purges and edits.
 	AuditLog(ctx context.Context, f AuditFilter) ([]AuditEntry, error)
+	// CreateJob, RunJob, CancelJob and JobStatus are bulk replay jobs:
+	// capped, paced, cancellable, resumable (job.go).
+	CreateJob(ctx context.Context, ids []string, rate float64, actor string) (string, error)
+	RunJob(ctx context.Context, id string, o ReplayOptions) (*JobStatus, error)
+	CancelJob(ctx context.Context, id string) error
+	JobStatus(ctx context.Context, id string) (*JobStatus, error)
 }
 
 // Backend is the broker-specific part of a Source. KafkaBackend is one; a

@@ -51,6 +51,8 @@ type Store struct {
 	refused string // cartes_refusades
 	audit   string // auditoria_cartes
 	edits   string // cartes_editades
+	// feines_reproduccio and its letters (job.go)
+	jobs, jobLetters string
 }
 
 // NewStore returns a Store on db for the table in schema ("" = "public").
@@ -59,9 +61,11 @@ func NewStore(db DB, schema string) *Store {
 		schema = migrate.SchemaDefault
 	}
 	return &Store{db: db, table: pgx.Identifier{schema, Table}.Sanitize(),
-		refused: pgx.Identifier{schema, RefusedTable}.Sanitize(),
-		audit:   pgx.Identifier{schema, "auditoria_cartes"}.Sanitize(),
-		edits:   pgx.Identifier{schema, "cartes_editades"}.Sanitize()}
+		refused:    pgx.Identifier{schema, RefusedTable}.Sanitize(),
+		audit:      pgx.Identifier{schema, "auditoria_cartes"}.Sanitize(),
+		edits:      pgx.Identifier{schema, "cartes_editades"}.Sanitize(),
+		jobs:       pgx.Identifier{schema, "feines_reproduccio"}.Sanitize(),
+		jobLetters: pgx.Identifier{schema, "feines_reproduccio_cartes"}.Sanitize()}
 }
 
 // Filter selects letters. The zero Filter selects every letter.
