@@ -444,11 +444,37 @@ func (c *dlqCLI) replay(ctx context.Context, args []string) error {
 	force := fs.Bool("force", false, "also replay letters already replayed or purged, or older than --retention")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: older letters are refused without --force")
 	watch := fs.Duration("watch", 0, "after replaying, watch this long for a consumer dead-lettering a replayed event again, and say so (0: do not watch)")
-	f, env, err := c.start(ctx, fs, o, ff, args, addAllFlag(fs, "replay"))
+	plan := fs.String("plan", "", "replay exactly the letters a dry run listed: the file of `km0 dlq replay --dry-run --json` (filters given too only count the letters that arrived since)")
+	all := addAllFlag(fs, "replay")
+	f, env, err := c.start(ctx, fs, o, ff, args, func(f *dlq.Filter) error {
+		if *plan != "" {
+			return nil
+		}
+		return all(f)
+	})
 	if err != nil {
 		return err
 	}
 	defer env.close()
+	if *plan != "" {
+		ids, err := readPlan(*plan)
+		if err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			fmt.Fprintln(c.out, "the dry run listed nothing to replay")
+			return nil
+		}
+		if !f.Empty() {
+			sel := f
+			sel.States = []dlq.State{dlq.StatePending}
+			if n, err := env.svc.Arrived(ctx, sel, ids); err == nil && n > 0 {
+				defer fmt.Fprintf(c.out, "%d letter(s) of the selection arrived after the dry run and were not replayed "+
+					"(run a new dry run to see them)\n", n)
+			}
+		}
+		f = dlq.Filter{IDs: ids}
+	}
 	rep, err := env.svc.Replay(ctx, f, dlq.ReplayOptions{DryRun: *dry, Force: *force, Retention: *retention, Actor: cliActor()})
 	if err != nil {
 		return err
@@ -727,4 +753,27 @@ func (c *dlqCLI) auditLog(ctx context.Context, args []string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", stamp(e.At), dlq.Safe(e.Actor), e.Action, orDash(letters), e.Refused, dlq.Safe(e.Result))
 	}
 	return tw.Flush()
+}
+
+// readPlan returns the letters a dry run's JSON report (km0 dlq replay
+// --dry-run --json) would replay.
+func readPlan(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--plan: %w", err)
+	}
+	var rep dlq.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("--plan %s: not the JSON of a dry run: %w", path, err)
+	}
+	if !rep.DryRun {
+		return nil, fmt.Errorf("--plan %s: not a dry run's report (simulacio is false)", path)
+	}
+	var ids []string
+	for _, it := range rep.Items {
+		if it.Done {
+			ids = append(ids, it.ID)
+		}
+	}
+	return ids, nil
 }
