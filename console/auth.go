@@ -37,6 +37,7 @@ type auth struct {
 type session struct {
 	csrf    string
 	expires time.Time
+	actor   string // who, in the audit log: "console:<first 12 hex of the cookie's digest>"
 }
 
 func (a *auth) init(g *dlq.Gate, ttl time.Duration, now func() time.Time) {
@@ -59,7 +60,7 @@ func digest(v string) string {
 // open starts a session and returns its cookie value.
 func (a *auth) open() (string, *session) {
 	id := randomToken()
-	s := &session{csrf: randomToken(), expires: a.now().Add(a.ttl)}
+	s := &session{csrf: randomToken(), expires: a.now().Add(a.ttl), actor: "console:" + digest(id)[:12]}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, old := range a.sessions { // forget expired sessions

@@ -183,7 +183,7 @@ func TestBrowserReplayGroup(t *testing.T) {
 	if total := text(t, ctx, "#total"); total != "2" {
 		t.Fatalf("total %q, want 2", total)
 	}
-	if n := b.records(t, comandes); n != 3 || b.pending(t) != 2 {
+	if n := b.records(t, comandesRetry); n != 3 || b.pending(t) != 2 {
 		t.Fatalf("after the replay: %d records on %s, %d pending; want 3 and 2", n, comandes, b.pending(t))
 	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -123,6 +123,7 @@ type Console struct {
 
 	jobsMu sync.Mutex
 	jobs   map[string]*job
+	plans  map[string]*plan // dry runs a confirmation may act on (plans.go), under jobsMu
 	wg     sync.WaitGroup
 }
 
@@ -140,7 +141,7 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, jobs: map[string]*job{},
+	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, jobs: map[string]*job{}, plans: map[string]*plan{},
 		hc: &http.Client{Timeout: cfg.HealthTimeout}}
 	if cfg.Gate == nil {
 		cfg.Gate = dlq.NewGate(cfg.Token, dlq.GateConfig{Now: cfg.Now})

@@ -56,7 +56,7 @@ func TestWithoutLoginCountsOnly(t *testing.T) {
 	if n := b.pending(t); n != 3 {
 		t.Fatalf("pending letters after refused actions: %d, want 3", n)
 	}
-	if n := b.records(t, comandes); n != 0 {
+	if n := b.records(t, comandesRetry); n != 0 {
 		t.Fatalf("records republished by refused actions: %d, want 0", n)
 	}
 }
@@ -152,6 +152,7 @@ func TestReplayGroupJob(t *testing.T) {
 	csrf := br.login(token)
 	sel := url.Values{"csrf": {csrf}, "abast": {"grup"}, "topic": {comandesDLQ}, "classe": {class}}
 	_, body := br.post("/reproduir/previsualitzar", sel)
+	sel.Set("pla", planOf(t, body))
 	if !strings.Contains(body, `<b id="would">250</b>`) || b.pending(t) != 252 {
 		t.Fatalf("dry run: pending %d\n%s", b.pending(t), body)
 	}
@@ -178,7 +179,7 @@ func TestReplayGroupJob(t *testing.T) {
 	if n := b.pending(t); n != 2 {
 		t.Fatalf("pending after the replay: %d, want the 2 of the other group", n)
 	}
-	if n := b.records(t, comandes); n != 250 {
+	if n := b.records(t, comandesRetry); n != 250 {
 		t.Fatalf("records on %s: %d, want 250", comandes, n)
 	}
 	_, body = br.get("/")
@@ -196,6 +197,7 @@ func TestPurgeSelection(t *testing.T) {
 	csrf := br.login(token)
 	sel := url.Values{"csrf": {csrf}, "abast": {"seleccio"}, "id": {ids[0], ids[2]}}
 	_, body := br.post("/purgar/confirmar", sel)
+	sel.Set("pla", planOf(t, body))
 	if !strings.Contains(body, `<b id="purge-count">2</b>`) || b.pending(t) != 3 {
 		t.Fatalf("confirmation page:\n%s", body)
 	}

@@ -525,7 +525,7 @@ func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	rep, err := dlq.ReplaySequence(ctx, c.cfg.Source, seq, dlq.ReplayOptions{Retention: c.cfg.Retention})
+	rep, err := dlq.ReplaySequence(ctx, c.cfg.Source, seq, dlq.ReplayOptions{Retention: c.cfg.Retention, Actor: actorOf(r)})
 	if err != nil && rep == nil {
 		c.cfg.Logger.Warn("console: sequence replay refused", "consumidor", consumer, "err", err)
 		c.errorPage(w, r, http.StatusConflict, "the sequence was not replayed: its head has no pending dead letter")
@@ -599,9 +599,25 @@ func (c *Console) replayPreview(w http.ResponseWriter, r *http.Request) {
 	if len(items) > 200 {
 		items = items[:200]
 	}
+	var ids []string
+	for _, it := range rep.Items {
+		if it.Done {
+			ids = append(ids, it.ID)
+		}
+	}
+	tok := c.savePlan(&plan{kind: "replay", sel: sel.Describe(), ids: ids, created: c.cfg.Now()})
 	c.renderPage(w, r, http.StatusOK, "preview", page{Title: "Replay: dry run", Data: map[string]any{
-		"Sel": sel, "Report": rep, "Items": items, "More": len(rep.Items) - len(items),
+		"Sel": sel, "Report": rep, "Items": items, "More": len(rep.Items) - len(items), "Plan": tok,
 	}})
+}
+
+// purgeable is f as a purge selects by it: pending and replayed letters
+// unless f names letters by ID.
+func purgeable(f dlq.Filter) dlq.Filter {
+	if len(f.IDs) == 0 {
+		f.States = []dlq.State{dlq.StatePending, dlq.StateReplayed}
+	}
+	return f
 }
 
 func (c *Console) purgeConfirm(w http.ResponseWriter, r *http.Request) {
@@ -609,19 +625,14 @@ func (c *Console) purgeConfirm(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	f := sel.filter()
-	if len(f.IDs) == 0 {
-		f.States = []dlq.State{dlq.StatePending, dlq.StateReplayed}
-	}
-	f.Limit = 1
-	ls, err := c.cfg.Source.List(r.Context(), f)
+	ids, err := c.cfg.Source.Snapshot(r.Context(), purgeable(sel.filter()))
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	n := total(ls)
+	tok := c.savePlan(&plan{kind: "purge", sel: sel.Describe(), ids: ids, created: c.cfg.Now()})
 	c.renderPage(w, r, http.StatusOK, "purgeconfirm", page{Title: "Purge: confirm", Data: map[string]any{
-		"Sel": sel, "Count": n, "Rabbit": c.cfg.Broker == "RabbitMQ",
+		"Sel": sel, "Count": len(ids), "Rabbit": c.cfg.Broker == "RabbitMQ", "Plan": tok,
 	}})
 }
 
@@ -630,17 +641,29 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	p := c.takePlan(r.PostFormValue("pla"), "purge")
+	if p == nil {
+		c.errorPage(w, r, http.StatusConflict, errNoPlan)
+		return
+	}
 	del := r.PostFormValue("delete_records") == "1" && c.cfg.Broker != "RabbitMQ"
 	// Not the request's context: a purge cut short by a closed tab would
 	// leave the operator unsure of what happened.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
 	defer cancel()
-	rep, err := c.cfg.Source.Purge(ctx, sel.filter(), dlq.PurgeOptions{Confirmed: true, DeleteRecords: del})
+	rep := &dlq.Report{}
+	var err error
+	if len(p.ids) > 0 { // Filter{IDs: none} would select every letter
+		rep, err = c.cfg.Source.Purge(ctx, dlq.Filter{IDs: p.ids}, dlq.PurgeOptions{Confirmed: true, DeleteRecords: del, Actor: actorOf(r)})
+	}
 	if err != nil && rep == nil {
 		c.fail(w, r, err)
 		return
 	}
 	data := map[string]any{"Sel": sel, "Report": rep, "Rabbit": c.cfg.Broker == "RabbitMQ", "Deleted": del}
+	if n, aerr := c.cfg.Source.Arrived(ctx, purgeable(sel.filter()), p.ids); aerr == nil && n > 0 {
+		data["Arrived"] = n
+	}
 	if err != nil {
 		c.cfg.Logger.Error("console: purge", "err", err)
 		data["Error"] = "the letters were marked purged, but deleting their records failed; the server log has the details"

@@ -81,6 +81,7 @@ func TestFilterFormNarrowsGroupsAndActions(t *testing.T) {
 	// Replay what the filter selects: the 2 recent letters of the class.
 	sel := url.Values{"csrf": {csrf}, "abast": {"filtre"}, "motiu": {class}, "des_de": {"1h"}}
 	_, body = br.post("/reproduir/previsualitzar", sel)
+	sel.Set("pla", planOf(t, body))
 	if !strings.Contains(body, `<b id="would">2</b>`) || b.pending(t) != 6 {
 		t.Fatalf("dry run of the filter:\n%s", body)
 	}
@@ -109,13 +110,15 @@ func TestFilterFormNarrowsGroupsAndActions(t *testing.T) {
 	if st.State != "done" || st.Total != 2 || st.Republished != 2 || !strings.Contains(st.Selection, "dead at or after") {
 		t.Fatalf("job: %+v", st)
 	}
-	if n, r := b.pending(t), b.records(t, comandes); n != 4 || r != 2 {
+	if n, r := b.pending(t), b.records(t, comandesRetry); n != 4 || r != 2 {
 		t.Fatalf("after the filtered replay: %d pending, %d republished; want 4 and 2", n, r)
 	}
 
 	// Purge a group narrowed by fins_a: only its 3 old letters.
 	g := url.Values{"csrf": {csrf}, "abast": {"grup"}, "topic": {comandesDLQ}, "classe": {class}, "fins_a": {"1h"}}
-	if _, body := br.post("/purgar/confirmar", g); !strings.Contains(body, `<b id="purge-count">3</b>`) {
+	_, body = br.post("/purgar/confirmar", g)
+	g.Set("pla", planOf(t, body))
+	if !strings.Contains(body, `<b id="purge-count">3</b>`) {
 		t.Fatalf("purge confirmation of the narrowed group:\n%s", body)
 	}
 	g.Set("confirmo", "1")

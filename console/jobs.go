@@ -18,11 +18,14 @@ type job struct {
 	ID      string
 	Sel     selection
 	Started time.Time
+	planned []string // the letters its dry run listed: all it replays
+	actor   string   // who confirmed it (audit log)
 
 	mu       sync.Mutex
 	total    int
 	done     int        // republished
 	failed   int        // refused or not published
+	arrived  int        // letters of the selection that died after the dry run: not replayed
 	refused  []dlq.Item // the first ones, for the page
 	state    string     // "running", "done", "failed"
 	err      string     // why it stopped, without internals
@@ -31,23 +34,27 @@ type job struct {
 
 // JobStatus is a snapshot of a job (GET /feina.json).
 type JobStatus struct {
-	ID          string     `json:"id"`
-	State       string     `json:"estat"` // running, done, failed
-	Selection   string     `json:"seleccio"`
-	Total       int        `json:"total"`
-	Republished int        `json:"republicades"`
-	Failed      int        `json:"fallides"`
-	Refused     []dlq.Item `json:"refusades,omitempty"`
-	Error       string     `json:"error,omitempty"`
-	Started     time.Time  `json:"iniciada"`
-	Finished    *time.Time `json:"acabada,omitempty"`
+	ID          string `json:"id"`
+	State       string `json:"estat"` // running, done, failed
+	Selection   string `json:"seleccio"`
+	Total       int    `json:"total"`
+	Republished int    `json:"republicades"`
+	Failed      int    `json:"fallides"`
+	// Arrived counts the letters of the selection that died after the dry
+	// run: the job leaves them alone (a confirmation acts on what the
+	// operator saw).
+	Arrived  int        `json:"arribades_despres"`
+	Refused  []dlq.Item `json:"refusades,omitempty"`
+	Error    string     `json:"error,omitempty"`
+	Started  time.Time  `json:"iniciada"`
+	Finished *time.Time `json:"acabada,omitempty"`
 }
 
 func (j *job) status() JobStatus {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	s := JobStatus{ID: j.ID, State: j.state, Selection: j.Sel.Describe(), Total: j.total, Republished: j.done,
-		Failed: j.failed, Refused: append([]dlq.Item(nil), j.refused...), Error: j.err, Started: j.Started}
+		Failed: j.failed, Arrived: j.arrived, Refused: append([]dlq.Item(nil), j.refused...), Error: j.err, Started: j.Started}
 	if !j.finished.IsZero() {
 		f := j.finished
 		s.Finished = &f
@@ -62,7 +69,15 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	j := &job{ID: randomToken()[:16], Sel: sel, Started: c.cfg.Now(), state: "running"}
+	j := &job{ID: randomToken()[:16], Sel: sel, Started: c.cfg.Now(), state: "running", planned: sel.IDs, actor: actorOf(r)}
+	if sel.Scope != "seleccio" {
+		p := c.takePlan(r.PostFormValue("pla"), "replay")
+		if p == nil {
+			c.errorPage(w, r, http.StatusConflict, errNoPlan)
+			return
+		}
+		j.planned = p.ids
+	}
 	c.jobsMu.Lock()
 	c.pruneJobs()
 	c.jobs[j.ID] = j
@@ -75,10 +90,10 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/feina?id="+j.ID, http.StatusSeeOther)
 }
 
-// runReplay replays the selection in steps of ReplayChunk letters, so that
-// the page can show its progress. A group is resolved to the IDs of its
-// pending letters when the job starts (a filter likewise); letters that die
-// later are not in it.
+// runReplay replays the letters the dry run listed (j.planned) in steps of
+// ReplayChunk letters, so that the page can show its progress. Letters of
+// the selection that died after the dry run are not replayed: they are
+// counted (arrived) and the page says so.
 func (c *Console) runReplay(j *job) {
 	ctx := c.ctx
 	end := func(state, msg string) {
@@ -89,21 +104,21 @@ func (c *Console) runReplay(j *job) {
 		c.cfg.Logger.Info("console: replay finished", "job", j.ID, "selection", j.Sel.Describe(), "state", state,
 			"republished", st.Republished, "failed", st.Failed)
 	}
-	ids := j.Sel.IDs
+	ids := j.planned
 	if j.Sel.Scope != "seleccio" {
 		lctx, cancel := context.WithTimeout(ctx, ActionTimeout)
 		f := j.Sel.filter()
 		f.States = []dlq.State{dlq.StatePending}
-		ls, err := c.cfg.Source.List(lctx, f)
+		n, err := c.cfg.Source.Arrived(lctx, f, ids)
 		cancel()
 		if err != nil {
-			c.cfg.Logger.Error("console: replay: list", "job", j.ID, "err", err)
+			c.cfg.Logger.Error("console: replay: count the letters arrived since the dry run", "job", j.ID, "err", err)
 			end("failed", "the dead-letter index is unavailable; nothing was replayed")
 			return
 		}
-		for _, l := range ls.Letters {
-			ids = append(ids, l.ID)
-		}
+		j.mu.Lock()
+		j.arrived = n
+		j.mu.Unlock()
 	}
 	j.mu.Lock()
 	j.total = len(ids)
@@ -111,7 +126,7 @@ func (c *Console) runReplay(j *job) {
 	for start := 0; start < len(ids); start += ReplayChunk {
 		chunk := ids[start:min(start+ReplayChunk, len(ids))]
 		sctx, cancel := context.WithTimeout(ctx, ActionTimeout)
-		rep, err := c.cfg.Source.Replay(sctx, dlq.Filter{IDs: chunk}, dlq.ReplayOptions{Force: j.Sel.Force, Retention: c.cfg.Retention})
+		rep, err := c.cfg.Source.Replay(sctx, dlq.Filter{IDs: chunk}, dlq.ReplayOptions{Force: j.Sel.Force, Retention: c.cfg.Retention, Actor: j.actor})
 		cancel()
 		if err != nil {
 			c.cfg.Logger.Error("console: replay", "job", j.ID, "err", err)

@@ -92,6 +92,7 @@ func TestRabbitMQReplayAndPurge(t *testing.T) {
 	// Purge one, with the confirmation page offering no record deletion.
 	one := url.Values{"csrf": {csrf}, "abast": {"seleccio"}, "id": {ls.Letters[0].ID}}
 	_, body = br.post("/purgar/confirmar", one)
+	one.Set("pla", planOf(t, body))
 	if strings.Contains(body, "delete_records") || !strings.Contains(body, `<b id="purge-count">1</b>`) {
 		t.Fatalf("purge confirmation on RabbitMQ:\n%s", body)
 	}
@@ -101,7 +102,9 @@ func TestRabbitMQReplayAndPurge(t *testing.T) {
 		t.Fatalf("purge on RabbitMQ:\n%s", body)
 	}
 	sel := url.Values{"csrf": {csrf}, "abast": {"grup"}, "topic": {dlqName}, "classe": {class}}
-	if _, body = br.post("/reproduir/previsualitzar", sel); !strings.Contains(body, `<b id="would">3</b>`) {
+	_, body = br.post("/reproduir/previsualitzar", sel)
+	sel.Set("pla", planOf(t, body))
+	if !strings.Contains(body, `<b id="would">3</b>`) {
 		t.Fatalf("dry run on RabbitMQ:\n%s", body)
 	}
 	sel.Set("confirmo", "1")

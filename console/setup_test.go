@@ -31,7 +31,10 @@ import (
 const (
 	comandes    = "comandes.esdeveniments"
 	comandesDLQ = "comandes.esdeveniments.dlq"
-	token       = "s3cret-admin-token"
+	// comandesRetry is where a replay of a letter of one consumer group
+	// goes (dlq.Backend.Publish).
+	comandesRetry = "comandes.esdeveniments.retry"
+	token         = "s3cret-admin-token"
 	// customer is customer data inside every letter's envelope: it must
 	// never be shown without the token.
 	customer = "C-CONFIDENCIAL-77"
@@ -62,7 +65,7 @@ func setupWith(t *testing.T, tok string, more func(*console.Config)) *bundle {
 	if _, err := migrate.Up(ctx, s.Pool, s.Names(), dlq.Migrations); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	b := kafkatest.New(t, comandes, comandesDLQ)
+	b := kafkatest.New(t, comandes, comandesDLQ, comandesRetry)
 	cl := kafkatest.Client(t, b)
 	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -225,3 +228,14 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 }
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// planOf is the plan token (form field pla) a dry run or purge confirmation
+// page binds its confirmation to.
+func planOf(t *testing.T, body string) string {
+	t.Helper()
+	m := regexp.MustCompile(`name="pla" value="([^"]+)"`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("the page binds no plan to its confirmation:\n%s", body)
+	}
+	return m[1]
+}

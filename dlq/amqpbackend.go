@@ -266,7 +266,8 @@ func (s *Store) insertQueued(ctx context.Context, dlqName string, letters []queu
 // Publish implements Backend: each message goes to the default exchange with
 // routing key Topic (the original work queue), mandatory and confirmed, with
 // the same value and id_esdeveniment (also the AMQP message_id) and without
-// the headers of the dead-lettering (x-*, cua_origen, mort_en). Errors are
+// the headers of the dead-lettering (x-*, cua_origen, mort_en, and
+// grup_consumidor: the work queue is that consumer's own). Errors are
 // amqp.Publisher's: a *amqp.ReturnedError when the queue no longer exists.
 func (b *AMQPBackend) Publish(ctx context.Context, msgs []*transport.Message) error {
 	out := make([]*transport.Message, len(msgs))
@@ -274,7 +275,8 @@ func (b *AMQPBackend) Publish(ctx context.Context, msgs []*transport.Message) er
 		c := *m
 		c.Headers = make([]transport.Header, 0, len(m.Headers))
 		for _, h := range m.Headers {
-			if !strings.HasPrefix(h.Key, "x-") && h.Key != amqp.HeaderOriginQueue && h.Key != amqp.HeaderDeadAt {
+			if !strings.HasPrefix(h.Key, "x-") && h.Key != amqp.HeaderOriginQueue && h.Key != amqp.HeaderDeadAt &&
+				h.Key != HeaderConsumerGroup {
 				c.Headers = append(c.Headers, h)
 			}
 		}

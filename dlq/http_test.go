@@ -90,7 +90,7 @@ func TestAdminAPIRequiresTokenForEveryEndpoint(t *testing.T) {
 			t.Fatalf("purge with token %q: %d, want 401", tok, code)
 		}
 	}
-	if n := b.records(t, comandes); n != 0 || b.rows(t, dlq.StatePending) != 1 {
+	if n := b.records(t, comandesRetry); n != 0 || b.rows(t, dlq.StatePending) != 1 {
 		t.Fatalf("rejected calls changed something: %d records, %d pending", n, b.rows(t, dlq.StatePending))
 	}
 	code, body = call(t, "POST", srv.URL+"/replay", "s3cret-token", req)
@@ -98,7 +98,7 @@ func TestAdminAPIRequiresTokenForEveryEndpoint(t *testing.T) {
 	if code != 200 || json.Unmarshal([]byte(body), &rep) != nil || rep.Done != 1 {
 		t.Fatalf("authorised replay: %d %s", code, body)
 	}
-	if n := b.records(t, comandes); n != 1 {
+	if n := b.records(t, comandesRetry); n != 1 {
 		t.Fatalf("%d records after the replay, want 1", n)
 	}
 	if code, _ := call(t, "POST", srv.URL+"/purge", "s3cret-token", `{"all":true}`); code != 409 {
@@ -142,7 +142,7 @@ func TestAdminAPIWithoutTokenIsClosed(t *testing.T) {
 			}
 		}
 	}
-	if n := b.records(t, comandes); n != 0 || b.rows(t, dlq.StatePending) != 1 {
+	if n := b.records(t, comandesRetry); n != 0 || b.rows(t, dlq.StatePending) != 1 {
 		t.Fatalf("a disabled endpoint changed something: %d records, %d pending", n, b.rows(t, dlq.StatePending))
 	}
 }

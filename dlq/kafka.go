@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -99,9 +100,27 @@ func NewKafkaBackend(cfg KafkaConfig) (*KafkaBackend, error) {
 // Close closes the client.
 func (b *KafkaBackend) Close() { b.cl.Close() }
 
-// Publish implements Backend: a confirmed publish (acks=all).
+// Publish implements Backend: a confirmed publish (acks=all). A message
+// addressed to one consumer group (header grup_consumidor) goes to
+// <topic>.retry as a retry copy of that group, due now (intents 1, no
+// no_abans): every group's source reads the retry topic and skips the copies
+// of another group (transport.Pipeline.Foreign), so no other group sees the
+// replay. A message without the header goes to the topic itself.
 func (b *KafkaBackend) Publish(ctx context.Context, msgs []*transport.Message) error {
-	return b.pub.Publish(ctx, msgs)
+	out := make([]*transport.Message, len(msgs))
+	for i, m := range msgs {
+		g, _ := m.Header(HeaderConsumerGroup)
+		if g == "" {
+			out[i] = m
+			continue
+		}
+		c := *m
+		c.Topic = contract.RetryTopic(m.Topic)
+		c.Headers = append([]transport.Header(nil), m.Headers...)
+		c.SetHeader(transport.HeaderAttempts, "1")
+		out[i] = &c
+	}
+	return b.pub.Publish(ctx, out)
 }
 
 // Topics returns the DLQ topics: KafkaConfig.Topics, or the existing topics

@@ -107,6 +107,11 @@ type Letter struct {
 	Replays    int       // how many times it was republished
 	ReplayedAt time.Time // last replay; zero if never
 	PurgedAt   time.Time // zero if not purged
+
+	// Copies is, in a folded listing (Store.ListFolded), how many letters
+	// of the selection share this one's event and consumer (1: no
+	// duplicate); 0 elsewhere.
+	Copies int
 }
 
 // Class returns the bounded reason class of the letter (contract.ReasonClass).
@@ -265,10 +270,15 @@ func replayHeaders(h []transport.Header, letterID string) []transport.Header {
 	return append(out, transport.Header{Key: HeaderReplayedFrom, Value: letterID})
 }
 
-// replayMessage is the record Replay publishes for l.
+// replayMessage is the record Replay publishes for l: to its original topic
+// or queue, addressed to the consumer that dead-lettered it (header
+// grup_consumidor, when the letter names one; see Backend.Publish).
 func replayMessage(l *Letter) *transport.Message {
 	m := &transport.Message{Topic: l.OriginalTopic, Key: l.Key, Value: l.Value,
 		Headers: replayHeaders(l.Headers, l.ID)}
+	if l.ConsumerGroup != "" {
+		m.SetHeader(HeaderConsumerGroup, l.ConsumerGroup)
+	}
 	// A letter whose headers lost tipus/id_esdeveniment still carries them in
 	// the envelope; put them back so consumers can filter on headers.
 	if _, ok := m.Header(transport.HeaderType); !ok && l.Type != "" {

@@ -72,10 +72,11 @@ func TestReplayRepublishesSameEventAndInboxAbsorbsDuplicate(t *testing.T) {
 	if rep.Selected != 1 || rep.Done != 1 || rep.Refused != 0 || rep.Items[0].ID != id {
 		t.Fatalf("replay report: %+v", rep)
 	}
-	if n := b.records(t, comandes); n != 2 {
-		t.Fatalf("%s holds %d records, want 2 (the original and the replay)", comandes, n)
+	if n, r := b.records(t, comandes), b.records(t, comandesRetry); n != 1 || r != 1 {
+		t.Fatalf("%s holds %d records, %s %d; want 1 and 1 (the original, and the replay addressed to repartiment)",
+			comandes, n, comandesRetry, r)
 	}
-	recs := kafkatest.ReadAll(t, b.broker, comandes, 2, 10*time.Second)
+	recs := kafkatest.ReadAll(t, b.broker, comandesRetry, 1, 10*time.Second)
 	var replayed *kgo.Record
 	for _, r := range recs {
 		for _, h := range r.Headers {
@@ -97,8 +98,14 @@ func TestReplayRepublishesSameEventAndInboxAbsorbsDuplicate(t *testing.T) {
 	if h, _ := m.Header("tipus"); h != "comanda.creada" {
 		t.Fatalf("tipus header %q", h)
 	}
-	for _, gone := range []string{"intents", "motiu", "no_abans", "ultim_error", "topic_original",
-		"particio_original", "offset_original", "primera_fallada", "grup_consumidor"} {
+	if g, _ := m.Header("grup_consumidor"); g != "repartiment" {
+		t.Fatalf("replay addressed to %q, want the group that dead-lettered it (repartiment)", g)
+	}
+	if n, _ := m.Header("intents"); n != "1" {
+		t.Fatalf("replay's intents %q, want 1 (a retry copy due now)", n)
+	}
+	for _, gone := range []string{"motiu", "no_abans", "ultim_error", "topic_original",
+		"particio_original", "offset_original", "primera_fallada"} {
 		if _, ok := m.Header(gone); ok {
 			t.Fatalf("replayed record still carries header %s", gone)
 		}
@@ -134,7 +141,7 @@ func TestReplayTwiceNeedsForce(t *testing.T) {
 	if rep.Done != 0 || rep.Refused != 1 || !strings.Contains(rep.Items[0].Refused, "already replayed") {
 		t.Fatalf("second replay: %+v", rep)
 	}
-	if n := b.records(t, comandes); n != 1 {
+	if n := b.records(t, comandesRetry); n != 1 {
 		t.Fatalf("%d records after a refused replay, want 1", n)
 	}
 	rep = b.replay(t, dlq.Filter{IDs: []string{comandesDLQ + "/0/999"}}, dlq.ReplayOptions{})
@@ -144,7 +151,7 @@ func TestReplayTwiceNeedsForce(t *testing.T) {
 	if rep := b.replay(t, dlq.Filter{IDs: []string{id}}, dlq.ReplayOptions{Force: true}); rep.Done != 1 {
 		t.Fatalf("forced replay: %+v", rep)
 	}
-	if n, l := b.records(t, comandes), b.get(t, id); n != 2 || l.Replays != 2 {
+	if n, l := b.records(t, comandesRetry), b.get(t, id); n != 2 || l.Replays != 2 {
 		t.Fatalf("after forced replay: %d records, %d replays; want 2 and 2", n, l.Replays)
 	}
 }
@@ -173,7 +180,7 @@ func TestReplayRefusesLetterOlderThanRetention(t *testing.T) {
 			t.Fatalf("refusal of %s does not name the retention: %q", it.ID, it.Refused)
 		}
 	}
-	if n := b.records(t, comandes); n != 1 {
+	if n := b.records(t, comandesRetry); n != 1 {
 		t.Fatalf("%d records published, want 1", n)
 	}
 	if n := b.rows(t, dlq.StatePending); n != 2 {
@@ -185,8 +192,8 @@ func TestReplayRefusesLetterOlderThanRetention(t *testing.T) {
 		t.Fatalf("with a 30-day retention: %+v", rep)
 	}
 	rep = b.replay(t, dlq.Filter{IDs: []string{byFailure}}, dlq.ReplayOptions{Force: true})
-	if rep.Done != 1 || b.records(t, comandes) != 3 || b.rows(t, dlq.StatePending) != 0 {
-		t.Fatalf("forced: %+v, %d records, %d pending", rep, b.records(t, comandes), b.rows(t, dlq.StatePending))
+	if rep.Done != 1 || b.records(t, comandesRetry) != 3 || b.rows(t, dlq.StatePending) != 0 {
+		t.Fatalf("forced: %+v, %d records, %d pending", rep, b.records(t, comandesRetry), b.rows(t, dlq.StatePending))
 	}
 }
 
@@ -205,7 +212,7 @@ func TestReplayAgesALetterWithoutDataMSFromItsSourceRecord(t *testing.T) {
 	if rep.Selected != 1 || rep.Done != 0 || rep.Refused != 1 || !strings.Contains(rep.Items[0].Refused, "retention") {
 		t.Fatalf("report: %+v", rep)
 	}
-	if n := b.records(t, comandes); n != 0 {
+	if n := b.records(t, comandesRetry); n != 0 {
 		t.Fatalf("%d records published, want 0", n)
 	}
 	if rep := b.replay(t, dlq.Filter{IDs: []string{lagging}}, dlq.ReplayOptions{Force: true}); rep.Done != 1 {
@@ -224,7 +231,7 @@ func TestReplayDryRunPublishesNothing(t *testing.T) {
 	if !rep.DryRun || rep.Selected != 3 || rep.Done != 3 {
 		t.Fatalf("dry run report: %+v", rep)
 	}
-	if n := b.records(t, comandes); n != 0 {
+	if n := b.records(t, comandesRetry); n != 0 {
 		t.Fatalf("dry run published %d records", n)
 	}
 	if n := b.rows(t, dlq.StatePending); n != 3 {
@@ -305,10 +312,10 @@ func TestReplayRefusesUndecodableLetter(t *testing.T) {
 	if rep.Refused != 1 || rep.Done != 0 || !strings.Contains(rep.Items[0].Refused, "not a valid envelope") {
 		t.Fatalf("report: %+v", rep)
 	}
-	if n := b.records(t, comandes); n != 0 {
+	if n := b.records(t, comandesRetry); n != 0 {
 		t.Fatalf("%d records published", n)
 	}
-	if rep := b.replay(t, dlq.Filter{IDs: []string{id}}, dlq.ReplayOptions{Force: true}); rep.Done != 1 || b.records(t, comandes) != 1 {
+	if rep := b.replay(t, dlq.Filter{IDs: []string{id}}, dlq.ReplayOptions{Force: true}); rep.Done != 1 || b.records(t, comandesRetry) != 1 {
 		t.Fatalf("forced: %+v", rep)
 	}
 }
@@ -328,7 +335,7 @@ func TestReplayKeepsDLQOrderPerKey(t *testing.T) {
 	if rep := b.replay(t, dlq.Filter{}, dlq.ReplayOptions{}); rep.Done != 3 {
 		t.Fatalf("replay: %+v", rep)
 	}
-	recs := kafkatest.ReadAll(t, b.broker, comandes, 3, 10*time.Second)
+	recs := kafkatest.ReadAll(t, b.broker, comandesRetry, 3, 10*time.Second)
 	if len(recs) != 3 {
 		t.Fatalf("read %d records, want 3", len(recs))
 	}

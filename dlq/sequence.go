@@ -28,7 +28,8 @@ type Sequence struct {
 var ErrNotBlocked = errors.New("dlq: key not blocked by this consumer")
 
 // KeySequence reads consumer's sequence for key from the keyorder store ko
-// (in db) and the dead letters of its messages from src. It returns an error
+// (in db) and the dead letters of its messages from src, and records the
+// head's newest pending letter as its id_carta (keyorder.Store.SetLetter). It returns an error
 // wrapping ErrNotBlocked when the key is not blocked.
 func KeySequence(ctx context.Context, src Source, ko *keyorder.Store, db keyorder.DBTX, consumer, key string) (*Sequence, error) {
 	ks, ok, err := ko.Sequence(ctx, db, consumer, key)
@@ -56,6 +57,14 @@ func KeySequence(ctx context.Context, src Source, ko *keyorder.Store, db keyorde
 			seq.BehindLetters[lt.EventID] = append(seq.BehindLetters[lt.EventID], lt)
 		}
 	}
+	if len(seq.HeadLetters) > 0 {
+		// claus_bloquejades.id_carta: the consumer could not know it.
+		head := seq.newestHead()
+		if err := ko.SetLetter(ctx, db, consumer, key, ks.Head.MessageID, head.ID); err != nil {
+			return nil, err
+		}
+		seq.Head.LetterID = head.ID
+	}
 	return seq, nil
 }
 
@@ -72,16 +81,47 @@ func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOpti
 		return nil, fmt.Errorf("dlq: the head %s of key %q has no pending dead letter (motiu %s): nothing to replay",
 			Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)
 	}
+	head := seq.newestHead()
+	rep, err := src.Replay(ctx, Filter{IDs: []string{head.ID}}, o)
+	if err != nil || rep.Done != 1 || o.DryRun {
+		return rep, err
+	}
+	return seq.purgeBehind(ctx, src, head, rep, o.Actor)
+}
+
+// EditSequence is ReplaySequence with the head's payload edited: the head's
+// newest pending letter is replayed with value (Service.ReplayEdited:
+// validated against its schema first, the original kept), and the letters
+// behind it are marked purged once it went out. This is the way out of a
+// head that can never succeed as it is, in order: its consumer applies the
+// edited head, then every message behind it.
+func EditSequence(ctx context.Context, svc Source, seq *Sequence, value []byte, o EditOptions) (*Report, error) {
+	if len(seq.HeadLetters) == 0 {
+		return nil, fmt.Errorf("dlq: the head %s of key %q has no pending dead letter (motiu %s): nothing to replay",
+			Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)
+	}
+	head := seq.newestHead()
+	rep, err := svc.ReplayEdited(ctx, head.ID, value, o)
+	if err != nil || rep.Done != 1 {
+		return rep, err
+	}
+	return seq.purgeBehind(ctx, svc, head, rep, o.Actor)
+}
+
+// newestHead is the head's newest pending letter.
+func (seq *Sequence) newestHead() *Letter {
 	head := seq.HeadLetters[len(seq.HeadLetters)-1]
 	for _, l := range seq.HeadLetters {
 		if l.DeadAt.After(head.DeadAt) {
 			head = l
 		}
 	}
-	rep, err := src.Replay(ctx, Filter{IDs: []string{head.ID}}, o)
-	if err != nil || rep.Done != 1 || o.DryRun {
-		return rep, err
-	}
+	return head
+}
+
+// purgeBehind marks purged the letters behind the replayed head, and the
+// head's other copies, appending to rep.
+func (seq *Sequence) purgeBehind(ctx context.Context, src Source, head *Letter, rep *Report, actor string) (*Report, error) {
 	var behind []string
 	for _, ls := range seq.BehindLetters {
 		for _, l := range ls {
@@ -96,7 +136,7 @@ func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOpti
 	if len(behind) == 0 {
 		return rep, nil
 	}
-	pr, err := src.Purge(ctx, Filter{IDs: behind}, PurgeOptions{Confirmed: true})
+	pr, err := src.Purge(ctx, Filter{IDs: behind}, PurgeOptions{Confirmed: true, Actor: actor})
 	if err != nil {
 		return rep, fmt.Errorf("dlq: head replayed; marking the letters behind it: %w", err)
 	}

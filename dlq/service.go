@@ -24,6 +24,29 @@ type Source interface {
 	Replay(ctx context.Context, f Filter, o ReplayOptions) (*Report, error)
 	// Purge marks the letters f selects purged (and may delete records).
 	Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report, error)
+	// Snapshot returns the IDs of the letters f selects now, in DLQ order,
+	// without their bytes (f.Limit caps them; 0 = all): what a dry run
+	// shows, and what its confirmation must then act on (Filter{IDs: ...})
+	// rather than resolving f again.
+	Snapshot(ctx context.Context, f Filter) ([]string, error)
+	// Arrived counts the letters f selects now that ids does not hold: the
+	// letters that died after the snapshot ids was taken, which a
+	// confirmation bound to ids leaves alone and should report.
+	Arrived(ctx context.Context, f Filter, ids []string) (int, error)
+	// ReplayEdited replays one letter with an operator's edit of its
+	// envelope, validated against its schema first (Service.ReplayEdited).
+	ReplayEdited(ctx context.Context, id string, value []byte, o EditOptions) (*Report, error)
+	// Watch reports, per letter the reports replayed, whether its consumer
+	// dead-lettered the event again within a bound (Service.Watch).
+	Watch(ctx context.Context, within, poll time.Duration, reps ...*Report) ([]Take, error)
+	// AuditLog lists the audit log of replays, purges and edits.
+	AuditLog(ctx context.Context, f AuditFilter) ([]AuditEntry, error)
+	// CreateJob, RunJob, CancelJob and JobStatus are bulk replay jobs:
+	// capped, paced, cancellable, resumable (job.go).
+	CreateJob(ctx context.Context, ids []string, rate float64, actor string) (string, error)
+	RunJob(ctx context.Context, id string, o ReplayOptions) (*JobStatus, error)
+	CancelJob(ctx context.Context, id string) error
+	JobStatus(ctx context.Context, id string) (*JobStatus, error)
 }
 
 // Backend is the broker-specific part of a Source. KafkaBackend is one; a
@@ -33,9 +56,14 @@ type Backend interface {
 	// Sync indexes into s every dead letter the broker holds now (up to the
 	// current end of each DLQ) and returns the letters that were new.
 	Sync(ctx context.Context, s *Store) (SyncResult, error)
-	// Publish republishes msgs (Topic = the original topic or routing key) and
-	// returns once the broker confirmed them, with transport.Publisher's
-	// error contract.
+	// Publish republishes msgs (Topic = the original topic or work queue)
+	// and returns once the broker confirmed them, with transport.Publisher's
+	// error contract. A message carrying the header grup_consumidor is
+	// addressed to that consumer alone: Kafka's backend sends it to
+	// <topic>.retry, where the sources of other groups skip it (counted as
+	// Foreign); RabbitMQ's sends it to the work queue, which only that
+	// consumer reads. A message without it reaches every consumer of the
+	// topic.
 	transport.Publisher
 	// DeletePurged physically removes what it can of the letters now purged
 	// and returns what it deleted. A broker that cannot returns
@@ -76,6 +104,13 @@ type ReplayOptions struct {
 	// oldest time (Letter.Oldest) is older than this is refused, because a
 	// duplicate could no longer be recognised. Default inbox.RetentionDefault.
 	Retention time.Duration
+	// Actor names who replays, for the audit log (auditoria_cartes): the
+	// console session's or the CLI's identity. Default ActorUnknown.
+	Actor string
+	// action is the audit action (ActionReplay unless an edit or a skip).
+	action string
+	// values replace the value of these letters (ReplayEdited).
+	values map[string][]byte
 }
 
 // PurgeOptions tune Purge.
@@ -85,6 +120,10 @@ type PurgeOptions struct {
 	// DeleteRecords also asks the backend to delete the purged records on
 	// the broker (Kafka: DeleteRecords up to the lowest pending offset).
 	DeleteRecords bool
+	// Actor names who purges, for the audit log. Default ActorUnknown.
+	Actor string
+	// action is the audit action (ActionPurge unless a skip).
+	action string
 }
 
 // ErrNotConfirmed is returned by Purge without PurgeOptions.Confirmed.
@@ -95,8 +134,9 @@ type Item struct {
 	ID      string `json:"id"`
 	Topic   string `json:"topic_original"`
 	EventID string `json:"id_esdeveniment,omitempty"`
-	Done    bool   `json:"fet"`               // replayed/purged (in a dry run: would be)
-	Refused string `json:"refusat,omitempty"` // why not, when Done is false
+	Group   string `json:"grup_consumidor,omitempty"` // the consumer a replay is addressed to
+	Done    bool   `json:"fet"`                       // replayed/purged (in a dry run: would be)
+	Refused string `json:"refusat,omitempty"`         // why not, when Done is false
 }
 
 // Report says what Replay or Purge did.
@@ -107,6 +147,23 @@ type Report struct {
 	Refused  int        `json:"refusades"`
 	Items    []Item     `json:"cartes"`
 	Deleted  []Position `json:"esborrat_fins_a,omitempty"` // Purge with DeleteRecords
+	// Started is when Replay began publishing (zero for a dry run): a
+	// letter of the same event and consumer dead at or after it means the
+	// replay did not take (Service.Watch).
+	Started time.Time `json:"iniciada,omitempty"`
+
+	replayed []Item // what Replay republished (Items may also hold a sequence's purged letters)
+}
+
+// doneIDs returns the IDs of the letters r replayed or purged.
+func (r *Report) doneIDs() []string {
+	var out []string
+	for _, it := range r.Items {
+		if it.Done {
+			out = append(out, it.ID)
+		}
+	}
+	return out
 }
 
 func (r *Report) add(it Item) {
@@ -167,7 +224,12 @@ func (s *Service) List(ctx context.Context, f Filter) (*Listing, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := s.cfg.Store.List(ctx, f)
+	var l []*Letter
+	if f.Fold {
+		l, err = s.cfg.Store.ListFolded(ctx, f)
+	} else {
+		l, err = s.cfg.Store.List(ctx, f)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -176,6 +238,17 @@ func (s *Service) List(ctx context.Context, f Filter) (*Listing, error) {
 		return nil, err
 	}
 	return &Listing{Groups: g, Letters: l, Refused: n}, nil
+}
+
+// Snapshot implements Source.
+func (s *Service) Snapshot(ctx context.Context, f Filter) ([]string, error) {
+	return s.cfg.Store.IDs(ctx, f)
+}
+
+// Arrived implements Source.
+func (s *Service) Arrived(ctx context.Context, f Filter, ids []string) (int, error) {
+	f.IDs, f.exclude = nil, ids
+	return s.cfg.Store.Count(ctx, f)
 }
 
 // Get implements Source.
@@ -208,17 +281,38 @@ func (s *Service) Replay(ctx context.Context, f Filter, o ReplayOptions) (*Repor
 		f.States = []State{StatePending}
 	}
 	rep := &Report{DryRun: o.DryRun}
+	if !o.DryRun {
+		rep.Started = s.cfg.Now().UTC().Truncate(time.Millisecond) // Kafka timestamps are milliseconds
+	}
 	seen := map[string]bool{}
 	for {
 		n, err := s.replayBatch(ctx, f, o, rep, seen)
-		if err != nil {
+		if err == nil && n < replayBatch {
+			reportMissing(rep, f.IDs, seen)
+		}
+		if err != nil || n < replayBatch {
+			if !o.DryRun {
+				s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionReplay), rep, err)
+			}
 			return rep, err
 		}
-		if n < replayBatch {
-			reportMissing(rep, f.IDs, seen)
-			return rep, nil
-		}
 	}
+}
+
+// auditReport records what Replay or Purge did (rep) and how it ended.
+func (s *Service) auditReport(ctx context.Context, actor, action string, rep *Report, err error) {
+	result := "fet"
+	if err != nil {
+		result = "stopped: " + err.Error()
+	}
+	_ = s.audit(ctx, actor, action, rep.doneIDs(), rep.Refused, result)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 // reportMissing refuses the requested IDs no selection returned: unknown
@@ -253,18 +347,22 @@ func (s *Service) replayBatch(ctx context.Context, f Filter, o ReplayOptions, re
 	for _, l := range letters {
 		seen[l.ID] = true
 		rep.Selected++
-		it := Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID}
+		it := Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Group: l.ConsumerGroup}
 		if why := refuse(l, o, now); why != "" {
 			it.Refused = why
 			rep.add(it)
 			continue
 		}
-		msgs = append(msgs, replayMessage(l))
+		m := replayMessage(l)
+		if v, ok := o.values[l.ID]; ok {
+			m.Value = v // an edit-and-replay: the edited envelope, same key and id_esdeveniment
+		}
+		msgs = append(msgs, m)
 		sent = append(sent, l)
 	}
 	if o.DryRun || len(sent) == 0 {
 		for _, l := range sent {
-			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Done: true})
+			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Group: l.ConsumerGroup, Done: true})
 		}
 		return len(letters), nil
 	}
@@ -282,7 +380,7 @@ func (s *Service) replayBatch(ctx context.Context, f Filter, o ReplayOptions, re
 	var ids []string
 	for i, l := range sent {
 		if why, bad := rejected[i]; bad {
-			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Refused: why})
+			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Group: l.ConsumerGroup, Refused: why})
 			continue
 		}
 		ids = append(ids, l.ID)
@@ -295,7 +393,9 @@ func (s *Service) replayBatch(ctx context.Context, f Filter, o ReplayOptions, re
 	}
 	for i, l := range sent {
 		if _, bad := rejected[i]; !bad {
-			rep.add(Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Done: true})
+			it := Item{ID: l.ID, Topic: l.OriginalTopic, EventID: l.EventID, Group: l.ConsumerGroup, Done: true}
+			rep.add(it)
+			rep.replayed = append(rep.replayed, it)
 			s.cfg.Logger.Info("dlq: letter replayed", "id", l.ID, "topic", l.OriginalTopic,
 				"id_esdeveniment", l.EventID, "motiu", l.Reason)
 		}
@@ -399,6 +499,7 @@ func (s *Service) Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report,
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("dlq: purge: %w", err)
 	}
+	s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionPurge), rep, nil)
 	for _, l := range purged {
 		s.cfg.Logger.Info("dlq: letter purged", "id", l.ID, "id_esdeveniment", l.EventID, "motiu", l.Reason)
 	}

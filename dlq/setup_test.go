@@ -23,10 +23,12 @@ import (
 )
 
 const (
-	comandes     = "comandes.esdeveniments"
-	comandesDLQ  = "comandes.esdeveniments.dlq"
-	inventari    = "inventari.esdeveniments"
-	inventariDLQ = "inventari.esdeveniments.dlq"
+	comandes    = "comandes.esdeveniments"
+	comandesDLQ = "comandes.esdeveniments.dlq"
+	// comandesRetry is where a replay of a letter of one consumer group goes.
+	comandesRetry = "comandes.esdeveniments.retry"
+	inventari     = "inventari.esdeveniments"
+	inventariDLQ  = "inventari.esdeveniments.dlq"
 )
 
 // bundle is what most tests need: a migrated schema, a broker with the DLQ
@@ -52,7 +54,7 @@ func setup(t *testing.T) *bundle {
 	if _, err := migrate.Up(ctx, s.Pool, s.Names(), dlq.Migrations, migrate.Inbox); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	b := kafkatest.New(t, comandes, comandesDLQ, inventari, inventariDLQ)
+	b := kafkatest.New(t, comandes, comandesDLQ, comandesRetry, inventari, inventariDLQ, inventari+".retry")
 	cl := kafkatest.Client(t, b)
 	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

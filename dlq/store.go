@@ -49,6 +49,10 @@ type Store struct {
 	db      DB
 	table   string
 	refused string // cartes_refusades
+	audit   string // auditoria_cartes
+	edits   string // cartes_editades
+	// feines_reproduccio and its letters (job.go)
+	jobs, jobLetters string
 }
 
 // NewStore returns a Store on db for the table in schema ("" = "public").
@@ -57,7 +61,11 @@ func NewStore(db DB, schema string) *Store {
 		schema = migrate.SchemaDefault
 	}
 	return &Store{db: db, table: pgx.Identifier{schema, Table}.Sanitize(),
-		refused: pgx.Identifier{schema, RefusedTable}.Sanitize()}
+		refused:    pgx.Identifier{schema, RefusedTable}.Sanitize(),
+		audit:      pgx.Identifier{schema, "auditoria_cartes"}.Sanitize(),
+		edits:      pgx.Identifier{schema, "cartes_editades"}.Sanitize(),
+		jobs:       pgx.Identifier{schema, "feines_reproduccio"}.Sanitize(),
+		jobLetters: pgx.Identifier{schema, "feines_reproduccio_cartes"}.Sanitize()}
 }
 
 // Filter selects letters. The zero Filter selects every letter.
@@ -88,6 +96,11 @@ type Filter struct {
 	NoGroup bool
 	// Limit caps the rows List returns; 0 = no cap. Summary ignores it.
 	Limit int
+	// Fold makes List return one letter per event and consumer, with
+	// Letter.Copies counting the duplicates (Store.ListFolded). The
+	// counts of Summary still count every letter. Replay and Purge
+	// ignore it.
+	Fold bool
 
 	exclude []string // letters a Replay already handled
 }
@@ -278,6 +291,68 @@ func (s *Store) listColumns(ctx context.Context, q querier, cols string, f Filte
 	return out, nil
 }
 
+// IDs returns the IDs of the letters f selects, in DLQ order (topic,
+// partition, offset), at most f.Limit of them (0 = all).
+func (s *Store) IDs(ctx context.Context, f Filter) ([]string, error) {
+	var args []any
+	sql := "SELECT id FROM " + s.table + " " + f.where(&args) + byPosition
+	if f.Limit > 0 {
+		sql += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	rows, err := s.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: ids: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("dlq: ids: %w", err)
+	}
+	return out, nil
+}
+
+// Count returns how many letters f selects (f.Limit is ignored).
+func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
+	var args []any
+	var n int
+	if err := s.db.QueryRow(ctx, "SELECT count(*) FROM "+s.table+" "+f.where(&args), args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("dlq: count: %w", err)
+	}
+	return n, nil
+}
+
+// ListFolded is List with one letter per event and consumer: of the letters
+// f selects that share an id_esdeveniment and a grup_consumidor (after a
+// SIGKILL both retry copies of one message can reach the restarted consumer
+// and give two letters), it returns the newest, with Copies set to how many
+// there are. A letter without id_esdeveniment is its own event. f.Limit caps
+// the rows returned.
+func (s *Store) ListFolded(ctx context.Context, f Filter) ([]*Letter, error) {
+	var args []any
+	part := "PARTITION BY coalesce(id_esdeveniment, id), coalesce(grup_consumidor, '')"
+	sql := "SELECT " + columns + ", copies FROM (SELECT *, count(*) OVER (" + part + ") AS copies, " +
+		"row_number() OVER (" + part + " ORDER BY morta_en DESC NULLS LAST, id DESC) AS rn FROM " + s.table + " " +
+		f.where(&args) + ") folded WHERE rn = 1" + byDeadTime
+	if f.Limit > 0 {
+		sql += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	rows, err := s.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list folded: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Letter, error) {
+		var n int64
+		l, err := scanLetterAnd(r, &n)
+		if l != nil {
+			l.Copies = int(n)
+		}
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list folded: %w", err)
+	}
+	return out, nil
+}
+
 // Get returns one letter, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (*Letter, error) {
 	out, err := s.list(ctx, s.db, Filter{IDs: []string{id}}, byDeadTime, "")
@@ -413,7 +488,10 @@ func (s *Store) DeletableBefore(ctx context.Context, topics []string) ([]Positio
 	return out, nil
 }
 
-func scanLetter(r pgx.CollectableRow) (*Letter, error) {
+func scanLetter(r pgx.CollectableRow) (*Letter, error) { return scanLetterAnd(r) }
+
+// scanLetterAnd scans a letter's columns, then extra.
+func scanLetterAnd(r pgx.CollectableRow, extra ...any) (*Letter, error) {
 	l := &Letter{}
 	var (
 		op, oo              *int64
@@ -425,9 +503,9 @@ func scanLetter(r pgx.CollectableRow) (*Letter, error) {
 		partition, attempts int32
 		replays             int32
 	)
-	err := r.Scan(&l.ID, &l.Topic, &partition, &l.Offset, &l.OriginalTopic, &op, &oo,
+	err := r.Scan(append([]any{&l.ID, &l.Topic, &partition, &l.Offset, &l.OriginalTopic, &op, &oo,
 		&eid, &typ, &l.Reason, &attempts, &ff, &et, &dead, &group, &l.Key, &l.Value,
-		&hkeys, &hvals, &state, &replays, &rep, &pur, &l.TimeUnknown)
+		&hkeys, &hvals, &state, &replays, &rep, &pur, &l.TimeUnknown}, extra...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -185,7 +185,7 @@ type Store struct {
 
 type queries struct {
 	blocked, mark, bump, park, parkedOne, lockHead, deleteHead, takeAll, takeNext, promote,
-	markBehind, deadBehind, sequence, sequences string
+	markBehind, deadBehind, sequence, sequences, setLetter string
 }
 
 // New returns a Store for cfg.
@@ -218,6 +218,8 @@ func New(cfg Config) (*Store, error) {
 		deadBehind: `UPDATE ` + p + ` SET estat = 'morta_per_bloqueig' WHERE consumidor = $1 AND clau = $2 AND estat <> 'morta_per_bloqueig' RETURNING ` + cols,
 		sequence:   `SELECT ` + cols + ` FROM ` + p + ` WHERE consumidor = $1 AND clau = $2 ORDER BY sequencia`,
 		sequences:  `SELECT clau FROM ` + b + ` WHERE consumidor = $1 AND clau > $2 ORDER BY clau LIMIT $3`,
+		setLetter: `UPDATE ` + b + ` SET id_carta = $4 WHERE consumidor = $1 AND clau = $2 AND id_missatge = $3
+			AND motiu = 'dlq' AND id_carta IS DISTINCT FROM $4`,
 	}}, nil
 }
 
@@ -470,6 +472,23 @@ func (s *Store) Sequence(ctx context.Context, db DBTX, consumer, key string) (se
 		return Sequence{}, false, fmt.Errorf("keyorder: sequence: %w", err)
 	}
 	return Sequence{Consumer: consumer, Key: key, Head: h, Behind: ps}, true, nil
+}
+
+// SetLetter records letterID as the dead letter of key's head headID
+// (claus_bloquejades.id_carta). The consumer cannot: a letter's ID is its
+// DLQ position, known only once the copy is on the broker, after the
+// transaction that blocked the key. The DLQ index sets it when it reads the
+// sequence (dlq.KeySequence). It changes nothing when headID is no longer
+// the head, or the head waits for a retry; it is one statement, so db may be
+// a pool.
+func (s *Store) SetLetter(ctx context.Context, db DBTX, consumer, key, headID, letterID string) error {
+	if err := checkAll(consumer, key, headID); err != nil {
+		return err
+	}
+	if _, err := db.Exec(ctx, s.q.setLetter, consumer, []byte(key), headID, letterID); err != nil {
+		return fmt.Errorf("keyorder: set letter: %w", err)
+	}
+	return nil
 }
 
 // BlockedKeys lists up to limit blocked keys of consumer after the key after

@@ -52,6 +52,7 @@ commands:
   sequence a key blocked by a per-key order consumer: its head and the messages behind it;
            --replay replays it as one (the head; its consumer releases the rest in order)
   purge    mark letters purged (Kafka cannot delete single records; see --delete-records)
+  audit    the audit log: every replay, purge and edit, who ran it, when, on which letters
   index    run the indexer: index every new dead letter, alert, serve /metrics and the admin API
            (RabbitMQ: syncs every --interval)
 `
@@ -89,6 +90,8 @@ func (c *dlqCLI) run(ctx context.Context, args []string) error {
 		return c.purge(ctx, args[1:])
 	case "index":
 		return c.index(ctx, args[1:])
+	case "audit":
+		return c.auditLog(ctx, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(c.out, dlqUsage)
 		return nil
@@ -262,8 +265,8 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 
 // filterFlags registers the selection flags of replay and purge.
 type filterFlags struct {
-	topic, motiu, since, until *string
-	ids                        *listFlag
+	topic, motiu, since, until, group *string
+	ids                               *listFlag
 }
 
 func addFilterFlags(fs *flag.FlagSet) *filterFlags {
@@ -272,6 +275,7 @@ func addFilterFlags(fs *flag.FlagSet) *filterFlags {
 		motiu: fs.String("motiu", "", `only letters whose motiu starts with this, e.g. "permanent: esquema"`),
 		since: fs.String("since", "", "only letters dead at or after this: RFC 3339, YYYY-MM-DD, or an age (36h, 7d)"),
 		until: fs.String("until", "", "only letters dead before this (same forms as --since)"),
+		group: fs.String("consumer", "", "only letters of this consumer (grup_consumidor: the Kafka group or RabbitMQ work queue)"),
 		ids:   &listFlag{},
 	}
 	fs.Var(f.ids, "id", "only this letter (repeatable)")
@@ -279,7 +283,7 @@ func addFilterFlags(fs *flag.FlagSet) *filterFlags {
 }
 
 func (f *filterFlags) filter(now time.Time) (dlq.Filter, error) {
-	out := dlq.Filter{Topic: *f.topic, Reason: *f.motiu, IDs: *f.ids}
+	out := dlq.Filter{Topic: *f.topic, Reason: *f.motiu, Group: *f.group, IDs: *f.ids}
 	var err error
 	if out.Since, err = dlq.ParseTime(*f.since, now); err != nil {
 		return out, err
@@ -296,7 +300,7 @@ func addAllFlag(fs *flag.FlagSet, verb string) func(*dlq.Filter) error {
 	return func(f *dlq.Filter) error {
 		switch {
 		case f.Empty() && !*all:
-			return fmt.Errorf("refusing to %s every letter: no --id, --topic, --motiu, --since or --until given; pass --all to select every letter", verb)
+			return fmt.Errorf("refusing to %s every letter: no --id, --topic, --motiu, --consumer, --since or --until given; pass --all to select every letter", verb)
 		case !f.Empty() && *all:
 			return fmt.Errorf("--all selects every letter: give it without --id, --topic, --motiu, --since or --until")
 		}
@@ -334,7 +338,7 @@ func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 	state := fs.String("estat", "pendent", "pendent, reproduida, purgada or totes")
 	limit := fs.Int("limit", 200, "rows to print at most (0 = all); the counts always cover every letter")
 	f, env, err := c.start(ctx, fs, o, ff, args, func(f *dlq.Filter) (err error) {
-		f.Limit = *limit
+		f.Limit, f.Fold = *limit, true
 		f.States, err = dlq.ParseState(*state)
 		return err
 	})
@@ -367,14 +371,24 @@ func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", g.Topic, dlq.Safe(g.Consumer), dlq.Safe(g.Class), g.Count, stamp(g.Oldest), stamp(g.Newest))
 	}
 	fmt.Fprintln(tw, "\nID\tMORTA_EN\tINTENTS\tESTAT\tTIPUS\tID_ESDEVENIMENT\tMOTIU")
+	folded := 0
 	for _, l := range ls.Letters {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.ID, deadStamp(l), l.Attempts, l.State,
+		id := l.ID
+		if l.Copies > 1 {
+			id += fmt.Sprintf(" (+%d)", l.Copies-1)
+			folded += l.Copies - 1
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", id, deadStamp(l), l.Attempts, l.State,
 			orDash(dlq.Safe(l.Type)), orDash(dlq.Safe(l.EventID)), clip(dlq.Safe(l.Reason), 80))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(ls.Letters) < total {
+	if folded > 0 {
+		fmt.Fprintf(c.out, "%d duplicate letter(s) folded: the same event dead in the same consumer more than once "+
+			"(after a crash both retry copies of a message can reach it); replaying one is enough\n", folded)
+	}
+	if len(ls.Letters)+folded < total {
 		fmt.Fprintf(c.out, "(%d of %d rows shown; --limit 0 shows all)\n", len(ls.Letters), total)
 	}
 	return nil
@@ -445,20 +459,54 @@ func (c *dlqCLI) replay(ctx context.Context, args []string) error {
 	dry := fs.Bool("dry-run", false, "say what would be replayed; publish and mark nothing")
 	force := fs.Bool("force", false, "also replay letters already replayed or purged, or older than --retention")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: older letters are refused without --force")
-	f, env, err := c.start(ctx, fs, o, ff, args, addAllFlag(fs, "replay"))
+	watch := fs.Duration("watch", 0, "after replaying, watch this long for a consumer dead-lettering a replayed event again, and say so (0: do not watch)")
+	plan := fs.String("plan", "", "replay exactly the letters a dry run listed: the file of `km0 dlq replay --dry-run --json` (filters given too only count the letters that arrived since)")
+	all := addAllFlag(fs, "replay")
+	f, env, err := c.start(ctx, fs, o, ff, args, func(f *dlq.Filter) error {
+		if *plan != "" {
+			return nil
+		}
+		return all(f)
+	})
 	if err != nil {
 		return err
 	}
 	defer env.close()
-	rep, err := env.svc.Replay(ctx, f, dlq.ReplayOptions{DryRun: *dry, Force: *force, Retention: *retention})
+	if *plan != "" {
+		ids, err := readPlan(*plan)
+		if err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			fmt.Fprintln(c.out, "the dry run listed nothing to replay")
+			return nil
+		}
+		if !f.Empty() {
+			sel := f
+			sel.States = []dlq.State{dlq.StatePending}
+			if n, err := env.svc.Arrived(ctx, sel, ids); err == nil && n > 0 {
+				defer fmt.Fprintf(c.out, "%d letter(s) of the selection arrived after the dry run and were not replayed "+
+					"(run a new dry run to see them)\n", n)
+			}
+		}
+		f = dlq.Filter{IDs: ids}
+	}
+	rep, err := env.svc.Replay(ctx, f, dlq.ReplayOptions{DryRun: *dry, Force: *force, Retention: *retention, Actor: cliActor()})
 	if err != nil {
 		return err
+	}
+	var takes []dlq.Take
+	if !rep.DryRun && *watch > 0 && rep.Done > 0 {
+		if takes, err = env.svc.Watch(ctx, *watch, 0, rep); err != nil {
+			return err
+		}
 	}
 	if *o.json {
 		if err := c.printJSON(rep); err != nil {
 			return err
 		}
 	} else {
+		defer func() { _ = c.printTakes(takes, *watch) }()
 		verb := "replayed"
 		if rep.DryRun {
 			verb = "would replay"
@@ -475,7 +523,7 @@ func (c *dlqCLI) replay(ctx context.Context, args []string) error {
 	if rep.Refused > 0 {
 		return fmt.Errorf("%d letter(s) refused", rep.Refused)
 	}
-	return nil
+	return notTaken(takes)
 }
 
 func (c *dlqCLI) purge(ctx context.Context, args []string) error {
@@ -493,15 +541,13 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 		if len(sel.IDs) == 0 {
 			sel.States = []dlq.State{dlq.StatePending, dlq.StateReplayed}
 		}
-		sel.Limit = 1 // the groups count every letter; the rows are not needed
-		ls, err := env.svc.List(ctx, sel)
+		// The confirmation acts on the letters counted here, by ID: a letter
+		// that dies while the question waits is not purged.
+		ids, err := env.svc.Snapshot(ctx, sel)
 		if err != nil {
 			return err
 		}
-		n := 0
-		for _, g := range ls.Groups {
-			n += g.Count
-		}
+		n := len(ids)
 		if n == 0 {
 			fmt.Fprintln(c.out, "nothing to purge")
 			return nil
@@ -522,8 +568,12 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 			}
 			return errors.New("purge cancelled")
 		}
+		if arrived, err := env.svc.Arrived(ctx, sel, ids); err == nil && arrived > 0 {
+			defer fmt.Fprintf(c.out, "%d letter(s) arrived while the question waited and were not purged\n", arrived)
+		}
+		f = dlq.Filter{IDs: ids}
 	}
-	rep, err := env.svc.Purge(ctx, f, dlq.PurgeOptions{Confirmed: true, DeleteRecords: *del})
+	rep, err := env.svc.Purge(ctx, f, dlq.PurgeOptions{Confirmed: true, DeleteRecords: *del, Actor: cliActor()})
 	if rep != nil && *o.json {
 		if jerr := c.printJSON(rep); jerr != nil {
 			return jerr
@@ -687,4 +737,59 @@ func clip(s string, n int) string {
 		return string(r[:n-1]) + "…"
 	}
 	return s
+}
+
+// auditLog is `km0 dlq audit`: the audit log, newest first.
+func (c *dlqCLI) auditLog(ctx context.Context, args []string) error {
+	fs, o := c.flags("audit", "the audit log of replays, purges and edits, newest first")
+	id := fs.String("id", "", "only the entries that acted on this letter")
+	limit := fs.Int("limit", 100, "at most this many entries")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	env, err := c.open(ctx, o, nil, false)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	log, err := env.svc.AuditLog(ctx, dlq.AuditFilter{Letter: *id, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	if *o.json {
+		return c.printJSON(log)
+	}
+	tw := tabwriter.NewWriter(c.out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "EN\tQUI\tACCIO\tCARTES\tREFUSADES\tRESULTAT")
+	for _, e := range log {
+		letters := strings.Join(e.Letters, " ")
+		if len(e.Letters) > 3 {
+			letters = strings.Join(e.Letters[:3], " ") + fmt.Sprintf(" … (%d in all)", len(e.Letters))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", stamp(e.At), dlq.Safe(e.Actor), e.Action, orDash(letters), e.Refused, dlq.Safe(e.Result))
+	}
+	return tw.Flush()
+}
+
+// readPlan returns the letters a dry run's JSON report (km0 dlq replay
+// --dry-run --json) would replay.
+func readPlan(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--plan: %w", err)
+	}
+	var rep dlq.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("--plan %s: not the JSON of a dry run: %w", path, err)
+	}
+	if !rep.DryRun {
+		return nil, fmt.Errorf("--plan %s: not a dry run's report (simulacio is false)", path)
+	}
+	var ids []string
+	for _, it := range rep.Items {
+		if it.Done {
+			ids = append(ids, it.ID)
+		}
+	}
+	return ids, nil
 }

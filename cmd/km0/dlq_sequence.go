@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/user"
 	"text/tabwriter"
+	"time"
 
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
@@ -17,15 +20,17 @@ import (
 func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 	fs, o := c.flags("sequence", "show a key blocked by a per-key order consumer (its head and the messages behind it); --replay replays it as one")
 	consumer := fs.String("consumer", "", "the consumer's Name (consumidor), e.g. inventari.comandes (required)")
-	key := fs.String("key", "", "the message key (agregat_id), e.g. P-2026-000123 (without it: the consumer's blocked keys)")
-	replay := fs.Bool("replay", false, "replay the head's dead letter; its consumer then applies every message behind it in order, and their letters are marked purged")
+	key := fs.String("key", "", "the message key (agregat_id), e.g. P-2026-000123 (without it: the consumer's blocked keys; with --replay: every one of them)")
+	replay := fs.Bool("replay", false, "replay the head's dead letter; its consumer then applies every message behind it in order, and their letters are marked purged (without --key: every blocked key of the consumer)")
+	edit := fs.String("edit", "", "with --replay and --key: replay the head with the envelope in this file instead of its own (validated against the event's JSON Schema first; the original is kept)")
+	watch := fs.Duration("watch", dlq.WatchDefault, "with --replay: watch this long for the consumer dead-lettering a head again, and say so (0: do not watch)")
 	dry := fs.Bool("dry-run", false, "with --replay: say what would be replayed; publish and mark nothing")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: an older head letter is refused")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *consumer == "" || (*key == "" && *replay) {
-		fmt.Fprintln(c.errOut, "km0 dlq sequence: want --consumer (and --key to show or replay one key)")
+	if *consumer == "" || (*edit != "" && (*key == "" || !*replay)) {
+		fmt.Fprintln(c.errOut, "km0 dlq sequence: want --consumer (and --key to show or replay one key; --edit needs --replay and --key)")
 		fs.Usage()
 		return errUsage
 	}
@@ -37,6 +42,9 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 	ko, err := keyorder.New(keyorder.Config{Schema: *o.schema})
 	if err != nil {
 		return err
+	}
+	if *key == "" && *replay {
+		return c.replayAllSequences(ctx, env, ko, *consumer, dlq.ReplayOptions{DryRun: *dry, Retention: *retention, Actor: cliActor()}, *watch, *o.json)
 	}
 	if *key == "" {
 		return c.blockedKeys(ctx, env, ko, *consumer, *o.json)
@@ -50,12 +58,33 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 		return err
 	}
 	if *replay {
-		rep, err := dlq.ReplaySequence(ctx, env.svc, seq, dlq.ReplayOptions{DryRun: *dry, Retention: *retention})
+		var rep *dlq.Report
+		if *edit != "" {
+			value, rerr := os.ReadFile(*edit)
+			if rerr != nil {
+				return fmt.Errorf("--edit: %w", rerr)
+			}
+			if *dry {
+				return errors.New("--edit with --dry-run: nothing to simulate; the edit is validated when it is replayed")
+			}
+			rep, err = dlq.EditSequence(ctx, env.svc, seq, value, dlq.EditOptions{Actor: cliActor(), Retention: *retention})
+		} else {
+			rep, err = dlq.ReplaySequence(ctx, env.svc, seq, dlq.ReplayOptions{DryRun: *dry, Retention: *retention, Actor: cliActor()})
+		}
 		if err != nil {
 			return err
 		}
+		var takes []dlq.Take
+		if !*dry && *watch > 0 && rep.Done > 0 {
+			if takes, err = env.svc.Watch(ctx, *watch, 0, rep); err != nil {
+				return err
+			}
+		}
 		if *o.json {
-			return c.printJSON(rep)
+			if err := c.printJSON(map[string]any{"informe": rep, "resultat": takes}); err != nil {
+				return err
+			}
+			return notTaken(takes)
 		}
 		for i, it := range rep.Items { // the head's replay first, then the letters marked purged
 			switch {
@@ -69,6 +98,9 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 		}
 		if rep.Done == 0 || rep.Refused > 0 {
 			return fmt.Errorf("the head was not replayed")
+		}
+		if err := c.printTakes(takes, *watch); err != nil {
+			return err
 		}
 		fmt.Fprintf(c.out, "%d message(s) behind the head will be applied after it, in order\n", len(seq.Behind))
 		return nil
@@ -161,4 +193,107 @@ func (c *dlqCLI) blockedKeys(ctx context.Context, env *dlqEnv, ko *keyorder.Stor
 		fmt.Fprintf(c.out, "  %q\n", k)
 	}
 	return nil
+}
+
+// printTakes says, per replayed head, whether its consumer dead-lettered it
+// again while it was watched, and fails if one did.
+func (c *dlqCLI) printTakes(takes []dlq.Take, watched time.Duration) error {
+	for _, t := range takes {
+		if t.Took {
+			fmt.Fprintf(c.out, "%s: no new dead letter within %s\n", t.ID, watched)
+		} else {
+			fmt.Fprintf(c.out, "%s: %s\n", t.ID, t)
+		}
+	}
+	return notTaken(takes)
+}
+
+func notTaken(takes []dlq.Take) error {
+	n := 0
+	for _, t := range takes {
+		if !t.Took {
+			n++
+		}
+	}
+	if n > 0 {
+		return fmt.Errorf("%d replay(s) did not take: the head was dead-lettered again (edit it with --edit FILE)", n)
+	}
+	return nil
+}
+
+// replayAllSequences replays every key consumer blocks, each as one
+// (dlq.ReplaySequence), then watches them together.
+func (c *dlqCLI) replayAllSequences(ctx context.Context, env *dlqEnv, ko *keyorder.Store, consumer string, o dlq.ReplayOptions,
+	watch time.Duration, asJSON bool) error {
+	var reps []*dlq.Report
+	after, replayed, refused := "", 0, 0
+	for {
+		keys, err := ko.BlockedKeys(ctx, env.pool, consumer, after, 500)
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			seq, err := dlq.KeySequence(ctx, env.svc, ko, env.pool, consumer, k)
+			if errors.Is(err, dlq.ErrNotBlocked) {
+				continue // released meanwhile
+			}
+			if err != nil {
+				return err
+			}
+			rep, err := dlq.ReplaySequence(ctx, env.svc, seq, o)
+			if err != nil {
+				refused++
+				fmt.Fprintf(c.errOut, "key %q: %v\n", dlq.Safe(k), err)
+				continue
+			}
+			if rep.Done == 0 || rep.Refused > 0 {
+				refused++
+			} else {
+				replayed++
+			}
+			reps = append(reps, rep)
+		}
+		if len(keys) < 500 {
+			break
+		}
+		after = keys[len(keys)-1]
+	}
+	var takes []dlq.Take
+	if !o.DryRun && watch > 0 && replayed > 0 {
+		var err error
+		if takes, err = env.svc.Watch(ctx, watch, 0, reps...); err != nil {
+			return err
+		}
+	}
+	if asJSON {
+		if err := c.printJSON(map[string]any{"informes": reps, "resultat": takes}); err != nil {
+			return err
+		}
+	} else {
+		verb := "replayed"
+		if o.DryRun {
+			verb = "would replay"
+		}
+		fmt.Fprintf(c.out, "%s %d blocked sequence(s) of %s, %d refused\n", verb, replayed, dlq.Safe(consumer), refused)
+		if err := c.printTakes(takes, watch); err != nil {
+			return err
+		}
+	}
+	if err := notTaken(takes); err != nil {
+		return err
+	}
+	if refused > 0 {
+		return fmt.Errorf("%d sequence(s) not replayed", refused)
+	}
+	return nil
+}
+
+// cliActor is who runs `km0 dlq`, for the audit log: cli:<user>@<host>.
+func cliActor() string {
+	name := "?"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return "cli:" + name + "@" + host
 }

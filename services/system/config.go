@@ -109,6 +109,13 @@ const (
 	// RequestKeyRetentionDefault is how long comandes answers a repeated
 	// Idempotency-Key from its stored response.
 	RequestKeyRetentionDefault = 24 * time.Hour
+	// MaxAttemptsDefault is the services' consumers' attempts in all
+	// before a transient failure is dead-lettered: km0's choice, not the
+	// contract's 3. With the default Backoff (1 s, doubling) the waits are
+	// 1, 2, 4 … 256 s, 511 s in all, so an outage of the database, a lock
+	// or the gateway shorter than about 8 minutes heals by itself with no
+	// dead letter (CONTRACT.md's 3 attempts: Config.MaxAttempts = 3).
+	MaxAttemptsDefault = 10
 )
 
 // Config configures Start.
@@ -243,6 +250,9 @@ type Config struct {
 	RequestKeyRetention time.Duration
 	// Backoff is the consumers' first retry delay. Default consumer.BackoffDefault (1 s).
 	Backoff time.Duration
+	// MaxAttempts is the consumers' attempts in all before a transient
+	// failure is dead-lettered. Default MaxAttemptsDefault (10).
+	MaxAttempts int
 	// MaxConns caps each service's pool. Default MaxConnsDefault.
 	MaxConns int32
 	// RelayPruneOlderThan, if positive, makes each service's relay delete its

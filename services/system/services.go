@@ -111,6 +111,7 @@ func (s *System) consumerFor(service string, topics []string, cfg consumer.Confi
 	group := cmp.Or(s.cfg.Groups[cfg.Name], cfg.Name)
 	cfg.Pool = s.pools[service]
 	cfg.Backoff = s.cfg.Backoff
+	cfg.MaxAttempts = cmp.Or(s.cfg.MaxAttempts, MaxAttemptsDefault)
 	cfg.Concurrency = 2
 	// In-flight work is abandoned (rolled back, redelivered later) well
 	// within Close's wait for the workers; consumer.ShutdownTimeoutDefault
