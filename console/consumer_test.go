@@ -39,10 +39,12 @@ func TestGroupsByConsumer(t *testing.T) {
 		t.Fatalf("group page of inventari:\n%s", body)
 	}
 	sel := url.Values{"csrf": {csrf}, "abast": {"grup"}, "topic": {comandesDLQ}, "consumidor": {"inventari"}, "classe": {class}}
-	if _, body := br.post("/reproduir/previsualitzar", sel); !strings.Contains(body, `<b id="would">3</b>`) || !strings.Contains(body, `name="consumidor" value="inventari"`) {
+	_, body = br.post("/reproduir/previsualitzar", sel)
+	if !strings.Contains(body, `<b id="would">3</b>`) || !strings.Contains(body, `name="consumidor" value="inventari"`) {
 		t.Fatalf("dry run of inventari's group:\n%s", body)
 	}
 	sel.Set("confirmo", "1")
+	sel.Set("pla", planOf(t, body))
 	resp, _ := br.post("/reproduir", sel)
 	loc := resp.Header.Get("Location")
 	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(loc, "/feina?id=") {
