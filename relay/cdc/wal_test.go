@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -340,6 +341,11 @@ func TestWALRefusedMessageIsParkedAndItsAggregateWaitsUntilReleased(t *testing.T
 		t.Fatal(err)
 	}
 	relaytest.WaitFor(t, "the slot to move past the parked messages", 10*time.Second, func() bool { return w.walConfirmed(t) >= end })
+	parked, err := cdc.ParkedWAL(ctx, w.s.Pool, w.s.Names())
+	if err != nil || len(parked) != 1 || parked[0].ID != x2 || parked[0].AggregateID != "X" || parked[0].Waiting != 2 ||
+		!strings.HasPrefix(parked[0].Reason, "broker: MESSAGE_TOO_LARGE") {
+		t.Fatalf("ParkedWAL: %+v, %v; want X2 alone, refused by the broker, X3 and X4 waiting", parked, err)
+	}
 	pub.refuse.Store(false)
 	if err := cdc.ReleaseWAL(ctx, w.s.Pool, w.s.Names(), x2); err != nil {
 		t.Fatal(err)
