@@ -92,8 +92,8 @@ func benchCommit(ctx context.Context, args []string) error {
 		}
 	}
 	out := map[string]any{"bench": "commit", "rate": *rate, "writers": *writers, "seconds": *seconds, "aggregates": *aggs, "rounds": *rounds,
-		"what": "one event a transaction, BEGIN → COMMIT returned, each writer paced at rate/writers; medians of the rounds; no relay running",
-		"server": map[bool]string{true: "private cluster (wal_level = logical, fsync on)", false: "--database-url"}[cluster != nil],
+		"what":                "one event a transaction, BEGIN → COMMIT returned, each writer paced at rate/writers; medians of the rounds; no relay running",
+		"server":              map[bool]string{true: "private cluster (wal_level = logical, fsync on)", false: "--database-url"}[cluster != nil],
 		"load_average_before": load0, "load_average_after": loadAverage()}
 	for _, s := range sides {
 		out[s+"_p50_ms"], out[s+"_p99_ms"] = med2(med[s]["p50_ms"]), med2(med[s]["p99_ms"])
