@@ -272,7 +272,7 @@ func (e *benchEnv) moveLive(ctx context.Context, bench string, n, aggs int,
 		if w == writers-1 {
 			share = live - share*(writers-1)
 		}
-		wg.Go(func() { errs[w] = fillFrom(ctx, e.pool, s.Names, pre+w*(live/writers), share, 500) })
+		wg.Go(func() { errs[w] = fillFrom(ctx, e.pool, s.Names, outbox.ModeTable, pre+w*(live/writers), share, 500) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {

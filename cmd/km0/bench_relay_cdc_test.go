@@ -111,7 +111,7 @@ func TestBenchServerCPUIsMeasuredOnAGivenLocalServer(t *testing.T) {
 }
 
 // `km0 bench relay --mode cdc --outbox wal` with tiny numbers, as a
-// process: a line per side (wal, cdc, polling) and round, then the
+// process: a line per side (wal, cdc, polling, the seed's port) and round, then the
 // side-by-side line with the ratios; the WAL side leaves no outbox row;
 // then a latency line per side (commit → consumer commit, 100 events each)
 // and theirs side by side. It
@@ -141,7 +141,7 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 		b, _ := m["bench"].(string)
 		seen[b] = m
 	}
-	for _, b := range []string{benchWAL, benchCDC, benchPolling} {
+	for _, b := range []string{benchWAL, benchCDC, benchPolling, benchSeedPort} {
 		if seen[b] == nil || seen[b]["records"].(float64) < 800 {
 			t.Fatalf("%s line %v; output:\n%s", b, seen[b], out.String())
 		}
@@ -149,7 +149,7 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 	if seen[benchWAL]["outbox_rows"] != float64(0) || seen[benchPolling]["outbox_rows"] != float64(800) {
 		t.Fatalf("outbox rows: wal %v (want 0), polling %v (want 800)", seen[benchWAL]["outbox_rows"], seen[benchPolling]["outbox_rows"])
 	}
-	for _, b := range []string{"latency_wal", "latency_cdc", "latency_polling"} {
+	for _, b := range []string{"latency_wal", "latency_cdc", "latency_polling", "latency_seed_port"} {
 		if seen[b] == nil || seen[b]["events"] != float64(100) || seen[b]["p99_ms"] == nil {
 			t.Fatalf("%s line %v; output:\n%s", b, seen[b], out.String())
 		}
@@ -158,7 +158,7 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 		t.Fatalf("latency summary %v; output:\n%s", lat, out.String())
 	}
 	sum := seen["relay_wal_vs_cdc_vs_polling"]
-	for _, k := range []string{"wal_vs_polling", "wal_vs_cdc", "wal_writers_vs_table", "wal_server_cpu_vs_polling"} {
+	for _, k := range []string{"wal_vs_polling", "wal_vs_cdc", "wal_writers_vs_table", "wal_server_cpu_vs_polling", "wal_vs_seed_port"} {
 		if _, ok := sum[k].(float64); !ok {
 			t.Fatalf("summary lacks %s: %v", k, sum)
 		}
