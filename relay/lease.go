@@ -11,7 +11,7 @@ import (
 )
 
 // The notify lease (migrate's 006_avis_en_repos.sql, docs/design/outbox-relay.md
-// R12). NOTIFY takes a server-wide lock at commit until the commit is
+// R-lease). NOTIFY takes a server-wide lock at commit until the commit is
 // durable, so writers that notify commit one at a time. While notifications
 // arrive often and this instance alone serves every shard, the relay holds a
 // lease in <schema>.km0_avisos and claims every leasePoll by itself; writers

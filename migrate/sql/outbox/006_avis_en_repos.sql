@@ -1,5 +1,5 @@
 -- A wake-up that does not NOTIFY on every commit while the relay is busy
--- (docs/design/outbox-relay.md, R12). NOTIFY takes a server-wide lock at
+-- (docs/design/outbox-relay.md, R-lease). NOTIFY takes a server-wide lock at
 -- commit, held until the commit is durable, so notifying writers commit one
 -- at a time. A relay that alone serves every shard of an outbox and sees
 -- notifications arrive often takes a lease here (fins, server time) and,
