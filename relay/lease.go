@@ -138,9 +138,8 @@ func (r *Relay) holdLease(ctx context.Context, conn *pgx.Conn) error {
 // has run out. A writer that skipped its NOTIFY read the lease after taking
 // its lock on the outbox table (the trigger runs after its INSERT), so once
 // the server's clock is past the lease's end, every such writer has
-// committed (a claim from now on sees its rows) or still holds that lock
-// (RowExclusiveLock): endLease reads the transactions holding one (readers
-// and autovacuum, with other modes, are not waited for), and wakes the workers each
+// committed (a claim from now on sees its rows) or still holds that lock:
+// endLease reads the transactions holding one, and wakes the workers each
 // time some of them have ended, until none is left. Writers that insert
 // from then on notify.
 func (r *Relay) endLease(ctx context.Context, conn *pgx.Conn) error {

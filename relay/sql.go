@@ -53,7 +53,7 @@ type queries struct {
 	leaseKey     string // km0_avisos.taula: the table's name, as TG_TABLE_NAME
 	leaseTake    string // $1 key, $2 microseconds: the lease runs until now + $2
 	leaseOver    string // $1 key: the server's clock is past the lease's end
-	leaseHolders string // $1 the table's quoted name: transactions holding its write lock (INSERT's)
+	leaseHolders string // $1 the table's quoted name: transactions holding a lock on it
 	leaseLeft    string // $1 virtual transaction ids: those still running
 }
 
@@ -112,7 +112,7 @@ func newQueries(n migrate.Names, del bool) queries {
 			" ON CONFLICT (taula) DO UPDATE SET fins = EXCLUDED.fins",
 		leaseOver: "SELECT coalesce(clock_timestamp() > (SELECT fins FROM " + avisos + " WHERE taula = $1), true)",
 		leaseHolders: "SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks" +
-			" WHERE locktype = 'relation' AND relation = $1::text::regclass AND mode = 'RowExclusiveLock' AND pid <> pg_backend_pid()",
+			" WHERE locktype = 'relation' AND relation = $1::text::regclass AND pid <> pg_backend_pid()",
 		leaseLeft: "SELECT coalesce(array_agg(DISTINCT virtualxid), '{}') FROM pg_locks" +
 			" WHERE locktype = 'virtualxid' AND mode = 'ExclusiveLock' AND granted AND virtualxid = ANY($1::text[])",
 	}
