@@ -57,7 +57,6 @@ type Relay struct {
 	m        *metrics
 	workers  []*worker
 	adaptive bool        // Workers 0: workers after the first join under a backlog
-	lease    leaseState  // the notify lease (lease.go)
 	running  atomic.Bool // set while Run or RunOnce runs
 	mu       sync.Mutex  // serialises RunOnce and Close
 }
@@ -69,8 +68,7 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished), enc: &Encoder{cfg: cfg}, space: lockSpace(cfg.Names),
-		lease: leaseState{notified: make(chan struct{}, 1)}}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished), enc: &Encoder{cfg: cfg}, space: lockSpace(cfg.Names)}
 	var err error
 	if r.stats, r.ownPool, r.connCfg, err = Sessions(cfg, 1); err != nil {
 		if errors.Is(err, ErrConfig) {
@@ -106,7 +104,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancel(nil)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.listen(ctx) })
-	wg.Go(func() { r.leaseLoop(ctx) })
 	if r.cfg.PruneOlderThan > 0 {
 		wg.Go(func() { r.prune(ctx) })
 	}
@@ -302,7 +299,6 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		}
 		if n.Payload == r.q.payload {
 			r.wakeAll()
-			r.noteNotification()
 		}
 	}
 }

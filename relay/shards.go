@@ -205,9 +205,6 @@ func (w *worker) run(ctx context.Context) error {
 			log.Info("relay: recovered", "after_failures", failures)
 			failures = 0
 		}
-		if res.claimed > 0 {
-			w.r.noteRows() // keeps a notify lease running (lease.go)
-		}
 		full := res.claimed > 0 && res.claimed >= res.limit
 		if w.r.adaptive && full && (res.limit >= 4*BatchSizeStart || w.r.cfg.BatchSize > 0) {
 			w.r.activateExtra(w.batch) // a backlog: overlap another worker

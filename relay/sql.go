@@ -48,13 +48,6 @@ type queries struct {
 	payload  string // NOTIFY payload of this table
 	size     string // $1 the table's quoted name
 	name     string // the table's quoted, schema-qualified name
-
-	// The notify lease (lease.go).
-	leaseKey     string // km0_avisos.taula: the table's name, as TG_TABLE_NAME
-	leaseTake    string // $1 key, $2 microseconds: the lease runs until now + $2
-	leaseOver    string // $1 key: the server's clock is past the lease's end
-	leaseHolders string // $1 the table's quoted name: transactions holding a lock on it
-	leaseLeft    string // $1 virtual transaction ids: those still running
 }
 
 // newQueries returns the statements of n's outbox; del makes the mark a
@@ -63,7 +56,6 @@ func newQueries(n migrate.Names, del bool) queries {
 	n = n.WithDefaults()
 	table := pgx.Identifier{n.Schema, n.Outbox}.Sanitize()
 	parked := pgx.Identifier{n.Schema, n.Outbox + "_aparcats"}.Sanitize()
-	avisos := pgx.Identifier{n.Schema, "km0_avisos"}.Sanitize()
 	claim := func(shardFilter, limit string) string {
 		// capcaleres is read only for the rows that have it, after the
 		// sort and the LIMIT: the claim sorts every pending row it scans,
@@ -106,15 +98,6 @@ func newQueries(n migrate.Names, del bool) queries {
 		payload: n.Schema + "." + n.Outbox,
 		size:    "SELECT pg_total_relation_size($1::text::regclass)",
 		name:    table,
-
-		leaseKey: n.Outbox,
-		leaseTake: "INSERT INTO " + avisos + " (taula, fins) VALUES ($1, clock_timestamp() + $2::bigint * interval '1 microsecond')" +
-			" ON CONFLICT (taula) DO UPDATE SET fins = EXCLUDED.fins",
-		leaseOver: "SELECT coalesce(clock_timestamp() > (SELECT fins FROM " + avisos + " WHERE taula = $1), true)",
-		leaseHolders: "SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks" +
-			" WHERE locktype = 'relation' AND relation = $1::text::regclass AND pid <> pg_backend_pid()",
-		leaseLeft: "SELECT coalesce(array_agg(DISTINCT virtualxid), '{}') FROM pg_locks" +
-			" WHERE locktype = 'virtualxid' AND mode = 'ExclusiveLock' AND granted AND virtualxid = ANY($1::text[])",
 	}
 }
 

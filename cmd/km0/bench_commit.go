@@ -10,26 +10,23 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/relay"
-	"github.com/km0/km0/relay/cdc"
-	"github.com/km0/km0/transport/kafka"
 )
 
 func init() { registerBench("commit", benchCommit) }
 
 // The sides of `km0 bench commit`.
 const (
-	commitPlain     = "plain"            // INSERT into a table with no trigger (the peers' outbox)
-	commitTable     = "table"            // outbox.Enqueue into km0's table, its triggers
-	commitNoLock    = "table_nolock"     // the table without the per-aggregate advisory lock (measurement only)
-	commitNoNotify  = "table_nonotify"   // the table without the NOTIFY trigger (measurement only)
-	commitNotifyAll = "table_notify_all" // the table notifying on every commit, with no lease (measurement only)
-	commitWAL       = "wal"              // outbox.ModeWAL
-	commitSidesDflt = commitPlain + "," + commitTable + "," + commitNotifyAll + "," + commitNoLock + "," + commitNoNotify + "," + commitWAL
+	commitPlain     = "plain"          // INSERT into a table with no trigger (the peers' outbox)
+	commitTable     = "table"          // outbox.Enqueue into km0's table, its triggers
+	commitNoLock    = "table_nolock"   // the table without the per-aggregate advisory lock (measurement only)
+	commitNoNotify  = "table_nonotify" // the table without the NOTIFY trigger (measurement only)
+	commitWAL       = "wal"            // outbox.ModeWAL
+	commitSidesDflt = commitPlain + "," + commitTable + "," + commitNoLock + "," + commitNoNotify + "," + commitWAL
 )
 
 // benchCommit is `km0 bench commit`: the writers' own commit latency at a
@@ -48,8 +45,6 @@ func benchCommit(ctx context.Context, args []string) error {
 	aggs := fs.Int("aggregates", 1000, "distinct agregat_id values")
 	rounds := fs.Int("rounds", 1, "repeat, rotating the order of the sides; the summary gives the medians")
 	sidesFlag := fs.String("sides", commitSidesDflt, "comma-separated sides: "+commitSidesDflt)
-	withRelay := fs.Bool("relay", true, "run each outbox side's relay while it writes (the table's: km0 relay, polling with LISTEN; "+
-		"wal: km0 relay --outbox wal), publishing to kfake in this process; plain has none")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -72,20 +67,17 @@ func benchCommit(ctx context.Context, args []string) error {
 			defer cluster.Stop()
 		}
 	}
-	env, err := newBenchEnv(ctx, url, "", int32(*writers+4))
+	pool, err := openPool(ctx, url, int32(*writers+2))
 	if err != nil {
 		return err
 	}
-	defer env.close()
-	if !*withRelay {
-		env = &benchEnv{pool: env.pool}
-	}
+	defer pool.Close()
 	load0 := loadAverage()
 	med := map[string]map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {
 		for i := range sides {
 			side := sides[(i+round-1)%len(sides)]
-			res, err := commitSide(ctx, env, side, *rate, *writers, *aggs, time.Duration(*seconds*float64(time.Second)))
+			res, err := commitSide(ctx, pool, side, *rate, *writers, *aggs, time.Duration(*seconds*float64(time.Second)))
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", round, side, err)
 			}
@@ -100,7 +92,7 @@ func benchCommit(ctx context.Context, args []string) error {
 		}
 	}
 	out := map[string]any{"bench": "commit", "rate": *rate, "writers": *writers, "seconds": *seconds, "aggregates": *aggs, "rounds": *rounds,
-		"what": "one event a transaction, BEGIN → COMMIT returned, each writer paced at rate/writers; medians of the rounds", "relay": *withRelay,
+		"what":                "one event a transaction, BEGIN → COMMIT returned, each writer paced at rate/writers; medians of the rounds; no relay running",
 		"server":              map[bool]string{true: "private cluster (wal_level = logical, fsync on)", false: "--database-url"}[cluster != nil],
 		"load_average_before": load0, "load_average_after": loadAverage()}
 	for _, s := range sides {
@@ -117,8 +109,7 @@ func benchCommit(ctx context.Context, args []string) error {
 }
 
 // commitSide runs one side on a fresh schema and returns its result line.
-func commitSide(ctx context.Context, env *benchEnv, side string, rate, writers, aggs int, d time.Duration) (map[string]any, error) {
-	pool := env.pool
+func commitSide(ctx context.Context, pool *pgxpool.Pool, side string, rate, writers, aggs int, d time.Duration) (map[string]any, error) {
 	s, err := newBenchSchema(ctx, pool, migrate.Outbox)
 	if err != nil {
 		return nil, err
@@ -148,11 +139,6 @@ func commitSide(ctx context.Context, env *benchEnv, side string, rate, writers, 
 			"$$ BEGIN NEW.creat_en := clock_timestamp(); RETURN NEW; END $$"); err != nil {
 			return nil, err
 		}
-	case commitNotifyAll:
-		if _, err := pool.Exec(ctx, "CREATE OR REPLACE FUNCTION "+schema+".km0_outbox_avis() RETURNS trigger LANGUAGE plpgsql AS "+
-			"$$ BEGIN PERFORM pg_notify('km0_outbox', TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME); RETURN NULL; END $$"); err != nil {
-			return nil, err
-		}
 	case commitNoNotify:
 		if _, err := pool.Exec(ctx, "DROP TRIGGER km0_outbox_avis ON "+table); err != nil {
 			return nil, err
@@ -166,32 +152,13 @@ func commitSide(ctx context.Context, env *benchEnv, side string, rate, writers, 
 		if _, err := migrate.EnsureWALSlot(ctx, pool, slot, slot); err != nil {
 			return nil, err
 		}
-		defer dropSlotNamed(env, slot, slot)
+		defer func() {
+			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, _ = pool.Exec(c, "SELECT pg_drop_replication_slot($1)", slot)
+			_, _ = pool.Exec(c, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{slot}.Sanitize())
+		}()
 		ob = outbox.New(outbox.Config{Names: s.Names, Mode: outbox.ModeWAL, Slot: slot})
-	}
-	if env.cl != nil && side != commitPlain {
-		topic := "bench." + s.Names.Schema
-		dropTopic, err := env.topic(ctx, topic)
-		if err != nil {
-			return nil, err
-		}
-		defer dropTopic()
-		rcfg := relay.Config{Pool: pool, Names: s.Names, Publisher: kafka.NewPublisher(env.cl), Topic: topic, Origin: "comandes", Logger: env.log}
-		var stop func() error
-		if side == commitWAL {
-			r, err := cdc.New(cdc.Config{Config: rcfg, WAL: true})
-			if err != nil {
-				return nil, err
-			}
-			stop = background(ctx, r.Run, r.Close)
-		} else {
-			r, err := relay.New(rcfg)
-			if err != nil {
-				return nil, err
-			}
-			stop = background(ctx, r.Run, r.Close)
-		}
-		defer func() { _ = stop() }()
 	}
 	lat := make([][]time.Duration, writers)
 	errs := make([]error, writers)
