@@ -101,9 +101,6 @@ func benchCommit(ctx context.Context, args []string) error {
 			out[s+"_p99_vs_plain"] = ratio(median(med[s]["p99_ms"]), median(med[commitPlain]["p99_ms"]))
 		}
 	}
-	if med[commitTable] != nil && med[commitNotifyAll] != nil {
-		out["table_p99_vs_notify_all"] = ratio(median(med[commitTable]["p99_ms"]), median(med[commitNotifyAll]["p99_ms"]))
-	}
 	emit(out)
 	return nil
 }
