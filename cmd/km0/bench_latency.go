@@ -84,11 +84,30 @@ func benchLatency(ctx context.Context, args []string) error {
 // returning.
 func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	runRelay func(ctx context.Context, names migrate.Names, topic string, picked func(id string), acked transport.Publisher) error) (map[string]any, error) {
+	return e.latencyMode(ctx, outbox.ModeTable, bench, rate, n, runRelay)
+}
+
+// latencyMode is latency with the writers' outbox in mode; in WAL mode the
+// outbox's slot (migrate.WALSlot, the CDC relay's default) is created
+// before the relay starts and anything is written, and dropped at the end.
+func (e *benchEnv) latencyMode(ctx context.Context, mode outbox.Mode, bench string, rate, n int,
+	runRelay func(ctx context.Context, names migrate.Names, topic string, picked func(id string), acked transport.Publisher) error) (map[string]any, error) {
 	s, err := newBenchSchema(ctx, e.pool, migrate.Outbox, migrate.Inbox)
 	if err != nil {
 		return nil, err
 	}
 	defer s.drop()
+	if mode == outbox.ModeWAL {
+		var db string
+		if err := e.pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+			return nil, err
+		}
+		slot := migrate.WALSlot(db, s.Names)
+		if _, err := migrate.EnsureWALSlot(ctx, e.pool, slot, slot); err != nil {
+			return nil, err
+		}
+		defer dropSlotNamed(e, slot, slot)
+	}
 	topic := "bench." + s.Names.Schema
 	dropTopic, err := e.topic(ctx, topic)
 	if err != nil {
@@ -129,7 +148,7 @@ func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	consumerErr := make(chan error, 1)
 	wg.Go(func() { consumerErr <- consume(ctx, cl, e.pool, in, &mu, consumed, progress) })
 
-	ob := outbox.New(outbox.Config{Names: s.Names})
+	ob := outbox.New(outbox.Config{Names: s.Names, Mode: mode})
 	write := func(ctx context.Context, i int) error {
 		ev := &outbox.Event{Aggregate: "comanda", AggregateID: fmt.Sprintf("P-2026-%06d", i%1000),
 			Type: "comanda.creada", Payload: benchPayload(i)}

@@ -146,11 +146,11 @@ func benchRelay(ctx context.Context, args []string) error {
 	mode := fs.String("mode", modePolling, "polling: km0 relay (with --baseline, beside the seed's loop); cdc: km0 relay --mode cdc beside km0 relay (polling) in the same run, "+
 		"half the rows pre-inserted and half written live, then their latency; on --database-url's server if it has wal_level = logical, else on a private cluster started from "+pgcluster.BinDirDefault)
 	del := fs.Bool("delete-published", false, "--mode cdc: both relays delete each row once the broker confirmed it instead of setting publicat_en (km0 relay --delete-published)")
-	latRate := fs.Int("latency-rate", 1000, "--mode cdc: events/s of the latency run of each relay (commit → consumer commit, as `km0 bench latency`); 0 skips it")
+	latRate := fs.Int("latency-rate", 1000, "--mode cdc: events/s of the latency run of each relay (commit → consumer commit, as `km0 bench latency`; with --outbox wal, of each side); 0 skips it")
 	latSeconds := fs.Float64("latency-seconds", 5, "--mode cdc: how long each latency run writes")
-	outboxMode := fs.String("outbox", string(outbox.ModeTable), "--mode cdc: wal runs three sides instead, live writes only "+
+	outboxMode := fs.String("outbox", string(outbox.ModeTable), "--mode cdc: wal runs four sides instead, live writes only "+
 		"(4 writers, transactions of 100, --aggregates default 1,000), each side's first write to its last record on the topic: "+
-		"the WAL-mode outbox with km0 relay --outbox wal, the table with km0 relay --mode cdc, and the table with km0 relay (polling)")
+		"the WAL-mode outbox with km0 relay --outbox wal, the table with km0 relay --mode cdc, the table with km0 relay (polling), and the table with the seed's relay ported to Go")
 	profile := cpuProfileFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -193,7 +193,7 @@ func benchRelay(ctx context.Context, args []string) error {
 					a = *aggs
 				}
 			})
-			return benchRelayWAL(ctx, *dbURL, *brokers, *n, a, *rounds)
+			return benchRelayWAL(ctx, *dbURL, *brokers, *n, a, *rounds, *latRate, *latSeconds)
 		default:
 			return fmt.Errorf("--outbox %q: want %s or %s", *outboxMode, outbox.ModeTable, outbox.ModeWAL)
 		}

@@ -199,17 +199,20 @@ func newBenchCDC(env *benchEnv, names migrate.Names, topic string, pub transport
 
 // dropSlot removes the slot and publication of a stopped CDC relay (a slot
 // keeps WAL for ever); its walsender may take a moment to leave.
-func dropSlot(env *benchEnv, r *cdc.Relay) {
+func dropSlot(env *benchEnv, r *cdc.Relay) { dropSlotNamed(env, r.Slot(), r.Publication()) }
+
+// dropSlotNamed is dropSlot by names.
+func dropSlotNamed(env *benchEnv, slot, publication string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for ctx.Err() == nil {
-		_, err := env.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", r.Slot())
+		_, err := env.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
 		if err == nil {
 			break
 		}
 		time.Sleep(50 * time.Millisecond) // the walsender is exiting
 	}
-	if _, err := env.pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{r.Publication()}.Sanitize()); err != nil {
+	if _, err := env.pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{publication}.Sanitize()); err != nil {
 		fmt.Fprintf(os.Stderr, "km0 bench: drop publication: %v\n", err)
 	}
 }
@@ -269,7 +272,7 @@ func (e *benchEnv) moveLive(ctx context.Context, bench string, n, aggs int,
 		if w == writers-1 {
 			share = live - share*(writers-1)
 		}
-		wg.Go(func() { errs[w] = fillFrom(ctx, e.pool, s.Names, pre+w*(live/writers), share, 500) })
+		wg.Go(func() { errs[w] = fillFrom(ctx, e.pool, s.Names, outbox.ModeTable, pre+w*(live/writers), share, 500) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {

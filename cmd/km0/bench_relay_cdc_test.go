@@ -111,8 +111,10 @@ func TestBenchServerCPUIsMeasuredOnAGivenLocalServer(t *testing.T) {
 }
 
 // `km0 bench relay --mode cdc --outbox wal` with tiny numbers, as a
-// process: a line per side (wal, cdc, polling) and round, then the
-// side-by-side line with the ratios; the WAL side leaves no outbox row. It
+// process: a line per side (wal, cdc, polling, the seed's port) and round, then the
+// side-by-side line with the ratios; the WAL side leaves no outbox row;
+// then a latency line per side (commit → consumer commit, 100 events each)
+// and theirs side by side. It
 // keeps the harness from rotting; it measures nothing.
 func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 	exe, err := os.Executable()
@@ -122,7 +124,7 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, exe, "bench", "relay", "--mode", "cdc", "--outbox", "wal", "--database-url", pgtest.URL(),
-		"--n", "800", "--rounds", "1")
+		"--n", "800", "--rounds", "1", "--latency-rate", "200", "--latency-seconds", "0.5")
 	cmd.Env = append(os.Environ(), envRunMain+"=1")
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
@@ -139,7 +141,7 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 		b, _ := m["bench"].(string)
 		seen[b] = m
 	}
-	for _, b := range []string{benchWAL, benchCDC, benchPolling} {
+	for _, b := range []string{benchWAL, benchCDC, benchPolling, benchSeedPort} {
 		if seen[b] == nil || seen[b]["records"].(float64) < 800 {
 			t.Fatalf("%s line %v; output:\n%s", b, seen[b], out.String())
 		}
@@ -147,8 +149,16 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 	if seen[benchWAL]["outbox_rows"] != float64(0) || seen[benchPolling]["outbox_rows"] != float64(800) {
 		t.Fatalf("outbox rows: wal %v (want 0), polling %v (want 800)", seen[benchWAL]["outbox_rows"], seen[benchPolling]["outbox_rows"])
 	}
+	for _, b := range []string{"latency_wal", "latency_cdc", "latency_polling", "latency_seed_port"} {
+		if seen[b] == nil || seen[b]["events"] != float64(100) || seen[b]["p99_ms"] == nil {
+			t.Fatalf("%s line %v; output:\n%s", b, seen[b], out.String())
+		}
+	}
+	if lat := seen["latency_wal_vs_cdc_vs_polling"]; lat == nil || lat["wal_p50_ms"] == nil || lat["polling_p99_ms"] == nil {
+		t.Fatalf("latency summary %v; output:\n%s", lat, out.String())
+	}
 	sum := seen["relay_wal_vs_cdc_vs_polling"]
-	for _, k := range []string{"wal_vs_polling", "wal_vs_cdc", "wal_writers_vs_table", "wal_server_cpu_vs_polling"} {
+	for _, k := range []string{"wal_vs_polling", "wal_vs_cdc", "wal_writers_vs_table", "wal_server_cpu_vs_polling", "wal_vs_seed_port"} {
 		if _, ok := sum[k].(float64); !ok {
 			t.Fatalf("summary lacks %s: %v", k, sum)
 		}

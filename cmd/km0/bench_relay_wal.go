@@ -4,22 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
+	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
 
 // The sides of `km0 bench relay --mode cdc --outbox wal`.
 const (
 	benchWAL = "relay_wal"
+	// benchSeedPort is the seed's relay, ported to Go (runPort).
+	benchSeedPort = "relay_seed_port"
 	// walBenchWriters and walBenchTx are the live load: 4 writers,
 	// transactions of 100 events.
 	walBenchWriters = 4
@@ -32,6 +37,7 @@ type walSide struct {
 	name string
 	mode outbox.Mode
 	cdc  bool
+	port bool // the seed's relay, ported (runPort), on the table
 }
 
 // benchRelayWAL is `km0 bench relay --mode cdc --outbox wal`: the WAL-mode
@@ -41,7 +47,12 @@ type walSide struct {
 // (walBenchWriters writers, transactions of walBenchTx, aggs aggregates),
 // timed from the first write to the last record on the topic. One JSON line
 // per side and round, then the side-by-side line with the ratios.
-func benchRelayWAL(ctx context.Context, dbURL, brokers string, n, aggs, rounds int) error {
+//
+// Then, with latRate > 0, the commit → consumer commit latency of each side
+// at latRate events/s for latSeconds (env.latencyMode: 8 writers, one event
+// a transaction; the consumer records each with inbox.Process and commits
+// its offset), rounds rotating the order, and its side-by-side line.
+func benchRelayWAL(ctx context.Context, dbURL, brokers string, n, aggs, rounds, latRate int, latSeconds float64) error {
 	url, cluster, err := logicalServer(ctx, dbURL)
 	if err != nil {
 		return err
@@ -56,7 +67,8 @@ func benchRelayWAL(ctx context.Context, dbURL, brokers string, n, aggs, rounds i
 	defer env.close()
 	srv := newServerMeter(ctx, cluster, env.pool)
 	load0 := loadAverage()
-	sides := []walSide{{benchWAL, outbox.ModeWAL, true}, {benchCDC, outbox.ModeTable, true}, {benchPolling, outbox.ModeTable, false}}
+	sides := []walSide{{benchWAL, outbox.ModeWAL, true, false}, {benchCDC, outbox.ModeTable, true, false},
+		{benchPolling, outbox.ModeTable, false, false}, {benchSeedPort, outbox.ModeTable, false, true}}
 	med := map[string]map[string][]float64{}
 	for round := 1; round <= rounds; round++ {
 		for i := range sides {
@@ -84,10 +96,11 @@ func benchRelayWAL(ctx context.Context, dbURL, brokers string, n, aggs, rounds i
 			"cdc: the table + km0 relay --mode cdc; polling: the table + km0 relay; medians of the rounds; " +
 			"cpu_us_per_event is this process (writers, relay, " + brokerKind(env) + ")",
 		"wal_events_per_s": m(benchWAL, "events_per_s"), "cdc_events_per_s": m(benchCDC, "events_per_s"),
-		"polling_events_per_s": m(benchPolling, "events_per_s"),
-		"wal_vs_polling":       ratio(m(benchWAL, "events_per_s"), m(benchPolling, "events_per_s")),
-		"wal_vs_cdc":           ratio(m(benchWAL, "events_per_s"), m(benchCDC, "events_per_s")),
-		"wal_writers_seconds":  m(benchWAL, "writers_seconds"), "polling_writers_seconds": m(benchPolling, "writers_seconds"),
+		"polling_events_per_s": m(benchPolling, "events_per_s"), "seed_port_events_per_s": m(benchSeedPort, "events_per_s"),
+		"wal_vs_seed_port":    ratio(m(benchWAL, "events_per_s"), m(benchSeedPort, "events_per_s")),
+		"wal_vs_polling":      ratio(m(benchWAL, "events_per_s"), m(benchPolling, "events_per_s")),
+		"wal_vs_cdc":          ratio(m(benchWAL, "events_per_s"), m(benchCDC, "events_per_s")),
+		"wal_writers_seconds": m(benchWAL, "writers_seconds"), "polling_writers_seconds": m(benchPolling, "writers_seconds"),
 		"cdc_writers_seconds":  m(benchCDC, "writers_seconds"),
 		"wal_writers_vs_table": ratio(m(benchWAL, "writers_seconds"), m(benchPolling, "writers_seconds")),
 		"server":               srv.describe(), "load_average_before": load0, "load_average_after": loadAverage()}
@@ -98,6 +111,78 @@ func benchRelayWAL(ctx context.Context, dbURL, brokers string, n, aggs, rounds i
 		out["wal_server_cpu_vs_polling"] = ratio(m(benchWAL, "server_cpu_us_per_event"), m(benchPolling, "server_cpu_us_per_event"))
 	}
 	emit(out)
+	if latRate <= 0 {
+		return nil
+	}
+	return env.latencyWAL(ctx, sides, rounds, latRate, int(float64(latRate)*latSeconds))
+}
+
+// latencyWAL runs the latency of each side, rounds rotating the order, and
+// prints one line per side and round, then the medians side by side.
+func (e *benchEnv) latencyWAL(ctx context.Context, sides []walSide, rounds, rate, n int) error {
+	keys := []string{"p50_ms", "p99_ms", "broker_ack_p50_ms", "broker_ack_p99_ms"}
+	lat := map[string]map[string][]float64{}
+	for round := 1; round <= rounds; round++ {
+		for i := range sides {
+			side := sides[(i+round-1)%len(sides)]
+			res, err := e.latencyMode(ctx, side.mode, "latency_"+strings.TrimPrefix(side.name, "relay_"), rate, n,
+				func(ctx context.Context, names migrate.Names, topic string, picked func(id string), pub transport.Publisher) error {
+					tr := func(_ *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error) {
+						picked(env.ID)
+						return []*envelope.Envelope{env}, nil
+					}
+					if side.port {
+						return runPort(ctx, e, names, topic, false)
+					}
+					rcfg := relay.Config{Pool: e.pool, Names: names, Publisher: pub, Topic: topic, Origin: "comandes", Logger: e.log, Transform: tr}
+					if !side.cdc {
+						r, err := relay.New(rcfg)
+						if err != nil {
+							return err
+						}
+						defer r.Close()
+						return r.Run(ctx)
+					}
+					r, err := cdc.New(cdc.Config{Config: rcfg, WAL: side.mode == outbox.ModeWAL})
+					if err != nil {
+						return err
+					}
+					if side.mode == outbox.ModeTable {
+						defer dropSlot(e, r) // the WAL mode's slot is latencyMode's
+					}
+					defer r.Close()
+					return r.Run(ctx)
+				})
+			if err != nil {
+				return fmt.Errorf("latency, round %d, %s: %w", round, side.name, err)
+			}
+			res["round"] = round
+			emit(res)
+			if lat[side.name] == nil {
+				lat[side.name] = map[string][]float64{}
+			}
+			for _, k := range keys {
+				if v, ok := res[k].(float64); ok {
+					lat[side.name][k] = append(lat[side.name][k], v)
+				}
+			}
+		}
+	}
+	sum := map[string]any{"bench": "latency_wal_vs_cdc_vs_polling", "rate": rate, "events": n, "rounds": rounds,
+		"what": "commit → consumer commit (inbox.Process of each record in its own transaction, then the offset commit); " +
+			"broker_ack: commit → the broker's confirmation to the relay; medians of the rounds",
+		"load_average": loadAverage()}
+	for _, side := range sides {
+		name := strings.TrimPrefix(side.name, "relay_")
+		for _, k := range keys {
+			if v := lat[side.name][k]; len(v) > 0 { // the port reports no broker_ack
+				sum[name+"_"+k] = med2(v)
+			}
+		}
+	}
+	sum["target_p50_met"] = sum["wal_p50_ms"].(float64) <= 1
+	sum["target_p99_met"] = sum["wal_p99_ms"].(float64) <= 5
+	emit(sum)
 	return nil
 }
 
@@ -120,6 +205,8 @@ func (e *benchEnv) moveWritten(ctx context.Context, side walSide, n, aggs int, s
 	rcfg := relay.Config{Pool: e.pool, Names: s.Names, Publisher: kafka.NewPublisher(e.cl), Topic: topic, Origin: "comandes", Logger: e.log}
 	var stop func() error
 	switch {
+	case side.port:
+		stop = background(ctx, func(ctx context.Context) error { return runPort(ctx, e, s.Names, topic, false) }, func() {})
 	case side.cdc:
 		r, err := cdc.New(cdc.Config{Config: rcfg, WAL: side.mode == outbox.ModeWAL})
 		if err != nil {

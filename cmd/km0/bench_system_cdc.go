@@ -22,16 +22,19 @@ import (
 const (
 	sideCDC     = "km0_cdc"
 	sidePolling = "km0_polling"
+	sideWAL     = "km0_wal" // km0 relay --outbox wal, the writers in outbox.ModeWAL
 )
 
-// relayCDC: `km0 relay --mode cdc` beside `km0 relay` (polling, its
-// defaults) and the port of the seed's relay, each as its own process
+// relayCDC: `km0 relay --outbox wal` (the writers in WAL mode) and `km0
+// relay --mode cdc` beside `km0 relay` (polling, its defaults) and the port
+// of the seed's relay, each as its own process
 // against the same `km0 kafka` process, on a private PostgreSQL cluster with
 // wal_level = logical (fsync on) that the run starts and removes. Each round
 // and side gets a fresh database: n/2 rows are pre-inserted, the relay is
 // started, and n/2 more are written while it runs (4 writers, 500 rows a
 // transaction); the time is from the relay's start until every row is
-// marked.
+// marked (the WAL side: until the topic holds every event; its slot is
+// created before the first write).
 func (b *sysBench) relayCDC(ctx context.Context, n, rounds int) error {
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
@@ -48,15 +51,15 @@ func (b *sysBench) relayCDC(ctx context.Context, n, rounds int) error {
 		return err
 	}
 	defer k.stop()
-	sides := []string{sideCDC, sidePolling, sidePort}
+	sides := []string{sideWAL, sideCDC, sidePolling, sidePort}
 	rates := map[string][]float64{}
 	cpu := map[string][]float64{}
-	var vsPort, vsPolling []float64
+	var vsPort, vsPolling, walVsPort, walVsPolling []float64
 	for r := 1; r <= rounds; r++ {
 		got := map[string]float64{}
 		order := sides
 		if r%2 == 0 {
-			order = []string{sidePort, sidePolling, sideCDC}
+			order = []string{sidePort, sidePolling, sideCDC, sideWAL}
 		}
 		for _, side := range order {
 			res, err := cb.relayCDCRound(ctx, k, side, r, n)
@@ -69,13 +72,18 @@ func (b *sysBench) relayCDC(ctx context.Context, n, rounds int) error {
 			cpu[side] = append(cpu[side], res["cpu_us_per_event"].(float64))
 		}
 		vsPort, vsPolling = append(vsPort, ratio(got[sideCDC], got[sidePort])), append(vsPolling, ratio(got[sideCDC], got[sidePolling]))
-		emit(map[string]any{"bench": "system_relay_cdc_round", "round": r, "events": n, "cdc_events_per_s": got[sideCDC],
-			"polling_events_per_s": got[sidePolling], "seed_port_events_per_s": got[sidePort],
+		walVsPort, walVsPolling = append(walVsPort, ratio(got[sideWAL], got[sidePort])), append(walVsPolling, ratio(got[sideWAL], got[sidePolling]))
+		emit(map[string]any{"bench": "system_relay_cdc_round", "round": r, "events": n, "wal_events_per_s": got[sideWAL],
+			"cdc_events_per_s": got[sideCDC], "polling_events_per_s": got[sidePolling], "seed_port_events_per_s": got[sidePort],
+			"wal_vs_seed_port": walVsPort[len(walVsPort)-1], "wal_vs_polling": walVsPolling[len(walVsPolling)-1],
 			"cdc_vs_seed_port": vsPort[len(vsPort)-1], "cdc_vs_polling": vsPolling[len(vsPolling)-1]})
 	}
 	emit(map[string]any{"bench": "system_relay_cdc",
-		"what":   "km0 relay --mode cdc vs km0 relay (polling, defaults) vs a Go port of the seed's relay; half the rows pre-inserted, half written live; broker = km0 kafka in another process; private logical cluster",
-		"events": n, "rounds": rounds, "cdc_events_per_s": med2(rates[sideCDC]), "polling_events_per_s": med2(rates[sidePolling]),
+		"what": "km0 relay --outbox wal (WAL-mode writers) and km0 relay --mode cdc vs km0 relay (polling, defaults) vs a Go port of the seed's relay; " +
+			"half the events written before the relay starts, half live; broker = km0 kafka in another process; private logical cluster",
+		"events": n, "rounds": rounds, "wal_events_per_s": med2(rates[sideWAL]), "wal_vs_seed_port": walVsPort, "median_wal_vs_seed_port": med2(walVsPort),
+		"wal_vs_polling": walVsPolling, "median_wal_vs_polling": med2(walVsPolling), "wal_cpu_us_per_event": med2(cpu[sideWAL]),
+		"cdc_events_per_s": med2(rates[sideCDC]), "polling_events_per_s": med2(rates[sidePolling]),
 		"seed_port_events_per_s": med2(rates[sidePort]), "cdc_vs_seed_port": vsPort, "median_cdc_vs_seed_port": med2(vsPort),
 		"cdc_vs_polling": vsPolling, "median_cdc_vs_polling": med2(vsPolling),
 		"cdc_cpu_us_per_event": med2(cpu[sideCDC]), "polling_cpu_us_per_event": med2(cpu[sidePolling])})
@@ -109,9 +117,27 @@ func (b *sysBench) relayCDCRound(ctx context.Context, k *broker, side string, r,
 		return nil, err
 	}
 	names := migrate.Names{}.WithDefaults()
+	mode := outbox.ModeTable
+	if side == sideWAL {
+		// The slot before anything is written, as km0 migrate --outbox-mode wal.
+		slot := migrate.WALSlot(name, names)
+		if _, err := migrate.EnsureWALSlot(ctx, pool, slot, slot); err != nil {
+			return nil, err
+		}
+		defer func() {
+			_, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pgx.Identifier{slot}.Sanitize())
+		}()
+		mode = outbox.ModeWAL
+	}
 	pre := n / 2
-	if err := fill(ctx, pool, names, pre, pre); err != nil {
-		return nil, fmt.Errorf("fill: %w", err)
+	var fillErr error
+	if mode == outbox.ModeWAL {
+		fillErr = fillFrom(ctx, pool, names, mode, 0, pre, 5000)
+	} else {
+		fillErr = fill(ctx, pool, names, pre, pre)
+	}
+	if fillErr != nil {
+		return nil, fmt.Errorf("fill: %w", fillErr)
 	}
 	topic := fmt.Sprintf("bench.relaycdc.%s.%d.%s", b.tag, r, side)
 	if err := kafka.EnsureTopics(ctx, k.cl, kafka.PartitionsDefault, topic); err != nil {
@@ -122,6 +148,8 @@ func (b *sysBench) relayCDCRound(ctx context.Context, k *broker, side string, r,
 	var args []string
 	pname := side
 	switch side {
+	case sideWAL:
+		args = append(append([]string{"relay"}, flags...), "--outbox", "wal")
 	case sideCDC:
 		args = append(append([]string{"relay"}, flags...), "--mode", "cdc")
 	case sidePolling:
@@ -150,7 +178,7 @@ func (b *sysBench) relayCDCRound(ctx context.Context, k *broker, side string, r,
 			if w == writers-1 {
 				share = live - share*(writers-1)
 			}
-			if err := fillFrom(wctx, pool, names, pre+w*(live/writers), share, 500); err != nil {
+			if err := fillFrom(wctx, pool, names, mode, pre+w*(live/writers), share, 500); err != nil {
 				mu.Lock()
 				writeErr = errors.Join(writeErr, err)
 				mu.Unlock()
@@ -173,6 +201,10 @@ func (b *sysBench) relayCDCRound(ctx context.Context, k *broker, side string, r,
 		if !done {
 			return false, nil
 		}
+		if mode == outbox.ModeWAL {
+			recs, err := k.records(ctx, topic)
+			return err == nil && recs >= int64(n), err
+		}
 		var pending bool
 		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox WHERE publicat_en IS NULL)").Scan(&pending)
 		return err == nil && !pending, err
@@ -191,7 +223,11 @@ func (b *sysBench) relayCDCRound(ctx context.Context, k *broker, side string, r,
 	if err != nil {
 		return nil, err
 	}
-	if published != int64(n) || pending != 0 || recs < int64(n) {
+	if mode == outbox.ModeWAL {
+		if published+pending != 0 || recs < int64(n) {
+			return nil, fmt.Errorf("%s: %d outbox rows, %d records on the topic; want 0 and ≥ %d", pname, published+pending, recs, n)
+		}
+	} else if published != int64(n) || pending != 0 || recs < int64(n) {
 		return nil, fmt.Errorf("%s: %d rows marked published, %d pending, %d records on the topic; want %d, 0, ≥ %d", pname, published, pending, recs, n, n)
 	}
 	mu.Lock()
@@ -203,10 +239,10 @@ func (b *sysBench) relayCDCRound(ctx context.Context, k *broker, side string, r,
 		"cpu_us_per_event": round2(float64(cpuT.Microseconds()) / float64(n))}, nil
 }
 
-// fillFrom writes count outbox rows numbered from..from+count-1 (one
-// aggregate each, as fill), chunk rows a transaction.
-func fillFrom(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, from, count, chunk int) error {
-	ob := outbox.New(outbox.Config{Names: names})
+// fillFrom writes count events numbered from..from+count-1 (one aggregate
+// each, as fill) to the outbox in mode, chunk events a transaction.
+func fillFrom(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, mode outbox.Mode, from, count, chunk int) error {
+	ob := outbox.New(outbox.Config{Names: names, Mode: mode})
 	for done := 0; done < count; {
 		c := min(chunk, count-done)
 		events := make([]*outbox.Event, c)

@@ -11,9 +11,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/cdc"
 )
 
 func init() {
@@ -38,6 +42,8 @@ func runOutbox(ctx context.Context, args []string) error {
 	dbURL := databaseURLFlag(fs)
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
 	table := fs.String("outbox-table", migrate.OutboxDefault, "outbox table name")
+	mode := fs.String("outbox", string(outbox.ModeTable), "table: the outbox's rows (<outbox>_aparcats); "+
+		"wal: a WAL-mode outbox's parked messages (<outbox>_wal_aparcats, see docs/cdc.md)")
 	all := false
 	if sub == "release" {
 		fs.BoolVar(&all, "all", false, "release every parked row")
@@ -71,12 +77,25 @@ func runOutbox(ctx context.Context, args []string) error {
 			return fmt.Errorf("--batch %d is outside 1..%d", batch, relay.PruneBatchMax)
 		}
 	}
+	wal := *mode == string(outbox.ModeWAL)
+	switch {
+	case !wal && *mode != string(outbox.ModeTable):
+		return fmt.Errorf("--outbox %q: want %s or %s", *mode, outbox.ModeTable, outbox.ModeWAL)
+	case wal && sub == "prune":
+		return errors.New("--outbox wal: a WAL-mode outbox has no rows to prune (its events live in the WAL, retained by the slot)")
+	}
 	names := migrate.Names{Schema: *schema, Outbox: *table}
 	pool, err := openPool(ctx, *dbURL, 1)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	if wal {
+		if err := requireOutbox(ctx, pool, names, true); err != nil {
+			return err
+		}
+		return runOutboxWAL(ctx, pool, names, sub, id, all)
+	}
 	switch sub {
 	case "prune":
 		if err := requireOutbox(ctx, pool, names, false); err != nil {
@@ -93,17 +112,13 @@ func runOutbox(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if len(rows) == 0 {
-			fmt.Println("no parked rows")
-			return nil
+		if err := printParked(rows, "rows"); err != nil {
+			return err
 		}
-		tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tAGREGAT_ID\tTIPUS\tAPARCAT_EN\tESPERANT\tMOTIU")
-		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.AggregateID, r.Type,
-				r.ParkedAt.Format("2006-01-02 15:04:05"), r.Waiting, r.Reason)
+		if n := walParkedCount(ctx, pool, names); n > 0 {
+			fmt.Printf("(and %d parked message(s) of this outbox in WAL mode: km0 outbox parked --outbox wal)\n", n)
 		}
-		return tw.Flush()
+		return nil
 	default:
 		if all == (id != "") {
 			fmt.Fprintln(os.Stderr, "km0 outbox release: give either an ID or --all")
@@ -129,8 +144,72 @@ func runOutbox(ctx context.Context, args []string) error {
 	}
 }
 
+// runOutboxWAL is parked and release for the WAL-mode outbox names, whose
+// parked messages are rows of <outbox>_wal_aparcats (relay/cdc).
+func runOutboxWAL(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, sub, id string, all bool) error {
+	if sub == "parked" {
+		rows, err := cdc.ParkedWAL(ctx, pool, names)
+		if err != nil {
+			return err
+		}
+		return printParked(rows, "messages")
+	}
+	if all == (id != "") {
+		fmt.Fprintln(os.Stderr, "km0 outbox release: give either an ID or --all")
+		return errUsage
+	}
+	if all {
+		n, err := cdc.ReleaseAllWAL(ctx, pool, names)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("released %d parked message(s)\n", n)
+		return nil
+	}
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return fmt.Errorf("%q is not a message id (UUID): %w", id, err)
+	}
+	if err := cdc.ReleaseWAL(ctx, pool, names, u); err != nil {
+		return err
+	}
+	fmt.Printf("released %s: the relay will retry it\n", u)
+	return nil
+}
+
+// printParked prints rows as an aligned table, or "no parked <what>".
+func printParked(rows []relay.ParkedRow, what string) error {
+	if len(rows) == 0 {
+		fmt.Println("no parked " + what)
+		return nil
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tAGREGAT_ID\tTIPUS\tAPARCAT_EN\tESPERANT\tMOTIU")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.AggregateID, r.Type,
+			r.ParkedAt.Format("2006-01-02 15:04:05"), r.Waiting, r.Reason)
+	}
+	return tw.Flush()
+}
+
+// walParkedCount counts the parked messages of names in WAL mode: 0 when
+// the outbox has no WAL parking table (or it cannot be read).
+func walParkedCount(ctx context.Context, pool *pgxpool.Pool, names migrate.Names) int {
+	names = names.WithDefaults()
+	t := pgx.Identifier{names.Schema, names.Outbox + migrate.WALParkedSuffix}.Sanitize()
+	var exists bool
+	if pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", t).Scan(&exists) != nil || !exists {
+		return 0
+	}
+	var n int
+	if pool.QueryRow(ctx, "SELECT count(*) FROM "+t+" WHERE motiu IS NOT NULL").Scan(&n) != nil {
+		return 0
+	}
+	return n
+}
+
 func outboxUsage() {
-	fmt.Fprintln(os.Stderr, "usage: km0 outbox parked [flags]\n       km0 outbox release [flags] ID | --all\n       km0 outbox prune --older-than D [--batch N] [flags]\n(km0 outbox <sub> --help for the flags)")
+	fmt.Fprintln(os.Stderr, "usage: km0 outbox parked [--outbox wal] [flags]\n       km0 outbox release [--outbox wal] [flags] ID | --all\n       km0 outbox prune --older-than D [--batch N] [flags]\n(km0 outbox <sub> --help for the flags)")
 }
 
 // parseErr maps a flag error as parse does.
