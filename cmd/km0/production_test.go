@@ -14,7 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
@@ -195,11 +197,17 @@ func TestProductionConnectionsEveryCommandAsAProcess(t *testing.T) {
 		<-p.exited
 	}
 
-	// km0 dlq ls: the index on km0relay, synced from the DLQ topics.
+	// km0 dlq ls: the index on km0relay, synced from the DLQ topics: the
+	// one letter the test dead-lettered.
+	letter := &kgo.Record{Topic: contract.DLQName(comandes.Topic), Key: []byte("P-9"), Value: []byte(`{"x":1}`), Headers: []kgo.RecordHeader{
+		{Key: "intents", Value: []byte("1")}, {Key: "motiu", Value: []byte("permanent: prova")}, {Key: "topic_original", Value: []byte(comandes.Topic)}}}
+	if err := kafkatest.Client(t, sec.b.Embedded, sec.b.Opts(t)...).ProduceSync(ctx, letter).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
 	out, errOut, err := runKm0(t, relayEnv, append([]string{"dlq", "ls"}, sec.flags...)...)
 	secret("km0 dlq ls", out+errOut)
-	if err != nil {
-		t.Fatalf("km0 dlq ls: %v\n%s%s", err, out, errOut)
+	if err != nil || !strings.Contains(out, "1 dead letter(s)") || !strings.Contains(out, "permanent: prova") {
+		t.Fatalf("km0 dlq ls: %v, want the one letter\n%s%s", err, out, errOut)
 	}
 
 	// km0 lag --json: every group of the system, measured without an error.
