@@ -22,7 +22,8 @@ import (
 
 // tlsCluster is a private PostgreSQL cluster that takes TCP over TLS only
 // (plain TCP refused), with a role km0_cert that authenticates by client
-// certificate and owns database km0tls.
+// certificate and owns database km0tls; a role km0, when a test creates it
+// (passwordRole), authenticates by its password.
 type tlsCluster struct {
 	c        *pgcluster.Cluster
 	ca       *tlstest.CA
@@ -34,7 +35,7 @@ func startTLSCluster(t *testing.T) *tlsCluster {
 	ca := tlstest.NewCA(t, "km0 test CA")
 	srv := ca.Server(t, "127.0.0.1", "localhost")
 	c, err := pgcluster.Start(pgcluster.Options{TLS: &pgcluster.TLS{CertFile: srv.CertFile, KeyFile: srv.KeyFile, CAFile: ca.CertFile,
-		CertUsers: []string{"km0_cert"}}})
+		CertUsers: []string{"km0_cert"}, PasswordUsers: []string{"km0"}}})
 	if err != nil {
 		t.Fatalf("a private PostgreSQL cluster with TLS is required: %v", err)
 	}

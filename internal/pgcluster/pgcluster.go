@@ -38,8 +38,8 @@ type Options struct {
 	// TLS, when set, turns ssl on with these files (copied into the
 	// cluster's directory, the key readable by the server alone) and makes
 	// every TCP connection use TLS: pg_hba.conf gets hostssl lines only
-	// (trust, or cert for CertUsers), plain TCP is refused. Default nil:
-	// TCP without TLS, trust.
+	// (trust, cert for CertUsers, scram-sha-256 for PasswordUsers), plain
+	// TCP is refused. Default nil: TCP without TLS, trust.
 	TLS *TLS
 }
 
@@ -55,6 +55,10 @@ type TLS struct {
 	// is their name (pg_hba method cert), over TCP; no password or trust.
 	// The roles are not created.
 	CertUsers []string
+	// PasswordUsers authenticate with their password (pg_hba method
+	// scram-sha-256) over TCP, never trusted: a wrong or missing password
+	// is refused. The roles (and their passwords) are not created.
+	PasswordUsers []string
 }
 
 // Cluster is a private PostgreSQL server of its own data directory, port and
@@ -412,6 +416,9 @@ func (c *Cluster) setupTLS(data string, t TLS) (map[string]string, error) {
 	hba.WriteString("# written by pgcluster: TCP over TLS only\nlocal all all trust\nlocal replication all trust\n")
 	for _, u := range t.CertUsers {
 		fmt.Fprintf(&hba, "hostssl all %[1]s 127.0.0.1/32 cert\nhostssl replication %[1]s 127.0.0.1/32 cert\n", u)
+	}
+	for _, u := range t.PasswordUsers {
+		fmt.Fprintf(&hba, "hostssl all %[1]s 127.0.0.1/32 scram-sha-256\nhostssl replication %[1]s 127.0.0.1/32 scram-sha-256\n", u)
 	}
 	hba.WriteString("hostssl all all 127.0.0.1/32 trust\nhostssl replication all 127.0.0.1/32 trust\n" +
 		"hostnossl all all 0.0.0.0/0 reject\nhostnossl replication all 0.0.0.0/0 reject\n")

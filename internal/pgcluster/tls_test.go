@@ -16,12 +16,13 @@ import (
 // A cluster with Options.TLS takes TCP connections over TLS only: its URL
 // (sslmode=verify-full with the test CA) is encrypted, plain TCP and another
 // CA are refused naming the cause, and a CertUsers role authenticates with
-// a client certificate of its name, and not without one or with another's.
+// a client certificate of its name, and not without one or with another's;
+// a PasswordUsers role authenticates with its password only.
 func TestClusterWithTLSVerifiesBothWays(t *testing.T) {
 	ca := tlstest.NewCA(t, "km0 test CA")
 	srv := ca.Server(t, "127.0.0.1", "localhost")
 	c, err := pgcluster.Start(pgcluster.Options{TLS: &pgcluster.TLS{CertFile: srv.CertFile, KeyFile: srv.KeyFile, CAFile: ca.CertFile,
-		CertUsers: []string{"km0_cert"}}})
+		CertUsers: []string{"km0_cert"}, PasswordUsers: []string{"km0_pw"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,9 +44,12 @@ func TestClusterWithTLSVerifiesBothWays(t *testing.T) {
 	if err := admin.QueryRow(ctx, "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").Scan(&ssl); err != nil || !ssl {
 		t.Fatalf("the cluster's URL: ssl = %v (%v), want true", ssl, err)
 	}
-	if _, err := admin.Exec(ctx, "CREATE ROLE km0_cert LOGIN"); err != nil {
-		t.Fatal(err)
+	for _, q := range []string{"CREATE ROLE km0_cert LOGIN", "CREATE ROLE km0_pw LOGIN PASSWORD 'secret-pw'"} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
+	pwURL := func(pw string) string { return strings.Replace(c.URL, "postgres@", "km0_pw:"+pw+"@", 1) }
 	with := func(params map[string]string) string {
 		u, _ := url.Parse(c.URL)
 		q := u.Query()
@@ -68,10 +72,15 @@ func TestClusterWithTLSVerifiesBothWays(t *testing.T) {
 		{"another CA", with(map[string]string{"sslrootcert": other.CertFile}), "certificate signed by unknown authority"},
 		{"no client certificate", strings.Replace(c.URL, "postgres@", "km0_cert@", 1), "certificate"},
 		{"another user's certificate", certURL(theirs), "certificate authentication failed for user \"km0_cert\""},
+		{"a wrong password", pwURL("wrong"), "password authentication failed for user \"km0_pw\""},
+		{"no password", strings.Replace(c.URL, "postgres@", "km0_pw@", 1), "password"},
 	} {
 		if _, err := connect(f.url); err == nil || !strings.Contains(err.Error(), f.want) {
 			t.Errorf("%s: want an error naming %q, got %v", f.name, f.want, err)
 		}
+	}
+	if _, err := connect(pwURL("secret-pw")); err != nil {
+		t.Fatalf("the right password: %v", err)
 	}
 	conn, err := connect(certURL(mine))
 	if err != nil {
