@@ -105,3 +105,4 @@ func TestTopicSettingsDefaults(t *testing.T) {
 		t.Fatalf("configs %v", c)
 	}
 }
+
