@@ -105,4 +105,3 @@ func TestTopicSettingsDefaults(t *testing.T) {
 		t.Fatalf("configs %v", c)
 	}
 }
-
