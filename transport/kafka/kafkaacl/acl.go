@@ -122,12 +122,12 @@ func Required(services []Service) []ACL {
 		prefix := cmp.Or(s.ReplyPrefix, "respostes.")
 		for _, t := range s.Serves {
 			add(ResourceGroup, t+cmp.Or(s.ServerGroupSuffix, ".servidor"), PatternLiteral, OpRead)
-			add(ResourceTopic, t, PatternLiteral, OpRead, OpCreate)
+			add(ResourceTopic, t, PatternLiteral, OpRead, OpCreate, OpDescribeConfigs)
 			add(ResourceTopic, prefix, PatternPrefixed, OpWrite, OpDescribeConfigs)
 		}
 		for _, t := range s.Requests {
 			add(ResourceTopic, t, PatternLiteral, OpWrite, OpDescribeConfigs)
-			add(ResourceTopic, prefix, PatternPrefixed, OpRead, OpCreate, OpDelete)
+			add(ResourceTopic, prefix, PatternPrefixed, OpRead, OpCreate, OpDelete, OpDescribeConfigs)
 		}
 	}
 	slices.SortFunc(out, compare)
