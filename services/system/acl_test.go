@@ -73,7 +73,9 @@ func TestRequiredACLsAreEnoughAndNoMore(t *testing.T) {
 
 	// Request/reply: pagaments serves, comandes asks.
 	srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: brokers, Topic: "pagaments.autoritzacions", KgoOpts: c.opts(t, "km0-pagaments"),
-		Handler: func(_ context.Context, req *requestreply.Request) ([]byte, error) { return append([]byte("ok:"), req.Body...), nil }})
+		Handler: func(_ context.Context, req *requestreply.Request) ([]byte, error) {
+			return append([]byte("ok:"), req.Body...), nil
+		}})
 	if err != nil {
 		t.Fatalf("pagaments' server with its ACLs: %v", err)
 	}
