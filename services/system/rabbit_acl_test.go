@@ -83,7 +83,9 @@ func TestRabbitPermissionsAreEnoughAndNoMore(t *testing.T) {
 		return c
 	}
 	srv, err := amqprr.NewServer(ctx, amqprr.ServerConfig{Conn: dial("pagaments"), Queue: "pagaments.autoritzacions",
-		Handler: func(_ context.Context, req *requestreply.Request) ([]byte, error) { return append([]byte("ok:"), req.Body...), nil }})
+		Handler: func(_ context.Context, req *requestreply.Request) ([]byte, error) {
+			return append([]byte("ok:"), req.Body...), nil
+		}})
 	if err != nil {
 		t.Fatalf("pagaments serves with its permissions: %v", err)
 	}
