@@ -105,3 +105,24 @@ func TestTopicSettingsDefaults(t *testing.T) {
 		t.Fatalf("configs %v", c)
 	}
 }
+
+// The embedded broker's seeded topics keep the contract's retention too, so
+// that EnsureTopicSpecs finds nothing to warn about.
+func TestEmbeddedSeededTopicsKeepFourteenDays(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.New(t, "comandes.esdeveniments")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := kafkatest.Client(t, b)
+	have, err := kafka.DescribeTopics(ctx, cl, "comandes.esdeveniments")
+	if err != nil || have["comandes.esdeveniments"].RetentionMs != 1_209_600_000 {
+		t.Fatalf("seeded topic %+v (%v), want retention.ms 1209600000", have, err)
+	}
+	var logs testlog.Buffer
+	if err := kafka.EnsureTopicSpecs(ctx, cl, slog.New(slog.NewTextHandler(&logs, nil)), kafka.TopicSettings{ReplicationFactor: 1}.Spec("comandes.esdeveniments", 6)); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "WARN") {
+		t.Errorf("warning about a seeded topic:\n%s", logs.String())
+	}
+}
