@@ -331,3 +331,46 @@ func (k *kafkaSecurity) opts(ctx context.Context, brokers []string, log *slog.Lo
 	}
 	return opts, nil
 }
+
+// kafkaTopicFlags is --kafka-replication-factor, the replication factor of
+// the topics a command creates.
+type kafkaTopicFlags struct {
+	rf  *int
+	err error
+}
+
+// newKafkaTopicFlags registers --kafka-replication-factor (default
+// $KM0_KAFKA_REPLICATION_FACTOR, else 3 on a cluster and 1 on the embedded
+// broker); min.insync.replicas follows (one less, at least 1) and the
+// retention is the contract's 14 days.
+func newKafkaTopicFlags(fs *flag.FlagSet) *kafkaTopicFlags {
+	k := &kafkaTopicFlags{}
+	def := 0
+	if v := os.Getenv("KM0_KAFKA_REPLICATION_FACTOR"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 32767 {
+			k.err = fmt.Errorf("$KM0_KAFKA_REPLICATION_FACTOR %q: want a whole number from 1", v)
+		}
+		def = n
+	}
+	k.rf = fs.Int("kafka-replication-factor", def, "Kafka: replication factor of the topics km0 creates; min.insync.replicas is one less, retention 14 days (default $KM0_KAFKA_REPLICATION_FACTOR, else 3, 1 on the embedded broker); existing topics are left as they are")
+	return k
+}
+
+// settings returns the topic settings of the flag; embedded: the embedded
+// broker (one node) is the target.
+func (k *kafkaTopicFlags) settings(embedded bool) (kafka.TopicSettings, error) {
+	if k.err != nil {
+		return kafka.TopicSettings{}, k.err
+	}
+	switch rf := *k.rf; {
+	case rf < 0 || rf > 32767:
+		return kafka.TopicSettings{}, fmt.Errorf("--kafka-replication-factor %d: want a whole number from 1", rf)
+	case rf > 0:
+		return kafka.TopicSettings{ReplicationFactor: int16(rf)}, nil
+	case embedded:
+		return kafka.TopicSettings{ReplicationFactor: kafka.ReplicationFactorEmbedded}, nil
+	default:
+		return kafka.TopicSettings{ReplicationFactor: kafka.ReplicationFactorDefault}, nil
+	}
+}

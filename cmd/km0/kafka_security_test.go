@@ -65,7 +65,7 @@ func runKm0(t *testing.T, env []string, args ...string) (stdout, stderr string, 
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	cmd.Env = append(append(cmd.Env, runMainEnv+"=1"), env...)
+	cmd.Env = append(append(cmd.Env, runMainEnv+"=1", replicationFactorEnv+"=1"), env...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err = cmd.Run()

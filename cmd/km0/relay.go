@@ -41,6 +41,7 @@ func runRelay(ctx context.Context, args []string) error {
 	dbURL := databaseURLFlag(fs)
 	brokers := brokersFlag(fs)
 	ksec := kafkaSecurityFlags(fs)
+	ktopics := newKafkaTopicFlags(fs)
 	topic := fs.String("topic", "", "Kafka topic for the events (required), e.g. comandes.esdeveniments")
 	origin := fs.String("origin", "", "the envelope's origen (required), e.g. comandes")
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
@@ -96,6 +97,10 @@ func runRelay(ctx context.Context, args []string) error {
 	case *pruneOlder < 0:
 		return fmt.Errorf("--prune-older-than %v must be positive (or 0: off)", *pruneOlder)
 	}
+	topicSettings, err := ktopics.settings(false)
+	if err != nil {
+		return err
+	}
 	log := logger()
 	pool, err := openPool(ctx, *dbURL, 2)
 	if err != nil {
@@ -143,7 +148,7 @@ func runRelay(ctx context.Context, args []string) error {
 			return err
 		}
 		defer cl.Close()
-		if ok, err := waitForTopic(ctx, log, cl, int32(*partitions), *topic); !ok {
+		if ok, err := waitForTopic(ctx, log, cl, topicSettings.Spec(*topic, int32(*partitions))); !ok {
 			return err
 		}
 		pcl := cl
@@ -297,10 +302,11 @@ func checkRelayNumbers(batch, workers int) error {
 // wait in the outbox meanwhile). It returns false if ctx ends first (nil
 // error), or with the error if the brokers refuse the topic for good (an
 // illegal name, no authorisation): retrying that would loop forever.
-func waitForTopic(ctx context.Context, log *slog.Logger, cl *kgo.Client, partitions int32, topic string) (bool, error) {
+func waitForTopic(ctx context.Context, log *slog.Logger, cl *kgo.Client, spec kafka.TopicSpec) (bool, error) {
+	topic := spec.Name
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
 		topicCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := kafka.EnsureTopics(topicCtx, cl, partitions, topic)
+		err := kafka.EnsureTopicSpecs(topicCtx, cl, log, spec)
 		cancel()
 		if err == nil {
 			return true, nil

@@ -30,8 +30,17 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	// The tests' brokers are one-node kfakes: the topics km0 processes and
+	// the commands run in-process create take replication factor 1 (the
+	// default 3 is refused by one node; TestRelayDefaultReplicationFactor).
+	if os.Getenv(replicationFactorEnv) == "" {
+		_ = os.Setenv(replicationFactorEnv, "1")
+	}
 	os.Exit(m.Run())
 }
+
+// replicationFactorEnv is the environment fallback of --kafka-replication-factor.
+const replicationFactorEnv = "KM0_KAFKA_REPLICATION_FACTOR"
 
 // proc is a km0 process started by a test.
 type proc struct {

@@ -115,6 +115,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	groups := fs.String("groups", os.Getenv("KM0_GROUPS"), "rename consumer groups: CONSUMIDOR=GROUP,... e.g. cataleg.estoc_baix=cataleg-prod (default $KM0_GROUPS)")
 	brokers := brokersFlag(fs)
 	ksec := kafkaSecurityFlags(fs)
+	ktopics := newKafkaTopicFlags(fs)
 	embedded := fs.Bool("embedded-kafka", false, "start an embedded Kafka broker in this process instead of using --brokers")
 	events := eventsFlag(fs)
 	eventsExchange := fs.String("events-exchange", cmp.Or(os.Getenv("KM0_EVENTS_EXCHANGE"), system.EventsExchangeDefault), "RabbitMQ topic exchange of the events --events puts there (default $KM0_EVENTS_EXCHANGE, else "+system.EventsExchangeDefault+")")
@@ -202,12 +203,16 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err != nil {
 		return err
 	}
+	topicSettings, err := ktopics.settings(*embedded)
+	if err != nil {
+		return err
+	}
 	key, err := signingKey(name, *acceptUnsigned)
 	if err != nil {
 		return err
 	}
 	sys, err := system.Start(ctx, system.Config{SigningKey: key, AcceptUnsignedRequests: *acceptUnsigned, DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
-		Brokers: brokerList, KafkaOpts: kopts, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, AMQPTLS: amqpTLSCfg, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
+		Brokers: brokerList, KafkaOpts: kopts, TopicSettings: topicSettings, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, AMQPTLS: amqpTLSCfg, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
 		OutboxMode:   outbox.Mode(*outboxMode),
 		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()})

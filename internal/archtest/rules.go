@@ -46,10 +46,11 @@ var layers = map[string]Layer{
 	"dlq":          Pattern,
 	"lag":          Pattern,
 
-	"transport/kafka":      Transport,
-	"transport/amqp":       Transport,
-	"requestreply/amqprr":  Transport,
-	"requestreply/kafkarr": Transport,
+	"transport/kafka":          Transport,
+	"transport/kafka/kafkaacl": Transport,
+	"transport/amqp":           Transport,
+	"requestreply/amqprr":      Transport,
+	"requestreply/kafkarr":     Transport,
 
 	"console": Tool,
 

@@ -63,6 +63,10 @@ type ClientConfig struct {
 	// Metrics, if set, receives requestreply.MetricRepliesDropped.
 	Metrics prometheus.Registerer
 	Logger  *slog.Logger // default slog.Default()
+	// TopicSettings are the replication factor and min.insync.replicas of
+	// the reply topic (one partition). Default the zero kafka.TopicSettings
+	// (the broker's replication factor).
+	TopicSettings kafka.TopicSettings
 }
 
 // Client is a requestreply.Requester over Kafka. Many goroutines may call
@@ -106,7 +110,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := kafka.EnsureTopics(ctx, prod, 1, cfg.ReplyTopic); err != nil {
+	if err := kafka.EnsureTopicSpecs(ctx, prod, cfg.Logger, cfg.TopicSettings.Spec(cfg.ReplyTopic, 1)); err != nil {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: create reply topic %s: %w", cfg.ReplyTopic, err)
 	}

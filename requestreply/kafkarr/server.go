@@ -39,6 +39,10 @@ type ServerConfig struct {
 	// partitions). Default "pagaments.autoritzacions".
 	Topic      string
 	Partitions int32 // default 6
+	// TopicSettings are the replication factor, min.insync.replicas and
+	// retention of the request topic when it is created. Default the zero
+	// kafka.TopicSettings (the broker's replication factor, 14 days).
+	TopicSettings kafka.TopicSettings
 	// Group is the consumer group of the server instances. Default
 	// "<Topic>.servidor".
 	Group string
@@ -153,7 +157,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := kafka.EnsureTopics(ctx, prod, cfg.Partitions, cfg.Topic); err != nil {
+	if err := kafka.EnsureTopicSpecs(ctx, prod, cfg.Logger, cfg.TopicSettings.Spec(cfg.Topic, cfg.Partitions)); err != nil {
 		prod.Close()
 		return nil, fmt.Errorf("kafkarr: request topic %s: %w", cfg.Topic, err)
 	}

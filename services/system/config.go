@@ -34,6 +34,7 @@ import (
 	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/pagaments/passarella"
 	"github.com/km0/km0/services/repartiment"
+	"github.com/km0/km0/transport/kafka"
 )
 
 // Services are the six services, in start order.
@@ -149,6 +150,13 @@ type Config struct {
 	// makes (the relays' producer, the consumers, request/reply): a
 	// secured cluster's, from kafka.Security's Opts. Default none.
 	KafkaOpts []kgo.Opt
+	// TopicSettings are the replication factor, min.insync.replicas and
+	// retention of every Kafka topic the system creates (domain, .retry,
+	// .dlq, request and reply topics). Existing topics are left as they
+	// are, with a warning naming each difference. Default the zero
+	// kafka.TopicSettings (the broker's replication factor, 14 days); km0
+	// serve and km0 up set it from --kafka-replication-factor.
+	TopicSettings kafka.TopicSettings
 	// Events is the broker that carries the domain events: EventsKafka
 	// (default) or EventsRabbitMQ. Over RabbitMQ each relay publishes to the
 	// topic exchange EventsExchange with routing key <topic> and the shard

@@ -94,7 +94,8 @@ func (r *rrStack) serve(ctx context.Context, queue string, workers int, h func(c
 		}
 		run = srv.Run
 	} else {
-		srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: r.s.cfg.Brokers, Handler: handler, Topic: queue, Workers: workers, Logger: log, SigningKey: r.key, Metrics: prometheus.DefaultRegisterer, KgoOpts: r.s.cfg.KafkaOpts})
+		srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: r.s.cfg.Brokers, Handler: handler, Topic: queue, Workers: workers, Logger: log, SigningKey: r.key, Metrics: prometheus.DefaultRegisterer, KgoOpts: r.s.cfg.KafkaOpts,
+			TopicSettings: r.s.cfg.TopicSettings})
 		if err != nil {
 			return err
 		}
@@ -114,7 +115,8 @@ func (r *rrStack) requester(ctx context.Context) (requestreply.Requester, error)
 		r.closers = append(r.closers, c.Close)
 		return c, nil
 	}
-	c, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: r.s.cfg.Brokers, SigningKey: r.key, Metrics: prometheus.DefaultRegisterer, Logger: r.s.log, KgoOpts: r.s.cfg.KafkaOpts})
+	c, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: r.s.cfg.Brokers, SigningKey: r.key, Metrics: prometheus.DefaultRegisterer, Logger: r.s.log, KgoOpts: r.s.cfg.KafkaOpts,
+		TopicSettings: r.s.cfg.TopicSettings})
 	if err != nil {
 		return nil, err
 	}

@@ -137,7 +137,7 @@ func (s *System) consumerFor(service string, topics []string, cfg consumer.Confi
 		s.sup.runAMQPConsumer(w, group, s.amqpSource(cfg, rabbit), probes, rcfg)
 	}
 	if len(onKafka) > 0 {
-		s.sup.runConsumer(kafka.SourceConfig{Brokers: s.cfg.Brokers, Group: group, Topics: onKafka, KgoOpts: s.cfg.KafkaOpts}, probes, cfg)
+		s.sup.runConsumer(kafka.SourceConfig{Brokers: s.cfg.Brokers, Group: group, Topics: onKafka, KgoOpts: s.cfg.KafkaOpts, TopicSettings: s.cfg.TopicSettings}, probes, cfg)
 	}
 }
 

@@ -159,7 +159,11 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			return nil, err
 		}
 		s.pub = kafka.NewPublisher(s.kcl)
-		if err := kafka.EnsureTopics(ctx, s.kcl, kafka.PartitionsDefault, cfg.kafkaTopics()...); err != nil {
+		var specs []kafka.TopicSpec
+		for _, t := range cfg.kafkaTopics() {
+			specs = append(specs, cfg.TopicSettings.Spec(t, kafka.PartitionsDefault))
+		}
+		if err := kafka.EnsureTopicSpecs(ctx, s.kcl, s.log, specs...); err != nil {
 			return nil, fmt.Errorf("system: topics: %w", err)
 		}
 	}

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -8,7 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -93,7 +96,38 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: embedded broker: %w", err)
 	}
+	if len(cfg.Topics) > 0 && len(cfg.Extra) == 0 {
+		// kfake seeds topics with its own 7-day retention: give them the
+		// contract's, as EnsureTopicSpecs would, so that no process warns
+		// about them. With Extra (SASL, ACLs) the seeded topics keep kfake's.
+		if err := seedRetention(c.ListenAddrs(), cfg.Topics); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("kafka: embedded broker: retention of %v: %w", cfg.Topics, err)
+		}
+	}
 	return &Embedded{c: c}, nil
+}
+
+// seedRetention sets retention.ms = RetentionDefault on topics.
+func seedRetention(addrs, topics []string) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v := strconv.FormatInt(RetentionDefault.Milliseconds(), 10)
+	rs, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "retention.ms", Value: &v}}, topics...)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if r.Err != nil {
+			return fmt.Errorf("%s: %w", r.Name, r.Err)
+		}
+	}
+	return nil
 }
 
 // Addrs returns the broker addresses.

@@ -48,6 +48,10 @@ type SourceConfig struct {
 	// TopicPartitions is the partition count used when the source creates a
 	// missing .retry or .dlq topic. Default PartitionsDefault (6).
 	TopicPartitions int32
+	// TopicSettings are the replication factor, min.insync.replicas and
+	// retention of a .retry or .dlq topic the source creates. Default the
+	// zero TopicSettings (the broker's replication factor, 14 days).
+	TopicSettings TopicSettings
 	// NoCreateTopics stops Run from creating missing .retry and .dlq topics.
 	NoCreateTopics bool
 	// SessionTimeout is the group session timeout: a member that dies
@@ -230,10 +234,14 @@ func (s *Source) Run(ctx context.Context, p transport.Pipeline) error {
 	s.cl = cl
 	if !s.cfg.NoCreateTopics {
 		var derived []string
+		var specs []TopicSpec
 		for _, t := range s.cfg.Topics {
-			derived = append(derived, contract.RetryTopic(t), contract.DLQName(t))
+			for _, d := range []string{contract.RetryTopic(t), contract.DLQName(t)} {
+				derived = append(derived, d)
+				specs = append(specs, s.cfg.TopicSettings.Spec(d, s.cfg.TopicPartitions))
+			}
 		}
-		if err := EnsureTopics(ctx, cl, s.cfg.TopicPartitions, derived...); err != nil {
+		if err := EnsureTopicSpecs(ctx, cl, nil, specs...); err != nil {
 			cl.Close()
 			return fmt.Errorf("consumer: ensure %v: %w", derived, err)
 		}

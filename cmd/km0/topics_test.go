@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/transport/kafka"
+)
+
+// Without --kafka-replication-factor, km0 relay creates its topic with
+// replication factor 3: a one-node broker refuses it, and the relay exits
+// at once naming the cause instead of creating an unreplicated topic.
+func TestRelayDefaultReplicationFactor(t *testing.T) {
+	b := kafkatest.New(t)
+	s := pgtest.NewMigratedSchema(t)
+	out, errOut, err := runKm0(t, []string{replicationFactorEnv + "=", "KM0_DATABASE_URL=" + pgtest.URL()},
+		"relay", "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","), "--topic", "comandes.esdeveniments", "--origin", "comandes")
+	if err == nil || !strings.Contains(errOut, "INVALID_REPLICATION_FACTOR") || !strings.Contains(errOut, "comandes.esdeveniments") {
+		t.Fatalf("km0 relay with replication factor 3 on one node: %v, want an exit naming INVALID_REPLICATION_FACTOR and the topic:\n%s%s", err, out, errOut)
+	}
+}
+
+// On a three-broker cluster the relay's topic gets replication factor 3,
+// min.insync.replicas 2 and the contract's 14 days of retention.
+func TestRelayCreatesTheTopicForACluster(t *testing.T) {
+	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Extra: []kfake.Opt{kfake.NumBrokers(3), kfake.Ports(0, 0, 0)}})
+	s := pgtest.NewMigratedSchema(t)
+	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","), "--kafka-replication-factor", "3",
+		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms")
+	cl := kafkatest.Client(t, b)
+	want := kafka.TopicSpec{Name: "comandes.esdeveniments", Partitions: 6, ReplicationFactor: 3, MinInsyncReplicas: 2, RetentionMs: 1_209_600_000}
+	var have kafka.TopicSpec
+	for deadline := time.Now().Add(20 * time.Second); have != want; time.Sleep(20 * time.Millisecond) { // polling with a deadline
+		if time.Now().After(deadline) {
+			t.Fatalf("topic %+v, want %+v", have, want)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		got, err := kafka.DescribeTopics(ctx, cl, want.Name)
+		cancel()
+		if err == nil {
+			have = got[want.Name]
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestKafkaReplicationFactorFlag(t *testing.T) {
+	for _, c := range []struct {
+		env, arg string
+		embedded bool
+		want     int16
+		bad      bool
+	}{
+		{want: 3}, {embedded: true, want: 1}, {arg: "2", want: 2}, {arg: "5", embedded: true, want: 5},
+		{env: "1", want: 1}, {env: "1", arg: "3", want: 3}, {arg: "-1", bad: true}, {env: "tres", bad: true},
+	} {
+		t.Setenv(replicationFactorEnv, c.env)
+		fs := newFlags("x", "test")
+		k := newKafkaTopicFlags(fs)
+		var args []string
+		if c.arg != "" {
+			args = []string{"--kafka-replication-factor", c.arg}
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		ts, err := k.settings(c.embedded)
+		if (err != nil) != c.bad || ts.ReplicationFactor != c.want {
+			t.Errorf("%+v: %+v (%v)", c, ts, err)
+		}
+	}
+}
