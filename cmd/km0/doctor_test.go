@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/km0/km0/internal/pgbouncer"
+	"github.com/km0/km0/internal/pgcluster"
+	"github.com/km0/km0/services/system"
+)
+
+// doctorRun is one `km0 doctor --json` run: its findings, output and exit.
+type doctorRun struct {
+	rows           []finding
+	stdout, stderr string
+	err            error
+}
+
+func runDoctorJSON(t *testing.T, env []string, args ...string) doctorRun {
+	t.Helper()
+	out, errOut, err := runKm0(t, env, append([]string{"doctor", "--json", "--timeout", "10s"}, args...)...)
+	d := doctorRun{stdout: out, stderr: errOut, err: err}
+	if jerr := json.Unmarshal([]byte(out), &d.rows); jerr != nil {
+		t.Fatalf("km0 doctor --json printed no JSON array (%v):\n%s\n%s", jerr, out, errOut)
+	}
+	return d
+}
+
+// failures returns the FAIL rows as "check target: seen".
+func (d doctorRun) failures() []string {
+	var out []string
+	for _, f := range d.rows {
+		if f.Result == resultFail {
+			out = append(out, f.Check+" "+f.Target+": "+f.Seen)
+		}
+	}
+	return out
+}
+
+// only fails the test unless the run failed (exit 1) with exactly the
+// checks of want failing, each one's seen text holding its substring, and
+// a fix for each.
+func (d doctorRun) only(t *testing.T, want map[string]string) {
+	t.Helper()
+	if d.err == nil {
+		t.Fatalf("km0 doctor exited 0 on a broken deployment:\n%s", d.stdout)
+	}
+	got := map[string]finding{}
+	for _, f := range d.rows {
+		if f.Result == resultFail {
+			got[f.Check+" "+f.Target] = f
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d failures, want %d (%v):\n%s", len(got), len(want), mapKeys(want), strings.Join(d.failures(), "\n"))
+	}
+	for k, sub := range want {
+		f, ok := got[k]
+		if !ok || !strings.Contains(f.Seen, sub) || f.Fix == "" {
+			t.Fatalf("want failure %q seen %q with a fix; got:\n%s", k, sub, strings.Join(d.failures(), "\n"))
+		}
+	}
+}
+
+func mapKeys(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// `km0 doctor` runs as a process against a correct deployment (PostgreSQL
+// with wal_level = logical for --relay cdc, kfake with SASL SCRAM-SHA-512
+// over TLS and the contract's topics with 14 days of retention; then the
+// events on RabbitMQ with their topology declared) and prints only ok,
+// exit 0; against each broken one it exits 1 naming the one fault: a wrong
+// Kafka password, wal_level = replica, a missing topic, LISTEN broken by a
+// transaction-pooling PgBouncer, a slot whose WAL was removed (lost). The
+// credentials never show in what it prints.
+func TestDoctorNamesEachFault(t *testing.T) {
+	good, err := pgcluster.Start(pgcluster.Options{Settings: map[string]string{
+		"max_slot_wal_keep_size": "1MB", "wal_keep_size": "0", "max_wal_size": "32MB", "min_wal_size": "32MB"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(good.Stop)
+	replica, err := pgcluster.Start(pgcluster.Options{Settings: map[string]string{"wal_level": "replica", "max_wal_senders": "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(replica.Stop)
+	s := newSecured(t, system.DomainTopics()...)
+	ctx := context.Background()
+	retention := strconv.FormatInt(topicRetentionMin.Milliseconds(), 10)
+	resp, err := s.adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "retention.ms", Value: &retention}}, system.DomainTopics()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range resp {
+		if r.Err != nil {
+			t.Fatalf("retention of %s: %v", r.Name, r.Err)
+		}
+	}
+	cdc := append([]string{"--relay", "cdc", "--database-url", good.URL}, s.flags...)
+
+	t.Run("correct deployment", func(t *testing.T) {
+		d := runDoctorJSON(t, s.env, cdc...)
+		if d.err != nil || len(d.failures()) > 0 {
+			t.Fatalf("km0 doctor on a correct deployment: %v\n%s\n%s", d.err, d.stdout, d.stderr)
+		}
+		want := map[string]int{"postgres connection": 1, "postgres version": 1, "postgres wal_level": 1, "postgres privileges": 1,
+			"postgres slots": 1, "postgres clock": 1, "kafka connection": 1, "kafka topic": len(system.DomainTopics())}
+		got := map[string]int{}
+		for _, f := range d.rows {
+			if f.Result != resultOK {
+				t.Fatalf("%s %s: %s %s (want ok)", f.Check, f.Target, f.Result, f.Seen)
+			}
+			got[f.Check]++
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("checks %v, want %v", got, want)
+		}
+		s.noPassword(t, "km0 doctor", d.stdout+d.stderr)
+		// The table form: one header, one line per check, the same exit.
+		out, _, err := runKm0(t, s.env, append([]string{"doctor"}, cdc...)...)
+		if err != nil || !strings.HasPrefix(out, "CHECK") || !strings.Contains(out, fmt.Sprintf("%d checks: 0 failed", len(d.rows))) {
+			t.Fatalf("table: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("wrong Kafka password", func(t *testing.T) {
+		const wrong = "not-the-password-4f1c"
+		d := runDoctorJSON(t, []string{"KM0_KAFKA_SASL_PASSWORD=" + wrong}, cdc...)
+		d.only(t, map[string]string{"kafka connection " + strings.Join(s.b.Addrs(), ","): "SASL authentication failed"})
+		if strings.Contains(d.stdout+d.stderr, wrong) {
+			t.Fatalf("km0 doctor printed the password:\n%s", d.stdout)
+		}
+	})
+
+	t.Run("wal_level replica", func(t *testing.T) {
+		args := append([]string{"--relay", "cdc", "--database-url", replica.URL}, s.flags...)
+		d := runDoctorJSON(t, s.env, args...)
+		d.only(t, map[string]string{"postgres wal_level 127.0.0.1:" + strconv.Itoa(replica.Port) + "/postgres": "replica"})
+	})
+
+	t.Run("missing topic", func(t *testing.T) {
+		d := runDoctorJSON(t, s.env, append(cdc, "--topics", "pagaments.esdeveniments=prod.pagaments")...)
+		d.only(t, map[string]string{"kafka topic prod.pagaments": "missing", "kafka topic prod.pagaments.retry": "missing",
+			"kafka topic prod.pagaments.dlq": "missing"})
+	})
+
+	t.Run("LISTEN through a transaction pooler", func(t *testing.T) {
+		b, err := pgbouncer.Start(pgbouncer.Options{Upstream: "127.0.0.1:" + strconv.Itoa(good.Port), Mode: pgbouncer.Transaction, PoolSize: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Stop)
+		d := runDoctorJSON(t, s.env, append([]string{"--relay", "polling", "--listen-wait", "2s", "--database-url", b.URL("postgres")}, s.flags...)...)
+		d.only(t, map[string]string{"postgres LISTEN 127.0.0.1:" + strconv.Itoa(b.Port) + "/postgres": "never arrived"})
+	})
+
+	t.Run("lost slot", func(t *testing.T) {
+		const slot = "km0_postgres_public_outbox"
+		loseSlot(t, good.URL, slot)
+		d := runDoctorJSON(t, s.env, cdc...)
+		d.only(t, map[string]string{"postgres slot 127.0.0.1:" + strconv.Itoa(good.Port) + "/postgres slot " + slot: "wal_status lost"})
+	})
+}
+
+// loseSlot creates the logical slot name and writes WAL past
+// max_slot_wal_keep_size, switching segments and checkpointing until the
+// server has removed the WAL the slot needed (wal_status lost), within 60 s.
+func loseSlot(t *testing.T, url, name string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE doctor_fill (x text)"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var status string
+		if err := conn.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", name).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status == "lost" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot %s: wal_status %q after 60 s of WAL and checkpoints, want lost", name, status)
+		}
+		for _, q := range []string{"INSERT INTO doctor_fill SELECT repeat('x', 1000) FROM generate_series(1, 2000)",
+			"SELECT pg_switch_wal()", "CHECKPOINT"} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
