@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -76,37 +79,71 @@ func CheckTopic(name string) error {
 }
 
 // EnsureTopics creates the topics that do not exist yet with partitions
-// partitions (replication factor -1: the broker's default). Existing topics are
-// left as they are.
+// partitions under the zero TopicSettings (the broker's replication factor,
+// the contract's retention). Existing topics are left as they are. It is
+// EnsureTopicSpecs without a logger; use that to choose the settings.
 func EnsureTopics(ctx context.Context, cl *kgo.Client, partitions int32, topics ...string) error {
-	if partitions <= 0 {
-		partitions = PartitionsDefault
-	}
+	specs := make([]TopicSpec, 0, len(topics))
 	for _, t := range topics {
-		if err := CheckTopic(t); err != nil {
+		specs = append(specs, TopicSettings{}.Spec(t, partitions))
+	}
+	return EnsureTopicSpecs(ctx, cl, nil, specs...)
+}
+
+// EnsureTopicSpecs creates the topics of specs that do not exist yet, each
+// with its partitions, replication factor and configs (retention.ms,
+// min.insync.replicas). An existing topic is never changed: each way it
+// differs from its spec (TopicSpec.Differences) is logged as a warning on
+// log (default slog.Default()), and `km0 doctor` reports it. A name Kafka
+// refuses, or a creation refused for good (no authorisation, a policy, a
+// replication factor above the brokers' count), is an error wrapping
+// ErrTopicRefused; a transient failure is retried about 2 s.
+func EnsureTopicSpecs(ctx context.Context, cl *kgo.Client, log *slog.Logger, specs ...TopicSpec) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	byName := map[string]TopicSpec{}
+	for _, s := range specs {
+		if err := CheckTopic(s.Name); err != nil {
 			return err
 		}
+		if s.Partitions <= 0 {
+			s.Partitions = PartitionsDefault
+		}
+		byName[s.Name] = s
 	}
 	adm := kadm.NewClient(cl)
+	var existing []string
 	var lastErr error
-	for attempt := 0; attempt < 20; attempt++ {
-		resp, err := adm.CreateTopics(ctx, partitions, -1, nil, topics...)
-		if err == nil {
-			lastErr = nil
-			for _, r := range resp.Sorted() {
-				if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
-					var ke *kerr.Error
-					if errors.As(r.Err, &ke) && !ke.Retriable { // refused, not unavailable: asking again changes nothing
-						return fmt.Errorf("%w: %s: %w", ErrTopicRefused, r.Topic, r.Err)
-					}
-					lastErr = fmt.Errorf("kafka: create topic %s: %w", r.Topic, r.Err)
+	pending := slices.Sorted(maps.Keys(byName))
+	for attempt := 0; attempt < 20 && len(pending) > 0; attempt++ {
+		lastErr = nil
+		var again []string
+		for _, name := range pending {
+			s := byName[name]
+			rf := s.ReplicationFactor
+			if rf <= 0 {
+				rf = -1
+			}
+			resp, err := adm.CreateTopic(ctx, s.Partitions, rf, s.Configs(), name)
+			if err == nil {
+				err = resp.Err
+			}
+			switch {
+			case err == nil:
+			case errors.Is(err, kerr.TopicAlreadyExists):
+				existing = append(existing, name)
+			default:
+				var ke *kerr.Error
+				if errors.As(err, &ke) && !ke.Retriable { // refused, not unavailable: asking again changes nothing
+					return fmt.Errorf("%w: %s: %w", ErrTopicRefused, name, err)
 				}
+				lastErr = fmt.Errorf("kafka: create topic %s: %w", name, err)
+				again = append(again, name)
 			}
-			if lastErr == nil {
-				return nil
-			}
-		} else {
-			lastErr = err
+		}
+		if pending = again; len(pending) == 0 {
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -114,7 +151,34 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, partitions int32, topics 
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return lastErr
+	if lastErr != nil {
+		return lastErr
+	}
+	if len(existing) > 0 {
+		warnDifferences(ctx, cl, log, byName, existing)
+	}
+	return nil
+}
+
+// warnDifferences logs, for each existing topic, how it differs from its spec.
+// A cluster that cannot be asked (no DescribeConfigs) is said once at info:
+// the topic is used as it is either way.
+func warnDifferences(ctx context.Context, cl *kgo.Client, log *slog.Logger, specs map[string]TopicSpec, existing []string) {
+	have, err := DescribeTopics(ctx, cl, existing...)
+	if err != nil {
+		log.Info("kafka: existing topics not compared with km0's settings", "topics", existing, "err", err)
+		return
+	}
+	for _, name := range existing {
+		h, ok := have[name]
+		if !ok {
+			continue
+		}
+		if diff := specs[name].Differences(h); len(diff) > 0 {
+			log.Warn("kafka: existing topic differs from km0's settings; left as it is (km0 doctor reports it, change it with kafka-configs)",
+				"topic", name, "differences", strings.Join(diff, "; "))
+		}
+	}
 }
 
 // MaxMessageBytes returns the largest record batch the broker accepts on
