@@ -14,6 +14,8 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/services/inventari"
+	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/system"
 	"github.com/km0/km0/transport/amqp"
 )
@@ -114,6 +116,7 @@ type doctorConfig struct {
 	rabbitTopics  []string      // the domain topics whose events go to RabbitMQ, renamed
 	system        system.Config // what places the events (the RabbitMQ topology)
 	authorize     bool
+	principals    map[string]string // Kafka principals by service (ACLs)
 	maxSkew       time.Duration
 	timeout       time.Duration
 }
@@ -136,6 +139,7 @@ func runDoctor(ctx context.Context, args []string) error {
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL (default $KM0_AMQP_URL; empty: RabbitMQ is not checked unless --events puts events there, then the local guest broker)")
 	amqpTLS := addAMQPTLSFlags(fs)
 	mgmt := fs.String("management-url", os.Getenv("KM0_RABBITMQ_MANAGEMENT_URL"), "RabbitMQ management API, http(s)://HOST:PORT (default $KM0_RABBITMQ_MANAGEMENT_URL, else guessed from --amqp-url: port 15672, 15671 for amqps)")
+	principals := fs.String("kafka-principals", os.Getenv("KM0_KAFKA_PRINCIPALS"), "the Kafka principal of each service whose ACLs are checked (with SASL), SERVICE=User:NAME,... (default $KM0_KAFKA_PRINCIPALS, else User:km0-<service>, User:km0-dlq for km0 dlq)")
 	authorize := fs.Bool("authorize", false, "as km0 up's --authorize: pagaments' authorisation queue is checked when request/reply goes over RabbitMQ")
 	maxSkew := fs.Duration("max-clock-skew", 2*time.Second, "the largest difference with the servers' clocks that is ok")
 	timeout := fs.Duration("timeout", 15*time.Second, "bound of each connection check")
@@ -160,12 +164,16 @@ func runDoctor(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	principalMap, err := parseRenames("--kafka-principals", *principals)
+	if err != nil {
+		return err
+	}
 	evBroker, evTopics, err := system.ParseEvents(*events)
 	if err != nil {
 		return fmt.Errorf("--events: %w", err)
 	}
 	cfg := doctorConfig{databaseURL: *dbURL, relayMode: *relayMode, outboxMode: *outboxMode, listenWait: *listenWait,
-		kafkaSec: ksec, amqpURL: *amqpURL, amqpTLS: amqpTLS, managementURL: *mgmt, authorize: *authorize, maxSkew: *maxSkew, timeout: *timeout,
+		kafkaSec: ksec, amqpURL: *amqpURL, amqpTLS: amqpTLS, managementURL: *mgmt, authorize: *authorize, principals: principalMap, maxSkew: *maxSkew, timeout: *timeout,
 		system: system.Config{Events: evBroker, EventsByTopic: evTopics, EventsExchange: *eventsExchange, EventsQueuePrefix: *eventsPrefix,
 			Topics: renames, Groups: groupRenames}}
 	for _, s := range system.Services {
@@ -182,6 +190,9 @@ func runDoctor(ctx context.Context, args []string) error {
 	}
 	if len(cfg.rabbitTopics) > 0 && cfg.amqpURL == "" {
 		cfg.amqpURL = amqp.URLDefault
+	}
+	if cfg.amqpURL == "" { // request/reply over Kafka
+		cfg.kafkaTopics = append(cfg.kafkaTopics, pagaments.AuthQueue, inventari.ReserveQueue)
 	}
 	cfg.brokers, _ = requireBrokers(*brokers)
 	needsKafka := len(cfg.kafkaTopics) > 0 || cfg.amqpURL == ""

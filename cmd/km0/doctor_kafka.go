@@ -5,19 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/services/system"
 	"github.com/km0/km0/transport/kafka"
 )
-
-// topicRetentionMin is the contract's retention of every topic (CONTRACT.md:
-// 14 days): the consumers' idempotency keys are kept as long.
-const topicRetentionMin = 14 * 24 * time.Hour
 
 // checkKafka checks the Kafka connection with its TLS and SASL settings,
 // then the contract's topics: present, their partitions, replication and
@@ -56,30 +52,29 @@ func checkKafka(ctx context.Context, r *report, cfg doctorConfig) {
 	} else {
 		r.ok("kafka connection", target, sec.String())
 	}
-	checkTopics(ctx, r, kadm.NewClient(cl), cfg)
+	checkTopics(ctx, r, cl, cfg)
+	if sec.SASLMechanism != "" {
+		checkACLs(ctx, r, cl, cfg)
+	}
 }
 
-// checkTopics checks each of cfg.kafkaTopics: it exists, has
-// kafka.PartitionsDefault partitions, 3 replicas on a cluster of 3 brokers or
-// more, and a retention of at least topicRetentionMin. A topic that differs
-// is reported, never changed.
-func checkTopics(ctx context.Context, r *report, adm *kadm.Client, cfg doctorConfig) {
+// checkTopics checks each of cfg.kafkaTopics against its spec
+// (system.TopicSpecs: kafka.PartitionsDefault partitions, the contract's
+// retention, and on a cluster of 3 brokers or more a replication factor of
+// 3 with min.insync.replicas 2). A missing topic or a shorter retention is a
+// failure; another difference a warning. A topic is reported, never changed.
+func checkTopics(ctx context.Context, r *report, cl *kgo.Client, cfg doctorConfig) {
 	var (
-		details kadm.TopicDetails
-		configs kadm.ResourceConfigs
-		nb      int
+		have map[string]kafka.TopicSpec
+		nb   int
 	)
 	err := cfg.withTimeout(ctx, func(ctx context.Context) (err error) {
-		md, err := adm.Metadata(ctx, cfg.kafkaTopics...)
+		md, err := kadm.NewClient(cl).BrokerMetadata(ctx)
 		if err != nil {
 			return err
 		}
-		details, nb = md.Topics, len(md.Brokers)
-		configs, err = adm.DescribeTopicConfigs(ctx, cfg.kafkaTopics...)
-		var se *kadm.ShardErrors
-		if errors.As(err, &se) || errors.Is(err, kerr.UnknownTopicOrPartition) {
-			err = nil // a missing topic, reported below
-		}
+		nb = len(md.Brokers)
+		have, err = kafka.DescribeTopics(ctx, cl, cfg.kafkaTopics...)
 		return err
 	})
 	if err != nil {
@@ -87,60 +82,36 @@ func checkTopics(ctx context.Context, r *report, adm *kadm.Client, cfg doctorCon
 			"grant the doctor's principal DESCRIBE and DESCRIBE_CONFIGS on the topics")
 		return
 	}
-	retention := map[string]string{}
-	for _, rc := range configs {
-		for _, c := range rc.Configs {
-			if c.Key == "retention.ms" && c.Value != nil {
-				retention[rc.Name] = *c.Value
-			}
-		}
+	ts := kafka.TopicSettings{ReplicationFactor: kafka.ReplicationFactorEmbedded}
+	if nb >= int(kafka.ReplicationFactorDefault) {
+		ts.ReplicationFactor = kafka.ReplicationFactorDefault
 	}
-	wantRF := 1
-	if nb >= 3 {
-		wantRF = 3
+	specs := map[string]kafka.TopicSpec{}
+	for _, sp := range system.TopicSpecs(cfg.system.Topics, ts) {
+		specs[sp.Name] = sp
 	}
 	for _, t := range cfg.kafkaTopics {
-		d, ok := details[t]
-		if !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+		want, ok := specs[t]
+		if !ok {
+			want = ts.Spec(t, kafka.PartitionsDefault)
+		}
+		got, ok := have[t]
+		if !ok {
 			r.fail("kafka topic", t, "missing",
 				fmt.Sprintf("create it: km0 up and km0 serve create the contract's topics at start, or kafka-topics.sh --create --topic %s --partitions %d --replication-factor %d --config retention.ms=%d",
-					t, kafka.PartitionsDefault, wantRF, topicRetentionMin.Milliseconds()))
+					t, want.Partitions, want.ReplicationFactor, want.RetentionMs))
 			continue
 		}
-		if d.Err != nil {
-			r.fail("kafka topic", t, d.Err.Error(), "grant the doctor's principal DESCRIBE on the topic")
-			continue
+		seen := fmt.Sprintf("%d partitions, %d replicas, retention %v", got.Partitions, got.ReplicationFactor, time.Duration(got.RetentionMs)*time.Millisecond)
+		if got.RetentionMs < 0 {
+			seen = fmt.Sprintf("%d partitions, %d replicas, retention unlimited", got.Partitions, got.ReplicationFactor)
 		}
-		rf := 0
-		for _, p := range d.Partitions {
-			rf = max(rf, len(p.Replicas))
-		}
-		seen := fmt.Sprintf("%d partitions, %d replicas", len(d.Partitions), rf)
-		var warns, fails []string
-		if len(d.Partitions) != kafka.PartitionsDefault {
-			warns = append(warns, fmt.Sprintf("the contract has %d partitions (more spread the load; the key order holds within each)", kafka.PartitionsDefault))
-		}
-		if rf < wantRF {
-			warns = append(warns, fmt.Sprintf("replication factor %d on a cluster of %d brokers: recreate with %d replicas or reassign the partitions", rf, nb, wantRF))
-		}
-		if v, ok := retention[t]; ok {
-			ms, err := strconv.ParseInt(v, 10, 64)
-			switch {
-			case err != nil:
-			case ms < 0:
-				seen += ", retention unlimited"
-			default:
-				seen += ", retention " + (time.Duration(ms) * time.Millisecond).String()
-				if time.Duration(ms)*time.Millisecond < topicRetentionMin {
-					fails = append(fails, fmt.Sprintf("the contract keeps events 14 days: kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config retention.ms=%d", t, topicRetentionMin.Milliseconds()))
-				}
-			}
-		}
+		diffs := want.Differences(got)
 		switch {
-		case len(fails) > 0:
-			r.fail("kafka topic", t, seen, strings.Join(append(fails, warns...), "; "))
-		case len(warns) > 0:
-			r.warn("kafka topic", t, seen, strings.Join(warns, "; "))
+		case got.RetentionMs >= 0 && got.RetentionMs < want.RetentionMs:
+			r.fail("kafka topic", t, seen, strings.Join(diffs, "; ")+fmt.Sprintf(": the contract keeps events 14 days; kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config retention.ms=%d", t, want.RetentionMs))
+		case len(diffs) > 0:
+			r.warn("kafka topic", t, seen, strings.Join(diffs, "; ")+" (km0 never changes an existing topic: alter it, or recreate it while empty)")
 		default:
 			r.ok("kafka topic", t, seen)
 		}

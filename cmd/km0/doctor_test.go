@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,10 +12,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgbouncer"
 	"github.com/km0/km0/internal/pgcluster"
+	"github.com/km0/km0/services/inventari"
+	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaacl"
 )
 
 // doctorRun is one `km0 doctor --json` run: its findings, output and exit.
@@ -80,11 +89,12 @@ func mapKeys(m map[string]string) []string {
 
 // `km0 doctor` runs as a process against a correct deployment (PostgreSQL
 // with wal_level = logical for --relay cdc, kfake with SASL SCRAM-SHA-512
-// over TLS and the contract's topics with 14 days of retention; then the
-// events on RabbitMQ with their topology declared) and prints only ok,
+// over TLS, the contract's topics with 14 days of retention and every
+// service's minimal ACLs) and prints only ok,
 // exit 0; against each broken one it exits 1 naming the one fault: a wrong
 // Kafka password, wal_level = replica, a missing topic, LISTEN broken by a
-// transaction-pooling PgBouncer, a slot whose WAL was removed (lost). The
+// transaction-pooling PgBouncer, pagaments' principal without the ACL of its
+// group, a slot whose WAL was removed (lost). The
 // credentials never show in what it prints.
 func TestDoctorNamesEachFault(t *testing.T) {
 	good, err := pgcluster.Start(pgcluster.Options{Settings: map[string]string{
@@ -98,10 +108,11 @@ func TestDoctorNamesEachFault(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(replica.Stop)
-	s := newSecured(t, system.DomainTopics()...)
+	topics := append(system.DomainTopics(), pagaments.AuthQueue, inventari.ReserveQueue)
+	s := newSecured(t, topics...)
 	ctx := context.Background()
-	retention := strconv.FormatInt(topicRetentionMin.Milliseconds(), 10)
-	resp, err := s.adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "retention.ms", Value: &retention}}, system.DomainTopics()...)
+	retention := strconv.FormatInt(kafka.RetentionDefault.Milliseconds(), 10)
+	resp, err := s.adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "retention.ms", Value: &retention}}, topics...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +121,8 @@ func TestDoctorNamesEachFault(t *testing.T) {
 			t.Fatalf("retention of %s: %v", r.Name, r.Err)
 		}
 	}
+	acls := system.RequiredACLs(system.ACLOptions{})
+	aclRequest(t, s, kmsg.NewPtrCreateACLsRequest(), acls)
 	cdc := append([]string{"--relay", "cdc", "--database-url", good.URL}, s.flags...)
 
 	t.Run("correct deployment", func(t *testing.T) {
@@ -118,7 +131,7 @@ func TestDoctorNamesEachFault(t *testing.T) {
 			t.Fatalf("km0 doctor on a correct deployment: %v\n%s\n%s", d.err, d.stdout, d.stderr)
 		}
 		want := map[string]int{"postgres connection": 1, "postgres version": 1, "postgres wal_level": 1, "postgres privileges": 1,
-			"postgres slots": 1, "postgres clock": 1, "kafka connection": 1, "kafka topic": len(system.DomainTopics())}
+			"postgres slots": 1, "postgres clock": 1, "kafka connection": 1, "kafka topic": len(topics), "kafka ACLs": len(system.Services) + 1}
 		got := map[string]int{}
 		for _, f := range d.rows {
 			if f.Result != resultOK {
@@ -153,9 +166,31 @@ func TestDoctorNamesEachFault(t *testing.T) {
 	})
 
 	t.Run("missing topic", func(t *testing.T) {
-		d := runDoctorJSON(t, s.env, append(cdc, "--topics", "pagaments.esdeveniments=prod.pagaments")...)
-		d.only(t, map[string]string{"kafka topic prod.pagaments": "missing", "kafka topic prod.pagaments.retry": "missing",
-			"kafka topic prod.pagaments.dlq": "missing"})
+		gone := contract.DLQName(pagaments.Topic)
+		if _, err := s.adm.DeleteTopics(ctx, gone); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if _, err := s.adm.CreateTopics(ctx, kafka.PartitionsDefault, 1, map[string]*string{"retention.ms": &retention}, gone); err != nil {
+				t.Error(err)
+			}
+		})
+		d := runDoctorJSON(t, s.env, cdc...)
+		d.only(t, map[string]string{"kafka topic " + gone: "missing"})
+	})
+
+	t.Run("missing ACL", func(t *testing.T) {
+		// pagaments may no longer join its group pagaments.cobrament.
+		var gone kafkaacl.ACL
+		for _, a := range acls {
+			if a.Principal == kafkaacl.PrincipalFor(pagaments.Name) && a.ResourceType == kafkaacl.ResourceGroup {
+				gone = a
+			}
+		}
+		aclRequest(t, s, kmsg.NewPtrDeleteACLsRequest(), []kafkaacl.ACL{gone})
+		t.Cleanup(func() { aclRequest(t, s, kmsg.NewPtrCreateACLsRequest(), []kafkaacl.ACL{gone}) })
+		d := runDoctorJSON(t, s.env, cdc...)
+		d.only(t, map[string]string{"kafka ACLs " + gone.Principal: "missing: Read on group " + gone.ResourceName})
 	})
 
 	t.Run("LISTEN through a transaction pooler", func(t *testing.T) {
@@ -174,6 +209,50 @@ func TestDoctorNamesEachFault(t *testing.T) {
 		d := runDoctorJSON(t, s.env, cdc...)
 		d.only(t, map[string]string{"postgres slot 127.0.0.1:" + strconv.Itoa(good.Port) + "/postgres slot " + slot: "wal_status lost"})
 	})
+}
+
+// aclRequest creates (a CreateACLsRequest) or deletes (a DeleteACLsRequest)
+// acls on s's broker, failing the test on an error.
+func aclRequest(t *testing.T, s *secured, req kmsg.Request, acls []kafkaacl.ACL) {
+	t.Helper()
+	for _, a := range acls {
+		rt, err1 := kmsg.ParseACLResourceType(a.ResourceType)
+		pt, err2 := kmsg.ParseACLResourcePatternType(a.Pattern)
+		op, err3 := kmsg.ParseACLOperation(a.Operation)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			t.Fatal(err)
+		}
+		switch r := req.(type) {
+		case *kmsg.CreateACLsRequest:
+			c := kmsg.NewCreateACLsRequestCreation()
+			c.ResourceType, c.ResourceName, c.ResourcePatternType, c.Principal, c.Host, c.Operation, c.PermissionType =
+				rt, a.ResourceName, pt, a.Principal, "*", op, kmsg.ACLPermissionTypeAllow
+			r.Creations = append(r.Creations, c)
+		case *kmsg.DeleteACLsRequest:
+			f := kmsg.NewDeleteACLsRequestFilter()
+			f.ResourceType, f.ResourceName, f.ResourcePatternType, f.Principal, f.Host, f.Operation, f.PermissionType =
+				rt, &a.ResourceName, pt, &a.Principal, kmsg.StringPtr("*"), op, kmsg.ACLPermissionTypeAllow
+			r.Filters = append(r.Filters, f)
+		}
+	}
+	resp, err := kafkatest.Client(t, s.b.Embedded, s.b.Opts(t)...).Request(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch r := resp.(type) {
+	case *kmsg.CreateACLsResponse:
+		for _, res := range r.Results {
+			if err := kerr.ErrorForCode(res.ErrorCode); err != nil {
+				t.Fatalf("create ACL: %v", err)
+			}
+		}
+	case *kmsg.DeleteACLsResponse:
+		for _, res := range r.Results {
+			if err := kerr.ErrorForCode(res.ErrorCode); err != nil || len(res.MatchingACLs) != 1 {
+				t.Fatalf("delete ACL: %v, %d deleted, want 1", err, len(res.MatchingACLs))
+			}
+		}
+	}
 }
 
 // loseSlot creates the logical slot name and writes WAL past
