@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -19,9 +21,12 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgbouncer"
 	"github.com/km0/km0/internal/pgcluster"
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/services/inventari"
 	"github.com/km0/km0/services/pagaments"
 	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaacl"
 )
@@ -291,4 +296,60 @@ func loseSlot(t *testing.T, url, name string) {
 			}
 		}
 	}
+}
+
+// With the events on RabbitMQ, `km0 doctor` checks the topology the
+// services declare (system.EventsTopology: the exchanges, every consumer's
+// shard queues with their dead-letter arguments, the DLQs and their
+// bindings to km0.dlx) through the management API: all ok once declared,
+// and one failure naming the binding when a DLQ's binding is gone.
+func TestDoctorChecksTheRabbitMQTopology(t *testing.T) {
+	ctx := context.Background()
+	prefix := "doctor" + strings.ToLower(rand.Text()[:8]) + "."
+	cfg := system.Config{Events: system.EventsRabbitMQ, EventsQueuePrefix: prefix}
+	topo := dedup(system.EventsTopology(cfg))
+	conn, err := amqp.Dial(ctx, amqp.Config{URL: amqp.URLDefault, Name: "doctor test"})
+	if err != nil {
+		t.Fatalf("RabbitMQ at %s is required: %v", redact.URL(amqp.URLDefault), err)
+	}
+	t.Cleanup(func() {
+		_ = conn.Do(ctx, func(ch *amqp091.Channel) error {
+			for _, q := range topo.Queues {
+				_, _ = ch.QueueDelete(q.Name, false, false, false)
+			}
+			for _, e := range topo.Exchanges {
+				if strings.HasPrefix(e.Name, prefix) { // km0.dlx and the events exchange are shared
+					_ = ch.ExchangeDelete(e.Name, false, false)
+				}
+			}
+			return nil
+		})
+		conn.Close()
+	})
+	if err := conn.Declare(ctx, topo); err != nil {
+		t.Fatal(err)
+	}
+	pg := pgtest.NewSchema(t)
+	args := []string{"--database-url", pg.URL, "--events", "rabbitmq", "--events-queue-prefix", prefix, "--amqp-url", amqp.URLDefault}
+
+	d := runDoctorJSON(t, nil, args...)
+	if d.err != nil || len(d.failures()) > 0 {
+		t.Fatalf("km0 doctor on a declared topology: %v\n%s\n%s", d.err, d.stdout, d.stderr)
+	}
+	want := fmt.Sprintf("%d exchanges, %d queues, %d bindings", len(topo.Exchanges), len(topo.Queues), len(topo.Bindings))
+	found := false
+	for _, f := range d.rows {
+		found = found || f.Check == "rabbitmq topology" && strings.HasPrefix(f.Seen, want)
+	}
+	if !found {
+		t.Fatalf("no ok row %q:\n%s", want, d.stdout)
+	}
+
+	dlq := prefix + pagaments.ConsumerCharge + ".dlq"
+	key := prefix + pagaments.ConsumerCharge
+	if err := conn.Do(ctx, func(ch *amqp091.Channel) error { return ch.QueueUnbind(dlq, key, amqp.DLXDefault, nil) }); err != nil {
+		t.Fatal(err)
+	}
+	d = runDoctorJSON(t, nil, args...)
+	d.only(t, map[string]string{"rabbitmq binding " + amqp.DLXDefault + " -> " + dlq: "missing binding with key " + key})
 }
