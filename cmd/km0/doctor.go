@@ -138,7 +138,7 @@ func runDoctor(ctx context.Context, args []string) error {
 	eventsPrefix := fs.String("events-queue-prefix", os.Getenv("KM0_EVENTS_QUEUE_PREFIX"), "as km0 up's --events-queue-prefix (default $KM0_EVENTS_QUEUE_PREFIX)")
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL (default $KM0_AMQP_URL; empty: RabbitMQ is not checked unless --events puts events there, then the local guest broker)")
 	amqpTLS := addAMQPTLSFlags(fs)
-	mgmt := fs.String("management-url", os.Getenv("KM0_RABBITMQ_MANAGEMENT_URL"), "RabbitMQ management API, http(s)://HOST:PORT (default $KM0_RABBITMQ_MANAGEMENT_URL, else guessed from --amqp-url: port 15672, 15671 for amqps)")
+	mgmt := secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"), "RabbitMQ management API, as km0 lag's (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host, 15671 for amqps, with its credentials; \"off\": the management API, the broker's clock and the topology are not checked)")
 	principals := fs.String("kafka-principals", os.Getenv("KM0_KAFKA_PRINCIPALS"), "the Kafka principal of each service whose ACLs are checked (with SASL), SERVICE=User:NAME,... (default $KM0_KAFKA_PRINCIPALS, else User:km0-<service>, User:km0-dlq for km0 dlq)")
 	authorize := fs.Bool("authorize", false, "as km0 up's --authorize: pagaments' authorisation queue is checked when request/reply goes over RabbitMQ")
 	maxSkew := fs.Duration("max-clock-skew", 2*time.Second, "the largest difference with the servers' clocks that is ok")

@@ -50,6 +50,10 @@ func checkRabbitMQ(ctx context.Context, r *report, cfg doctorConfig) {
 		r.ok("rabbitmq connection", target, "connected (no TLS, loopback)")
 	}
 
+	if cfg.managementURL == "off" {
+		r.warn("rabbitmq management", target, "not checked (--amqp-management-url off)", "give the management API to check the broker's clock and the topology")
+		return
+	}
 	mgmt, vhost, err := lag.ManagementURLFor(cfg.amqpURL)
 	if err != nil {
 		r.fail("rabbitmq management", target, err.Error(), "fix --amqp-url")
@@ -65,7 +69,7 @@ func checkRabbitMQ(ctx context.Context, r *report, cfg doctorConfig) {
 	local := before.Add(time.Since(before) / 2)
 	if err != nil {
 		r.fail("rabbitmq management", mtarget, err.Error(),
-			"enable the rabbitmq_management plugin, give --management-url when it listens elsewhere, and tag the user monitoring (km0 lag and the console read it)")
+			"enable the rabbitmq_management plugin, give --amqp-management-url when it listens elsewhere, and tag the user monitoring (km0 lag and the console read it)")
 		return
 	}
 	r.ok("rabbitmq management", mtarget, "answers")
