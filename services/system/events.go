@@ -193,12 +193,7 @@ func (s *System) startEvents(ctx context.Context) error {
 		return fmt.Errorf("system: events over RabbitMQ: %w", err)
 	}
 	s.events = conn
-	var topo amqp.Topology
-	for _, name := range ConsumerNames {
-		if topics := s.rabbitTopics(Subscriptions[name]); len(topics) > 0 {
-			topo = topo.Merge(s.amqpSub(name, topics).source(s.exchange()).Topology())
-		}
-	}
+	topo := EventsTopology(s.cfg)
 	if err := conn.Declare(ctx, topo); err != nil {
 		return fmt.Errorf("system: events topology: %w", err)
 	}
@@ -209,6 +204,22 @@ func (s *System) startEvents(ctx context.Context) error {
 	}
 	s.amqpPub = pub
 	return nil
+}
+
+// EventsTopology returns the RabbitMQ topology a process started with cfg
+// declares for the events cfg puts on RabbitMQ (Events, EventsByTopic): the
+// exchange, every consumer's queues, the dead-letter exchange and the DLQs,
+// with their arguments and bindings. Empty when no event goes there. km0
+// doctor checks a broker against it.
+func EventsTopology(cfg Config) amqp.Topology {
+	s := &System{cfg: cfg}
+	var topo amqp.Topology
+	for _, name := range ConsumerNames {
+		if topics := s.rabbitTopics(Subscriptions[name]); len(topics) > 0 {
+			topo = topo.Merge(s.amqpSub(name, topics).source(s.exchange()).Topology())
+		}
+	}
+	return topo
 }
 
 // eventsPublisher is the relays' publisher of contract topic t.
