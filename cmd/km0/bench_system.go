@@ -222,11 +222,6 @@ type sysProc struct {
 // process group, so that a Ctrl-C reaches only the benchmark, which stops it.
 func (b *sysBench) spawn(name string, env []string, args ...string) (*sysProc, error) {
 	cmd := exec.Command(b.exe, args...)
-	// The benchmark's own broker is one node (kfake): topics of replication
-	// factor 1 unless the caller's environment says otherwise.
-	if os.Getenv("KM0_KAFKA_REPLICATION_FACTOR") == "" {
-		env = append([]string{"KM0_KAFKA_REPLICATION_FACTOR=1"}, env...)
-	}
 	cmd.Env = append(os.Environ(), env...)
 	out := &tailBuffer{max: 64 << 10}
 	cmd.Stdout, cmd.Stderr = out, out

@@ -90,10 +90,7 @@ func checkTopics(ctx context.Context, r *report, cl *kgo.Client, cfg doctorConfi
 			"grant the doctor's principal DESCRIBE and DESCRIBE_CONFIGS on the topics")
 		return
 	}
-	ts := kafka.TopicSettings{ReplicationFactor: kafka.ReplicationFactorEmbedded}
-	if nb >= int(kafka.ReplicationFactorDefault) {
-		ts.ReplicationFactor = kafka.ReplicationFactorDefault
-	}
+	ts := kafka.TopicSettings{ReplicationFactor: kafka.AutoReplicationFactor(nb)}
 	specs := map[string]kafka.TopicSpec{}
 	for _, sp := range system.TopicSpecs(cfg.system.Topics, ts) {
 		specs[sp.Name] = sp

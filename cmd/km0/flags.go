@@ -340,8 +340,9 @@ type kafkaTopicFlags struct {
 }
 
 // newKafkaTopicFlags registers --kafka-replication-factor (default
-// $KM0_KAFKA_REPLICATION_FACTOR, else 3 on a cluster and 1 on the embedded
-// broker); min.insync.replicas follows (one less, at least 1) and the
+// $KM0_KAFKA_REPLICATION_FACTOR, else kafka.ReplicationFactorAuto: 3 on a
+// cluster of three brokers or more, one per broker on a smaller one, and 1
+// on the embedded broker); min.insync.replicas follows (one less, at least 1) and the
 // retention is the contract's 14 days.
 func newKafkaTopicFlags(fs *flag.FlagSet) *kafkaTopicFlags {
 	k := &kafkaTopicFlags{}
@@ -353,7 +354,7 @@ func newKafkaTopicFlags(fs *flag.FlagSet) *kafkaTopicFlags {
 		}
 		def = n
 	}
-	k.rf = fs.Int("kafka-replication-factor", def, "Kafka: replication factor of the topics km0 creates; min.insync.replicas is one less, retention 14 days (default $KM0_KAFKA_REPLICATION_FACTOR, else 3, 1 on the embedded broker); existing topics are left as they are")
+	k.rf = fs.Int("kafka-replication-factor", def, "Kafka: replication factor of the topics km0 creates; min.insync.replicas is one less, retention 14 days (default $KM0_KAFKA_REPLICATION_FACTOR, else 3, or one per broker on a cluster of fewer than 3 brokers with a warning; 1 on the embedded broker); existing topics are left as they are")
 	return k
 }
 
@@ -371,6 +372,6 @@ func (k *kafkaTopicFlags) settings(embedded bool) (kafka.TopicSettings, error) {
 	case embedded:
 		return kafka.TopicSettings{ReplicationFactor: kafka.ReplicationFactorEmbedded}, nil
 	default:
-		return kafka.TopicSettings{ReplicationFactor: kafka.ReplicationFactorDefault}, nil
+		return kafka.TopicSettings{ReplicationFactor: kafka.ReplicationFactorAuto}, nil
 	}
 }

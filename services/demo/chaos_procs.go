@@ -132,8 +132,7 @@ func childEnv(env []string) []string {
 		}
 		out = append(out, kv)
 	}
-	// The chaos broker is one node (the embedded kfake): replication factor 1.
-	return append(out, "KM0_KAFKA_REPLICATION_FACTOR=1")
+	return out
 }
 
 // kill SIGKILLs the child (if running) and holds it down until start.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -98,6 +99,40 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, partitions int32, topics 
 // refuses, or a creation refused for good (no authorisation, a policy, a
 // replication factor above the brokers' count), is an error wrapping
 // ErrTopicRefused; a transient failure is retried about 2 s.
+// autoWarned: the small-cluster warning of resolveAutoReplication is logged
+// once a process.
+var autoWarned atomic.Bool
+
+// resolveAutoReplication gives every spec of byName that asks for
+// ReplicationFactorAuto the replication factor the cluster's size allows
+// (AutoReplicationFactor) and its min.insync.replicas, warning once when
+// that is below ReplicationFactorDefault.
+func resolveAutoReplication(ctx context.Context, adm *kadm.Client, log *slog.Logger, byName map[string]TopicSpec) error {
+	var rf int16
+	for name, s := range byName {
+		if s.ReplicationFactor != ReplicationFactorAuto {
+			continue
+		}
+		if rf == 0 {
+			md, err := adm.BrokerMetadata(ctx)
+			if err != nil {
+				return fmt.Errorf("kafka: count the cluster's brokers for the replication factor: %w", err)
+			}
+			rf = AutoReplicationFactor(len(md.Brokers))
+			if rf < ReplicationFactorDefault && autoWarned.CompareAndSwap(false, true) {
+				log.Warn("kafka: the cluster has fewer brokers than a production replication factor needs; new topics get one replica per broker (set --kafka-replication-factor to require more)",
+					"brokers", len(md.Brokers), "replication_factor", rf, "production", ReplicationFactorDefault)
+			}
+		}
+		s.ReplicationFactor = rf
+		if s.MinInsyncReplicas <= 0 {
+			s.MinInsyncReplicas = MinInsyncFor(rf)
+		}
+		byName[name] = s
+	}
+	return nil
+}
+
 func EnsureTopicSpecs(ctx context.Context, cl *kgo.Client, log *slog.Logger, specs ...TopicSpec) error {
 	if log == nil {
 		log = slog.Default()
@@ -113,6 +148,9 @@ func EnsureTopicSpecs(ctx context.Context, cl *kgo.Client, log *slog.Logger, spe
 		byName[s.Name] = s
 	}
 	adm := kadm.NewClient(cl)
+	if err := resolveAutoReplication(ctx, adm, log, byName); err != nil {
+		return err
+	}
 	var existing []string
 	var lastErr error
 	pending := slices.Sorted(maps.Keys(byName))

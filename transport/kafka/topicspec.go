@@ -20,7 +20,20 @@ const (
 	// ReplicationFactorEmbedded is the replication factor on the embedded
 	// broker (one node).
 	ReplicationFactorEmbedded int16 = 1
+	// ReplicationFactorAuto asks EnsureTopicSpecs for
+	// AutoReplicationFactor(the number of brokers the cluster reports):
+	// ReplicationFactorDefault on a cluster of three brokers or more, every
+	// broker on a smaller one (with a warning that it is not enough for
+	// production). The km0 commands' default.
+	ReplicationFactorAuto int16 = -2
 )
+
+// AutoReplicationFactor is the replication factor ReplicationFactorAuto
+// resolves to on a cluster of brokers brokers: ReplicationFactorDefault,
+// or brokers when there are fewer (at least 1).
+func AutoReplicationFactor(brokers int) int16 {
+	return int16(max(1, min(int(ReplicationFactorDefault), brokers)))
+}
 
 // TopicSettings are the settings EnsureTopics gives a topic it creates.
 // The zero value means the broker's default.replication.factor, no
