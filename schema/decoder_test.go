@@ -83,6 +83,10 @@ type (
 		Repartidor string `json:"repartidor"`
 		Ciutat     string `json:"ciutat"`
 	}
+	cobertura struct {
+		Ciutats []string `json:"ciutats"`
+		Revisio int64    `json:"revisio"`
+	}
 )
 
 // handlersDecoder accepts every km0 tipus at its newest versio, with the
@@ -112,6 +116,7 @@ func TestHandlersReadTolerantly(t *testing.T) {
 		"estoc.actualitzat": func() any { return &estocActualitzat{} }, "pagament.confirmat": func() any { return &pagamentConfirmat{} },
 		"repartiment.rebutjat": func() any { return &repartiment{} }, "repartiment.assignat": func() any { return &repartiment{} },
 		"comanda.cancellada": func() any { return &comandaCancellada{} }, "estoc.refusat": func() any { return &estocRefusat{} },
+		"repartiment.cobertura": func() any { return &cobertura{} },
 	}
 	for k, ex := range examples(t) {
 		t.Run(k.String(), func(t *testing.T) {

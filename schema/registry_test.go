@@ -68,7 +68,7 @@ func TestEmbeddedSchemasCompileAndEachHasAnExample(t *testing.T) {
 		t.Fatalf("registry has %v, examples cover %v: add an example for every schema", got, keys)
 	}
 	want := []string{"comanda.cancellada v1", "comanda.creada v1", "comanda.creada v2", "comanda.pagada v1", "estoc.actualitzat v1",
-		"estoc.refusat v1", "pagament.confirmat v1", "repartiment.assignat v1", "repartiment.rebutjat v1"}
+		"estoc.refusat v1", "pagament.confirmat v1", "repartiment.assignat v1", "repartiment.cobertura v1", "repartiment.rebutjat v1"}
 	var got []string
 	for _, k := range reg.Keys() {
 		got = append(got, k.String())

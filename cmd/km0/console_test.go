@@ -440,7 +440,7 @@ func TestServiceDatabases(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeAll()
-	if len(sdbs) != 2 || sdbs[0].Name != "comandes" || !slices.Equal(sdbs[0].Groups, []string{"comandes.confirmacio_pagament", "c-refus"}) ||
+	if len(sdbs) != 2 || sdbs[0].Name != "comandes" || !slices.Equal(sdbs[0].Groups, []string{"comandes.confirmacio_pagament", "c-refus", "comandes.repartiment"}) ||
 		!slices.Equal(sdbs[1].Groups, []string{"cataleg.estoc_baix"}) {
 		t.Fatalf("service databases: %+v", sdbs)
 	}

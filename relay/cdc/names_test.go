@@ -126,10 +126,17 @@ func TestRestartLogsTheResumePosition(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
+	// The walsender applies the relay's last status update as it reads it,
+	// which can be after the relay has closed its end: read the position
+	// once the slot is released.
 	var resume string
-	if err := b.s.Pool.QueryRow(context.Background(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", b.slot()).Scan(&resume); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.WaitFor(t, "the slot released by the stopped relay", 10*time.Second, func() bool {
+		var active bool
+		if err := b.s.Pool.QueryRow(context.Background(), "SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", b.slot()).Scan(&active, &resume); err != nil {
+			t.Fatal(err)
+		}
+		return !active
+	})
 	var logs testlog.Buffer
 	cfg := b.config()
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
