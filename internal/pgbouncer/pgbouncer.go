@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/internal/localserver"
 )
 
 // BinDefault is Debian's pgbouncer binary (apt-get install pgbouncer).
@@ -97,7 +99,7 @@ func Start(opts Options) (*Bouncer, error) {
 			b.Stop()
 		}
 	}()
-	if b.Port, err = freePort(); err != nil {
+	if b.Port, err = localserver.FreePort(); err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(dir, "pgbouncer.log")
@@ -196,26 +198,11 @@ func Version(bin string) (string, error) {
 // directory. It is safe to call more than once.
 func (b *Bouncer) Stop() {
 	if b.cmd != nil && b.cmd.Process != nil {
-		_ = b.cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-b.done:
-		case <-time.After(10 * time.Second):
-			_ = b.cmd.Process.Kill()
-			<-b.done
-		}
+		localserver.Stop(b.cmd.Process, syscall.SIGINT, b.done, 10*time.Second)
 		b.cmd = nil
 	}
 	if b.dir != "" {
 		_ = os.RemoveAll(b.dir)
 		b.dir = ""
 	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgbouncer: free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

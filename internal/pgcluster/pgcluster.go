@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -20,6 +19,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/km0/km0/internal/localserver"
 )
 
 // BinDirDefault holds the PostgreSQL server binaries a private cluster runs.
@@ -118,7 +119,7 @@ func Start(opts Options) (*Cluster, error) {
 		"--locale=C", "--no-sync").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("pgcluster: initdb: %w: %s", err, strings.TrimSpace(string(out)))
 	}
-	if c.Port, err = freePort(); err != nil {
+	if c.Port, err = localserver.FreePort(); err != nil {
 		return nil, err
 	}
 	var tlsSettings map[string]string
@@ -161,13 +162,7 @@ func (c *Cluster) Crash() {
 	if c.cmd == nil || c.cmd.Process == nil {
 		return
 	}
-	_ = c.cmd.Process.Signal(syscall.SIGQUIT)
-	select {
-	case <-c.done:
-	case <-time.After(20 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
+	localserver.Stop(c.cmd.Process, syscall.SIGQUIT, c.done, 20*time.Second)
 	c.cmd = nil
 }
 
@@ -227,13 +222,7 @@ func (c *Cluster) run() error {
 // the cluster's directory. It is safe to call more than once.
 func (c *Cluster) Stop() {
 	if c.cmd != nil && c.cmd.Process != nil {
-		_ = c.cmd.Process.Signal(syscall.SIGINT) // fast shutdown
-		select {
-		case <-c.done:
-		case <-time.After(20 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-c.done
-		}
+		localserver.Stop(c.cmd.Process, syscall.SIGINT, c.done, 20*time.Second) // fast shutdown
 		c.cmd = nil
 	}
 	if c.dir != "" {
@@ -273,15 +262,6 @@ func (c *Cluster) chown(path string) error {
 		return fmt.Errorf("pgcluster: chown %s to postgres: %w", path, err)
 	}
 	return nil
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgcluster: free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 func tail(s string) string {
