@@ -30,12 +30,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/km0/km0/internal/hostguard"
+
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/services/svc"
 )
 
 //go:embed templates/*.html
@@ -205,11 +206,11 @@ func (c *Console) Handler() http.Handler {
 }
 
 // NewServer returns an HTTP server for h (the console's Handler, maybe
-// beside more routes) on ln: its Host check (svc.HostGuard: the listen
+// beside more routes) on ln: its Host check (hostguard.Wrap: the listen
 // address, loopback names, and allowed, as the services' servers) and
 // timeouts.
 func NewServer(ln net.Listener, h http.Handler, allowed []string) *http.Server {
-	return &http.Server{Handler: svc.HostGuard(h, ln.Addr(), allowed), ReadHeaderTimeout: 5 * time.Second,
+	return &http.Server{Handler: hostguard.Wrap(h, ln.Addr(), allowed), ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 }
 

@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/km0/km0/internal/kafkatest"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/kafka"
 )
 

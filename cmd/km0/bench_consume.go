@@ -10,7 +10,7 @@ import (
 	"slices"
 
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/consumer/consumerbench"
+	"github.com/km0/km0/internal/bench/consumerbench"
 	"github.com/km0/km0/schema"
 )
 

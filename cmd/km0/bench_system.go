@@ -22,7 +22,7 @@ import (
 
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/redact"
-	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )

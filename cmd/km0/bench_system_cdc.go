@@ -14,7 +14,7 @@ import (
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/transport/kafka"
 )
 

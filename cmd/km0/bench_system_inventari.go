@@ -22,9 +22,9 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/schema"
-	"github.com/km0/km0/services/comandes"
-	"github.com/km0/km0/services/inventari"
-	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/internal/services/comandes"
+	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/internal/services/svc"
 )
 
 // The contract's five products, in a fixed order.

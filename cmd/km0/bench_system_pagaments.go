@@ -18,7 +18,7 @@ import (
 
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
-	"github.com/km0/km0/services/pagaments"
+	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/transport/amqp"
 )
 

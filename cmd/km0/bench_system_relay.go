@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/services/svc"
+	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/transport/kafka"
 )
 

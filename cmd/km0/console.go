@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/km0/km0/internal/hostguard"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -25,8 +27,7 @@ import (
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/services/svc"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -323,7 +324,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	c := &dlqCLI{out: out, errOut: errOut, in: strings.NewReader(""), now: time.Now}
 	fs, o := c.flagsFor("console", "serve the operator console (dead letters by failure group: read, replay, purge; lag and health), index every new dead letter and alert on it, as km0 dlq index")
 	addr := fs.String("http-addr", consoleAddrDefault, "listen address of the console (loopback by default; the Host header is checked)")
-	allowed := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names the console answers besides its listen address: NAME or NAME:PORT,... (default $"+svc.AllowedHostsEnv+")")
+	allowed := fs.String("http-allowed-hosts", os.Getenv(hostguard.AllowedHostsEnv), "Host names the console answers besides its listen address: NAME or NAME:PORT,... (default $"+hostguard.AllowedHostsEnv+")")
 	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: replays refuse older letters unless forced")
 	lf := addLagFlags(fs, true)

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/km0/km0/internal/hostguard"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -23,8 +25,8 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/services/svc"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/internal/services/system"
 )
 
 // systemConsole starts the operator console of a running system (km0 up
@@ -119,7 +121,7 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 			sdbs = append(sdbs, console.ServiceDB{Name: s, DB: p, Groups: sys.Groups(s)})
 		}
 	}
-	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(svc.AllowedHostsEnv), ","),
+	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(hostguard.AllowedHostsEnv), ","),
 		token: token, source: parts.source, broker: parts.broker, alerter: al, serviceDBs: sdbs,
 		lag:      lcfg,
 		interval: lag.IntervalDefault, rule: rule, services: services, reg: reg, out: out, name: name, log: log})

@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/services/demo"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/demo"
+	"github.com/km0/km0/internal/services/system"
 )
 
 func init() {

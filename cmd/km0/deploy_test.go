@@ -16,7 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/system"
 )
 
 // No container engine runs on this machine, so the deploy artefacts are

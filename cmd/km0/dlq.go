@@ -17,6 +17,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/km0/km0/internal/hostguard"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -26,7 +28,6 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/services/svc"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -603,7 +604,7 @@ func (c *dlqCLI) purge(ctx context.Context, args []string) error {
 func (c *dlqCLI) index(ctx context.Context, args []string) error {
 	fs, o := c.flags("index", "index every new dead letter and alert on it; optionally serve /metrics and the admin API")
 	addr := fs.String("http-addr", "", "serve /metrics and the admin API (/dlq/..., bearer token $"+adminTokenEnv+") here, e.g. 127.0.0.1:9464; empty: no HTTP (the Host header is checked)")
-	allowed := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names --http-addr answers besides its listen address: NAME or NAME:PORT,... (default $"+svc.AllowedHostsEnv+")")
+	allowed := fs.String("http-allowed-hosts", os.Getenv(hostguard.AllowedHostsEnv), "Host names --http-addr answers besides its listen address: NAME or NAME:PORT,... (default $"+hostguard.AllowedHostsEnv+")")
 	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -633,7 +634,7 @@ func (c *dlqCLI) index(ctx context.Context, args []string) error {
 		}
 		// The Host check of the other servers (DNS rebinding); a replay of
 		// many letters may take long: the write bound is generous.
-		srv := &http.Server{Handler: svc.HostGuard(mux, ln.Addr(), strings.Split(*allowed, ",")), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
+		srv := &http.Server{Handler: hostguard.Wrap(mux, ln.Addr(), strings.Split(*allowed, ",")), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 		state := "/dlq/ needs the bearer token of $" + adminTokenEnv

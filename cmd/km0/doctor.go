@@ -14,9 +14,9 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/services/inventari"
-	"github.com/km0/km0/services/pagaments"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/internal/services/pagaments"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
 )
 

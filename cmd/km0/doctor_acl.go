@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/kafka/kafkaacl"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/relay"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/system"
 )
 
 // pgVersionMin is the oldest PostgreSQL km0 runs on (pg_current_xact_id,

@@ -22,8 +22,8 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/services/inventari"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/kafka"
 )
 

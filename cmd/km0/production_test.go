@@ -22,8 +22,8 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/services/comandes"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/comandes"
+	"github.com/km0/km0/internal/services/system"
 )
 
 // passwordRole creates role km0 on the cluster with a fresh password

@@ -11,7 +11,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
 )

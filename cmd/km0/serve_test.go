@@ -17,8 +17,8 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/services/comandes"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/comandes"
+	"github.com/km0/km0/internal/services/system"
 )
 
 // runMainEnv makes the test binary run km0's main instead of the tests, so

@@ -12,16 +12,17 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/km0/km0/internal/hostguard"
+
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/services/analitica"
-	"github.com/km0/km0/services/cataleg"
-	"github.com/km0/km0/services/comandes"
-	"github.com/km0/km0/services/inventari"
-	"github.com/km0/km0/services/pagaments"
-	"github.com/km0/km0/services/repartiment"
-	"github.com/km0/km0/services/svc"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/analitica"
+	"github.com/km0/km0/internal/services/cataleg"
+	"github.com/km0/km0/internal/services/comandes"
+	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/internal/services/pagaments"
+	"github.com/km0/km0/internal/services/repartiment"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -126,7 +127,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	acceptUnsigned := fs.Bool("accept-unsigned-requests", false, "start pagaments, or comandes with --authorize, without $"+requestreply.SigningKeyEnv+": authorisation requests and replies go unsigned and anyone who can publish to "+pagaments.AuthQueue+" is trusted (logged at start and shown in /salut; km0 up instead generates a key for its own process)")
 	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
 	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
-	allowedHosts := fs.String("http-allowed-hosts", os.Getenv(svc.AllowedHostsEnv), "Host names the HTTP APIs answer besides their listen address: NAME or NAME:PORT,... or * for any (default $"+svc.AllowedHostsEnv+"; loopback servers answer localhost, 127.0.0.1 and [::1])")
+	allowedHosts := fs.String("http-allowed-hosts", os.Getenv(hostguard.AllowedHostsEnv), "Host names the HTTP APIs answer besides their listen address: NAME or NAME:PORT,... or * for any (default $"+hostguard.AllowedHostsEnv+"; loopback servers answer localhost, 127.0.0.1 and [::1])")
 	deliveryTime := fs.Duration("delivery-time", repartiment.DeliveryTimeDefault, "repartiment: how long a courier stays busy with one delivery")
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
 	pruneOlder := fs.Duration("prune-older-than", 0, "each service's relay deletes its published outbox rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")

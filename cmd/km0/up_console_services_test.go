@@ -21,8 +21,8 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/services/svc"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/internal/services/system"
 )
 
 // km0 serve --console (as km0 up --console) gives the console every

@@ -22,8 +22,8 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/services/svc"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/internal/services/system"
 )
 
 // The console of km0 up / km0 serve --console alerts on lag as km0 console

@@ -9,8 +9,8 @@ import (
 	"os"
 
 	"github.com/km0/km0/internal/buildinfo"
-	"github.com/km0/km0/services/svc"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/internal/services/system"
 )
 
 func init() {

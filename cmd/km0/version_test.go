@@ -17,7 +17,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/relaytest"
-	"github.com/km0/km0/services/system"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/kafka"
 )
 

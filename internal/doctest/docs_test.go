@@ -56,7 +56,6 @@ var imports = map[string]string{
 	"transport":    "github.com/km0/km0/transport",
 	"kafka":        "github.com/km0/km0/transport/kafka",
 	"amqp":         "github.com/km0/km0/transport/amqp",
-	"inventari":    "github.com/km0/km0/services/inventari",
 }
 
 // givens are the names a fragment may use without declaring them, as the
@@ -85,6 +84,7 @@ var givens = []struct{ name, typ string }{
 	{"exporter", "sdktrace.SpanExporter"},
 	{"consumerConfig", "consumer.Config"},
 	{"relayConfig", "relay.Config"},
+	{"isRefusal", "func(error) bool"},
 }
 
 type block struct {

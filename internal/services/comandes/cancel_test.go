@@ -1,0 +1,129 @@
+package comandes_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/internal/services/comandes"
+	"github.com/km0/km0/internal/services/internal/svctest"
+)
+
+// cancel posts the cancellation of id with "Authorization: Bearer cred"
+// (none if cred is empty).
+func (b *bundle) cancel(t *testing.T, cred, id, contentType, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/comandes/"+id+"/cancellacio", strings.NewReader(body))
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if cred != "" {
+		req.Header.Set("Authorization", "Bearer "+cred)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw)
+}
+
+// TestCancellationIsIdempotentAndPublishesOnceWithTheStateChange: the first
+// POST cancels (200) and writes one comanda.cancellada in the same
+// transaction; three repeats (one with another motiu) answer the same body
+// byte for byte and write nothing; an unknown id is 404, a bad id 400, a
+// body that is not JSON 415; a payment confirmed after the cancellation
+// leaves it cancelled and emits no comanda.pagada.
+func TestCancellationIsIdempotentAndPublishesOnceWithTheStateChange(t *testing.T) {
+	b := setup(t, nil)
+	st, out := b.post(t, "", good)
+	if st != 201 {
+		t.Fatalf("create: %d", st)
+	}
+	capability, _ := out["capacitat"].(string)
+	st, first := b.cancel(t, capability, "P-2026-000123", "application/json", `{"motiu":"client"}`)
+	if st != 200 {
+		t.Fatalf("cancel: %d %s", st, first)
+	}
+	var c comandes.Cancellation
+	if err := json.Unmarshal([]byte(first), &c); err != nil || c.State != "cancellada" || c.Reason != "client" || c.EventID == "" {
+		t.Fatalf("cancel body %s (%v)", first, err)
+	}
+	for _, body := range []string{`{"motiu":"client"}`, `{}`, `{"motiu":"un altre"}`} {
+		if st, again := b.cancel(t, capability, "P-2026-000123", "application/json", body); st != 200 || again != first {
+			t.Fatalf("repeat %s: %d %s, want 200 %s", body, st, again, first)
+		}
+	}
+	if n := svctest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE tipus = 'comanda.cancellada' AND agregat_id = 'P-2026-000123' AND id::text = $1`, c.EventID); n != 1 {
+		t.Fatalf("%d comanda.cancellada with the answer's id, want 1", n)
+	}
+	if n := svctest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE tipus = 'comanda.cancellada'`); n != 1 {
+		t.Fatalf("%d comanda.cancellada, want 1", n)
+	}
+	var dades map[string]any
+	var raw []byte
+	if err := b.pool.QueryRow(t.Context(), `SELECT carrega FROM outbox WHERE tipus = 'comanda.cancellada'`).Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	_ = json.Unmarshal(raw, &dades)
+	if dades["estat_anterior"] != "creada" || dades["import_centims"] != float64(3200) || dades["motiu"] != "client" {
+		t.Fatalf("comanda.cancellada dades %s", raw)
+	}
+	for _, tc := range []struct {
+		id, ct, body string
+		want         int
+	}{
+		{"P-2026-999999", "application/json", `{}`, 404},
+		{"X-1", "application/json", `{}`, 400},
+		{"P-2026-000123", "text/plain", `{}`, 415},
+		{"P-2026-000123", "application/json", `{"motiu":7}`, 400},
+		{"P-2026-000123", "application/json", `{"motiu":"a\u0001b"}`, 400},
+	} {
+		if st, body := b.cancel(t, operatorToken, tc.id, tc.ct, tc.body); st != tc.want {
+			t.Errorf("POST %s %s %s: %d %s, want %d", tc.id, tc.ct, tc.body, st, body, tc.want)
+		}
+	}
+	m := svctest.Message(t, "pagaments.esdeveniments", comandes.TypePaymentConfirmed, 1, map[string]any{"comanda_id": "P-2026-000123", "import_centims": 3200, "ref_passarella": "ch_1"})
+	if err := svctest.Run(t, b.pool, b.svc.HandlePaymentConfirmed, m); err != nil {
+		t.Fatal(err)
+	}
+	v, err := b.svc.Get(t.Context(), "P-2026-000123")
+	if err != nil || v.State != "cancellada" || v.CancelReason == nil || *v.CancelReason != "client" {
+		t.Fatalf("after a late payment: %+v %v", v, err)
+	}
+	if n := svctest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE tipus = 'comanda.pagada'`); n != 0 {
+		t.Fatalf("%d comanda.pagada for a cancelled order, want 0", n)
+	}
+}
+
+// TestStockRefusedCancelsTheOrderOnceWithItsReason: estoc.refusat cancels
+// the order (motiu estoc_insuficient) and publishes comanda.cancellada; a
+// second refusal changes nothing; an unknown order is permanent.
+func TestStockRefusedCancelsTheOrderOnceWithItsReason(t *testing.T) {
+	b := setup(t, nil)
+	if st, _ := b.post(t, "", good); st != 201 {
+		t.Fatalf("create: %d", st)
+	}
+	refusal := map[string]any{"comanda_id": "P-2026-000123", "motiu": "estoc_insuficient", "detall": "formatge-curat (en queden 0, se'n demanen 2)"}
+	for range 2 {
+		m := svctest.Message(t, "inventari.esdeveniments", comandes.TypeStockRefused, 1, refusal)
+		if err := svctest.Run(t, b.pool, b.svc.HandleStockRefused, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := b.svc.Get(t.Context(), "P-2026-000123")
+	if err != nil || v.State != "cancellada" || *v.CancelReason != "estoc_insuficient" {
+		t.Fatalf("order %+v %v", v, err)
+	}
+	if n := svctest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE tipus = 'comanda.cancellada' AND carrega->>'motiu' = 'estoc_insuficient'`); n != 1 {
+		t.Fatalf("%d comanda.cancellada, want 1", n)
+	}
+	m := svctest.Message(t, "inventari.esdeveniments", comandes.TypeStockRefused, 1, map[string]any{"comanda_id": "P-2026-000999", "motiu": "estoc_insuficient"})
+	if err := svctest.Run(t, b.pool, b.svc.HandleStockRefused, m); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "comanda_desconeguda") {
+		t.Fatalf("unknown order: %v", err)
+	}
+}

@@ -1,0 +1,150 @@
+package demo
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/services/cataleg"
+	"github.com/km0/km0/internal/services/comandes"
+	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/internal/services/system"
+)
+
+// startStock starts comandes, inventari and cataleg on a fresh broker and
+// fresh databases, dropped at cleanup.
+func startStock(t *testing.T) *system.System {
+	t.Helper()
+	b := kafkatest.New(t, system.DomainTopics()...)
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	cfg := system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: "r" + hex.EncodeToString(suffix), Brokers: b.Addrs(),
+		Services: []string{comandes.Name, inventari.Name, cataleg.Name}}
+	sys, err := system.Start(ctx, cfg)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		names := sys.DatabaseNames()
+		sys.Close()
+		cancel()
+		for _, n := range names {
+			_ = svc.DropDatabase(context.Background(), pgtest.URL(), n)
+		}
+	})
+	return sys
+}
+
+func invariant(t *testing.T, r *Report, name string) Invariant {
+	t.Helper()
+	for _, inv := range r.Invariants {
+		if inv.Name == name {
+			return inv
+		}
+	}
+	t.Fatalf("no invariant %q in %+v", name, r.Invariants)
+	return Invariant{}
+}
+
+const onlyCheeseInvariant = "només el formatge curat s'esgota, i va a la DLQ"
+
+// A broken inventari that dead-letters every cheese order as
+// estoc_insuficient while all 5 units are still there: nothing ran out, so
+// "only the cheese runs out" must not hold.
+func TestOnlyCheeseRunsOutFailsWhenNoCheeseWasServed(t *testing.T) {
+	sys := startStock(t)
+	ctx := context.Background()
+	sub := Submissions{accepted: map[string]string{}}
+	var plan []*planned
+	insufficient := map[string]bool{}
+	var dls []deadLetter
+	for i := 1; i <= 3; i++ {
+		id := fmt.Sprintf("P-2026-%06d", i)
+		cp := sys.Pool(comandes.Name)
+		if _, err := cp.Exec(ctx, `INSERT INTO comandes (id, client, mercat, import_centims) VALUES ($1, 'c', 'girona', 2900)`, id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cp.Exec(ctx, `INSERT INTO linies_comanda (comanda_id, linia, producte, quantitat, preu_centims) VALUES ($1, 1, $2, 2, 1450)`, id, Cheese); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, &planned{num: i, order: comandes.Order{ID: id}, cheese: true})
+		sub.accepted[id] = "e"
+		sub.Accepted++
+		insufficient[id] = true
+		dls = append(dls, deadLetter{topic: comandes.Topic + ".dlq", group: inventari.ConsumerDecrement,
+			motiu: "permanent: estoc_insuficient: " + Cheese + " (en queden 5, se'n demanen 2)", orderID: id})
+	}
+	r := &Report{}
+	if err := reconcileStock(ctx, sys, plan, sub, nil, insufficient, nil, dls, r); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.Stock[Cheese]; s.Final != 5 || s.Accepted != 0 {
+		t.Fatalf("setup: cheese %+v, want 5 left and none taken", s)
+	}
+	if inv := invariant(t, r, onlyCheeseInvariant); inv.OK {
+		t.Fatalf("3 cheese orders dead-lettered for estoc_insuficient with 5 units left, yet %q holds: %s", inv.Name, inv.Detail)
+	}
+}
+
+// A cataleg that holds no flag for a product whose stock changed (its
+// consumer skipped the events, or lost its rows) does not agree with
+// inventari.
+func TestCatalogInvariantFailsWhenTheCatalogMissesAProduct(t *testing.T) {
+	sys := startStock(t)
+	ctx := context.Background()
+	if err := sys.Inventari.Restock(ctx, "carbasso", 3); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for cataleg to learn it, then lose it.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		fs, err := sys.Cataleg.Flags(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(fs) == 1 && fs[0].Units == 83 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cataleg never got carbasso: %+v", fs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := sys.Pool(cataleg.Name).Exec(ctx, `DELETE FROM indicadors`); err != nil {
+		t.Fatal(err)
+	}
+	r := &Report{}
+	if err := reconcileStock(ctx, sys, nil, Submissions{accepted: map[string]string{}}, map[string]int{"carbasso": 3}, map[string]bool{}, nil, nil, r); err != nil {
+		t.Fatal(err)
+	}
+	if inv := invariant(t, r, "estoc final = inicial + reposat − acceptat"); !inv.OK {
+		t.Fatalf("setup: stock does not reconcile: %s", inv.Detail)
+	}
+	if inv := invariant(t, r, "cataleg coincideix amb inventari (estoc_baix = unitats < 5)"); inv.OK {
+		t.Fatalf("carbasso restocked to 83 and absent from cataleg, yet %q holds: %s", inv.Name, inv.Detail)
+	}
+}
+
+// The charge failure leaves no restart behind, so the check must ask the
+// hook: a run whose charge failure never fired does not pass.
+func TestInjectedFailuresCheckNeedsTheChargeFailure(t *testing.T) {
+	restarts := map[string]int{"relay " + comandes.Name: 1, "consumer " + inventari.ConsumerDecrement: 1}
+	for _, tc := range []struct {
+		fired bool
+		want  bool
+	}{{true, true}, {false, false}} {
+		r := &Report{Restarts: restarts, Injected: map[string]bool{"relay": true, "consumidor": true, "cobrament": tc.fired}}
+		r.checkInjectedFailures(12)
+		if inv := invariant(t, r, "fallades injectades i recuperades"); inv.OK != tc.want {
+			t.Fatalf("charge failure fired %v: check %v (%s), want %v", tc.fired, inv.OK, inv.Detail, tc.want)
+		}
+	}
+}
