@@ -13,12 +13,12 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/keyorder"
-	"github.com/km0/km0/lag"
-	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/keyorder"
+	"github.com/km0/km0/lag"
+	"github.com/km0/km0/migrate"
 )
 
 // waitJS polls the boolean expression js in the page until it holds, within

@@ -24,10 +24,10 @@ import (
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
 )
 

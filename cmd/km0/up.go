@@ -14,8 +14,6 @@ import (
 
 	"github.com/km0/km0/internal/hostguard"
 
-	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/internal/services/analitica"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
@@ -23,6 +21,8 @@ import (
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )

@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
-	"github.com/km0/km0/internal/services/svc"
 )
 
 // Names.

@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
-	"github.com/km0/km0/internal/services/svc"
 )
 
 // Cancellation reasons (motiu of comanda.cancellada).

@@ -15,8 +15,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/migrate"
 )
 
 // Names of CONTRACT.md.

@@ -19,13 +19,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/internal/redact"
-	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/schema"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/schema"
 	"github.com/km0/km0/transport/kafka"
 )
 

@@ -22,7 +22,6 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/redact"
-	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/pagaments"
@@ -30,6 +29,7 @@ import (
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )

@@ -23,9 +23,9 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )

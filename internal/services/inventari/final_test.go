@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/outcome"
 )
 
 // Insufficient stock and an unknown product are final (per-key order does

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
+	"github.com/km0/km0/outcome"
 )
 
 // A refused card is final (per-key order does not block the order's key on

@@ -19,12 +19,12 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/internal/services/pagaments/passarella"
 )
 
 // Names of CONTRACT.md.

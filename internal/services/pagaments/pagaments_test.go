@@ -18,12 +18,12 @@ import (
 
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/faults"
-	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/outcome"
-	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/requestreply"
 )
 
 type bundle struct {

@@ -9,10 +9,10 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/internal/services/pagaments/passarella"
 )
 
 // RefundKey is the gateway Idempotency-Key of an order's refund.

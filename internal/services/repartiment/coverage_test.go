@@ -8,9 +8,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/repartiment"
+	"github.com/km0/km0/outcome"
 )
 
 // The refusal of an uncovered city is final (per-key order does not block

@@ -32,11 +32,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
-	"github.com/km0/km0/internal/services/svc"
 )
 
 // Names of CONTRACT.md.

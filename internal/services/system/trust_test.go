@@ -17,13 +17,13 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/kafkatest"
-	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/requestreply"
+	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )

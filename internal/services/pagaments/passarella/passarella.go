@@ -28,8 +28,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/migrate"
 )
 
 // SchemaDefault is the schema of the gateway's tables.
