@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/km0/km0/contract"
-	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp"
 )
 

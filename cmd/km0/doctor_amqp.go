@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/redact"
-	"github.com/km0/km0/lag"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/lag"
 	"github.com/km0/km0/transport/amqp"
 )
 

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/internal/redact"
-	"github.com/km0/km0/relay"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/relay"
 )
 
 // pgVersionMin is the oldest PostgreSQL km0 runs on (pg_current_xact_id,

@@ -20,10 +20,10 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/lag"
-	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/lag"
+	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/kafka"
 )
 

@@ -81,7 +81,7 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	// Checked before any connection: relay.New would see them only once
 	// Kafka answers, and would turn 0 into the default.
-	if err := checkRelayNumbers(*batch, *workers); err != nil {
+	if err := relay.CheckSizes(*batch, *workers, "--batch", "--workers"); err != nil {
 		return err
 	}
 	if *exchange == "" {
@@ -282,18 +282,6 @@ func requireOutbox(ctx context.Context, pool *pgxpool.Pool, names migrate.Names,
 	if !headers {
 		return fmt.Errorf("table %s.%s has no capcaleres column: run km0 migrate --schema %s --outbox-table %s first",
 			names.Schema, names.Outbox, names.Schema, names.Outbox)
-	}
-	return nil
-}
-
-// checkRelayNumbers refuses a --batch or --workers relay.New would refuse.
-// 0 is the adaptive default of both.
-func checkRelayNumbers(batch, workers int) error {
-	switch {
-	case batch < 0 || batch > relay.BatchSizeMax:
-		return fmt.Errorf("--batch %d is outside 0 (adaptive)..%d", batch, relay.BatchSizeMax)
-	case workers < 0 || workers > relay.ShardCount:
-		return fmt.Errorf("--workers %d is outside 0 (adaptive)..%d", workers, relay.ShardCount)
 	}
 	return nil
 }

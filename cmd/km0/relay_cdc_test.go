@@ -17,10 +17,10 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay/cdc"
-	"github.com/km0/km0/internal/services/system"
 )
 
 // --mode and the flags of each mode are checked before anything connects.

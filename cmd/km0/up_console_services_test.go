@@ -19,10 +19,10 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/keyorder"
-	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/keyorder"
+	"github.com/km0/km0/migrate"
 )
 
 // km0 serve --console (as km0 up --console) gives the console every

@@ -71,6 +71,7 @@ var layers = map[string]Layer{
 	"requestreply/rrtest":                TestKit,
 	"internal/services/internal/svctest": TestKit,
 
+	"internal/bench":                         Appl,
 	"internal/bench/consumerbench":           Appl,
 	"cmd/km0":                                Appl,
 	"internal/services/analitica":            Appl,

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/internal/pgcluster"
+	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/transport/kafka"
 )
 

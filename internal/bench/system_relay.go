@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
 )
 

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -20,11 +20,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/km0/km0/contract"
-	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/schema"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/schema"
 )
 
 // The contract's five products, in a fixed order.

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
-	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/transport/amqp"
 )
 
