@@ -91,14 +91,14 @@ func runOutbox(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	if wal {
-		if err := requireOutbox(ctx, pool, names, true); err != nil {
+		if err := relay.CheckOutbox(ctx, pool, names, true); err != nil {
 			return err
 		}
 		return runOutboxWAL(ctx, pool, names, sub, id, all)
 	}
 	switch sub {
 	case "prune":
-		if err := requireOutbox(ctx, pool, names, false); err != nil {
+		if err := relay.CheckOutbox(ctx, pool, names, false); err != nil {
 			return err
 		}
 		n, err := relay.Prune(ctx, pool, names, olderThan, batch)

@@ -13,8 +13,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -109,7 +107,7 @@ func runRelay(ctx context.Context, args []string) error {
 	defer pool.Close()
 	names := migrate.Names{Schema: *schema, Outbox: *table}.WithDefaults()
 	wal := *outboxMode == string(outbox.ModeWAL)
-	if err := requireOutbox(ctx, pool, names, wal); err != nil {
+	if err := relay.CheckOutbox(ctx, pool, names, wal); err != nil {
 		return err
 	}
 	if *mode == modeCDC {
@@ -249,39 +247,6 @@ func checkMode(mode, outboxMode, slot, publication string, workers int, set map[
 		}
 	default:
 		return fmt.Errorf("--mode %q: want %s or %s", mode, modePolling, modeCDC)
-	}
-	return nil
-}
-
-// requireOutbox fails with the fix when the outbox table does not exist, or
-// lacks a column the relay reads (capcaleres, migration 004); with wal, when
-// the WAL mode's parking table (migration 005) does not exist.
-func requireOutbox(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, wal bool) error {
-	names = names.WithDefaults()
-	if wal {
-		var exists bool
-		parked := names.Outbox + migrate.WALParkedSuffix
-		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{names.Schema, parked}.Sanitize()).Scan(&exists); err != nil {
-			return err
-		}
-		if !exists {
-			return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s --outbox-table %s --outbox-mode wal first",
-				names.Schema, parked, names.Schema, names.Outbox)
-		}
-		return nil
-	}
-	var exists, headers bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute
-		WHERE attrelid = to_regclass($1) AND attname = 'capcaleres' AND NOT attisdropped)`,
-		pgx.Identifier{names.Schema, names.Outbox}.Sanitize()).Scan(&exists, &headers); err != nil {
-		return err
-	}
-	if !exists {
-		return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s first", names.Schema, names.Outbox, names.Schema)
-	}
-	if !headers {
-		return fmt.Errorf("table %s.%s has no capcaleres column: run km0 migrate --schema %s --outbox-table %s first",
-			names.Schema, names.Outbox, names.Schema, names.Outbox)
 	}
 	return nil
 }
