@@ -74,6 +74,7 @@ var layers = map[string]Layer{
 	"internal/bench":                         Appl,
 	"internal/bench/consumerbench":           Appl,
 	"internal/doctor":                        Appl,
+	"internal/schemacheck":                   Appl,
 	"cmd/km0":                                Appl,
 	"internal/services/analitica":            Appl,
 	"internal/services/cataleg":              Appl,
