@@ -213,42 +213,30 @@ const (
 	modeCDC     = "cdc"
 )
 
+// relayFlags name, in cdc.CheckMode's errors, the relays, the outbox modes
+// and the settings as km0 relay's flags.
+var relayFlags = map[string]string{"CDC": "--mode cdc", "Polling": "--mode polling", "WAL": "--outbox wal", "Table": "--outbox table",
+	"Slot": "--slot", "Publication": "--publication", "Workers": "--workers", "PollInterval": "--poll",
+	"PruneOlderThan": "--prune-older-than", "DeletePublished": "--delete-published"}
+
 // checkMode refuses a --mode other than polling or cdc, an --outbox other
-// than table or wal, and the flags given (set) that belong to another mode.
+// than table or wal, and the flags given (set) that belong to another mode
+// (cdc.CheckMode).
 func checkMode(mode, outboxMode, slot, publication string, workers int, set map[string]bool) error {
-	switch outboxMode {
-	case string(outbox.ModeTable):
-	case string(outbox.ModeWAL):
-		if mode != modeCDC {
-			return fmt.Errorf("--outbox wal is streamed by --mode cdc only, not --mode %s", mode)
-		}
-		for _, f := range []string{"prune-older-than", "delete-published"} {
-			if set[f] {
-				return fmt.Errorf("--%s applies to --outbox table only: a WAL-mode outbox has no rows", f)
-			}
-		}
-	default:
+	if outboxMode != string(outbox.ModeTable) && outboxMode != string(outbox.ModeWAL) {
 		return fmt.Errorf("--outbox %q: want %s or %s", outboxMode, outbox.ModeTable, outbox.ModeWAL)
 	}
-	switch mode {
-	case modePolling:
-		if slot != "" || publication != "" {
-			return errors.New("--slot and --publication apply to --mode cdc only")
-		}
-	case modeCDC:
-		if workers != 0 {
-			return errors.New("--workers applies to --mode polling only (the CDC relay streams with one session)")
-		}
-		if set["poll"] {
-			return errors.New("--poll applies to --mode polling only (the CDC relay is woken by the stream, it never polls)")
-		}
-		if slot != "" && !cdc.ValidSlot(slot) {
-			return fmt.Errorf("--slot %q: a slot name is 1 to 63 lower-case letters, digits and underscores", slot)
-		}
-	default:
+	if mode != modePolling && mode != modeCDC {
 		return fmt.Errorf("--mode %q: want %s or %s", mode, modePolling, modeCDC)
 	}
-	return nil
+	var given []string
+	for field, on := range map[string]bool{"Slot": slot != "", "Publication": publication != "", "Workers": workers != 0,
+		"PollInterval": set["poll"], "PruneOlderThan": set["prune-older-than"], "DeletePublished": set["delete-published"]} {
+		if on {
+			given = append(given, field)
+		}
+	}
+	return cdc.CheckMode(mode == modeCDC, outboxMode == string(outbox.ModeWAL), given, slot, relayFlags)
 }
 
 // waitForTopic creates or checks topic, retrying while Kafka is down (rows
