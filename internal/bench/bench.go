@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -55,6 +56,9 @@ func Names() []string {
 // usage and returns kit.ErrUsage.
 func Run(ctx context.Context, k Kit, args []string) error {
 	kit = k
+	if kit.ErrUsage == nil {
+		kit.ErrUsage = errors.New("usage")
+	}
 	names := Names()
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintf(os.Stderr, "usage: km0 bench <%s> [flags]   (km0 bench <name> --help for its flags)\n", strings.Join(names, "|"))
