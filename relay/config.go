@@ -186,11 +186,8 @@ func (c Config) WithDefaults() Config {
 func (c Config) validate() error {
 	errs := c.CheckShared()
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if c.BatchSize < 0 || c.BatchSize > BatchSizeMax {
-		bad("BatchSize %d is outside 0 (adaptive)..%d", c.BatchSize, BatchSizeMax)
-	}
-	if c.Workers < 0 || c.Workers > ShardCount {
-		bad("Workers %d is outside 0 (adaptive)..%d", c.Workers, ShardCount)
+	if err := CheckSizes(c.BatchSize, c.Workers, "BatchSize", "Workers"); err != nil {
+		errs = append(errs, err)
 	}
 	for _, d := range []struct {
 		name string
@@ -204,6 +201,22 @@ func (c Config) validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}
+
+// CheckSizes returns what New would refuse in a fixed BatchSize (batch,
+// 0..BatchSizeMax) or Workers (workers, 0..ShardCount), 0 being the
+// adaptive default of both, nil when both are in range. The errors call them
+// batchName and workersName, so that a command can check its flags before
+// anything connects and name them (--batch, --workers) as the user typed them.
+func CheckSizes(batch, workers int, batchName, workersName string) error {
+	var errs []error
+	if batch < 0 || batch > BatchSizeMax {
+		errs = append(errs, fmt.Errorf("%s %d is outside 0 (adaptive)..%d", batchName, batch, BatchSizeMax))
+	}
+	if workers < 0 || workers > ShardCount {
+		errs = append(errs, fmt.Errorf("%s %d is outside 0 (adaptive)..%d", workersName, workers, ShardCount))
+	}
+	return errors.Join(errs...)
 }
 
 // CheckShared returns what is wrong with the fields every relay reads, the

@@ -7,30 +7,14 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/km0/km0/internal/pgtest"
 )
 
-// `km0 bench relay --mode cdc` refuses the flags of the other mode and an
-// unknown mode before it connects anywhere.
-func TestBenchRelayRefusesBadModeFlags(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"--mode", "wal"}, `--mode "wal"`},
-		{[]string{"--mode", "cdc", "--baseline"}, "--mode polling only"},
-		{[]string{"--mode", "cdc", "--latency-rate", "-1"}, "--latency-rate"},
-	} {
-		err := benchRelay(context.Background(), append([]string{"--database-url", "postgres://nobody@127.0.0.1:1/x"}, c.args...))
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("km0 bench relay %v: %v, want an error with %q", c.args, err, c.want)
-		}
-	}
-}
+// The bench names below are those internal/bench prints (relay_cdc.go,
+// relay_wal.go): the lines a user of `km0 bench relay` reads.
 
 // `km0 bench relay --mode cdc` end to end with tiny numbers, as a process:
 // the machine's server is not logical, so it runs on a private cluster; it
@@ -62,7 +46,7 @@ func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 		b, _ := m["bench"].(string)
 		seen[b]++
 		switch b {
-		case benchCDC, benchPolling:
+		case "relay_cdc", "relay_polling":
 			if m["events"] != float64(2000) || m["records"].(float64) < 2000 {
 				t.Fatalf("line %v", m)
 			}
@@ -72,41 +56,11 @@ func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 			}
 		}
 	}
-	for b, want := range map[string]int{benchCDC: 2, benchPolling: 2, "relay_cdc_vs_polling": 1, "latency_cdc": 2,
+	for b, want := range map[string]int{"relay_cdc": 2, "relay_polling": 2, "relay_cdc_vs_polling": 1, "latency_cdc": 2,
 		"latency_polling": 2, "latency_cdc_vs_polling": 1} {
 		if seen[b] != want {
 			t.Fatalf("%d %q lines, want %d; output:\n%s", seen[b], b, want, out.String())
 		}
-	}
-}
-
-// `km0 bench relay --mode cdc` on a given server of this machine (here the
-// shared one; with wal_level = logical the bench runs on it directly)
-// measures the server's CPU from /proc, so server_cpu_us_per_event is
-// printed, not only on the private cluster; a server it cannot see gets
-// server_cpu_us_per_event null with the reason, never a silent absence.
-func TestBenchServerCPUIsMeasuredOnAGivenLocalServer(t *testing.T) {
-	ctx := context.Background()
-	pool := pgtest.NewPool(t, pgtest.URL(), 2)
-	m := newServerMeter(ctx, nil, pool)
-	if !m.measured() {
-		t.Fatalf("the local server's postmaster was not found: %s", m.describe())
-	}
-	m.start()
-	if _, err := pool.Exec(ctx, "SELECT count(*) FROM generate_series(1, 3000000)"); err != nil {
-		t.Fatal(err)
-	}
-	cpu, byProc := m.stop(ctx)
-	res := map[string]any{}
-	m.put(res, cpu, byProc, 1000)
-	if v, ok := res["server_cpu_us_per_event"].(float64); !ok || v <= 0 {
-		t.Fatalf("server_cpu_us_per_event %v (cpu %v), want a positive figure", res["server_cpu_us_per_event"], cpu)
-	}
-	remote := &serverMeter{}
-	res = map[string]any{}
-	remote.put(res, 0, nil, 1000)
-	if v, ok := res["server_cpu_us_per_event"]; !ok || v != nil || !strings.Contains(res["server_cpu"].(string), "not measured") {
-		t.Fatalf("unmeasured server: %v, want server_cpu_us_per_event null and the reason", res)
 	}
 }
 
@@ -141,13 +95,13 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 		b, _ := m["bench"].(string)
 		seen[b] = m
 	}
-	for _, b := range []string{benchWAL, benchCDC, benchPolling, benchSeedPort} {
+	for _, b := range []string{"relay_wal", "relay_cdc", "relay_polling", "relay_seed_port"} {
 		if seen[b] == nil || seen[b]["records"].(float64) < 800 {
 			t.Fatalf("%s line %v; output:\n%s", b, seen[b], out.String())
 		}
 	}
-	if seen[benchWAL]["outbox_rows"] != float64(0) || seen[benchPolling]["outbox_rows"] != float64(800) {
-		t.Fatalf("outbox rows: wal %v (want 0), polling %v (want 800)", seen[benchWAL]["outbox_rows"], seen[benchPolling]["outbox_rows"])
+	if seen["relay_wal"]["outbox_rows"] != float64(0) || seen["relay_polling"]["outbox_rows"] != float64(800) {
+		t.Fatalf("outbox rows: wal %v (want 0), polling %v (want 800)", seen["relay_wal"]["outbox_rows"], seen["relay_polling"]["outbox_rows"])
 	}
 	for _, b := range []string{"latency_wal", "latency_cdc", "latency_polling", "latency_seed_port"} {
 		if seen[b] == nil || seen[b]["events"] != float64(100) || seen[b]["p99_ms"] == nil {
@@ -163,4 +117,9 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 			t.Fatalf("summary lacks %s: %v", k, sum)
 		}
 	}
+}
+
+// benchCmd is `km0 bench name` as a function of its flags.
+func benchCmd(name string) func(context.Context, []string) error {
+	return func(ctx context.Context, args []string) error { return runBench(ctx, append([]string{name}, args...)) }
 }

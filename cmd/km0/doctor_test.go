@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/doctor"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgbouncer"
 	"github.com/km0/km0/internal/pgcluster"
@@ -33,7 +34,7 @@ import (
 
 // doctorRun is one `km0 doctor --json` run: its findings, output and exit.
 type doctorRun struct {
-	rows           []finding
+	rows           []doctor.Finding
 	stdout, stderr string
 	err            error
 }
@@ -52,7 +53,7 @@ func runDoctorJSON(t *testing.T, env []string, args ...string) doctorRun {
 func (d doctorRun) failures() []string {
 	var out []string
 	for _, f := range d.rows {
-		if f.Result == resultFail {
+		if f.Result == doctor.ResultFail {
 			out = append(out, f.Check+" "+f.Target+": "+f.Seen)
 		}
 	}
@@ -67,9 +68,9 @@ func (d doctorRun) only(t *testing.T, want map[string]string) {
 	if d.err == nil {
 		t.Fatalf("km0 doctor exited 0 on a broken deployment:\n%s", d.stdout)
 	}
-	got := map[string]finding{}
+	got := map[string]doctor.Finding{}
 	for _, f := range d.rows {
-		if f.Result == resultFail {
+		if f.Result == doctor.ResultFail {
 			got[f.Check+" "+f.Target] = f
 		}
 	}
@@ -139,7 +140,7 @@ func TestDoctorNamesEachFault(t *testing.T) {
 			"postgres slots": 1, "postgres clock": 1, "kafka connection": 1, "kafka topic": len(topics), "kafka ACLs": len(system.Services) + 1}
 		got := map[string]int{}
 		for _, f := range d.rows {
-			if f.Result != resultOK {
+			if f.Result != doctor.ResultOK {
 				t.Fatalf("%s %s: %s %s (want ok)", f.Check, f.Target, f.Result, f.Seen)
 			}
 			got[f.Check]++
@@ -307,7 +308,7 @@ func TestDoctorChecksTheRabbitMQTopology(t *testing.T) {
 	ctx := context.Background()
 	prefix := "doctor" + strings.ToLower(rand.Text()[:8]) + "."
 	cfg := system.Config{Events: system.EventsRabbitMQ, EventsQueuePrefix: prefix}
-	topo := dedup(system.EventsTopology(cfg))
+	topo := doctor.Dedup(system.EventsTopology(cfg))
 	conn, err := amqp.Dial(ctx, amqp.Config{URL: amqp.URLDefault, Name: "doctor test"})
 	if err != nil {
 		t.Fatalf("RabbitMQ at %s is required: %v", redact.URL(amqp.URLDefault), err)

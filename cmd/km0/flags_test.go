@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/km0/km0/internal/bench"
 )
 
 func TestHelpNeverPrintsTheDatabaseURL(t *testing.T) {
@@ -40,7 +42,7 @@ func TestNoHelpPrintsASecretFromTheEnvironment(t *testing.T) {
 	for _, sub := range []string{"ls", "show", "replay", "purge", "index"} {
 		argvs = append(argvs, []string{"dlq", sub, "--help"})
 	}
-	for name := range benches {
+	for _, name := range bench.Names() {
 		argvs = append(argvs, []string{"bench", name, "--help"})
 	}
 	argvs = append(argvs, []string{"outbox", "parked", "--help"}, []string{"outbox", "release", "--help"}, []string{"outbox", "prune", "--help"},
@@ -76,7 +78,7 @@ func captureStderr(t *testing.T, f func()) string {
 // password (url.Parse's error quotes the whole URL).
 func TestMalformedAMQPURLErrorHidesThePassword(t *testing.T) {
 	for _, u := range []string{"amqp://guest:s3cret@[bad/", "amqp://guest:s3cret@host:abc/", "amqp://guest:s3cret@127.0.0.1:5672/%zz"} {
-		err := benchRPC(context.Background(), []string{"--amqp-url", u, "--n", "1", "--kafka=false"})
+		err := runBench(context.Background(), []string{"rpc", "--amqp-url", u, "--n", "1", "--kafka=false"})
 		if err == nil {
 			t.Fatalf("%s: no error", u)
 		}
@@ -120,9 +122,9 @@ func TestBenchRefusesBatchAndWorkersOutOfRange(t *testing.T) {
 		fn   func(context.Context, []string) error
 		args []string
 	}{
-		{benchRelay, []string{"--n", "10", "--aggregates", "2", "--batch", "-1"}},
-		{benchRelay, []string{"--n", "10", "--aggregates", "2", "--workers", "-1"}},
-		{benchLatency, []string{"--rate", "10", "--seconds", "0.2", "--workers", "65"}},
+		{benchCmd("relay"), []string{"--n", "10", "--aggregates", "2", "--batch", "-1"}},
+		{benchCmd("relay"), []string{"--n", "10", "--aggregates", "2", "--workers", "-1"}},
+		{benchCmd("latency"), []string{"--rate", "10", "--seconds", "0.2", "--workers", "65"}},
 	} {
 		var err error
 		captureStderr(t, func() { err = c.fn(context.Background(), c.args) })

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/migrate"
@@ -91,14 +90,14 @@ func runOutbox(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	if wal {
-		if err := requireOutbox(ctx, pool, names, true); err != nil {
+		if err := relay.CheckOutbox(ctx, pool, names, true); err != nil {
 			return err
 		}
 		return runOutboxWAL(ctx, pool, names, sub, id, all)
 	}
 	switch sub {
 	case "prune":
-		if err := requireOutbox(ctx, pool, names, false); err != nil {
+		if err := relay.CheckOutbox(ctx, pool, names, false); err != nil {
 			return err
 		}
 		n, err := relay.Prune(ctx, pool, names, olderThan, batch)
@@ -115,7 +114,7 @@ func runOutbox(ctx context.Context, args []string) error {
 		if err := printParked(rows, "rows"); err != nil {
 			return err
 		}
-		if n := walParkedCount(ctx, pool, names); n > 0 {
+		if n, _ := cdc.ParkedWALCount(ctx, pool, names); n > 0 {
 			fmt.Printf("(and %d parked message(s) of this outbox in WAL mode: km0 outbox parked --outbox wal)\n", n)
 		}
 		return nil
@@ -190,22 +189,6 @@ func printParked(rows []relay.ParkedRow, what string) error {
 			r.ParkedAt.Format("2006-01-02 15:04:05"), r.Waiting, r.Reason)
 	}
 	return tw.Flush()
-}
-
-// walParkedCount counts the parked messages of names in WAL mode: 0 when
-// the outbox has no WAL parking table (or it cannot be read).
-func walParkedCount(ctx context.Context, pool *pgxpool.Pool, names migrate.Names) int {
-	names = names.WithDefaults()
-	t := pgx.Identifier{names.Schema, names.Outbox + migrate.WALParkedSuffix}.Sanitize()
-	var exists bool
-	if pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", t).Scan(&exists) != nil || !exists {
-		return 0
-	}
-	var n int
-	if pool.QueryRow(ctx, "SELECT count(*) FROM "+t+" WHERE motiu IS NOT NULL").Scan(&n) != nil {
-		return 0
-	}
-	return n
 }
 
 func outboxUsage() {

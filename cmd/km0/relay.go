@@ -13,8 +13,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -81,7 +79,7 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	// Checked before any connection: relay.New would see them only once
 	// Kafka answers, and would turn 0 into the default.
-	if err := checkRelayNumbers(*batch, *workers); err != nil {
+	if err := relay.CheckSizes(*batch, *workers, "--batch", "--workers"); err != nil {
 		return err
 	}
 	if *exchange == "" {
@@ -109,7 +107,7 @@ func runRelay(ctx context.Context, args []string) error {
 	defer pool.Close()
 	names := migrate.Names{Schema: *schema, Outbox: *table}.WithDefaults()
 	wal := *outboxMode == string(outbox.ModeWAL)
-	if err := requireOutbox(ctx, pool, names, wal); err != nil {
+	if err := relay.CheckOutbox(ctx, pool, names, wal); err != nil {
 		return err
 	}
 	if *mode == modeCDC {
@@ -215,87 +213,30 @@ const (
 	modeCDC     = "cdc"
 )
 
+// relayFlags name, in cdc.CheckMode's errors, the relays, the outbox modes
+// and the settings as km0 relay's flags.
+var relayFlags = map[string]string{"CDC": "--mode cdc", "Polling": "--mode polling", "WAL": "--outbox wal", "Table": "--outbox table",
+	"Slot": "--slot", "Publication": "--publication", "Workers": "--workers", "PollInterval": "--poll",
+	"PruneOlderThan": "--prune-older-than", "DeletePublished": "--delete-published"}
+
 // checkMode refuses a --mode other than polling or cdc, an --outbox other
-// than table or wal, and the flags given (set) that belong to another mode.
+// than table or wal, and the flags given (set) that belong to another mode
+// (cdc.CheckMode).
 func checkMode(mode, outboxMode, slot, publication string, workers int, set map[string]bool) error {
-	switch outboxMode {
-	case string(outbox.ModeTable):
-	case string(outbox.ModeWAL):
-		if mode != modeCDC {
-			return fmt.Errorf("--outbox wal is streamed by --mode cdc only, not --mode %s", mode)
-		}
-		for _, f := range []string{"prune-older-than", "delete-published"} {
-			if set[f] {
-				return fmt.Errorf("--%s applies to --outbox table only: a WAL-mode outbox has no rows", f)
-			}
-		}
-	default:
+	if outboxMode != string(outbox.ModeTable) && outboxMode != string(outbox.ModeWAL) {
 		return fmt.Errorf("--outbox %q: want %s or %s", outboxMode, outbox.ModeTable, outbox.ModeWAL)
 	}
-	switch mode {
-	case modePolling:
-		if slot != "" || publication != "" {
-			return errors.New("--slot and --publication apply to --mode cdc only")
-		}
-	case modeCDC:
-		if workers != 0 {
-			return errors.New("--workers applies to --mode polling only (the CDC relay streams with one session)")
-		}
-		if set["poll"] {
-			return errors.New("--poll applies to --mode polling only (the CDC relay is woken by the stream, it never polls)")
-		}
-		if slot != "" && !cdc.ValidSlot(slot) {
-			return fmt.Errorf("--slot %q: a slot name is 1 to 63 lower-case letters, digits and underscores", slot)
-		}
-	default:
+	if mode != modePolling && mode != modeCDC {
 		return fmt.Errorf("--mode %q: want %s or %s", mode, modePolling, modeCDC)
 	}
-	return nil
-}
-
-// requireOutbox fails with the fix when the outbox table does not exist, or
-// lacks a column the relay reads (capcaleres, migration 004); with wal, when
-// the WAL mode's parking table (migration 005) does not exist.
-func requireOutbox(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, wal bool) error {
-	names = names.WithDefaults()
-	if wal {
-		var exists bool
-		parked := names.Outbox + migrate.WALParkedSuffix
-		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{names.Schema, parked}.Sanitize()).Scan(&exists); err != nil {
-			return err
+	var given []string
+	for field, on := range map[string]bool{"Slot": slot != "", "Publication": publication != "", "Workers": workers != 0,
+		"PollInterval": set["poll"], "PruneOlderThan": set["prune-older-than"], "DeletePublished": set["delete-published"]} {
+		if on {
+			given = append(given, field)
 		}
-		if !exists {
-			return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s --outbox-table %s --outbox-mode wal first",
-				names.Schema, parked, names.Schema, names.Outbox)
-		}
-		return nil
 	}
-	var exists, headers bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute
-		WHERE attrelid = to_regclass($1) AND attname = 'capcaleres' AND NOT attisdropped)`,
-		pgx.Identifier{names.Schema, names.Outbox}.Sanitize()).Scan(&exists, &headers); err != nil {
-		return err
-	}
-	if !exists {
-		return fmt.Errorf("table %s.%s does not exist: run km0 migrate --schema %s first", names.Schema, names.Outbox, names.Schema)
-	}
-	if !headers {
-		return fmt.Errorf("table %s.%s has no capcaleres column: run km0 migrate --schema %s --outbox-table %s first",
-			names.Schema, names.Outbox, names.Schema, names.Outbox)
-	}
-	return nil
-}
-
-// checkRelayNumbers refuses a --batch or --workers relay.New would refuse.
-// 0 is the adaptive default of both.
-func checkRelayNumbers(batch, workers int) error {
-	switch {
-	case batch < 0 || batch > relay.BatchSizeMax:
-		return fmt.Errorf("--batch %d is outside 0 (adaptive)..%d", batch, relay.BatchSizeMax)
-	case workers < 0 || workers > relay.ShardCount:
-		return fmt.Errorf("--workers %d is outside 0 (adaptive)..%d", workers, relay.ShardCount)
-	}
-	return nil
+	return cdc.CheckMode(mode == modeCDC, outboxMode == string(outbox.ModeWAL), given, slot, relayFlags)
 }
 
 // waitForTopic creates or checks topic, retrying while Kafka is down (rows

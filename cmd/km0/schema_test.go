@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/km0/km0/internal/schemacheck"
 )
 
 const cliV1 = `{"type":"object","required":["id"],"properties":{"id":{"type":"string"},"nota":{"type":"string"}}}`
@@ -86,7 +88,7 @@ func (g *gitFixture) mustPass(args ...string) string {
 func (g *gitFixture) mustFail(want string, args ...string) string {
 	g.t.Helper()
 	out, err := g.check(args...)
-	if !errors.Is(err, errIncompatible) || !strings.Contains(out, want) {
+	if !errors.Is(err, schemacheck.ErrIncompatible) || !strings.Contains(out, want) {
 		g.t.Fatalf("check %v: want a violation %q, got %v\n%s", args, want, err, out)
 	}
 	return out

@@ -71,7 +71,10 @@ var layers = map[string]Layer{
 	"requestreply/rrtest":                TestKit,
 	"internal/services/internal/svctest": TestKit,
 
+	"internal/bench":                         Appl,
 	"internal/bench/consumerbench":           Appl,
+	"internal/doctor":                        Appl,
+	"internal/schemacheck":                   Appl,
 	"cmd/km0":                                Appl,
 	"internal/services/analitica":            Appl,
 	"internal/services/cataleg":              Appl,

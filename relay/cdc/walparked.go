@@ -49,3 +49,21 @@ func ReleaseAllWAL(ctx context.Context, db outbox.DBTX, names migrate.Names) (in
 	}
 	return tag.RowsAffected(), nil
 }
+
+// ParkedWALCount counts the parked messages of names in WAL mode (the rows
+// of <outbox>_wal_aparcats with a motiu): 0 when the outbox has no WAL
+// parking table (a table-mode outbox), so that a listing of the table's
+// parked rows can say that the WAL mode has some too.
+func ParkedWALCount(ctx context.Context, db relay.Querier, names migrate.Names) (int, error) {
+	names = names.WithDefaults()
+	t := pgx.Identifier{names.Schema, names.Outbox + migrate.WALParkedSuffix}.Sanitize()
+	var exists bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", t).Scan(&exists); err != nil || !exists {
+		return 0, err
+	}
+	var n int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM "+t+" WHERE motiu IS NOT NULL").Scan(&n); err != nil {
+		return 0, fmt.Errorf("cdc: count parked: %w", err)
+	}
+	return n, nil
+}

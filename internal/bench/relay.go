@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"cmp"
@@ -163,7 +163,7 @@ func benchRelay(ctx context.Context, args []string) error {
 	if *n <= 0 || *aggs <= 0 || *rounds <= 0 {
 		return errors.New("--n, --aggregates and --rounds must be positive")
 	}
-	if err := checkRelayNumbers(*batch, *workers); err != nil {
+	if err := relay.CheckSizes(*batch, *workers, "--batch", "--workers"); err != nil {
 		return err
 	}
 	switch *mode {

@@ -1,4 +1,4 @@
-package main
+package doctor
 
 import (
 	"context"
@@ -18,15 +18,15 @@ import (
 // checkKafka checks the Kafka connection with its TLS and SASL settings,
 // then the contract's topics: present, their partitions, replication and
 // retention against the contract's.
-func checkKafka(ctx context.Context, r *report, cfg doctorConfig) {
-	target := strings.Join(cfg.brokers, ",")
-	sec := cfg.kafkaSec.security(logger())
+func checkKafka(ctx context.Context, r *Report, cfg Config) {
+	target := strings.Join(cfg.Brokers, ",")
+	sec := cfg.KafkaSecurity
 	opts, err := sec.Opts()
 	if err != nil {
 		r.fail("kafka connection", target, err.Error(), "fix the --kafka-tls-* / --kafka-sasl-* settings named")
 		return
 	}
-	cl, err := kafka.NewClient(cfg.brokers, opts...)
+	cl, err := kafka.NewClient(cfg.Brokers, opts...)
 	if err != nil {
 		r.fail("kafka connection", target, err.Error(), "fix --brokers ($KM0_KAFKA_BROKERS)")
 		return
@@ -43,11 +43,11 @@ func checkKafka(ctx context.Context, r *report, cfg doctorConfig) {
 			"check --kafka-tls-ca-file, --kafka-tls-server-name and the client certificate (--kafka-tls-cert-file, --kafka-tls-key-file)")
 		return
 	case err != nil:
-		r.fail("kafka connection", target, "no broker answers within "+cfg.timeout.String()+": "+err.Error(),
+		r.fail("kafka connection", target, "no broker answers within "+cfg.Timeout.String()+": "+err.Error(),
 			"check --brokers ($KM0_KAFKA_BROKERS) and that this host reaches them; a managed cluster needs --kafka-tls and SASL")
 		return
 	}
-	if !sec.Enabled() && !allLoopback(cfg.brokers) {
+	if !sec.Enabled() && !allLoopback(cfg.Brokers) {
 		r.warn("kafka connection", target, sec.String(), "turn on TLS and SASL (--kafka-tls, --kafka-sasl-mechanism): the events cross the network in clear, unauthenticated")
 	} else {
 		r.ok("kafka connection", target, sec.String())
@@ -57,7 +57,7 @@ func checkKafka(ctx context.Context, r *report, cfg doctorConfig) {
 	}
 	switch {
 	case sec.SASLMechanism == "":
-	case len(cfg.rabbitTopics) > 0 || cfg.amqpURL != "":
+	case len(cfg.rabbitTopics) > 0 || cfg.AMQPURL != "":
 		// system.RequiredACLs are those of everything on Kafka.
 		r.warn("kafka ACLs", target, "not checked: some events or request/reply go over RabbitMQ, and the required ACLs are derived for everything on Kafka",
 			"check by hand that each service's principal holds the ACLs of what it does on Kafka")
@@ -71,7 +71,7 @@ func checkKafka(ctx context.Context, r *report, cfg doctorConfig) {
 // retention, and on a cluster of 3 brokers or more a replication factor of
 // 3 with min.insync.replicas 2). A missing topic or a shorter retention is a
 // failure; another difference a warning. A topic is reported, never changed.
-func checkTopics(ctx context.Context, r *report, cl *kgo.Client, cfg doctorConfig) {
+func checkTopics(ctx context.Context, r *Report, cl *kgo.Client, cfg Config) {
 	var (
 		have map[string]kafka.TopicSpec
 		nb   int
@@ -86,13 +86,13 @@ func checkTopics(ctx context.Context, r *report, cl *kgo.Client, cfg doctorConfi
 		return err
 	})
 	if err != nil {
-		r.fail("kafka topics", strings.Join(cfg.brokers, ","), "the topics could not be described: "+err.Error(),
+		r.fail("kafka topics", strings.Join(cfg.Brokers, ","), "the topics could not be described: "+err.Error(),
 			"grant the doctor's principal DESCRIBE and DESCRIBE_CONFIGS on the topics")
 		return
 	}
 	ts := kafka.TopicSettings{ReplicationFactor: kafka.AutoReplicationFactor(nb)}
 	specs := map[string]kafka.TopicSpec{}
-	for _, sp := range system.TopicSpecs(cfg.system.Topics, ts) {
+	for _, sp := range system.TopicSpecs(cfg.System.Topics, ts) {
 		specs[sp.Name] = sp
 	}
 	for _, t := range cfg.kafkaTopics {

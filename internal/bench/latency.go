@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func benchLatency(ctx context.Context, args []string) error {
 	if *rate <= 0 || *seconds <= 0 {
 		return errors.New("--rate and --seconds must be positive")
 	}
-	if err := checkRelayNumbers(0, *workers); err != nil {
+	if err := relay.CheckSizes(0, *workers, "--batch", "--workers"); err != nil {
 		return err
 	}
 	env, err := newBenchEnv(ctx, *dbURL, *brokers, 16)

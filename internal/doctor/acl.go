@@ -1,4 +1,4 @@
-package main
+package doctor
 
 import (
 	"context"
@@ -20,8 +20,8 @@ import (
 // by an allow rule of the same principal (or User:*) and resource type whose
 // operation is the same or All and whose resource is the same name, "*" or
 // a prefix of it.
-func checkACLs(ctx context.Context, r *report, cl *kgo.Client, cfg doctorConfig) {
-	target := strings.Join(cfg.brokers, ",")
+func checkACLs(ctx context.Context, r *Report, cl *kgo.Client, cfg Config) {
+	target := strings.Join(cfg.Brokers, ",")
 	var have []kafkaacl.ACL
 	err := cfg.withTimeout(ctx, func(ctx context.Context) (err error) {
 		have, err = describeAllACLs(ctx, cl)
@@ -40,7 +40,7 @@ func checkACLs(ctx context.Context, r *report, cl *kgo.Client, cfg doctorConfig)
 		r.fail("kafka ACLs", target, "the ACLs could not be described: "+err.Error(), "check that the brokers answer")
 		return
 	}
-	want := system.RequiredACLs(system.ACLOptions{Principals: cfg.principals, Groups: cfg.system.Groups, Topics: cfg.system.Topics})
+	want := system.RequiredACLs(system.ACLOptions{Principals: cfg.Principals, Groups: cfg.System.Groups, Topics: cfg.System.Topics})
 	missing := map[string][]kafkaacl.ACL{}
 	var order []string
 	for _, w := range want {

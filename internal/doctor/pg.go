@@ -1,4 +1,4 @@
-package main
+package doctor
 
 import (
 	"context"
@@ -19,13 +19,13 @@ import (
 // pgoutput's messages of the WAL outbox: 14).
 const pgVersionMin = 140000
 
-// checkPostgres checks the server of cfg.databaseURL: the connection and
+// checkPostgres checks the server of cfg.DatabaseURL: the connection and
 // its TLS, the version, and by the relay mode wal_level, REPLICATION and the
 // slots (cdc) or LISTEN through a pooler (polling). Every statement goes by
 // the simple protocol, which a transaction-pooling PgBouncer accepts.
-func checkPostgres(ctx context.Context, r *report, cfg doctorConfig) {
-	target := redact.URL(cfg.databaseURL)
-	ccfg, err := pgx.ParseConfig(cfg.databaseURL)
+func checkPostgres(ctx context.Context, r *Report, cfg Config) {
+	target := redact.URL(cfg.DatabaseURL)
+	ccfg, err := pgx.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		r.fail("postgres connection", "--database-url", "not a PostgreSQL URL (not shown: it may hold a password)", "give a postgres:// URL or keyword/value string")
 		return
@@ -80,13 +80,13 @@ func checkPostgres(ctx context.Context, r *report, cfg doctorConfig) {
 	default:
 		r.ok("postgres connection", target, "connected as "+user+", "+tlsSeen)
 	}
-	clockSkew(r, "postgres clock", target, now, local, 0, cfg.maxSkew)
+	clockSkew(r, "postgres clock", target, now, local, 0, cfg.MaxSkew)
 	if versionNum < pgVersionMin {
 		r.fail("postgres version", target, version, "upgrade PostgreSQL to 14 or later")
 	} else {
 		r.ok("postgres version", target, version)
 	}
-	if cfg.relayMode == system.RelayCDC {
+	if cfg.RelayMode == system.RelayCDC {
 		checkCDC(ctx, r, conn, target, walLevel, user, super || repl)
 		return
 	}
@@ -96,7 +96,7 @@ func checkPostgres(ctx context.Context, r *report, cfg doctorConfig) {
 
 // checkCDC checks what the cdc relay and the WAL outbox need: wal_level =
 // logical, the REPLICATION privilege, and slots that still hold their WAL.
-func checkCDC(ctx context.Context, r *report, conn *pgx.Conn, target, walLevel, user string, replication bool) {
+func checkCDC(ctx context.Context, r *Report, conn *pgx.Conn, target, walLevel, user string, replication bool) {
 	if walLevel != "logical" {
 		r.fail("postgres wal_level", target, walLevel+" (--relay cdc and --outbox wal need logical)",
 			"ALTER SYSTEM SET wal_level = logical and restart PostgreSQL (RDS/Aurora: rds.logical_replication = 1 in the parameter group; Cloud SQL: cloudsql.logical_decoding = on); or run the relays with --relay polling")
@@ -153,13 +153,13 @@ func checkCDC(ctx context.Context, r *report, conn *pgx.Conn, target, walLevel, 
 
 // checkListen runs the relay's LISTEN self-test through the connection of
 // --database-url: a pooler in transaction mode loses the notifications.
-func checkListen(ctx context.Context, r *report, cfg doctorConfig, ccfg *pgx.ConnConfig, target string) {
-	err := relay.CheckListen(ctx, ccfg, cfg.listenWait)
+func checkListen(ctx context.Context, r *Report, cfg Config, ccfg *pgx.ConnConfig, target string) {
+	err := relay.CheckListen(ctx, ccfg, cfg.ListenWait)
 	switch {
 	case err == nil:
 		r.ok("postgres LISTEN", target, "a NOTIFY arrived")
 	case errors.Is(err, relay.ErrNoNotification):
-		r.fail("postgres LISTEN", target, fmt.Sprintf("a NOTIFY never arrived within %v: a transaction-pooling PgBouncer or another pooler is in between", cfg.listenWait),
+		r.fail("postgres LISTEN", target, fmt.Sprintf("a NOTIFY never arrived within %v: a transaction-pooling PgBouncer or another pooler is in between", cfg.ListenWait),
 			"point the relays at PostgreSQL directly or at a session-pooling PgBouncer (pool_mode = session); else they fall back to polling every --poll, with a warning")
 	default:
 		r.fail("postgres LISTEN", target, scrub(err.Error(), ccfg.Password), "let the user LISTEN and NOTIFY on this database")

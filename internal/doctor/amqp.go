@@ -1,4 +1,4 @@
-package main
+package doctor
 
 import (
 	"context"
@@ -22,27 +22,27 @@ import (
 // needs there: the events' exchange, queues, DLX and DLQs (by --events) and
 // pagaments' authorisation queue (--authorize with request/reply over
 // RabbitMQ).
-func checkRabbitMQ(ctx context.Context, r *report, cfg doctorConfig) {
-	target := redact.URL(cfg.amqpURL)
-	tlsCfg, err := cfg.amqpTLS.config()
+func checkRabbitMQ(ctx context.Context, r *Report, cfg Config) {
+	target := redact.URL(cfg.AMQPURL)
+	tlsCfg, err := cfg.AMQPTLS()
 	if err != nil {
 		r.fail("rabbitmq connection", target, err.Error(), "fix the --amqp-tls-* file named")
 		return
 	}
 	err = cfg.withTimeout(ctx, func(ctx context.Context) error {
-		conn, err := amqp.Dial(ctx, amqp.Config{URL: cfg.amqpURL, Name: "km0 doctor", Logger: logger(), TLS: tlsCfg})
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: cfg.AMQPURL, Name: "km0 doctor", Logger: cfg.Logger, TLS: tlsCfg})
 		if err == nil {
 			conn.Close()
 		}
 		return err
 	})
-	secure := strings.HasPrefix(cfg.amqpURL, "amqps://")
+	secure := strings.HasPrefix(cfg.AMQPURL, "amqps://")
 	switch {
 	case err != nil:
-		r.fail("rabbitmq connection", target, scrubURL(err.Error(), cfg.amqpURL),
+		r.fail("rabbitmq connection", target, scrubURL(err.Error(), cfg.AMQPURL),
 			"check the user, password and virtual host of --amqp-url ($KM0_AMQP_URL), and for amqps:// --amqp-tls-ca-file and --amqp-tls-server-name")
 		return
-	case !secure && !loopback(amqpHost(cfg.amqpURL)):
+	case !secure && !loopback(amqpHost(cfg.AMQPURL)):
 		r.warn("rabbitmq connection", target, "connected without TLS", "use amqps:// with --amqp-tls-ca-file: the password and the messages cross the network in clear")
 	case secure:
 		r.ok("rabbitmq connection", target, "connected over TLS, server certificate verified")
@@ -50,19 +50,19 @@ func checkRabbitMQ(ctx context.Context, r *report, cfg doctorConfig) {
 		r.ok("rabbitmq connection", target, "connected (no TLS, loopback)")
 	}
 
-	if cfg.managementURL == "off" {
+	if cfg.ManagementURL == "off" {
 		r.warn("rabbitmq management", target, "not checked (--amqp-management-url off)", "give the management API to check the broker's clock and the topology")
 		return
 	}
-	mgmt, vhost, err := lag.ManagementURLFor(cfg.amqpURL)
+	mgmt, vhost, err := lag.ManagementURLFor(cfg.AMQPURL)
 	if err != nil {
 		r.fail("rabbitmq management", target, err.Error(), "fix --amqp-url")
 		return
 	}
-	if cfg.managementURL != "" {
-		mgmt = withUserOf(cfg.managementURL, mgmt)
+	if cfg.ManagementURL != "" {
+		mgmt = withUserOf(cfg.ManagementURL, mgmt)
 	}
-	m := &mgmtClient{base: mgmt, vhost: vhost, http: managementClient(tlsCfg)}
+	m := &mgmtClient{base: mgmt, vhost: vhost, http: cfg.ManagementClient(tlsCfg)}
 	mtarget := redact.URL(mgmt)
 	before := time.Now()
 	resp, err := m.get(ctx, "/api/overview")
@@ -74,11 +74,11 @@ func checkRabbitMQ(ctx context.Context, r *report, cfg doctorConfig) {
 	}
 	r.ok("rabbitmq management", mtarget, "answers")
 	if t, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
-		clockSkew(r, "rabbitmq clock", mtarget, t, local, time.Second, cfg.maxSkew)
+		clockSkew(r, "rabbitmq clock", mtarget, t, local, time.Second, cfg.MaxSkew)
 	}
 
-	topo := system.EventsTopology(cfg.system)
-	if cfg.authorize && cfg.amqpURL != "" {
+	topo := system.EventsTopology(cfg.System)
+	if cfg.Authorize && cfg.AMQPURL != "" {
 		topo.Queues = append(topo.Queues, amqp.Queue{Name: pagaments.AuthQueue})
 	}
 	if len(topo.Queues) == 0 {
@@ -89,10 +89,10 @@ func checkRabbitMQ(ctx context.Context, r *report, cfg doctorConfig) {
 
 // checkTopology reports every exchange, queue (with its dead-letter
 // arguments) and binding of topo the broker lacks, or one ok row.
-func checkTopology(ctx context.Context, r *report, m *mgmtClient, topo amqp.Topology) {
+func checkTopology(ctx context.Context, r *Report, m *mgmtClient, topo amqp.Topology) {
 	bad := 0
 	vhost := url.PathEscape(m.vhost)
-	topo = dedup(topo)
+	topo = Dedup(topo)
 	for _, e := range topo.Exchanges {
 		if _, err := m.get(ctx, "/api/exchanges/"+vhost+"/"+url.PathEscape(e.Name)); err != nil {
 			bad++
@@ -136,9 +136,9 @@ func checkTopology(ctx context.Context, r *report, m *mgmtClient, topo amqp.Topo
 	}
 }
 
-// dedup drops the repeated declarations a merged topology holds (each
+// Dedup drops the repeated declarations a merged topology holds (each
 // consumer's names the shared exchanges again).
-func dedup(t amqp.Topology) amqp.Topology {
+func Dedup(t amqp.Topology) amqp.Topology {
 	var out amqp.Topology
 	seen := map[string]bool{}
 	once := func(k string) bool {
