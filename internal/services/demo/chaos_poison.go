@@ -59,17 +59,17 @@ const poisonPerBatch = 10
 // Poison is one poison record produced straight to a topic, and what each
 // group of that topic must do with it.
 type Poison struct {
-	Name      string `json:"nom"`
-	ID        string `json:"id_esdeveniment,omitempty"` // "" when the record has none
+	Name      string `json:"name"`
+	ID        string `json:"event_id,omitempty"` // "" when the record has none
 	Topic     string `json:"topic"`
-	Partition int32  `json:"particio"`
+	Partition int32  `json:"partition"`
 	Offset    int64  `json:"offset"`
 	Bytes     int    `json:"bytes"`
 	// Expect maps every group of the topic to the motiu prefix it must
 	// dead-letter the record with at its first attempt; "" means the group
 	// must not dead-letter it (a tipus it does not handle is ignored and
 	// counted, CONTRACT.md).
-	Expect map[string]string `json:"esperat"`
+	Expect map[string]string `json:"expect"`
 
 	value   []byte
 	headers []kgo.RecordHeader
