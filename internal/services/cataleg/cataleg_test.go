@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/internal/svctest"
+	"github.com/km0/km0/outcome"
 )
 
 func TestFlagIsIdempotentByNature(t *testing.T) {

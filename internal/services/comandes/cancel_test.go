@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/internal/svctest"
+	"github.com/km0/km0/outcome"
 )
 
 // cancel posts the cancellation of id with "Authorization: Bearer cred"
@@ -108,7 +108,7 @@ func TestStockRefusedCancelsTheOrderOnceWithItsReason(t *testing.T) {
 	if st, _ := b.post(t, "", good); st != 201 {
 		t.Fatalf("create: %d", st)
 	}
-	refusal := map[string]any{"comanda_id": "P-2026-000123", "motiu": "estoc_insuficient", "detall": "formatge-curat (en queden 0, se'n demanen 2)"}
+	refusal := map[string]any{"comanda_id": "P-2026-000123", "motiu": "estoc_insuficient", "detall": "formatge-curat (0 left, 2 asked)"}
 	for range 2 {
 		m := svctest.Message(t, "inventari.esdeveniments", comandes.TypeStockRefused, 1, refusal)
 		if err := svctest.Run(t, b.pool, b.svc.HandleStockRefused, m); err != nil {

@@ -18,10 +18,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/internal/svctest"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outcome"
 )
 
 type bundle struct {

@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outcome"
-	"github.com/km0/km0/internal/services/svc"
 )
 
 // Names of repartiment's events that comandes consumes (consumidor

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/internal/svctest"
+	"github.com/km0/km0/outcome"
 )
 
 const repartimentTopic = "repartiment.esdeveniments"

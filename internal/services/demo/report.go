@@ -566,13 +566,13 @@ func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planne
 			lettersOK = false
 		}
 	}
-	r.check("uncovered city refused at creation, withdrawn city rejected once: 422 ciutat_no_coberta; after acceptance one repartiment.rebutjat each, no key blocked",
+	r.check("uncovered cities handled: refused at creation with 422 ciutat_no_coberta; withdrawn after acceptance, one repartiment.rebutjat each and no key blocked",
 		sub.NotCovered == wantRefusedUncovered(plan) && rej == wantUncovered && rejectedEv == rej && lettersOK && blocked == 0,
 		"%d orders to %s refused with 422 (of %d planned); %d accepted orders to %s: %d rejected, %d repartiment.rebutjat, %d dead letters ciutat_no_coberta, %d keys blocked",
 		sub.NotCovered, UncoveredCity, wantRefusedUncovered(plan), wantUncovered, WithdrawnCity, rej, rejectedEv, len(notCovered), blocked)
 	r.check("versio 1 orders without an address dead-lettered and alerted: motiu esquema, a row in alertes", len(schema) == wantLegacy && alerts >= wantLegacy,
 		"%d orders without an address, %d dead-lettered esquema, %d alerts", wantLegacy, len(schema), alerts)
-	r.check("couriers assigned once, no delivery pending", assignedEv == a+comp.Released && pend == 0,
+	r.check("couriers assigned once: no delivery left pending", assignedEv == a+comp.Released && pend == 0,
 		"%d assigned + %d released by a cancellation, %d repartiment.assignat events, %d pending", a, comp.Released, assignedEv, pend)
 	return nil
 }
@@ -778,7 +778,7 @@ func (r *Report) checkCancellations(plan []*planned, sub Submissions, refused ma
 			}
 		}
 	}
-	r.check("client cancellations answered 200, a repeat the same", sub.Cancelled == planned && sub.CancelDiffers == 0 && c.ByReason[comandes.ReasonClient] == planned && inRetry > 0 && c.Released >= late,
+	r.check("client cancellations answered 200: a repeat answers the same", sub.Cancelled == planned && sub.CancelDiffers == 0 && c.ByReason[comandes.ReasonClient] == planned && inRetry > 0 && c.Released >= late,
 		"%d planned (%d right after the 201, %d of them with a failed first charge: cancelled while the charge waited for its retry; %d already paid and assigned: %d couriers released), %d answers 200 ×2, %d repeats that differ, %d orders cancelled by the client",
 		planned, planned-late, inRetry, late, c.Released, sub.Cancelled, sub.CancelDiffers, c.ByReason[comandes.ReasonClient])
 	r.check("orders refused for stock cancelled and refunded: motiu estoc_insuficient", c.RefusedNotCancelled == 0 && c.ByReason[inventari.ErrInsufficient.Error()] == len(refused),

@@ -81,7 +81,7 @@ func TestOnlyCheeseRunsOutFailsWhenNoCheeseWasServed(t *testing.T) {
 		sub.Accepted++
 		insufficient[id] = true
 		dls = append(dls, deadLetter{topic: comandes.Topic + ".dlq", group: inventari.ConsumerDecrement,
-			motiu: "permanent: estoc_insuficient: " + Cheese + " (en queden 5, se'n demanen 2)", orderID: id})
+			motiu: "permanent: estoc_insuficient: " + Cheese + " (5 left, 2 asked)", orderID: id})
 	}
 	r := &Report{}
 	if err := reconcileStock(ctx, sys, plan, sub, nil, insufficient, nil, dls, r); err != nil {

@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/outcome"
 )
 
 // batch runs msgs through HandleOrdersCreated in one transaction and commits

@@ -17,11 +17,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/services/internal/svctest"
+	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/internal/services/internal/svctest"
-	"github.com/km0/km0/internal/services/inventari"
 )
 
 func setup(t *testing.T) (*pgxpool.Pool, *inventari.Service) {

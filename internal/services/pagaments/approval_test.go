@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
+	"github.com/km0/km0/outcome"
 )
 
 // With RequireApproval the charging consumer charges only an order whose

@@ -14,11 +14,11 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/services/internal/svctest"
+	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
-	"github.com/km0/km0/internal/services/internal/svctest"
-	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
 )

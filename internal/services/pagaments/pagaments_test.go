@@ -18,12 +18,12 @@ import (
 
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/faults"
-	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/outcome"
-	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outcome"
+	"github.com/km0/km0/requestreply"
 )
 
 type bundle struct {
@@ -245,7 +245,7 @@ func TestAuthorizeRefusesAnotherAmountAsAConflict(t *testing.T) {
 		}
 		_, err := serve(`{"comanda_id":"` + forged.order + `","import_centims":` + forged.real + `}`)
 		var re *requestreply.RemoteError
-		if !errors.As(err, &re) || !errors.Is(err, requestreply.ErrConflict) || re.Retryable || !strings.HasPrefix(re.Message, "conflicte: ") ||
+		if !errors.As(err, &re) || !errors.Is(err, requestreply.ErrConflict) || re.Retryable || !strings.HasPrefix(re.Message, "conflict: ") ||
 			strings.Contains(re.Message, forged.first) {
 			t.Fatalf("%s: the real request after a forged one got %v; want a non-retryable conflict that does not reveal the stored amount", forged.order, err)
 		}

@@ -9,10 +9,10 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/internal/services/pagaments/passarella"
 )
 
 // RefundKey is the gateway Idempotency-Key of an order's refund.
@@ -64,7 +64,7 @@ func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, m *consum
 		return outcome.Permanentf("esquema: comanda.cancellada: %v", err)
 	}
 	if c.OrderID == "" || c.Reason == "" {
-		return outcome.Permanentf("esquema: comanda.cancellada sense comanda_id o motiu")
+		return outcome.Permanentf("esquema: comanda.cancellada without comanda_id or motiu")
 	}
 	if err := requestreply.CheckID("esquema: comanda.cancellada: comanda_id", c.OrderID, 0); err != nil {
 		return err

@@ -13,10 +13,10 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/faults"
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
+	"github.com/km0/km0/outcome"
 )
 
 func cancellation(t *testing.T, id string) *consumer.Message {

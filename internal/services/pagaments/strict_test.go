@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
+	"github.com/km0/km0/outcome"
 )
 
 // An authorisation request that other decoders read differently (the last

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/km0/km0/internal/redact"
-	"github.com/km0/km0/internal/tlstest"
 	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/internal/tlstest"
 )
 
 // A password may sit in the user info, in a query parameter (libpq and pgx

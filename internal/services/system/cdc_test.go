@@ -13,11 +13,11 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
 )
 
 // --relay cdc on the machine's server (wal_level = replica) fails Start with

@@ -25,8 +25,6 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/faults"
-	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/internal/services/analitica"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
@@ -34,6 +32,8 @@ import (
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/services/repartiment"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/kafka"
 )
 

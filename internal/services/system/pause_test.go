@@ -16,9 +16,9 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
-	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/migrate"
 )
 
 // An operator pauses cataleg's consumer group (a row in its database's

@@ -15,9 +15,9 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
-	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
 )
 

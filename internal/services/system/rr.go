@@ -8,11 +8,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/km0/km0/internal/services/comandes"
+	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/requestreply/kafkarr"
-	"github.com/km0/km0/internal/services/comandes"
-	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/transport/amqp"
 )
 

@@ -11,12 +11,6 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/envelope"
-	"github.com/km0/km0/keyorder"
-	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/relay"
-	"github.com/km0/km0/relay/cdc"
-	"github.com/km0/km0/schema"
 	"github.com/km0/km0/internal/services/analitica"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
@@ -25,6 +19,12 @@ import (
 	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/keyorder"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/cdc"
+	"github.com/km0/km0/schema"
 	"github.com/km0/km0/transport/kafka"
 )
 

@@ -23,10 +23,6 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/buildinfo"
 	"github.com/km0/km0/internal/redact"
-	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/schema"
 	"github.com/km0/km0/internal/services/analitica"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
@@ -35,6 +31,10 @@ import (
 	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/requestreply"
+	"github.com/km0/km0/schema"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -285,7 +285,7 @@ func (s *System) health(name string, pool *pgxpool.Pool) http.Handler {
 			defer cancel()
 			if err := pool.Ping(ctx); err != nil {
 				s.log.Warn("system: health: database ping failed", "service", name, "err", err)
-				h.State, code = "la base de dades no respon", http.StatusServiceUnavailable
+				h.State, code = "the database does not answer", http.StatusServiceUnavailable
 			}
 		}
 		svc.WriteJSON(w, code, h)

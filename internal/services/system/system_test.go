@@ -12,10 +12,10 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport/kafka"
 )
 
