@@ -448,7 +448,7 @@ func (s *Store) DeadLetterBehind(ctx context.Context, tx pgx.Tx, consumer, key, 
 // BlockedReason is the motiu of a message dead-lettered as blocked by its
 // key's head: permanent (replaying it alone re-parks it; replay the head).
 func BlockedReason(headID string) string {
-	return clip("permanent: bloquejat_per_clau: darrere de " + headID)
+	return clip("permanent: bloquejat_per_clau: behind " + headID)
 }
 
 // Sequence returns key's head and the messages behind it, in order, for

@@ -236,7 +236,7 @@ func TestDeadLetteredHeadDeadLettersOrParksWhatIsBehindAndItsReplayReleasesTheSe
 		if len(dead) != want || len(again) != 0 || p3.State != wantState {
 			t.Fatalf("policy %d: dead-lettered behind %d then %d, third parked %s; want %d, 0, %s", pol, len(dead), len(again), p3.State, want, wantState)
 		}
-		if want == 2 && (dead[0].ID != "k-01" || dead[1].ID != "k-02" || keyorder.BlockedReason("k-00") != "permanent: bloquejat_per_clau: darrere de k-00") {
+		if want == 2 && (dead[0].ID != "k-01" || dead[1].ID != "k-02" || keyorder.BlockedReason("k-00") != "permanent: bloquejat_per_clau: behind k-00") {
 			t.Fatalf("dead-lettered %s, %s; want k-01, k-02", dead[0].ID, dead[1].ID)
 		}
 		seq, _, err := b.store.Sequence(ctx, b.pool, consumidor, "k")

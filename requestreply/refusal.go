@@ -30,7 +30,7 @@ func (e *conflictError) Is(target error) bool { return target == ErrConflict }
 // Conflict marks err as a conflict: Serve answers it with a non-retryable
 // error reply flagged "conflicte": true, which the requester sees as a
 // *RemoteError with Conflict set (errors.Is(err, ErrConflict)). Start err's
-// text with "conflicte: ".
+// text with "conflict: ".
 func Conflict(err error) error { return outcome.Permanent(&conflictError{err: err}) }
 
 // MaxIDBytesDefault is the longest id CheckID accepts by default: far below
@@ -48,21 +48,21 @@ func CheckID(field, id string, max int) error {
 	}
 	switch {
 	case id == "":
-		return BadRequest(fmt.Errorf("bad request: %s: obligatori", field))
+		return BadRequest(fmt.Errorf("bad request: %s: required", field))
 	case len(id) > max:
-		return BadRequest(fmt.Errorf("bad request: %s: %d bytes, el màxim és %d", field, len(id), max))
+		return BadRequest(fmt.Errorf("bad request: %s: %d bytes, the maximum is %d", field, len(id), max))
 	case !utf8.ValidString(id):
-		return BadRequest(fmt.Errorf("bad request: %s: UTF-8 no vàlid", field))
+		return BadRequest(fmt.Errorf("bad request: %s: invalid UTF-8", field))
 	case strings.IndexFunc(id, unicode.IsControl) >= 0:
-		return BadRequest(fmt.Errorf("bad request: %s: conté caràcters de control (NUL inclòs)", field))
+		return BadRequest(fmt.Errorf("bad request: %s: contains control characters (NUL included)", field))
 	}
 	return nil
 }
 
 // Texts of the error replies that stand for a PostgreSQL error.
 const (
-	msgDataRefused = "bad request: la base de dades no admet un valor de la petició (dades no vàlides, massa llargues o fora de les restriccions)"
-	msgDBFailed    = "internal error: la base de dades ha fallat; torneu-ho a provar"
+	msgDataRefused = "bad request: the database refuses a value of the request (invalid, too long or outside the constraints)"
+	msgDBFailed    = "internal error: the database failed; try again"
 )
 
 // redact replaces an error that carries a PostgreSQL error by one without

@@ -60,13 +60,13 @@ func TestDatabaseErrorsAreRedactedAndDataErrorsArePermanent(t *testing.T) {
 func TestConflictIsADistinctNonRetryableReply(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	h := func(context.Context, *requestreply.Request) ([]byte, error) {
-		return nil, requestreply.Conflict(errors.New("conflicte: la comanda P-2026-000951 ja té una altra autorització"))
+		return nil, requestreply.Conflict(errors.New("conflict: order P-2026-000951 already holds another authorisation"))
 	}
 	body, isErr := requestreply.Serve(context.Background(), log, h, &requestreply.Request{ID: "x"})
 	_, err := requestreply.DecodeReply("pagaments", requestreply.ResultError, body)
 	var re *requestreply.RemoteError
 	if !isErr || !errors.As(err, &re) || re.Retryable || !re.Conflict || !errors.Is(err, requestreply.ErrConflict) ||
-		!strings.HasPrefix(re.Message, "conflicte: ") {
+		!strings.HasPrefix(re.Message, "conflict: ") {
 		t.Fatalf("want a non-retryable conflict reply, got %s (%v)", body, err)
 	}
 	body, _ = requestreply.Serve(context.Background(), log, func(context.Context, *requestreply.Request) ([]byte, error) {

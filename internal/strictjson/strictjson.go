@@ -75,7 +75,7 @@ func (o Options) Unmarshal(data []byte, v any) error {
 		}
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
-			return &Error{Reason: "JSON mal format: " + err.Error()}
+			return &Error{Reason: "malformed JSON: " + err.Error()}
 		}
 		return &Error{Reason: err.Error()}
 	}
@@ -149,7 +149,7 @@ func target(t reflect.Type) reflect.Type {
 // (nil: not matched against a Go type).
 func (w *walker) value(t reflect.Type, depth int) error {
 	if depth > MaxDepth {
-		return w.fail("més de %d nivells d'imbricació", MaxDepth)
+		return w.fail("more than %d levels of nesting", MaxDepth)
 	}
 	switch w.data[w.i] {
 	case '"':
@@ -217,13 +217,13 @@ func (w *walker) object(t reflect.Type, depth int) error {
 		w.path[len(w.path)-1] = segment{name: name}
 		if seenMap != nil {
 			if seenMap[string(name)] {
-				return w.fail("membre repetit")
+				return w.fail("repeated member")
 			}
 			seenMap[string(name)] = true
 		} else {
 			for _, n := range seen {
 				if bytes.Equal(n, name) {
-					return w.fail("membre repetit")
+					return w.fail("repeated member")
 				}
 			}
 			if seen = append(seen, name); len(seen) > len(seenSmall) {
@@ -242,11 +242,11 @@ func (w *walker) object(t reflect.Type, depth int) error {
 			if !ok {
 				for f := range fields {
 					if strings.EqualFold(f, string(name)) {
-						return w.fail("membre desconegut (potser %q: els noms distingeixen majúscules)", f)
+						return w.fail("unknown member (perhaps %q: names are case-sensitive)", f)
 					}
 				}
 				if w.opts.DisallowUnknownFields {
-					return w.fail("membre desconegut")
+					return w.fail("unknown member")
 				}
 			}
 			vt = ft
@@ -293,13 +293,13 @@ func (w *walker) str() ([]byte, error) {
 			w.i += 6
 			switch {
 			case r >= 0xdc00 && r <= 0xdfff:
-				return nil, w.fail(`\u%04x: substitut UTF-16 sense parella`, r)
+				return nil, w.fail(`\u%04x: unpaired UTF-16 surrogate`, r)
 			case r >= 0xd800 && r <= 0xdbff:
 				if !bytes.HasPrefix(w.data[w.i:], []byte(`\u`)) {
-					return nil, w.fail(`\u%04x: substitut UTF-16 sense parella`, r)
+					return nil, w.fail(`\u%04x: unpaired UTF-16 surrogate`, r)
 				}
 				if lo := hex4(w.data[w.i+2 : w.i+6]); lo < 0xdc00 || lo > 0xdfff {
-					return nil, w.fail(`\u%04x: substitut UTF-16 sense parella`, r)
+					return nil, w.fail(`\u%04x: unpaired UTF-16 surrogate`, r)
 				}
 				w.i += 6
 			}
@@ -308,7 +308,7 @@ func (w *walker) str() ([]byte, error) {
 		default:
 			r, size := utf8.DecodeRune(w.data[w.i:])
 			if r == utf8.RuneError && size <= 1 {
-				return nil, w.fail("UTF-8 no vàlid (byte 0x%02x a la posició %d)", c, w.i)
+				return nil, w.fail("invalid UTF-8 (byte 0x%02x at offset %d)", c, w.i)
 			}
 			w.i += size
 		}

@@ -189,5 +189,5 @@ func (s *Service) Counters(ctx context.Context) (*Counters, error) {
 
 // Handler returns GET /analitica.
 func (s *Service) Handler() http.Handler {
-	return svc.GetJSON("/analitica", "no s'han pogut llegir els comptadors", func(ctx context.Context) (any, error) { return s.Counters(ctx) })
+	return svc.GetJSON("/analitica", "could not read the counters", func(ctx context.Context) (any, error) { return s.Counters(ctx) })
 }

@@ -58,10 +58,10 @@ func (s *Service) HandleStockUpdated(ctx context.Context, tx pgx.Tx, m *consumer
 		After   *int32 `json:"despres"` // the column is INTEGER: a larger value is a contract failure, not a retry
 	}
 	if err := strictjson.Unmarshal(m.Envelope.Data, &e); err != nil || e.Product == "" || e.After == nil {
-		return outcome.Permanentf("esquema: estoc.actualitzat sense producte o despres vàlids (%v)", err)
+		return outcome.Permanentf("esquema: estoc.actualitzat without a valid producte or despres (%v)", err)
 	}
 	if *e.After < 0 || strings.ContainsRune(e.Product, 0) {
-		return outcome.Permanentf("esquema: estoc.actualitzat amb despres negatiu o producte amb NUL")
+		return outcome.Permanentf("esquema: estoc.actualitzat with a negative despres or a producte with NUL")
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO indicadors (producte, estoc_baix, unitats) VALUES ($1, $2::int < $3::int, $2::int)
 		ON CONFLICT (producte) DO UPDATE SET estoc_baix = EXCLUDED.estoc_baix, unitats = EXCLUDED.unitats, actualitzat_en = now()`,
@@ -90,5 +90,5 @@ func (s *Service) Flags(ctx context.Context) ([]Flag, error) {
 
 // Handler returns GET /cataleg.
 func (s *Service) Handler() http.Handler {
-	return svc.GetJSON("/cataleg", "no s'ha pogut llegir el catàleg", func(ctx context.Context) (any, error) { return s.Flags(ctx) })
+	return svc.GetJSON("/cataleg", "could not read the catalogue", func(ctx context.Context) (any, error) { return s.Flags(ctx) })
 }

@@ -135,7 +135,7 @@ func (s *Service) postCancel(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	if !idRE.MatchString(id) {
-		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q no té el format P-AAAA-NNNNNN", clip(id)))
+		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q is not of the form P-YYYY-NNNNNN", clip(id)))
 		return
 	}
 	if err := s.authorize(r.Context(), r, id); err != nil {
@@ -149,7 +149,7 @@ func (s *Service) postCancel(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
 	if err != nil {
-		svc.WriteError(w, http.StatusRequestEntityTooLarge, "", "el cos supera 4096 bytes")
+		svc.WriteError(w, http.StatusRequestEntityTooLarge, "", "the body is over 4096 bytes")
 		return
 	}
 	req := CancelRequest{}
@@ -174,13 +174,13 @@ func (s *Service) postCancel(w http.ResponseWriter, r *http.Request) {
 	c, err := s.Cancel(r.Context(), id, req.Reason, "")
 	switch {
 	case errors.Is(err, errNoOrder):
-		svc.WriteError(w, http.StatusNotFound, "id", "no hi ha cap comanda "+id)
+		svc.WriteError(w, http.StatusNotFound, "id", "no order "+id)
 		return
 	case err != nil:
 		if r.Context().Err() == nil {
 			s.cfg.Logger.Error("comandes: cancel", "comanda", id, "err", err)
 		}
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut cancel·lar la comanda; torna-ho a provar")
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "could not cancel the order; try again")
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, c)
@@ -205,7 +205,7 @@ func (s *Service) HandleStockRefused(ctx context.Context, tx pgx.Tx, m *consumer
 		return outcome.Permanentf("esquema: estoc.refusat: %v", err)
 	}
 	if p.OrderID == "" || p.Reason == "" {
-		return outcome.Permanentf("esquema: estoc.refusat sense comanda_id o motiu")
+		return outcome.Permanentf("esquema: estoc.refusat without comanda_id or motiu")
 	}
 	_, err := s.CancelTx(ctx, tx, p.OrderID, p.Reason, p.Detail)
 	if errors.Is(err, errNoOrder) {

@@ -108,7 +108,7 @@ func TestStockRefusedCancelsTheOrderOnceWithItsReason(t *testing.T) {
 	if st, _ := b.post(t, "", good); st != 201 {
 		t.Fatalf("create: %d", st)
 	}
-	refusal := map[string]any{"comanda_id": "P-2026-000123", "motiu": "estoc_insuficient", "detall": "formatge-curat (en queden 0, se'n demanen 2)"}
+	refusal := map[string]any{"comanda_id": "P-2026-000123", "motiu": "estoc_insuficient", "detall": "formatge-curat (0 left, 2 asked)"}
 	for range 2 {
 		m := svctest.Message(t, "inventari.esdeveniments", comandes.TypeStockRefused, 1, refusal)
 		if err := svctest.Run(t, b.pool, b.svc.HandleStockRefused, m); err != nil {
@@ -125,5 +125,44 @@ func TestStockRefusedCancelsTheOrderOnceWithItsReason(t *testing.T) {
 	m := svctest.Message(t, "inventari.esdeveniments", comandes.TypeStockRefused, 1, map[string]any{"comanda_id": "P-2026-000999", "motiu": "estoc_insuficient"})
 	if err := svctest.Run(t, b.pool, b.svc.HandleStockRefused, m); !outcome.IsPermanent(err) || !strings.Contains(err.Error(), "comanda_desconeguda") {
 		t.Fatalf("unknown order: %v", err)
+	}
+}
+
+// TestErrorBodiesSayTheCauseInEnglish: an error body names its field
+// (camp) and says the cause in English, with no Go type name: an array
+// to the cancellation endpoint is "wrong type", not "s'esperava
+// comandes.CancelRequest"; the codes and field names stay as the contract
+// spells them.
+func TestErrorBodiesSayTheCauseInEnglish(t *testing.T) {
+	b := setup(t, nil)
+	if st, _ := b.post(t, "", good); st != 201 {
+		t.Fatalf("create: %d", st)
+	}
+	for _, tc := range []struct {
+		id, body string
+		status   int
+		want     string
+	}{
+		{"P-2026-000123", `[1]`, 400, `{"error":"cos: wrong type: expected an object, got array","camp":"cos"}`},
+		{"P-2026-000123", `{"motiu":7}`, 400, `{"error":"motiu: wrong type: expected a string, got number","camp":"motiu"}`},
+		{"P-2026-999999", `{}`, 404, `{"error":"no order P-2026-999999","camp":"id"}`},
+		{"X-1", `{}`, 400, `{"error":"\"X-1\" is not of the form P-YYYY-NNNNNN","camp":"id"}`},
+	} {
+		st, body := b.cancel(t, operatorToken, tc.id, "application/json", tc.body)
+		if st != tc.status || strings.TrimSpace(body) != tc.want {
+			t.Errorf("POST /comandes/%s/cancellacio %s: %d %s, want %d %s", tc.id, tc.body, st, body, tc.status, tc.want)
+		}
+	}
+	for _, tc := range []struct{ body, want string }{
+		{`{"id":"P-2026-000001","client":"anna","mercat":"paris","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`,
+			`mercat: unknown market "paris" (known: `},
+		{`{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[]}`, `linies: the order has no line`},
+		{`{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":0,"preu_centims":1}]}`,
+			`linies[0].quantitat: must be positive, is 0`},
+	} {
+		st, out := b.post(t, "", tc.body)
+		if msg, _ := out["error"].(string); st != 400 || !strings.HasPrefix(msg, tc.want) {
+			t.Errorf("POST /comandes %s: %d %q, want 400 %q…", tc.body, st, msg, tc.want)
+		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 )
 
 // errUnavailable: pagaments did not answer the authorisation (503).
-var errUnavailable = errors.New("pagaments no disponible")
+var errUnavailable = errors.New("pagaments unavailable")
 
 // maxKeyLen bounds the Idempotency-Key header.
 const maxKeyLen = 200
@@ -51,10 +51,10 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			svc.WriteError(w, http.StatusRequestEntityTooLarge, "", fmt.Sprintf("el cos supera %d bytes", s.cfg.MaxBodyBytes))
+			svc.WriteError(w, http.StatusRequestEntityTooLarge, "", fmt.Sprintf("the body is over %d bytes", s.cfg.MaxBodyBytes))
 			return
 		}
-		svc.WriteError(w, http.StatusBadRequest, "", "no s'ha pogut llegir el cos: "+err.Error())
+		svc.WriteError(w, http.StatusBadRequest, "", "could not read the body: "+err.Error())
 		return
 	}
 	o, ferr := DecodeOrder(body)
@@ -87,23 +87,23 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	key := r.Header.Get("Idempotency-Key")
 	if len(key) > maxKeyLen {
-		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", fmt.Sprintf("més de %d caràcters", maxKeyLen))
+		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", fmt.Sprintf("more than %d characters", maxKeyLen))
 		return
 	}
 	if !storable(key) {
-		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "ha de ser UTF-8 vàlid")
+		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "must be valid UTF-8")
 		return
 	}
 	a, err := s.create(r.Context(), o, key, body)
 	switch {
 	case errors.Is(err, errDuplicateID):
-		svc.WriteError(w, http.StatusConflict, "id", "ja existeix una comanda "+o.ID)
+		svc.WriteError(w, http.StatusConflict, "id", "an order "+o.ID+" already exists")
 		return
 	case errors.Is(err, ErrAuthConflict):
 		// Not stored under the Idempotency-Key, and not a 503: retrying the
 		// same request cannot succeed while pagaments holds the other one.
 		s.cfg.Logger.Warn("comandes: authorisation conflict: pagaments holds another request for this order id", "comanda", o.ID)
-		svc.WriteError(w, http.StatusConflict, "id", "pagaments ja té una autorització diferent per a la comanda "+o.ID+"; no s'ha desat res")
+		svc.WriteError(w, http.StatusConflict, "id", "pagaments already holds another authorisation for order "+o.ID+"; nothing was stored")
 		return
 	case errors.Is(err, errUnavailable):
 		w.Header().Set("Retry-After", "1")
@@ -113,7 +113,7 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() == nil { // else the client has gone
 			s.cfg.Logger.Error("comandes: create", "comanda", o.ID, "err", err)
 		}
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut desar la comanda; torna-ho a provar amb la mateixa Idempotency-Key")
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "could not store the order; try again with the same Idempotency-Key")
 		return
 	}
 	if a.Replay {
@@ -152,7 +152,7 @@ type OrderView struct {
 func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !idRE.MatchString(id) {
-		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q no té el format P-AAAA-NNNNNN", clip(id)))
+		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q is not of the form P-YYYY-NNNNNN", clip(id)))
 		return
 	}
 	if err := s.authorize(r.Context(), r, id); err != nil {
@@ -166,12 +166,12 @@ func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	v, err := s.Get(r.Context(), id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		svc.WriteError(w, http.StatusNotFound, "id", "no hi ha cap comanda "+id)
+		svc.WriteError(w, http.StatusNotFound, "id", "no order "+id)
 		return
 	}
 	if err != nil {
 		s.cfg.Logger.Error("comandes: get", "comanda", id, "err", err)
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "no s'ha pogut llegir la comanda")
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "could not read the order")
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store") // customer data

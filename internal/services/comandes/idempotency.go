@@ -106,7 +106,7 @@ func (s *Service) claim(ctx context.Context, key, bodyHash string, reqBody []byt
 		case err != nil:
 			return "", answer{}, false, err
 		case hash != bodyHash:
-			return "", answer{Status: 422, Body: errorBody("Idempotency-Key", "la clau ja s'ha fet servir amb un altre cos")}, true, nil
+			return "", answer{Status: 422, Body: errorBody("Idempotency-Key", "the key was already used with another body")}, true, nil
 		case status > 0:
 			if status == 201 && sealed != nil {
 				c, err := openCapability(key, reqBody, sealed)

@@ -61,7 +61,7 @@ var ProductsDefault = []string{"tomaquet-rosa", "carbasso", "formatge-curat", "f
 func (s *Service) checkProducts(o *Order) error {
 	for i, l := range o.Lines {
 		if !s.products[l.Product] {
-			return fieldf("linies["+itoa(i)+"].producte", "producte desconegut %q: inventari no el té", clip(l.Product))
+			return fieldf("linies["+itoa(i)+"].producte", "unknown product %q: inventari does not stock it", clip(l.Product))
 		}
 	}
 	return nil
@@ -143,54 +143,54 @@ const (
 func Validate(o *Order, markets []string) error {
 	switch {
 	case o.ID == "":
-		return fieldf("id", "obligatori")
+		return fieldf("id", "required")
 	case !idRE.MatchString(o.ID):
-		return fieldf("id", "%q no té el format P-AAAA-NNNNNN", clip(o.ID))
+		return fieldf("id", "%q is not of the form P-YYYY-NNNNNN", clip(o.ID))
 	case strings.TrimSpace(o.Client) == "":
-		return fieldf("client", "obligatori")
+		return fieldf("client", "required")
 	case len(o.Client) > maxTextLen:
-		return fieldf("client", "més de %d caràcters", maxTextLen)
+		return fieldf("client", "more than %d bytes", maxTextLen)
 	case !storable(o.Client):
-		return fieldf("client", "conté un caràcter nul o UTF-8 no vàlid")
+		return fieldf("client", "contains a NUL character or invalid UTF-8")
 	case o.Market == "":
-		return fieldf("mercat", "obligatori")
+		return fieldf("mercat", "required")
 	}
 	if !contains(markets, o.Market) {
-		return fieldf("mercat", "mercat desconegut %q (coneguts: %s)", clip(o.Market), strings.Join(markets, ", "))
+		return fieldf("mercat", "unknown market %q (known: %s)", clip(o.Market), strings.Join(markets, ", "))
 	}
 	if len(o.Lines) == 0 {
-		return fieldf("linies", "la comanda no té cap línia")
+		return fieldf("linies", "the order has no line")
 	}
 	if len(o.Lines) > maxLines {
-		return fieldf("linies", "més de %d línies", maxLines)
+		return fieldf("linies", "more than %d lines", maxLines)
 	}
 	for i, l := range o.Lines {
 		f := func(name string) string { return "linies[" + itoa(i) + "]." + name }
 		switch {
 		case l.Product == "":
-			return fieldf(f("producte"), "obligatori")
+			return fieldf(f("producte"), "required")
 		case !productRE.MatchString(l.Product):
-			return fieldf(f("producte"), "%q no és un identificador de producte", clip(l.Product))
+			return fieldf(f("producte"), "%q is not a product id", clip(l.Product))
 		case l.Quantity <= 0:
-			return fieldf(f("quantitat"), "ha de ser positiva, és %d", l.Quantity)
+			return fieldf(f("quantitat"), "must be positive, is %d", l.Quantity)
 		case l.Quantity > maxQuantity:
-			return fieldf(f("quantitat"), "més de %d", maxQuantity)
+			return fieldf(f("quantitat"), "more than %d", maxQuantity)
 		case l.PriceCents < 0:
-			return fieldf(f("preu_centims"), "no pot ser negatiu, és %d", l.PriceCents)
+			return fieldf(f("preu_centims"), "cannot be negative, is %d", l.PriceCents)
 		case l.PriceCents > maxPriceCents:
-			return fieldf(f("preu_centims"), "més de %d", maxPriceCents)
+			return fieldf(f("preu_centims"), "more than %d", maxPriceCents)
 		}
 	}
 	if a := o.Address; a != nil {
 		switch {
 		case strings.TrimSpace(a.City) == "":
-			return fieldf("adreca_lliurament.ciutat", "obligatori")
+			return fieldf("adreca_lliurament.ciutat", "required")
 		case len(a.City) > maxTextLen:
-			return fieldf("adreca_lliurament.ciutat", "més de %d caràcters", maxTextLen)
+			return fieldf("adreca_lliurament.ciutat", "more than %d bytes", maxTextLen)
 		case !storable(a.City):
-			return fieldf("adreca_lliurament.ciutat", "conté un caràcter nul o UTF-8 no vàlid")
+			return fieldf("adreca_lliurament.ciutat", "contains a NUL character or invalid UTF-8")
 		case !postalRE.MatchString(a.PostalCode):
-			return fieldf("adreca_lliurament.codi_postal", "%q no és un codi postal de 5 xifres", clip(a.PostalCode))
+			return fieldf("adreca_lliurament.codi_postal", "%q is not a 5-digit postal code", clip(a.PostalCode))
 		}
 	}
 	return nil

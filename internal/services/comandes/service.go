@@ -254,7 +254,7 @@ func (s *Service) HandlePaymentConfirmed(ctx context.Context, tx pgx.Tx, m *cons
 		return outcome.Permanentf("esquema: pagament.confirmat: %v", err)
 	}
 	if p.OrderID == "" {
-		return outcome.Permanentf("esquema: pagament.confirmat sense comanda_id")
+		return outcome.Permanentf("esquema: pagament.confirmat without comanda_id")
 	}
 	paid := Paid{ID: p.OrderID}
 	var city, postal *string

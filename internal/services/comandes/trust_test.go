@@ -70,7 +70,7 @@ func TestAuthorisationConflictIs409AndNotStoredUnderTheKey(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		if conflict {
-			return fmt.Errorf("conflicte: la comanda ja té una autorització per a un altre import: %w", comandes.ErrAuthConflict)
+			return fmt.Errorf("conflict: the order already holds an authorisation for another amount: %w", comandes.ErrAuthConflict)
 		}
 		return nil
 	}))

@@ -76,34 +76,34 @@ type ChaosConfig struct {
 // ChaosReport is the reconciliation of a chaos run.
 type ChaosReport struct {
 	Report
-	Seed        uint64               `json:"llavor"`
-	Dir         string               `json:"carpeta"`
-	Planned     []Fault              `json:"fallades_planejades"`
-	Done        []FaultDone          `json:"fallades"`
-	Processes   map[string]ProcCount `json:"processos"`
-	Poison      []*PoisonResult      `json:"verinosos"`
-	LastFault   float64              `json:"darrera_fallada_s"`          // seconds from the start of the drive
-	DriveEnd    float64              `json:"fi_enviament_s"`             // seconds from the start of the drive
-	Settled     bool                 `json:"assentat"`                   //
-	SettleAfter float64              `json:"assentat_despres_darrera_s"` // seconds from the last fault (or the last answer, if later) to settled
-	SettleFault float64              `json:"assentat_despres_fallada_s"` // seconds from the last fault to settled
-	StopSecs    map[string]float64   `json:"aturada_s,omitempty"`        // seconds each child took to stop on SIGTERM
-	Stuck       []string             `json:"encallats,omitempty"`        // groups/partitions with lag when the settle wait gave up
+	Seed        uint64               `json:"seed"`
+	Dir         string               `json:"dir"`
+	Planned     []Fault              `json:"planned_faults"`
+	Done        []FaultDone          `json:"faults"`
+	Processes   map[string]ProcCount `json:"processes"`
+	Poison      []*PoisonResult      `json:"poison"`
+	LastFault   float64              `json:"last_fault_s"`          // seconds from the start of the drive
+	DriveEnd    float64              `json:"drive_end_s"`           // seconds from the start of the drive
+	Settled     bool                 `json:"settled"`               //
+	SettleAfter float64              `json:"settled_after_last_s"`  // seconds from the last fault (or the last answer, if later) to settled
+	SettleFault float64              `json:"settled_after_fault_s"` // seconds from the last fault to settled
+	StopSecs    map[string]float64   `json:"stop_s,omitempty"`      // seconds each child took to stop on SIGTERM
+	Stuck       []string             `json:"stuck,omitempty"`       // groups/partitions with lag when the settle wait gave up
 }
 
 // FaultDone is a fault as it happened.
 type FaultDone struct {
 	Fault
-	Start float64 `json:"inici_s"` // seconds from the start of the drive
-	End   float64 `json:"fi_s"`    // when the target was started again
+	Start float64 `json:"start_s"` // seconds from the start of the drive
+	End   float64 `json:"end_s"`   // when the target was started again
 	Err   string  `json:"error,omitempty"`
 }
 
 // ProcCount counts a child's life.
 type ProcCount struct {
-	Starts  int `json:"arrencades"`
+	Starts  int `json:"starts"`
 	Kills   int `json:"sigkills"`
-	Crashes int `json:"sortides_propies"` // exits the harness did not cause (restarted after 1 s)
+	Crashes int `json:"crashes"` // exits the harness did not cause (restarted after 1 s)
 }
 
 // chaos is one run.
@@ -180,11 +180,11 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 			os.RemoveAll(c.dir)
 		}
 	}()
-	c.say("llavor %d (km0 demo --chaos --seed %d repeteix aquesta planificació) · registres dels processos a %s", cfg.Seed, cfg.Seed, c.dir)
+	c.say("seed %d (km0 demo --chaos --seed %d replays this schedule) · process logs in %s", cfg.Seed, cfg.Seed, c.dir)
 
 	switch {
 	case cfg.OwnPostgres:
-		c.say("PostgreSQL: iniciant un clúster propi (initdb en una carpeta temporal)")
+		c.say("PostgreSQL: starting a cluster of its own (initdb in a temporary folder)")
 		c.server, err = StartThrowaway(ctx)
 	case cfg.DatabaseURL != "":
 		c.server = &Server{URL: cfg.DatabaseURL, Source: "--database-url"}
@@ -220,7 +220,7 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 	if err := c.restock(ctx, restock); err != nil {
 		return nil, err
 	}
-	c.say("reposat l'estoc de %d productes perquè només el formatge curat (5 unitats) s'esgoti", len(restock))
+	c.say("restocked %d products so that only the aged cheese (5 units) runs out", len(restock))
 
 	schedule := makeSchedule(cfg.Seed, cfg.Kills, cfg.Duration, cfg.BrokerDown, c.server.restart != nil)
 	report := &ChaosReport{Seed: cfg.Seed, Dir: c.dir, Planned: schedule}
@@ -232,7 +232,7 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 	if cfg.NoAuthorize {
 		report.RequestReply += " (autoritzacions desactivades)"
 	}
-	c.say("planificació: %d comandes en %v, %s", cfg.Orders, cfg.Duration, summarize(schedule))
+	c.say("schedule: %d orders over %v, %s", cfg.Orders, cfg.Duration, summarize(schedule))
 	c.poisonDone = make(chan struct{})
 	for _, f := range schedule {
 		if f.Kind == FaultPoison {
@@ -294,7 +294,7 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	c.say("enviament acabat als %.1fs: %d acceptades, %d duplicats absorbits, %d respostes 503 reintentades, %d sense resposta",
+	c.say("orders sent by %.1fs: %d accepted, %d duplicates absorbed, %d answers 503 retried, %d unanswered",
 		driveEnd.Seconds(), sub.Accepted, sub.Replayed, sub.Unavailable, sub.Unanswered)
 
 	report.Done = c.faultsDone()
@@ -303,7 +303,7 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 		lastFault = max(lastFault, time.Duration(f.End*float64(time.Second)))
 	}
 	report.LastFault, report.DriveEnd = lastFault.Seconds(), driveEnd.Seconds()
-	c.say("darrera fallada acabada als %.1fs; esperant que el sistema s'assenti (outbox buits, lag 0 a tots els grups, cap lliurament pendent)", lastFault.Seconds())
+	c.say("last fault over at %.1fs; waiting for the system to settle (outboxes empty, lag 0 in every group, no delivery pending)", lastFault.Seconds())
 
 	from := max(lastFault, driveEnd)
 	settled, why, stuck := c.settle(ctx, c.t0.Add(from).Add(cfg.SettleTimeout))
@@ -315,15 +315,15 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 	report.SettleAfter = (settledAt - from).Seconds()
 	report.SettleFault = (settledAt - lastFault).Seconds()
 	if settled {
-		c.say("ASSENTAT %.1f s després de la darrera fallada (%.1f s després de la darrera resposta)", report.SettleFault, (settledAt - driveEnd).Seconds())
+		c.say("SETTLED %.1f s after the last fault (%.1f s after the last answer)", report.SettleFault, (settledAt - driveEnd).Seconds())
 	} else {
-		c.say("NO assentat %.0f s després de la darrera fallada: %s", report.SettleFault, why)
+		c.say("NOT settled %.0f s after the last fault: %s", report.SettleFault, why)
 		for _, s := range stuck {
-			c.say("  encallat: %s", s)
+			c.say("  stuck: %s", s)
 		}
 	}
-	report.check("sistema assentat (outbox buits, lag 0 a tots els grups, cap lliurament pendent)", settled,
-		"%s; %.1f s després de la darrera fallada (límit %v)", why, report.SettleFault, cfg.SettleTimeout)
+	report.check("system settled: outboxes empty, lag 0 in every group, no delivery pending", settled,
+		"%s; %.1f s after the last fault (limit %v)", why, report.SettleFault, cfg.SettleTimeout)
 	c.checkFaults(report, schedule)
 	if err := c.reconcile(ctx, plan, sub, restock, report); err != nil {
 		keep = true
@@ -331,6 +331,7 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosReport, error) {
 	}
 	report.Elapsed = time.Since(start).Seconds()
 	report.OK = len(report.Failed()) == 0
+	report.Verdict = verdict(report.Invariants)
 	if !report.OK {
 		keep = true
 	}
@@ -400,7 +401,7 @@ func (c *chaos) progress(ctx context.Context, done <-chan struct{}, orders, faul
 					down = append(down, name)
 				}
 			}
-			c.say("comandes %d/%d · fallades %d/%d · aturats ara: %v", sent.get(), orders, faultsDone.get(), faults, down)
+			c.say("orders %d/%d · faults %d/%d · down now: %s", sent.get(), orders, faultsDone.get(), faults, listOr(down, "none"))
 		}
 	}
 }
@@ -434,7 +435,7 @@ func (c *chaos) startChildren(ctx context.Context) error {
 	if err := c.broker.waitUp(upCtx); err != nil {
 		return err
 	}
-	c.say("Kafka: km0 kafka --data-dir (procés %s) a %s", "kafka", addr)
+	c.say("Kafka: km0 kafka --data-dir (process %s) at %s", "kafka", addr)
 	cport, err := freePort()
 	if err != nil {
 		return err
@@ -460,7 +461,7 @@ func (c *chaos) startChildren(ctx context.Context) error {
 			return err
 		}
 	}
-	c.say("serveis en marxa com a processos separats: %v (bases de dades km0_<servei>_%s)", system.Services, c.suffix)
+	c.say("services running as separate processes: %s (databases km0_<service>_%s)", strings.Join(system.Services, ", "), c.suffix)
 	return nil
 }
 
@@ -572,7 +573,7 @@ func (c *chaos) runFaults(ctx context.Context, schedule []Fault, done *sendCount
 			fd.End = time.Since(c.t0).Seconds()
 			if err != nil {
 				fd.Err = err.Error()
-				c.say("fallada %s: %v", f, err)
+				c.say("fault %s: %v", f, err)
 			}
 			c.mu.Lock()
 			c.done = append(c.done, fd)
@@ -592,12 +593,12 @@ func (c *chaos) fault(ctx context.Context, f Fault, batch int) error {
 	switch f.Kind {
 	case FaultKill:
 		p := c.procs[f.Target]
-		c.say("SIGKILL %s (torna d'aquí %.1f s)", f.Target, f.Down.Seconds())
+		c.say("SIGKILL %s (back in %.1f s)", f.Target, f.Down.Seconds())
 		p.kill()
 		sleep(f.Down)
 		return p.start()
 	case FaultBroker:
-		c.say("SIGKILL kafka (torna d'aquí %.1f s, amb el mateix --data-dir)", f.Down.Seconds())
+		c.say("SIGKILL kafka (back in %.1f s, with the same --data-dir)", f.Down.Seconds())
 		c.broker.kill()
 		sleep(f.Down)
 		return c.broker.start()
@@ -606,7 +607,7 @@ func (c *chaos) fault(ctx context.Context, f Fault, batch int) error {
 		c.say("PostgreSQL: pg_ctl restart -m %s", mode)
 		err := c.server.Restart(ctx, mode)
 		if err == nil {
-			c.say("PostgreSQL: de nou en marxa després de -m %s", mode)
+			c.say("PostgreSQL: running again after -m %s", mode)
 		}
 		return err
 	case FaultPoison:
@@ -625,7 +626,7 @@ func (c *chaos) fault(ctx context.Context, f Fault, batch int) error {
 		}
 		c.mu.Unlock()
 		if err == nil {
-			c.say("%d registres verinosos produïts directament als topics (lot %d)", len(b), batch)
+			c.say("%d poison records produced straight onto the topics (batch %d)", len(b), batch)
 		}
 		return err
 	}
@@ -658,7 +659,7 @@ func (c *chaos) checkFaults(r *ChaosReport, schedule []Fault) {
 	for k, n := range want {
 		ok = ok && got[k] == n
 	}
-	r.check("totes les fallades planejades s'han produït", ok,
-		"%d SIGKILL de serveis, %d del broker, %d reinicis de PostgreSQL (-m fast %d, -m immediate %d), %d lots verinosos; errors: %v",
-		got[FaultKill], got[FaultBroker], got[FaultPGFast]+got[FaultPGImmediate], got[FaultPGFast], got[FaultPGImmediate], got[FaultPoison], errs)
+	r.check("every planned fault happened", ok,
+		"%d SIGKILLs of services, %d of the broker, %d PostgreSQL restarts (-m fast %d, -m immediate %d), %d poison batches; errors: %s",
+		got[FaultKill], got[FaultBroker], got[FaultPGFast]+got[FaultPGImmediate], got[FaultPGFast], got[FaultPGImmediate], got[FaultPoison], listOr(errs, "none"))
 }

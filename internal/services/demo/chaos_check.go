@@ -28,12 +28,12 @@ import (
 // PoisonResult is what happened to one poison record, per group of its topic.
 type PoisonResult struct {
 	*Poison
-	// Groups: per group, "dlq <motiu> (intents N)" or "ignorat", and a
-	// "FALLA: ..." when it is not what Expect says.
-	Groups map[string]string `json:"grups"`
+	// Groups: per group, "dead-lettered <motiu> (attempts N, …)" or
+	// "ignored", and a "FAIL: ..." when it is not what Expect says.
+	Groups map[string]string `json:"groups"`
 	// After: per group, the first healthy record after it in its partition
 	// that the group handles, and whether the group processed it.
-	After map[string]string `json:"seguent_sa"`
+	After map[string]string `json:"next_healthy"`
 	OK    bool              `json:"ok"`
 }
 
@@ -133,11 +133,11 @@ func (c *chaos) reconcile(ctx context.Context, plan []*planned, sub Submissions,
 			notOnce++
 		}
 	}
-	r.check("cada comanda acceptada existeix un cop", len(orders) == sub.Accepted && missing == 0 && notOnce == 0 && len(created) == len(orders),
-		"%d respostes 201, %d comandes a km0_comandes, %d acceptades sense fila, %d sense exactament un comanda.creada", sub.Accepted, len(orders), missing, notOnce)
-	r.check("Idempotency-Key: cada repetició rep la primera resposta; cada comanda té resposta",
+	r.check("every accepted order stored once: a row in km0_comandes, one comanda.creada", len(orders) == sub.Accepted && missing == 0 && notOnce == 0 && len(created) == len(orders),
+		"%d answers 201, %d orders in km0_comandes, %d accepted without a row, %d without exactly one comanda.creada", sub.Accepted, len(orders), missing, notOnce)
+	r.check("no duplicate order, every order answered: a repeated Idempotency-Key gets the first answer",
 		sub.ReplayDiffers == 0 && sub.Unexpected == 0 && sub.Other == 0 && sub.Unanswered == 0 && sub.Conflict == 0,
-		"%d repeticions amb la primera resposta, %d amb una altra, %d respostes inesperades, %d conflictes 409, %d sense resposta, %d respostes 503 reintentades",
+		"%d repeats with the first answer, %d with another, %d unexpected answers, %d conflicts 409, %d unanswered, %d answers 503 retried",
 		sub.Replayed, sub.ReplayDiffers, sub.Unexpected+sub.Other, sub.Conflict, sub.Unanswered, sub.Unavailable)
 
 	// 2. Every outbox row published and on its topic, in order per aggregate.
@@ -156,9 +156,9 @@ func (c *chaos) reconcile(ctx context.Context, plan []*planned, sub Submissions,
 			return err
 		}
 		r.Events[topic] = tc
-		r.check("cada fila d'outbox publicada i al seu topic, en ordre per agregat: "+topic,
+		r.check("no event lost, in order per aggregate: "+topic,
 			tc.Pending == 0 && tc.Missing == 0 && tc.Distinct >= tc.OutboxRows && order == 0 && parked == 0,
-			"%d files, %d pendents, %d aparcades, %d registres (%d ids diferents, %d republicats), %d perdudes, %d agregats fora d'ordre",
+			"%d outbox rows, %d pending, %d parked, %d records (%d distinct ids, %d republished), %d lost, %d aggregates out of order",
 			tc.OutboxRows, tc.Pending, parked, tc.Records, tc.Distinct, tc.Republished, tc.Missing, order)
 	}
 
@@ -200,8 +200,8 @@ func (c *chaos) reconcile(ctx context.Context, plan []*planned, sub Submissions,
 		return err
 	}
 	r.Compensation = comp
-	r.check("cancel·lades (pel client o per manca d'estoc): estoc retornat, reemborsament un cop, repartidor alliberat",
-		comp.ok() && sub.Cancelled == comp.ByReason[comandes.ReasonClient] && sub.CancelDiffers == 0, "%s; %d cancel·lacions del client respostes 200", comp, sub.Cancelled)
+	r.check("cancelled orders compensated (by the client or for stock): stock given back, refunded once, courier released",
+		comp.ok() && sub.Cancelled == comp.ByReason[comandes.ReasonClient] && sub.CancelDiffers == 0, "%s; %d client cancellations answered 200", comp, sub.Cancelled)
 	r.check("no order rejected by repartiment stays charged: each cancelled (ciutat_no_coberta) and refunded once, or never charged",
 		comp.RejectedNotCancelled == 0 && comp.RejectedCharged == 0 && comp.ByReason[comandes.ReasonNotCovered] == comp.Rejected,
 		"%d rejected, %d cancelled for ciutat_no_coberta, %d not cancelled, %d left charged; %d orders to %s refused with 422",
@@ -338,28 +338,28 @@ func (c *chaos) checkStock(ctx context.Context, pools map[string]*pgxpool.Pool, 
 		l.Expected = l.Initial + l.Restocked - l.Accepted
 		r.Stock[prod] = l
 		if l.Expected != l.Final || applied[prod] != took[prod] || restocked[prod] != restock[prod] {
-			bad = append(bad, fmt.Sprintf("%s (esperat %d, final %d, aplicat segons inventari %d de %d, reposat %d de %d)",
+			bad = append(bad, fmt.Sprintf("%s (expected %d, final %d, applied by inventari %d of %d, restocked %d of %d)",
 				prod, l.Expected, l.Final, applied[prod], took[prod], restocked[prod], restock[prod]))
 		}
 		fl, ok := flags[prod]
 		if changed := applied[prod] != 0 || restock[prod] != 0; ok || changed {
 			if !ok || fl.Units != l.Final || fl.LowStock != (l.Final < cataleg.LowStockBelow) {
-				badCatalog = append(badCatalog, fmt.Sprintf("%s (cataleg %d/%v, inventari %d)", prod, fl.Units, fl.LowStock, l.Final))
+				badCatalog = append(badCatalog, fmt.Sprintf("%s (cataleg %d units, low stock %s; inventari %d)", prod, fl.Units, yesNo(fl.LowStock), l.Final))
 			}
 		}
 	}
-	r.check("estoc = inicial + reposat − aplicat", len(bad) == 0, "productes que no quadren: %v", bad)
+	r.check("stock exact: final = initial + restocked − applied", len(bad) == 0, "products that do not reconcile: %s", listOr(bad, "none"))
 	doubled, err := doubleDecrements(ctx, pools[inventari.Name])
 	if err != nil {
 		return err
 	}
-	r.check("cap comanda descomptada dues vegades", doubled == 0, "%d parells (comanda, producte) descomptats més d'un cop", doubled)
+	r.check("no order taken from stock twice", doubled == 0, "%d (order, product) pairs taken more than once", doubled)
 	cheeseAccepted := acceptedCheeseOrders(plan, sub)
 	served := min(cheeseAccepted, inventari.InitialStock[Cheese]/CheesePerOrder)
-	r.check("només el formatge curat s'esgota, i va a la DLQ", len(insufficient) == cheeseAccepted-served && took[Cheese] == served*CheesePerOrder,
-		"%d comandes amb formatge curat, %d servides (se n'esperaven %d), %d a la DLQ per estoc_insuficient",
+	r.check(onlyCheeseInvariant, len(insufficient) == cheeseAccepted-served && took[Cheese] == served*CheesePerOrder,
+		"%d orders with aged cheese, %d served (%d expected), %d dead-lettered estoc_insuficient",
 		cheeseAccepted, took[Cheese]/CheesePerOrder, served, len(insufficient))
-	r.check("cataleg coincideix amb inventari (estoc_baix = unitats < 5)", len(badCatalog) == 0, "%d indicadors; no quadren: %v", len(flags), badCatalog)
+	r.check(catalogInvariant, len(badCatalog) == 0, "%d flags; not matching: %s", len(flags), listOr(badCatalog, "none"))
 	return nil
 }
 
@@ -431,10 +431,10 @@ func (c *chaos) checkPayments(ctx context.Context, pools map[string]*pgxpool.Poo
 			chargeDLQ++
 		}
 	}
-	r.check("un pagament i un cobrament a la passarel·la per comanda pagada; cada comanda pagada marcada pagada",
+	r.check("every paid order charged exactly once at the gateway: one payment, one charge, marked pagada",
 		ps.Payments == sub.Accepted-comp.NeverCharged-comp.ChargedUnbooked && ps.GatewayCharges == ps.Payments+comp.ChargedUnbooked &&
 			ps.OrdersPaid == ps.Payments-(comp.Charged-comp.ChargedUnbooked) && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
-		"%d acceptades, %d pagaments, %d cobraments, %d marcades pagades, %d sense pagar, %d imports o referències incorrectes, %d cobraments sobrers, %d a la DLQ de cobrament; %d crides repetides a la passarel·la absorbides",
+		"%d accepted, %d payments, %d charges, %d marked pagada, %d unpaid, %d wrong amounts or references, %d surplus charges, %d dead-lettered by the charge consumer; %d repeated gateway calls absorbed",
 		sub.Accepted, ps.Payments, ps.GatewayCharges, ps.OrdersPaid, ps.Unpaid, ps.WrongAmount, ps.ChargedTwice, chargeDLQ, ps.GatewayReplays)
 	return paid, nil
 }
@@ -500,11 +500,11 @@ func (c *chaos) checkDeliveries(ctx context.Context, pools map[string]*pgxpool.P
 		return err
 	}
 	r.Deliveries = map[string]int{repartiment.StateAssigned: count[repartiment.StateAssigned], repartiment.StatePending: count[repartiment.StatePending],
-		repartiment.StateRejected: count[repartiment.StateRejected], "dlq_esquema": len(schemaDLQ), "sense_lliurament": count["cap"]}
-	r.check("cada comanda pagada gestionada per repartiment (assignada, rebutjada per ciutat no coberta, o DLQ esquema si és versio 1)",
+		repartiment.StateRejected: count[repartiment.StateRejected], "dlq_esquema": len(schemaDLQ), "no_delivery": count["cap"]}
+	r.check("every paid order handled by repartiment: assigned, rejected for an uncovered city, or dead-lettered esquema if versio 1",
 		len(wrong) == 0 && extra == 0 && assignedEv == count[repartiment.StateAssigned]+comp.Released && rejectedEv == count[repartiment.StateRejected],
-		"%d pagades: %d assignades (%d repartiment.assignat), %d rebutjades (%d repartiment.rebutjat), %d a la DLQ esquema, %d lliuraments de comandes no pagades; no quadren: %v",
-		len(paid), count[repartiment.StateAssigned], assignedEv, count[repartiment.StateRejected], rejectedEv, len(schemaDLQ), extra, wrong)
+		"%d paid: %d assigned (%d repartiment.assignat), %d rejected (%d repartiment.rebutjat), %d dead-lettered esquema, %d deliveries of unpaid orders; not matching: %s",
+		len(paid), count[repartiment.StateAssigned], assignedEv, count[repartiment.StateRejected], rejectedEv, len(schemaDLQ), extra, listOr(wrong, "none"))
 	return nil
 }
 
@@ -531,9 +531,9 @@ func (c *chaos) checkUnexpectedLetters(plan []*planned, dls []letter, poisonAt m
 		}
 	}
 	if len(bad) > 10 {
-		bad = append(bad[:10], fmt.Sprintf("… (%d en total)", len(bad)))
+		bad = append(bad[:10], fmt.Sprintf("… (%d in all)", len(bad)))
 	}
-	r.check("cap lletra morta inesperada (només els verinosos i les del pla de negoci)", len(bad) == 0, "inesperades: %v", bad)
+	r.check("no unexpected dead letter: only the poison records and the plan's business refusals", len(bad) == 0, "unexpected: %s", listOr(bad, "none"))
 }
 
 // checkPoison: every poison record dead-lettered at its first attempt with
@@ -598,16 +598,16 @@ func (c *chaos) checkPoison(ctx context.Context, pools map[string]*pgxpool.Pool,
 			ok := true
 			switch {
 			case want == "" && len(mine) == 0 && retriedBy == 0:
-				got = "ignorat"
+				got = "ignored"
 				nIgnored++
 			case want == "":
 				ok = false
-				got = fmt.Sprintf("FALLA: havia de ser ignorat; %d a la DLQ, %d a retry", len(mine), retriedBy)
+				got = fmt.Sprintf("FAIL: should have been ignored; %d dead-lettered, %d retried", len(mine), retriedBy)
 			case len(mine) == 0:
 				ok = false
-				got = fmt.Sprintf("FALLA: no és a la DLQ (esperat %q); %d a retry", want, retriedBy)
+				got = fmt.Sprintf("FAIL: not dead-lettered (expected %q); %d retried", want, retriedBy)
 			default:
-				got = fmt.Sprintf("dlq %q (intents %s, %d còpies)", mine[0].motiu, mine[0].attempts, len(mine))
+				got = fmt.Sprintf("dead-lettered %q (attempts %s, %d copies)", mine[0].motiu, mine[0].attempts, len(mine))
 				for _, m := range mine {
 					if m.attempts != "1" || !strings.HasPrefix(m.motiu, want) {
 						ok = false
@@ -617,7 +617,7 @@ func (c *chaos) checkPoison(ctx context.Context, pools map[string]*pgxpool.Pool,
 					ok = false
 				}
 				if !ok {
-					got = "FALLA: " + got + fmt.Sprintf(", %d a retry; esperat %q a l'intent 1", retriedBy, want)
+					got = "FAIL: " + got + fmt.Sprintf(", %d retried; expected %q at attempt 1", retriedBy, want)
 				} else {
 					nDLQ++
 				}
@@ -633,10 +633,10 @@ func (c *chaos) checkPoison(ctx context.Context, pools map[string]*pgxpool.Pool,
 				return err
 			}
 			if n != 1 {
-				res.Groups[repartiment.ConsumerAssign] += fmt.Sprintf("; FALLA: %d alertes (esperada 1)", n)
+				res.Groups[repartiment.ConsumerAssign] += fmt.Sprintf("; FAIL: %d alerts (expected 1)", n)
 				res.OK, dlqOK = false, false
 			} else {
-				res.Groups[repartiment.ConsumerAssign] += "; alerta desada"
+				res.Groups[repartiment.ConsumerAssign] += "; alert stored"
 			}
 		}
 		for _, g := range topicGroups[p.Topic] {
@@ -651,7 +651,7 @@ func (c *chaos) checkPoison(ctx context.Context, pools map[string]*pgxpool.Pool,
 				}
 			}
 			if next == nil {
-				res.After[g] = "FALLA: cap registre sa posterior a la partició"
+				res.After[g] = "FAIL: no healthy record after it in the partition"
 				res.OK, afterOK = false, false
 				continue
 			}
@@ -660,9 +660,9 @@ func (c *chaos) checkPoison(ctx context.Context, pools map[string]*pgxpool.Pool,
 			if err != nil {
 				return err
 			}
-			res.After[g] = fmt.Sprintf("offset %d (%s %s): processat %v", next.Offset, header(next, transport.HeaderType), header(next, transport.HeaderEventID), done)
+			res.After[g] = fmt.Sprintf("offset %d (%s %s): processed %s", next.Offset, header(next, transport.HeaderType), header(next, transport.HeaderEventID), yesNo(done))
 			if !done {
-				res.After[g] = "FALLA: " + res.After[g]
+				res.After[g] = "FAIL: " + res.After[g]
 				res.OK, afterOK = false, false
 			}
 		}
@@ -671,14 +671,23 @@ func (c *chaos) checkPoison(ctx context.Context, pools map[string]*pgxpool.Pool,
 	var bad []string
 	for _, p := range r.Poison {
 		if !p.OK {
-			bad = append(bad, fmt.Sprintf("%s %s/%d@%d: %v %v", p.Name, p.Topic, p.Partition, p.Offset, p.Groups, p.After))
+			bad = append(bad, fmt.Sprintf("%s %s/%d@%d: %s; after it: %s", p.Name, p.Topic, p.Partition, p.Offset, mapText(p.Groups), mapText(p.After)))
 		}
 	}
 	want := PoisonBatches * poisonPerBatch
-	r.check("cada verinós a la DLQ al primer intent amb el seu motiu (o ignorat si el tipus no és del grup)", dlqOK && len(poison) == want,
-		"%d registres verinosos produïts (de %d), %d lletres mortes al primer intent amb el motiu esperat, %d ignorats com cal; no quadren: %v",
-		len(poison), want, nDLQ, nIgnored, bad)
-	r.check("els esdeveniments sans posteriors a cada verinós processats per cada grup", afterOK && len(poison) == want,
-		"%d parells (verinós, grup) comprovats", checkedAfter)
+	r.check("every poison record dead-lettered at its first attempt with its motiu: or ignored where the group does not handle its tipus", dlqOK && len(poison) == want,
+		"%d poison records produced (of %d), %d dead letters at the first attempt with the expected motiu, %d ignored as they should be; not matching: %s",
+		len(poison), want, nDLQ, nIgnored, listOr(bad, "none"))
+	r.check("no poison record blocks a partition: each group processed the healthy event after each one", afterOK && len(poison) == want,
+		"%d (poison record, group) pairs checked", checkedAfter)
 	return nil
+}
+
+// mapText writes a map of strings as "k1: v1; k2: v2" in key order.
+func mapText(m map[string]string) string {
+	parts := make([]string, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		parts = append(parts, k+": "+m[k])
+	}
+	return listOr(parts, "none")
 }

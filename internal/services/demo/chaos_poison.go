@@ -59,17 +59,17 @@ const poisonPerBatch = 10
 // Poison is one poison record produced straight to a topic, and what each
 // group of that topic must do with it.
 type Poison struct {
-	Name      string `json:"nom"`
-	ID        string `json:"id_esdeveniment,omitempty"` // "" when the record has none
+	Name      string `json:"name"`
+	ID        string `json:"event_id,omitempty"` // "" when the record has none
 	Topic     string `json:"topic"`
-	Partition int32  `json:"particio"`
+	Partition int32  `json:"partition"`
 	Offset    int64  `json:"offset"`
 	Bytes     int    `json:"bytes"`
 	// Expect maps every group of the topic to the motiu prefix it must
 	// dead-letter the record with at its first attempt; "" means the group
 	// must not dead-letter it (a tipus it does not handle is ignored and
 	// counted, CONTRACT.md).
-	Expect map[string]string `json:"esperat"`
+	Expect map[string]string `json:"expect"`
 
 	value   []byte
 	headers []kgo.RecordHeader
@@ -97,37 +97,37 @@ func poisonBatch(b int) []*Poison {
 	big := map[string]any{"id": fmt.Sprintf("VERI-%d-gran", b), "client": "client-verinós", "mercat": "girona",
 		"nota": strings.Repeat("km0 ", 900*1024/4)} // ~900 KB, and no linies
 	out := []*Poison{
-		{Name: "json_malformat", ID: id("json"), Topic: comandes.Topic,
+		{Name: "malformed_json", ID: id("json"), Topic: comandes.Topic,
 			value:  []byte(`{"id_esdeveniment":"` + id("json") + `","tipus":"comanda.creada","versio":2,"dades":{"id":"VERI`),
 			Expect: with(creada(motiuMalformed), analitica.ConsumerCount, motiuMalformed)},
-		{Name: "sense_id_esdeveniment", Topic: comandes.Topic, value: envelopeJSON("", comandes.TypeCreated, 2, order),
+		{Name: "no_id_esdeveniment", Topic: comandes.Topic, value: envelopeJSON("", comandes.TypeCreated, 2, order),
 			Expect: with(creada(motiuNoID), analitica.ConsumerCount, motiuNoID)},
-		{Name: "tipus_desconegut", ID: id("tipus"), Topic: comandes.Topic, value: envelopeJSON(id("tipus"), "comanda.esborrada", 1, order),
+		{Name: "unknown_tipus", ID: id("tipus"), Topic: comandes.Topic, value: envelopeJSON(id("tipus"), "comanda.esborrada", 1, order),
 			Expect: map[string]string{}},
 		{Name: "versio_99", ID: id("v99"), Topic: comandes.Topic, value: envelopeJSON(id("v99"), comandes.TypeCreated, 99, order),
 			Expect: creada(motiuVersion)},
-		{Name: "tipus_erronis", ID: id("tipus-erronis"), Topic: comandes.Topic,
+		{Name: "wrong_types", ID: id("tipus-erronis"), Topic: comandes.Topic,
 			value:  envelopeJSON(id("tipus-erronis"), comandes.TypeCreated, 2, map[string]any{"id": 42, "client": true, "mercat": "girona", "linies": "moltes"}),
 			Expect: creada("permanent: esquema: comanda.creada v2")},
 		{Name: "900_KB", ID: id("gran"), Topic: comandes.Topic, value: envelopeJSON(id("gran"), comandes.TypeCreated, 2, big),
 			Expect: creada("permanent: esquema: comanda.creada v2")},
-		{Name: "comanda.pagada_v1_sense_adreca", ID: id("sense-adreca"), Topic: comandes.Topic,
+		{Name: "comanda.pagada_v1_no_address", ID: id("sense-adreca"), Topic: comandes.Topic,
 			value:  envelopeJSON(id("sense-adreca"), repartiment.TypeOrderPaid, 1, map[string]any{"comanda_id": fmt.Sprintf("VERI-%d", b), "import_centims": 300, "mercat": "girona"}),
 			Expect: map[string]string{repartiment.ConsumerAssign: motiuNoAddress}},
-		{Name: "pagament_json_malformat", ID: id("pagament-json"), Topic: pagaments.Topic,
+		{Name: "pagament_malformed_json", ID: id("pagament-json"), Topic: pagaments.Topic,
 			value:  []byte(`{"id_esdeveniment":"` + id("pagament-json") + `","tipus":"pagament.confirmat","versio":1,"dades":`),
 			Expect: map[string]string{comandes.ConsumerPaymentConfirmed: motiuMalformed, analitica.ConsumerCount: motiuMalformed}},
-		{Name: "pagament_tipus_erronis", ID: id("pagament-tipus"), Topic: pagaments.Topic,
+		{Name: "pagament_wrong_types", ID: id("pagament-tipus"), Topic: pagaments.Topic,
 			value:  envelopeJSON(id("pagament-tipus"), comandes.TypePaymentConfirmed, 1, map[string]any{"comanda_id": 7, "import_centims": "molt"}),
 			Expect: map[string]string{comandes.ConsumerPaymentConfirmed: "permanent: esquema: pagament.confirmat v1"}},
-		{Name: "estoc_tipus_erronis", ID: id("estoc-tipus"), Topic: inventari.Topic,
+		{Name: "estoc_wrong_types", ID: id("estoc-tipus"), Topic: inventari.Topic,
 			value:  envelopeJSON(id("estoc-tipus"), cataleg.TypeStockUpdated, 1, map[string]any{"producte": "carbasso", "abans": "molts", "despres": -1, "motiu": ""}),
 			Expect: map[string]string{cataleg.ConsumerLowStock: "permanent: esquema: estoc.actualitzat v1"}},
 	}
-	tipus := map[string]string{"json_malformat": comandes.TypeCreated, "sense_id_esdeveniment": comandes.TypeCreated, "tipus_desconegut": "comanda.esborrada",
-		"versio_99": comandes.TypeCreated, "tipus_erronis": comandes.TypeCreated, "900_KB": comandes.TypeCreated,
-		"comanda.pagada_v1_sense_adreca": repartiment.TypeOrderPaid, "pagament_json_malformat": comandes.TypePaymentConfirmed,
-		"pagament_tipus_erronis": comandes.TypePaymentConfirmed, "estoc_tipus_erronis": cataleg.TypeStockUpdated}
+	tipus := map[string]string{"malformed_json": comandes.TypeCreated, "no_id_esdeveniment": comandes.TypeCreated, "unknown_tipus": "comanda.esborrada",
+		"versio_99": comandes.TypeCreated, "wrong_types": comandes.TypeCreated, "900_KB": comandes.TypeCreated,
+		"comanda.pagada_v1_no_address": repartiment.TypeOrderPaid, "pagament_malformed_json": comandes.TypePaymentConfirmed,
+		"pagament_wrong_types": comandes.TypePaymentConfirmed, "estoc_wrong_types": cataleg.TypeStockUpdated}
 	for i, p := range out {
 		for _, g := range topicGroups[p.Topic] {
 			if _, ok := p.Expect[g]; !ok {

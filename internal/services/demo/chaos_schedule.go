@@ -20,10 +20,10 @@ const (
 
 // Fault is one planned fault of a chaos run.
 type Fault struct {
-	At     time.Duration `json:"a"`                  // from the start of the drive
-	Kind   string        `json:"tipus"`              // one of the Fault* kinds
-	Target string        `json:"objectiu,omitempty"` // service name for FaultKill
-	Down   time.Duration `json:"aturat,omitempty"`   // how long the target stays down
+	At     time.Duration `json:"at"`               // from the start of the drive
+	Kind   string        `json:"kind"`             // one of the Fault* kinds
+	Target string        `json:"target,omitempty"` // service name for FaultKill
+	Down   time.Duration `json:"down,omitempty"`   // how long the target stays down
 }
 
 func (f Fault) String() string {
@@ -33,13 +33,13 @@ func (f Fault) String() string {
 		if f.Kind == FaultBroker {
 			t = "kafka"
 		}
-		return fmt.Sprintf("SIGKILL %s (aturat %.1fs)", t, f.Down.Seconds())
+		return fmt.Sprintf("SIGKILL %s (down %.1fs)", t, f.Down.Seconds())
 	case FaultPGFast:
 		return "PostgreSQL restart -m fast"
 	case FaultPGImmediate:
 		return "PostgreSQL restart -m immediate"
 	}
-	return "registres verinosos"
+	return "poison records"
 }
 
 // PoisonBatches is how many batches of poison records a run produces.

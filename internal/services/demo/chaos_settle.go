@@ -97,7 +97,7 @@ func (c *chaos) settle(ctx context.Context, deadline time.Time) (bool, string, [
 		}
 		sort.Strings(down)
 		if len(down) > 0 {
-			notes = append(notes, fmt.Sprintf("aturats %v", down))
+			notes = append(notes, "down: "+strings.Join(down, ", "))
 		}
 		pending := 0
 		for _, s := range publishing {
@@ -107,7 +107,7 @@ func (c *chaos) settle(ctx context.Context, deadline time.Time) (bool, string, [
 			qcancel()
 			if err != nil {
 				pending = -1
-				notes = append(notes, fmt.Sprintf("outbox de %s: %v", s, err))
+				notes = append(notes, fmt.Sprintf("outbox of %s: %v", s, err))
 				break
 			}
 			pending += n
@@ -138,7 +138,7 @@ func (c *chaos) settle(ctx context.Context, deadline time.Time) (bool, string, [
 			pendDeliv = -1
 		}
 		qcancel()
-		last = fmt.Sprintf("outbox pendents %d, lag %d %v, lliuraments pendents %d", pending, lag, behind, pendDeliv)
+		last = fmt.Sprintf("outbox rows pending %d, lag %d (%s), deliveries pending %d", pending, lag, listOr(behind, "none behind"), pendDeliv)
 		if len(notes) > 0 {
 			last += " (" + strings.Join(notes, "; ") + ")"
 		}
@@ -151,7 +151,7 @@ func (c *chaos) settle(ctx context.Context, deadline time.Time) (bool, string, [
 			stable = 0
 		}
 		if time.Since(lastSaid) > 5*time.Second {
-			c.say("assentant: %s", last)
+			c.say("settling: %s", last)
 			lastSaid = time.Now()
 		}
 		select {
@@ -185,12 +185,12 @@ func stuckPartitions(ctx context.Context, adm *kadm.Client, groups []string) []s
 			if ml.Lag <= 0 {
 				continue
 			}
-			holder := "cap membre"
+			holder := "no member"
 			if ml.Member != nil {
 				holder = ml.Member.MemberID
 			}
-			out = append(out, fmt.Sprintf("%s %s/%d: lag %d (confirmat %d, final %d), assignada a %s; grup %s amb %d membres %v",
-				l.Group, ml.Topic, ml.Partition, ml.Lag, ml.Commit.At, ml.End.Offset, holder, l.State, len(l.Members), members))
+			out = append(out, fmt.Sprintf("%s %s/%d: lag %d (committed %d, end %d), assigned to %s; group %s with %d members (%s)",
+				l.Group, ml.Topic, ml.Partition, ml.Lag, ml.Commit.At, ml.End.Offset, holder, l.State, len(l.Members), listOr(members, "none")))
 		}
 	})
 	return out

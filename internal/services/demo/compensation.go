@@ -3,6 +3,8 @@ package demo
 import (
 	"context"
 	"fmt"
+	"io"
+	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,27 +18,27 @@ import (
 // cancellations and the orders inventari refused for stock, which the
 // compensation cancels and refunds.
 type Compensation struct {
-	Cancelled           int            `json:"cancellades"`
-	ByReason            map[string]int `json:"per_motiu"`
-	Charged             int            `json:"cobrades"`                      // cancelled orders the gateway had charged
-	ChargedUnbooked     int            `json:"cobrades_sense_pagament"`       // of those, charged by an attempt that timed out: no payment recorded
-	Refunded            int            `json:"reemborsades"`                  // charged, then refunded once
-	NeverCharged        int            `json:"mai_cobrades"`                  // cancelled before the charge (its creation in retry): nothing to refund
-	Owed                int            `json:"cobrades_sense_reemborsar"`     // must be 0
-	RefundWrong         int            `json:"reemborsaments_incorrectes"`    // another amount, twice, or of an order not cancelled: must be 0
-	StockHeld           int            `json:"estoc_retingut"`                // cancelled orders whose units inventari still holds: must be 0
-	StockRestored       int            `json:"estoc_retornat"`                // cancelled orders whose units inventari gave back
-	Tombstones          int            `json:"cancellacio_abans_que_creacio"` // cancellations inventari saw before the order: it took nothing
-	CourierHeld         int            `json:"repartidors_retinguts"`         // must be 0
-	Released            int            `json:"repartidors_alliberats"`
-	RefusedNotCancelled int            `json:"refusades_sense_cancellar"`  // orders refused for stock not cancelled: must be 0
-	UnplannedCancel     int            `json:"cancellacions_no_previstes"` // must be 0
+	Cancelled           int            `json:"cancelled"`
+	ByReason            map[string]int `json:"by_motiu"`
+	Charged             int            `json:"charged"`                  // cancelled orders the gateway had charged
+	ChargedUnbooked     int            `json:"charged_unbooked"`         // of those, charged by an attempt that timed out: no payment recorded
+	Refunded            int            `json:"refunded"`                 // charged, then refunded once
+	NeverCharged        int            `json:"never_charged"`            // cancelled before the charge (its creation in retry): nothing to refund
+	Owed                int            `json:"owed"`                     // must be 0
+	RefundWrong         int            `json:"wrong_refunds"`            // another amount, twice, or of an order not cancelled: must be 0
+	StockHeld           int            `json:"stock_held"`               // cancelled orders whose units inventari still holds: must be 0
+	StockRestored       int            `json:"stock_restored"`           // cancelled orders whose units inventari gave back
+	Tombstones          int            `json:"cancelled_before_created"` // cancellations inventari saw before the order: it took nothing
+	CourierHeld         int            `json:"couriers_held"`            // must be 0
+	Released            int            `json:"couriers_released"`
+	RefusedNotCancelled int            `json:"refused_not_cancelled"`   // orders refused for stock not cancelled: must be 0
+	UnplannedCancel     int            `json:"unplanned_cancellations"` // must be 0
 	// Rejected are the orders repartiment rejected (repartiment.rebutjat,
 	// delivery estat rebutjat): each must be cancelled (motiu
 	// ciutat_no_coberta) and refunded, or never charged.
-	Rejected             int `json:"rebutjades_repartiment"`
-	RejectedNotCancelled int `json:"rebutjades_sense_cancellar"` // must be 0
-	RejectedCharged      int `json:"rebutjades_cobrades"`        // rejected and still charged (not refunded once): must be 0
+	Rejected             int `json:"rejected"`
+	RejectedNotCancelled int `json:"rejected_not_cancelled"` // must be 0
+	RejectedCharged      int `json:"rejected_charged"`       // rejected and still charged (not refunded once): must be 0
 
 	cancelled map[string]bool
 }
@@ -189,6 +191,21 @@ func (c *Compensation) ok() bool {
 }
 
 func (c *Compensation) String() string {
-	return fmt.Sprintf("%d cancel·lades %v: %d reemborsades un cop (%d cobrades per un intent que va expirar, sense pagament desat), %d mai cobrades (cancel·lades mentre el cobrament esperava el reintent), %d cobrades sense reemborsar, %d reemborsaments incorrectes; estoc retornat a %d, %d cancel·lacions abans que la creació, %d amb estoc retingut; %d repartidors alliberats, %d retinguts; %d refusades per estoc sense cancel·lar, %d cancel·lacions no previstes",
-		c.Cancelled, c.ByReason, c.Refunded, c.ChargedUnbooked, c.NeverCharged, c.Owed, c.RefundWrong, c.StockRestored, c.Tombstones, c.StockHeld, c.Released, c.CourierHeld, c.RefusedNotCancelled, c.UnplannedCancel)
+	return fmt.Sprintf("%d cancelled (%s): %d refunded once (%d charged by an attempt that timed out, no payment recorded), %d never charged (cancelled while the charge waited for its retry), %d charged and not refunded, %d wrong refunds; stock given back for %d, %d cancellations before the creation, %d with stock held; %d couriers released, %d held; %d refused for stock and not cancelled, %d unplanned cancellations",
+		c.Cancelled, countsText(c.ByReason), c.Refunded, c.ChargedUnbooked, c.NeverCharged, c.Owed, c.RefundWrong, c.StockRestored, c.Tombstones, c.StockHeld, c.Released, c.CourierHeld, c.RefusedNotCancelled, c.UnplannedCancel)
+}
+
+// write writes the compensation as tables: cancellations per motiu, then
+// what each was compensated with.
+func (c *Compensation) write(w io.Writer, tw *tabwriter.Writer) {
+	writeCounts(w, tw, "Cancellations per motiu", "orders", c.ByReason)
+	writeRows(w, tw, "Compensation of the cancelled orders", [][2]any{
+		{"cancelled", c.Cancelled}, {"refunded once", c.Refunded}, {"  of which charged by a timed-out attempt", c.ChargedUnbooked},
+		{"never charged", c.NeverCharged}, {"charged, not refunded", c.Owed}, {"wrong refunds", c.RefundWrong},
+		{"stock given back", c.StockRestored}, {"cancelled before inventari saw the order", c.Tombstones}, {"stock still held", c.StockHeld},
+		{"couriers released", c.Released}, {"couriers still held", c.CourierHeld},
+		{"refused for stock, not cancelled", c.RefusedNotCancelled}, {"rejected by repartiment", c.Rejected},
+		{"rejected, not cancelled", c.RejectedNotCancelled}, {"rejected, still charged", c.RejectedCharged},
+		{"unplanned cancellations", c.UnplannedCancel},
+	})
 }

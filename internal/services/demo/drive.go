@@ -14,21 +14,21 @@ import (
 
 // Submissions counts what POST /comandes answered.
 type Submissions struct {
-	Planned       int `json:"planejades"`
-	Requests      int `json:"peticions"`
-	Accepted      int `json:"acceptades"`                   // first 201 of each order
-	Replayed      int `json:"duplicats_absorbits"`          // answers replayed for a repeated Idempotency-Key
-	ReplayDiffers int `json:"duplicats_diferents"`          // a replay whose id_esdeveniment or capacitat differs (must be 0)
-	Invalid       int `json:"rebutjades_validacio"`         // 400
-	Refused       int `json:"rebutjades_pagament"`          // 402
-	NotCovered    int `json:"rebutjades_ciutat_no_coberta"` // 422 codi ciutat_no_coberta
-	Conflict      int `json:"conflictes"`                   // 409
-	Unavailable   int `json:"no_disponible_503"`            // 503 answers (then retried with the same key)
-	Other         int `json:"altres"`                       // anything else (must be 0)
-	Unexpected    int `json:"resultats_inesperats"`         // a status other than the plan expects (must be 0)
-	Unanswered    int `json:"sense_resposta"`               // orders still without a final answer when the drive was cut short
-	Cancelled     int `json:"cancellades_pel_client"`       // POST /comandes/{id}/cancellacio answered 200 (twice each: the repeat answers the same)
-	CancelDiffers int `json:"cancellacions_diferents"`      // a repeated cancellation answered another body (must be 0)
+	Planned       int `json:"planned"`
+	Requests      int `json:"requests"`
+	Accepted      int `json:"accepted"`                  // first 201 of each order
+	Replayed      int `json:"duplicates_absorbed"`       // answers replayed for a repeated Idempotency-Key
+	ReplayDiffers int `json:"duplicates_differing"`      // a replay whose id_esdeveniment or capacitat differs (must be 0)
+	Invalid       int `json:"refused_validation"`        // 400
+	Refused       int `json:"refused_payment"`           // 402
+	NotCovered    int `json:"refused_ciutat_no_coberta"` // 422 codi ciutat_no_coberta
+	Conflict      int `json:"conflicts"`                 // 409
+	Unavailable   int `json:"unavailable_503"`           // 503 answers (then retried with the same key)
+	Other         int `json:"other"`                     // anything else (must be 0)
+	Unexpected    int `json:"unexpected"`                // a status other than the plan expects (must be 0)
+	Unanswered    int `json:"unanswered"`                // orders still without a final answer when the drive was cut short
+	Cancelled     int `json:"cancelled_by_client"`       // POST /comandes/{id}/cancellacio answered 200 (twice each: the repeat answers the same)
+	CancelDiffers int `json:"cancellations_differing"`   // a repeated cancellation answered another body (must be 0)
 
 	accepted map[string]string // order id → id_esdeveniment of its first answer
 	caps     map[string]string // order id → capacitat of its first 201: the credential of its cancellation

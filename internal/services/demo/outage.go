@@ -15,17 +15,17 @@ import (
 // (Config.KafkaDown): whether inventari, which publishes estoc.actualitzat
 // to Kafka, kept taking stock for the orders that arrived meanwhile.
 type KafkaOutage struct {
-	Seconds float64 `json:"segons"`
+	Seconds float64 `json:"seconds"`
 	// InventariReads is the broker of comandes.esdeveniments, where
 	// inventari reads its orders.
-	InventariReads string `json:"inventari_llegeix"`
+	InventariReads string `json:"inventari_reads"`
 	// StockEvents are the estoc.actualitzat inventari wrote while Kafka was
 	// down (each an order line it took from stock).
-	StockEvents int `json:"esdeveniments_estoc_durant"`
+	StockEvents int `json:"stock_events_during"`
 	// InventariPending and ComandesPending are the outbox rows waiting for
 	// the broker when Kafka came back.
-	InventariPending int `json:"outbox_inventari_pendents"`
-	ComandesPending  int `json:"outbox_comandes_pendents"`
+	InventariPending int `json:"inventari_outbox_pending"`
+	ComandesPending  int `json:"comandes_outbox_pending"`
 }
 
 // outage takes Kafka down for d when start is called, and measures it.
@@ -54,7 +54,7 @@ func (o *outage) start(ctx context.Context) {
 			inv := o.sys.Pool(inventari.Name)
 			before, _ := countOf(ctx, inv, stockEventsSQL)
 			up := o.broker.Unreachable()
-			o.say("Kafka caigut durant %v (inventari llegeix les comandes de %s)", o.d, brokerName(o.res.InventariReads))
+			o.say("Kafka down for %v (inventari reads the orders from %s)", o.d, brokerName(o.res.InventariReads))
 			select {
 			case <-time.After(o.d):
 			case <-ctx.Done():
@@ -64,7 +64,7 @@ func (o *outage) start(ctx context.Context) {
 			o.res.InventariPending, _ = countOf(ctx, inv, `SELECT count(*) FROM outbox WHERE publicat_en IS NULL`)
 			o.res.ComandesPending, _ = countOf(ctx, o.sys.Pool(comandes.Name), `SELECT count(*) FROM outbox WHERE publicat_en IS NULL`)
 			up()
-			o.say("Kafka torna: durant la caiguda inventari va escriure %d esdeveniments d'estoc; pendents a l'outbox: inventari %d, comandes %d",
+			o.say("Kafka is back: during the outage inventari wrote %d stock events; pending in the outboxes: inventari %d, comandes %d",
 				o.res.StockEvents, o.res.InventariPending, o.res.ComandesPending)
 		}()
 	})
@@ -87,10 +87,10 @@ func (o *outage) check(r *Report) {
 	res := o.res
 	r.KafkaOutage = &res
 	if res.InventariReads == system.EventsRabbitMQ {
-		r.check("Kafka caigut: inventari continua (RabbitMQ) i els seus esdeveniments esperen a l'outbox", res.StockEvents > 0 && res.InventariPending > 0,
-			"%.0f s sense Kafka: %d esdeveniments d'estoc escrits, %d pendents a l'outbox d'inventari en tornar", res.Seconds, res.StockEvents, res.InventariPending)
+		r.check("Kafka down, inventari carries on: it reads RabbitMQ, its events wait in its outbox", res.StockEvents > 0 && res.InventariPending > 0,
+			"%.0f s without Kafka: %d stock events written, %d pending in inventari's outbox when it came back", res.Seconds, res.StockEvents, res.InventariPending)
 		return
 	}
-	r.check("Kafka caigut: inventari s'atura (llegeix de Kafka) i les comandes esperen a l'outbox de comandes", res.ComandesPending > 0,
-		"%.0f s sense Kafka: %d esdeveniments d'estoc escrits (els que ja tenia), %d pendents a l'outbox de comandes en tornar", res.Seconds, res.StockEvents, res.ComandesPending)
+	r.check("Kafka down, inventari stops: it reads Kafka, the orders wait in comandes' outbox", res.ComandesPending > 0,
+		"%.0f s without Kafka: %d stock events written (those it already had), %d pending in comandes' outbox when it came back", res.Seconds, res.StockEvents, res.ComandesPending)
 }

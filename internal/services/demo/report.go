@@ -27,76 +27,105 @@ import (
 
 // Report is the reconciliation of one demo run.
 type Report struct {
-	Run          string                   `json:"execucio"`
-	Database     string                   `json:"base_de_dades"`
-	RequestReply string                   `json:"peticio_resposta"`
-	EventsBroker string                   `json:"broker_esdeveniments"` // Kafka, RabbitMQ, or Kafka with some topics on RabbitMQ
-	Elapsed      float64                  `json:"segons"`
-	Orders       Submissions              `json:"comandes"`
-	Events       map[string]TopicCount    `json:"esdeveniments"`
-	Consumers    map[string]ConsumerCount `json:"consumidors"`
-	DLQ          map[string]int           `json:"dlq_per_motiu"` // distinct events (a crash before the offset commit dead-letters one again)
-	Stock        map[string]StockLine     `json:"estoc"`
-	Payments     PaymentSummary           `json:"pagaments"`
-	Deliveries   map[string]int           `json:"lliuraments"`
-	Analytics    *analitica.Counters      `json:"analitica,omitempty"`
-	Compensation *Compensation            `json:"compensacio,omitempty"`
-	Restarts     map[string]int           `json:"reinicis"`
-	Injected     map[string]bool          `json:"fallades_injectades"` // which injected failures fired (relay, consumidor, cobrament)
-	KafkaOutage  *KafkaOutage             `json:"kafka_caigut,omitempty"`
+	Run          string                   `json:"run"`
+	Database     string                   `json:"database"`
+	RequestReply string                   `json:"request_reply"`
+	EventsBroker string                   `json:"events_broker"` // Kafka, RabbitMQ, or Kafka with some topics on RabbitMQ
+	Elapsed      float64                  `json:"seconds"`
+	Orders       Submissions              `json:"orders"`
+	Events       map[string]TopicCount    `json:"events"`
+	Consumers    map[string]ConsumerCount `json:"consumers"`
+	DLQ          map[string]int           `json:"dead_letters_by_reason"` // "group · motiu class": distinct events (a crash before the offset commit dead-letters one again)
+	Stock        map[string]StockLine     `json:"stock"`
+	Payments     PaymentSummary           `json:"payments"`
+	Deliveries   map[string]int           `json:"deliveries"` // by lliuraments.estat, plus dlq_esquema and alertes
+	Analytics    *analitica.Counters      `json:"analytics,omitempty"`
+	Compensation *Compensation            `json:"compensation,omitempty"`
+	Restarts     map[string]int           `json:"restarts"`
+	Injected     map[string]bool          `json:"injected_failures"` // which injected failures fired (relay, consumer, charge)
+	KafkaOutage  *KafkaOutage             `json:"kafka_outage,omitempty"`
 	Invariants   []Invariant              `json:"invariants"`
+	Verdict      string                   `json:"verdict"` // in words: what held, or what failed
 	OK           bool                     `json:"ok"`
 }
 
 // TopicCount compares a service's outbox with its topic.
 type TopicCount struct {
-	OutboxRows  int `json:"files_outbox"`
-	Pending     int `json:"pendents"`
-	Records     int `json:"registres_al_topic"`
-	Distinct    int `json:"ids_diferents"`
-	Missing     int `json:"perduts"`     // outbox rows whose id never reached the topic
-	Republished int `json:"republicats"` // records − distinct: relay re-publications
+	OutboxRows  int `json:"outbox_rows"`
+	Pending     int `json:"pending"`
+	Records     int `json:"topic_records"`
+	Distinct    int `json:"distinct_ids"`
+	Missing     int `json:"lost"`        // outbox rows whose id never reached the topic
+	Republished int `json:"republished"` // records − distinct: relay re-publications
 }
 
 // ConsumerCount is a consumer's counts over the run, restarts included.
 type ConsumerCount struct {
 	consumer.Stats
-	Restarts int `json:"reinicis"`
+	Restarts int `json:"restarts"`
 }
 
 // StockLine reconciles one product.
 type StockLine struct {
-	Initial   int  `json:"inicial"`
-	Restocked int  `json:"reposat"`
-	Accepted  int  `json:"acceptat"` // units of orders inventari did not dead-letter
-	Expected  int  `json:"esperat"`  // inicial + reposat − acceptat
+	Initial   int  `json:"initial"`
+	Restocked int  `json:"restocked"`
+	Accepted  int  `json:"accepted"` // units of orders inventari did not dead-letter
+	Expected  int  `json:"expected"` // initial + restocked − accepted
 	Final     int  `json:"final"`
-	Catalog   int  `json:"cataleg"`
-	LowStock  bool `json:"estoc_baix"`
+	Catalog   int  `json:"catalog"`
+	LowStock  bool `json:"low_stock"`
 }
 
 // PaymentSummary reconciles payments with the gateway.
 type PaymentSummary struct {
-	OrdersPaid      int `json:"comandes_pagades"`
-	Payments        int `json:"pagaments"`
-	GatewayCharges  int `json:"cobraments_passarella"`
-	ChargedTwice    int `json:"cobrats_dues_vegades"`
-	WrongAmount     int `json:"import_incorrecte"`
-	Unpaid          int `json:"acceptades_sense_pagar"`
-	GatewayFailures int `json:"passarella_503"`
-	GatewayHangs    int `json:"passarella_penjada"`
-	GatewayReplays  int `json:"passarella_repeticions"`
+	OrdersPaid      int `json:"orders_paid"`
+	Payments        int `json:"payments"`
+	GatewayCharges  int `json:"gateway_charges"`
+	ChargedTwice    int `json:"charged_twice"`
+	WrongAmount     int `json:"wrong_amount"`
+	Unpaid          int `json:"accepted_unpaid"`
+	GatewayFailures int `json:"gateway_503"`
+	GatewayHangs    int `json:"gateway_hangs"`
+	GatewayReplays  int `json:"gateway_replays"`
 }
 
 // Invariant is one check of the report.
 type Invariant struct {
-	Name   string `json:"nom"`
+	Name   string `json:"name"` // "claim: how it is checked"; the claim is what the verdict says held
 	OK     bool   `json:"ok"`
-	Detail string `json:"detall"`
+	Detail string `json:"detail"`
 }
 
 func (r *Report) check(name string, ok bool, format string, args ...any) {
 	r.Invariants = append(r.Invariants, Invariant{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
+}
+
+// claim is the head of an invariant's name, before its first ": ".
+func (inv Invariant) claim() string {
+	c, _, _ := strings.Cut(inv.Name, ": ")
+	return c
+}
+
+// verdict says in words what held: "20 of 20 invariants held: system
+// settled, every accepted order stored, …", each claim once (the four
+// "no event lost: <topic>" are one claim); or, when some failed, which.
+func verdict(invs []Invariant) string {
+	var held, failed []string
+	seen := map[string]bool{}
+	for _, inv := range invs {
+		if !inv.OK {
+			failed = append(failed, inv.Name)
+			continue
+		}
+		if c := inv.claim(); !seen[c] {
+			seen[c] = true
+			held = append(held, c)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Sprintf("NOT RECONCILED: %d of %d invariants failed: %s", len(failed), len(invs), strings.Join(failed, "; "))
+	}
+	return fmt.Sprintf("%d of %d invariants held: %s.", len(invs), len(invs), strings.Join(held, ", "))
 }
 
 // Failed returns the names of the invariants that do not hold.
@@ -162,10 +191,10 @@ func reconcile(ctx context.Context, sys *system.System, ev *eventLog, plan []*pl
 			missing++
 		}
 	}
-	r.check("comandes acceptades = comandes desades", len(orders) == sub.Accepted && missing == 0,
-		"%d respostes 201, %d comandes a km0_comandes, %d acceptades sense fila", sub.Accepted, len(orders), missing)
-	r.check("Idempotency-Key: cap duplicat crea res", sub.ReplayDiffers == 0 && sub.Unexpected == 0 && sub.Other == 0,
-		"%d repeticions respostes amb la primera resposta, %d amb una altra, %d respostes inesperades", sub.Replayed, sub.ReplayDiffers, sub.Unexpected+sub.Other)
+	r.check("every accepted order stored: each 201 has its row in km0_comandes", len(orders) == sub.Accepted && missing == 0,
+		"%d answers 201, %d orders in km0_comandes, %d accepted without a row", sub.Accepted, len(orders), missing)
+	r.check("no duplicate order: a repeated Idempotency-Key gets the first answer", sub.ReplayDiffers == 0 && sub.Unexpected == 0 && sub.Other == 0,
+		"%d repeats answered with the first answer, %d with another, %d unexpected answers", sub.Replayed, sub.ReplayDiffers, sub.Unexpected+sub.Other)
 
 	// 2. Outbox rows against topics.
 	r.Events = map[string]TopicCount{}
@@ -198,8 +227,8 @@ func reconcile(ctx context.Context, sys *system.System, ev *eventLog, plan []*pl
 			}
 		}
 		r.Events[topic] = tc
-		r.check("cap esdeveniment perdut: "+topic, tc.Pending == 0 && tc.Missing == 0 && tc.Distinct == tc.OutboxRows,
-			"%d files d'outbox, %d pendents, %d registres (%d ids diferents, %d republicats), %d perduts",
+		r.check("no event lost: "+topic, tc.Pending == 0 && tc.Missing == 0 && tc.Distinct == tc.OutboxRows,
+			"%d outbox rows, %d pending, %d records (%d distinct ids, %d republished), %d lost",
 			tc.OutboxRows, tc.Pending, tc.Records, tc.Distinct, tc.Republished, tc.Missing)
 	}
 
@@ -304,7 +333,7 @@ func checkAnalytics(ctx context.Context, pools map[string]*pgxpool.Pool, r *Repo
 		total += n
 	}
 	r.check("analitica counts no event twice", len(over) == 0,
-		"%d events counted of %d written (%d lost, at most once); counted more than written: %v", counted, total, lost, over)
+		"%d events counted of %d written (%d lost, at most once); counted more than written: %s", counted, total, lost, listOr(over, "none"))
 	return nil
 }
 
@@ -315,9 +344,9 @@ func checkAnalytics(ctx context.Context, pools map[string]*pgxpool.Pool, r *Repo
 // retry absorbs it, so the hook itself says whether it fired).
 func (r *Report) checkInjectedFailures(duplicates int64) {
 	relay, cons := r.Restarts["relay "+comandes.Name], r.Restarts["consumer "+inventari.ConsumerDecrement]
-	r.check("fallades injectades i recuperades", relay >= 1 && cons >= 1 && r.Injected["cobrament"] && duplicates > 0,
-		"relay de comandes reiniciat %d cop(s), consumidor %s reiniciat %d cop(s), %d duplicats absorbits, mort entre passarel·la i COMMIT: %v",
-		relay, inventari.ConsumerDecrement, cons, duplicates, r.Injected["cobrament"])
+	r.check(injectedInvariant, relay >= 1 && cons >= 1 && r.Injected[injectedCharge] && duplicates > 0,
+		"comandes' relay restarted %d time(s), consumer %s restarted %d time(s), %d duplicates absorbed, crash between the gateway and COMMIT fired: %s",
+		relay, inventari.ConsumerDecrement, cons, duplicates, yesNo(r.Injected[injectedCharge]))
 }
 
 func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, sub Submissions, restock map[string]int, insufficient, cancelled map[string]bool, dls []deadLetter, r *Report) error {
@@ -384,12 +413,12 @@ func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, su
 			}
 		}
 	}
-	r.check("estoc final = inicial + reposat − acceptat", stockOK, "productes que no quadren: %v", bad)
+	r.check(stockInvariant, stockOK, "products that do not reconcile: %s", listOr(bad, "none"))
 	doubled, err := doubleDecrements(ctx, ip)
 	if err != nil {
 		return err
 	}
-	r.check("cap comanda descomptada dues vegades", doubled == 0, "%d parells (comanda, producte) descomptats més d'un cop", doubled)
+	r.check("no order taken from stock twice", doubled == 0, "%d (order, product) pairs taken more than once", doubled)
 	cheeseAccepted := acceptedCheeseOrders(plan, sub)
 	onlyCheese := true
 	for _, dl := range dls {
@@ -400,11 +429,11 @@ func reconcileStock(ctx context.Context, sys *system.System, plan []*planned, su
 	// From the plan alone: the stock serves the first orders it has units
 	// for, and every later one must be dead-lettered.
 	served := min(cheeseAccepted, inventari.InitialStock[Cheese]/CheesePerOrder)
-	r.check("només el formatge curat s'esgota, i va a la DLQ", onlyCheese && len(insufficient) == cheeseAccepted-served && took[Cheese] == served*CheesePerOrder,
-		"%d comandes amb formatge curat, %d servides (%d unitats de %d; se n'esperaven %d), %d a la DLQ per estoc_insuficient",
+	r.check(onlyCheeseInvariant, onlyCheese && len(insufficient) == cheeseAccepted-served && took[Cheese] == served*CheesePerOrder,
+		"%d orders with aged cheese, %d served (%d units of %d; %d expected), %d dead-lettered estoc_insuficient",
 		cheeseAccepted, took[Cheese]/CheesePerOrder, took[Cheese], inventari.InitialStock[Cheese], served, len(insufficient))
 	if sys.Cataleg != nil {
-		r.check("cataleg coincideix amb inventari (estoc_baix = unitats < 5)", catalogOK, "indicador de %d productes (%d amb estoc canviat)", len(flags), len(changed))
+		r.check(catalogInvariant, catalogOK, "flags of %d products (%d whose stock changed)", len(flags), len(changed))
 	}
 	return nil
 }
@@ -450,10 +479,10 @@ func reconcilePayments(ctx context.Context, sys *system.System, orders map[strin
 			chargeDLQ++
 		}
 	}
-	r.check("cada comanda pagada cobrada exactament una vegada a la passarel·la",
+	r.check("every paid order charged exactly once at the gateway",
 		ps.Payments == sub.Accepted-comp.NeverCharged-comp.ChargedUnbooked && ps.GatewayCharges == ps.Payments+comp.ChargedUnbooked &&
 			ps.OrdersPaid == ps.Payments-(comp.Charged-comp.ChargedUnbooked) && ps.WrongAmount == 0 && ps.ChargedTwice == 0 && ps.Unpaid == 0 && chargeDLQ == 0,
-		"%d acceptades (%d cancel·lades abans del cobrament), %d pagaments, %d cobraments a la passarel·la (una clau cobrament-<id> cadascun), %d comandes pagades (%d cobrades i cancel·lades), %d sense pagar, %d imports o referències incorrectes, %d cobraments sense registre; la passarel·la va fallar %d cop(s), es va penjar %d cop(s) i va repetir %d resposta(es)",
+		"%d accepted (%d cancelled before the charge), %d payments, %d gateway charges (one key cobrament-<id> each), %d orders paid (%d charged and cancelled), %d unpaid, %d wrong amounts or references, %d charges without a record; the gateway failed %d time(s), hung %d time(s) and replayed %d answer(s)",
 		sub.Accepted, comp.NeverCharged, ps.Payments, ps.GatewayCharges, ps.OrdersPaid, comp.Charged, ps.Unpaid, ps.WrongAmount, ps.ChargedTwice, ps.GatewayFailures, ps.GatewayHangs, ps.GatewayReplays)
 	return nil
 }
@@ -521,8 +550,8 @@ func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planne
 	}
 	a, pend, rej := sum[repartiment.StateAssigned], sum[repartiment.StatePending], sum[repartiment.StateRejected]
 	// A rejected order is cancelled by its compensation: no longer pagada.
-	r.check("cada comanda pagada: assignada, pendent o a la DLQ d'esquema", a+pend+len(schema) == paid,
-		"%d pagades = %d assignades + %d pendents + %d esquema (%d rebutjades, cancel·lades)", paid, a, pend, len(schema), rej)
+	r.check("every paid order handled by repartiment: assigned, pending or dead-lettered esquema", a+pend+len(schema) == paid,
+		"%d paid = %d assigned + %d pending + %d esquema (%d rejected, then cancelled)", paid, a, pend, len(schema), rej)
 	// Rejected by repartiment when WithdrawnCity was withdrawn: those still
 	// pendent by SetCovered (no letter), those paid later by the handler
 	// (letter ciutat_no_coberta, final: it blocks no key).
@@ -537,69 +566,158 @@ func reconcileDeliveries(ctx context.Context, sys *system.System, plan []*planne
 			lettersOK = false
 		}
 	}
-	r.check("uncovered city: refused at creation (422 ciutat_no_coberta); coverage withdrawn after acceptance: rejected once (repartiment.rebutjat), no key blocked",
+	r.check("uncovered cities handled: refused at creation with 422 ciutat_no_coberta; withdrawn after acceptance, one repartiment.rebutjat each and no key blocked",
 		sub.NotCovered == wantRefusedUncovered(plan) && rej == wantUncovered && rejectedEv == rej && lettersOK && blocked == 0,
 		"%d orders to %s refused with 422 (of %d planned); %d accepted orders to %s: %d rejected, %d repartiment.rebutjat, %d dead letters ciutat_no_coberta, %d keys blocked",
 		sub.NotCovered, UncoveredCity, wantRefusedUncovered(plan), wantUncovered, WithdrawnCity, rej, rejectedEv, len(notCovered), blocked)
-	r.check("versio 1 sense adreça: DLQ esquema + alerta", len(schema) == wantLegacy && alerts >= wantLegacy,
-		"%d comandes sense adreça, %d a la DLQ esquema, %d alertes", wantLegacy, len(schema), alerts)
-	r.check("repartidors assignats un cop i cap lliurament pendent", assignedEv == a+comp.Released && pend == 0,
-		"%d assignades + %d alliberades per cancel·lació, %d esdeveniments repartiment.assignat, %d pendents", a, comp.Released, assignedEv, pend)
+	r.check("versio 1 orders without an address dead-lettered and alerted: motiu esquema, a row in alertes", len(schema) == wantLegacy && alerts >= wantLegacy,
+		"%d orders without an address, %d dead-lettered esquema, %d alerts", wantLegacy, len(schema), alerts)
+	r.check("couriers assigned once: no delivery left pending", assignedEv == a+comp.Released && pend == 0,
+		"%d assigned + %d released by a cancellation, %d repartiment.assignat events, %d pending", a, comp.Released, assignedEv, pend)
 	return nil
 }
 
-// Print writes the report as text.
+// Names of the invariants the tests look for.
+const (
+	onlyCheeseInvariant = "only the aged cheese runs out: its later orders dead-lettered estoc_insuficient"
+	catalogInvariant    = "cataleg agrees with inventari: estoc_baix = units < 5"
+	stockInvariant      = "stock exact: final = initial + restocked − accepted"
+	injectedInvariant   = "injected failures recovered from: relay, consumer and charge crashes"
+)
+
+// Keys of Report.Injected.
+const (
+	injectedRelay    = "relay"
+	injectedConsumer = "consumer"
+	injectedCharge   = "charge"
+)
+
+// Print writes the report as text: aligned tables, then the invariants and
+// the verdict.
 func (r *Report) Print(w io.Writer) {
-	fmt.Fprintf(w, "\nkm0 demo · informe de conciliació (execució %s, %.1f s)\n", r.Run, r.Elapsed)
-	fmt.Fprintf(w, "PostgreSQL: %s · esdeveniments: %s · petició/resposta: %s\n\n", r.Database, cmp.Or(r.EventsBroker, "Kafka"), r.RequestReply)
-	o := r.Orders
-	fmt.Fprintf(w, "Comandes: %d planejades, %d peticions HTTP · %d acceptades · %d duplicats absorbits (Idempotency-Key) · %d rebutjades per validació (400) · %d ciutat no coberta (422) · %d pagament refusat (402) · %d respostes 503 reintentades\n\n",
-		o.Planned, o.Requests, o.Accepted, o.Replayed, o.Invalid, o.NotCovered, o.Refused, o.Unavailable)
+	fmt.Fprintf(w, "\nkm0 demo · reconciliation report (run %s, %.1f s)\n", r.Run, r.Elapsed)
+	fmt.Fprintf(w, "PostgreSQL: %s · events: %s · request/reply: %s\n\n", r.Database, cmp.Or(r.EventsBroker, "Kafka"), r.RequestReply)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "Esdeveniments\tfiles outbox\tpendents\tregistres\tids diferents\trepublicats\tperduts")
-	for _, t := range sortedKeys(r.Events) {
-		c := r.Events[t]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", t, c.OutboxRows, c.Pending, c.Records, c.Distinct, c.Republished, c.Missing)
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	fmt.Fprintln(tw, "Consumidor\tprocessats\tduplicats absorbits\tignorats\treintents\tDLQ\treinicis")
+	writeOrders(w, tw, r.Orders)
+	writeEvents(w, tw, r.Events)
+	fmt.Fprintln(tw, "Consumer\tprocessed\tduplicates absorbed\tignored\tretries\tdead letters\trestarts")
 	for _, g := range sortedKeys(r.Consumers) {
 		c := r.Consumers[g]
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", g, c.Processed, c.Duplicates, c.Ignored+c.Foreign, c.Retried, c.DeadLettered, c.Restarts)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	writeDLQAndStock(w, tw, r.DLQ, r.Stock, "acceptat")
+	writeDLQAndStock(w, tw, r.DLQ, r.Stock, "accepted")
 	p := r.Payments
-	fmt.Fprintf(w, "\nPagaments: %d comandes pagades · %d pagaments · %d cobraments a la passarel·la · %d cobrades dues vegades · passarel·la: %d errors 503, %d penjades, %d respostes repetides per Idempotency-Key\n",
-		p.OrdersPaid, p.Payments, p.GatewayCharges, p.ChargedTwice, p.GatewayFailures, p.GatewayHangs, p.GatewayReplays)
+	fmt.Fprintln(w)
+	writeRows(w, tw, "Payments", [][2]any{
+		{"orders paid", p.OrdersPaid}, {"payment records", p.Payments}, {"gateway charges", p.GatewayCharges},
+		{"charged twice", p.ChargedTwice}, {"gateway 503 errors", p.GatewayFailures}, {"gateway hangs", p.GatewayHangs},
+		{"answers replayed by Idempotency-Key", p.GatewayReplays},
+	})
 	d := r.Deliveries
-	fmt.Fprintf(w, "Lliuraments: %d assignats · %d pendents · %d rebutjats (ciutat no coberta) · %d a la DLQ d'esquema (%d alertes)\n",
-		d[repartiment.StateAssigned], d[repartiment.StatePending], d[repartiment.StateRejected], d["dlq_esquema"], d["alertes"])
+	writeRows(w, tw, "Deliveries", [][2]any{
+		{"assigned", d[repartiment.StateAssigned]}, {"pending", d[repartiment.StatePending]},
+		{"rejected (city not covered)", d[repartiment.StateRejected]}, {"dead-lettered esquema", d["dlq_esquema"]}, {"alerts", d["alertes"]},
+	})
 	if c := r.Compensation; c != nil {
-		fmt.Fprintf(w, "Cancel·lacions: %s\n", c)
+		c.write(w, tw)
 	}
-	if r.Analytics != nil {
-		fmt.Fprintf(w, "Analitica (at-most-once): per tipus %v · per mercat %v · cancel·lacions per motiu %v\n", r.Analytics.PerType, r.Analytics.PerMarket, r.Analytics.PerCancelReason)
+	if a := r.Analytics; a != nil {
+		fmt.Fprintln(w, "Analytics (analitica, at most once):")
+		writeCounts(w, tw, "  per tipus", "events", a.PerType)
+		writeCounts(w, tw, "  per market", "orders", a.PerMarket)
+		writeCounts(w, tw, "  cancellations per motiu", "orders", a.PerCancelReason)
 	}
 	if k := r.KafkaOutage; k != nil {
-		fmt.Fprintf(w, "Kafka caigut %.0f s (inventari llegeix de %s): %d esdeveniments d'estoc escrits durant la caiguda · pendents en tornar: outbox d'inventari %d, de comandes %d\n",
+		fmt.Fprintf(w, "Kafka down %.0f s (inventari reads from %s): %d stock events written during the outage · pending when it came back: inventari's outbox %d, comandes' %d\n\n",
 			k.Seconds, brokerName(k.InventariReads), k.StockEvents, k.InventariPending, k.ComandesPending)
 	}
-	fmt.Fprintf(w, "Reinicis (fallades injectades): %v\n\nInvariants:\n", r.Restarts)
-	for _, inv := range r.Invariants {
-		mark := "OK   "
+	writeCounts(w, tw, "Restarts (injected failures)", "restarts", r.Restarts)
+	writeInvariants(w, r.Invariants)
+	fmt.Fprintf(w, "\n%s\n", verdict(r.Invariants))
+}
+
+// writeOrders writes what the HTTP clients sent and got.
+func writeOrders(w io.Writer, tw *tabwriter.Writer, o Submissions) {
+	writeRows(w, tw, "Orders", [][2]any{
+		{"planned", o.Planned}, {"HTTP requests", o.Requests}, {"accepted (201)", o.Accepted},
+		{"duplicates absorbed (Idempotency-Key)", o.Replayed}, {"refused by validation (400)", o.Invalid},
+		{"city not covered (422)", o.NotCovered}, {"payment refused (402)", o.Refused}, {"answers 503, retried", o.Unavailable},
+		{"cancelled by the client (200)", o.Cancelled}, {"without an answer", o.Unanswered},
+	})
+}
+
+// writeEvents writes each topic against its service's outbox.
+func writeEvents(w io.Writer, tw *tabwriter.Writer, events map[string]TopicCount) {
+	fmt.Fprintln(tw, "Topic\toutbox rows\tpending\trecords\tdistinct ids\trepublished\tlost")
+	for _, t := range sortedKeys(events) {
+		c := events[t]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", t, c.OutboxRows, c.Pending, c.Records, c.Distinct, c.Republished, c.Missing)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+// writeRows writes a titled two-column table of labels and figures.
+func writeRows(w io.Writer, tw *tabwriter.Writer, title string, rows [][2]any) {
+	fmt.Fprintf(w, "%s:\n", title)
+	for _, row := range rows {
+		fmt.Fprintf(tw, "  %v\t%v\n", row[0], row[1])
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+// writeCounts writes a map of counts as a table sorted by key ("none" when
+// empty): never a printed Go map.
+func writeCounts[N int | int64](w io.Writer, tw *tabwriter.Writer, title, unit string, m map[string]N) {
+	if len(m) == 0 {
+		fmt.Fprintf(w, "%s: none\n\n", title)
+		return
+	}
+	fmt.Fprintf(tw, "%s\t%s\n", title, unit)
+	for _, k := range sortedKeys(m) {
+		fmt.Fprintf(tw, "  %s\t%d\n", k, m[k])
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+// writeInvariants writes one line per invariant, OK or FAIL.
+func writeInvariants(w io.Writer, invs []Invariant) {
+	fmt.Fprintln(w, "Invariants:")
+	for _, inv := range invs {
+		mark := "OK  "
 		if !inv.OK {
-			mark = "FALLA"
+			mark = "FAIL"
 		}
 		fmt.Fprintf(w, "  [%s] %s: %s\n", mark, inv.Name, inv.Detail)
 	}
-	if r.OK {
-		fmt.Fprintf(w, "\nTot quadra: %d invariants de %d.\n", len(r.Invariants), len(r.Invariants))
-	} else {
-		fmt.Fprintf(w, "\nNO QUADRA: %s\n", strings.Join(r.Failed(), "; "))
+}
+
+// listOr joins items with ", ", or says none.
+func listOr(items []string, none string) string {
+	if len(items) == 0 {
+		return none
 	}
+	return strings.Join(items, ", ")
+}
+
+// countsText writes counts as "k1 3, k2 5" in key order ("none" when empty).
+func countsText[N int | int64](m map[string]N) string {
+	parts := make([]string, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return listOr(parts, "none")
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -611,19 +729,15 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// writeDLQAndStock writes the dead letters per consumidor and motiu, then the
-// stock per product; taken names the column of what orders took from stock.
+// writeDLQAndStock writes the dead letters per consumer group and motiu, then
+// the stock per product; taken names the column of what orders took from
+// stock.
 func writeDLQAndStock(w io.Writer, tw *tabwriter.Writer, dlq map[string]int, stock map[string]StockLine, taken string) {
-	fmt.Fprintln(tw, "DLQ (consumidor · motiu)\tentrades")
-	for _, k := range sortedKeys(dlq) {
-		fmt.Fprintf(tw, "%s\t%d\n", k, dlq[k])
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	fmt.Fprintln(tw, "Producte\tinicial\t+ reposat\t− "+taken+"\t= esperat\tfinal\tcataleg\testoc baix")
+	writeCounts(w, tw, "Dead letters (consumer group · motiu)", "events", dlq)
+	fmt.Fprintln(tw, "Product\tinitial\t+ restocked\t− "+taken+"\t= expected\tfinal\tcataleg\tlow stock")
 	for _, p := range sortedKeys(stock) {
 		s := stock[p]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\n", p, s.Initial, s.Restocked, s.Accepted, s.Expected, s.Final, s.Catalog, s.LowStock)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", p, s.Initial, s.Restocked, s.Accepted, s.Expected, s.Final, s.Catalog, yesNo(s.LowStock))
 	}
 	tw.Flush()
 }
@@ -664,16 +778,16 @@ func (r *Report) checkCancellations(plan []*planned, sub Submissions, refused ma
 			}
 		}
 	}
-	r.check("cancel·lacions del client: 200 i la repetició respon el mateix", sub.Cancelled == planned && sub.CancelDiffers == 0 && c.ByReason[comandes.ReasonClient] == planned && inRetry > 0 && c.Released >= late,
-		"%d previstes (%d just després del 201, %d d'elles amb el primer cobrament fallit: cancel·lades amb el cobrament en reintent; %d ja pagades i assignades: %d repartidors alliberats), %d respostes 200 ×2, %d repeticions diferents, %d comandes cancel·lades pel client",
+	r.check("client cancellations answered 200: a repeat answers the same", sub.Cancelled == planned && sub.CancelDiffers == 0 && c.ByReason[comandes.ReasonClient] == planned && inRetry > 0 && c.Released >= late,
+		"%d planned (%d right after the 201, %d of them with a failed first charge: cancelled while the charge waited for its retry; %d already paid and assigned: %d couriers released), %d answers 200 ×2, %d repeats that differ, %d orders cancelled by the client",
 		planned, planned-late, inRetry, late, c.Released, sub.Cancelled, sub.CancelDiffers, c.ByReason[comandes.ReasonClient])
-	r.check("refusades per estoc: cancel·lades (estoc_insuficient) i reemborsades", c.RefusedNotCancelled == 0 && c.ByReason[inventari.ErrInsufficient.Error()] == len(refused),
-		"%d refusades per estoc, %d cancel·lades per estoc_insuficient, %d sense cancel·lar", len(refused), c.ByReason[inventari.ErrInsufficient.Error()], c.RefusedNotCancelled)
+	r.check("orders refused for stock cancelled and refunded: motiu estoc_insuficient", c.RefusedNotCancelled == 0 && c.ByReason[inventari.ErrInsufficient.Error()] == len(refused),
+		"%d refused for stock, %d cancelled for estoc_insuficient, %d not cancelled", len(refused), c.ByReason[inventari.ErrInsufficient.Error()], c.RefusedNotCancelled)
 	r.check("no order rejected by repartiment stays charged: each cancelled (ciutat_no_coberta) and refunded once, or never charged",
 		c.RejectedNotCancelled == 0 && c.RejectedCharged == 0 && c.ByReason[comandes.ReasonNotCovered] == c.Rejected,
 		"%d rejected, %d cancelled for ciutat_no_coberta, %d not cancelled, %d left charged",
 		c.Rejected, c.ByReason[comandes.ReasonNotCovered], c.RejectedNotCancelled, c.RejectedCharged)
-	r.check("cancel·lades: estoc retornat, reemborsament un cop, repartidor alliberat", c.ok(), "%s", c)
+	r.check("cancelled orders compensated: stock given back, refunded once, courier released", c.ok(), "%s", c)
 }
 
 // wantRefusedUncovered counts the orders to UncoveredCity that reach the

@@ -5,11 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/services/analitica"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
@@ -54,8 +57,6 @@ func invariant(t *testing.T, r *Report, name string) Invariant {
 	return Invariant{}
 }
 
-const onlyCheeseInvariant = "només el formatge curat s'esgota, i va a la DLQ"
-
 // A broken inventari that dead-letters every cheese order as
 // estoc_insuficient while all 5 units are still there: nothing ran out, so
 // "only the cheese runs out" must not hold.
@@ -80,7 +81,7 @@ func TestOnlyCheeseRunsOutFailsWhenNoCheeseWasServed(t *testing.T) {
 		sub.Accepted++
 		insufficient[id] = true
 		dls = append(dls, deadLetter{topic: comandes.Topic + ".dlq", group: inventari.ConsumerDecrement,
-			motiu: "permanent: estoc_insuficient: " + Cheese + " (en queden 5, se'n demanen 2)", orderID: id})
+			motiu: "permanent: estoc_insuficient: " + Cheese + " (5 left, 2 asked)", orderID: id})
 	}
 	r := &Report{}
 	if err := reconcileStock(ctx, sys, plan, sub, nil, insufficient, nil, dls, r); err != nil {
@@ -125,10 +126,10 @@ func TestCatalogInvariantFailsWhenTheCatalogMissesAProduct(t *testing.T) {
 	if err := reconcileStock(ctx, sys, nil, Submissions{accepted: map[string]string{}}, map[string]int{"carbasso": 3}, map[string]bool{}, nil, nil, r); err != nil {
 		t.Fatal(err)
 	}
-	if inv := invariant(t, r, "estoc final = inicial + reposat − acceptat"); !inv.OK {
+	if inv := invariant(t, r, stockInvariant); !inv.OK {
 		t.Fatalf("setup: stock does not reconcile: %s", inv.Detail)
 	}
-	if inv := invariant(t, r, "cataleg coincideix amb inventari (estoc_baix = unitats < 5)"); inv.OK {
+	if inv := invariant(t, r, catalogInvariant); inv.OK {
 		t.Fatalf("carbasso restocked to 83 and absent from cataleg, yet %q holds: %s", inv.Name, inv.Detail)
 	}
 }
@@ -141,10 +142,46 @@ func TestInjectedFailuresCheckNeedsTheChargeFailure(t *testing.T) {
 		fired bool
 		want  bool
 	}{{true, true}, {false, false}} {
-		r := &Report{Restarts: restarts, Injected: map[string]bool{"relay": true, "consumidor": true, "cobrament": tc.fired}}
+		r := &Report{Restarts: restarts, Injected: map[string]bool{injectedRelay: true, injectedConsumer: true, injectedCharge: tc.fired}}
 		r.checkInjectedFailures(12)
-		if inv := invariant(t, r, "fallades injectades i recuperades"); inv.OK != tc.want {
+		if inv := invariant(t, r, injectedInvariant); inv.OK != tc.want {
 			t.Fatalf("charge failure fired %v: check %v (%s), want %v", tc.fired, inv.OK, inv.Detail, tc.want)
 		}
+	}
+}
+
+// The printed report is tables, not Go values: no "map[" or "[]" in it,
+// and the verdict says in words what held, each claim once.
+func TestPrintWritesTablesAndAVerdictInWords(t *testing.T) {
+	r := &Report{Run: "r1", Database: "test", RequestReply: "Kafka",
+		Events:     map[string]TopicCount{comandes.Topic: {OutboxRows: 3, Records: 3, Distinct: 3}},
+		DLQ:        map[string]int{inventari.ConsumerDecrement + " · permanent: estoc_insuficient": 38},
+		Stock:      map[string]StockLine{Cheese: {Initial: 5, Accepted: 4, Expected: 1, Final: 1, Catalog: 1, LowStock: true}},
+		Deliveries: map[string]int{}, Restarts: map[string]int{"relay comandes": 1},
+		Compensation: &Compensation{Cancelled: 3, ByReason: map[string]int{comandes.ReasonClient: 2, "estoc_insuficient": 1}},
+		Analytics:    &analitica.Counters{PerType: map[string]int64{"comanda.creada": 3}, PerMarket: map[string]int64{}, PerCancelReason: map[string]int64{}},
+	}
+	r.check("no event lost: a", true, "%s", listOr(nil, "none"))
+	r.check("no event lost: b", true, "ok")
+	r.check(stockInvariant, true, "products that do not reconcile: %s", listOr(nil, "none"))
+	r.OK = true
+	var b strings.Builder
+	r.Print(&b)
+	out := b.String()
+	for _, bad := range []string{"map[", "[]", "true", "false"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("report prints a Go value %q:\n%s", bad, out)
+		}
+	}
+	want := "3 of 3 invariants held: no event lost, stock exact."
+	if !strings.Contains(out, want) {
+		t.Errorf("verdict: want %q in\n%s", want, out)
+	}
+	if !regexp.MustCompile(`(?m)^  client\s+2$`).MatchString(out) {
+		t.Errorf("cancellations per motiu are not a table:\n%s", out)
+	}
+	r.Invariants[1].OK = false
+	if got, want := verdict(r.Invariants), "NOT RECONCILED: 1 of 3 invariants failed: no event lost: b"; got != want {
+		t.Errorf("failed verdict %q, want %q", got, want)
 	}
 }

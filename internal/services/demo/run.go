@@ -177,7 +177,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		defer broker.Close()
 		sysCfg.Brokers = broker.Addrs()
-		say("Kafka: broker embegut (kfake) a %v", broker.Addrs())
+		say("Kafka: embedded broker (kfake) at %s", strings.Join(broker.Addrs(), ", "))
 	}
 	if cfg.KafkaDown > 0 && broker == nil {
 		return nil, errors.New("demo: --kafka-down needs Kafka in the run: keep some topic on it, e.g. --events kafka,comandes.esdeveniments=rabbitmq")
@@ -195,7 +195,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 		rmq.configure(&sysCfg)
-		say("RabbitMQ: %s, intercanvi %s, cues %s* (esborrats en acabar)", redact.URL(sysCfg.AMQPURL), rmq.exchange, rmq.prefix)
+		say("RabbitMQ: %s, exchange %s, queues %s* (deleted at the end)", redact.URL(sysCfg.AMQPURL), rmq.exchange, rmq.prefix)
 	}
 	sys, err := system.Start(ctx, sysCfg)
 	if err != nil {
@@ -229,7 +229,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	defer cleanup()
-	say("serveis en marxa: %v (bases de dades km0_<servei>_demo_%s)", system.Services, run)
+	say("services running: %s (databases km0_<service>_demo_%s)", strings.Join(system.Services, ", "), run)
 
 	restock := restockFor(plan)
 	for prod, n := range restock {
@@ -237,7 +237,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 	}
-	say("reposat l'estoc de %d productes perquè només el formatge curat (5 unitats) s'esgoti", len(restock))
+	say("restocked %d products so that only the aged cheese (5 units) runs out", len(restock))
 
 	// WithdrawnCity joins the coverage now and leaves it after the drive;
 	// comandes must hold the new snapshot before the first order (else it
@@ -258,13 +258,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	d.onOrder = func(done int) {
 		if done%step == 0 || done == cfg.Orders {
-			say("comandes enviades %d/%d", done, cfg.Orders)
+			say("orders sent %d/%d", done, cfg.Orders)
 		}
 		if out != nil && done >= max(cfg.Orders/3, 1) {
 			out.start(ctx)
 		}
 	}
-	say("enviant %d comandes amb %d clients concurrents (duplicats, formatge de més que es cancel·la i es reemborsa, cancel·lacions, ciutat no coberta, clients versio 1, passarel·la que falla i es penja, relay i consumidor que moren)", cfg.Orders, cfg.Clients)
+	say("sending %d orders from %d concurrent clients (duplicates, too much cheese: cancelled and refunded, client cancellations, an uncovered city, versio 1 clients, a gateway that fails and hangs, a relay and a consumer that crash)", cfg.Orders, cfg.Clients)
 	sub := d.run(ctx, plan, cfg.Clients)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -272,7 +272,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if out != nil {
 		out.wait(ctx)
 	}
-	say("enviament acabat: %d acceptades, %d duplicats absorbits; esperant que el sistema s'assenti", sub.Accepted, sub.Replayed)
+	say("orders sent: %d accepted, %d duplicates absorbed; waiting for the system to settle", sub.Accepted, sub.Replayed)
 	rejected, err := sys.Repartiment.SetCovered(ctx, WithdrawnCity, false)
 	if err != nil {
 		return nil, err
@@ -289,18 +289,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	report := &Report{Run: run, Database: server.Source, RequestReply: sys.RequestReplyTransport(), EventsBroker: ev.describe()}
 	if cfg.NoAuthorize {
-		report.RequestReply += " (autoritzacions desactivades)"
+		report.RequestReply += " (authorisation off)"
 	}
 	settled, why := settle(ctx, sys, ev, cfg.SettleTimeout, say)
 	if settled {
 		// Orders paid and assigned a courier, cancelled now: the courier is
 		// released and the charge refunded.
 		n := d.cancelLate(ctx, plan)
-		say("%d comandes ja pagades i assignades, cancel·lades; esperant que el sistema s'assenti", n)
+		say("%d orders already paid and assigned, cancelled; waiting for the system to settle", n)
 		sub = d.result()
 		settled, why = settle(ctx, sys, ev, cfg.SettleTimeout, say)
 	}
-	report.check("sistema assentat (outbox buits, lag 0, cap lliurament pendent)", settled, "%s", why)
+	report.check("system settled: outboxes empty, consumer lag 0, no delivery pending", settled, "%s", why)
 	report.Injected = inject.fired() // after settling: the charge may fire late
 	if err := reconcile(ctx, sys, ev, plan, sub, restock, report); err != nil {
 		return nil, fmt.Errorf("demo: reconcile: %w", err)
@@ -310,21 +310,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	report.Elapsed = time.Since(start).Seconds()
 	report.OK = len(report.Failed()) == 0
+	report.Verdict = verdict(report.Invariants)
 	if cfg.OnReport != nil {
 		cfg.OnReport(report)
 	}
 	if cfg.KeepRunning && ctx.Err() == nil {
 		addrs := sys.Addrs()
-		fmt.Fprintf(cfg.Out, "\nEls serveis continuen en marxa (Ctrl-C per aturar-los):\n")
+		fmt.Fprintf(cfg.Out, "\nThe services keep running (Ctrl-C stops them):\n")
 		for _, k := range sortedKeys(addrs) {
 			fmt.Fprintf(cfg.Out, "  %-12s %s\n", k, addrs[k])
 		}
 		var brokers []string
 		if broker != nil {
 			brokers = broker.Addrs()
-			fmt.Fprintf(cfg.Out, "  %-12s %v\n", "kafka", brokers)
+			fmt.Fprintf(cfg.Out, "  %-12s %s\n", "kafka", strings.Join(brokers, ", "))
 		}
-		fmt.Fprintf(cfg.Out, "  proveu: curl %s/comandes/P-2026-000001 · curl %s/analitica · curl %s/cataleg\n",
+		fmt.Fprintf(cfg.Out, "  try: curl %s/comandes/P-2026-000001 · curl %s/analitica · curl %s/cataleg\n",
 			addrs[comandes.Name], addrs["analitica"], addrs["cataleg"])
 		if cfg.OnRunning != nil {
 			stop, err := cfg.OnRunning(ctx, Running{System: sys, Brokers: brokers, DatabaseURL: server.URL, DatabaseSuffix: sysCfg.DatabaseSuffix})
@@ -406,7 +407,7 @@ func settle(ctx context.Context, sys *system.System, ev *eventLog, timeout time.
 		if err != nil {
 			return false, err.Error()
 		}
-		last = fmt.Sprintf("outbox pendents %d, lag dels consumidors %d %v, lliuraments pendents %d", pending, lag, behind, sum[repartiment.StatePending])
+		last = fmt.Sprintf("outbox rows pending %d, consumer lag %d (%s), deliveries pending %d", pending, lag, listOr(behind, "none behind"), sum[repartiment.StatePending])
 		if pending == 0 && lag == 0 && !moving && sum[repartiment.StatePending] == 0 {
 			stable++
 			if stable >= need {
@@ -416,11 +417,11 @@ func settle(ctx context.Context, sys *system.System, ev *eventLog, timeout time.
 			stable = 0
 		}
 		if time.Since(lastSaid) > 2*time.Second {
-			say("assentant: %s", last)
+			say("settling: %s", last)
 			lastSaid = time.Now()
 		}
 		if time.Now().After(deadline) {
-			return false, "temps esgotat: " + last
+			return false, "timed out: " + last
 		}
 		select {
 		case <-ctx.Done():
@@ -441,7 +442,7 @@ type injector struct {
 
 // fired reports which injected failures happened, for the reconciliation.
 func (f *injector) fired() map[string]bool {
-	return map[string]bool{"relay": f.relayDone.Load(), "consumidor": f.consumerDone.Load(), "cobrament": f.chargeDone.Load()}
+	return map[string]bool{injectedRelay: f.relayDone.Load(), injectedConsumer: f.consumerDone.Load(), injectedCharge: f.chargeDone.Load()}
 }
 
 func newInjector(orders int) *injector {
@@ -473,7 +474,7 @@ func (f *injector) afterCharge(orderID string) error {
 	if int64(orderNum(orderID)) >= f.chargeAt {
 		f.chargeOnce.Do(func() {
 			f.chargeDone.Store(true)
-			err = errors.New("mort simulada entre la passarel·la i el COMMIT")
+			err = errors.New("simulated crash between the gateway and COMMIT")
 		})
 	}
 	return err

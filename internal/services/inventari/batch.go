@@ -206,7 +206,7 @@ func decodeOrder(m *consumer.Message) (order, error) {
 		return order{}, outcome.Permanentf("esquema: comanda.creada: %v", err)
 	}
 	if o.ID == "" || len(o.Lines) == 0 {
-		return order{}, outcome.Permanentf("esquema: comanda.creada sense id o sense linies")
+		return order{}, outcome.Permanentf("esquema: comanda.creada without id or linies")
 	}
 	if err := requestreply.CheckID("esquema: comanda.creada: id", o.ID, 0); err != nil {
 		return order{}, err
@@ -227,13 +227,13 @@ func sumLines(lines []Line) ([]Line, error) {
 	perProduct := make(map[string]int, len(lines))
 	for i, l := range lines {
 		if l.Product == "" || l.Quantity <= 0 {
-			return nil, outcome.Permanentf("esquema: linies[%d]: producte buit o quantitat %d", i, l.Quantity)
+			return nil, outcome.Permanentf("esquema: linies[%d]: empty producte or quantitat %d", i, l.Quantity)
 		}
 		if strings.ContainsRune(l.Product, 0) || !utf8.ValidString(l.Product) {
-			return nil, outcome.Permanentf("esquema: linies[%d]: producte amb un caràcter nul o UTF-8 no vàlid", i)
+			return nil, outcome.Permanentf("esquema: linies[%d]: producte with a NUL character or invalid UTF-8", i)
 		}
 		if l.Quantity > math.MaxInt32 || perProduct[l.Product] > math.MaxInt32-l.Quantity {
-			return nil, outcome.Permanentf("esquema: linies[%d]: quantitat de %s massa gran", i, l.Product)
+			return nil, outcome.Permanentf("esquema: linies[%d]: quantitat of %s too large", i, l.Product)
 		}
 		perProduct[l.Product] += l.Quantity
 	}
@@ -254,7 +254,7 @@ func check(stock map[string]int, lines []Line) error {
 			return outcome.Permanent(fmt.Errorf("%w: %s", ErrUnknownProduct, l.Product))
 		}
 		if have < l.Quantity {
-			return outcome.Permanent(fmt.Errorf("%w: %s (en queden %d, se'n demanen %d)", ErrInsufficient, l.Product, have, l.Quantity))
+			return outcome.Permanent(fmt.Errorf("%w: %s (%d left, %d asked)", ErrInsufficient, l.Product, have, l.Quantity))
 		}
 	}
 	return nil

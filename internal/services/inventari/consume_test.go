@@ -409,7 +409,7 @@ func TestBatchWithDuplicateAndShortOrderCommitsTheGoodOneAndDeadLettersTheShortO
 	}
 	dl := kafkatest.ReadAll(t, w.b, ordersTopic+contract.DLQSuffix, 1, 30*time.Second)
 	if len(dl) != 1 || header(dl[0], transport.HeaderEventID) != shortID || header(dl[0], transport.HeaderAttempts) != "1" ||
-		!strings.HasPrefix(header(dl[0], transport.HeaderReason), "permanent: estoc_insuficient: formatge-curat (en queden 5, se'n demanen 6)") {
+		!strings.HasPrefix(header(dl[0], transport.HeaderReason), "permanent: estoc_insuficient: formatge-curat (5 left, 6 asked)") {
 		t.Fatalf("dead letters %d: %s intents %s motiu %q", len(dl), header(dl[0], transport.HeaderEventID), header(dl[0], transport.HeaderAttempts), header(dl[0], transport.HeaderReason))
 	}
 	for id, want := range map[string]int{shortID: 0, goodID: 1} {

@@ -13,7 +13,7 @@ import (
 // not block the order's key on them); bad data and a database error are not.
 func TestFinalIsTheStockRefusalOnly(t *testing.T) {
 	for _, err := range []error{
-		outcome.Permanent(fmt.Errorf("%w: formatge-curat (en queden 5, se'n demanen 6)", inventari.ErrInsufficient)),
+		outcome.Permanent(fmt.Errorf("%w: formatge-curat (5 left, 6 asked)", inventari.ErrInsufficient)),
 		outcome.Permanent(fmt.Errorf("%w: trufa", inventari.ErrUnknownProduct)),
 	} {
 		if !inventari.Final(err) {

@@ -185,7 +185,7 @@ func (s *Service) take(ctx context.Context, tx pgx.Tx, lines []Line, reason, ord
 			} else if err != nil {
 				return nil, err
 			}
-			return nil, outcome.Permanent(fmt.Errorf("%w: %s (en queden %d, se'n demanen %d)", ErrInsufficient, p, have, q))
+			return nil, outcome.Permanent(fmt.Errorf("%w: %s (%d left, %d asked)", ErrInsufficient, p, have, q))
 		}
 		if err != nil {
 			return nil, err
@@ -227,7 +227,7 @@ func (s *Service) Reserve(ctx context.Context, body []byte) ([]byte, error) {
 		return nil, outcome.Permanentf("esquema: ReservarEstoc: %v", err)
 	}
 	if req.ID == "" || len(req.Lines) == 0 {
-		return nil, outcome.Permanentf("esquema: ReservarEstoc sense id_reserva o sense linies")
+		return nil, outcome.Permanentf("esquema: ReservarEstoc without id_reserva or linies")
 	}
 	// Checked before any SQL: a bad id is a clear refusal, never a database error.
 	if err := requestreply.CheckID("esquema: ReservarEstoc: id_reserva", req.ID, 0); err != nil {
@@ -308,7 +308,7 @@ func (s *Service) Stock(ctx context.Context) (map[string]int, error) {
 
 // Handler returns the HTTP API: GET /estoc → [{"producte", "unitats"}], by product.
 func (s *Service) Handler() http.Handler {
-	return svc.GetJSON("/estoc", "no s'ha pogut llegir l'estoc", func(ctx context.Context) (any, error) {
+	return svc.GetJSON("/estoc", "could not read the stock", func(ctx context.Context) (any, error) {
 		st, err := s.Stock(ctx)
 		if err != nil {
 			return nil, err

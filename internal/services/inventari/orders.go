@@ -134,7 +134,7 @@ func decodeCancel(m *consumer.Message) (order, error) {
 		return order{}, outcome.Permanentf("esquema: comanda.cancellada: %v", err)
 	}
 	if c.OrderID == "" {
-		return order{}, outcome.Permanentf("esquema: comanda.cancellada sense comanda_id")
+		return order{}, outcome.Permanentf("esquema: comanda.cancellada without comanda_id")
 	}
 	if err := requestreply.CheckID("esquema: comanda.cancellada: comanda_id", c.OrderID, 0); err != nil {
 		return order{}, err
@@ -150,7 +150,7 @@ func refusedAgain(reason string) error {
 		sentinel = ErrUnknownProduct
 	}
 	_, detail, _ := strings.Cut(reason, ": ")
-	return outcome.Permanent(fmt.Errorf("%w: %s (ja refusada abans)", sentinel, detail))
+	return outcome.Permanent(fmt.Errorf("%w: %s (already refused before)", sentinel, detail))
 }
 
 // clip cuts s to at most 200 bytes on a rune boundary.

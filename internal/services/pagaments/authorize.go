@@ -35,7 +35,7 @@ type AuthResponse struct {
 // per order with the request's amount, so a repeated request (a requester
 // that timed out and asked again) gets the same answer. A request for an
 // order already decided for another amount is refused as a conflict
-// (requestreply.Conflict, "conflicte: ..."): it gets neither the other
+// (requestreply.Conflict, "conflict: ..."): it gets neither the other
 // request's decision nor one of its own. It returns only after the decision
 // is committed. Concurrent calls share their commits (see authBatcher). A
 // malformed body, or a comanda_id that is empty, over
@@ -44,13 +44,13 @@ type AuthResponse struct {
 func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
 	var req AuthRequest
 	if err := strictjson.Unmarshal(body, &req); err != nil {
-		return nil, outcome.Permanentf("esquema: autorització: %v", err)
+		return nil, outcome.Permanentf("esquema: authorisation: %v", err)
 	}
 	if req.OrderID == "" || req.TotalCents < 0 {
-		return nil, outcome.Permanentf("esquema: autorització sense comanda_id o amb import negatiu")
+		return nil, outcome.Permanentf("esquema: authorisation without comanda_id or with a negative import_centims")
 	}
 	// Bounded and checked before any SQL: a bad id is a clear refusal, never a database error.
-	if err := requestreply.CheckID("esquema: autorització: comanda_id", req.OrderID, maxOrderIDBytes); err != nil {
+	if err := requestreply.CheckID("esquema: authorisation: comanda_id", req.OrderID, maxOrderIDBytes); err != nil {
 		return nil, err
 	}
 	c := &authCall{req: req, approved: req.TotalCents <= s.cfg.AuthLimitCents, done: make(chan struct{})}
@@ -63,16 +63,16 @@ func (s *Service) Authorize(ctx context.Context, body []byte) ([]byte, error) {
 		}
 		// The requester gets the class of failure, not PostgreSQL's text.
 		if refusedInput(err) {
-			return nil, outcome.Permanentf("esquema: autorització: comanda_id de %d bytes no admès", len(req.OrderID))
+			return nil, outcome.Permanentf("esquema: authorisation: a comanda_id of %d bytes is not accepted", len(req.OrderID))
 		}
 		s.cfg.Logger.Warn("pagaments: authorisation not stored", "comanda_id", req.OrderID, "err", err)
-		return nil, errors.New("pagaments: autorització no desada (base de dades); torneu-ho a provar")
+		return nil, errors.New("pagaments: authorisation not stored (database); try again")
 	}
 	if c.stored.cents != req.TotalCents {
 		// Another request (another amount) decided this order first: its
 		// decision is not this request's answer. Nothing is stored for this
 		// one, and the stored amount is not revealed.
-		return nil, requestreply.Conflict(fmt.Errorf("conflicte: la comanda %s ja té una autorització per a un altre import", req.OrderID))
+		return nil, requestreply.Conflict(fmt.Errorf("conflict: order %s already holds an authorisation for another amount", req.OrderID))
 	}
 	return json.Marshal(AuthResponse{OrderID: req.OrderID, Approved: c.stored.approved, Reason: c.stored.reason})
 }

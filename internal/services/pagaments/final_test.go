@@ -17,7 +17,7 @@ func TestFinalIsTheRefusedCardOnly(t *testing.T) {
 	if !pagaments.Final(refused) || refused.Error() != "targeta_refusada: P-1: "+passarella.ErrRefused.Error() {
 		t.Fatalf("Final(%q) = false, want true", refused)
 	}
-	for _, err := range []error{outcome.Permanentf("esquema: comanda.creada sense id o sense linies"),
+	for _, err := range []error{outcome.Permanentf("esquema: comanda.creada without id or linies"),
 		outcome.Transient(errors.New("passarella: 503"))} {
 		if pagaments.Final(err) {
 			t.Errorf("Final(%q) = true, want false", err)

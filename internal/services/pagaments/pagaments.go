@@ -158,7 +158,7 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 		return outcome.Permanentf("esquema: comanda.creada: %v", err)
 	}
 	if o.ID == "" || len(o.Lines) == 0 {
-		return outcome.Permanentf("esquema: comanda.creada sense id o sense linies")
+		return outcome.Permanentf("esquema: comanda.creada without id or linies")
 	}
 	if err := requestreply.CheckID("esquema: comanda.creada: id", o.ID, 0); err != nil {
 		return err // it could be neither charged nor stored: no retry helps
@@ -169,7 +169,7 @@ func (s *Service) HandleOrderCreated(ctx context.Context, tx pgx.Tx, m *consumer
 		if l.Quantity < 1 || l.PriceCents < 0 ||
 			(l.PriceCents > 0 && l.Quantity > math.MaxInt64/l.PriceCents) ||
 			total > math.MaxInt64-l.Quantity*l.PriceCents {
-			return outcome.Permanentf("esquema: comanda.creada %s: linies[%d]: quantitat %d × preu_centims %d fora de rang", o.ID, i, l.Quantity, l.PriceCents)
+			return outcome.Permanentf("esquema: comanda.creada %s: linies[%d]: quantitat %d × preu_centims %d out of range", o.ID, i, l.Quantity, l.PriceCents)
 		}
 		total += l.Quantity * l.PriceCents
 	}

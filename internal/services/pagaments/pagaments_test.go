@@ -245,7 +245,7 @@ func TestAuthorizeRefusesAnotherAmountAsAConflict(t *testing.T) {
 		}
 		_, err := serve(`{"comanda_id":"` + forged.order + `","import_centims":` + forged.real + `}`)
 		var re *requestreply.RemoteError
-		if !errors.As(err, &re) || !errors.Is(err, requestreply.ErrConflict) || re.Retryable || !strings.HasPrefix(re.Message, "conflicte: ") ||
+		if !errors.As(err, &re) || !errors.Is(err, requestreply.ErrConflict) || re.Retryable || !strings.HasPrefix(re.Message, "conflict: ") ||
 			strings.Contains(re.Message, forged.first) {
 			t.Fatalf("%s: the real request after a forged one got %v; want a non-retryable conflict that does not reveal the stored amount", forged.order, err)
 		}

@@ -64,7 +64,7 @@ func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, m *consum
 		return outcome.Permanentf("esquema: comanda.cancellada: %v", err)
 	}
 	if c.OrderID == "" || c.Reason == "" {
-		return outcome.Permanentf("esquema: comanda.cancellada sense comanda_id o motiu")
+		return outcome.Permanentf("esquema: comanda.cancellada without comanda_id or motiu")
 	}
 	if err := requestreply.CheckID("esquema: comanda.cancellada: comanda_id", c.OrderID, 0); err != nil {
 		return err

@@ -41,7 +41,7 @@ func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, m *consum
 		OrderID string `json:"comanda_id"`
 	}
 	if err := strictjson.Unmarshal(m.Envelope.Data, &c); err != nil || c.OrderID == "" {
-		return outcome.Permanentf("%s: comanda.cancellada il·legible o sense comanda_id: %v", ReasonSchema, err)
+		return outcome.Permanentf("%s: comanda.cancellada unreadable or without comanda_id: %v", ReasonSchema, err)
 	}
 	if err := requestreply.CheckID(ReasonSchema+": comanda.cancellada: comanda_id", c.OrderID, 0); err != nil {
 		return err

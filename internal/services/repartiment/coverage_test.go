@@ -26,7 +26,7 @@ func TestFinalIsTheUncoveredCityOnly(t *testing.T) {
 		t.Fatalf("motiu %q", got)
 	}
 	schema := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid("P-2026-000011", "")))
-	for _, err := range []error{schema, outcome.Transient(errors.New("mapes no disponible")), errors.New("57P01")} {
+	for _, err := range []error{schema, outcome.Transient(errors.New("mapes unavailable")), errors.New("57P01")} {
 		if repartiment.Final(err) {
 			t.Errorf("Final(%q) = true, want false", err)
 		}

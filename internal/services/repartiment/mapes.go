@@ -12,7 +12,7 @@ import (
 )
 
 // ErrMapsUnavailable: the maps service answered 5xx or did not answer (transient).
-var ErrMapsUnavailable = errors.New("mapes no disponible")
+var ErrMapsUnavailable = errors.New("mapes unavailable")
 
 // Maps estimates a delivery; *MapsClient is the implementation.
 type Maps interface {

@@ -157,7 +157,7 @@ type Rejected struct {
 func (s *Service) HandleOrderPaid(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	var o orderPaid
 	if err := strictjson.Unmarshal(m.Envelope.Data, &o); err != nil || o.ID == "" {
-		return s.schemaFailure(ctx, m, fmt.Sprintf("comanda.pagada il·legible o sense comanda_id: %v", err))
+		return s.schemaFailure(ctx, m, fmt.Sprintf("comanda.pagada unreadable or without comanda_id: %v", err))
 	}
 	if o.Address == nil || strings.TrimSpace(o.Address.City) == "" {
 		return s.schemaFailure(ctx, m, fmt.Sprintf("adreca_lliurament absent a comanda.pagada versio %d (%s)", m.Envelope.Version, o.ID))
@@ -259,7 +259,7 @@ func (s *Service) reject(ctx context.Context, orderID, city string) error {
 // alertes) and returns the permanent "esquema: …" error.
 func (s *Service) schemaFailure(ctx context.Context, m *consumer.Message, detail string) error {
 	s.alerts.Add(1)
-	s.cfg.Logger.Error("ALERTA repartiment: esdeveniment que no compleix el contracte", "id_esdeveniment", m.Envelope.ID, "detall", detail)
+	s.cfg.Logger.Error("ALERT repartiment: an event that breaks the contract", "id_esdeveniment", m.Envelope.ID, "detall", detail)
 	if _, err := s.cfg.SidePool.Exec(ctx, `INSERT INTO alertes (id_esdeveniment, tipus, detall) VALUES ($1, $2, $3)
 		ON CONFLICT DO NOTHING`, m.Envelope.ID, ReasonSchema, detail); err != nil {
 		return outcome.Transient(fmt.Errorf("repartiment: record alert: %w", err))
@@ -364,7 +364,7 @@ func (s *Service) Summary(ctx context.Context) (map[string]int, error) {
 
 // Handler returns GET /lliuraments → {"pendent": n, "assignat": n, "rebutjat": n, "cancellat": n}.
 func (s *Service) Handler() http.Handler {
-	return svc.GetJSON("/lliuraments", "no s'han pogut llegir els lliuraments", func(ctx context.Context) (any, error) { return s.Summary(ctx) })
+	return svc.GetJSON("/lliuraments", "could not read the deliveries", func(ctx context.Context) (any, error) { return s.Summary(ctx) })
 }
 
 func normalize(city string) string { return NormalizeCity(city) }

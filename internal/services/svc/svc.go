@@ -175,7 +175,7 @@ func RequireJSON(w http.ResponseWriter, r *http.Request) bool {
 	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	utf8Only := len(params) == 0 || (len(params) == 1 && strings.EqualFold(params["charset"], "utf-8"))
 	if err != nil || mt != "application/json" || !utf8Only {
-		WriteError(w, http.StatusUnsupportedMediaType, "Content-Type", "el cos ha de ser application/json (UTF-8)")
+		WriteError(w, http.StatusUnsupportedMediaType, "Content-Type", "the body must be application/json (UTF-8)")
 		return false
 	}
 	return true

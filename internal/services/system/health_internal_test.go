@@ -40,7 +40,7 @@ func TestHealthEndpoint(t *testing.T) {
 	}
 	check(http.StatusOK, "ok")
 	pool.Close()
-	check(http.StatusServiceUnavailable, "la base de dades no respon")
+	check(http.StatusServiceUnavailable, "the database does not answer")
 	cancel()
 	check(http.StatusServiceUnavailable, "aturant-se")
 }

@@ -285,7 +285,7 @@ func (s *System) health(name string, pool *pgxpool.Pool) http.Handler {
 			defer cancel()
 			if err := pool.Ping(ctx); err != nil {
 				s.log.Warn("system: health: database ping failed", "service", name, "err", err)
-				h.State, code = "la base de dades no respon", http.StatusServiceUnavailable
+				h.State, code = "the database does not answer", http.StatusServiceUnavailable
 			}
 		}
 		svc.WriteJSON(w, code, h)

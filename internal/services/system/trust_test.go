@@ -77,7 +77,7 @@ func TestForgedAuthorisationsDecideNoOrder(t *testing.T) {
 	}
 	for range 2 {
 		r := postOrder(t, base, "k-952", order("P-2026-000952"))
-		if r.status != http.StatusConflict || !strings.Contains(r.body, "autorització diferent") {
+		if r.status != http.StatusConflict || !strings.Contains(r.body, "another authorisation") {
 			t.Fatalf("the real order after a pre-approval of 1 cent: %d %s, want 409", r.status, r.body)
 		}
 	}

@@ -16,7 +16,7 @@ var (
 	// ErrUnavailable: the gateway answered 5xx, refused the API key (401,
 	// 403: km0's configuration) or did not answer in time. Retrying with the
 	// same key is safe (transient).
-	ErrUnavailable = errors.New("passarella no disponible")
+	ErrUnavailable = errors.New("passarella unavailable")
 	// ErrRefused: the gateway refused the request (4xx). Retrying cannot help.
 	ErrRefused = errors.New("passarella: cobrament refusat")
 )

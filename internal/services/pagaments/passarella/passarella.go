@@ -193,7 +193,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for k := range q {
 		if k != "limit" && k != "despres_de" {
-			svc.WriteError(w, http.StatusBadRequest, k, "paràmetre desconegut (limit, despres_de)")
+			svc.WriteError(w, http.StatusBadRequest, k, "unknown parameter (known: limit, despres_de)")
 			return
 		}
 	}
@@ -201,14 +201,14 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > PageLimitMax {
-			svc.WriteError(w, http.StatusBadRequest, "limit", fmt.Sprintf("ha de ser un enter entre 1 i %d", PageLimitMax))
+			svc.WriteError(w, http.StatusBadRequest, "limit", fmt.Sprintf("must be an integer from 1 to %d", PageLimitMax))
 			return
 		}
 		limit = n
 	}
 	after := q.Get("despres_de")
 	if len(after) > 200 {
-		svc.WriteError(w, http.StatusBadRequest, "despres_de", "més de 200 caràcters")
+		svc.WriteError(w, http.StatusBadRequest, "despres_de", "more than 200 characters")
 		return
 	}
 	cs, next, err := s.ChargesPage(r.Context(), after, limit)
@@ -236,7 +236,7 @@ func (s *Server) Stats() Stats {
 func keyedRequest(w http.ResponseWriter, r *http.Request, req any) (key string, ok bool, err error) {
 	key = r.Header.Get("Idempotency-Key")
 	if !storableID(key) {
-		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "obligatòria: fins a 200 bytes d'UTF-8 sense caràcters de control")
+		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "required: up to 200 bytes of UTF-8 without control characters")
 		return "", false, nil
 	}
 	if !svc.RequireJSON(w, r) {
@@ -256,13 +256,13 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil || req.OrderID == "" || req.TotalCents < 0 {
-		svc.WriteError(w, http.StatusBadRequest, "cos", "s'esperava {comanda_id, import_centims ≥ 0}")
+		svc.WriteError(w, http.StatusBadRequest, "cos", "expected {comanda_id, import_centims ≥ 0}")
 		return
 	}
 	// Checked before any SQL: PostgreSQL would refuse it, and a refusal is
 	// the caller's bad data (400), not the gateway being down (503).
 	if !storableID(req.OrderID) {
-		svc.WriteError(w, http.StatusBadRequest, "comanda_id", "fins a 200 bytes d'UTF-8 sense caràcters de control (NUL inclòs)")
+		svc.WriteError(w, http.StatusBadRequest, "comanda_id", "up to 200 bytes of UTF-8 without control characters (NUL included)")
 		return
 	}
 	s.mu.Lock()
@@ -276,7 +276,7 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	if fail {
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella no disponible (simulat)")
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella unavailable (simulated)")
 		return
 	}
 	c, created, err := s.record(r.Context(), key, req)
@@ -320,7 +320,7 @@ func storableID(s string) bool {
 	return s != "" && len(s) <= 200 && utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0
 }
 
-var errMismatch = errors.New("la clau ja s'ha fet servir per a un altre cobrament")
+var errMismatch = errors.New("the key was already used for another charge")
 
 // record charges once per key: a repeated key returns the stored charge.
 func (s *Server) record(ctx context.Context, key string, req ChargeRequest) (Charge, bool, error) {

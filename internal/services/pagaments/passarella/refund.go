@@ -34,10 +34,10 @@ type Refund struct {
 	Void       bool   `json:"anul·lat"`
 }
 
-var errNoCharge = errors.New("el cobrament d'aquesta clau és d'una altra comanda")
+var errNoCharge = errors.New("the charge of this key is another order's")
 
 // errVoided: a charge under a key whose refund voided it.
-var errVoided = errors.New("la clau d'aquest cobrament s'ha anul·lat (comanda cancel·lada)")
+var errVoided = errors.New("this charge's key was voided (order cancelled)")
 
 // keyLockClass is the first key of the advisory lock that serialises a
 // charge and a refund of one charge key.
@@ -53,7 +53,7 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil || !storableID(req.OrderID) || !storableID(req.ChargeKey) {
-		svc.WriteError(w, http.StatusBadRequest, "cos", "s'esperava {comanda_id, clau_cobrament}")
+		svc.WriteError(w, http.StatusBadRequest, "cos", "expected {comanda_id, clau_cobrament}")
 		return
 	}
 	s.mu.Lock()
@@ -66,7 +66,7 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	if fail {
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella no disponible (simulat)")
+		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella unavailable (simulated)")
 		return
 	}
 	rf, created, err := s.recordRefund(r.Context(), key, req)
@@ -128,7 +128,7 @@ func (s *Server) recordRefund(ctx context.Context, key string, req RefundRequest
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // clau_cobrament: refunded under another key
-		return Refund{}, false, fmt.Errorf("%w: ja reemborsat amb una altra clau", errMismatch)
+		return Refund{}, false, fmt.Errorf("%w: already refunded with another key", errMismatch)
 	}
 	if err != nil {
 		return Refund{}, false, err
