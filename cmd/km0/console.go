@@ -23,11 +23,12 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -110,7 +111,7 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	f.outboxes.loadEnv(outboxesEnv) // after fs.Var: --help prints no default
 	f.outboxSchema = fs.String("outbox-schema", migrate.SchemaDefault, "PostgreSQL schema of the --outbox tables")
 	f.outboxTable = fs.String("outbox-table", migrate.OutboxDefault, "table name of the --outbox tables")
-	f.groups = fs.String("consumer-groups", "", "the system's Kafka consumer groups, comma separated, each reported even when the cluster does not list it (default: those the cluster lists of the services' groups, as $KM0_GROUPS renames them, and the DLQ indexer's "+dlq.GroupDefault+")")
+	f.groups = fs.String("consumer-groups", "", "the system's Kafka consumer groups, comma separated, each reported even when the cluster does not list it (default: those the cluster lists of the services' groups, as $KM0_GROUPS renames them, and the DLQ indexer's "+kafkadlq.GroupDefault+")")
 	f.allGroups = fs.Bool("all-groups", false, "also report the consumer groups of other Kafka clients (default: only the system's groups)")
 	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
 		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host with its credentials; \"off\": unacked unknown)")
@@ -372,7 +373,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	if env.rabbit {
 		return syncEvery(ctx, env.svc, *interval, logger())
 	}
-	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter})
+	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter})
 	if err != nil {
 		return err
 	}
@@ -456,7 +457,7 @@ func systemGroups(renames, dlqGroup string) ([]string, error) {
 	for _, n := range system.ConsumerNames {
 		out = append(out, cmp.Or(rn[n], n))
 	}
-	return append(out, cmp.Or(dlqGroup, dlq.GroupDefault)), nil
+	return append(out, cmp.Or(dlqGroup, kafkadlq.GroupDefault)), nil
 }
 
 func splitList(s string) []string {

@@ -23,10 +23,12 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
-	"github.com/km0/km0/lag"
-	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/dlq/amqpdlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/lag"
+	"github.com/km0/km0/migrate"
 )
 
 // systemConsole starts the operator console of a running system (km0 up
@@ -99,7 +101,7 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 		services = append(services, console.Service{Name: k, URL: addrs[k]})
 	}
 	lcfg := lag.Config{Outboxes: outboxes, Brokers: parts.kafkaBrokers, Logger: log, ClientOpts: sys.KafkaOpts(),
-		Groups: append(sys.ConsumerGroups(), dlq.GroupDefault), OmitUnlisted: true}
+		Groups: append(sys.ConsumerGroups(), kafkadlq.GroupDefault), OmitUnlisted: true}
 	if len(parts.queues) > 0 {
 		lcfg.AMQP, lcfg.Queues = sys.EventsConn(), parts.queues
 	}
@@ -208,15 +210,15 @@ func systemDeadLetters(ctx context.Context, sys *system.System, brokers []string
 	onKafka := slices.Contains(slices.Collect(maps.Values(sys.EventsBroker())), system.EventsKafka)
 	work, dead := sys.EventsConsumerQueues()
 	store := dlq.NewStore(pool, "")
-	var kafkaBackend *dlq.KafkaBackend
-	var amqpBackend *dlq.AMQPBackend
-	var kcfg dlq.KafkaConfig
+	var kafkaBackend *kafkadlq.Backend
+	var amqpBackend *amqpdlq.Backend
+	var kcfg kafkadlq.Config
 	if onKafka {
 		if len(brokers) == 0 {
 			return p, errors.New("the console needs the Kafka brokers of the events on Kafka")
 		}
-		kcfg = dlq.KafkaConfig{Brokers: brokers, Logger: log, ClientOpts: sys.KafkaOpts()}
-		b, err := dlq.NewKafkaBackend(kcfg)
+		kcfg = kafkadlq.Config{Brokers: brokers, Logger: log, ClientOpts: sys.KafkaOpts()}
+		b, err := kafkadlq.New(kcfg)
 		if err != nil {
 			return p, err
 		}
@@ -224,7 +226,7 @@ func systemDeadLetters(ctx context.Context, sys *system.System, brokers []string
 		kafkaBackend, p.kafkaBrokers = b, brokers
 	}
 	if len(dead) > 0 {
-		b, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: sys.EventsConn(), Queues: dead, Logger: log})
+		b, err := amqpdlq.New(amqpdlq.Config{Conn: sys.EventsConn(), Queues: dead, Logger: log})
 		if err != nil {
 			return p, err
 		}
@@ -255,7 +257,7 @@ func systemDeadLetters(ctx context.Context, sys *system.System, brokers []string
 	var running sync.WaitGroup
 	p.close = append(p.close, func() { cancel(); running.Wait() })
 	if kafkaBackend != nil {
-		ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: kcfg, Store: store, Alerter: al})
+		ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: kcfg, Store: store, Alerter: al})
 		if err != nil {
 			return p, err
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
@@ -392,7 +393,7 @@ func TestConsoleStartsWithAnOutboxDatabaseMissing(t *testing.T) {
 	if err := fs.Parse([]string{"--outbox", "comandes=" + u.String()}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, closeLag, err := lagConfig(ctx, "", "", nil, nil, dlq.GroupDefault, lf)
+	cfg, closeLag, err := lagConfig(ctx, "", "", nil, nil, kafkadlq.GroupDefault, lf)
 	if err != nil {
 		t.Fatalf("an outbox database that does not exist yet stopped the start: %v", err)
 	}

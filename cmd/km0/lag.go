@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/lag"
 )
 
@@ -51,7 +52,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	for _, q := range *queues {
 		qs = append(qs, splitList(q)...)
 	}
-	cfg, closeLag, err := lagConfig(ctx, *brokers, *amqpURL, amqpTLS, qs, dlq.GroupDefault, lf)
+	cfg, closeLag, err := lagConfig(ctx, *brokers, *amqpURL, amqpTLS, qs, kafkadlq.GroupDefault, lf)
 	if err != nil {
 		return err
 	}
