@@ -22,7 +22,9 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/transport/amqp/amqplag"
 	"github.com/km0/km0/transport/amqp/amqptest"
+	"github.com/km0/km0/transport/kafka/kafkalag"
 )
 
 const topic = "comandes.esdeveniments"
@@ -32,6 +34,16 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // kafkaLag starts a broker where group "inventari" committed offset 2 of the
 // 5 records of partition 0 (written 10 minutes ago, a minute apart) and all
 // 3 of partition 1.
+// kafkaProbe is the Kafka probe of brokers; the Measurer closes it.
+func kafkaProbe(t *testing.T, brokers []string) *kafkalag.Probe {
+	t.Helper()
+	p, err := kafkalag.New(kafkalag.Config{Brokers: brokers, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func kafkaLag(t *testing.T) (brokers []string, adm *kadm.Client, base time.Time) {
 	t.Helper()
 	b := kafkatest.New(t, topic)
@@ -83,7 +95,7 @@ func group(t *testing.T, s *lag.Snapshot, name string) lag.GroupLag {
 // its oldest age is the timestamp of the first record it has not committed.
 func TestMeasureKafkaGroup(t *testing.T) {
 	brokers, _, base := kafkaLag(t)
-	m, err := lag.NewMeasurer(lag.Config{Brokers: brokers, Groups: []string{"inventari"}, Logger: quiet})
+	m, err := lag.NewMeasurer(lag.Config{Kafka: kafkaProbe(t, brokers), Groups: []string{"inventari"}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +184,7 @@ func TestMeasureQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	amqptest.WaitFor(t, 10*time.Second, "4 messages in the queue", func() bool { return amqptest.QueueLen(t, conn, q) == 4 })
-	m, err := lag.NewMeasurer(lag.Config{AMQP: conn, Queues: []string{q, q + ".absent"}, Logger: quiet})
+	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(conn), Queues: []string{q, q + ".absent"}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +244,7 @@ func TestLagAlertThroughTheDLQWebhook(t *testing.T) {
 	}
 	now := time.Now()
 	clock := func() time.Time { return now }
-	m, err := lag.NewMeasurer(lag.Config{Brokers: brokers, Groups: []string{"inventari"}, Logger: quiet, Now: clock})
+	m, err := lag.NewMeasurer(lag.Config{Kafka: kafkaProbe(t, brokers), Groups: []string{"inventari"}, Logger: quiet, Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}

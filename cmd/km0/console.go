@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/hostguard"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,8 @@ import (
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/amqp/amqplag"
+	"github.com/km0/km0/transport/kafka/kafkalag"
 )
 
 func init() {
@@ -233,7 +236,7 @@ type consoleParts struct {
 	source         dlq.Source
 	broker         string
 	alerter        *dlq.Alerter // lag alerts go through its webhook; nil: none
-	lag            lag.Config
+	lag            lagTargets
 	rule           lag.Rule
 	interval       time.Duration
 	services       []console.Service
@@ -258,9 +261,9 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	}
 	// Foreign groups are measured so that ?groups=all can show them; the
 	// page, /metrics and the alerts leave them out unless allGroups.
-	p.lag.AllGroups = len(p.lag.Brokers) > 0
+	p.lag.AllGroups = len(p.lag.brokers) > 0
 	p.rule.AllGroups = p.allGroups
-	m, err := lag.NewMeasurer(p.lag)
+	m, err := p.lag.measurer()
 	if err != nil {
 		return "", nil, err
 	}
@@ -351,7 +354,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		return err
 	}
 	defer closeLag()
-	lcfg.ClientOpts = env.kopts
+	lcfg.clientOpts = env.kopts
 	sdbs, closeSDBs, err := serviceDatabases(serviceDBs)
 	if err != nil {
 		return err
@@ -380,13 +383,40 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	return ix.Run(ctx)
 }
 
+// lagTargets is what km0 console and km0 lag measure: a lag.Config and
+// the Kafka brokers (with their client options, known once the security
+// flags are read) whose probe measurer adds.
+type lagTargets struct {
+	lag.Config
+	brokers    []string
+	clientOpts []kgo.Opt
+}
+
+// measurer returns the Measurer of t, with a kafkalag probe of t.brokers
+// (closed with the Measurer).
+func (t lagTargets) measurer() (*lag.Measurer, error) {
+	cfg := t.Config
+	if len(t.brokers) > 0 {
+		p, err := kafkalag.New(kafkalag.Config{Brokers: t.brokers, ClientOpts: t.clientOpts, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Kafka = p
+	}
+	m, err := lag.NewMeasurer(cfg)
+	if err != nil && cfg.Kafka != nil {
+		cfg.Kafka.Close()
+	}
+	return m, err
+}
+
 // lagConfig builds what km0 console and km0 lag measure from the flags: the
 // outboxes of --outbox, the groups of --brokers (--consumer-groups, else the
 // system's: systemGroups with dlqGroup; others with --all-groups), the
 // queues of --queue.
-func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (lag.Config, func(), error) {
-	cfg := lag.Config{Brokers: splitList(brokers), Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
-		ManagementURL: *lf.management, Logger: logger()}
+func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (lagTargets, func(), error) {
+	cfg := lagTargets{brokers: splitList(brokers), Config: lag.Config{Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
+		ManagementURL: *lf.management, Logger: logger()}}
 	if len(cfg.Groups) == 0 {
 		groups, err := systemGroups(os.Getenv("KM0_GROUPS"), dlqGroup)
 		if err != nil {
@@ -426,8 +456,8 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFla
 			return cfg, nil, err
 		}
 		closers = append(closers, func() { _ = conn.Close() })
-		cfg.AMQP, cfg.Queues = conn, qs
-		mgmt, vhost, err := lag.ManagementURLFor(amqpURL)
+		cfg.RabbitMQ, cfg.Queues = amqplag.New(conn), qs
+		mgmt, vhost, err := amqplag.ManagementURLFor(amqpURL)
 		if err != nil {
 			closeAll()
 			return cfg, nil, err

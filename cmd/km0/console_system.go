@@ -29,6 +29,7 @@ import (
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/transport/amqp/amqplag"
 )
 
 // systemConsole starts the operator console of a running system (km0 up
@@ -100,10 +101,10 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	for _, k := range slices.Sorted(maps.Keys(addrs)) {
 		services = append(services, console.Service{Name: k, URL: addrs[k]})
 	}
-	lcfg := lag.Config{Outboxes: outboxes, Brokers: parts.kafkaBrokers, Logger: log, ClientOpts: sys.KafkaOpts(),
-		Groups: append(sys.ConsumerGroups(), kafkadlq.GroupDefault), OmitUnlisted: true}
+	lcfg := lagTargets{brokers: parts.kafkaBrokers, clientOpts: sys.KafkaOpts(), Config: lag.Config{Outboxes: outboxes, Logger: log,
+		Groups: append(sys.ConsumerGroups(), kafkadlq.GroupDefault), OmitUnlisted: true}}
 	if len(parts.queues) > 0 {
-		lcfg.AMQP, lcfg.Queues = sys.EventsConn(), parts.queues
+		lcfg.RabbitMQ, lcfg.Queues = amqplag.New(sys.EventsConn()), parts.queues
 	}
 	token := os.Getenv(adminTokenEnv)
 	if token == "" {

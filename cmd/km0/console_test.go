@@ -166,7 +166,7 @@ func TestServeConsole(t *testing.T) {
 	defer cancel()
 	var printed bytes.Buffer
 	url, stop, err := serveConsole(ctx, consoleParts{addr: "127.0.0.1:0", token: "t0k3n", broker: "Kafka",
-		lag:      lag.Config{Brokers: strings.Split(brokers, ","), Groups: []string{lagGroup}, Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()},
+		lag:      lagTargets{brokers: strings.Split(brokers, ","), Config: lag.Config{Groups: []string{lagGroup}, Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()}},
 		interval: time.Hour, out: &printed, name: "km0 console"})
 	if err != nil {
 		t.Fatal(err)
@@ -398,7 +398,7 @@ func TestConsoleStartsWithAnOutboxDatabaseMissing(t *testing.T) {
 		t.Fatalf("an outbox database that does not exist yet stopped the start: %v", err)
 	}
 	defer closeLag()
-	m, err := lag.NewMeasurer(cfg)
+	m, err := cfg.measurer()
 	if err != nil {
 		t.Fatal(err)
 	}

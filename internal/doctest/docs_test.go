@@ -58,6 +58,8 @@ var imports = map[string]string{
 	"transport":    "github.com/km0/km0/transport",
 	"kafka":        "github.com/km0/km0/transport/kafka",
 	"amqp":         "github.com/km0/km0/transport/amqp",
+	"kafkalag":     "github.com/km0/km0/transport/kafka/kafkalag",
+	"amqplag":      "github.com/km0/km0/transport/amqp/amqplag",
 }
 
 // givens are the names a fragment may use without declaring them, as the
