@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/km0/km0/contract"
@@ -345,29 +346,48 @@ func (m *Measurer) groups(ctx context.Context, s *Snapshot) {
 	}
 }
 
+// maxShards bounds the shard queues of one ordered consumer looked up.
+const maxShards = 1024
+
+// queues measures a queue of Config.Queues and its DLQ, if it exists. A
+// queue that does not exist may be the logical queue of an ordered
+// consumer, which has no queue of its own: its shard queues <queue>.0,
+// <queue>.1, ... (CONTRACT.md) are measured instead, and its one DLQ.
 func (m *Measurer) queues(ctx context.Context, s *Snapshot, queue string) []QueueLag {
-	out := []QueueLag{m.queue(ctx, s, queue, true)}
-	if dl := m.queue(ctx, s, contract.DLQName(queue), false); dl.Err == "" {
+	var out []QueueLag
+	q, err := m.queue(ctx, s, queue)
+	if err == nil {
+		out = append(out, q)
+	} else {
+		for i := 0; i < maxShards; i++ {
+			sq, serr := m.queue(ctx, s, queue+"."+strconv.Itoa(i))
+			if serr != nil {
+				break
+			}
+			out = append(out, sq)
+		}
+		if len(out) == 0 {
+			q.Err = m.fail(s, "queue "+queue, "does not exist or the broker does not answer", err)
+			out = append(out, q)
+		}
+	}
+	if dl, err := m.queue(ctx, s, contract.DLQName(queue)); err == nil {
 		out = append(out, dl)
 	}
 	return out
 }
 
-// queue measures one queue; a missing one is an error only when required.
-func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string, required bool) QueueLag {
+// queue measures one queue; it fails, recording nothing, when the queue
+// does not exist or the broker does not answer.
+func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string) (QueueLag, error) {
 	q := QueueLag{Queue: name, Unacked: -1}
 	ready, consumers, err := m.cfg.RabbitMQ.Queue(ctx, name)
 	q.Ready, q.Consumers = ready, consumers
 	if err != nil {
-		if required {
-			q.Err = m.fail(s, "queue "+name, "does not exist or the broker does not answer", err)
-		} else {
-			q.Err = "absent"
-		}
-		return q
+		return q, err
 	}
 	if m.cfg.ManagementURL == "" {
-		return q
+		return q, nil
 	}
 	st, err := m.management(ctx, name)
 	switch {
@@ -381,7 +401,7 @@ func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string, required
 	default:
 		q.Unacked = *st.Unacked
 	}
-	return q
+	return q, nil
 }
 
 // Notes of a Snapshot.

@@ -3,10 +3,12 @@ package lag_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -373,4 +375,50 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 		}
 	}
 	return 0, false
+}
+
+// The logical queue of an ordered consumer has no queue of its own: asked
+// for it, the Measurer reports its shard queues <queue>.<i> and its one DLQ,
+// and no error, as km0 dlq --queue takes the same name.
+func TestMeasureOrderedQueueByItsLogicalName(t *testing.T) {
+	amqptest.Shared(t)
+	conn := amqptest.Dial(t)
+	q := amqptest.Name("km0.lagordered")
+	names := []string{q + ".0", q + ".1", q + ".dlq"}
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return names })
+	err := conn.Do(context.Background(), func(ch *amqp091.Channel) error {
+		for _, n := range names {
+			if _, err := ch.QueueDeclare(n, true, false, false, false, nil); err != nil {
+				return err
+			}
+		}
+		for _, n := range []string{q + ".0", q + ".0", q + ".1", q + ".dlq"} {
+			if err := ch.PublishWithContext(context.Background(), "", n, false, false, amqp091.Publishing{Body: []byte("x")}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	amqptest.WaitFor(t, 10*time.Second, "the messages in the shards", func() bool {
+		return amqptest.QueueLen(t, conn, q+".0") == 2 && amqptest.QueueLen(t, conn, q+".1") == 1 && amqptest.QueueLen(t, conn, q+".dlq") == 1
+	})
+	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(conn), Queues: []string{q}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := m.Measure(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ql := range s.Queues {
+		got = append(got, fmt.Sprintf("%s ready %d err %q", ql.Queue, ql.Ready, ql.Err))
+	}
+	want := []string{q + `.0 ready 2 err ""`, q + `.1 ready 1 err ""`, q + `.dlq ready 1 err ""`}
+	if !slices.Equal(got, want) || len(s.Errors) != 0 {
+		t.Fatalf("queues %q, errors %v; want %q and none", got, s.Errors, want)
+	}
 }

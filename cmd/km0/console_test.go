@@ -118,9 +118,15 @@ func TestLagCommand(t *testing.T) {
 	if len(snap.Outboxes) != 1 || snap.Outboxes[0].Pending != 2 || len(snap.Groups) != 1 || snap.Groups[0].Group != lagGroup || snap.Groups[0].Total != 4 {
 		t.Fatalf("snapshot: outboxes %+v, groups %v", snap.Outboxes, groupNames(&snap))
 	}
+	// One line per group by default; its partitions with --partitions.
 	out, _, err = run()
-	if err != nil || !strings.Contains(out, "OUTBOX") || !strings.Contains(out, lagGroup) || !strings.Contains(out, "comandes.esdeveniments") || strings.Contains(out, foreignGroup) {
+	if err != nil || !strings.Contains(out, "OUTBOX") || !regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(lagGroup)+`\s+\S+\s+\d+\s+\d+\s+4\s`).MatchString(out) ||
+		strings.Contains(out, "comandes.esdeveniments") || strings.Contains(out, foreignGroup) {
 		t.Fatalf("km0 lag: %v\n%s", err, out)
+	}
+	out, _, err = run("--partitions")
+	if err != nil || !strings.Contains(out, lagGroup+"  ") || !strings.Contains(out, "comandes.esdeveniments") || !strings.Contains(out, "total (") {
+		t.Fatalf("km0 lag --partitions: %v\n%s", err, out)
 	}
 	// --all-groups: the foreign group too, marked.
 	out, _, err = run("--json", "--all-groups")

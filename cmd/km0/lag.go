@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/lag"
@@ -40,8 +44,9 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
 	amqpTLS := addAMQPTLSFlags(fs)
 	queues := &listFlag{}
-	fs.Var(queues, "queue", "a RabbitMQ queue to report, with its .dlq (repeatable or comma separated)")
+	fs.Var(queues, "queue", "a RabbitMQ queue to report, with its .dlq; the logical queue of an ordered consumer reports its shard queues <queue>.<i> (repeatable or comma separated)")
 	asJSON := fs.Bool("json", false, "print the snapshot as JSON")
+	partitions := fs.Bool("partitions", false, "one line per partition of each consumer group (default: one line per group)")
 	serve := fs.String("serve", "", "instead of printing once: sample every --lag-interval and serve Prometheus metrics at http://ADDR/metrics")
 	webhook := secretString(fs, "webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "with --serve: URL that gets a JSON notice when a threshold is exceeded for --alert-for (default $KM0_DLQ_WEBHOOK)")
 	lf := addLagFlags(fs, true)
@@ -85,7 +90,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 			return err
 		}
 	} else {
-		printLag(out, snap)
+		printLag(out, snap, *partitions)
 	}
 	over := overThreshold(snap, rule)
 	for _, o := range over {
@@ -124,7 +129,11 @@ func overThreshold(s *lag.Snapshot, r lag.Rule) []string {
 	return out
 }
 
-func printLag(w io.Writer, s *lag.Snapshot) {
+// printLag prints s as aligned tables: one line per outbox, per consumer
+// group (its total lag and oldest age; with partitions, a line per
+// partition first, the caught-up partitions of a .retry topic folded into
+// one) and per queue, then the notes.
+func printLag(w io.Writer, s *lag.Snapshot, partitions bool) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	age := func(secs float64) string {
 		if secs <= 0 {
@@ -136,28 +145,47 @@ func printLag(w io.Writer, s *lag.Snapshot) {
 		fmt.Fprintln(tw, "OUTBOX\tPENDING\tOLDEST")
 		for _, o := range s.Outboxes {
 			if o.Err != "" {
-				fmt.Fprintf(tw, "%s\terror: %s\t\n", o.Name, o.Err)
+				fmt.Fprintf(tw, "%s\terror: %s\n", o.Name, o.Err)
 				continue
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\n", o.Name, o.Pending, age(o.OldestSeconds))
 		}
 		fmt.Fprintln(tw)
 	}
-	if len(s.Groups) > 0 {
+	if len(s.Groups) > 0 && !partitions {
+		fmt.Fprintln(tw, "GROUP\tSTATE\tMEMBERS\tPARTITIONS\tLAG\tOLDEST")
+		for _, g := range s.Groups {
+			if g.Err != "" {
+				fmt.Fprintf(tw, "%s\terror: %s\n", g.Group, g.Err)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", g.Group, g.State, g.Members, len(g.Partitions), g.Total, age(g.OldestSeconds))
+		}
+		fmt.Fprintln(tw)
+	}
+	if len(s.Groups) > 0 && partitions {
 		fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCOMMITTED\tEND\tLAG\tOLDEST")
 		for _, g := range s.Groups {
 			if g.Err != "" {
-				fmt.Fprintf(tw, "%s\terror: %s\t\t\t\t\t\n", g.Group, g.Err)
+				fmt.Fprintf(tw, "%s\terror: %s\n", g.Group, g.Err)
 				continue
 			}
+			folded := map[string]int{} // .retry topic → its caught-up partitions
 			for _, p := range g.Partitions {
-				committed := fmt.Sprint(p.Committed)
-				if p.Committed < 0 {
-					committed = "-"
+				if p.Lag == 0 && strings.HasSuffix(p.Topic, contract.RetrySuffix) {
+					folded[p.Topic]++
+					continue
+				}
+				committed := "-"
+				if p.Committed >= 0 {
+					committed = strconv.FormatInt(p.Committed, 10)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%s\n", g.Group, p.Topic, p.Partition, committed, p.End, p.Lag, age(p.OldestSeconds))
 			}
-			fmt.Fprintf(tw, "%s\t(total, %s, %d members)\t\t\t\t%d\t%s\n", g.Group, g.State, g.Members, g.Total, age(g.OldestSeconds))
+			for _, t := range slices.Sorted(maps.Keys(folded)) {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t0\t-\n", g.Group, t, plural(folded[t], "partition"))
+			}
+			fmt.Fprintf(tw, "%s\ttotal (%s, %s)\t\t\t\t%d\t%s\n", g.Group, g.State, plural(g.Members, "member"), g.Total, age(g.OldestSeconds))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -165,12 +193,12 @@ func printLag(w io.Writer, s *lag.Snapshot) {
 		fmt.Fprintln(tw, "QUEUE\tREADY\tUNACKED\tCONSUMERS")
 		for _, q := range s.Queues {
 			if q.Err != "" {
-				fmt.Fprintf(tw, "%s\terror: %s\t\t\n", q.Queue, q.Err)
+				fmt.Fprintf(tw, "%s\terror: %s\n", q.Queue, q.Err)
 				continue
 			}
 			unacked := "-"
 			if q.Unacked >= 0 {
-				unacked = fmt.Sprint(q.Unacked)
+				unacked = strconv.Itoa(q.Unacked)
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", q.Queue, q.Ready, unacked, q.Consumers)
 		}
@@ -179,6 +207,14 @@ func printLag(w io.Writer, s *lag.Snapshot) {
 	for _, n := range s.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
+}
+
+// plural is "1 partition", "3 partitions".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }
 
 // serveLag is km0 lag --serve: the lag exporter, and the lag alerts.
