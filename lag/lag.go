@@ -40,6 +40,14 @@ type Outbox struct {
 	Name  string        // shown and used as the outbox label, e.g. "comandes"
 	DB    relay.Querier // its database
 	Names migrate.Names // schema and table; default public.outbox
+	// WAL marks an outbox in WAL mode (outbox.ModeWAL): its events are
+	// logical decoding messages, and what is pending is its replication
+	// slot's lag (Measurer.outboxWAL), not rows.
+	WAL bool
+	// Slot is the WAL-mode outbox's replication slot. Default
+	// migrate.WALSlot(<the database>, Names), the relay's and km0
+	// migrate's default.
+	Slot string
 }
 
 // Config configures a Measurer. Every part is optional: what is not
@@ -104,9 +112,27 @@ type Snapshot struct {
 // OutboxLag is one outbox's relay lag.
 type OutboxLag struct {
 	Name          string  `json:"outbox"`
-	Pending       int64   `json:"pendents"`
-	OldestSeconds float64 `json:"antiguitat_s"` // of the oldest pending row; 0 when none
+	Pending       int64   `json:"pendents"`     // table mode: the unpublished rows
+	OldestSeconds float64 `json:"antiguitat_s"` // of the oldest pending row or unconfirmed WAL message; 0 when none or unknown
 	Err           string  `json:"error,omitempty"`
+	// WAL is set for an outbox in WAL mode: its slot, instead of rows.
+	WAL *SlotLag `json:"wal,omitempty"`
+}
+
+// SlotLag is the replication slot of a WAL-mode outbox, read from
+// pg_replication_slots (the figures of relay/cdc's
+// km0_relay_cdc_slot_lag_bytes and km0_relay_cdc_slot_retained_wal_bytes).
+type SlotLag struct {
+	Slot          string `json:"slot"`
+	LagBytes      int64  `json:"lag_bytes"`          // current WAL position - confirmed_flush_lsn: written, not confirmed by the relay
+	RetainedBytes int64  `json:"wal_retingut_bytes"` // current WAL position - restart_lsn: the WAL the server keeps for the slot
+	WALStatus     string `json:"wal_status"`         // reserved, extended, unreserved or lost (events lost)
+	Active        bool   `json:"actiu"`              // a relay streams from it
+	// OldestKnown says whether OldestSeconds is the age of the oldest
+	// unconfirmed message: read (without consuming it) from a slot no relay
+	// streams from; a streaming slot cannot be read from outside, and its
+	// age is the relay's km0_relay_cdc_slot_lag_seconds.
+	OldestKnown bool `json:"antiguitat_coneguda"`
 }
 
 // GroupLag is one consumer group's lag.
@@ -234,6 +260,10 @@ func (m *Measurer) Close() {
 func (m *Measurer) Measure(ctx context.Context) (*Snapshot, error) {
 	s := &Snapshot{At: m.cfg.Now(), Outboxes: []OutboxLag{}, Groups: []GroupLag{}, Queues: []QueueLag{}}
 	for _, o := range m.cfg.Outboxes {
+		if o.WAL {
+			s.Outboxes = append(s.Outboxes, m.outboxWAL(ctx, s, o))
+			continue
+		}
 		l, err := relay.MeasureLag(ctx, o.DB, o.Names)
 		ol := OutboxLag{Name: o.Name, Pending: l.Pending, OldestSeconds: l.Oldest.Seconds()}
 		if err != nil {
@@ -406,6 +436,8 @@ func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string) (QueueLa
 
 // Notes of a Snapshot.
 const (
+	// NoteWALStreaming: the age of a WAL outbox's oldest message is the relay's.
+	NoteWALStreaming = "the oldest unconfirmed message of a WAL outbox whose slot a relay streams from is the relay's km0_relay_cdc_slot_lag_seconds"
 	// NoteNoManagement: the RabbitMQ management API did not answer.
 	NoteNoManagement = "unacked unknown: the RabbitMQ management API does not answer (enable the rabbitmq_management plugin, or name its URL)"
 	// NoteNotSampled: the management API has no counts for a queue yet.

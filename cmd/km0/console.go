@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/hostguard"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay/cdc"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -51,6 +53,7 @@ type lagFlags struct {
 	outboxes, services        *mapFlag
 	groups, management        *string
 	outboxSchema, outboxTable *string
+	outboxMode, slot          *string
 	interval, alertFor        *time.Duration
 	maxLag                    *thresholdFlag[int64]
 	maxAge                    *thresholdFlag[time.Duration]
@@ -114,6 +117,8 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	f.outboxes.loadEnv(outboxesEnv) // after fs.Var: --help prints no default
 	f.outboxSchema = fs.String("outbox-schema", migrate.SchemaDefault, "PostgreSQL schema of the --outbox tables")
 	f.outboxTable = fs.String("outbox-table", migrate.OutboxDefault, "table name of the --outbox tables")
+	f.outboxMode = fs.String("outbox-mode", string(outbox.ModeTable), "table: the --outbox outboxes' pending rows; wal: they are WAL-mode outboxes (km0 migrate --outbox-mode wal), measured from their replication slot (unconfirmed bytes, retained WAL, the age of the oldest unconfirmed message)")
+	f.slot = fs.String("slot", "", "--outbox-mode wal: the replication slot (default km0_wal_<database>_<schema>_<table>, km0 migrate's and the relay's default)")
 	f.groups = fs.String("consumer-groups", "", "the system's Kafka consumer groups, comma separated, each reported even when the cluster does not list it (default: those the cluster lists of the services' groups, as $KM0_GROUPS renames them, and the DLQ indexer's "+kafkadlq.GroupDefault+")")
 	f.allGroups = fs.Bool("all-groups", false, "also report the consumer groups of other Kafka clients (default: only the system's groups)")
 	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
@@ -430,6 +435,15 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFla
 			c()
 		}
 	}
+	wal := *lf.outboxMode == string(outbox.ModeWAL)
+	switch {
+	case !wal && *lf.outboxMode != string(outbox.ModeTable):
+		return cfg, nil, fmt.Errorf("--outbox-mode %q: want %s or %s", *lf.outboxMode, outbox.ModeTable, outbox.ModeWAL)
+	case *lf.slot != "" && !wal:
+		return cfg, nil, errors.New("--slot applies to --outbox-mode wal only")
+	case *lf.slot != "" && !cdc.ValidSlot(*lf.slot):
+		return cfg, nil, fmt.Errorf("--slot %q: a slot name is 1 to 63 lower-case letters, digits and underscores", *lf.slot)
+	}
 	for _, name := range lf.outboxes.keys {
 		// Not pinged: a database that does not answer yet (or does not
 		// exist yet) is an error of that outbox on every sample, retried,
@@ -440,7 +454,8 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFla
 			return cfg, nil, fmt.Errorf("--outbox %s: %w", name, err)
 		}
 		closers = append(closers, pool.Close)
-		cfg.Outboxes = append(cfg.Outboxes, lag.Outbox{Name: name, DB: pool, Names: migrate.Names{Schema: *lf.outboxSchema, Outbox: *lf.outboxTable}})
+		cfg.Outboxes = append(cfg.Outboxes, lag.Outbox{Name: name, DB: pool, Names: migrate.Names{Schema: *lf.outboxSchema, Outbox: *lf.outboxTable},
+			WAL: wal, Slot: *lf.slot})
 	}
 	if qs := queues; len(qs) > 0 {
 		tlsCfg, err := amqpTLS.config()

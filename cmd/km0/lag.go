@@ -141,7 +141,7 @@ func printLag(w io.Writer, s *lag.Snapshot, partitions bool) {
 		}
 		return time.Duration(secs * float64(time.Second)).Round(time.Second).String()
 	}
-	if len(s.Outboxes) > 0 {
+	if len(s.Outboxes) > 0 && !slices.ContainsFunc(s.Outboxes, func(o lag.OutboxLag) bool { return o.WAL != nil }) {
 		fmt.Fprintln(tw, "OUTBOX\tPENDING\tOLDEST")
 		for _, o := range s.Outboxes {
 			if o.Err != "" {
@@ -149,6 +149,39 @@ func printLag(w io.Writer, s *lag.Snapshot, partitions bool) {
 				continue
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\n", o.Name, o.Pending, age(o.OldestSeconds))
+		}
+		fmt.Fprintln(tw)
+	} else if len(s.Outboxes) > 0 {
+		// With a WAL-mode outbox: its pending events are its slot's
+		// unconfirmed bytes, and the slot's retained WAL and status follow.
+		// A table outbox has no slot ("-"); the outboxes that could not be
+		// measured come last, so that their rows do not break the columns.
+		fmt.Fprintln(tw, "OUTBOX\tMODE\tPENDING\tOLDEST\tSLOT\tRETAINED\tSTATUS")
+		var failed []lag.OutboxLag
+		for _, o := range s.Outboxes {
+			switch {
+			case o.WAL == nil && o.Err != "":
+				failed = append(failed, o)
+			case o.WAL == nil:
+				fmt.Fprintf(tw, "%s\ttable\t%d\t%s\t-\t-\t-\n", o.Name, o.Pending, age(o.OldestSeconds))
+			default:
+				w := o.WAL
+				oldest := age(o.OldestSeconds)
+				if !w.OldestKnown {
+					oldest = "?"
+				}
+				status := w.WALStatus + ", no relay"
+				if w.Active {
+					status = w.WALStatus + ", streaming"
+				}
+				if o.Err != "" {
+					status += ", error: " + o.Err
+				}
+				fmt.Fprintf(tw, "%s\twal\t%s\t%s\t%s\t%s\t%s\n", o.Name, bytesText(w.LagBytes), oldest, w.Slot, bytesText(w.RetainedBytes), status)
+			}
+		}
+		for _, o := range failed {
+			fmt.Fprintf(tw, "%s\terror: %s\n", o.Name, o.Err)
 		}
 		fmt.Fprintln(tw)
 	}
@@ -207,6 +240,21 @@ func printLag(w io.Writer, s *lag.Snapshot, partitions bool) {
 	for _, n := range s.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
+}
+
+// bytesText is n bytes for people: 592 B, 12.5 KiB, 3.0 MiB.
+func bytesText(n int64) string {
+	if n < 1024 {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	f, unit := float64(n)/1024, "KiB"
+	for _, u := range []string{"MiB", "GiB", "TiB"} {
+		if f < 1024 {
+			break
+		}
+		f, unit = f/1024, u
+	}
+	return strconv.FormatFloat(f, 'f', 1, 64) + " " + unit
 }
 
 // plural is "1 partition", "3 partitions".

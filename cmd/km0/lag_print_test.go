@@ -69,3 +69,29 @@ note: ` + lag.NoteNoManagement + "\n"
 		t.Fatalf("km0 lag --partitions prints a Go value:\n%s", b.String())
 	}
 }
+
+// A WAL-mode outbox shows its slot: the unconfirmed bytes as pending, the
+// oldest unconfirmed message's age (? when a relay streams from the slot),
+// the retained WAL and the slot's status, beside a table outbox.
+func TestLagOutputWAL(t *testing.T) {
+	s := &lag.Snapshot{Outboxes: []lag.OutboxLag{
+		{Name: "comandes", Pending: 2, OldestSeconds: 90},
+		{Name: "repartiment", Err: "its database does not answer"},
+		{Name: "pagaments", OldestSeconds: 3600, WAL: &lag.SlotLag{Slot: "km0_wal_pagaments_public_outbox", LagBytes: 592,
+			RetainedBytes: 3 << 20, WALStatus: "reserved", OldestKnown: true}},
+		{Name: "inventari", WAL: &lag.SlotLag{Slot: "km0_wal_inventari_public_outbox", LagBytes: 12800, RetainedBytes: 13000,
+			WALStatus: "reserved", Active: true}},
+	}}
+	var b bytes.Buffer
+	printLag(&b, s, false)
+	want := `OUTBOX       MODE   PENDING   OLDEST  SLOT                             RETAINED  STATUS
+comandes     table  2         1m30s   -                                -         -
+pagaments    wal    592 B     1h0m0s  km0_wal_pagaments_public_outbox  3.0 MiB   reserved, no relay
+inventari    wal    12.5 KiB  ?       km0_wal_inventari_public_outbox  12.7 KiB  reserved, streaming
+repartiment  error: its database does not answer
+
+`
+	if got := b.String(); got != want {
+		t.Fatalf("km0 lag:\n%s\nwant:\n%s", got, want)
+	}
+}
