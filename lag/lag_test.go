@@ -324,9 +324,11 @@ func TestWatchThresholds(t *testing.T) {
 func TestCollector(t *testing.T) {
 	s := lag.NewSampler(lag.SamplerConfig{Measurer: nil})
 	s.Add(&lag.Snapshot{At: time.Now(),
-		Groups:   []lag.GroupLag{{Group: "inventari", Total: 3, Partitions: []lag.PartitionLag{{Topic: topic, Partition: 0, Lag: 3, OldestSeconds: 480}}}},
-		Outboxes: []lag.OutboxLag{{Name: "comandes", Pending: 7, OldestSeconds: 2}},
-		Queues:   []lag.QueueLag{{Queue: "q", Ready: 4, Unacked: -1, Consumers: 1}}})
+		Groups: []lag.GroupLag{{Group: "inventari", Total: 3, Partitions: []lag.PartitionLag{{Topic: topic, Partition: 0, Lag: 3, OldestSeconds: 480}}}},
+		Outboxes: []lag.OutboxLag{{Name: "comandes", Pending: 7, OldestSeconds: 2},
+			{Name: "pagaments", OldestSeconds: 30, WAL: &lag.SlotLag{LagBytes: 592, RetainedBytes: 4096, OldestKnown: true}},
+			{Name: "inventari", WAL: &lag.SlotLag{LagBytes: 100, RetainedBytes: 200, Active: true}}},
+		Queues: []lag.QueueLag{{Queue: "q", Ready: 4, Unacked: -1, Consumers: 1}}})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(lag.Collector{S: s})
 	for _, c := range []struct {
@@ -337,6 +339,10 @@ func TestCollector(t *testing.T) {
 		{lag.MetricGroupLag, map[string]string{"grup": "inventari", "topic": topic, "particio": "0"}, 3},
 		{lag.MetricGroupOldest, map[string]string{"grup": "inventari", "topic": topic, "particio": "0"}, 480},
 		{lag.MetricOutboxPending, map[string]string{"outbox": "comandes"}, 7},
+		{lag.MetricOutboxWALLag, map[string]string{"outbox": "pagaments"}, 592},
+		{lag.MetricOutboxWALRetained, map[string]string{"outbox": "pagaments"}, 4096},
+		{lag.MetricOutboxOldest, map[string]string{"outbox": "pagaments"}, 30},
+		{lag.MetricOutboxWALLag, map[string]string{"outbox": "inventari"}, 100},
 		{lag.MetricQueueReady, map[string]string{"cua": "q"}, 4},
 		{lag.MetricQueueConsumers, map[string]string{"cua": "q"}, 1},
 	} {
@@ -346,6 +352,12 @@ func TestCollector(t *testing.T) {
 	}
 	if _, ok := gauge(t, reg, lag.MetricQueueUnacked, map[string]string{"cua": "q"}); ok {
 		t.Error("unacked exported while unknown")
+	}
+	// A WAL-mode outbox has no pending rows, and a streaming slot's age is unknown.
+	for _, c := range []struct{ name, outbox string }{{lag.MetricOutboxPending, "pagaments"}, {lag.MetricOutboxOldest, "inventari"}} {
+		if _, ok := gauge(t, reg, c.name, map[string]string{"outbox": c.outbox}); ok {
+			t.Errorf("%s exported for the WAL outbox %s", c.name, c.outbox)
+		}
 	}
 }
 

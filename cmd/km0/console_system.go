@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/hostguard"
+	"github.com/km0/km0/outbox"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,7 +94,8 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 	var outboxes []lag.Outbox
 	for _, s := range slices.Sorted(maps.Keys(system.Topics)) {
 		if p := sys.Pool(s); p != nil {
-			outboxes = append(outboxes, lag.Outbox{Name: s, DB: p})
+			// In WAL mode each service's slot is the default of its database.
+			outboxes = append(outboxes, lag.Outbox{Name: s, DB: p, WAL: sys.OutboxMode() == outbox.ModeWAL})
 		}
 	}
 	addrs := sys.Addrs()
