@@ -50,9 +50,13 @@ func (m *Measurer) outboxWAL(ctx context.Context, s *Snapshot, o Outbox) OutboxL
 	case sl.Active:
 		note(s, NoteWALStreaming)
 	default:
-		at, ok, err := walOldest(ctx, o.DB, slot)
+		// Decoding reads the retained WAL up to the first transaction with
+		// a message: bounded as the reads of the oldest Kafka records.
+		pctx, cancel := context.WithTimeout(ctx, m.cfg.OldestTimeout)
+		at, ok, err := walOldest(pctx, o.DB, slot)
+		cancel()
 		switch {
-		case err != nil: // the relay took the slot meanwhile, or its publication has another name
+		case err != nil: // the relay took the slot meanwhile, its publication has another name, or OldestTimeout passed
 			m.cfg.Logger.Debug("lag: peek the WAL outbox's slot", "slot", slot, "err", err)
 		case ok:
 			ol.OldestSeconds, sl.OldestKnown = max(m.cfg.Now().Sub(at).Seconds(), 0), true
