@@ -121,3 +121,40 @@ func TestLagChartShowsTheSeriesThatMatter(t *testing.T) {
 		t.Fatalf("the last 5 minutes' series: %d %v", len(got), got)
 	}
 }
+
+// The lag page shows a WAL-mode outbox by its slot: the unconfirmed bytes,
+// the retained WAL and the status; "?" for the age of a slot a relay
+// streams from; a table outbox keeps its rows.
+func TestLagPageShowsWALOutboxes(t *testing.T) {
+	sampler := lag.NewSampler(lag.SamplerConfig{})
+	sampler.Add(&lag.Snapshot{At: time.Now(), Outboxes: []lag.OutboxLag{
+		{Name: "comandes", Pending: 3, OldestSeconds: 90},
+		{Name: "pagaments", OldestSeconds: 3600, WAL: &lag.SlotLag{Slot: "km0_wal_pagaments_public_outbox", LagBytes: 592,
+			RetainedBytes: 3 << 20, WALStatus: "reserved", OldestKnown: true}},
+		{Name: "inventari", WAL: &lag.SlotLag{Slot: "km0_wal_inventari_public_outbox", LagBytes: 12800, RetainedBytes: 13000,
+			WALStatus: "reserved", Active: true}},
+	}})
+	con, err := console.New(console.Config{Sampler: sampler, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer con.Close()
+	srv := httptest.NewServer(con.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/lag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	page := string(b)
+	for _, want := range []string{
+		"<td>comandes</td><td class=\"num\">3 rows</td>\n<td>1m30s</td>\n<td>-</td>",
+		"<td>pagaments</td><td class=\"num\">592 B unconfirmed</td>\n<td>1h0m0s</td>\n<td>km0_wal_pagaments_public_outbox: 3.0 MiB retained, reserved, <span class=\"bad\">no relay</span></td>",
+		"<td>inventari</td><td class=\"num\">12.5 KiB unconfirmed</td>\n<td><span class=\"muted\" title=\"a relay streams from the slot: see its km0_relay_cdc_slot_lag_seconds\">?</span></td>\n<td>km0_wal_inventari_public_outbox: 12.7 KiB retained, reserved, streaming</td>",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("GET /lag: no %q in\n%s", want, page)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/amqpdlq"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
@@ -60,7 +61,7 @@ func TestRabbitMQReplayAndPurge(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	backend, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: conn, Queues: []string{q}})
+	backend, err := amqpdlq.New(amqpdlq.Config{Conn: conn, Queues: []string{q}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -20,6 +21,20 @@ var funcs = template.FuncMap{
 			return "-"
 		}
 		return (time.Duration(secs * float64(time.Second))).Round(time.Second).String()
+	},
+	// bytes is n bytes for people: 592 B, 12.5 KiB, 3.0 MiB.
+	"bytes": func(n int64) string {
+		if n < 1024 {
+			return strconv.FormatInt(n, 10) + " B"
+		}
+		f, unit := float64(n)/1024, "KiB"
+		for _, u := range []string{"MiB", "GiB", "TiB"} {
+			if f < 1024 {
+				break
+			}
+			f, unit = f/1024, u
+		}
+		return strconv.FormatFloat(f, 'f', 1, 64) + " " + unit
 	},
 	"clip": func(n int, s string) string {
 		if r := []rune(s); len(r) > n {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
@@ -69,7 +70,7 @@ func setupWith(t *testing.T, tok string, more func(*console.Config)) *bundle {
 	cl := kafkatest.Client(t, b)
 	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	backend, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.Addrs(), Logger: log})
+	backend, err := kafkadlq.New(kafkadlq.Config{Brokers: b.Addrs(), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 )
@@ -153,7 +154,7 @@ func TestIndexerCommitsAfterTheIndexTransaction(t *testing.T) {
 	}
 	t.Cleanup(func() { b.schema.Pool.Exec(context.Background(), "DROP SCHEMA "+s2+" CASCADE") })
 	store := dlq.NewStore(b.schema.Pool, s2)
-	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: dlq.KafkaConfig{Brokers: b.broker.Addrs(),
+	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: kafkadlq.Config{Brokers: b.broker.Addrs(),
 		Logger: slog.New(slog.NewTextHandler(b.logs, nil))}, Store: store, Alerter: b.alerter,
 		RetryBackoff: 20 * time.Millisecond})
 	if err != nil {
@@ -192,7 +193,7 @@ func TestIndexerCommitsAfterTheIndexTransaction(t *testing.T) {
 // committed sums the offsets group km0.dlq.index committed on inventari's DLQ.
 func committed(t *testing.T, adm *kadm.Client) int64 {
 	t.Helper()
-	offs, err := adm.FetchOffsetsForTopics(context.Background(), dlq.GroupDefault, inventariDLQ)
+	offs, err := adm.FetchOffsetsForTopics(context.Background(), kafkadlq.GroupDefault, inventariDLQ)
 	if err != nil {
 		return 0
 	}

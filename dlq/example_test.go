@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/transport/amqp"
 )
 
 // Wiring the DLQ tools of a service: the index table, the indexer that
@@ -29,18 +29,18 @@ func Example() {
 		log.Fatal(err)
 	}
 	store := dlq.NewStore(pool, "public")
-	kcfg := dlq.KafkaConfig{Brokers: []string{"127.0.0.1:9092"}} // every *.dlq topic
+	kcfg := kafkadlq.Config{Brokers: []string{"127.0.0.1:9092"}} // every *.dlq topic
 	alerter, err := dlq.NewAlerter(dlq.AlerterConfig{WebhookURL: os.Getenv("KM0_DLQ_WEBHOOK")})
 	if err != nil {
 		log.Fatal(err)
 	}
-	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: kcfg, Store: store, Alerter: alerter})
+	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: kcfg, Store: store, Alerter: alerter})
 	if err != nil {
 		log.Fatal(err)
 	}
 	go ix.Run(ctx)
 
-	backend, err := dlq.NewKafkaBackend(kcfg)
+	backend, err := kafkadlq.New(kcfg)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -56,45 +56,4 @@ func Example() {
 		log.Fatal(err)
 	}
 	fmt.Printf("%d replayed, %d refused\n", rep.Done, rep.Refused)
-}
-
-// The DLQ of a RabbitMQ work queue: the index takes custody of its letters
-// (Sync acks them off the broker only after they are indexed), then list by
-// motiu and replay the fixed ones, with the same operations as on Kafka.
-// Compiled, not run (no Output): it wires a service against its own
-// database and RabbitMQ, so deadcode -test reports it unreachable.
-func ExampleNewAMQPBackend() {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("KM0_DATABASE_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	conn, err := amqp.Dial(ctx, amqp.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	backend, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: conn, Queues: []string{"repartiment.comandes"}})
-	if err != nil {
-		log.Fatal(err)
-	}
-	svc, err := dlq.NewService(dlq.ServiceConfig{Store: dlq.NewStore(pool, "public"), Backend: backend})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := svc.Sync(ctx); err != nil {
-		log.Fatal(err)
-	}
-	l, err := svc.List(ctx, dlq.Filter{Reason: "permanent"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, g := range l.Groups {
-		fmt.Println(g)
-	}
-	rep, err := svc.Replay(ctx, dlq.Filter{Reason: "permanent"}, dlq.ReplayOptions{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Printf("%d replayed\n", rep.Done)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 )
@@ -36,7 +37,7 @@ func TestSyncIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A backend in another group has no committed offsets: it re-reads all 5.
-	other, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.broker.Addrs(), Group: "another"})
+	other, err := kafkadlq.New(kafkadlq.Config{Brokers: b.broker.Addrs(), Group: "another"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func TestSyncIsIdempotent(t *testing.T) {
 		t.Fatalf("replayed letters after re-indexing: %d, want 1 (state must survive)", n)
 	}
 	// A named DLQ topic that does not exist yet holds no letters: not an error.
-	named, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.broker.Addrs(), Group: "named",
+	named, err := kafkadlq.New(kafkadlq.Config{Brokers: b.broker.Addrs(), Group: "named",
 		Topics: []string{"pagaments.esdeveniments.dlq", comandesDLQ}})
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +198,7 @@ func TestASecondIndexInTheSameGroupStillGetsEveryLetter(t *testing.T) {
 		t.Fatalf("index B got %d letters from a group already past them, want 2", n)
 	}
 	storeC, countC := other()
-	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: dlq.KafkaConfig{Brokers: b.broker.Addrs()}, Store: storeC})
+	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: kafkadlq.Config{Brokers: b.broker.Addrs()}, Store: storeC})
 	if err != nil {
 		t.Fatal(err)
 	}

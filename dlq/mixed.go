@@ -3,10 +3,8 @@ package dlq
 import (
 	"context"
 	"errors"
-	"strings"
 
 	"github.com/km0/km0/transport"
-	"github.com/km0/km0/transport/amqp"
 )
 
 // MixedBackend is the Backend of a deployment whose dead letters are on
@@ -18,15 +16,26 @@ import (
 // Kafka's. Kafka's topics and RabbitMQ's queues must not share names.
 type MixedBackend struct {
 	kafka Backend
-	amqp  *AMQPBackend
+	amqp  QueueBackend
+}
+
+// QueueBackend is a Backend that knows its own queues: what MixedBackend
+// needs of RabbitMQ's (amqpdlq.Backend).
+type QueueBackend interface {
+	Backend
+	// OwnsQueue reports whether name is one of its work queues or one of
+	// their ordered-mode shard queues <queue>.<i>.
+	OwnsQueue(name string) bool
+	// OwnsDLQ reports whether name is the DLQ of one of its queues.
+	OwnsDLQ(name string) bool
 }
 
 var _ Backend = (*MixedBackend)(nil)
 
 // NewMixedBackend returns the MixedBackend of kafka (normally a
-// *KafkaBackend) and rabbit; both are required. Closing them stays the
-// caller's.
-func NewMixedBackend(kafka Backend, rabbit *AMQPBackend) (*MixedBackend, error) {
+// *kafkadlq.Backend) and rabbit (an *amqpdlq.Backend); both are required.
+// Closing them stays the caller's.
+func NewMixedBackend(kafka Backend, rabbit QueueBackend) (*MixedBackend, error) {
 	if kafka == nil || rabbit == nil {
 		return nil, errors.New("dlq: NewMixedBackend needs a Kafka and a RabbitMQ backend")
 	}
@@ -51,7 +60,7 @@ func (b *MixedBackend) Publish(ctx context.Context, msgs []*transport.Message) e
 	var index [2][]int
 	for i, m := range msgs {
 		k := 0
-		if b.amqp.ownsQueue(m.Topic) {
+		if b.amqp.OwnsQueue(m.Topic) {
 			k = 1
 		}
 		parts[k] = append(parts[k], m)
@@ -85,7 +94,7 @@ func (b *MixedBackend) Publish(ctx context.Context, msgs []*transport.Message) e
 func (b *MixedBackend) DeletePurged(ctx context.Context, s *Store, purged []*Letter) ([]Position, error) {
 	var kafka []*Letter
 	for _, l := range purged {
-		if !b.amqp.ownsDLQ(l.Topic) {
+		if !b.amqp.OwnsDLQ(l.Topic) {
 			kafka = append(kafka, l)
 		}
 	}
@@ -93,28 +102,4 @@ func (b *MixedBackend) DeletePurged(ctx context.Context, s *Store, purged []*Let
 		return nil, nil
 	}
 	return b.kafka.DeletePurged(ctx, s, kafka)
-}
-
-// ownsQueue reports whether name is one of b's work queues or one of their
-// shard queues <queue>.<i>.
-func (b *AMQPBackend) ownsQueue(name string) bool {
-	for _, q := range b.cfg.Queues {
-		if name == q {
-			return true
-		}
-		if i, ok := strings.CutPrefix(name, q+"."); ok && i != "" && strings.Trim(i, "0123456789") == "" {
-			return true
-		}
-	}
-	return false
-}
-
-// ownsDLQ reports whether name is the DLQ of one of b's queues.
-func (b *AMQPBackend) ownsDLQ(name string) bool {
-	for _, q := range b.cfg.Queues {
-		if name == amqp.DLQName(q) {
-			return true
-		}
-	}
-	return false
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/amqpdlq"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
@@ -48,7 +49,7 @@ func TestMixedBackendIndexesReplaysAndPurgesOnEachBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rabbit, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: conn, Queues: []string{queue}})
+	rabbit, err := amqpdlq.New(amqpdlq.Config{Conn: conn, Queues: []string{queue}})
 	if err != nil {
 		t.Fatal(err)
 	}

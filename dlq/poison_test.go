@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 )
@@ -144,7 +145,7 @@ func TestForgedLettersNeverStopTheKafkaIndex(t *testing.T) {
 	}
 	// A fresh group re-reads all 8: nothing new, the refusal is not logged
 	// or counted twice.
-	other, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.broker.Addrs(), Group: "again"})
+	other, err := kafkadlq.New(kafkadlq.Config{Brokers: b.broker.Addrs(), Group: "again"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +170,7 @@ func TestForgedLettersNeverStopTheKafkaIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: dlq.KafkaConfig{Brokers: b.broker.Addrs()}, Store: store,
+	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: kafkadlq.Config{Brokers: b.broker.Addrs()}, Store: store,
 		Alerter: al, RetryBackoff: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

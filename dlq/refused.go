@@ -203,9 +203,11 @@ func (s *Store) RefusedCount(ctx context.Context, f Filter) (int, error) {
 	return n, nil
 }
 
-// reportRefused raises the alert of each letter set aside for the first
+// ReportRefused raises the alert of each letter set aside for the first
 // time: Alerter.Refused, or, without an Alerter, the same error line on log.
-func reportRefused(ctx context.Context, a *Alerter, log *slog.Logger, rs []Refusal) {
+// Service.Sync calls it; an indexer of a Backend (kafkadlq.Indexer) calls it
+// for what it indexes.
+func ReportRefused(ctx context.Context, a *Alerter, log *slog.Logger, rs []Refusal) {
 	for _, r := range rs {
 		if a != nil {
 			a.Refused(ctx, r)

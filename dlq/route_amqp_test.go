@@ -12,6 +12,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/amqpdlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
@@ -91,7 +92,7 @@ func TestReplayOnRabbitMQReachesOnlyTheConsumerThatFailed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	backend, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: conn, Queues: queues})
+	backend, err := amqpdlq.New(amqpdlq.Config{Conn: conn, Queues: queues})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,9 +49,12 @@ type Source interface {
 	JobStatus(ctx context.Context, id string) (*JobStatus, error)
 }
 
-// Backend is the broker-specific part of a Source. KafkaBackend is one; a
-// RabbitMQ backend (queues <queue>.dlq) implements the same three methods and
-// gets listing, replay rules, purge, alerts and the admin API from Service.
+// Backend is the broker-specific part of a Source, the driver of River's
+// pattern: package dlq imports no broker client, and each broker's backend
+// lives in its own package: kafkadlq.Backend (topics <topic>.dlq) and
+// amqpdlq.Backend (queues <queue>.dlq). Each implements these three methods
+// and gets listing, replay rules, purge, alerts and the admin API from
+// Service.
 type Backend interface {
 	// Sync indexes into s every dead letter the broker holds now (up to the
 	// current end of each DLQ) and returns the letters that were new.
@@ -70,6 +73,9 @@ type Backend interface {
 	// ErrDeleteUnsupported.
 	DeletePurged(ctx context.Context, s *Store, purged []*Letter) ([]Position, error)
 }
+
+// SyncTimeoutDefault bounds one Sync of the backends (their SyncTimeout).
+const SyncTimeoutDefault = 30 * time.Second
 
 // ErrDeleteUnsupported is returned by a Backend that cannot delete records.
 var ErrDeleteUnsupported = errors.New("dlq: this backend cannot delete records")
@@ -214,7 +220,7 @@ func (s *Service) Sync(ctx context.Context) (SyncResult, error) {
 			s.cfg.Alerter.DeadLetter(ctx, l)
 		}
 	}
-	reportRefused(ctx, s.cfg.Alerter, s.cfg.Logger, res.Refused)
+	ReportRefused(ctx, s.cfg.Alerter, s.cfg.Logger, res.Refused)
 	return res, err
 }
 

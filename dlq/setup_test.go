@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
@@ -40,7 +41,7 @@ type bundle struct {
 	broker  *kafka.Embedded
 	client  *kgo.Client
 	adm     *kadm.Client
-	backend *dlq.KafkaBackend
+	backend *kafkadlq.Backend
 	svc     *dlq.Service
 	reg     *prometheus.Registry
 	alerter *dlq.Alerter
@@ -58,7 +59,7 @@ func setup(t *testing.T) *bundle {
 	cl := kafkatest.Client(t, b)
 	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	backend, err := dlq.NewKafkaBackend(dlq.KafkaConfig{Brokers: b.Addrs(), Logger: log})
+	backend, err := kafkadlq.New(kafkadlq.Config{Brokers: b.Addrs(), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +263,7 @@ func ids(rep *dlq.Report, done bool) []string {
 
 // runIndexer runs ix until the returned stop is called; stop waits for Run
 // and reports its error.
-func runIndexer(t *testing.T, ctx context.Context, ix *dlq.Indexer) (stop func()) {
+func runIndexer(t *testing.T, ctx context.Context, ix *kafkadlq.Indexer) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

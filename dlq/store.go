@@ -192,6 +192,14 @@ func (s *Store) Insert(ctx context.Context, letters []*Letter) ([]*Letter, error
 	return res.added, err
 }
 
+// Index is Insert for a Backend's Sync: it returns the letters set aside
+// for the first time too (SyncResult.Refused), whose alerts Service.Sync
+// raises.
+func (s *Store) Index(ctx context.Context, letters []*Letter) (added []*Letter, refused []Refusal, err error) {
+	res, err := s.insert(ctx, letters)
+	return res.added, res.refused, err
+}
+
 // insert is Insert, reporting the letters set aside too.
 func (s *Store) insert(ctx context.Context, letters []*Letter) (inserted, error) {
 	tx, err := s.db.Begin(ctx)
@@ -435,6 +443,12 @@ func (s *Store) markPurgedTx(ctx context.Context, tx pgx.Tx, ids []string) error
 	return nil
 }
 
+// TopicPartition is one partition of a DLQ topic.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
 // Position is a point in one partition of a DLQ topic.
 type Position struct {
 	Topic     string `json:"topic"`
@@ -452,16 +466,16 @@ type Position struct {
 // of it and their group's committed offset: the group may have been moved on
 // by a reader writing another index (another --schema), whose letters this
 // index never got.
-func (s *Store) IndexedNext(ctx context.Context, topics []string) (map[tp]int64, error) {
+func (s *Store) IndexedNext(ctx context.Context, topics []string) (map[TopicPartition]int64, error) {
 	rows, err := s.db.Query(ctx, `SELECT topic, particio, max(offset_dlq) + 1 FROM `+s.table+`
 		WHERE topic = ANY($1) GROUP BY topic, particio`, topics)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: indexed offsets: %w", err)
 	}
-	out := map[tp]int64{}
-	var k tp
+	out := map[TopicPartition]int64{}
+	var k TopicPartition
 	var next int64
-	_, err = pgx.ForEachRow(rows, []any{&k.topic, &k.partition, &next}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&k.Topic, &k.Partition, &next}, func() error {
 		out[k] = next
 		return nil
 	})

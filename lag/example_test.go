@@ -11,6 +11,7 @@ import (
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkalag"
 )
 
 // The lag of a consumer group: five events on a one-partition topic of the
@@ -48,7 +49,12 @@ func ExampleMeasurer() {
 		return
 	}
 
-	m, err := lag.NewMeasurer(lag.Config{Brokers: broker.Addrs(), Groups: []string{"inventari"},
+	probe, err := kafkalag.New(kafkalag.Config{Brokers: broker.Addrs()})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	m, err := lag.NewMeasurer(lag.Config{Kafka: probe, Groups: []string{"inventari"},
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		fmt.Println(err)

@@ -17,7 +17,9 @@ import (
 // Without the system's groups, a Measurer of Kafka refuses to start rather
 // than report every group the cluster lists.
 func TestMeasurerNeedsTheSystemsGroups(t *testing.T) {
-	_, err := lag.NewMeasurer(lag.Config{Brokers: []string{"127.0.0.1:1"}})
+	probe := kafkaProbe(t, []string{"127.0.0.1:1"})
+	defer probe.Close()
+	_, err := lag.NewMeasurer(lag.Config{Kafka: probe})
 	if !errors.Is(err, lag.ErrNoGroups) {
 		t.Fatalf("NewMeasurer without Groups: %v, want ErrNoGroups", err)
 	}
@@ -37,7 +39,7 @@ func TestForeignGroupsOnlyOnRequest(t *testing.T) {
 	}
 	measure := func(cfg lag.Config) *lag.Snapshot {
 		t.Helper()
-		cfg.Brokers, cfg.Logger = brokers, quiet
+		cfg.Kafka, cfg.Logger = kafkaProbe(t, brokers), quiet
 		m, err := lag.NewMeasurer(cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -4,6 +4,11 @@
 // the end) and the age of its oldest unprocessed record, and each RabbitMQ
 // queue's ready and unacknowledged messages.
 //
+// The brokers are measured through the probes this package declares
+// (GroupProbe, QueueProbe), so it links no broker client: the Kafka probe
+// is package transport/kafka/kafkalag, the RabbitMQ one
+// transport/amqp/amqplag.
+//
 // A Measurer takes one Snapshot; a Sampler takes one every interval, keeps
 // the last hour in memory (History, for charts), exports the latest as
 // Prometheus metrics (Collector) and feeds a Watch, which sends the DLQ
@@ -18,15 +23,12 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
-	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/kafka"
 )
 
 // OldestTimeoutDefault bounds the reads of the oldest unprocessed records of
@@ -38,17 +40,26 @@ type Outbox struct {
 	Name  string        // shown and used as the outbox label, e.g. "comandes"
 	DB    relay.Querier // its database
 	Names migrate.Names // schema and table; default public.outbox
+	// WAL marks an outbox in WAL mode (outbox.ModeWAL): its events are
+	// logical decoding messages, and what is pending is its replication
+	// slot's lag (Measurer.outboxWAL), not rows.
+	WAL bool
+	// Slot is the WAL-mode outbox's replication slot. Default
+	// migrate.WALSlot(<the database>, Names), the relay's and km0
+	// migrate's default.
+	Slot string
 }
 
 // Config configures a Measurer. Every part is optional: what is not
 // configured is not measured.
 type Config struct {
 	Outboxes []Outbox
-	// Brokers are the Kafka bootstrap brokers; empty: no consumer groups.
-	Brokers []string
+	// Kafka measures the consumer groups (kafkalag.New); nil: no consumer
+	// groups. The Measurer closes it.
+	Kafka GroupProbe
 	// Groups are the system's consumer groups: the ones reported. A group
 	// of another Kafka client is not shown (its name, its topics) unless
-	// AllGroups. With Brokers, Groups or AllGroups is required.
+	// AllGroups. With Kafka, Groups or AllGroups is required.
 	Groups []string
 	// OmitUnlisted drops a group of Groups that the cluster does not list
 	// (one that has never joined nor committed), for a default list of
@@ -58,15 +69,13 @@ type Config struct {
 	// AllGroups also reports every other group the cluster lists, marked
 	// Foreign. Default false: only Groups.
 	AllGroups bool
-	// ClientOpts are extra franz-go options (TLS, SASL).
-	ClientOpts []kgo.Opt
-	// AMQP is the RabbitMQ connection of Queues.
-	AMQP *amqp.Conn
+	// RabbitMQ measures Queues (amqplag.New).
+	RabbitMQ QueueProbe
 	// Queues are the RabbitMQ queues to report (their .dlq too, if it exists).
 	Queues []string
 	// ManagementURL is the base URL of the RabbitMQ management API
-	// (http://user:password@host:15672; ManagementURLFor derives it from the
-	// AMQP URL). AMQP tells a queue's ready messages only; the
+	// (http://user:password@host:15672; amqplag.ManagementURLFor derives it
+	// from the AMQP URL). AMQP tells a queue's ready messages only; the
 	// unacknowledged ones need the API. Empty: unacked unknown (-1).
 	ManagementURL string
 	// ManagementBestEffort marks ManagementURL as a guess (the default
@@ -103,9 +112,27 @@ type Snapshot struct {
 // OutboxLag is one outbox's relay lag.
 type OutboxLag struct {
 	Name          string  `json:"outbox"`
-	Pending       int64   `json:"pendents"`
-	OldestSeconds float64 `json:"antiguitat_s"` // of the oldest pending row; 0 when none
+	Pending       int64   `json:"pendents"`     // table mode: the unpublished rows
+	OldestSeconds float64 `json:"antiguitat_s"` // of the oldest pending row or unconfirmed WAL message; 0 when none or unknown
 	Err           string  `json:"error,omitempty"`
+	// WAL is set for an outbox in WAL mode: its slot, instead of rows.
+	WAL *SlotLag `json:"wal,omitempty"`
+}
+
+// SlotLag is the replication slot of a WAL-mode outbox, read from
+// pg_replication_slots (the figures of relay/cdc's
+// km0_relay_cdc_slot_lag_bytes and km0_relay_cdc_slot_retained_wal_bytes).
+type SlotLag struct {
+	Slot          string `json:"slot"`
+	LagBytes      int64  `json:"lag_bytes"`          // current WAL position - confirmed_flush_lsn: written, not confirmed by the relay
+	RetainedBytes int64  `json:"wal_retingut_bytes"` // current WAL position - restart_lsn: the WAL the server keeps for the slot
+	WALStatus     string `json:"wal_status"`         // reserved, extended, unreserved or lost (events lost)
+	Active        bool   `json:"actiu"`              // a relay streams from it
+	// OldestKnown says whether OldestSeconds is the age of the oldest
+	// unconfirmed message: read (without consuming it) from a slot no relay
+	// streams from; a streaming slot cannot be read from outside, and its
+	// age is the relay's km0_relay_cdc_slot_lag_seconds.
+	OldestKnown bool `json:"antiguitat_coneguda"`
 }
 
 // GroupLag is one consumer group's lag.
@@ -144,19 +171,61 @@ type QueueLag struct {
 	Err       string `json:"error,omitempty"`
 }
 
-// Measurer takes Snapshots. Close releases its Kafka client.
-type Measurer struct {
-	cfg Config
-	cl  *kgo.Client
-	adm *kadm.Client
+// GroupProbe measures consumer groups on a broker: what a Measurer needs
+// of Kafka (kafkalag.Probe implements it).
+type GroupProbe interface {
+	// ListGroups returns the groups the cluster lists.
+	ListGroups(ctx context.Context) ([]string, error)
+	// Describe returns the state and the lag per partition of each of
+	// groups, sorted by group, then topic and partition; a group that
+	// cannot be described has Err set. An error fails every group.
+	Describe(ctx context.Context, groups []string) ([]GroupState, error)
+	// Oldest returns the timestamp of the first record at or after each
+	// position, reading until ctx ends; a position it could not read is
+	// missing.
+	Oldest(ctx context.Context, at []Position) map[Position]time.Time
+	// Close releases the probe's clients.
+	Close()
 }
 
-// ErrNoGroups is returned by NewMeasurer for Brokers without Groups nor
-// AllGroups: which consumer groups are the system's is not guessed.
-var ErrNoGroups = errors.New("lag: Config.Brokers needs Config.Groups (the system's consumer groups) or Config.AllGroups")
+// GroupState is what a GroupProbe tells of one group.
+type GroupState struct {
+	Group   string
+	State   string
+	Members int
+	// Partitions hold the group's partitions with Committed, End and Lag
+	// (≥ 0); OldestSeconds is the Measurer's to fill.
+	Partitions []PartitionLag
+	// Err: the group could not be described.
+	Err error
+}
 
-// NewMeasurer returns a Measurer. Brokers are first contacted by Measure.
-// It fails with ErrNoGroups, or when Queues come without AMQP.
+// Position is a record's place: topic, partition, offset.
+type Position struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// QueueProbe measures queues on a broker: what a Measurer needs of
+// RabbitMQ (amqplag.Probe implements it).
+type QueueProbe interface {
+	// Queue returns the ready messages and the consumers of the queue name;
+	// an error when it does not exist or the broker does not answer.
+	Queue(ctx context.Context, name string) (ready, consumers int, err error)
+}
+
+// Measurer takes Snapshots. Close releases its Kafka probe.
+type Measurer struct {
+	cfg Config
+}
+
+// ErrNoGroups is returned by NewMeasurer for Kafka without Groups nor
+// AllGroups: which consumer groups are the system's is not guessed.
+var ErrNoGroups = errors.New("lag: Config.Kafka needs Config.Groups (the system's consumer groups) or Config.AllGroups")
+
+// NewMeasurer returns a Measurer. The brokers are first contacted by
+// Measure. It fails with ErrNoGroups, or when Queues come without RabbitMQ.
 func NewMeasurer(cfg Config) (*Measurer, error) {
 	cfg.OldestTimeout = cmp.Or(cfg.OldestTimeout, OldestTimeoutDefault)
 	cfg.VHost = cmp.Or(cfg.VHost, "/")
@@ -169,27 +238,19 @@ func NewMeasurer(cfg Config) (*Measurer, error) {
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 5 * time.Second}
 	}
-	if len(cfg.Queues) > 0 && cfg.AMQP == nil {
-		return nil, errors.New("lag: Config.Queues needs Config.AMQP")
+	if len(cfg.Queues) > 0 && cfg.RabbitMQ == nil {
+		return nil, errors.New("lag: Config.Queues needs Config.RabbitMQ")
 	}
-	if len(cfg.Brokers) > 0 && len(cfg.Groups) == 0 && !cfg.AllGroups {
+	if cfg.Kafka != nil && len(cfg.Groups) == 0 && !cfg.AllGroups {
 		return nil, ErrNoGroups
 	}
-	m := &Measurer{cfg: cfg}
-	if len(cfg.Brokers) > 0 {
-		cl, err := kafka.NewClient(cfg.Brokers, cfg.ClientOpts...)
-		if err != nil {
-			return nil, err
-		}
-		m.cl, m.adm = cl, kadm.NewClient(cl)
-	}
-	return m, nil
+	return &Measurer{cfg: cfg}, nil
 }
 
-// Close closes the Kafka client.
+// Close closes the Kafka probe.
 func (m *Measurer) Close() {
-	if m.cl != nil {
-		m.cl.Close()
+	if m.cfg.Kafka != nil {
+		m.cfg.Kafka.Close()
 	}
 }
 
@@ -199,6 +260,10 @@ func (m *Measurer) Close() {
 func (m *Measurer) Measure(ctx context.Context) (*Snapshot, error) {
 	s := &Snapshot{At: m.cfg.Now(), Outboxes: []OutboxLag{}, Groups: []GroupLag{}, Queues: []QueueLag{}}
 	for _, o := range m.cfg.Outboxes {
+		if o.WAL {
+			s.Outboxes = append(s.Outboxes, m.outboxWAL(ctx, s, o))
+			continue
+		}
 		l, err := relay.MeasureLag(ctx, o.DB, o.Names)
 		ol := OutboxLag{Name: o.Name, Pending: l.Pending, OldestSeconds: l.Oldest.Seconds()}
 		if err != nil {
@@ -206,7 +271,7 @@ func (m *Measurer) Measure(ctx context.Context) (*Snapshot, error) {
 		}
 		s.Outboxes = append(s.Outboxes, ol)
 	}
-	if m.adm != nil {
+	if m.cfg.Kafka != nil {
 		m.groups(ctx, s)
 	}
 	for _, q := range m.cfg.Queues {
@@ -232,11 +297,10 @@ func (m *Measurer) groupsToMeasure(ctx context.Context) (groups []string, foreig
 	if !m.cfg.OmitUnlisted && !m.cfg.AllGroups {
 		return groups, nil, nil
 	}
-	listed, err := m.adm.ListGroups(ctx)
+	names, err := m.cfg.Kafka.ListGroups(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	names := listed.Groups()
 	if m.cfg.OmitUnlisted {
 		groups = slices.DeleteFunc(groups, func(g string) bool { return !slices.Contains(names, g) })
 	}
@@ -261,15 +325,15 @@ func (m *Measurer) groups(ctx context.Context, s *Snapshot) {
 	if len(groups) == 0 {
 		return
 	}
-	lags, err := m.adm.Lag(ctx, groups...)
+	states, err := m.cfg.Kafka.Describe(ctx, groups)
 	if err != nil {
 		m.fail(s, "Kafka", "the brokers do not answer", err)
 		return
 	}
-	want := map[partKey]bool{} // records whose timestamps tell the oldest age
-	for _, dl := range lags.Sorted() {
-		g := GroupLag{Group: dl.Group, State: dl.State, Members: len(dl.Members), Partitions: []PartitionLag{}, Foreign: foreign[dl.Group]}
-		if err := dl.Error(); err != nil {
+	var want []Position // records whose timestamps tell the oldest age
+	for _, dl := range states {
+		g := GroupLag{Group: dl.Group, State: dl.State, Members: dl.Members, Partitions: []PartitionLag{}, Foreign: foreign[dl.Group]}
+		if err := dl.Err; err != nil {
 			if g.Foreign { // logged, not in Errors: its name is not shown by default
 				m.cfg.Logger.Warn("lag: measure", "part", "foreign group "+dl.Group, "err", err)
 				g.Err = "cannot be described"
@@ -279,13 +343,12 @@ func (m *Measurer) groups(ctx context.Context, s *Snapshot) {
 			s.Groups = append(s.Groups, g)
 			continue
 		}
-		for _, ml := range dl.Lag.Sorted() {
-			p := PartitionLag{Topic: ml.Topic, Partition: ml.Partition, Committed: ml.Commit.At, End: ml.End.Offset, Lag: max(ml.Lag, 0)}
-			if ml.Err != nil {
-				m.cfg.Logger.Warn("lag: partition", "group", dl.Group, "topic", ml.Topic, "partition", ml.Partition, "err", ml.Err)
-			}
+		for _, p := range dl.Partitions {
+			p.Lag, p.OldestSeconds = max(p.Lag, 0), 0
 			if p.Lag > 0 {
-				want[partKey{ml.Topic, ml.Partition, p.End - p.Lag}] = true
+				if at := (Position{p.Topic, p.Partition, p.End - p.Lag}); !slices.Contains(want, at) {
+					want = append(want, at)
+				}
 			}
 			g.Total += p.Lag
 			g.Partitions = append(g.Partitions, p)
@@ -295,7 +358,9 @@ func (m *Measurer) groups(ctx context.Context, s *Snapshot) {
 	if len(want) == 0 {
 		return
 	}
-	times := m.oldest(ctx, want)
+	octx, cancel := context.WithTimeout(ctx, m.cfg.OldestTimeout)
+	times := m.cfg.Kafka.Oldest(octx, want)
+	cancel()
 	for i := range s.Groups {
 		g := &s.Groups[i]
 		for j := range g.Partitions {
@@ -303,7 +368,7 @@ func (m *Measurer) groups(ctx context.Context, s *Snapshot) {
 			if p.Lag == 0 {
 				continue
 			}
-			if ts, ok := times[partKey{p.Topic, p.Partition, p.End - p.Lag}]; ok {
+			if ts, ok := times[Position{p.Topic, p.Partition, p.End - p.Lag}]; ok {
 				p.OldestSeconds = max(s.At.Sub(ts).Seconds(), 0)
 				g.OldestSeconds = max(g.OldestSeconds, p.OldestSeconds)
 			}
@@ -311,94 +376,48 @@ func (m *Measurer) groups(ctx context.Context, s *Snapshot) {
 	}
 }
 
-// partKey is a record position: topic, partition, offset.
-type partKey struct {
-	topic     string
-	partition int32
-	offset    int64
-}
+// maxShards bounds the shard queues of one ordered consumer looked up.
+const maxShards = 1024
 
-// oldest reads the timestamp of the first record at or after each wanted
-// position, within OldestTimeout. One client reads one offset per
-// partition, so positions of the same partition (groups at different
-// offsets) are read in rounds.
-func (m *Measurer) oldest(ctx context.Context, want map[partKey]bool) map[partKey]time.Time {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.OldestTimeout)
-	defer cancel()
-	byPart := map[[2]any][]int64{}
-	for k := range want {
-		pk := [2]any{k.topic, k.partition}
-		byPart[pk] = append(byPart[pk], k.offset)
-	}
-	out := map[partKey]time.Time{}
-	for round := 0; ctx.Err() == nil; round++ {
-		parts := map[string]map[int32]kgo.Offset{}
-		pending := map[[2]any]int64{}
-		for pk, offs := range byPart {
-			if round >= len(offs) {
-				continue
-			}
-			slices.Sort(offs)
-			t, p := pk[0].(string), pk[1].(int32)
-			if parts[t] == nil {
-				parts[t] = map[int32]kgo.Offset{}
-			}
-			parts[t][p] = kgo.NewOffset().At(offs[round])
-			pending[pk] = offs[round]
-		}
-		if len(pending) == 0 {
-			break
-		}
-		opts := append(slices.Clip(m.cfg.ClientOpts), kgo.SeedBrokers(m.cfg.Brokers...), kgo.ConsumePartitions(parts),
-			kgo.FetchMaxWait(200*time.Millisecond))
-		cl, err := kgo.NewClient(opts...)
-		if err != nil {
-			m.cfg.Logger.Warn("lag: oldest records", "err", err)
-			break
-		}
-		for len(pending) > 0 && ctx.Err() == nil {
-			fs := cl.PollFetches(ctx)
-			fs.EachRecord(func(r *kgo.Record) {
-				pk := [2]any{r.Topic, r.Partition}
-				off, ok := pending[pk]
-				if !ok || r.Offset < off {
-					return
-				}
-				out[partKey{r.Topic, r.Partition, off}] = r.Timestamp
-				delete(pending, pk)
-			})
-		}
-		cl.Close()
-	}
-	return out
-}
-
+// queues measures a queue of Config.Queues and its DLQ, if it exists. A
+// queue that does not exist may be the logical queue of an ordered
+// consumer, which has no queue of its own: its shard queues <queue>.0,
+// <queue>.1, ... (CONTRACT.md) are measured instead, and its one DLQ.
 func (m *Measurer) queues(ctx context.Context, s *Snapshot, queue string) []QueueLag {
-	out := []QueueLag{m.queue(ctx, s, queue, true)}
-	if dl := m.queue(ctx, s, amqp.DLQName(queue), false); dl.Err == "" {
+	var out []QueueLag
+	q, err := m.queue(ctx, s, queue)
+	if err == nil {
+		out = append(out, q)
+	} else {
+		for i := 0; i < maxShards; i++ {
+			sq, serr := m.queue(ctx, s, queue+"."+strconv.Itoa(i))
+			if serr != nil {
+				break
+			}
+			out = append(out, sq)
+		}
+		if len(out) == 0 {
+			q.Err = m.fail(s, "queue "+queue, "does not exist or the broker does not answer", err)
+			out = append(out, q)
+		}
+	}
+	if dl, err := m.queue(ctx, s, contract.DLQName(queue)); err == nil {
 		out = append(out, dl)
 	}
 	return out
 }
 
-// queue measures one queue; a missing one is an error only when required.
-func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string, required bool) QueueLag {
+// queue measures one queue; it fails, recording nothing, when the queue
+// does not exist or the broker does not answer.
+func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string) (QueueLag, error) {
 	q := QueueLag{Queue: name, Unacked: -1}
-	err := m.cfg.AMQP.Do(ctx, func(ch *amqpChannel) error {
-		info, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
-		q.Ready, q.Consumers = info.Messages, info.Consumers
-		return err
-	})
+	ready, consumers, err := m.cfg.RabbitMQ.Queue(ctx, name)
+	q.Ready, q.Consumers = ready, consumers
 	if err != nil {
-		if required {
-			q.Err = m.fail(s, "queue "+name, "does not exist or the broker does not answer", err)
-		} else {
-			q.Err = "absent"
-		}
-		return q
+		return q, err
 	}
 	if m.cfg.ManagementURL == "" {
-		return q
+		return q, nil
 	}
 	st, err := m.management(ctx, name)
 	switch {
@@ -412,11 +431,13 @@ func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string, required
 	default:
 		q.Unacked = *st.Unacked
 	}
-	return q
+	return q, nil
 }
 
 // Notes of a Snapshot.
 const (
+	// NoteWALStreaming: the age of a WAL outbox's oldest message is the relay's.
+	NoteWALStreaming = "the oldest unconfirmed message of a WAL outbox whose slot a relay streams from is the relay's km0_relay_cdc_slot_lag_seconds"
 	// NoteNoManagement: the RabbitMQ management API did not answer.
 	NoteNoManagement = "unacked unknown: the RabbitMQ management API does not answer (enable the rabbitmq_management plugin, or name its URL)"
 	// NoteNotSampled: the management API has no counts for a queue yet.

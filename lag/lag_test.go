@@ -3,10 +3,12 @@ package lag_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,7 +24,9 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/transport/amqp/amqplag"
 	"github.com/km0/km0/transport/amqp/amqptest"
+	"github.com/km0/km0/transport/kafka/kafkalag"
 )
 
 const topic = "comandes.esdeveniments"
@@ -32,6 +36,16 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // kafkaLag starts a broker where group "inventari" committed offset 2 of the
 // 5 records of partition 0 (written 10 minutes ago, a minute apart) and all
 // 3 of partition 1.
+// kafkaProbe is the Kafka probe of brokers; the Measurer closes it.
+func kafkaProbe(t *testing.T, brokers []string) *kafkalag.Probe {
+	t.Helper()
+	p, err := kafkalag.New(kafkalag.Config{Brokers: brokers, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func kafkaLag(t *testing.T) (brokers []string, adm *kadm.Client, base time.Time) {
 	t.Helper()
 	b := kafkatest.New(t, topic)
@@ -83,7 +97,7 @@ func group(t *testing.T, s *lag.Snapshot, name string) lag.GroupLag {
 // its oldest age is the timestamp of the first record it has not committed.
 func TestMeasureKafkaGroup(t *testing.T) {
 	brokers, _, base := kafkaLag(t)
-	m, err := lag.NewMeasurer(lag.Config{Brokers: brokers, Groups: []string{"inventari"}, Logger: quiet})
+	m, err := lag.NewMeasurer(lag.Config{Kafka: kafkaProbe(t, brokers), Groups: []string{"inventari"}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +186,7 @@ func TestMeasureQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	amqptest.WaitFor(t, 10*time.Second, "4 messages in the queue", func() bool { return amqptest.QueueLen(t, conn, q) == 4 })
-	m, err := lag.NewMeasurer(lag.Config{AMQP: conn, Queues: []string{q, q + ".absent"}, Logger: quiet})
+	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(conn), Queues: []string{q, q + ".absent"}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +246,7 @@ func TestLagAlertThroughTheDLQWebhook(t *testing.T) {
 	}
 	now := time.Now()
 	clock := func() time.Time { return now }
-	m, err := lag.NewMeasurer(lag.Config{Brokers: brokers, Groups: []string{"inventari"}, Logger: quiet, Now: clock})
+	m, err := lag.NewMeasurer(lag.Config{Kafka: kafkaProbe(t, brokers), Groups: []string{"inventari"}, Logger: quiet, Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,9 +324,11 @@ func TestWatchThresholds(t *testing.T) {
 func TestCollector(t *testing.T) {
 	s := lag.NewSampler(lag.SamplerConfig{Measurer: nil})
 	s.Add(&lag.Snapshot{At: time.Now(),
-		Groups:   []lag.GroupLag{{Group: "inventari", Total: 3, Partitions: []lag.PartitionLag{{Topic: topic, Partition: 0, Lag: 3, OldestSeconds: 480}}}},
-		Outboxes: []lag.OutboxLag{{Name: "comandes", Pending: 7, OldestSeconds: 2}},
-		Queues:   []lag.QueueLag{{Queue: "q", Ready: 4, Unacked: -1, Consumers: 1}}})
+		Groups: []lag.GroupLag{{Group: "inventari", Total: 3, Partitions: []lag.PartitionLag{{Topic: topic, Partition: 0, Lag: 3, OldestSeconds: 480}}}},
+		Outboxes: []lag.OutboxLag{{Name: "comandes", Pending: 7, OldestSeconds: 2},
+			{Name: "pagaments", OldestSeconds: 30, WAL: &lag.SlotLag{LagBytes: 592, RetainedBytes: 4096, OldestKnown: true}},
+			{Name: "inventari", WAL: &lag.SlotLag{LagBytes: 100, RetainedBytes: 200, Active: true}}},
+		Queues: []lag.QueueLag{{Queue: "q", Ready: 4, Unacked: -1, Consumers: 1}}})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(lag.Collector{S: s})
 	for _, c := range []struct {
@@ -323,6 +339,10 @@ func TestCollector(t *testing.T) {
 		{lag.MetricGroupLag, map[string]string{"grup": "inventari", "topic": topic, "particio": "0"}, 3},
 		{lag.MetricGroupOldest, map[string]string{"grup": "inventari", "topic": topic, "particio": "0"}, 480},
 		{lag.MetricOutboxPending, map[string]string{"outbox": "comandes"}, 7},
+		{lag.MetricOutboxWALLag, map[string]string{"outbox": "pagaments"}, 592},
+		{lag.MetricOutboxWALRetained, map[string]string{"outbox": "pagaments"}, 4096},
+		{lag.MetricOutboxOldest, map[string]string{"outbox": "pagaments"}, 30},
+		{lag.MetricOutboxWALLag, map[string]string{"outbox": "inventari"}, 100},
 		{lag.MetricQueueReady, map[string]string{"cua": "q"}, 4},
 		{lag.MetricQueueConsumers, map[string]string{"cua": "q"}, 1},
 	} {
@@ -332,6 +352,12 @@ func TestCollector(t *testing.T) {
 	}
 	if _, ok := gauge(t, reg, lag.MetricQueueUnacked, map[string]string{"cua": "q"}); ok {
 		t.Error("unacked exported while unknown")
+	}
+	// A WAL-mode outbox has no pending rows, and a streaming slot's age is unknown.
+	for _, c := range []struct{ name, outbox string }{{lag.MetricOutboxPending, "pagaments"}, {lag.MetricOutboxOldest, "inventari"}} {
+		if _, ok := gauge(t, reg, c.name, map[string]string{"outbox": c.outbox}); ok {
+			t.Errorf("%s exported for the WAL outbox %s", c.name, c.outbox)
+		}
 	}
 }
 
@@ -361,4 +387,50 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 		}
 	}
 	return 0, false
+}
+
+// The logical queue of an ordered consumer has no queue of its own: asked
+// for it, the Measurer reports its shard queues <queue>.<i> and its one DLQ,
+// and no error, as km0 dlq --queue takes the same name.
+func TestMeasureOrderedQueueByItsLogicalName(t *testing.T) {
+	amqptest.Shared(t)
+	conn := amqptest.Dial(t)
+	q := amqptest.Name("km0.lagordered")
+	names := []string{q + ".0", q + ".1", q + ".dlq"}
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return names })
+	err := conn.Do(context.Background(), func(ch *amqp091.Channel) error {
+		for _, n := range names {
+			if _, err := ch.QueueDeclare(n, true, false, false, false, nil); err != nil {
+				return err
+			}
+		}
+		for _, n := range []string{q + ".0", q + ".0", q + ".1", q + ".dlq"} {
+			if err := ch.PublishWithContext(context.Background(), "", n, false, false, amqp091.Publishing{Body: []byte("x")}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	amqptest.WaitFor(t, 10*time.Second, "the messages in the shards", func() bool {
+		return amqptest.QueueLen(t, conn, q+".0") == 2 && amqptest.QueueLen(t, conn, q+".1") == 1 && amqptest.QueueLen(t, conn, q+".dlq") == 1
+	})
+	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(conn), Queues: []string{q}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := m.Measure(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ql := range s.Queues {
+		got = append(got, fmt.Sprintf("%s ready %d err %q", ql.Queue, ql.Ready, ql.Err))
+	}
+	want := []string{q + `.0 ready 2 err ""`, q + `.1 ready 1 err ""`, q + `.dlq ready 1 err ""`}
+	if !slices.Equal(got, want) || len(s.Errors) != 0 {
+		t.Fatalf("queues %q, errors %v; want %q and none", got, s.Errors, want)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/lag"
+	"github.com/km0/km0/transport/amqp/amqplag"
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
@@ -17,7 +18,7 @@ import (
 func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
 	mgmt := amqptest.ManagementURL(t)
 	q := amqptest.UnackedQueue(t, "km0.lagtest.unacked", 3, 2)
-	m, err := lag.NewMeasurer(lag.Config{AMQP: amqptest.Dial(t), Queues: []string{q}, ManagementURL: mgmt, Logger: quiet})
+	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(amqptest.Dial(t)), Queues: []string{q}, ManagementURL: mgmt, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestManagementAPIThatDoesNotAnswer(t *testing.T) {
 	closed := "http://guest:s3cr3t@" + ln.Addr().String()
 	ln.Close() // nothing listens there now
 	for _, bestEffort := range []bool{false, true} {
-		m, err := lag.NewMeasurer(lag.Config{AMQP: amqptest.Dial(t), Queues: []string{q}, ManagementURL: closed,
+		m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(amqptest.Dial(t)), Queues: []string{q}, ManagementURL: closed,
 			ManagementBestEffort: bestEffort, Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
@@ -71,24 +72,5 @@ func TestManagementAPIThatDoesNotAnswer(t *testing.T) {
 		} else if len(s.Errors) != 1 || !strings.Contains(s.Errors[0], "management API") || len(s.Notes) != 0 {
 			t.Fatalf("configured: errors %v notes %v, want one error naming the management API", s.Errors, s.Notes)
 		}
-	}
-}
-
-// The guessed management API of an AMQP URL: same host and credentials, the
-// plugin's default port, the URL's virtual host.
-func TestManagementURLFor(t *testing.T) {
-	for _, c := range []struct{ in, url, vhost string }{
-		{"", "http://guest:guest@127.0.0.1:15672", "/"},
-		{"amqp://app:p%40ss@rabbit.example:5672/prod", "http://app:p%40ss@rabbit.example:15672", "prod"},
-		{"amqps://app:pw@rabbit.example/", "https://app:pw@rabbit.example:15671", "/"},
-		{"amqp://u:p@[::1]:5673/%2f", "http://u:p@[::1]:15672", "/"},
-	} {
-		u, vh, err := lag.ManagementURLFor(c.in)
-		if err != nil || u != c.url || vh != c.vhost {
-			t.Errorf("ManagementURLFor(%q) = %q, %q, %v; want %q, %q", c.in, u, vh, err, c.url, c.vhost)
-		}
-	}
-	if _, _, err := lag.ManagementURLFor("http://x:s3cr3t@%zz"); err == nil || strings.Contains(err.Error(), "s3cr3t") {
-		t.Fatalf("bad URL: %v", err)
 	}
 }

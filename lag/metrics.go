@@ -20,6 +20,13 @@ const (
 	// by outbox name) for outboxes whose relay exports nothing.
 	MetricOutboxPending = "km0_outbox_pending_rows"
 	MetricOutboxOldest  = "km0_outbox_oldest_pending_seconds"
+	// MetricOutboxWALLag and MetricOutboxWALRetained are a WAL-mode outbox's
+	// slot: the WAL written and not confirmed by its relay, and the WAL the
+	// server retains for it (the relay's km0_relay_cdc_slot_lag_bytes and
+	// km0_relay_cdc_slot_retained_wal_bytes, by outbox name). A WAL-mode
+	// outbox has no pending rows; its oldest age is exported only when known.
+	MetricOutboxWALLag      = "km0_outbox_wal_lag_bytes"
+	MetricOutboxWALRetained = "km0_outbox_wal_retained_bytes"
 	// MetricQueueReady, MetricQueueUnacked and MetricQueueConsumers describe
 	// a RabbitMQ queue; unacked only with the management API.
 	MetricQueueReady     = "km0_rabbitmq_queue_messages_ready"
@@ -36,6 +43,8 @@ var (
 	descGroupOldest   = prometheus.NewDesc(MetricGroupOldest, "Age in seconds of the first record the group has not committed (0 when none), by group, topic and partition.", []string{"grup", "topic", "particio"}, nil)
 	descOutboxPending = prometheus.NewDesc(MetricOutboxPending, "Outbox rows with publicat_en IS NULL, by outbox (measured by the lag exporter).", []string{"outbox"}, nil)
 	descOutboxOldest  = prometheus.NewDesc(MetricOutboxOldest, "Age in seconds of the oldest pending outbox row (0 when none), by outbox.", []string{"outbox"}, nil)
+	descOutboxWALLag  = prometheus.NewDesc(MetricOutboxWALLag, "WAL bytes a WAL-mode outbox's slot holds that its relay has not confirmed, by outbox.", []string{"outbox"}, nil)
+	descOutboxWALRet  = prometheus.NewDesc(MetricOutboxWALRetained, "WAL bytes the server retains for a WAL-mode outbox's slot, by outbox.", []string{"outbox"}, nil)
 	descQueueReady    = prometheus.NewDesc(MetricQueueReady, "Messages ready for delivery in the RabbitMQ queue.", []string{"cua"}, nil)
 	descQueueUnacked  = prometheus.NewDesc(MetricQueueUnacked, "Messages delivered and not yet acknowledged (management API only).", []string{"cua"}, nil)
 	descQueueCons     = prometheus.NewDesc(MetricQueueConsumers, "Consumers of the RabbitMQ queue.", []string{"cua"}, nil)
@@ -56,7 +65,7 @@ var _ prometheus.Collector = Collector{}
 
 // Describe implements prometheus.Collector.
 func (c Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGroupLag, descGroupOldest, descOutboxPending, descOutboxOldest,
+	for _, d := range []*prometheus.Desc{descGroupLag, descGroupOldest, descOutboxPending, descOutboxOldest, descOutboxWALLag, descOutboxWALRet,
 		descQueueReady, descQueueUnacked, descQueueCons, descSampleTime, descSampleErrors} {
 		ch <- d
 	}
@@ -84,7 +93,14 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, o := range s.Outboxes {
-		if o.Err == "" {
+		switch {
+		case o.WAL != nil:
+			g(descOutboxWALLag, float64(o.WAL.LagBytes), o.Name)
+			g(descOutboxWALRet, float64(o.WAL.RetainedBytes), o.Name)
+			if o.WAL.OldestKnown {
+				g(descOutboxOldest, o.OldestSeconds, o.Name)
+			}
+		case o.Err == "":
 			g(descOutboxPending, float64(o.Pending), o.Name)
 			g(descOutboxOldest, o.OldestSeconds, o.Name)
 		}

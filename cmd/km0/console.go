@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/hostguard"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay/cdc"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,12 +26,15 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/amqp/amqplag"
+	"github.com/km0/km0/transport/kafka/kafkalag"
 )
 
 func init() {
@@ -47,6 +53,7 @@ type lagFlags struct {
 	outboxes, services        *mapFlag
 	groups, management        *string
 	outboxSchema, outboxTable *string
+	outboxMode, slot          *string
 	interval, alertFor        *time.Duration
 	maxLag                    *thresholdFlag[int64]
 	maxAge                    *thresholdFlag[time.Duration]
@@ -110,7 +117,9 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	f.outboxes.loadEnv(outboxesEnv) // after fs.Var: --help prints no default
 	f.outboxSchema = fs.String("outbox-schema", migrate.SchemaDefault, "PostgreSQL schema of the --outbox tables")
 	f.outboxTable = fs.String("outbox-table", migrate.OutboxDefault, "table name of the --outbox tables")
-	f.groups = fs.String("consumer-groups", "", "the system's Kafka consumer groups, comma separated, each reported even when the cluster does not list it (default: those the cluster lists of the services' groups, as $KM0_GROUPS renames them, and the DLQ indexer's "+dlq.GroupDefault+")")
+	f.outboxMode = fs.String("outbox-mode", string(outbox.ModeTable), "table: the --outbox outboxes' pending rows; wal: they are WAL-mode outboxes (km0 migrate --outbox-mode wal), measured from their replication slot (unconfirmed bytes, retained WAL, the age of the oldest unconfirmed message)")
+	f.slot = fs.String("slot", "", "--outbox-mode wal: the replication slot (default km0_wal_<database>_<schema>_<table>, km0 migrate's and the relay's default)")
+	f.groups = fs.String("consumer-groups", "", "the system's Kafka consumer groups, comma separated, each reported even when the cluster does not list it (default: those the cluster lists of the services' groups, as $KM0_GROUPS renames them, and the DLQ indexer's "+kafkadlq.GroupDefault+")")
 	f.allGroups = fs.Bool("all-groups", false, "also report the consumer groups of other Kafka clients (default: only the system's groups)")
 	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
 		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host with its credentials; \"off\": unacked unknown)")
@@ -232,7 +241,7 @@ type consoleParts struct {
 	source         dlq.Source
 	broker         string
 	alerter        *dlq.Alerter // lag alerts go through its webhook; nil: none
-	lag            lag.Config
+	lag            lagTargets
 	rule           lag.Rule
 	interval       time.Duration
 	services       []console.Service
@@ -257,9 +266,9 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	}
 	// Foreign groups are measured so that ?groups=all can show them; the
 	// page, /metrics and the alerts leave them out unless allGroups.
-	p.lag.AllGroups = len(p.lag.Brokers) > 0
+	p.lag.AllGroups = len(p.lag.brokers) > 0
 	p.rule.AllGroups = p.allGroups
-	m, err := lag.NewMeasurer(p.lag)
+	m, err := p.lag.measurer()
 	if err != nil {
 		return "", nil, err
 	}
@@ -350,7 +359,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		return err
 	}
 	defer closeLag()
-	lcfg.ClientOpts = env.kopts
+	lcfg.clientOpts = env.kopts
 	sdbs, closeSDBs, err := serviceDatabases(serviceDBs)
 	if err != nil {
 		return err
@@ -372,20 +381,47 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	if env.rabbit {
 		return syncEvery(ctx, env.svc, *interval, logger())
 	}
-	ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter})
+	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter})
 	if err != nil {
 		return err
 	}
 	return ix.Run(ctx)
 }
 
+// lagTargets is what km0 console and km0 lag measure: a lag.Config and
+// the Kafka brokers (with their client options, known once the security
+// flags are read) whose probe measurer adds.
+type lagTargets struct {
+	lag.Config
+	brokers    []string
+	clientOpts []kgo.Opt
+}
+
+// measurer returns the Measurer of t, with a kafkalag probe of t.brokers
+// (closed with the Measurer).
+func (t lagTargets) measurer() (*lag.Measurer, error) {
+	cfg := t.Config
+	if len(t.brokers) > 0 {
+		p, err := kafkalag.New(kafkalag.Config{Brokers: t.brokers, ClientOpts: t.clientOpts, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Kafka = p
+	}
+	m, err := lag.NewMeasurer(cfg)
+	if err != nil && cfg.Kafka != nil {
+		cfg.Kafka.Close()
+	}
+	return m, err
+}
+
 // lagConfig builds what km0 console and km0 lag measure from the flags: the
 // outboxes of --outbox, the groups of --brokers (--consumer-groups, else the
 // system's: systemGroups with dlqGroup; others with --all-groups), the
 // queues of --queue.
-func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (lag.Config, func(), error) {
-	cfg := lag.Config{Brokers: splitList(brokers), Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
-		ManagementURL: *lf.management, Logger: logger()}
+func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (lagTargets, func(), error) {
+	cfg := lagTargets{brokers: splitList(brokers), Config: lag.Config{Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
+		ManagementURL: *lf.management, Logger: logger()}}
 	if len(cfg.Groups) == 0 {
 		groups, err := systemGroups(os.Getenv("KM0_GROUPS"), dlqGroup)
 		if err != nil {
@@ -399,6 +435,15 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFla
 			c()
 		}
 	}
+	wal := *lf.outboxMode == string(outbox.ModeWAL)
+	switch {
+	case !wal && *lf.outboxMode != string(outbox.ModeTable):
+		return cfg, nil, fmt.Errorf("--outbox-mode %q: want %s or %s", *lf.outboxMode, outbox.ModeTable, outbox.ModeWAL)
+	case *lf.slot != "" && !wal:
+		return cfg, nil, errors.New("--slot applies to --outbox-mode wal only")
+	case *lf.slot != "" && !cdc.ValidSlot(*lf.slot):
+		return cfg, nil, fmt.Errorf("--slot %q: a slot name is 1 to 63 lower-case letters, digits and underscores", *lf.slot)
+	}
 	for _, name := range lf.outboxes.keys {
 		// Not pinged: a database that does not answer yet (or does not
 		// exist yet) is an error of that outbox on every sample, retried,
@@ -409,7 +454,8 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFla
 			return cfg, nil, fmt.Errorf("--outbox %s: %w", name, err)
 		}
 		closers = append(closers, pool.Close)
-		cfg.Outboxes = append(cfg.Outboxes, lag.Outbox{Name: name, DB: pool, Names: migrate.Names{Schema: *lf.outboxSchema, Outbox: *lf.outboxTable}})
+		cfg.Outboxes = append(cfg.Outboxes, lag.Outbox{Name: name, DB: pool, Names: migrate.Names{Schema: *lf.outboxSchema, Outbox: *lf.outboxTable},
+			WAL: wal, Slot: *lf.slot})
 	}
 	if qs := queues; len(qs) > 0 {
 		tlsCfg, err := amqpTLS.config()
@@ -425,8 +471,8 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFla
 			return cfg, nil, err
 		}
 		closers = append(closers, func() { _ = conn.Close() })
-		cfg.AMQP, cfg.Queues = conn, qs
-		mgmt, vhost, err := lag.ManagementURLFor(amqpURL)
+		cfg.RabbitMQ, cfg.Queues = amqplag.New(conn), qs
+		mgmt, vhost, err := amqplag.ManagementURLFor(amqpURL)
 		if err != nil {
 			closeAll()
 			return cfg, nil, err
@@ -456,7 +502,7 @@ func systemGroups(renames, dlqGroup string) ([]string, error) {
 	for _, n := range system.ConsumerNames {
 		out = append(out, cmp.Or(rn[n], n))
 	}
-	return append(out, cmp.Or(dlqGroup, dlq.GroupDefault)), nil
+	return append(out, cmp.Or(dlqGroup, kafkadlq.GroupDefault)), nil
 }
 
 func splitList(s string) []string {

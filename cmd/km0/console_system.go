@@ -51,7 +51,7 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 		fmt.Fprintf(out, "%s: no $%s: this run's admin token is in %s (mode 0600, removed at stop); log in to the console with it\n", name, adminTokenEnv, path)
 	}
 	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(hostguard.AllowedHostsEnv), ","),
-		token: token, source: c.Source, broker: c.Broker, alerter: c.Alerter, serviceDBs: c.ServiceDBs, lag: c.Lag,
+		token: token, source: c.Source, broker: c.Broker, alerter: c.Alerter, serviceDBs: c.ServiceDBs, lag: lagTargets{Config: c.Lag, brokers: c.LagBrokers, clientOpts: c.LagClientOpts},
 		interval: lag.IntervalDefault, rule: rule, services: c.Services, reg: c.Registry, out: out, name: name, log: log})
 	if err != nil {
 		cleanup()

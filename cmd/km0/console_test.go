@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
@@ -117,9 +118,15 @@ func TestLagCommand(t *testing.T) {
 	if len(snap.Outboxes) != 1 || snap.Outboxes[0].Pending != 2 || len(snap.Groups) != 1 || snap.Groups[0].Group != lagGroup || snap.Groups[0].Total != 4 {
 		t.Fatalf("snapshot: outboxes %+v, groups %v", snap.Outboxes, groupNames(&snap))
 	}
+	// One line per group by default; its partitions with --partitions.
 	out, _, err = run()
-	if err != nil || !strings.Contains(out, "OUTBOX") || !strings.Contains(out, lagGroup) || !strings.Contains(out, "comandes.esdeveniments") || strings.Contains(out, foreignGroup) {
+	if err != nil || !strings.Contains(out, "OUTBOX") || !regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(lagGroup)+`\s+\S+\s+\d+\s+\d+\s+4\s`).MatchString(out) ||
+		strings.Contains(out, "comandes.esdeveniments") || strings.Contains(out, foreignGroup) {
 		t.Fatalf("km0 lag: %v\n%s", err, out)
+	}
+	out, _, err = run("--partitions")
+	if err != nil || !strings.Contains(out, lagGroup+"  ") || !strings.Contains(out, "comandes.esdeveniments") || !strings.Contains(out, "total (") {
+		t.Fatalf("km0 lag --partitions: %v\n%s", err, out)
 	}
 	// --all-groups: the foreign group too, marked.
 	out, _, err = run("--json", "--all-groups")
@@ -165,7 +172,7 @@ func TestServeConsole(t *testing.T) {
 	defer cancel()
 	var printed bytes.Buffer
 	url, stop, err := serveConsole(ctx, consoleParts{addr: "127.0.0.1:0", token: "t0k3n", broker: "Kafka",
-		lag:      lag.Config{Brokers: strings.Split(brokers, ","), Groups: []string{lagGroup}, Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()},
+		lag:      lagTargets{brokers: strings.Split(brokers, ","), Config: lag.Config{Groups: []string{lagGroup}, Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()}},
 		interval: time.Hour, out: &printed, name: "km0 console"})
 	if err != nil {
 		t.Fatal(err)
@@ -392,12 +399,12 @@ func TestConsoleStartsWithAnOutboxDatabaseMissing(t *testing.T) {
 	if err := fs.Parse([]string{"--outbox", "comandes=" + u.String()}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, closeLag, err := lagConfig(ctx, "", "", nil, nil, dlq.GroupDefault, lf)
+	cfg, closeLag, err := lagConfig(ctx, "", "", nil, nil, kafkadlq.GroupDefault, lf)
 	if err != nil {
 		t.Fatalf("an outbox database that does not exist yet stopped the start: %v", err)
 	}
 	defer closeLag()
-	m, err := lag.NewMeasurer(cfg)
+	m, err := cfg.measurer()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/amqpdlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/amqp"
@@ -148,8 +150,8 @@ func (c *dlqCLI) flagsFor(command, summary string) (*flag.FlagSet, *dlqOpts) {
 		kafka:   kafkaSecurityFlags(fs),
 		schema:  fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the index table cartes_mortes"),
 		topics: fs.String("topics", "", "DLQ topics, comma separated (default: every topic matching "+
-			dlq.TopicPatternDefault+")"),
-		group:       fs.String("group", dlq.GroupDefault, "consumer group whose offsets mark what is indexed"),
+			kafkadlq.TopicPatternDefault+")"),
+		group:       fs.String("group", kafkadlq.GroupDefault, "consumer group whose offsets mark what is indexed"),
 		webhook:     secretString(fs, "webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "URL that gets a JSON notice per new dead letter (default $KM0_DLQ_WEBHOOK)"),
 		syncTimeout: fs.Duration("sync-timeout", dlq.SyncTimeoutDefault, "how long reading the DLQ topics may take"),
 		queues:      &listFlag{},
@@ -168,9 +170,9 @@ type dlqEnv struct {
 	svc     dlq.Source
 	store   *dlq.Store
 	pool    *pgxpool.Pool     // the index's database (also the consumers' keyorder tables)
-	backend *dlq.KafkaBackend // nil with RabbitMQ
+	backend *kafkadlq.Backend // nil with RabbitMQ
 	rabbit  bool
-	kcfg    dlq.KafkaConfig
+	kcfg    kafkadlq.Config
 	kopts   []kgo.Opt // the Kafka security of --brokers, for every Kafka client
 	alerter *dlq.Alerter
 	close   func()
@@ -214,7 +216,7 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 		if err != nil {
 			return fail(err) // names the URL without its password
 		}
-		ab, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: conn, Queues: o.queueNames(), SyncTimeout: *o.syncTimeout, Logger: log})
+		ab, err := amqpdlq.New(amqpdlq.Config{Conn: conn, Queues: o.queueNames(), SyncTimeout: *o.syncTimeout, Logger: log})
 		if err != nil {
 			_ = conn.Close()
 			return fail(err)
@@ -223,9 +225,9 @@ func (c *dlqCLI) open(ctx context.Context, o *dlqOpts, reg prometheus.Registerer
 		env.close = func() { _ = ab.Close(); _ = conn.Close(); closePool() }
 		backend = ab
 	} else {
-		env.kcfg = dlq.KafkaConfig{Brokers: brokers, Topics: kafka.SplitBrokers(*o.topics), Group: *o.group,
+		env.kcfg = kafkadlq.Config{Brokers: brokers, Topics: kafka.SplitBrokers(*o.topics), Group: *o.group,
 			SyncTimeout: *o.syncTimeout, Logger: log, ClientOpts: env.kopts}
-		if env.backend, err = dlq.NewKafkaBackend(env.kcfg); err != nil {
+		if env.backend, err = kafkadlq.New(env.kcfg); err != nil {
 			return fail(err)
 		}
 		closePool := env.close
@@ -617,9 +619,9 @@ func (c *dlqCLI) index(ctx context.Context, args []string) error {
 		return err
 	}
 	defer env.close()
-	var ix *dlq.Indexer
+	var ix *kafkadlq.Indexer
 	if !env.rabbit {
-		if ix, err = dlq.NewIndexer(dlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter}); err != nil {
+		if ix, err = kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter}); err != nil {
 			return err
 		}
 	}

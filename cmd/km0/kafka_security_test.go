@@ -17,7 +17,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/inventari"
@@ -152,7 +152,7 @@ func TestCommandsRunOverSASLSSL(t *testing.T) {
 	// measures km0-sec-test, through SASL_SSL.
 	consoleProc := startKm0(t, sec.env, append([]string{"console", "--http-addr", "127.0.0.1:0", "--database-url", s.URL,
 		"--schema", s.Name, "--consumer-groups", "km0-sec-test"}, sec.flags...)...)
-	waitGroup(t, sec.adm, dlq.GroupDefault, "stable with one member", func(g kadm.DescribedGroup) bool {
+	waitGroup(t, sec.adm, kafkadlq.GroupDefault, "stable with one member", func(g kadm.DescribedGroup) bool {
 		return g.State == "Stable" && len(g.Members) == 1
 	})
 	metrics := consoleMetrics(t, consoleProc, `km0_lag_sample_errors 0`)

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/lag"
 )
 
@@ -39,8 +44,9 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
 	amqpTLS := addAMQPTLSFlags(fs)
 	queues := &listFlag{}
-	fs.Var(queues, "queue", "a RabbitMQ queue to report, with its .dlq (repeatable or comma separated)")
+	fs.Var(queues, "queue", "a RabbitMQ queue to report, with its .dlq; the logical queue of an ordered consumer reports its shard queues <queue>.<i> (repeatable or comma separated)")
 	asJSON := fs.Bool("json", false, "print the snapshot as JSON")
+	partitions := fs.Bool("partitions", false, "one line per partition of each consumer group (default: one line per group)")
 	serve := fs.String("serve", "", "instead of printing once: sample every --lag-interval and serve Prometheus metrics at http://ADDR/metrics")
 	webhook := secretString(fs, "webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "with --serve: URL that gets a JSON notice when a threshold is exceeded for --alert-for (default $KM0_DLQ_WEBHOOK)")
 	lf := addLagFlags(fs, true)
@@ -51,21 +57,21 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	for _, q := range *queues {
 		qs = append(qs, splitList(q)...)
 	}
-	cfg, closeLag, err := lagConfig(ctx, *brokers, *amqpURL, amqpTLS, qs, dlq.GroupDefault, lf)
+	cfg, closeLag, err := lagConfig(ctx, *brokers, *amqpURL, amqpTLS, qs, kafkadlq.GroupDefault, lf)
 	if err != nil {
 		return err
 	}
 	defer closeLag()
-	if len(cfg.Brokers) > 0 {
-		if cfg.ClientOpts, err = ksec.opts(ctx, cfg.Brokers, cfg.Logger); err != nil {
+	if len(cfg.brokers) > 0 {
+		if cfg.clientOpts, err = ksec.opts(ctx, cfg.brokers, cfg.Logger); err != nil {
 			return err
 		}
 	}
-	if len(cfg.Outboxes) == 0 && len(cfg.Brokers) == 0 && len(cfg.Queues) == 0 {
+	if len(cfg.Outboxes) == 0 && len(cfg.brokers) == 0 && len(cfg.Queues) == 0 {
 		return errors.New("nothing to measure: give --outbox, --brokers (or $KM0_KAFKA_BROKERS) or --queue")
 	}
 	rule := lf.rule()
-	m, err := lag.NewMeasurer(cfg)
+	m, err := cfg.measurer()
 	if err != nil {
 		return err
 	}
@@ -84,7 +90,7 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 			return err
 		}
 	} else {
-		printLag(out, snap)
+		printLag(out, snap, *partitions)
 	}
 	over := overThreshold(snap, rule)
 	for _, o := range over {
@@ -123,7 +129,11 @@ func overThreshold(s *lag.Snapshot, r lag.Rule) []string {
 	return out
 }
 
-func printLag(w io.Writer, s *lag.Snapshot) {
+// printLag prints s as aligned tables: one line per outbox, per consumer
+// group (its total lag and oldest age; with partitions, a line per
+// partition first, the caught-up partitions of a .retry topic folded into
+// one) and per queue, then the notes.
+func printLag(w io.Writer, s *lag.Snapshot, partitions bool) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	age := func(secs float64) string {
 		if secs <= 0 {
@@ -131,32 +141,84 @@ func printLag(w io.Writer, s *lag.Snapshot) {
 		}
 		return time.Duration(secs * float64(time.Second)).Round(time.Second).String()
 	}
-	if len(s.Outboxes) > 0 {
+	if len(s.Outboxes) > 0 && !slices.ContainsFunc(s.Outboxes, func(o lag.OutboxLag) bool { return o.WAL != nil }) {
 		fmt.Fprintln(tw, "OUTBOX\tPENDING\tOLDEST")
 		for _, o := range s.Outboxes {
 			if o.Err != "" {
-				fmt.Fprintf(tw, "%s\terror: %s\t\n", o.Name, o.Err)
+				fmt.Fprintf(tw, "%s\terror: %s\n", o.Name, o.Err)
 				continue
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\n", o.Name, o.Pending, age(o.OldestSeconds))
 		}
 		fmt.Fprintln(tw)
+	} else if len(s.Outboxes) > 0 {
+		// With a WAL-mode outbox: its pending events are its slot's
+		// unconfirmed bytes, and the slot's retained WAL and status follow.
+		// A table outbox has no slot ("-"); the outboxes that could not be
+		// measured come last, so that their rows do not break the columns.
+		fmt.Fprintln(tw, "OUTBOX\tMODE\tPENDING\tOLDEST\tSLOT\tRETAINED\tSTATUS")
+		var failed []lag.OutboxLag
+		for _, o := range s.Outboxes {
+			switch {
+			case o.WAL == nil && o.Err != "":
+				failed = append(failed, o)
+			case o.WAL == nil:
+				fmt.Fprintf(tw, "%s\ttable\t%d\t%s\t-\t-\t-\n", o.Name, o.Pending, age(o.OldestSeconds))
+			default:
+				w := o.WAL
+				oldest := age(o.OldestSeconds)
+				if !w.OldestKnown {
+					oldest = "?"
+				}
+				status := w.WALStatus + ", no relay"
+				if w.Active {
+					status = w.WALStatus + ", streaming"
+				}
+				if o.Err != "" {
+					status += ", error: " + o.Err
+				}
+				fmt.Fprintf(tw, "%s\twal\t%s\t%s\t%s\t%s\t%s\n", o.Name, bytesText(w.LagBytes), oldest, w.Slot, bytesText(w.RetainedBytes), status)
+			}
+		}
+		for _, o := range failed {
+			fmt.Fprintf(tw, "%s\terror: %s\n", o.Name, o.Err)
+		}
+		fmt.Fprintln(tw)
 	}
-	if len(s.Groups) > 0 {
+	if len(s.Groups) > 0 && !partitions {
+		fmt.Fprintln(tw, "GROUP\tSTATE\tMEMBERS\tPARTITIONS\tLAG\tOLDEST")
+		for _, g := range s.Groups {
+			if g.Err != "" {
+				fmt.Fprintf(tw, "%s\terror: %s\n", g.Group, g.Err)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", g.Group, g.State, g.Members, len(g.Partitions), g.Total, age(g.OldestSeconds))
+		}
+		fmt.Fprintln(tw)
+	}
+	if len(s.Groups) > 0 && partitions {
 		fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCOMMITTED\tEND\tLAG\tOLDEST")
 		for _, g := range s.Groups {
 			if g.Err != "" {
-				fmt.Fprintf(tw, "%s\terror: %s\t\t\t\t\t\n", g.Group, g.Err)
+				fmt.Fprintf(tw, "%s\terror: %s\n", g.Group, g.Err)
 				continue
 			}
+			folded := map[string]int{} // .retry topic → its caught-up partitions
 			for _, p := range g.Partitions {
-				committed := fmt.Sprint(p.Committed)
-				if p.Committed < 0 {
-					committed = "-"
+				if p.Lag == 0 && strings.HasSuffix(p.Topic, contract.RetrySuffix) {
+					folded[p.Topic]++
+					continue
+				}
+				committed := "-"
+				if p.Committed >= 0 {
+					committed = strconv.FormatInt(p.Committed, 10)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%s\n", g.Group, p.Topic, p.Partition, committed, p.End, p.Lag, age(p.OldestSeconds))
 			}
-			fmt.Fprintf(tw, "%s\t(total, %s, %d members)\t\t\t\t%d\t%s\n", g.Group, g.State, g.Members, g.Total, age(g.OldestSeconds))
+			for _, t := range slices.Sorted(maps.Keys(folded)) {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t0\t-\n", g.Group, t, plural(folded[t], "partition"))
+			}
+			fmt.Fprintf(tw, "%s\ttotal (%s, %s)\t\t\t\t%d\t%s\n", g.Group, g.State, plural(g.Members, "member"), g.Total, age(g.OldestSeconds))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -164,12 +226,12 @@ func printLag(w io.Writer, s *lag.Snapshot) {
 		fmt.Fprintln(tw, "QUEUE\tREADY\tUNACKED\tCONSUMERS")
 		for _, q := range s.Queues {
 			if q.Err != "" {
-				fmt.Fprintf(tw, "%s\terror: %s\t\t\n", q.Queue, q.Err)
+				fmt.Fprintf(tw, "%s\terror: %s\n", q.Queue, q.Err)
 				continue
 			}
 			unacked := "-"
 			if q.Unacked >= 0 {
-				unacked = fmt.Sprint(q.Unacked)
+				unacked = strconv.Itoa(q.Unacked)
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", q.Queue, q.Ready, unacked, q.Consumers)
 		}
@@ -178,6 +240,29 @@ func printLag(w io.Writer, s *lag.Snapshot) {
 	for _, n := range s.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
+}
+
+// bytesText is n bytes for people: 592 B, 12.5 KiB, 3.0 MiB.
+func bytesText(n int64) string {
+	if n < 1024 {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	f, unit := float64(n)/1024, "KiB"
+	for _, u := range []string{"MiB", "GiB", "TiB"} {
+		if f < 1024 {
+			break
+		}
+		f, unit = f/1024, u
+	}
+	return strconv.FormatFloat(f, 'f', 1, 64) + " " + unit
+}
+
+// plural is "1 partition", "3 partitions".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }
 
 // serveLag is km0 lag --serve: the lag exporter, and the lag alerts.

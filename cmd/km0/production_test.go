@@ -17,7 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/contract"
-	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/comandes"
@@ -224,7 +224,7 @@ func TestProductionConnectionsEveryCommandAsAProcess(t *testing.T) {
 	// km0 console: its DLQ indexer's group and its lag sampler over SASL_SSL.
 	console := startKm0(t, relayEnv, append([]string{"console", "--http-addr", "127.0.0.1:0", "--consumer-groups", strings.Join(system.ConsumerNames, ",")}, sec.flags...)...)
 	procs["km0 console"] = console
-	waitGroup(t, sec.adm, dlq.GroupDefault, "stable with one member", func(g kadm.DescribedGroup) bool {
+	waitGroup(t, sec.adm, kafkadlq.GroupDefault, "stable with one member", func(g kadm.DescribedGroup) bool {
 		return g.State == "Stable" && len(g.Members) == 1
 	})
 	metrics := consoleMetrics(t, console, `km0_lag_sample_errors 0`)

@@ -51,6 +51,10 @@ var layers = map[string]Layer{
 	"transport/kafka":          Transport,
 	"transport/kafka/kafkaacl": Transport,
 	"transport/amqp":           Transport,
+	"dlq/kafkadlq":             Transport,
+	"dlq/amqpdlq":              Transport,
+	"transport/kafka/kafkalag": Transport,
+	"transport/amqp/amqplag":   Transport,
 	"requestreply/amqprr":      Transport,
 	"requestreply/kafkarr":     Transport,
 
@@ -123,11 +127,5 @@ type Exception struct {
 
 // exceptions are today's violations.
 var exceptions = []Exception{
-	{"dlq", "import transport/kafka", "the Kafka backend moves to dlq/kafkadlq"},
-	{"dlq", "import transport/amqp", "the RabbitMQ backend moves to dlq/amqpdlq"},
-	{"dlq", "broker", "dlq/kafka.go, dlq/amqpbackend.go, dlq/indexer.go move to dlq/kafkadlq and dlq/amqpdlq"},
-	{"lag", "import transport/kafka", "lag measures over a probe interface; the Kafka probe lives beside transport/kafka"},
-	{"lag", "import transport/amqp", "lag measures over a probe interface; the RabbitMQ probe lives beside transport/amqp"},
-	{"lag", "broker", "lag/lag.go, lag/amqp.go: the probes move beside each transport"},
 	{"transport/kafka", "embedded", "transport/kafka/embedded.go moves to its own package, so NewSource does not link kfake"},
 }

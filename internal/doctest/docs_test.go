@@ -47,6 +47,8 @@ var imports = map[string]string{
 	"consumer":     "github.com/km0/km0/consumer",
 	"keyorder":     "github.com/km0/km0/keyorder",
 	"dlq":          "github.com/km0/km0/dlq",
+	"kafkadlq":     "github.com/km0/km0/dlq/kafkadlq",
+	"amqpdlq":      "github.com/km0/km0/dlq/amqpdlq",
 	"lag":          "github.com/km0/km0/lag",
 	"schema":       "github.com/km0/km0/schema",
 	"tracing":      "github.com/km0/km0/tracing",
@@ -56,6 +58,8 @@ var imports = map[string]string{
 	"transport":    "github.com/km0/km0/transport",
 	"kafka":        "github.com/km0/km0/transport/kafka",
 	"amqp":         "github.com/km0/km0/transport/amqp",
+	"kafkalag":     "github.com/km0/km0/transport/kafka/kafkalag",
+	"amqplag":      "github.com/km0/km0/transport/amqp/amqplag",
 }
 
 // givens are the names a fragment may use without declaring them, as the

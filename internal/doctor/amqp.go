@@ -13,8 +13,8 @@ import (
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/lag"
 	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/amqp/amqplag"
 )
 
 // checkRabbitMQ checks the AMQP connection with its TLS, the management
@@ -54,7 +54,7 @@ func checkRabbitMQ(ctx context.Context, r *Report, cfg Config) {
 		r.warn("rabbitmq management", target, "not checked (--amqp-management-url off)", "give the management API to check the broker's clock and the topology")
 		return
 	}
-	mgmt, vhost, err := lag.ManagementURLFor(cfg.AMQPURL)
+	mgmt, vhost, err := amqplag.ManagementURLFor(cfg.AMQPURL)
 	if err != nil {
 		r.fail("rabbitmq management", target, err.Error(), "fix --amqp-url")
 		return

@@ -4,7 +4,7 @@ import (
 	"cmp"
 
 	"github.com/km0/km0/contract"
-	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/pagaments"
@@ -58,7 +58,7 @@ func KafkaACLServices(o ACLOptions) []kafkaacl.Service {
 	for _, name := range names {
 		s := kafkaacl.Service{Name: name, Principal: o.Principals[name]}
 		if name == DLQPrincipalName {
-			s.Consumers = []kafkaacl.Consumer{{Group: dlq.GroupDefault}}
+			s.Consumers = []kafkaacl.Consumer{{Group: kafkadlq.GroupDefault}}
 			for _, svc := range Services {
 				if t, ok := Topics[svc]; ok {
 					s.Produces = append(s.Produces, topic(t))

@@ -14,9 +14,14 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/dlq/amqpdlq"
+	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/transport/amqp/amqplag"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // ConsoleSyncInterval is how often a system's console takes the dead
@@ -47,13 +52,18 @@ type ConsoleConfig struct {
 // its HTTP servers; and each service's database (blocked keys, paused
 // groups). Close stops and closes what OpenConsole started.
 type Console struct {
-	Source     dlq.Source
-	Broker     string // "Kafka", "RabbitMQ" or "Kafka + RabbitMQ"
-	Alerter    *dlq.Alerter
-	Registry   *prometheus.Registry // the alerter's metrics
-	Lag        lag.Config
-	Services   []console.Service
-	ServiceDBs []console.ServiceDB
+	Source   dlq.Source
+	Broker   string // "Kafka", "RabbitMQ" or "Kafka + RabbitMQ"
+	Alerter  *dlq.Alerter
+	Registry *prometheus.Registry // the alerter's metrics
+	// Lag is what the lag page measures; LagBrokers (with LagClientOpts)
+	// are the Kafka brokers whose groups it measures through a
+	// kafkalag probe the caller opens.
+	Lag           lag.Config
+	LagBrokers    []string
+	LagClientOpts []kgo.Opt
+	Services      []console.Service
+	ServiceDBs    []console.ServiceDB
 
 	closers []func() // in order of opening
 }
@@ -108,17 +118,19 @@ func (s *System) OpenConsole(ctx context.Context, cfg ConsoleConfig) (*Console, 
 	var outboxes []lag.Outbox
 	for _, name := range slices.Sorted(maps.Keys(Topics)) {
 		if p := s.Pool(name); p != nil {
-			outboxes = append(outboxes, lag.Outbox{Name: name, DB: p})
+			// In WAL mode each service's slot is the default of its database.
+			outboxes = append(outboxes, lag.Outbox{Name: name, DB: p, WAL: s.OutboxMode() == outbox.ModeWAL})
 		}
 	}
 	addrs := s.Addrs()
 	for _, k := range slices.Sorted(maps.Keys(addrs)) {
 		c.Services = append(c.Services, console.Service{Name: k, URL: addrs[k]})
 	}
-	c.Lag = lag.Config{Outboxes: outboxes, Brokers: kafkaBrokers, Logger: log, ClientOpts: s.KafkaOpts(),
-		Groups: append(s.ConsumerGroups(), dlq.GroupDefault), OmitUnlisted: true}
+	c.Lag = lag.Config{Outboxes: outboxes, Logger: log,
+		Groups: append(s.ConsumerGroups(), kafkadlq.GroupDefault), OmitUnlisted: true}
+	c.LagBrokers, c.LagClientOpts = kafkaBrokers, s.KafkaOpts()
 	if len(queues) > 0 {
-		c.Lag.AMQP, c.Lag.Queues = s.EventsConn(), queues
+		c.Lag.RabbitMQ, c.Lag.Queues = amqplag.New(s.EventsConn()), queues
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.DatabaseNames())) {
 		if p := s.Pool(name); p != nil {
@@ -147,15 +159,15 @@ func (c *Console) deadLetters(ctx context.Context, s *System, cfg ConsoleConfig,
 	log := cfg.Logger
 	onKafka := slices.Contains(slices.Collect(maps.Values(s.EventsBroker())), EventsKafka)
 	work, dead := s.EventsConsumerQueues()
-	var kafkaBackend *dlq.KafkaBackend
-	var amqpBackend *dlq.AMQPBackend
-	var kcfg dlq.KafkaConfig
+	var kafkaBackend *kafkadlq.Backend
+	var amqpBackend *amqpdlq.Backend
+	var kcfg kafkadlq.Config
 	if onKafka {
 		if len(cfg.Brokers) == 0 {
 			return nil, nil, errors.New("the console needs the Kafka brokers of the events on Kafka")
 		}
-		kcfg = dlq.KafkaConfig{Brokers: cfg.Brokers, Logger: log, ClientOpts: s.KafkaOpts()}
-		b, err := dlq.NewKafkaBackend(kcfg)
+		kcfg = kafkadlq.Config{Brokers: cfg.Brokers, Logger: log, ClientOpts: s.KafkaOpts()}
+		b, err := kafkadlq.New(kcfg)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -163,7 +175,7 @@ func (c *Console) deadLetters(ctx context.Context, s *System, cfg ConsoleConfig,
 		kafkaBackend, kafkaBrokers = b, cfg.Brokers
 	}
 	if len(dead) > 0 {
-		b, err := dlq.NewAMQPBackend(dlq.AMQPConfig{Conn: s.EventsConn(), Queues: dead, Logger: log})
+		b, err := amqpdlq.New(amqpdlq.Config{Conn: s.EventsConn(), Queues: dead, Logger: log})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -194,7 +206,7 @@ func (c *Console) deadLetters(ctx context.Context, s *System, cfg ConsoleConfig,
 	var running sync.WaitGroup
 	c.closers = append(c.closers, func() { cancel(); running.Wait() })
 	if kafkaBackend != nil {
-		ix, err := dlq.NewIndexer(dlq.IndexerConfig{Kafka: kcfg, Store: store, Alerter: c.Alerter})
+		ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: kcfg, Store: store, Alerter: c.Alerter})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -342,6 +342,9 @@ func (s *System) ConsumerGroups() []string {
 // of the system's Kafka clients, for other clients of the same brokers.
 func (s *System) KafkaOpts() []kgo.Opt { return s.cfg.KafkaOpts }
 
+// OutboxMode is where the services write their events (Config.OutboxMode).
+func (s *System) OutboxMode() outbox.Mode { return s.cfg.OutboxMode }
+
 // Pool returns the pool of service's database, or nil.
 func (s *System) Pool(service string) *pgxpool.Pool { return s.pools[service] }
 

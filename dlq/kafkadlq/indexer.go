@@ -1,4 +1,4 @@
-package dlq
+package kafkadlq
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -21,11 +22,11 @@ const (
 
 // IndexerConfig configures an Indexer.
 type IndexerConfig struct {
-	Kafka KafkaConfig // brokers, topics or pattern, group (default km0.dlq.index)
-	Store *Store      // required
+	Kafka Config     // brokers, topics or pattern, group (default km0.dlq.index)
+	Store *dlq.Store // required
 	// Alerter gets every letter indexed for the first time; nil = no alerts
 	// (do not run an Indexer without one in production).
-	Alerter *Alerter
+	Alerter *dlq.Alerter
 	// MetadataMaxAge is how soon a new DLQ topic matching the pattern is
 	// noticed. Default 10 s.
 	MetadataMaxAge time.Duration
@@ -49,7 +50,7 @@ type Indexer struct {
 // brokers, or for a bad topic pattern.
 func NewIndexer(cfg IndexerConfig) (*Indexer, error) {
 	if cfg.Store == nil {
-		return nil, errors.New("dlq: IndexerConfig needs a Store")
+		return nil, errors.New("kafkadlq: IndexerConfig needs a Store")
 	}
 	k, _, err := cfg.Kafka.withDefaults()
 	if err != nil {
@@ -114,17 +115,17 @@ func (ix *Indexer) Run(ctx context.Context) error {
 			ix.cl.AllowRebalance()
 			continue
 		}
-		ins, err := ix.index(ctx, lettersOf(recs))
+		added, refused, err := ix.index(ctx, lettersOf(recs))
 		if err != nil {
 			ix.cl.AllowRebalance()
 			return nil // ctx ended while the database was down; nothing committed
 		}
 		if ix.cfg.Alerter != nil {
-			for _, l := range ins.added {
+			for _, l := range added {
 				ix.cfg.Alerter.DeadLetter(ctx, l)
 			}
 		}
-		reportRefused(ctx, ix.cfg.Alerter, ix.log, ins.refused)
+		dlq.ReportRefused(ctx, ix.cfg.Alerter, ix.log, refused)
 		if err := ix.cl.CommitRecords(ctx, recs...); err != nil {
 			ix.log.Warn("dlq: indexer commit (the batch will be read again, harmlessly)", "err", err)
 		}
@@ -132,19 +133,19 @@ func (ix *Indexer) Run(ctx context.Context) error {
 	}
 }
 
-func (ix *Indexer) index(ctx context.Context, letters []*Letter) (inserted, error) {
+func (ix *Indexer) index(ctx context.Context, letters []*dlq.Letter) (added []*dlq.Letter, refused []dlq.Refusal, err error) {
 	wait := ix.cfg.RetryBackoff
 	for {
-		ins, err := ix.cfg.Store.insert(ctx, letters)
+		added, refused, err := ix.cfg.Store.Index(ctx, letters)
 		if err == nil {
-			return ins, nil
+			return added, refused, nil
 		}
 		ix.log.Error("dlq: indexer cannot write the index; retrying the batch", "letters", len(letters), "err", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return inserted{}, ctx.Err()
+			return nil, nil, ctx.Err()
 		case <-t.C:
 		}
 		wait = min(2*wait, retryBackoffMax)
@@ -156,7 +157,7 @@ func (ix *Indexer) index(ctx context.Context, letters []*Letter) (inserted, erro
 // none), where the group's committed offset is later: another reader of the
 // group, writing another index, may have moved it past letters this index
 // never got. Reading them again is harmless: Insert skips letters it has.
-func startNoLaterThanIndexed(ctx context.Context, st *Store, offs map[string]map[int32]kgo.Offset) error {
+func startNoLaterThanIndexed(ctx context.Context, st *dlq.Store, offs map[string]map[int32]kgo.Offset) error {
 	topics := make([]string, 0, len(offs))
 	for t := range offs {
 		topics = append(topics, t)
@@ -171,7 +172,7 @@ func startNoLaterThanIndexed(ctx context.Context, st *Store, offs map[string]map
 			if committed < 0 { // nothing committed: the reset offset (the start) applies
 				continue
 			}
-			if next, ok := indexed[tp{t, p}]; !ok {
+			if next, ok := indexed[tp{Topic: t, Partition: p}]; !ok {
 				ps[p] = kgo.NewOffset().AtStart()
 			} else if next < committed {
 				ps[p] = kgo.NewOffset().At(next)

@@ -5,46 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
-
-	amqp091 "github.com/rabbitmq/amqp091-go"
-
-	"github.com/km0/km0/transport/amqp"
 )
-
-type amqpChannel = amqp091.Channel
-
-// Ports of the RabbitMQ management API when enabled with its defaults
-// (rabbitmq-plugins enable rabbitmq_management).
-const (
-	ManagementPort    = 15672
-	ManagementTLSPort = 15671
-)
-
-// ManagementURLFor returns the management API a broker at amqpURL has when
-// the plugin runs with its default listener: the same host and credentials,
-// http on port 15672 (https on 15671 for amqps), and the URL's virtual host.
-// amqpURL "" is amqp.URLDefault. It is a guess: the plugin may be disabled
-// or listen elsewhere (Config.ManagementBestEffort).
-func ManagementURLFor(amqpURL string) (mgmt, vhost string, err error) {
-	if amqpURL == "" {
-		amqpURL = amqp.URLDefault
-	}
-	u, err := amqp091.ParseURI(amqpURL)
-	if err != nil {
-		return "", "", errors.New("lag: the RabbitMQ URL does not parse") // never quote it: it holds the password
-	}
-	scheme, port := "http", ManagementPort
-	if u.Scheme == "amqps" {
-		scheme, port = "https", ManagementTLSPort
-	}
-	m := url.URL{Scheme: scheme, Host: net.JoinHostPort(u.Host, strconv.Itoa(port)), User: url.UserPassword(u.Username, u.Password)}
-	return m.String(), u.Vhost, nil
-}
 
 // queueStats is what the management API tells of a queue.
 // Its counts are sampled by the broker (every 5 s by default); a queue it has

@@ -1,4 +1,4 @@
-package dlq
+package amqpdlq
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
@@ -25,7 +26,7 @@ import (
 // rabbit is a RabbitMQ work queue with its DLQ and a migrated index.
 type rabbit struct {
 	conn  *amqp.Conn
-	store *Store
+	store *dlq.Store
 	pool  *pgtest.Schema
 	queue string
 	dlx   *amqp.Publisher // publishes to km0.dlx: routing key = queue lands in <queue>.dlq
@@ -36,7 +37,7 @@ func setupRabbit(t *testing.T) *rabbit {
 	ctx := context.Background()
 	conn := amqptest.Dial(t)
 	s := pgtest.NewSchema(t)
-	if _, err := migrate.Up(ctx, s.Pool, s.Names(), Migrations); err != nil {
+	if _, err := migrate.Up(ctx, s.Pool, s.Names(), dlq.Migrations); err != nil {
 		t.Fatal(err)
 	}
 	q := amqptest.Name("t.dlqidx")
@@ -49,12 +50,12 @@ func setupRabbit(t *testing.T) *rabbit {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = dlx.Close() })
-	return &rabbit{conn: conn, store: NewStore(s.Pool, s.Name), pool: s, queue: q, dlx: dlx}
+	return &rabbit{conn: conn, store: dlq.NewStore(s.Pool, s.Name), pool: s, queue: q, dlx: dlx}
 }
 
-func (r *rabbit) backend(t *testing.T, batch int) *AMQPBackend {
+func (r *rabbit) backend(t *testing.T, batch int) *Backend {
 	t.Helper()
-	b, err := NewAMQPBackend(AMQPConfig{Conn: r.conn, Queues: []string{r.queue}, Batch: batch})
+	b, err := New(Config{Conn: r.conn, Queues: []string{r.queue}, Batch: batch})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,9 +122,9 @@ func (r *rabbit) onBroker(t *testing.T) int {
 	return amqptest.DLQLen(t, r.conn, r.queue)
 }
 
-func (r *rabbit) indexed(t *testing.T) []*Letter {
+func (r *rabbit) indexed(t *testing.T) []*dlq.Letter {
 	t.Helper()
-	ls, err := r.store.List(context.Background(), Filter{})
+	ls, err := r.store.List(context.Background(), dlq.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func TestAMQPSyncAcksOnlyAfterCommit(t *testing.T) {
 	b := r.backend(t, 0)
 
 	// Crash point A: the index transaction fails.
-	broken := NewStore(r.pool.Pool, "no_such_schema")
+	broken := dlq.NewStore(r.pool.Pool, "no_such_schema")
 	if _, err := b.Sync(ctx, broken); err == nil {
 		t.Fatal("sync into a missing index table succeeded")
 	}
@@ -182,7 +183,7 @@ func TestAMQPSyncAcksOnlyAfterCommit(t *testing.T) {
 	}
 
 	ls := r.indexed(t)
-	byEvent := map[string]*Letter{}
+	byEvent := map[string]*dlq.Letter{}
 	for _, l := range ls {
 		byEvent[l.EventID] = l
 	}
@@ -203,12 +204,12 @@ func TestAMQPSyncAcksOnlyAfterCommit(t *testing.T) {
 	}
 	ids := []string{ls[0].ID, ls[1].ID}
 	slices.Sort(ids)
-	if want := []string{KafkaID(amqp.DLQName(r.queue), 0, 0), KafkaID(amqp.DLQName(r.queue), 0, 1)}; !slices.Equal(ids, want) {
+	if want := []string{dlq.KafkaID(amqp.DLQName(r.queue), 0, 0), dlq.KafkaID(amqp.DLQName(r.queue), 0, 1)}; !slices.Equal(ids, want) {
 		t.Fatalf("ids %v, want %v", ids, want)
 	}
 }
 
-func hasHeader(l *Letter, key, prefix string) bool {
+func hasHeader(l *dlq.Letter, key, prefix string) bool {
 	for _, h := range l.Headers {
 		if h.Key == key && strings.HasPrefix(h.Value, prefix) {
 			return true
@@ -246,7 +247,7 @@ func TestAMQPLettersReadSecondsAndLegacyMilliseconds(t *testing.T) {
 	if _, err := r.backend(t, 0).Sync(ctx, r.store); err != nil {
 		t.Fatal(err)
 	}
-	byEvent := map[string]*Letter{}
+	byEvent := map[string]*dlq.Letter{}
 	for _, l := range r.indexed(t) {
 		byEvent[l.EventID] = l
 	}

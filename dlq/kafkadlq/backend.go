@@ -1,4 +1,8 @@
-package dlq
+// Package kafkadlq is the Kafka Backend of package dlq: the `<topic>.dlq`
+// topics of CONTRACT.md, indexed into a dlq.Store by Sync or by an Indexer
+// (a member of its own consumer group), and replays through a confirmed
+// producer.
+package kafkadlq
 
 import (
 	"context"
@@ -15,22 +19,22 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
 
-// Defaults of KafkaConfig.
+// Defaults of Config.
 const (
 	// GroupDefault is the consumer group of the indexer; Sync reads and
 	// advances its committed offsets too.
 	GroupDefault = "km0.dlq.index"
 	// TopicPatternDefault selects every DLQ topic.
 	TopicPatternDefault = `\.dlq$`
-	SyncTimeoutDefault  = 30 * time.Second
 )
 
-// KafkaConfig configures a KafkaBackend and an Indexer.
-type KafkaConfig struct {
+// Config configures a Backend and an Indexer.
+type Config struct {
 	// Brokers are the bootstrap brokers. Required.
 	Brokers []string
 	// Topics are the DLQ topics. Empty: every topic matching TopicPattern.
@@ -40,7 +44,7 @@ type KafkaConfig struct {
 	// Group is the consumer group whose offsets mark what is indexed.
 	// Default "km0.dlq.index".
 	Group string
-	// SyncTimeout bounds one Sync. Default 30 s.
+	// SyncTimeout bounds one Sync. Default dlq.SyncTimeoutDefault (30 s).
 	SyncTimeout time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -48,7 +52,7 @@ type KafkaConfig struct {
 	ClientOpts []kgo.Opt
 }
 
-func (c KafkaConfig) withDefaults() (KafkaConfig, *regexp.Regexp, error) {
+func (c Config) withDefaults() (Config, *regexp.Regexp, error) {
 	if len(c.Brokers) == 0 {
 		return c, nil, errors.New("dlq: no Kafka brokers")
 	}
@@ -59,7 +63,7 @@ func (c KafkaConfig) withDefaults() (KafkaConfig, *regexp.Regexp, error) {
 		c.Group = GroupDefault
 	}
 	if c.SyncTimeout <= 0 {
-		c.SyncTimeout = SyncTimeoutDefault
+		c.SyncTimeout = dlq.SyncTimeoutDefault
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -71,21 +75,21 @@ func (c KafkaConfig) withDefaults() (KafkaConfig, *regexp.Regexp, error) {
 	return c, re, nil
 }
 
-// KafkaBackend is the Backend of the `<topic>.dlq` topics of CONTRACT.md.
-type KafkaBackend struct {
-	cfg KafkaConfig
+// Backend is the dlq.Backend of the `<topic>.dlq` topics of CONTRACT.md.
+type Backend struct {
+	cfg Config
 	re  *regexp.Regexp
 	cl  *kgo.Client
 	adm *kadm.Client
 	pub *kafka.Publisher
 }
 
-var _ Backend = (*KafkaBackend)(nil)
+var _ dlq.Backend = (*Backend)(nil)
 
-// NewKafkaBackend connects a producer/admin client (acks=all, as every km0
+// New connects a producer/admin client (acks=all, as every km0
 // producer). It fails for a missing broker list or a bad pattern; the
 // brokers are first contacted by the first call that needs them.
-func NewKafkaBackend(cfg KafkaConfig) (*KafkaBackend, error) {
+func New(cfg Config) (*Backend, error) {
 	cfg, re, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -94,22 +98,22 @@ func NewKafkaBackend(cfg KafkaConfig) (*KafkaBackend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &KafkaBackend{cfg: cfg, re: re, cl: cl, adm: kadm.NewClient(cl), pub: kafka.NewPublisher(cl)}, nil
+	return &Backend{cfg: cfg, re: re, cl: cl, adm: kadm.NewClient(cl), pub: kafka.NewPublisher(cl)}, nil
 }
 
 // Close closes the client.
-func (b *KafkaBackend) Close() { b.cl.Close() }
+func (b *Backend) Close() { b.cl.Close() }
 
-// Publish implements Backend: a confirmed publish (acks=all). A message
+// Publish implements dlq.Backend: a confirmed publish (acks=all). A message
 // addressed to one consumer group (header grup_consumidor) goes to
 // <topic>.retry as a retry copy of that group, due now (intents 1, no
 // no_abans): every group's source reads the retry topic and skips the copies
 // of another group (transport.Pipeline.Foreign), so no other group sees the
 // replay. A message without the header goes to the topic itself.
-func (b *KafkaBackend) Publish(ctx context.Context, msgs []*transport.Message) error {
+func (b *Backend) Publish(ctx context.Context, msgs []*transport.Message) error {
 	out := make([]*transport.Message, len(msgs))
 	for i, m := range msgs {
-		g, _ := m.Header(HeaderConsumerGroup)
+		g, _ := m.Header(contract.HeaderGroup)
 		if g == "" {
 			out[i] = m
 			continue
@@ -117,15 +121,15 @@ func (b *KafkaBackend) Publish(ctx context.Context, msgs []*transport.Message) e
 		c := *m
 		c.Topic = contract.RetryTopic(m.Topic)
 		c.Headers = append([]transport.Header(nil), m.Headers...)
-		c.SetHeader(transport.HeaderAttempts, "1")
+		c.SetHeader(contract.HeaderAttempts, "1")
 		out[i] = &c
 	}
 	return b.pub.Publish(ctx, out)
 }
 
-// Topics returns the DLQ topics: KafkaConfig.Topics, or the existing topics
+// Topics returns the DLQ topics: Config.Topics, or the existing topics
 // matching TopicPattern, sorted.
-func (b *KafkaBackend) Topics(ctx context.Context) ([]string, error) {
+func (b *Backend) Topics(ctx context.Context) ([]string, error) {
 	if len(b.cfg.Topics) > 0 {
 		return b.cfg.Topics, nil
 	}
@@ -143,12 +147,7 @@ func (b *KafkaBackend) Topics(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-type tp struct {
-	topic     string
-	partition int32
-}
-
-// Sync implements Backend. It reads every DLQ partition from the group's
+// Sync implements dlq.Backend. It reads every DLQ partition from the group's
 // committed offset (or the log start) up to the end offset it had when Sync
 // began, indexes what it read (batch by batch, each in one transaction), and
 // then commits the offsets it reached for the group when the group has no
@@ -157,8 +156,8 @@ type tp struct {
 // producers are read (so the end is always reached) and not indexed. It fails
 // after SyncTimeout, naming the partitions it did not finish; what it had
 // indexed stays indexed.
-func (b *KafkaBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
-	var res SyncResult
+func (b *Backend) Sync(ctx context.Context, s *dlq.Store) (dlq.SyncResult, error) {
+	var res dlq.SyncResult
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.SyncTimeout)
 	defer cancel()
 	topics, err := b.Topics(ctx)
@@ -196,19 +195,19 @@ func (b *KafkaBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
 		}
 		recs := fs.Records()
 		for _, r := range recs {
-			k := tp{r.Topic, r.Partition}
+			k := tp{Topic: r.Topic, Partition: r.Partition}
 			next[k] = r.Offset + 1
 			if end, ok := target[k]; ok && next[k] >= end {
 				delete(target, k)
 			}
 		}
-		ins, err := s.insert(ctx, lettersOf(recs))
+		added, refused, err := s.Index(ctx, lettersOf(recs))
 		if err != nil {
 			return res, err
 		}
 		res.Read += len(recs)
-		res.New = append(res.New, ins.added...)
-		res.Refused = append(res.Refused, ins.refused...)
+		res.New = append(res.New, added...)
+		res.Refused = append(res.Refused, refused...)
 	}
 	b.commitReached(ctx, next, committed)
 	return res, nil
@@ -216,7 +215,7 @@ func (b *KafkaBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
 
 // syncPlan returns where to start reading each partition, the end offset to
 // reach for partitions with something to read, and the committed offsets.
-func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string, indexed map[tp]int64) (map[string]map[int32]kgo.Offset, map[tp]int64, map[tp]int64, error) {
+func (b *Backend) syncPlan(ctx context.Context, topics []string, indexed map[tp]int64) (map[string]map[int32]kgo.Offset, map[tp]int64, map[tp]int64, error) {
 	ends, err := b.adm.ListEndOffsets(ctx, topics...)
 	if err == nil {
 		err = listedError(ends)
@@ -235,7 +234,7 @@ func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string, indexed ma
 	if offs, err := b.adm.FetchOffsetsForTopics(ctx, b.cfg.Group, topics...); err == nil {
 		offs.Each(func(o kadm.OffsetResponse) {
 			if o.Err == nil && o.At >= 0 {
-				committed[tp{o.Topic, o.Partition}] = o.At
+				committed[tp{Topic: o.Topic, Partition: o.Partition}] = o.At
 			}
 		})
 	} else {
@@ -247,7 +246,7 @@ func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string, indexed ma
 		if e.Err != nil { // a DLQ topic that does not exist (yet): no letters
 			return
 		}
-		k := tp{e.Topic, e.Partition}
+		k := tp{Topic: e.Topic, Partition: e.Partition}
 		at := min(committed[k], indexed[k]) // never past what this index holds (0: nothing yet)
 		if s, ok := starts.Lookup(e.Topic, e.Partition); ok && s.Offset > at {
 			at = s.Offset
@@ -265,7 +264,7 @@ func (b *KafkaBackend) syncPlan(ctx context.Context, topics []string, indexed ma
 }
 
 // listedError is the first error of l other than an unknown topic: a DLQ
-// topic named in KafkaConfig.Topics that nobody has written to yet is empty,
+// topic named in Config.Topics that nobody has written to yet is empty,
 // not a failure.
 func listedError(l kadm.ListedOffsets) error {
 	var err error
@@ -280,11 +279,11 @@ func listedError(l kadm.ListedOffsets) error {
 // commitReached commits the offsets Sync reached, where they advance the
 // group. Kafka accepts a commit from outside the group only while the group
 // is empty; when an Indexer is running the commit is refused and that is fine.
-func (b *KafkaBackend) commitReached(ctx context.Context, next, committed map[tp]int64) {
+func (b *Backend) commitReached(ctx context.Context, next, committed map[tp]int64) {
 	offs := kadm.Offsets{}
 	for k, n := range next {
 		if n > committed[k] {
-			offs.Add(kadm.Offset{Topic: k.topic, Partition: k.partition, At: n, LeaderEpoch: -1})
+			offs.Add(kadm.Offset{Topic: k.Topic, Partition: k.Partition, At: n, LeaderEpoch: -1})
 		}
 	}
 	if len(offs) == 0 {
@@ -302,34 +301,34 @@ func (b *KafkaBackend) commitReached(ctx context.Context, next, committed map[tp
 func describe(target map[tp]int64, next map[tp]int64) string {
 	var parts []string
 	for k, end := range target {
-		parts = append(parts, fmt.Sprintf("%s/%d (at %d of %d)", k.topic, k.partition, next[k], end))
+		parts = append(parts, fmt.Sprintf("%s/%d (at %d of %d)", k.Topic, k.Partition, next[k], end))
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ", ")
 }
 
 // lettersOf converts fetched records, skipping control records.
-func lettersOf(recs []*kgo.Record) []*Letter {
-	out := make([]*Letter, 0, len(recs))
+func lettersOf(recs []*kgo.Record) []*dlq.Letter {
+	out := make([]*dlq.Letter, 0, len(recs))
 	for _, r := range recs {
 		if r.Attrs.IsControl() {
 			continue
 		}
-		out = append(out, NewLetter(r.Topic, r.Partition, r.Offset, r.Timestamp, kafka.FromRecord(r)))
+		out = append(out, dlq.NewLetter(r.Topic, r.Partition, r.Offset, r.Timestamp, kafka.FromRecord(r)))
 	}
 	return out
 }
 
-// DeletePurged implements Backend with Kafka's DeleteRecords: for each
+// DeletePurged implements dlq.Backend with Kafka's DeleteRecords: for each
 // partition holding a purged letter, it deletes every record before
 // Store.DeletableBefore (the lowest offset still pending, or past the last
 // indexed record), so no pending letter and no unindexed record is lost. The
 // index keeps the purged letters' bytes. It returns the new start offsets.
-func (b *KafkaBackend) DeletePurged(ctx context.Context, s *Store, purged []*Letter) ([]Position, error) {
+func (b *Backend) DeletePurged(ctx context.Context, s *dlq.Store, purged []*dlq.Letter) ([]dlq.Position, error) {
 	parts := map[tp]bool{}
 	var topics []string
 	for _, l := range purged {
-		k := tp{l.Topic, l.Partition}
+		k := tp{Topic: l.Topic, Partition: l.Partition}
 		if !parts[k] {
 			parts[k] = true
 			topics = append(topics, l.Topic)
@@ -341,7 +340,7 @@ func (b *KafkaBackend) DeletePurged(ctx context.Context, s *Store, purged []*Let
 	}
 	offs := kadm.Offsets{}
 	for _, p := range bounds {
-		if parts[tp{p.Topic, p.Partition}] {
+		if parts[tp{Topic: p.Topic, Partition: p.Partition}] {
 			offs.Add(kadm.Offset{Topic: p.Topic, Partition: p.Partition, At: p.Offset})
 		}
 	}
@@ -349,7 +348,7 @@ func (b *KafkaBackend) DeletePurged(ctx context.Context, s *Store, purged []*Let
 	if err != nil {
 		return nil, fmt.Errorf("dlq: delete records: %w", err)
 	}
-	var out []Position
+	var out []dlq.Position
 	var errs error
 	for _, ps := range resp {
 		for _, r := range ps {
@@ -357,7 +356,7 @@ func (b *KafkaBackend) DeletePurged(ctx context.Context, s *Store, purged []*Let
 				errs = errors.Join(errs, fmt.Errorf("%s/%d: %w", r.Topic, r.Partition, r.Err))
 				continue
 			}
-			out = append(out, Position{Topic: r.Topic, Partition: r.Partition, Offset: r.LowWatermark})
+			out = append(out, dlq.Position{Topic: r.Topic, Partition: r.Partition, Offset: r.LowWatermark})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -371,3 +370,6 @@ func (b *KafkaBackend) DeletePurged(ctx context.Context, s *Store, purged []*Let
 	}
 	return out, nil
 }
+
+// tp is a partition of a DLQ topic, the key of the offsets Sync tracks.
+type tp = dlq.TopicPartition

@@ -1,4 +1,7 @@
-package dlq
+// Package amqpdlq is the RabbitMQ Backend of package dlq: the queues
+// <queue>.dlq of CONTRACT.md, indexed into a dlq.Store that takes custody
+// of the letters, and replays to the work queues.
+package amqpdlq
 
 import (
 	"cmp"
@@ -12,16 +15,18 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
+	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 )
 
-// AMQPBatchDefault is how many messages of a RabbitMQ DLQ one index
+// BatchDefault is how many messages of a RabbitMQ DLQ one index
 // transaction takes.
-const AMQPBatchDefault = 500
+const BatchDefault = 500
 
-// AMQPConfig configures an AMQPBackend.
-type AMQPConfig struct {
+// Config configures a Backend.
+type Config struct {
 	// Conn is the RabbitMQ connection; the caller closes it. Required.
 	Conn *amqp.Conn
 	// Queues are the work queues (in ordered mode the logical queue) whose
@@ -36,7 +41,7 @@ type AMQPConfig struct {
 	Logger *slog.Logger
 }
 
-// AMQPBackend is the Backend of the RabbitMQ queues <queue>.dlq of
+// Backend is the dlq.Backend of the RabbitMQ queues <queue>.dlq of
 // CONTRACT.md. Reading a RabbitMQ queue is destructive, so the index takes
 // custody: Sync gets the messages of each DLQ (basic.get, manual ack),
 // indexes them in one transaction per batch and acks them off the broker only
@@ -56,36 +61,36 @@ type AMQPConfig struct {
 //
 // Do not share a DLQ queue name with a Kafka DLQ topic in one index schema:
 // their IDs would overlap.
-type AMQPBackend struct {
-	cfg AMQPConfig
+type Backend struct {
+	cfg Config
 	pub *amqp.Publisher
 	// afterCommit, when set (tests), runs between the index commit and the
 	// ack; an error stops Sync there, as a crash would.
 	afterCommit func() error
 }
 
-var _ Backend = (*AMQPBackend)(nil)
+var _ dlq.QueueBackend = (*Backend)(nil)
 
-// NewAMQPBackend returns an AMQPBackend. It fails without a Conn or without
+// New returns a Backend. It fails without a Conn or without
 // queues; the DLQ queues are first looked up by Sync, which fails for one
 // that does not exist.
-func NewAMQPBackend(cfg AMQPConfig) (*AMQPBackend, error) {
+func New(cfg Config) (*Backend, error) {
 	if cfg.Conn == nil {
-		return nil, errors.New("dlq: AMQPConfig needs Conn")
+		return nil, errors.New("amqpdlq: Config needs Conn")
 	}
 	var queues []string
 	for _, q := range cfg.Queues {
-		q = strings.TrimSuffix(strings.TrimSpace(q), Suffix)
+		q = strings.TrimSuffix(strings.TrimSpace(q), contract.DLQSuffix)
 		if q != "" && !slices.Contains(queues, q) {
 			queues = append(queues, q)
 		}
 	}
 	if len(queues) == 0 {
-		return nil, errors.New("dlq: AMQPConfig needs at least one queue")
+		return nil, errors.New("amqpdlq: Config needs at least one queue")
 	}
 	cfg.Queues = queues
-	cfg.SyncTimeout = cmp.Or(cfg.SyncTimeout, SyncTimeoutDefault)
-	cfg.Batch = cmp.Or(cfg.Batch, AMQPBatchDefault)
+	cfg.SyncTimeout = cmp.Or(cfg.SyncTimeout, dlq.SyncTimeoutDefault)
+	cfg.Batch = cmp.Or(cfg.Batch, BatchDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -93,18 +98,18 @@ func NewAMQPBackend(cfg AMQPConfig) (*AMQPBackend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &AMQPBackend{cfg: cfg, pub: pub}, nil
+	return &Backend{cfg: cfg, pub: pub}, nil
 }
 
 // Close closes the publisher's channel (not the Conn).
-func (b *AMQPBackend) Close() error { return b.pub.Close() }
+func (b *Backend) Close() error { return b.pub.Close() }
 
-// Sync implements Backend: for each DLQ it takes at most the messages the
-// queue held when it started, batch by batch (see AMQPBackend). It fails for
+// Sync implements dlq.Backend: for each DLQ it takes at most the messages the
+// queue held when it started, batch by batch (see Backend). It fails for
 // a DLQ queue that does not exist, naming it; what it indexed stays indexed
 // and acked.
-func (b *AMQPBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
-	var res SyncResult
+func (b *Backend) Sync(ctx context.Context, s *dlq.Store) (dlq.SyncResult, error) {
+	var res dlq.SyncResult
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.SyncTimeout)
 	defer cancel()
 	for _, q := range b.cfg.Queues {
@@ -115,8 +120,8 @@ func (b *AMQPBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
 	return res, nil
 }
 
-func (b *AMQPBackend) syncQueue(ctx context.Context, s *Store, queue string, res *SyncResult) error {
-	name := amqp.DLQName(queue)
+func (b *Backend) syncQueue(ctx context.Context, s *dlq.Store, queue string, res *dlq.SyncResult) error {
+	name := contract.DLQName(queue)
 	return b.cfg.Conn.Do(ctx, func(ch *amqp091.Channel) error {
 		info, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
 		if err != nil {
@@ -142,13 +147,13 @@ func (b *AMQPBackend) syncQueue(ctx context.Context, s *Store, queue string, res
 				return nil
 			}
 			left -= len(batch)
-			ins, err := s.insertQueued(ctx, name, lettersOfDeliveries(queue, batch))
+			added, refused, err := s.IndexQueued(ctx, name, lettersOfDeliveries(queue, batch))
 			if err != nil {
 				return err // nothing acked: the channel closes and RabbitMQ requeues the batch
 			}
 			res.Read += len(batch)
-			res.New = append(res.New, ins.added...)
-			res.Refused = append(res.Refused, ins.refused...)
+			res.New = append(res.New, added...)
+			res.Refused = append(res.Refused, refused...)
 			if b.afterCommit != nil {
 				if err := b.afterCommit(); err != nil {
 					return err
@@ -162,18 +167,12 @@ func (b *AMQPBackend) syncQueue(ctx context.Context, s *Store, queue string, res
 	})
 }
 
-// queued is a letter read from a RabbitMQ DLQ, not yet numbered.
-type queued struct {
-	l           *Letter
-	redelivered bool
-}
-
 // lettersOfDeliveries converts deliveries of the DLQ of queue (see amqpLetter).
-func lettersOfDeliveries(queue string, ds []amqp091.Delivery) []queued {
-	out := make([]queued, len(ds))
+func lettersOfDeliveries(queue string, ds []amqp091.Delivery) []dlq.Queued {
+	out := make([]dlq.Queued, len(ds))
 	now := time.Now()
 	for i := range ds {
-		out[i] = queued{l: amqpLetter(queue, &ds[i], now), redelivered: ds[i].Redelivered}
+		out[i] = dlq.Queued{Letter: amqpLetter(queue, &ds[i], now), Redelivered: ds[i].Redelivered}
 	}
 	return out
 }
@@ -182,7 +181,7 @@ func lettersOfDeliveries(queue string, ds []amqp091.Delivery) []queued {
 // ID. Headers are sorted by key (so a redelivery compares equal); x-death is
 // kept as text for show. The time of death is mort_en, else x-death's, else
 // the message timestamp, else now.
-func amqpLetter(queue string, d *amqp091.Delivery, now time.Time) *Letter {
+func amqpLetter(queue string, d *amqp091.Delivery, now time.Time) *dlq.Letter {
 	dl := amqp.DeadLetterOf(queue, d)
 	m := amqp.FromDelivery(d)
 	if deaths := amqp.XDeaths(d.Headers); len(deaths) > 0 {
@@ -200,83 +199,26 @@ func amqpLetter(queue string, d *amqp091.Delivery, now time.Time) *Letter {
 	if deadAt.IsZero() {
 		deadAt = now
 	}
-	l := NewLetter(amqp.DLQName(queue), 0, -1, deadAt, m)
+	l := dlq.NewLetter(contract.DLQName(queue), 0, -1, deadAt, m)
 	l.OriginalTopic, l.Reason, l.Attempts = dl.Origin, dl.Reason, dl.Attempts
 	l.Type = cmp.Or(l.Type, dl.Type)
 	return l
 }
 
-// insertQueued numbers and indexes letters of one RabbitMQ DLQ in one
-// transaction, under an advisory lock per (index table, DLQ), and returns
-// the new ones and those set aside. A redelivered letter equal to one
-// already indexed or set aside is skipped. A letter the index refuses is set
-// aside in cartes_refusades with its bytes (its only copy once acked) and
-// its number, which the sequence counts too.
-func (s *Store) insertQueued(ctx context.Context, dlqName string, letters []queued) (inserted, error) {
-	fail := func(err error) (inserted, error) { return inserted{}, err }
-	tx, err := s.db.Begin(ctx)
-	if err != nil {
-		return fail(fmt.Errorf("dlq: begin: %w", err))
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", s.table+" "+dlqName); err != nil {
-		return fail(fmt.Errorf("dlq: lock %s: %w", dlqName, err))
-	}
-	var next int64
-	if err := tx.QueryRow(ctx, "SELECT COALESCE(GREATEST((SELECT max(offset_dlq) FROM "+s.table+" WHERE topic = $1), "+
-		"(SELECT max(offset_dlq) FROM "+s.refused+" WHERE topic = $1)) + 1, 0)",
-		dlqName).Scan(&next); err != nil {
-		return fail(fmt.Errorf("dlq: sequence of %s: %w", dlqName, err))
-	}
-	fresh := make([]*Letter, 0, len(letters))
-	for _, q := range letters {
-		l := q.l
-		if q.redelivered {
-			keys, vals := headerBytes(l.Headers)
-			var seen bool
-			same := ` WHERE topic = $1 AND morta_en IS NOT DISTINCT FROM $2
-				AND valor = $3 AND capcaleres_claus = $4 AND capcaleres_valors = $5`
-			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.table+same+") OR EXISTS (SELECT 1 FROM "+s.refused+same+")",
-				dlqName, nullTime(l.DeadAt), nonNil(l.Value), keys, vals).Scan(&seen); err != nil {
-				return fail(fmt.Errorf("dlq: look up a redelivered letter of %s: %w", dlqName, err))
-			}
-			if seen {
-				continue
-			}
-		}
-		l.Offset, l.ID = next, KafkaID(dlqName, 0, next)
-		next++
-		fresh = append(fresh, l)
-	}
-	ins, err := s.insertTx(ctx, tx, fresh)
-	if err != nil {
-		return fail(err)
-	}
-	// A collision cannot happen under the lock; never ack a letter neither
-	// indexed nor set aside.
-	if n := len(ins.added) + ins.setAside; n != len(fresh) || len(ins.refused) != ins.setAside {
-		return fail(fmt.Errorf("dlq: %s: %d of %d letters collided with existing IDs", dlqName, len(fresh)-n, len(fresh)))
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fail(fmt.Errorf("dlq: commit: %w", err))
-	}
-	return ins, nil
-}
-
-// Publish implements Backend: each message goes to the default exchange with
+// Publish implements dlq.Backend: each message goes to the default exchange with
 // routing key Topic (the original work queue), mandatory and confirmed, with
 // the same value and id_esdeveniment (also the AMQP message_id) and without
 // the headers of the dead-lettering (x-*, cua_origen, mort_en, and
 // grup_consumidor: the work queue is that consumer's own). Errors are
 // amqp.Publisher's: a *amqp.ReturnedError when the queue no longer exists.
-func (b *AMQPBackend) Publish(ctx context.Context, msgs []*transport.Message) error {
+func (b *Backend) Publish(ctx context.Context, msgs []*transport.Message) error {
 	out := make([]*transport.Message, len(msgs))
 	for i, m := range msgs {
 		c := *m
 		c.Headers = make([]transport.Header, 0, len(m.Headers))
 		for _, h := range m.Headers {
-			if !strings.HasPrefix(h.Key, "x-") && h.Key != amqp.HeaderOriginQueue && h.Key != amqp.HeaderDeadAt &&
-				h.Key != HeaderConsumerGroup {
+			if !strings.HasPrefix(h.Key, "x-") && h.Key != amqp.HeaderOriginQueue && h.Key != contract.HeaderDeadAt &&
+				h.Key != contract.HeaderGroup {
 				c.Headers = append(c.Headers, h)
 			}
 		}
@@ -285,9 +227,33 @@ func (b *AMQPBackend) Publish(ctx context.Context, msgs []*transport.Message) er
 	return b.pub.Publish(ctx, out)
 }
 
-// DeletePurged implements Backend. It deletes nothing and returns nil: a
+// DeletePurged implements dlq.Backend. It deletes nothing and returns nil: a
 // RabbitMQ letter left the broker when it was indexed; the index keeps its
 // bytes.
-func (b *AMQPBackend) DeletePurged(context.Context, *Store, []*Letter) ([]Position, error) {
+func (b *Backend) DeletePurged(context.Context, *dlq.Store, []*dlq.Letter) ([]dlq.Position, error) {
 	return nil, nil
+}
+
+// OwnsQueue implements dlq.QueueBackend: name is one of b's work queues or
+// one of their shard queues <queue>.<i>.
+func (b *Backend) OwnsQueue(name string) bool {
+	for _, q := range b.cfg.Queues {
+		if name == q {
+			return true
+		}
+		if i, ok := strings.CutPrefix(name, q+"."); ok && i != "" && strings.Trim(i, "0123456789") == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// OwnsDLQ implements dlq.QueueBackend: name is the DLQ of one of b's queues.
+func (b *Backend) OwnsDLQ(name string) bool {
+	for _, q := range b.cfg.Queues {
+		if name == contract.DLQName(q) {
+			return true
+		}
+	}
+	return false
 }

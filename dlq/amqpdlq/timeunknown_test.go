@@ -1,4 +1,4 @@
-package dlq
+package amqpdlq
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
@@ -45,7 +46,7 @@ func TestAMQPOutOfRangeTimestampIsIndexedAsUnknown(t *testing.T) {
 	if _, err := b.Sync(ctx, r.store); err != nil {
 		t.Fatalf("second sync: %v", err)
 	}
-	ls, err := r.store.List(ctx, Filter{})
+	ls, err := r.store.List(ctx, dlq.Filter{})
 	if err != nil || len(ls) != 2 || r.onBroker(t) != 0 {
 		t.Fatalf("index: %d letters, %v; %d left on the broker; want 2 and 0", len(ls), err, r.onBroker(t))
 	}
@@ -54,7 +55,7 @@ func TestAMQPOutOfRangeTimestampIsIndexedAsUnknown(t *testing.T) {
 		t.Fatalf("bad letter: unknown %v at %v; good letter: unknown %v at %v (want %v)",
 			bad.TimeUnknown, bad.DeadAt, ok.TimeUnknown, ok.DeadAt, good)
 	}
-	since, err := r.store.List(ctx, Filter{Since: good.Add(-time.Hour)})
+	since, err := r.store.List(ctx, dlq.Filter{Since: good.Add(-time.Hour)})
 	if err != nil || len(since) != 1 || since[0].ID != ok.ID {
 		t.Fatalf("--since an hour ago: %d letters, %v; want only the good one", len(since), err)
 	}

@@ -1,4 +1,4 @@
-package dlq
+package amqpdlq
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
@@ -75,11 +76,11 @@ func TestForgedLettersNeverStopTheRabbitMQIndex(t *testing.T) {
 	amqptest.WaitFor(t, 10*time.Second, "8 letters on the DLQ", func() bool { return r.onBroker(t) == 8 })
 
 	reg := prometheus.NewRegistry()
-	al, err := NewAlerter(AlerterConfig{Registerer: reg})
+	al, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := NewService(ServiceConfig{Store: r.store, Backend: r.backend(t, 0), Alerter: al})
+	svc, err := dlq.NewService(dlq.ServiceConfig{Store: r.store, Backend: r.backend(t, 0), Alerter: al})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestForgedLettersNeverStopTheRabbitMQIndex(t *testing.T) {
 	if n := r.onBroker(t); n != 0 {
 		t.Fatalf("%d letters left on the broker, want 0", n)
 	}
-	byNumber := map[int64]*Letter{}
+	byNumber := map[int64]*dlq.Letter{}
 	for _, l := range r.indexed(t) {
 		byNumber[l.Offset] = l
 	}
@@ -100,13 +101,13 @@ func TestForgedLettersNeverStopTheRabbitMQIndex(t *testing.T) {
 	if a, b := byNumber[0].Attempts, byNumber[1].Attempts; a != math.MaxInt32 || b != 0 {
 		t.Fatalf("intents 2^31 indexed as %d, -5 as %d; want %d and 0", a, b, math.MaxInt32)
 	}
-	if l := byNumber[2]; len(l.Reason) != MaxIndexedText || l.Class() != "permanent: esquema" || !hasHeader(l, "motiu", l.Reason) {
+	if l := byNumber[2]; len(l.Reason) != dlq.MaxIndexedText || l.Class() != "permanent: esquema" || !hasHeader(l, "motiu", l.Reason) {
 		t.Fatalf("motiu of 8000: %d bytes indexed, class %q", len(l.Reason), l.Class())
 	}
 	if v := headerValue(byNumber[2], "motiu"); len(v) != len("permanent: esquema: ")+8000 {
 		t.Fatalf("motiu of 8000: the stored header holds %d bytes", len(v))
 	}
-	if l := byNumber[3]; len(l.OriginalTopic) != MaxIndexedText || len(headerValue(l, amqp.HeaderOriginQueue)) != 4000 {
+	if l := byNumber[3]; len(l.OriginalTopic) != dlq.MaxIndexedText || len(headerValue(l, amqp.HeaderOriginQueue)) != 4000 {
 		t.Fatalf("cua_origen of 4000: %d bytes indexed, header %d", len(l.OriginalTopic), len(headerValue(l, amqp.HeaderOriginQueue)))
 	}
 	if l := byNumber[4]; l.Reason != "permanent: esquema: \uFFFD" || l.ConsumerGroup != "g\uFFFD" {
@@ -118,8 +119,8 @@ func TestForgedLettersNeverStopTheRabbitMQIndex(t *testing.T) {
 	if l := byNumber[7]; l.EventID != "00000000-0000-4000-8000-000000000001" || l.Attempts != 3 {
 		t.Fatalf("good letter: %+v", l)
 	}
-	refused, err := r.store.Refused(ctx, Filter{Topic: r.queue})
-	if err != nil || len(refused) != 1 || refused[0].ID != KafkaID(amqp.DLQName(r.queue), 0, 6) || refused[0].Code != "23514" {
+	refused, err := r.store.Refused(ctx, dlq.Filter{Topic: r.queue})
+	if err != nil || len(refused) != 1 || refused[0].ID != dlq.KafkaID(amqp.DLQName(r.queue), 0, 6) || refused[0].Code != "23514" {
 		t.Fatalf("refused: %+v, %v; want letter 6, 23514", refused, err)
 	}
 	var body []byte
@@ -132,7 +133,7 @@ func TestForgedLettersNeverStopTheRabbitMQIndex(t *testing.T) {
 	if n := counterSum(t, reg, "km0_dlq_refused_total"); n != 1 {
 		t.Fatalf("km0_dlq_refused_total = %v, want 1", n)
 	}
-	ls, err := svc.List(ctx, Filter{})
+	ls, err := svc.List(ctx, dlq.Filter{})
 	if err != nil || len(ls.Letters) != 7 || ls.Refused != 1 {
 		t.Fatalf("list: %v; want 7 letters and 1 refused", err)
 	}
@@ -146,7 +147,7 @@ func TestForgedLettersNeverStopTheRabbitMQIndex(t *testing.T) {
 }
 
 // headerValue returns the stored header k of l, or "".
-func headerValue(l *Letter, k string) string {
+func headerValue(l *dlq.Letter, k string) string {
 	for _, h := range l.Headers {
 		if h.Key == k {
 			return h.Value
