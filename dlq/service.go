@@ -124,6 +124,8 @@ type PurgeOptions struct {
 	Actor string
 	// action is the audit action (ActionPurge unless a skip).
 	action string
+	// note is the audit result in place of "fet" (a skip's reason).
+	note string
 }
 
 // ErrNotConfirmed is returned by Purge without PurgeOptions.Confirmed.
@@ -499,7 +501,11 @@ func (s *Service) Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report,
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("dlq: purge: %w", err)
 	}
-	s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionPurge), rep, nil)
+	if o.note != "" {
+		_ = s.audit(ctx, o.Actor, cmpOr(o.action, ActionPurge), rep.doneIDs(), rep.Refused, o.note)
+	} else {
+		s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionPurge), rep, nil)
+	}
 	for _, l := range purged {
 		s.cfg.Logger.Info("dlq: letter purged", "id", l.ID, "id_esdeveniment", l.EventID, "motiu", l.Reason)
 	}
