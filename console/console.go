@@ -198,6 +198,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /purgar/confirmar", c.withSession(c.purgeConfirm))
 	mux.HandleFunc("POST /purgar", c.withSession(c.purge))
 	mux.HandleFunc("POST /sequencia/reproduir", c.withSession(c.replaySequence))
+	mux.HandleFunc("POST /sequencia/saltar", c.withSession(c.skipSequence))
 	mux.HandleFunc("GET /claus", c.withSession(c.blockedPage))
 	mux.HandleFunc("GET /consumidors", c.withSession(c.consumersPage))
 	mux.HandleFunc("POST /consumidors/pausar", c.withSession(c.pauseGroup(true)))
