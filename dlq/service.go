@@ -47,6 +47,9 @@ type Source interface {
 	RunJob(ctx context.Context, id string, o ReplayOptions) (*JobStatus, error)
 	CancelJob(ctx context.Context, id string) error
 	JobStatus(ctx context.Context, id string) (*JobStatus, error)
+	// PendingJobs lists the jobs not finished nor cancelled, oldest first:
+	// what a restarted runner resumes.
+	PendingJobs(ctx context.Context) ([]string, error)
 }
 
 // Backend is the broker-specific part of a Source. KafkaBackend is one; a
@@ -111,6 +114,8 @@ type ReplayOptions struct {
 	action string
 	// values replace the value of these letters (ReplayEdited).
 	values map[string][]byte
+	// noAudit leaves the audit entry to the caller (RunJob: one per run).
+	noAudit bool
 }
 
 // PurgeOptions tune Purge.
@@ -293,7 +298,7 @@ func (s *Service) Replay(ctx context.Context, f Filter, o ReplayOptions) (*Repor
 			reportMissing(rep, f.IDs, seen)
 		}
 		if err != nil || n < replayBatch {
-			if !o.DryRun {
+			if !o.DryRun && !o.noAudit {
 				s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionReplay), rep, err)
 			}
 			return rep, err
