@@ -81,6 +81,9 @@ func TestBlockedKeysPageSkipsAHeadAfterConfirming(t *testing.T) {
 	if _, body := br.get("/claus"); !strings.Contains(body, `class="skip-head"`) {
 		t.Fatalf("the blocked keys page offers no skip:\n%s", body)
 	}
+	if _, body := br.get("/carta?id=" + url.QueryEscape(head)); !strings.Contains(body, `id="skip-head"`) {
+		t.Fatalf("the head's letter page offers no skip:\n%s", body)
+	}
 	if resp, _ := br.post("/sequencia/saltar", form); resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("skip without the form token: %d, want 403", resp.StatusCode)
 	}
@@ -130,6 +133,10 @@ func TestBlockedKeysPageSkipsAHeadAfterConfirming(t *testing.T) {
 	}
 	if skips != 1 {
 		t.Fatalf("%d skip entries in the audit log, want 1: %+v", skips, log)
+	}
+	if _, body := br.get("/auditoria?carta=" + url.QueryEscape(head)); strings.Count(body, `class="audit-entry"`) != 1 ||
+		!strings.Contains(body, `data-action="salt"`) || !strings.Contains(body, "never valid") {
+		t.Fatalf("the audit log page of the head's letter:\n%s", body)
 	}
 	var next string
 	if err := b.schema.Pool.QueryRow(b.ctx, `SELECT id_missatge FROM claus_bloquejades WHERE clau = 'P-2026-9'`).Scan(&next); err != nil || next != "e-darrere-1" {
