@@ -171,7 +171,10 @@ func (c *Console) startJob(j *job) {
 		st, err := c.cfg.Source.RunJob(c.ctx, j.ID, dlq.ReplayOptions{Force: j.Force, Retention: c.cfg.Retention})
 		j.mu.Lock()
 		j.running = false
-		if err != nil && c.ctx.Err() == nil {
+		switch {
+		case errors.Is(err, dlq.ErrJobRunning):
+			j.err = "another console runs this job now; this one leaves it alone"
+		case err != nil && c.ctx.Err() == nil:
 			j.err = "publishing failed (broker or index unavailable); the letters not republished stay pending: resume the job"
 		}
 		j.mu.Unlock()

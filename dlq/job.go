@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults of bulk replay jobs.
@@ -28,6 +29,10 @@ const (
 
 // ErrJobTooLarge is returned by CreateJob for more than JobMaxLetters letters.
 var ErrJobTooLarge = errors.New("dlq: too many letters for one replay job")
+
+// ErrJobRunning is returned by RunJob for a job another RunJob runs now (in
+// this process or another one on the same index).
+var ErrJobRunning = errors.New("dlq: this replay job is running elsewhere")
 
 // JobStatus is a bulk replay job and its progress.
 type JobStatus struct {
@@ -97,7 +102,8 @@ func (s *Service) CancelJob(ctx context.Context, id string) error {
 // its replay; after a crash in between, the resumed job finds the letter
 // already replayed since the job was created and counts it done, so no
 // letter is replayed twice by a job. Run it again after a restart to resume.
-// Each run is one entry of the audit log: the letters it replayed, the
+// One RunJob runs a job at a time (ErrJobRunning otherwise) when the
+// Store's DB is a pgxpool.Pool. Each run is one entry of the audit log: the letters it replayed, the
 // number it refused, and "fet", "cancelled" or why it stopped.
 func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (_ *JobStatus, err error) {
 	st := s.cfg.Store
@@ -109,6 +115,25 @@ func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (_ *Jo
 			return nil, fmt.Errorf("%w: job %s", ErrNotFound, id)
 		}
 		return nil, fmt.Errorf("dlq: job: %w", err)
+	}
+	// One runner per job: two consoles resuming it at once would replay a
+	// letter twice. A session lock on a connection of its own, released when
+	// RunJob returns or its process dies.
+	if p, ok := st.db.(*pgxpool.Pool); ok {
+		conn, err := p.Acquire(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("dlq: job: %w", err)
+		}
+		defer conn.Release()
+		lock := "km0.dlq.feina:" + st.jobs + ":" + id
+		var got bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", lock).Scan(&got); err != nil {
+			return nil, fmt.Errorf("dlq: job: %w", err)
+		}
+		if !got {
+			return nil, fmt.Errorf("%w: job %s", ErrJobRunning, id)
+		}
+		defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lock) //nolint:errcheck // the session ends with the connection otherwise
 	}
 	o.Actor, o.DryRun, o.noAudit = cmpOr(o.Actor, actor), false, true
 	// One audit entry per run of the job, not one per letter: what this
