@@ -191,9 +191,8 @@ func (c *Console) startJob(j *job) {
 
 // resumeJobs starts again every replay job left pending in the index (a
 // console stopped or killed while it ran): each letter a job replayed stays
-// counted, so none is replayed twice. A job created with force resumes
-// without it (the index does not keep it): the letters that needed it are
-// refused, and the page counts them.
+// counted, so none is replayed twice; a job created with force resumes with
+// it (the index keeps it).
 func (c *Console) resumeJobs() {
 	if c.cfg.Source == nil {
 		return

@@ -102,7 +102,8 @@ func (s *Service) CancelJob(ctx context.Context, id string) error {
 // its replay; after a crash in between, the resumed job finds the letter
 // already replayed since the job was created and counts it done, so no
 // letter is replayed twice by a job. Run it again after a restart to resume.
-// One RunJob runs a job at a time (ErrJobRunning otherwise) when the
+// A job once run with o.Force keeps it: a resumed run forces too. One
+// RunJob runs a job at a time (ErrJobRunning otherwise) when the
 // Store's DB is a pgxpool.Pool. Each run is one entry of the audit log: the letters it replayed, the
 // number it refused, and "fet", "cancelled" or why it stopped.
 func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (_ *JobStatus, err error) {
@@ -110,7 +111,8 @@ func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (_ *Jo
 	var rate float64
 	var created time.Time
 	var actor string
-	if err := st.db.QueryRow(ctx, "SELECT per_segon, creada_en, qui FROM "+st.jobs+" WHERE id = $1", id).Scan(&rate, &created, &actor); err != nil {
+	var force bool
+	if err := st.db.QueryRow(ctx, "SELECT per_segon, creada_en, qui, forcar FROM "+st.jobs+" WHERE id = $1", id).Scan(&rate, &created, &actor, &force); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, fmt.Errorf("%w: job %s", ErrNotFound, id)
 		}
@@ -135,6 +137,13 @@ func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (_ *Jo
 		}
 		defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lock) //nolint:errcheck // the session ends with the connection otherwise
 	}
+	if o.Force && !force {
+		// Kept for a resumed run, which may not know it.
+		if _, err := st.db.Exec(ctx, "UPDATE "+st.jobs+" SET forcar = true WHERE id = $1", id); err != nil {
+			return nil, fmt.Errorf("dlq: job: %w", err)
+		}
+	}
+	o.Force = o.Force || force
 	o.Actor, o.DryRun, o.noAudit = cmpOr(o.Actor, actor), false, true
 	// One audit entry per run of the job, not one per letter: what this
 	// run replayed and refused, and how it ended.
