@@ -197,3 +197,78 @@ func TestBrowserOperations(t *testing.T) {
 	}
 	screenshot(t, ctx, "07-lag-15m.png")
 }
+
+// The dead-letter operations in Chromium: the groups, a letter, its
+// edit-and-replay form refusing an edit that breaks the schema (nothing
+// sent), a paced replay (1 letter per second) in progress and then
+// cancelled, the skip of a blocked head with its confirm step, and the
+// audit log with who did each. Screenshots go to $KM0_SCREENSHOTS (or
+// $KM0_TEST_ARTIFACTS).
+func TestBrowserDeadLetterOperations(t *testing.T) {
+	b := setup(t, token)
+	head, behind := b.blockKey(t)
+	now := time.Now()
+	ids := b.produceDeadBy(t, 8, class+": falta adreca_lliurament", now, "repartiment.assignacio")
+	b.produceDeadBy(t, 2, class2+": timeout after 5s", now, "inventari.descompte_estoc")
+	ctx := newBrowser(t)
+	base := b.srv.URL
+
+	step(t, ctx, "log in", chromedp.Navigate(base+"/login"), chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token), chromedp.Click(chromedp.CSS("#login-submit")), chromedp.WaitVisible(chromedp.CSS("#logout")))
+	step(t, ctx, "the groups", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#groups")))
+	screenshot(t, ctx, "dlqops-01-groups.png")
+
+	step(t, ctx, "a letter", chromedp.Navigate(base+"/carta?id="+url.QueryEscape(ids[0])), chromedp.WaitVisible(chromedp.CSS("#edit-link")))
+	screenshot(t, ctx, "dlqops-02-letter.png")
+	step(t, ctx, "its edit form", chromedp.Click(chromedp.CSS("#edit-link")), chromedp.WaitVisible(chromedp.CSS("#edit-value")))
+	if v := eval[string](t, ctx, `document.getElementById("edit-value").value`); !strings.Contains(v, `"mercat"`) {
+		t.Fatalf("the edit form does not hold the envelope: %q", v)
+	}
+	screenshot(t, ctx, "dlqops-03-edit-form.png")
+	before := b.records(t, comandesRetry)
+	eval[bool](t, ctx, `(() => { const e = document.getElementById("edit-value"); e.value = e.value.replace('"mercat": "girona"', '"mercat": 7'); return true })()`)
+	step(t, ctx, "send an edit that breaks the schema", chromedp.Click(chromedp.CSS("#edit-send")), chromedp.WaitVisible(chromedp.CSS("#edit-problem")))
+	if n := b.records(t, comandesRetry); n != before {
+		t.Fatalf("a refused edit published %d record(s)", n-before)
+	}
+	screenshot(t, ctx, "dlqops-04-edit-refused.png")
+
+	// A paced replay of repartiment's group, in progress, then cancelled.
+	step(t, ctx, "repartiment's group", chromedp.Navigate(base+"/grup?topic="+comandesDLQ+"&consumidor=repartiment.assignacio&classe="+url.QueryEscape(class)),
+		chromedp.WaitVisible(chromedp.CSS("#group-form")), chromedp.Click(chromedp.CSS("#replay-group")), chromedp.WaitVisible(chromedp.CSS("#replay-rate")))
+	eval[bool](t, ctx, `(() => { document.getElementById("replay-rate").value = "1"; return true })()`)
+	step(t, ctx, "confirm at 1 letter per second", chromedp.Click(chromedp.CSS("#confirm-replay")), chromedp.WaitVisible(chromedp.CSS("#job")))
+	waitJS(t, ctx, "the job under way", `(document.getElementById("job") || {dataset: {}}).dataset.state === "running" && Number((document.getElementById("republished") || {}).textContent) >= 2`)
+	if r := text(t, ctx, "#job-rate"); r != "1" {
+		t.Fatalf("job pace %q, want 1", r)
+	}
+	waitJS(t, ctx, "republished + refused + left = total on the page", `["republished", "failed", "job-left"].map(id => Number(document.getElementById(id).textContent)).reduce((a, b) => a + b) === 8`)
+	screenshot(t, ctx, "dlqops-05-paced-replay-running.png")
+	step(t, ctx, "cancel the job", chromedp.Click(chromedp.CSS("#job-cancel")), chromedp.WaitVisible(chromedp.CSS("#job")))
+	waitJS(t, ctx, "the job cancelled", `(document.getElementById("job") || {dataset: {}}).dataset.state === "cancelled"`)
+	if n := b.records(t, comandesRetry) - before; n >= 8 {
+		t.Fatalf("%d letters republished by a job cancelled early, want fewer than 8", n)
+	}
+	screenshot(t, ctx, "dlqops-06-paced-replay-cancelled.png")
+
+	// Skip the blocked head of P-2026-9, with its confirm step.
+	step(t, ctx, "blocked keys", chromedp.Navigate(base+"/claus"), chromedp.WaitVisible(chromedp.CSS("#blocked")),
+		chromedp.Click(chromedp.CSS(`tr.blocked-key[data-key="P-2026-9"] button.skip-head`)), chromedp.WaitVisible(chromedp.CSS("#skip-confirm")))
+	if h := text(t, ctx, "#skip-head"); h != "e-cap" {
+		t.Fatalf("skip confirm of head %q, want e-cap", h)
+	}
+	step(t, ctx, "the reason", chromedp.SendKeys(chromedp.CSS("#skip-reason"), "v1 comanda.pagada without an address: can never succeed"))
+	screenshot(t, ctx, "dlqops-07-skip-confirm.png")
+	step(t, ctx, "skip", chromedp.Click(chromedp.CSS("#skip-confirm")), chromedp.WaitVisible(chromedp.CSS("#skip-next")))
+	if n := text(t, ctx, "#skip-next"); n != behind {
+		t.Fatalf("replayed %q after the skip, want %s", n, behind)
+	}
+	screenshot(t, ctx, "dlqops-08-skipped.png")
+
+	step(t, ctx, "the audit log", chromedp.Navigate(base+"/auditoria"), chromedp.WaitVisible(chromedp.CSS("#audit")))
+	waitJS(t, ctx, "the skip and the job's run in the audit log", `document.querySelectorAll('tr.audit-entry[data-action="salt"]').length === 1 && document.querySelectorAll('tr.audit-entry[data-action="reproduccio"]').length >= 2`)
+	if !strings.Contains(eval[string](t, ctx, `document.getElementById("audit").innerText`), head) {
+		t.Fatalf("the audit log does not name the skipped head's letter %s", head)
+	}
+	screenshot(t, ctx, "dlqops-09-audit-log.png")
+}

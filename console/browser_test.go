@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"net/http/httptest"
@@ -205,7 +206,7 @@ func TestBrowserReplayGroup(t *testing.T) {
 // <tmp>/km0-test-artifacts) and logs its path.
 func saveArtifact(t *testing.T, name string, data []byte) {
 	t.Helper()
-	dir := os.Getenv("KM0_TEST_ARTIFACTS")
+	dir := cmp.Or(os.Getenv("KM0_SCREENSHOTS"), os.Getenv("KM0_TEST_ARTIFACTS"))
 	if dir == "" {
 		dir = filepath.Join(os.TempDir(), "km0-test-artifacts")
 	}

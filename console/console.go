@@ -49,9 +49,6 @@ var staticFS embed.FS
 const (
 	SessionTTLDefault    = 8 * time.Hour
 	HealthTimeoutDefault = 2 * time.Second
-	// ReplayChunk is how many letters one step of a replay job republishes;
-	// the job's progress advances by steps.
-	ReplayChunk = 100
 )
 
 // Service is one service whose health the console shows: GET URL + Path
@@ -169,11 +166,13 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c.static = http.StripPrefix("/static/", http.FileServerFS(sub))
+	c.resumeJobs()
 	return c, nil
 }
 
-// Close stops running replay jobs (a job stops between two steps; what a
-// step republished stays marked) and waits for them.
+// Close stops running replay jobs (a job stops before its next letter; what
+// it republished stays marked, and a console started again resumes it) and
+// waits for them.
 func (c *Console) Close() {
 	c.cancel()
 	c.wg.Wait()
@@ -195,9 +194,15 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /reproduir", c.withSession(c.replayStart))
 	mux.HandleFunc("GET /feina", c.withSession(c.jobPage))
 	mux.HandleFunc("GET /feina.json", c.withSession(c.jobJSON))
+	mux.HandleFunc("POST /feina/cancellar", c.withSession(c.jobCancel))
+	mux.HandleFunc("POST /feina/reprendre", c.withSession(c.jobResume))
 	mux.HandleFunc("POST /purgar/confirmar", c.withSession(c.purgeConfirm))
 	mux.HandleFunc("POST /purgar", c.withSession(c.purge))
 	mux.HandleFunc("POST /sequencia/reproduir", c.withSession(c.replaySequence))
+	mux.HandleFunc("POST /sequencia/saltar", c.withSession(c.skipSequence))
+	mux.HandleFunc("GET /carta/editar", c.withSession(c.editPage))
+	mux.HandleFunc("POST /carta/editar", c.withSession(c.editReplay))
+	mux.HandleFunc("GET /auditoria", c.withSession(c.auditPage))
 	mux.HandleFunc("GET /claus", c.withSession(c.blockedPage))
 	mux.HandleFunc("GET /consumidors", c.withSession(c.consumersPage))
 	mux.HandleFunc("POST /consumidors/pausar", c.withSession(c.pauseGroup(true)))

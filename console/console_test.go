@@ -146,7 +146,7 @@ func TestLoginSessionAndCSRF(t *testing.T) {
 // pending count falls to zero.
 func TestReplayGroupJob(t *testing.T) {
 	b := setup(t, token)
-	b.produceDead(t, 250, class+": x") // three steps of ReplayChunk
+	b.produceDead(t, 250, class+": x")
 	b.produceDead(t, 2, "transitori esgotat: timeout")
 	br := b.browser(t)
 	csrf := br.login(token)

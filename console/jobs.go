@@ -3,195 +3,294 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/km0/km0/dlq"
 )
 
-// ActionTimeout bounds one purge, and each step of a replay job.
+// ActionTimeout bounds one purge, and the reads of a replay job's page.
 const ActionTimeout = 2 * time.Minute
 
-// job is a replay running in the background: the page shows its progress.
-type job struct {
-	ID      string
-	Sel     selection
-	Started time.Time
-	planned []string // the letters its dry run listed: all it replays
-	actor   string   // who confirmed it (audit log)
+// MaxRate caps the pace an operator may ask of a replay job (letters per
+// second).
+const MaxRate = 1000.0
 
-	mu       sync.Mutex
-	total    int
-	done     int        // republished
-	failed   int        // refused or not published
-	arrived  int        // letters of the selection that died after the dry run: not replayed
-	refused  []dlq.Item // the first ones, for the page
-	state    string     // "running", "done", "failed"
-	err      string     // why it stopped, without internals
-	finished time.Time
+// job is what this console process knows of a replay job besides what the
+// library keeps of it (dlq.Source.CreateJob: its letters, pace, state and
+// progress, in the index, so that a restarted console resumes it without
+// replaying a letter twice).
+type job struct {
+	ID        string
+	Selection string // "" for a job resumed after a restart
+	Force     bool
+	arrived   int // letters of the selection that died after the dry run: not replayed
+
+	mu      sync.Mutex
+	running bool
+	err     string // why its last run stopped, without internals
 }
 
 // JobStatus is a snapshot of a job (GET /feina.json).
 type JobStatus struct {
-	ID          string `json:"id"`
-	State       string `json:"estat"` // running, done, failed
-	Selection   string `json:"seleccio"`
-	Total       int    `json:"total"`
-	Republished int    `json:"republicades"`
-	Failed      int    `json:"fallides"`
+	ID string `json:"id"`
+	// State is running, pending (not running in this console: resume it),
+	// failed (its run stopped on an error: resume it), cancelled or done.
+	State       string  `json:"estat"`
+	Selection   string  `json:"seleccio"`
+	Rate        float64 `json:"per_segon"`
+	Total       int     `json:"total"`
+	Republished int     `json:"republicades"`
+	Failed      int     `json:"fallides"` // refused
+	Left        int     `json:"pendents"`
 	// Arrived counts the letters of the selection that died after the dry
 	// run: the job leaves them alone (a confirmation acts on what the
 	// operator saw).
 	Arrived  int        `json:"arribades_despres"`
-	Refused  []dlq.Item `json:"refusades,omitempty"`
 	Error    string     `json:"error,omitempty"`
+	Actor    string     `json:"qui"`
 	Started  time.Time  `json:"iniciada"`
 	Finished *time.Time `json:"acabada,omitempty"`
 }
 
-func (j *job) status() JobStatus {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	s := JobStatus{ID: j.ID, State: j.state, Selection: j.Sel.Describe(), Total: j.total, Republished: j.done,
-		Failed: j.failed, Arrived: j.arrived, Refused: append([]dlq.Item(nil), j.refused...), Error: j.err, Started: j.Started}
-	if !j.finished.IsZero() {
-		f := j.finished
+// jobStatus is job id's status from the index and this console's memory.
+func (c *Console) jobStatus(ctx context.Context, id string) (JobStatus, error) {
+	st, err := c.cfg.Source.JobStatus(ctx, id)
+	if err != nil {
+		return JobStatus{}, err
+	}
+	s := JobStatus{ID: st.ID, Rate: st.Rate, Total: st.Total, Republished: st.Done, Failed: st.Refused, Left: st.Left,
+		Actor: dlq.Safe(st.Actor), Started: st.Created, Selection: "resumed after a restart of the console"}
+	if !st.Finished.IsZero() {
+		f := st.Finished
 		s.Finished = &f
 	}
-	return s
+	c.jobsMu.Lock()
+	j := c.jobs[id]
+	c.jobsMu.Unlock()
+	running := false
+	if j != nil {
+		j.mu.Lock()
+		running, s.Error = j.running, j.err
+		j.mu.Unlock()
+		s.Arrived = j.arrived
+		if j.Selection != "" {
+			s.Selection = j.Selection
+		}
+	}
+	switch {
+	case st.State == dlq.JobFinished:
+		s.State = "done"
+	case st.State == dlq.JobCancelled:
+		s.State = "cancelled"
+	case running:
+		s.State = "running"
+	case s.Error != "":
+		s.State = "failed"
+	default:
+		s.State = "pending"
+	}
+	return s, nil
 }
-
-const maxShownRefusals = 100
 
 func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 	sel, ok := c.selection(w, r, "replay not confirmed: run the dry run first")
 	if !ok {
 		return
 	}
-	j := &job{ID: randomToken()[:16], Sel: sel, Started: c.cfg.Now(), state: "running", planned: sel.IDs, actor: actorOf(r)}
+	rate := dlq.JobRateDefault
+	if v := r.PostFormValue("per_segon"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0) || f > MaxRate {
+			c.errorPage(w, r, http.StatusBadRequest, "per_segon: the pace is a number of letters per second, above 0 and at most 1000")
+			return
+		}
+		rate = f
+	}
+	planned := sel.IDs
 	if sel.Scope != "seleccio" {
 		p := c.takePlan(r.PostFormValue("pla"), "replay")
 		if p == nil {
 			c.errorPage(w, r, http.StatusConflict, errNoPlan)
 			return
 		}
-		j.planned = p.ids
+		planned = p.ids
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), ActionTimeout)
+	defer cancel()
+	arrived := 0
+	if sel.Scope != "seleccio" {
+		f := sel.filter()
+		f.States = []dlq.State{dlq.StatePending}
+		n, err := c.cfg.Source.Arrived(ctx, f, planned)
+		if err != nil {
+			c.cfg.Logger.Error("console: replay: count the letters arrived since the dry run", "err", err)
+			c.errorPage(w, r, http.StatusServiceUnavailable, "the dead-letter index is unavailable; nothing was replayed")
+			return
+		}
+		arrived = n
+	}
+	id, err := c.cfg.Source.CreateJob(ctx, planned, rate, actorOf(r))
+	if errors.Is(err, dlq.ErrJobTooLarge) {
+		c.errorPage(w, r, http.StatusRequestEntityTooLarge, "too many letters for one replay job: at most "+strconv.Itoa(dlq.JobMaxLetters)+"; narrow the selection")
+		return
+	}
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	j := &job{ID: id, Selection: sel.Describe(), Force: sel.Force, arrived: arrived}
+	c.startJob(j)
+	http.Redirect(w, r, "/feina?id="+id, http.StatusSeeOther)
+}
+
+// startJob runs j in the background (dlq.Source.RunJob) unless it runs
+// already; it stops when the console closes, and resumes when a console
+// starts again (resumeJobs).
+func (c *Console) startJob(j *job) {
 	c.jobsMu.Lock()
-	c.pruneJobs()
-	c.jobs[j.ID] = j
+	if old := c.jobs[j.ID]; old != nil {
+		j = old
+	} else {
+		c.jobs[j.ID] = j
+	}
 	c.jobsMu.Unlock()
+	j.mu.Lock()
+	if j.running {
+		j.mu.Unlock()
+		return
+	}
+	j.running, j.err = true, ""
+	j.mu.Unlock()
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		c.runReplay(j)
+		st, err := c.cfg.Source.RunJob(c.ctx, j.ID, dlq.ReplayOptions{Force: j.Force, Retention: c.cfg.Retention})
+		j.mu.Lock()
+		j.running = false
+		switch {
+		case errors.Is(err, dlq.ErrJobRunning):
+			j.err = "another console runs this job now; this one leaves it alone"
+		case err != nil && c.ctx.Err() == nil:
+			j.err = "publishing failed (broker or index unavailable); the letters not republished stay pending: resume the job"
+		}
+		j.mu.Unlock()
+		switch {
+		case err != nil && c.ctx.Err() != nil:
+			c.cfg.Logger.Info("console: replay job stopped with the console; it resumes when the console starts again", "job", j.ID)
+		case err != nil:
+			c.cfg.Logger.Error("console: replay job", "job", j.ID, "err", err)
+		default:
+			c.cfg.Logger.Info("console: replay job ended", "job", j.ID, "state", st.State, "done", st.Done, "refused", st.Refused, "left", st.Left)
+		}
 	}()
-	http.Redirect(w, r, "/feina?id="+j.ID, http.StatusSeeOther)
 }
 
-// runReplay replays the letters the dry run listed (j.planned) in steps of
-// ReplayChunk letters, so that the page can show its progress. Letters of
-// the selection that died after the dry run are not replayed: they are
-// counted (arrived) and the page says so.
-func (c *Console) runReplay(j *job) {
-	ctx := c.ctx
-	end := func(state, msg string) {
-		j.mu.Lock()
-		j.state, j.err, j.finished = state, msg, c.cfg.Now()
-		j.mu.Unlock()
-		st := j.status()
-		c.cfg.Logger.Info("console: replay finished", "job", j.ID, "selection", j.Sel.Describe(), "state", state,
-			"republished", st.Republished, "failed", st.Failed)
+// resumeJobs starts again every replay job left pending in the index (a
+// console stopped or killed while it ran): each letter a job replayed stays
+// counted, so none is replayed twice; a job created with force resumes with
+// it (the index keeps it).
+func (c *Console) resumeJobs() {
+	if c.cfg.Source == nil {
+		return
 	}
-	ids := j.planned
-	if j.Sel.Scope != "seleccio" {
-		lctx, cancel := context.WithTimeout(ctx, ActionTimeout)
-		f := j.Sel.filter()
-		f.States = []dlq.State{dlq.StatePending}
-		n, err := c.cfg.Source.Arrived(lctx, f, ids)
-		cancel()
-		if err != nil {
-			c.cfg.Logger.Error("console: replay: count the letters arrived since the dry run", "job", j.ID, "err", err)
-			end("failed", "the dead-letter index is unavailable; nothing was replayed")
-			return
-		}
-		j.mu.Lock()
-		j.arrived = n
-		j.mu.Unlock()
+	ctx, cancel := context.WithTimeout(c.ctx, ActionTimeout)
+	defer cancel()
+	ids, err := c.cfg.Source.PendingJobs(ctx)
+	if err != nil {
+		c.cfg.Logger.Error("console: replay jobs to resume", "err", err)
+		return
 	}
-	j.mu.Lock()
-	j.total = len(ids)
-	j.mu.Unlock()
-	for start := 0; start < len(ids); start += ReplayChunk {
-		chunk := ids[start:min(start+ReplayChunk, len(ids))]
-		sctx, cancel := context.WithTimeout(ctx, ActionTimeout)
-		rep, err := c.cfg.Source.Replay(sctx, dlq.Filter{IDs: chunk}, dlq.ReplayOptions{Force: j.Sel.Force, Retention: c.cfg.Retention, Actor: j.actor})
-		cancel()
-		if err != nil {
-			c.cfg.Logger.Error("console: replay", "job", j.ID, "err", err)
-			j.mu.Lock()
-			j.failed += len(ids) - start // a failed step marks nothing
-			j.mu.Unlock()
-			end("failed", "publishing failed (broker or index unavailable); the letters not republished stay pending, and replaying again is safe")
-			return
-		}
-		j.mu.Lock()
-		j.done += rep.Done
-		j.failed += rep.Refused
-		for _, it := range rep.Items {
-			if !it.Done && len(j.refused) < maxShownRefusals {
-				j.refused = append(j.refused, it)
-			}
-		}
-		j.mu.Unlock()
-	}
-	end("done", "")
-}
-
-// keepJobs is how long a finished job's page stays available.
-const keepJobs = 24 * time.Hour
-
-// pruneJobs forgets jobs finished more than keepJobs ago. c.jobsMu is held.
-func (c *Console) pruneJobs() {
-	for id, j := range c.jobs {
-		j.mu.Lock()
-		old := !j.finished.IsZero() && c.cfg.Now().Sub(j.finished) > keepJobs
-		j.mu.Unlock()
-		if old {
-			delete(c.jobs, id)
-		}
+	for _, id := range ids {
+		c.cfg.Logger.Info("console: resuming replay job", "job", id)
+		c.startJob(&job{ID: id})
 	}
 }
 
-func (c *Console) job(w http.ResponseWriter, r *http.Request) *job {
-	c.jobsMu.Lock()
-	j := c.jobs[r.URL.Query().Get("id")]
-	c.jobsMu.Unlock()
-	if j == nil {
-		c.errorPage(w, r, http.StatusNotFound, "no such job (jobs are kept in memory until the console restarts)")
+func (c *Console) jobID(w http.ResponseWriter, r *http.Request, id string) (JobStatus, bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), ActionTimeout)
+	defer cancel()
+	st, err := c.jobStatus(ctx, id)
+	if errors.Is(err, dlq.ErrNotFound) {
+		c.errorPage(w, r, http.StatusNotFound, "no such replay job")
+		return st, false
 	}
-	return j
+	if err != nil {
+		c.fail(w, r, err)
+		return st, false
+	}
+	return st, true
 }
 
 func (c *Console) jobPage(w http.ResponseWriter, r *http.Request) {
-	j := c.job(w, r)
-	if j == nil {
+	if !c.needSource(w, r) {
 		return
 	}
-	st := j.status()
+	st, ok := c.jobID(w, r, r.URL.Query().Get("id"))
+	if !ok {
+		return
+	}
 	p := page{Title: "Replay", Data: st}
 	if st.State == "running" {
-		p.Refresh = 1 // the page also updates itself by script; this works without it
+		p.Refresh = 2 // the page also updates itself by script; this works without it
 	}
 	c.renderPage(w, r, http.StatusOK, "job", p)
 }
 
 func (c *Console) jobJSON(w http.ResponseWriter, r *http.Request) {
-	j := c.job(w, r)
-	if j == nil {
+	if !c.needSource(w, r) {
+		return
+	}
+	st, ok := c.jobID(w, r, r.URL.Query().Get("id"))
+	if !ok {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(j.status())
+	_ = json.NewEncoder(w).Encode(st)
+}
+
+// jobCancel cancels a replay job (dlq.Source.CancelJob): it stops before
+// its next letter; what it replayed stays replayed.
+func (c *Console) jobCancel(w http.ResponseWriter, r *http.Request) {
+	if !c.needSource(w, r) {
+		return
+	}
+	id, err := text(r.PostFormValue("id"))
+	if err != nil || id == "" {
+		c.errorPage(w, r, http.StatusBadRequest, "cancelling a job needs id")
+		return
+	}
+	if _, ok := c.jobID(w, r, id); !ok {
+		return
+	}
+	if err := c.cfg.Source.CancelJob(r.Context(), id); err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.cfg.Logger.Info("console: replay job cancelled", "job", id, "actor", actorOf(r))
+	http.Redirect(w, r, "/feina?id="+id, http.StatusSeeOther)
+}
+
+// jobResume runs a pending job again (after it failed, or one another
+// console left).
+func (c *Console) jobResume(w http.ResponseWriter, r *http.Request) {
+	if !c.needSource(w, r) {
+		return
+	}
+	id, err := text(r.PostFormValue("id"))
+	if err != nil || id == "" {
+		c.errorPage(w, r, http.StatusBadRequest, "resuming a job needs id")
+		return
+	}
+	st, ok := c.jobID(w, r, id)
+	if !ok {
+		return
+	}
+	if st.State == "pending" || st.State == "failed" {
+		c.startJob(&job{ID: id})
+	}
+	http.Redirect(w, r, "/feina?id="+id, http.StatusSeeOther)
 }

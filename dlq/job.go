@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults of bulk replay jobs.
@@ -28,6 +29,10 @@ const (
 
 // ErrJobTooLarge is returned by CreateJob for more than JobMaxLetters letters.
 var ErrJobTooLarge = errors.New("dlq: too many letters for one replay job")
+
+// ErrJobRunning is returned by RunJob for a job another RunJob runs now (in
+// this process or another one on the same index).
+var ErrJobRunning = errors.New("dlq: this replay job is running elsewhere")
 
 // JobStatus is a bulk replay job and its progress.
 type JobStatus struct {
@@ -97,19 +102,67 @@ func (s *Service) CancelJob(ctx context.Context, id string) error {
 // its replay; after a crash in between, the resumed job finds the letter
 // already replayed since the job was created and counts it done, so no
 // letter is replayed twice by a job. Run it again after a restart to resume.
-// Each letter's replay is audited as Replay's are.
-func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (*JobStatus, error) {
+// A job once run with o.Force keeps it: a resumed run forces too. One
+// RunJob runs a job at a time (ErrJobRunning otherwise) when the
+// Store's DB is a pgxpool.Pool. Each run is one entry of the audit log: the letters it replayed, the
+// number it refused, and "fet", "cancelled" or why it stopped.
+func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (_ *JobStatus, err error) {
 	st := s.cfg.Store
 	var rate float64
 	var created time.Time
 	var actor string
-	if err := st.db.QueryRow(ctx, "SELECT per_segon, creada_en, qui FROM "+st.jobs+" WHERE id = $1", id).Scan(&rate, &created, &actor); err != nil {
+	var force bool
+	if err := st.db.QueryRow(ctx, "SELECT per_segon, creada_en, qui, forcar FROM "+st.jobs+" WHERE id = $1", id).Scan(&rate, &created, &actor, &force); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, fmt.Errorf("%w: job %s", ErrNotFound, id)
 		}
 		return nil, fmt.Errorf("dlq: job: %w", err)
 	}
-	o.Actor, o.DryRun = cmpOr(o.Actor, actor), false
+	// One runner per job: two consoles resuming it at once would replay a
+	// letter twice. A session lock on a connection of its own, released when
+	// RunJob returns or its process dies.
+	if p, ok := st.db.(*pgxpool.Pool); ok {
+		conn, err := p.Acquire(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("dlq: job: %w", err)
+		}
+		defer conn.Release()
+		lock := "km0.dlq.feina:" + st.jobs + ":" + id
+		var got bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", lock).Scan(&got); err != nil {
+			return nil, fmt.Errorf("dlq: job: %w", err)
+		}
+		if !got {
+			return nil, fmt.Errorf("%w: job %s", ErrJobRunning, id)
+		}
+		defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lock) //nolint:errcheck // the session ends with the connection otherwise
+	}
+	if o.Force && !force {
+		// Kept for a resumed run, which may not know it.
+		if _, err := st.db.Exec(ctx, "UPDATE "+st.jobs+" SET forcar = true WHERE id = $1", id); err != nil {
+			return nil, fmt.Errorf("dlq: job: %w", err)
+		}
+	}
+	o.Force = o.Force || force
+	o.Actor, o.DryRun, o.noAudit = cmpOr(o.Actor, actor), false, true
+	// One audit entry per run of the job, not one per letter: what this
+	// run replayed and refused, and how it ended.
+	var done []string
+	refused := 0
+	ended := "fet"
+	audited := false
+	record := func() {
+		if audited || (len(done) == 0 && refused == 0) {
+			return
+		}
+		audited = true
+		result := ended
+		if err != nil {
+			result = "stopped: " + err.Error()
+		}
+		_ = s.audit(ctx, o.Actor, cmpOr(o.action, ActionReplay), done, refused, result)
+	}
+	defer record()
 	pace := time.Duration(float64(time.Second) / rate)
 	next := time.Now()
 	for {
@@ -118,6 +171,7 @@ func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (*JobS
 			return nil, fmt.Errorf("dlq: job: %w", err)
 		}
 		if state != JobPending {
+			ended = "cancelled"
 			return s.JobStatus(ctx, id)
 		}
 		var ordre int
@@ -125,6 +179,7 @@ func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (*JobS
 		err := st.db.QueryRow(ctx, "SELECT ordre, id_carta FROM "+st.jobLetters+
 			" WHERE id_feina = $1 AND estat = 'pendent' ORDER BY ordre LIMIT 1", id).Scan(&ordre, &letter)
 		if errors.Is(err, pgx.ErrNoRows) {
+			record() // before the job shows finished
 			if _, err := st.db.Exec(ctx, "UPDATE "+st.jobs+" SET estat = 'acabada', acabada_en = now() WHERE id = $1 AND estat = 'pendent'", id); err != nil {
 				return nil, fmt.Errorf("dlq: job: %w", err)
 			}
@@ -150,6 +205,11 @@ func (s *Service) RunJob(ctx context.Context, id string, o ReplayOptions) (*JobS
 		if _, err := st.db.Exec(ctx, "UPDATE "+st.jobLetters+" SET estat = $3, detall = nullif($4, '') WHERE id_feina = $1 AND ordre = $2",
 			id, ordre, itemState, detail); err != nil {
 			return nil, fmt.Errorf("dlq: job: %w", err)
+		}
+		if itemState == "fet" {
+			done = append(done, letter)
+		} else {
+			refused++
 		}
 	}
 }
@@ -201,4 +261,19 @@ func (s *Service) JobStatus(ctx context.Context, id string) (*JobStatus, error) 
 	j.Created = j.Created.UTC()
 	j.Finished = derefTime(fin)
 	return j, nil
+}
+
+// PendingJobs returns the IDs of the jobs neither finished nor cancelled,
+// oldest first: the jobs a restarted runner (the console) resumes with
+// RunJob.
+func (s *Service) PendingJobs(ctx context.Context) ([]string, error) {
+	rows, err := s.cfg.Store.db.Query(ctx, "SELECT id FROM "+s.cfg.Store.jobs+" WHERE estat = 'pendent' ORDER BY creada_en, id")
+	if err != nil {
+		return nil, fmt.Errorf("dlq: pending jobs: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("dlq: pending jobs: %w", err)
+	}
+	return ids, nil
 }

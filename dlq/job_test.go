@@ -93,3 +93,81 @@ func TestReplayJobIsPacedCancellableAndResumable(t *testing.T) {
 		t.Fatalf("cancelled job: %+v", st)
 	}
 }
+
+// One runner per job: while a RunJob runs a job, a second RunJob of it (a
+// second console resuming it) is refused with ErrJobRunning and replays
+// nothing; the first replays each letter once.
+func TestReplayJobHasOneRunnerAtATime(t *testing.T) {
+	b := setup(t)
+	var ids []string
+	for i := 0; i < 4; i++ {
+		id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
+		ids = append(ids, id)
+	}
+	b.sync(t)
+	job, err := b.svc.CreateJob(b.ctx, ids, 4, "console:abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := b.svc.RunJob(b.ctx, job, dlq.ReplayOptions{}); done <- err }()
+	waitFor(t, "the first run under way", 10*time.Second, func() bool {
+		st, err := b.svc.JobStatus(b.ctx, job)
+		return err == nil && st.Done >= 1
+	})
+	svc2, err := dlq.NewService(dlq.ServiceConfig{Store: b.store, Backend: b.backend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc2.RunJob(b.ctx, job, dlq.ReplayOptions{}); !errors.Is(err, dlq.ErrJobRunning) {
+		t.Fatalf("second runner: %v, want ErrJobRunning", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := b.records(t, comandesRetry); n != 4 {
+		t.Fatalf("%d records, want 4: each letter once", n)
+	}
+	// Finished, the lock is free again: a new run finds nothing left.
+	if st, err := svc2.RunJob(b.ctx, job, dlq.ReplayOptions{}); err != nil || st.State != dlq.JobFinished {
+		t.Fatalf("run after the end: %+v %v", st, err)
+	}
+}
+
+// A job run with Force keeps it when it is resumed without: letters already
+// replayed (which only Force replays again) are replayed by the resumed run
+// too, none refused.
+func TestReplayJobResumedKeepsForce(t *testing.T) {
+	b := setup(t)
+	var ids []string
+	for i := 0; i < 4; i++ {
+		id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
+		ids = append(ids, id)
+	}
+	b.sync(t)
+	if rep := b.replay(t, dlq.Filter{IDs: ids}, dlq.ReplayOptions{}); rep.Done != 4 {
+		t.Fatalf("first replay: %+v", rep)
+	}
+	job, err := b.svc.CreateJob(b.ctx, ids, 4, "console:abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { _, err := b.svc.RunJob(ctx, job, dlq.ReplayOptions{Force: true}); done <- err }()
+	waitFor(t, "1 letter forced", 10*time.Second, func() bool {
+		st, err := b.svc.JobStatus(b.ctx, job)
+		return err == nil && st.Done >= 1
+	})
+	stop()
+	<-done
+	st, err := b.svc.RunJob(b.ctx, job, dlq.ReplayOptions{}) // resumed by a runner that does not know
+	if err != nil || st.State != dlq.JobFinished || st.Done != 4 || st.Refused != 0 {
+		t.Fatalf("resumed forced job: %+v %v; want 4 done, 0 refused", st, err)
+	}
+	for _, id := range ids {
+		if l := b.get(t, id); l.Replays != 2 {
+			t.Fatalf("letter %s replayed %d times, want twice (by hand, then by the job)", id, l.Replays)
+		}
+	}
+}

@@ -47,6 +47,9 @@ type Source interface {
 	RunJob(ctx context.Context, id string, o ReplayOptions) (*JobStatus, error)
 	CancelJob(ctx context.Context, id string) error
 	JobStatus(ctx context.Context, id string) (*JobStatus, error)
+	// PendingJobs lists the jobs not finished nor cancelled, oldest first:
+	// what a restarted runner resumes.
+	PendingJobs(ctx context.Context) ([]string, error)
 }
 
 // Backend is the broker-specific part of a Source, the driver of River's
@@ -117,6 +120,8 @@ type ReplayOptions struct {
 	action string
 	// values replace the value of these letters (ReplayEdited).
 	values map[string][]byte
+	// noAudit leaves the audit entry to the caller (RunJob: one per run).
+	noAudit bool
 }
 
 // PurgeOptions tune Purge.
@@ -130,6 +135,8 @@ type PurgeOptions struct {
 	Actor string
 	// action is the audit action (ActionPurge unless a skip).
 	action string
+	// note is the audit result in place of "fet" (a skip's reason).
+	note string
 }
 
 // ErrNotConfirmed is returned by Purge without PurgeOptions.Confirmed.
@@ -297,7 +304,7 @@ func (s *Service) Replay(ctx context.Context, f Filter, o ReplayOptions) (*Repor
 			reportMissing(rep, f.IDs, seen)
 		}
 		if err != nil || n < replayBatch {
-			if !o.DryRun {
+			if !o.DryRun && !o.noAudit {
 				s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionReplay), rep, err)
 			}
 			return rep, err
@@ -505,7 +512,11 @@ func (s *Service) Purge(ctx context.Context, f Filter, o PurgeOptions) (*Report,
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("dlq: purge: %w", err)
 	}
-	s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionPurge), rep, nil)
+	if o.note != "" {
+		_ = s.audit(ctx, o.Actor, cmpOr(o.action, ActionPurge), rep.doneIDs(), rep.Refused, o.note)
+	} else {
+		s.auditReport(ctx, o.Actor, cmpOr(o.action, ActionPurge), rep, nil)
+	}
 	for _, l := range purged {
 		s.cfg.Logger.Info("dlq: letter purged", "id", l.ID, "id_esdeveniment", l.EventID, "motiu", l.Reason)
 	}

@@ -30,6 +30,9 @@
 //     and its letter id, then DeadLetterBehind, which returns the parked
 //     messages the consumer must copy to the DLQ as blocked by the head
 //     (Config.Behind = DeadLetterBlocked) or nothing (StayParked).
+//  7. A dead-lettered head that can never succeed is skipped by an operator
+//     (Skip, through dlq.SkipSequence): the first message parked behind it
+//     becomes the head and its dead letter is replayed, which is step 4.
 //
 // # Lock order
 //
@@ -185,7 +188,7 @@ type Store struct {
 
 type queries struct {
 	blocked, mark, bump, park, parkedOne, lockHead, deleteHead, takeAll, takeNext, promote,
-	markBehind, deadBehind, sequence, sequences, setLetter string
+	markBehind, deadBehind, sequence, sequences, setLetter, lockDead, dropParked, skipTo string
 }
 
 // New returns a Store for cfg.
@@ -220,6 +223,10 @@ func New(cfg Config) (*Store, error) {
 		sequences:  `SELECT clau FROM ` + b + ` WHERE consumidor = $1 AND clau > $2 ORDER BY clau LIMIT $3`,
 		setLetter: `UPDATE ` + b + ` SET id_carta = $4 WHERE consumidor = $1 AND clau = $2 AND id_missatge = $3
 			AND motiu = 'dlq' AND id_carta IS DISTINCT FROM $4`,
+		lockDead:   `SELECT motiu FROM ` + b + ` WHERE consumidor = $1 AND clau = $2 AND id_missatge = $3 FOR UPDATE`,
+		dropParked: `DELETE FROM ` + p + ` WHERE consumidor = $1 AND clau = $2 AND id_missatge = $3`,
+		skipTo: `UPDATE ` + b + ` SET id_missatge = $3, motiu = 'dlq', id_carta = nullif($4, ''), ultim_error = $5, bloquejada_en = now()
+			WHERE consumidor = $1 AND clau = $2`,
 	}}, nil
 }
 
@@ -443,6 +450,60 @@ func (s *Store) DeadLetterBehind(ctx context.Context, tx pgx.Tx, consumer, key, 
 	}
 	slices.SortFunc(ps, func(a, b Parked) int { return cmp.Compare(a.Seq, b.Seq) })
 	return ps, nil
+}
+
+// ErrNotDeadLettered: Skip named a head that waits for a retry. Only a
+// dead-lettered head can be skipped: a retry copy on its way could still be
+// applied. Nothing changed.
+var ErrNotDeadLettered = errors.New("keyorder: the head is not dead-lettered")
+
+// Skip gives up on key's dead-lettered head headID in tx, for an operator
+// who found it can never succeed: the head is not applied (its own stored
+// row, if it is a released message that had failed, is deleted), and the
+// first message parked behind it becomes the head, dead-lettered, with
+// letterID (its dead letter, "" if unknown) and its row kept, so that
+// replaying that letter makes its consumer apply it and release the rest in
+// order (step 4 of the package doc). It returns that message with ok true;
+// with nothing parked it unblocks key and returns ok false. ErrNotHead if
+// headID is not key's head, ErrNotDeadLettered if it waits for a retry.
+func (s *Store) Skip(ctx context.Context, tx pgx.Tx, consumer, key, headID, letterID string) (next Parked, ok bool, err error) {
+	if err := checkAll(consumer, key, headID); err != nil {
+		return Parked{}, false, err
+	}
+	var reason string
+	err = tx.QueryRow(ctx, s.q.lockDead, consumer, []byte(key), headID).Scan(&reason)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Parked{}, false, ErrNotHead
+	}
+	if err != nil {
+		return Parked{}, false, fmt.Errorf("keyorder: skip: %w", err)
+	}
+	if Reason(reason) != ReasonDeadLettered {
+		return Parked{}, false, fmt.Errorf("%w: %s waits for a retry", ErrNotDeadLettered, headID)
+	}
+	if _, err := tx.Exec(ctx, s.q.dropParked, consumer, []byte(key), headID); err != nil {
+		return Parked{}, false, fmt.Errorf("keyorder: skip: %w", err)
+	}
+	rows, err := tx.Query(ctx, s.q.sequence, consumer, []byte(key))
+	if err != nil {
+		return Parked{}, false, fmt.Errorf("keyorder: skip: %w", err)
+	}
+	ps, err := collect(rows)
+	if err != nil {
+		return Parked{}, false, fmt.Errorf("keyorder: skip: %w", err)
+	}
+	if len(ps) == 0 {
+		if _, err := tx.Exec(ctx, s.q.deleteHead, consumer, []byte(key), headID); err != nil {
+			return Parked{}, false, fmt.Errorf("keyorder: skip: %w", err)
+		}
+		return Parked{}, false, nil
+	}
+	next = ps[0]
+	if _, err := tx.Exec(ctx, s.q.skipTo, consumer, []byte(key), next.ID, letterID,
+		clip("the head before it ("+headID+") was skipped: replay this message's dead letter")); err != nil {
+		return Parked{}, false, fmt.Errorf("keyorder: skip: %w", err)
+	}
+	return next, true, nil
 }
 
 // BlockedReason is the motiu of a message dead-lettered as blocked by its

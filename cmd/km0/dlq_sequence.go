@@ -24,13 +24,16 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 	replay := fs.Bool("replay", false, "replay the head's dead letter; its consumer then applies every message behind it in order, and their letters are marked purged (without --key: every blocked key of the consumer)")
 	edit := fs.String("edit", "", "with --replay and --key: replay the head with the envelope in this file instead of its own (validated against the event's JSON Schema first; the original is kept)")
 	watch := fs.Duration("watch", dlq.WatchDefault, "with --replay: watch this long for the consumer dead-lettering a head again, and say so (0: do not watch)")
+	skip := fs.Bool("skip", false, "with --key and --reason: give up the dead-lettered head (not delivered; recorded in the audit log) and release the messages behind it, in order")
+	why := fs.String("reason", "", "with --skip: why the head can never succeed, for the audit log")
 	dry := fs.Bool("dry-run", false, "with --replay: say what would be replayed; publish and mark nothing")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: an older head letter is refused")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *consumer == "" || (*edit != "" && (*key == "" || !*replay)) {
-		fmt.Fprintln(c.errOut, "km0 dlq sequence: want --consumer (and --key to show or replay one key; --edit needs --replay and --key)")
+	if *consumer == "" || (*edit != "" && (*key == "" || !*replay)) || (*skip && (*key == "" || *why == "" || *replay || *dry)) {
+		fmt.Fprintln(c.errOut, "km0 dlq sequence: want --consumer (and --key to show or replay one key; --edit needs --replay and --key; "+
+			"--skip needs --key and --reason, without --replay or --dry-run)")
 		fs.Usage()
 		return errUsage
 	}
@@ -56,6 +59,9 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 	}
 	if err != nil {
 		return err
+	}
+	if *skip {
+		return c.skipSequence(ctx, env, ko, seq, dlq.SkipOptions{Actor: cliActor(), Reason: *why, Retention: *retention}, *watch, *o.json)
 	}
 	if *replay {
 		var rep *dlq.Report

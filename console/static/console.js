@@ -20,6 +20,8 @@ document.addEventListener("DOMContentLoaded", function () {
           document.getElementById("republished").textContent = s.republicades;
           document.getElementById("failed").textContent = s.fallides;
           document.getElementById("job-total").textContent = s.total;
+          var left = document.getElementById("job-left");
+          if (left) { left.textContent = s.pendents; }
           var p = document.getElementById("job-progress");
           p.max = s.total; p.value = s.republicades;
           document.getElementById("job-pct").textContent = (s.total ? Math.floor(s.republicades * 100 / s.total) : 100) + "%";
