@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // TestConsumerConformance runs the consumer suite on the Kafka source,
@@ -27,7 +28,7 @@ import (
 func TestConsumerConformance(t *testing.T) {
 	brokers := kafka.SplitBrokers(os.Getenv("KM0_TEST_KAFKA_BROKERS"))
 	if len(brokers) == 0 {
-		brokers = kafkatest.NewWith(t, kafka.EmbeddedConfig{GroupMinSessionTimeout: time.Second}).Addrs()
+		brokers = kafkatest.NewWith(t, kafkaembed.Config{GroupMinSessionTimeout: time.Second}).Addrs()
 	}
 	runKafkaConformance(t, brokers, nil, 10_000)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // descompteEstoc is the inventari handler: decrement stock once per
@@ -108,7 +109,7 @@ func Example() {
 		return
 	}
 	defer drop()
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}})
+	broker, err := kafkaembed.Start(kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}})
 	if err != nil {
 		fmt.Println(err)
 		return

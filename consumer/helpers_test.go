@@ -26,6 +26,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 const (
@@ -39,7 +40,7 @@ const (
 type bundle struct {
 	t      *testing.T
 	s      *pgtest.Schema
-	b      *kafka.Embedded
+	b      *kafkaembed.Broker
 	pub    *kgo.Client
 	reg    *prometheus.Registry
 	logBuf *testlog.Buffer
@@ -48,11 +49,11 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	return setupWith(t, kafka.EmbeddedConfig{})
+	return setupWith(t, kafkaembed.Config{})
 }
 
 // setupWith is setup on a broker configured by cfg (its Topics are set here).
-func setupWith(t *testing.T, cfg kafka.EmbeddedConfig) *bundle {
+func setupWith(t *testing.T, cfg kafkaembed.Config) *bundle {
 	t.Helper()
 	s := pgtest.NewSchema(t)
 	ctx := context.Background()

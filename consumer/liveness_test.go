@@ -27,6 +27,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // The liveness proof runs the broker and the group members as separate OS
@@ -74,7 +75,7 @@ func brokerChild(ctx context.Context) error {
 	if os.Getenv("KM0_LIVENESS_DEBUG") != "" {
 		extra = append(extra, kfake.WithLogger(kfake.BasicLogger(os.Stderr, kfake.LogLevelDebug)))
 	}
-	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: os.Getenv("KM0_LIVENESS_ADDR"), DataDir: os.Getenv("KM0_LIVENESS_DATA"),
+	b, err := kafkaembed.Start(kafkaembed.Config{Addr: os.Getenv("KM0_LIVENESS_ADDR"), DataDir: os.Getenv("KM0_LIVENESS_DATA"),
 		Topics: []string{lvTopic}, GroupMinSessionTimeout: 100 * time.Millisecond, Extra: extra})
 	if err != nil {
 		return err

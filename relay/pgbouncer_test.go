@@ -24,6 +24,7 @@ import (
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // Behind Debian's PgBouncer (1.18 on bookworm) in front of a private
@@ -65,7 +66,7 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(b.Stop)
-			broker := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{topic}})
+			broker := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{topic}})
 			ob := outbox.New(outbox.Config{})
 			writers := relaytest.NewWriters(t, direct, ob, 8)
 

@@ -19,12 +19,12 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 type dlqHarness struct {
 	t      *testing.T
-	broker *kafka.Embedded
+	broker *kafkaembed.Broker
 	base   []string
 	cl     *kgo.Client
 	schema *pgtest.Schema

@@ -14,8 +14,6 @@ import (
 
 	"github.com/km0/km0/internal/hostguard"
 
-	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/internal/services/analitica"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
@@ -23,8 +21,10 @@ import (
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 func init() {
@@ -185,7 +185,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	switch {
 	case !cfg.NeedsKafka() && !*embedded:
 	case *embedded:
-		b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()})
+		b, err := kafkaembed.Start(kafkaembed.Config{Topics: system.DomainTopics()})
 		if err != nil {
 			return err
 		}

@@ -14,9 +14,10 @@ import (
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/requestreply/rrtest"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
-func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*kafka.Embedded, *kafkarr.Server) {
+func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*kafkaembed.Broker, *kafkarr.Server) {
 	b := kafkatest.New(t)
 	srv, err := kafkarr.NewServer(context.Background(), kafkarr.ServerConfig{Brokers: b.Addrs(), Handler: h, SigningKey: key})
 	if err != nil {
@@ -61,7 +62,7 @@ func header(r *kgo.Record, key string) string {
 // rogue reads the request topic in a group of its own (it sees every
 // request) and answers each with ok and body, signed with key (nil:
 // unsigned) as a server would.
-func rogue(t *testing.T, b *kafka.Embedded, key, body []byte) func() int64 {
+func rogue(t *testing.T, b *kafkaembed.Broker, key, body []byte) func() int64 {
 	cl := kafkatest.Client(t, b, kgo.ConsumeTopics(kafkarr.TopicDefault), kgo.ConsumerGroup(requestreply.NewIDs().Prefix()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	ctx, cancel := context.WithCancel(context.Background())

@@ -29,6 +29,7 @@ import (
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // Defaults of Config.
@@ -113,7 +114,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	defer cleanup()
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Partitions: cfg.Partitions, Topics: []string{topic}})
+	broker, err := kafkaembed.Start(kafkaembed.Config{Partitions: cfg.Partitions, Topics: []string{topic}})
 	if err != nil {
 		return res, err
 	}

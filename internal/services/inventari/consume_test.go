@@ -23,11 +23,12 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 const ordersTopic = "comandes.esdeveniments"
@@ -41,7 +42,7 @@ type world struct {
 	dbName string
 	pool   *pgxpool.Pool
 	s      *inventari.Service
-	b      *kafka.Embedded
+	b      *kafkaembed.Broker
 	pub    *kgo.Client
 }
 
@@ -60,7 +61,7 @@ func newWorld(t testing.TB, conns int32) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{ordersTopic}})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{ordersTopic}})
 	return &world{t: t, url: u, dbName: pc.Database, pool: pool, s: s, b: b, pub: kafkatest.Client(t, b)}
 }
 
