@@ -604,9 +604,15 @@ func randomTag() string {
 	return hex.EncodeToString(b)
 }
 
-// MessagingSystem names the broker in the consumer's trace spans
-// (messaging.system).
-func (s *Source) MessagingSystem() string { return "rabbitmq" }
+// Span names a delivery in the consumer's trace span: the queue it was read
+// from (origin) and its routing key (topic); RabbitMQ has no consumer
+// groups, so the group is the consumer's name.
+func (s *Source) Span(topic, origin string) transport.SpanNames {
+	return transport.SpanNames{System: "rabbitmq", Destination: origin, RoutingKey: topic}
+}
+
+// Validate reports nothing: NewSource checked the configuration.
+func (s *Source) Validate() error { return nil }
 
 // KeyOrder reports whether a key's messages reach one lane in their order
 // (consumer.PerKey relies on it): in ordered mode (Shards > 1, one active

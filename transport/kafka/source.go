@@ -528,9 +528,11 @@ func commitError(resp *kmsg.OffsetCommitResponse, err error) error {
 	return nil
 }
 
-// MessagingSystem names the broker in the consumer's trace spans
-// (messaging.system).
-func (s *Source) MessagingSystem() string { return "kafka" }
+// Span names a record in the consumer's trace span: the topic it was read
+// from (a .retry topic for a retry copy) and the consumer group.
+func (s *Source) Span(topic, _ string) transport.SpanNames {
+	return transport.SpanNames{System: "kafka", Destination: topic, Group: s.cfg.Group}
+}
 
 // KeyOrder reports that a key's records reach one lane in their order: the
 // partition the key hashes to (consumer.PerKey relies on it).
