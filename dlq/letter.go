@@ -114,6 +114,19 @@ type Letter struct {
 	Copies int
 }
 
+// History returns the letter's attempt history (header historial_intents,
+// contract.ParseHistory): its last failed attempts, oldest first, each with
+// its error and time; nil when the letter carries none (a native RabbitMQ
+// dead letter, or one written before the header existed).
+func (l *Letter) History() []contract.FailedAttempt {
+	for _, h := range l.Headers {
+		if h.Key == contract.HeaderHistory {
+			return contract.ParseHistory(h.Value)
+		}
+	}
+	return nil
+}
+
 // Class returns the bounded reason class of the letter (contract.ReasonClass).
 func (l *Letter) Class() string { return contract.ReasonClass(l.Reason) }
 
