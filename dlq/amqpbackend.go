@@ -12,6 +12,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 )
@@ -75,7 +76,7 @@ func NewAMQPBackend(cfg AMQPConfig) (*AMQPBackend, error) {
 	}
 	var queues []string
 	for _, q := range cfg.Queues {
-		q = strings.TrimSuffix(strings.TrimSpace(q), Suffix)
+		q = strings.TrimSuffix(strings.TrimSpace(q), contract.DLQSuffix)
 		if q != "" && !slices.Contains(queues, q) {
 			queues = append(queues, q)
 		}
@@ -116,7 +117,7 @@ func (b *AMQPBackend) Sync(ctx context.Context, s *Store) (SyncResult, error) {
 }
 
 func (b *AMQPBackend) syncQueue(ctx context.Context, s *Store, queue string, res *SyncResult) error {
-	name := amqp.DLQName(queue)
+	name := contract.DLQName(queue)
 	return b.cfg.Conn.Do(ctx, func(ch *amqp091.Channel) error {
 		info, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
 		if err != nil {
@@ -200,7 +201,7 @@ func amqpLetter(queue string, d *amqp091.Delivery, now time.Time) *Letter {
 	if deadAt.IsZero() {
 		deadAt = now
 	}
-	l := NewLetter(amqp.DLQName(queue), 0, -1, deadAt, m)
+	l := NewLetter(contract.DLQName(queue), 0, -1, deadAt, m)
 	l.OriginalTopic, l.Reason, l.Attempts = dl.Origin, dl.Reason, dl.Attempts
 	l.Type = cmp.Or(l.Type, dl.Type)
 	return l
@@ -275,8 +276,8 @@ func (b *AMQPBackend) Publish(ctx context.Context, msgs []*transport.Message) er
 		c := *m
 		c.Headers = make([]transport.Header, 0, len(m.Headers))
 		for _, h := range m.Headers {
-			if !strings.HasPrefix(h.Key, "x-") && h.Key != amqp.HeaderOriginQueue && h.Key != amqp.HeaderDeadAt &&
-				h.Key != HeaderConsumerGroup {
+			if !strings.HasPrefix(h.Key, "x-") && h.Key != amqp.HeaderOriginQueue && h.Key != contract.HeaderDeadAt &&
+				h.Key != contract.HeaderGroup {
 				c.Headers = append(c.Headers, h)
 			}
 		}

@@ -109,7 +109,7 @@ func (b *KafkaBackend) Close() { b.cl.Close() }
 func (b *KafkaBackend) Publish(ctx context.Context, msgs []*transport.Message) error {
 	out := make([]*transport.Message, len(msgs))
 	for i, m := range msgs {
-		g, _ := m.Header(HeaderConsumerGroup)
+		g, _ := m.Header(contract.HeaderGroup)
 		if g == "" {
 			out[i] = m
 			continue
@@ -117,7 +117,7 @@ func (b *KafkaBackend) Publish(ctx context.Context, msgs []*transport.Message) e
 		c := *m
 		c.Topic = contract.RetryTopic(m.Topic)
 		c.Headers = append([]transport.Header(nil), m.Headers...)
-		c.SetHeader(transport.HeaderAttempts, "1")
+		c.SetHeader(contract.HeaderAttempts, "1")
 		out[i] = &c
 	}
 	return b.pub.Publish(ctx, out)

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport"
-	"github.com/km0/km0/transport/amqp"
 )
 
 // MixedBackend is the Backend of a deployment whose dead letters are on
@@ -112,7 +112,7 @@ func (b *AMQPBackend) ownsQueue(name string) bool {
 // ownsDLQ reports whether name is the DLQ of one of b's queues.
 func (b *AMQPBackend) ownsDLQ(name string) bool {
 	for _, q := range b.cfg.Queues {
-		if name == amqp.DLQName(q) {
+		if name == contract.DLQName(q) {
 			return true
 		}
 	}

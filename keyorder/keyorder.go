@@ -58,6 +58,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/migrate"
 )
 
@@ -448,7 +449,7 @@ func (s *Store) DeadLetterBehind(ctx context.Context, tx pgx.Tx, consumer, key, 
 // BlockedReason is the motiu of a message dead-lettered as blocked by its
 // key's head: permanent (replaying it alone re-parks it; replay the head).
 func BlockedReason(headID string) string {
-	return clip("permanent: bloquejat_per_clau: darrere de " + headID)
+	return clip(contract.ReasonBlockedBy + headID)
 }
 
 // Sequence returns key's head and the messages behind it, in order, for

@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/amqp"
@@ -375,7 +376,7 @@ func (m *Measurer) oldest(ctx context.Context, want map[partKey]bool) map[partKe
 
 func (m *Measurer) queues(ctx context.Context, s *Snapshot, queue string) []QueueLag {
 	out := []QueueLag{m.queue(ctx, s, queue, true)}
-	if dl := m.queue(ctx, s, amqp.DLQName(queue), false); dl.Err == "" {
+	if dl := m.queue(ctx, s, contract.DLQName(queue), false); dl.Err == "" {
 		out = append(out, dl)
 	}
 	return out

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport"
@@ -282,7 +283,7 @@ func (w *worker) records(row *outbox.Row) ([]*transport.Message, string) {
 // correlation is the envelope's "correlacio" member (set on both copies of a
 // dual-published pair), or "".
 func correlation(e *envelope.Envelope) string {
-	raw, ok := e.Extra[transport.HeaderCorrelator]
+	raw, ok := e.Extra[contract.HeaderCorrelator]
 	if !ok {
 		return ""
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/schema"
@@ -55,10 +56,10 @@ func TestDualPublishedPairReachesAConsumerOnce(t *testing.T) {
 		for _, h := range rec.Headers {
 			m.SetHeader(h.Key, string(h.Value))
 		}
-		if c, _ := m.Header(transport.HeaderCorrelator); c != e.ID.String() {
+		if c, _ := m.Header(contract.HeaderCorrelator); c != e.ID.String() {
 			t.Fatalf("record without the pair's correlacio header: %v", rec.Headers)
 		}
-		id, _ := m.Header(transport.HeaderEventID)
+		id, _ := m.Header(contract.HeaderEventID)
 		ids[id] = true
 	}
 	if len(recs) != 2 || len(ids) != 2 {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -91,9 +92,9 @@ func (enc *Encoder) Records(row *outbox.Row) ([]*transport.Message, string) {
 			return nil, clip("envelope: " + err.Error())
 		}
 		m := &transport.Message{Topic: enc.cfg.Topic, Key: key, Value: value, Headers: []transport.Header{
-			{Key: transport.HeaderType, Value: e.Type}, {Key: transport.HeaderEventID, Value: e.ID}}}
+			{Key: contract.HeaderType, Value: e.Type}, {Key: contract.HeaderEventID, Value: e.ID}}}
 		if c := correlation(e); c != "" {
-			m.Headers = append(m.Headers, transport.Header{Key: transport.HeaderCorrelator, Value: c})
+			m.Headers = append(m.Headers, transport.Header{Key: contract.HeaderCorrelator, Value: c})
 		}
 		m.Headers = outbox.AppendHeaders(m.Headers, row.Headers) // capcaleres, never over the contract's
 		if recordSize(m) > enc.cfg.MaxRecordBytes {

@@ -196,7 +196,7 @@ func (c SourceConfig) Topology() Topology {
 		topo = topo.Merge(WorkQueueTopology(c.DLX, name, c.Queue, true))
 		if c.Exchange != "" {
 			topo.Bindings = append(topo.Bindings, Binding{Queue: name, Exchange: parts,
-				Args: amqp.Table{ArgMatch: "all", HeaderPartition: strconv.Itoa(i)}})
+				Args: amqp.Table{ArgMatch: "all", contract.HeaderPartition: strconv.Itoa(i)}})
 		}
 	}
 	return topo
@@ -488,7 +488,7 @@ func (s *Source) retryCopy(ctx context.Context, d *amqp.Delivery, q consumedQueu
 		return false
 	}
 	h := s.copyHeaders(d, q, f, contract.Failure{NotBefore: f.NotBefore})
-	return s.publishCopy(ctx, d, q, "", WaitQueueName(q.name, delay), h)
+	return s.publishCopy(ctx, d, q, "", contract.WaitQueueName(q.name, delay), h)
 }
 
 // copyHeaders returns the headers of the retry or DLQ copy of d, as the
@@ -499,7 +499,7 @@ func (s *Source) retryCopy(ctx context.Context, d *amqp.Delivery, q consumedQueu
 // offset_original -1 (a queue has no offsets), the queue as grup_consumidor
 // and the message's AMQP timestamp as data_original.
 func (s *Source) copyHeaders(d *amqp.Delivery, q consumedQueue, f *transport.Settlement, cf contract.Failure) amqp.Table {
-	h := copyHeaders(d.Headers, HeaderPartition)
+	h := copyHeaders(d.Headers, contract.HeaderPartition)
 	for k := range h {
 		if contract.IsCopyHeader(k) {
 			delete(h, k)
@@ -561,7 +561,7 @@ func (s *Source) publishCopy(ctx context.Context, d *amqp.Delivery, q consumedQu
 // declareWait declares the wait queue of queue for delay, at most once per
 // connection and per quarter of its expiry.
 func (s *Source) declareWait(ctx context.Context, queue string, delay time.Duration) error {
-	name := WaitQueueName(queue, delay)
+	name := contract.WaitQueueName(queue, delay)
 	gen := s.cfg.Conn.Generation()
 	s.waitMu.Lock()
 	w, ok := s.declared[name]

@@ -14,22 +14,6 @@ import (
 	"github.com/km0/km0/transport"
 )
 
-// Headers km0 adds to retry and DLQ copies, besides CONTRACT.md's intents,
-// no_abans, ultim_error and motiu (package contract). They keep the first
-// failure's position, so an operator (and `km0 dlq`) can trace a dead letter
-// to its source record. The time headers are unix seconds
-// (contract.FormatTime). data_original is the source record's timestamp: for
-// an event without data_ms, the earliest moment another group can have
-// recorded its key, which bounds a safe replay (dlq.Letter.Oldest).
-const (
-	HeaderOriginalTopic     = contract.HeaderOriginalTopic
-	HeaderOriginalPartition = contract.HeaderOriginalPartition
-	HeaderOriginalOffset    = contract.HeaderOriginalOffset
-	HeaderFirstFailure      = contract.HeaderFirstFailure
-	HeaderGroup             = contract.HeaderGroup
-	HeaderOriginalTime      = contract.HeaderOriginalTime
-)
-
 // retryItem reads the headers of a retry copy. It returns nil for a copy of
 // another consumer group (its grup_consumidor differs). A copy without the
 // header or with an empty one, e.g. from a plain Python consumer, is taken.
@@ -48,7 +32,7 @@ func (p *partition) retryItem(r *kgo.Record, now time.Time) *item {
 		}
 		return "", false
 	}
-	if g, _ := h(HeaderGroup); g != "" && g != s.cfg.Group { // an empty one names no group: ours
+	if g, _ := h(contract.HeaderGroup); g != "" && g != s.cfg.Group { // an empty one names no group: ours
 		return nil
 	}
 	v, _ := h(contract.HeaderAttempts)
@@ -56,7 +40,7 @@ func (p *partition) retryItem(r *kgo.Record, now time.Time) *item {
 	if v, ok := h(contract.HeaderNotBefore); ok {
 		it.notBefore = contract.NotBefore(v, now, s.set.BackoffMax)
 	}
-	if v, ok := h(HeaderFirstFailure); ok {
+	if v, ok := h(contract.HeaderFirstFailure); ok {
 		it.d.FirstFailure, _ = contract.ParseTime(v)
 	}
 	return it
@@ -211,7 +195,7 @@ var ErrNoOriginalTopic = errors.New("kafka: dead letter names no original topic"
 // client built with kafka.ProducerOpts so the key lands on the partition the
 // original producer chose. It returns ErrNoOriginalTopic, or the produce error.
 func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
-	topic := header(rec, HeaderOriginalTopic)
+	topic := header(rec, contract.HeaderOriginalTopic)
 	if topic == "" {
 		for _, suf := range []string{contract.DLQSuffix, contract.RetrySuffix} {
 			if t, ok := strings.CutSuffix(rec.Topic, suf); ok && t != "" {
@@ -243,7 +227,7 @@ func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
 // stubMaxBytes, and the key when it is at most stubMaxBytes.
 func tooLargeStub(r *kgo.Record, dlq string, cause error) *kgo.Record {
 	reason := outcome.Truncate(fmt.Sprintf("permanent: massa_gran: còpia refusada pel broker (%v); original a %s/%s/%s",
-		cause, header(r, HeaderOriginalTopic), header(r, HeaderOriginalPartition), header(r, HeaderOriginalOffset)), 200)
+		cause, header(r, contract.HeaderOriginalTopic), header(r, contract.HeaderOriginalPartition), header(r, contract.HeaderOriginalOffset)), 200)
 	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
 	seen := map[string]bool{}
 	for _, h := range r.Headers {

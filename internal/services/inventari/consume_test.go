@@ -26,7 +26,6 @@ import (
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
@@ -95,7 +94,7 @@ func orderRecord(t testing.TB, key, id string, lines ...inventari.Line) (*kgo.Re
 		t.Fatal(err)
 	}
 	return &kgo.Record{Topic: ordersTopic, Key: []byte(key), Value: v, Headers: []kgo.RecordHeader{
-		{Key: transport.HeaderType, Value: []byte(env.Type)}, {Key: transport.HeaderEventID, Value: []byte(env.ID)}}}, env.ID
+		{Key: contract.HeaderType, Value: []byte(env.Type)}, {Key: contract.HeaderEventID, Value: []byte(env.ID)}}}, env.ID
 }
 
 func (w *world) publish(recs ...*kgo.Record) {
@@ -255,7 +254,7 @@ func TestHotRowsConcurrentBatchesNeverDeadlockAndStockIsExact(t *testing.T) {
 	}
 	parts := map[int32]bool{}
 	for _, r := range res {
-		s := byEvent[header(r.Record, transport.HeaderEventID)]
+		s := byEvent[header(r.Record, contract.HeaderEventID)]
 		s.partition, s.offset = r.Record.Partition, r.Record.Offset
 		parts[s.partition] = true
 	}
@@ -288,11 +287,11 @@ func TestHotRowsConcurrentBatchesNeverDeadlockAndStockIsExact(t *testing.T) {
 	dlq := kafkatest.ReadAll(t, w.b, ordersTopic+contract.DLQSuffix, int(st.DeadLettered), 30*time.Second)
 	refused := map[string]int{}
 	for _, r := range dlq {
-		ev, motiu := header(r, transport.HeaderEventID), header(r, transport.HeaderReason)
+		ev, motiu := header(r, contract.HeaderEventID), header(r, contract.HeaderReason)
 		refused[ev]++
 		s := byEvent[ev]
-		if s == nil || !strings.Contains(motiu, "estoc_insuficient: formatge-curat") || header(r, transport.HeaderAttempts) != "1" {
-			t.Errorf("dead letter %s: motiu %q intents %s", ev, motiu, header(r, transport.HeaderAttempts))
+		if s == nil || !strings.Contains(motiu, "estoc_insuficient: formatge-curat") || header(r, contract.HeaderAttempts) != "1" {
+			t.Errorf("dead letter %s: motiu %q intents %s", ev, motiu, header(r, contract.HeaderAttempts))
 			continue
 		}
 		if applied[ev] {
@@ -409,9 +408,9 @@ func TestBatchWithDuplicateAndShortOrderCommitsTheGoodOneAndDeadLettersTheShortO
 		t.Fatalf("%d batch calls with %d messages and %d single calls, want 1 with 2 and 0", batches.Load(), batchMsgs.Load(), singles.Load())
 	}
 	dl := kafkatest.ReadAll(t, w.b, ordersTopic+contract.DLQSuffix, 1, 30*time.Second)
-	if len(dl) != 1 || header(dl[0], transport.HeaderEventID) != shortID || header(dl[0], transport.HeaderAttempts) != "1" ||
-		!strings.HasPrefix(header(dl[0], transport.HeaderReason), "permanent: estoc_insuficient: formatge-curat (en queden 5, se'n demanen 6)") {
-		t.Fatalf("dead letters %d: %s intents %s motiu %q", len(dl), header(dl[0], transport.HeaderEventID), header(dl[0], transport.HeaderAttempts), header(dl[0], transport.HeaderReason))
+	if len(dl) != 1 || header(dl[0], contract.HeaderEventID) != shortID || header(dl[0], contract.HeaderAttempts) != "1" ||
+		!strings.HasPrefix(header(dl[0], contract.HeaderReason), "permanent: estoc_insuficient: formatge-curat (en queden 5, se'n demanen 6)") {
+		t.Fatalf("dead letters %d: %s intents %s motiu %q", len(dl), header(dl[0], contract.HeaderEventID), header(dl[0], contract.HeaderAttempts), header(dl[0], contract.HeaderReason))
 	}
 	for id, want := range map[string]int{shortID: 0, goodID: 1} {
 		if n := svctest.Count(t, w.pool, `SELECT count(*) FROM missatges_processats WHERE id_missatge = $1`, id); n != want {

@@ -17,13 +17,13 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/kafkatest"
-	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/requestreply"
+	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -121,10 +121,10 @@ func TestRogueApprovalCreatesAndChargesNothing(t *testing.T) {
 					}
 					body := []byte(`{"comanda_id":"P-2026-000990","aprovada":true}`)
 					rep := &kgo.Record{Topic: h[kafkarr.HeaderReplyTo], Value: body, Headers: []kgo.RecordHeader{
-						{Key: kafkarr.HeaderCorrelation, Value: []byte(h[kafkarr.HeaderCorrelation])}, {Key: requestreply.HeaderResult, Value: []byte(requestreply.ResultOK)}}}
+						{Key: contract.HeaderCorrelator, Value: []byte(h[contract.HeaderCorrelator])}, {Key: requestreply.HeaderResult, Value: []byte(requestreply.ResultOK)}}}
 					if key != nil {
 						rep.Headers = append(rep.Headers, kgo.RecordHeader{Key: requestreply.HeaderSignature, Value: []byte(requestreply.SignReply(key,
-							h[kafkarr.HeaderRequestID], h[kafkarr.HeaderCorrelation], h[kafkarr.HeaderReplyTo], requestreply.ResultOK, body))})
+							h[kafkarr.HeaderRequestID], h[contract.HeaderCorrelator], h[kafkarr.HeaderReplyTo], requestreply.ResultOK, body))})
 					}
 					if rogue.ProduceSync(ctx, rep).FirstErr() == nil {
 						answered.Add(1)
