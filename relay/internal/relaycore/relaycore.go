@@ -1,10 +1,17 @@
-package relay
+// Package relaycore is what the polling relay (package relay) and the CDC
+// relay (package relay/cdc) share, so that both publish the same records of
+// an outbox row, park the same way and exclude each other. It is internal:
+// none of it is API of either relay.
+package relaycore
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,9 +23,13 @@ import (
 	"github.com/km0/km0/transport"
 )
 
-// The parts of the polling relay another relay of the same outbox (the CDC
-// relay, package relay/cdc) shares with it, so that both publish the same
-// records, park the same way and exclude each other.
+// DB is where a relay's sessions go: the relay Config's Pool, DatabaseURL
+// and ApplicationName.
+type DB struct {
+	Pool            *pgxpool.Pool
+	DatabaseURL     string
+	ApplicationName string
+}
 
 // Sessions returns the pool a relay runs its statements on, cfg.Pool or a
 // pool of at most maxConns opened on cfg.DatabaseURL (owned: the caller
@@ -31,14 +42,15 @@ import (
 // pending row: past jit_above_cost, and then each claim spent ~100 ms
 // compiling for a scan of 2 ms. A relay's statements are small and run for
 // ever: no JIT. A DatabaseURL that does not parse is an error wrapping
-// ErrConfig that does not show it (it may hold a password).
-func Sessions(cfg Config, maxConns int32) (pool *pgxpool.Pool, owned bool, conn *pgx.ConnConfig, err error) {
+// errConfig (the relay's ErrConfig) that does not show it (it may hold a
+// password).
+func Sessions(cfg DB, maxConns int32, errConfig error) (pool *pgxpool.Pool, owned bool, conn *pgx.ConnConfig, err error) {
 	if cfg.Pool != nil {
 		pool, conn = cfg.Pool, cfg.Pool.Config().ConnConfig.Copy()
 	} else {
 		pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 		if err != nil {
-			return nil, false, nil, fmt.Errorf("%w: DatabaseURL does not parse (not shown: it may hold a password)", ErrConfig)
+			return nil, false, nil, fmt.Errorf("%w: DatabaseURL does not parse (not shown: it may hold a password)", errConfig)
 		}
 		pc.MaxConns = maxConns
 		if pool, err = pgxpool.NewWithConfig(context.Background(), pc); err != nil {
@@ -52,13 +64,22 @@ func Sessions(cfg Config, maxConns int32) (pool *pgxpool.Pool, owned bool, conn 
 	return pool, owned, conn, nil
 }
 
-// Encoder builds the broker records of outbox rows exactly as the relay does.
-type Encoder struct{ cfg Config }
+// Encoder builds the broker records of outbox rows, the same for both
+// relays.
+type Encoder struct{ cfg EncoderConfig }
 
-// NewEncoder returns the Encoder of cfg (with its defaults): it uses
-// Topic, Origin, Transform, MaxRecordBytes and Publisher (for its
-// transport.Checker).
-func NewEncoder(cfg Config) *Encoder { return &Encoder{cfg: cfg.WithDefaults()} }
+// EncoderConfig is what an Encoder takes of a relay's Config (with its
+// defaults applied).
+type EncoderConfig struct {
+	Topic          string
+	Origin         string
+	Transform      func(row *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error)
+	MaxRecordBytes int
+	Publisher      transport.Publisher // its transport.Checker, if any, refuses records
+}
+
+// NewEncoder returns the Encoder of cfg.
+func NewEncoder(cfg EncoderConfig) *Encoder { return &Encoder{cfg: cfg} }
 
 // Records returns the broker records of row, in order, or the reason to park
 // it: a Transform error or an empty result, an envelope that does not
@@ -73,7 +94,7 @@ func (enc *Encoder) Records(row *outbox.Row) ([]*transport.Message, string) {
 	if t := enc.cfg.Transform; t != nil {
 		var err error
 		if envs, err = t(row, env); err != nil {
-			return nil, clip("transform: " + err.Error())
+			return nil, Clip("transform: " + err.Error())
 		}
 		// No envelope is nothing for the broker to confirm: marking the
 		// row would lose its event (CONTRACT 4).
@@ -89,7 +110,7 @@ func (enc *Encoder) Records(row *outbox.Row) ([]*transport.Message, string) {
 		}
 		value, err := e.Encode()
 		if err != nil {
-			return nil, clip("envelope: " + err.Error())
+			return nil, Clip("envelope: " + err.Error())
 		}
 		m := &transport.Message{Topic: enc.cfg.Topic, Key: key, Value: value, Headers: []transport.Header{
 			{Key: contract.HeaderType, Value: e.Type}, {Key: contract.HeaderEventID, Value: e.ID}}}
@@ -97,7 +118,7 @@ func (enc *Encoder) Records(row *outbox.Row) ([]*transport.Message, string) {
 			m.Headers = append(m.Headers, transport.Header{Key: contract.HeaderCorrelator, Value: c})
 		}
 		m.Headers = outbox.AppendHeaders(m.Headers, row.Headers) // capcaleres, never over the contract's
-		if recordSize(m) > enc.cfg.MaxRecordBytes {
+		if RecordSize(m) > enc.cfg.MaxRecordBytes {
 			// JSONB comes back with a space after every ',' and ':', up to
 			// half again the size the outbox accepted: compact it before
 			// judging the record too large.
@@ -106,16 +127,16 @@ func (enc *Encoder) Records(row *outbox.Row) ([]*transport.Message, string) {
 				c := *e
 				c.Data = buf.Bytes()
 				if m.Value, err = c.Encode(); err != nil {
-					return nil, clip("envelope: " + err.Error())
+					return nil, Clip("envelope: " + err.Error())
 				}
 			}
 		}
-		if size := recordSize(m); size > enc.cfg.MaxRecordBytes {
+		if size := RecordSize(m); size > enc.cfg.MaxRecordBytes {
 			return nil, fmt.Sprintf("record of %d bytes is over the relay's limit of %d (MaxRecordBytes)", size, enc.cfg.MaxRecordBytes)
 		}
 		if c, ok := enc.cfg.Publisher.(transport.Checker); ok {
 			if err := c.Check(m); err != nil { // parked before a later row of its aggregate is sent
-				return nil, clip("broker: " + err.Error())
+				return nil, Clip("broker: " + err.Error())
 			}
 		}
 		out = append(out, m)
@@ -123,18 +144,89 @@ func (enc *Encoder) Records(row *outbox.Row) ([]*transport.Message, string) {
 	return out, ""
 }
 
+// MemberObjID is the low half of the advisory-lock key every polling relay
+// worker holds in shared mode while it is connected: counting its holders
+// counts the workers. Shard s uses low half s (0..63).
+const MemberObjID = 1 << 16
+
 // MemberLockKey is the session advisory lock (single-bigint form) every
 // polling relay worker of names holds in shared mode while it is connected.
 // A CDC relay of the same outbox holds it in exclusive mode while it streams,
 // so the two kinds never publish the same table at the same time: each waits
 // for the other to leave.
-func MemberLockKey(names migrate.Names) int64 { return lockKey(lockSpace(names), memberObjID) }
+func MemberLockKey(names migrate.Names) int64 { return LockKey(LockSpace(names), MemberObjID) }
 
 // ParkSQL is the statement that parks rows of names in <outbox>_aparcats:
 // $1 ids uuid[], $2 agregat_ids text[], $3 reasons text[]. A row parked
 // again gets the new reason.
-func ParkSQL(names migrate.Names) string { return newQueries(names, false).park }
+func ParkSQL(names migrate.Names) string {
+	n := names.WithDefaults()
+	parked := pgx.Identifier{n.Schema, n.Outbox + "_aparcats"}.Sanitize()
+	return "INSERT INTO " + parked + " (id, agregat_id, motiu) SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])" +
+		" ON CONFLICT (id) DO UPDATE SET motiu = EXCLUDED.motiu, aparcat_en = now()"
+}
 
-// Clip makes s storable as a parking reason (valid UTF-8 without NUL, at
-// most about 500 bytes).
-func Clip(s string) string { return clip(s) }
+// MarkSQL is the statement that marks the confirmed rows of table (quoted)
+// matching where: sets publicat_en, or with del deletes them
+// (Config.DeletePublished).
+func MarkSQL(table string, del bool, where string) string {
+	if del {
+		return "DELETE FROM " + table + " WHERE " + where
+	}
+	return "UPDATE " + table + " SET publicat_en = now() WHERE " + where
+}
+
+// LockSpace is the high half of the advisory-lock keys of one outbox table:
+// relays of different tables never contend. The single-bigint lock form
+// (objsubid 1 in pg_locks) keeps these keys apart from the per-aggregate
+// two-integer locks of the outbox trigger (objsubid 2).
+func LockSpace(n migrate.Names) uint32 {
+	n = n.WithDefaults()
+	h := fnv.New32a()
+	_, _ = h.Write([]byte("km0.relay:" + n.Schema + "." + n.Outbox))
+	return h.Sum32()
+}
+
+// LockKey is the bigint advisory-lock key of objID in space.
+func LockKey(space uint32, objID uint32) int64 {
+	return int64(uint64(space)<<32 | uint64(objID))
+}
+
+// correlation is the envelope's "correlacio" member (set on both copies of a
+// dual-published pair), or "".
+func correlation(e *envelope.Envelope) string {
+	raw, ok := e.Extra[contract.HeaderCorrelator]
+	if !ok {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// RecordSize is the bytes of m a broker counts: key, value and headers.
+func RecordSize(m *transport.Message) int {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// Clip makes s storable as motiu (TEXT): valid UTF-8 without NUL, cut on a
+// character boundary after at most 500 bytes. A reason PostgreSQL refuses
+// would fail the parking INSERT, and with it the whole batch, at every retry.
+func Clip(s string) string {
+	const n = 500
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
