@@ -105,10 +105,14 @@ func kafkaBroker(t *testing.T, brokers []string, sec []kgo.Opt, admCl *kgo.Clien
 		PublishRetryCopy: func(t testing.TB, m *transport.Message) {
 			produce(t, contract.RetryTopic(topic), []*transport.Message{m})
 		},
-		Source: func(*testing.T) transport.Source {
-			return kafka.NewSource(kafka.SourceConfig{Brokers: brokers, Group: group, Topics: []string{topic},
+		Source: func(t *testing.T) transport.Source {
+			src, err := kafka.NewSource(kafka.SourceConfig{Brokers: brokers, Group: group, Topics: []string{topic},
 				SessionTimeout: 6 * time.Second, NoCreateTopics: true,
 				KgoOpts: append([]kgo.Opt{kgo.FetchMaxWait(200 * time.Millisecond)}, sec...)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return src
 		},
 		DeadLetters: dlq.read,
 		Pending: func(t testing.TB) int {

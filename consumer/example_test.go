@@ -131,14 +131,19 @@ func Example() {
 		return
 	}
 
+	// The broker is the Source; the rest of Config is the same over
+	// RabbitMQ (amqp.NewSource, see the next example).
+	src, err := kafka.NewSource(kafka.SourceConfig{
+		Brokers: broker.Addrs(),
+		Group:   "inventari",
+		Topics:  []string{"comandes.esdeveniments"},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	c, err := consumer.New(consumer.Config{
-		// The broker is the Source; the rest of Config is the same over
-		// RabbitMQ (amqp.NewSource, see the next example).
-		Source: kafka.NewSource(kafka.SourceConfig{
-			Brokers: broker.Addrs(),
-			Group:   "inventari",
-			Topics:  []string{"comandes.esdeveniments"},
-		}),
+		Source: src,
 		Name:   "inventari.descompte_estoc", // the consumidor of missatges_processats
 		Pool:   db.Pool,
 		Names:  db.Names(),

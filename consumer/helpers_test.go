@@ -88,11 +88,22 @@ type testConfig struct {
 	Hooks faults.Consumer[*consumer.Message]
 }
 
-// build returns the consumer.Config, with its Kafka source.
-func (cfg testConfig) build() consumer.Config {
+// build returns the consumer.Config, with its Kafka source, or the error of
+// kafka.NewSource.
+func (cfg testConfig) build() (consumer.Config, error) {
 	c := cfg.Config
-	c.Source = kafka.NewSource(cfg.SourceConfig)
-	return c
+	src, err := kafka.NewSource(cfg.SourceConfig)
+	c.Source = src
+	return c, err
+}
+
+// newConsumer is consumer.New of cfg.build().
+func (cfg testConfig) newConsumer() (*consumer.Consumer, error) {
+	c, err := cfg.build()
+	if err != nil {
+		return nil, err
+	}
+	return consumer.New(c)
 }
 
 // config is a consumer config for the bundle with test-friendly timings.
@@ -121,7 +132,7 @@ type running struct {
 
 func (b *bundle) run(cfg testConfig) *running {
 	b.t.Helper()
-	c, err := consumer.New(cfg.build())
+	c, err := cfg.newConsumer()
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -102,10 +102,14 @@ func consumerChild(ctx context.Context) error {
 	if os.Getenv("KM0_LIVENESS_DEBUG") != "" {
 		kopts = append(kopts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelDebug, nil)))
 	}
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: []string{os.Getenv("KM0_LIVENESS_ADDR")}, Group: lvGroup,
+		Topics: []string{lvTopic}, SessionTimeout: session, KgoOpts: kopts})
+	if err != nil {
+		return err
+	}
 	c, err := consumer.New(consumer.Config{
-		Source: kafka.NewSource(kafka.SourceConfig{Brokers: []string{os.Getenv("KM0_LIVENESS_ADDR")}, Group: lvGroup,
-			Topics: []string{lvTopic}, SessionTimeout: session, KgoOpts: kopts}),
-		Name: lvName, Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")},
+		Source: src,
+		Name:   lvName, Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")},
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO efectes (id) VALUES ($1)`, m.Envelope.ID)
 			return err

@@ -67,8 +67,12 @@ func TestDualPublishedPairReachesAConsumerOnce(t *testing.T) {
 	}
 
 	var effects atomic.Int64
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: b.b.Addrs(), Group: "g", Topics: []string{topic}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := consumer.New(consumer.Config{
-		Source: kafka.NewSource(kafka.SourceConfig{Brokers: b.b.Addrs(), Group: "g", Topics: []string{topic}}),
+		Source: src,
 		Name:   "t.dual",
 		Pool:   b.s.Pool, Names: b.s.Names(), Types: []string{"comanda.creada"},
 		Handle: func(context.Context, pgx.Tx, *consumer.Message) error { effects.Add(1); return nil },

@@ -154,8 +154,12 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 			if _, err := direct.Exec(ctx, "CREATE TABLE aplicats (id TEXT PRIMARY KEY, n INT NOT NULL)"); err != nil {
 				t.Fatal(err)
 			}
+			src, err := kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "proves-" + mode, Topics: []string{topic}})
+			if err != nil {
+				t.Fatal(err)
+			}
 			cons, err := consumer.New(consumer.Config{
-				Source: kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "proves-" + mode, Topics: []string{topic}}),
+				Source: src,
 				Name:   "proves.aplica", Pool: pooledPool, Types: []string{"comanda.creada"},
 				Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					_, err := tx.Exec(ctx, "INSERT INTO aplicats VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = aplicats.n + 1", m.Envelope.ID)

@@ -110,15 +110,19 @@ type tp struct {
 
 var _ transport.Source = (*Source)(nil)
 
-// NewSource returns a Kafka source for cfg. It does not connect: the
-// consumer's Run does. consumer.New checks cfg (Validate).
-func NewSource(cfg SourceConfig) *Source {
+// NewSource checks cfg (with its defaults) and returns a Kafka source for
+// it, as amqp.NewSource does: an invalid cfg is an error naming every
+// problem. It does not connect: the consumer's Run does.
+func NewSource(cfg SourceConfig) (*Source, error) {
 	cfg = cfg.withDefaults()
 	s := &Source{cfg: cfg, retryOf: map[string]string{}, parts: map[tp]*partition{}, commitWake: make(chan struct{}, 1)}
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("kafka: source: %w", err)
+	}
 	for _, t := range cfg.Topics {
 		s.retryOf[contract.RetryTopic(t)] = t
 	}
-	return s
+	return s, nil
 }
 
 // Config returns the source's configuration, with its defaults.

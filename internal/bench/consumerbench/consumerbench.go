@@ -141,12 +141,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return err
 		}
 	}
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "bench", Topics: []string{topic},
+		TopicPartitions: int32(cfg.Partitions)})
+	if err != nil {
+		return Result{}, err
+	}
 	c, err := consumer.New(consumer.Config{
 		HandleBatch: handleBatch, Decode: cfg.Decode, Order: order,
-		Source: kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "bench", Topics: []string{topic},
-			TopicPartitions: int32(cfg.Partitions)}),
-		Name: "bench.consum",
-		Pool: pool, Names: migrate.Names{Schema: schema}, Types: []string{tipus},
+		Source: src,
+		Name:   "bench.consum",
+		Pool:   pool, Names: migrate.Names{Schema: schema}, Types: []string{tipus},
 		BatchSize: cfg.BatchSize, Concurrency: cfg.Concurrency, Logger: cfg.Logger,
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			first.CompareAndSwap(0, time.Now().UnixNano())

@@ -76,8 +76,12 @@ func (w *world) config() consumer.Config {
 
 // source is a new Kafka source of the consumer (a source runs once).
 func (w *world) source() *kafka.Source {
-	return kafka.NewSource(kafka.SourceConfig{Brokers: w.b.Addrs(), Group: inventari.ConsumerDecrement, Topics: []string{ordersTopic},
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: w.b.Addrs(), Group: inventari.ConsumerDecrement, Topics: []string{ordersTopic},
 		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(100 * time.Millisecond)}})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return src
 }
 
 // orderRecord is comanda.creada id with lines, keyed by key.
