@@ -49,8 +49,11 @@ func (b *bundle) runRefusingConsumer(t *testing.T) (applied func() []string) {
 		got []string
 	)
 	done := make(chan struct{})
-	src := kafka.NewSource(kafka.SourceConfig{Brokers: b.brokers, Group: "repartiment", Topics: []string{comandes},
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: b.brokers, Group: "repartiment", Topics: []string{comandes},
 		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := consumer.New(consumer.Config{Source: src, Pool: b.schema.Pool, Names: b.schema.Names(), Name: "repartiment.assignacio",
 		Inbox: inbox.New(inbox.Config{Names: b.schema.Names()}), Backoff: 20 * time.Millisecond,
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

@@ -35,7 +35,7 @@ func TestRabbitMQReplayAndPurge(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := amqptest.Name("t.console")
-	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{q, amqp.DLQName(q)} })
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{q, contract.DLQName(q)} })
 	if err := conn.Declare(ctx, amqp.WorkQueueTopology("", q, q, false)); err != nil {
 		t.Fatal(err)
 	}
@@ -54,9 +54,9 @@ func TestRabbitMQReplayAndPurge(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := &transport.Message{Topic: q, Key: []byte("P-1"), Value: val, Headers: []transport.Header{
-			{Key: transport.HeaderEventID, Value: id}, {Key: transport.HeaderType, Value: "comanda.creada"},
-			{Key: transport.HeaderAttempts, Value: "3"}, {Key: transport.HeaderReason, Value: "transitori esgotat: mapes: 503"},
-			{Key: amqp.HeaderOriginQueue, Value: q}, {Key: amqp.HeaderDeadAt, Value: contract.FormatTime(now)}}}
+			{Key: contract.HeaderEventID, Value: id}, {Key: contract.HeaderType, Value: "comanda.creada"},
+			{Key: contract.HeaderAttempts, Value: "3"}, {Key: contract.HeaderReason, Value: "transitori esgotat: mapes: 503"},
+			{Key: amqp.HeaderOriginQueue, Value: q}, {Key: contract.HeaderDeadAt, Value: contract.FormatTime(now)}}}
 		if err := dlx.Publish(ctx, []*transport.Message{m}); err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +87,7 @@ func TestRabbitMQReplayAndPurge(t *testing.T) {
 	if !strings.Contains(body, `<td class="num count">4</td>`) || !strings.Contains(body, "<th>queue</th>") {
 		t.Fatalf("overview on RabbitMQ:\n%s", body)
 	}
-	dlqName := amqp.DLQName(q)
+	dlqName := contract.DLQName(q)
 	class := "transitori esgotat: mapes"
 	ls, _ := svc.List(ctx, dlq.Filter{Limit: 10})
 	// Purge one, with the confirmation page offering no record deletion.

@@ -15,7 +15,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // TestCommitThatRacedACrashIsCounted: three partitions, one record each.
@@ -28,7 +28,7 @@ import (
 // so it is counted: Stats.Processed is 2, the effects committed are 2.
 func TestCommitThatRacedACrashIsCounted(t *testing.T) {
 	t.Parallel()
-	b := setupWith(t, kafka.EmbeddedConfig{Partitions: 3})
+	b := setupWith(t, kafkaembed.Config{Partitions: 3})
 	ctx := context.Background()
 	lockKey := rand.Int64()
 	schema := pgx.Identifier{b.s.Name}.Sanitize()

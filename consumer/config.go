@@ -231,12 +231,10 @@ func (cfg Config) validate() error {
 		if cfg.Mode == AtMostOnce {
 			bad("Order PerKey needs AtLeastOnce: a message is parked in the transaction that settles it")
 		}
-		if v, ok := cfg.Source.(interface{ KeyOrder() error }); ok {
-			if err := v.KeyOrder(); err != nil {
+		if cfg.Source != nil {
+			if err := cfg.Source.KeyOrder(); err != nil {
 				bad("Order PerKey: %v", err)
 			}
-		} else if cfg.Source != nil {
-			bad("Order PerKey: source %T does not say that it hands each key to one lane (no KeyOrder method)", cfg.Source)
 		}
 	}
 	if cfg.MaxAttempts < 1 {

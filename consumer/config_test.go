@@ -20,7 +20,7 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 			Handle: func(context.Context, pgx.Tx, *consumer.Message) error { return nil }},
 		SourceConfig: kafka.SourceConfig{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}},
 	}
-	if _, err := consumer.New(ok.build()); err != nil {
+	if _, err := ok.newConsumer(); err != nil {
 		t.Fatalf("valid config refused: %v", err)
 	}
 	for _, tc := range []struct {
@@ -49,21 +49,24 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 	} {
 		cfg := ok
 		tc.edit(&cfg)
-		_, err := consumer.New(cfg.build())
-		if !errors.Is(err, consumer.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("want an ErrConfig naming %q, got %v", tc.want, err)
+		// The source's own problems are kafka.NewSource's error; the
+		// consumer's are consumer.New's, wrapping ErrConfig.
+		_, serr := kafka.NewSource(cfg.SourceConfig)
+		_, err := cfg.newConsumer()
+		if err == nil || (serr == nil && !errors.Is(err, consumer.ErrConfig)) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("want an error naming %q (ErrConfig unless the source refused), got %v", tc.want, err)
 		}
 	}
 	if _, err := consumer.New(consumer.Config{Name: "n", Pool: pool, Handle: ok.Handle}); !errors.Is(err, consumer.ErrConfig) ||
 		!strings.Contains(err.Error(), "no Source") {
 		t.Errorf("want an ErrConfig naming the missing Source, got %v", err)
 	}
-	if d := kafka.NewSource(ok.SourceConfig).Config().SessionTimeout; d != kafka.SessionTimeoutDefault {
-		t.Errorf("default SessionTimeout %v, want %v", d, kafka.SessionTimeoutDefault)
+	if src, err := kafka.NewSource(ok.SourceConfig); err != nil || src.Config().SessionTimeout != kafka.SessionTimeoutDefault {
+		t.Errorf("default SessionTimeout: %v, want %v", err, kafka.SessionTimeoutDefault)
 	}
 	noInbox := ok
 	noInbox.Name, noInbox.NoInbox = "", true
-	if _, err := consumer.New(noInbox.build()); err != nil {
+	if _, err := noInbox.newConsumer(); err != nil {
 		t.Fatalf("NoInbox without Name refused: %v", err)
 	}
 }
@@ -77,7 +80,7 @@ func TestPerKeyNeedsTheKeyOrderMigrations(t *testing.T) {
 			Handle: func(context.Context, pgx.Tx, *consumer.Message) error { return nil }},
 		SourceConfig: kafka.SourceConfig{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}},
 	}
-	c, err := consumer.New(cfg.build())
+	c, err := cfg.newConsumer()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // TestConsumerConformance runs the consumer suite on the Kafka source,
@@ -27,7 +28,7 @@ import (
 func TestConsumerConformance(t *testing.T) {
 	brokers := kafka.SplitBrokers(os.Getenv("KM0_TEST_KAFKA_BROKERS"))
 	if len(brokers) == 0 {
-		brokers = kafkatest.NewWith(t, kafka.EmbeddedConfig{GroupMinSessionTimeout: time.Second}).Addrs()
+		brokers = kafkatest.NewWith(t, kafkaembed.Config{GroupMinSessionTimeout: time.Second}).Addrs()
 	}
 	runKafkaConformance(t, brokers, nil, 10_000)
 }
@@ -104,10 +105,14 @@ func kafkaBroker(t *testing.T, brokers []string, sec []kgo.Opt, admCl *kgo.Clien
 		PublishRetryCopy: func(t testing.TB, m *transport.Message) {
 			produce(t, contract.RetryTopic(topic), []*transport.Message{m})
 		},
-		Source: func(*testing.T) transport.Source {
-			return kafka.NewSource(kafka.SourceConfig{Brokers: brokers, Group: group, Topics: []string{topic},
+		Source: func(t *testing.T) transport.Source {
+			src, err := kafka.NewSource(kafka.SourceConfig{Brokers: brokers, Group: group, Topics: []string{topic},
 				SessionTimeout: 6 * time.Second, NoCreateTopics: true,
 				KgoOpts: append([]kgo.Opt{kgo.FetchMaxWait(200 * time.Millisecond)}, sec...)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return src
 		},
 		DeadLetters: dlq.read,
 		Pending: func(t testing.TB) int {

@@ -42,8 +42,8 @@ type Consumer struct {
 func New(cfg Config) (*Consumer, error) {
 	cfg = cfg.WithDefaults()
 	err := cfg.validate()
-	if v, ok := cfg.Source.(interface{ Validate() error }); ok {
-		if verr := v.Validate(); verr != nil {
+	if cfg.Source != nil {
+		if verr := cfg.Source.Validate(); verr != nil {
 			err = errors.Join(err, fmt.Errorf("%w: Source: %w", ErrConfig, verr))
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
@@ -16,6 +17,7 @@ import (
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // descompteEstoc is the inventari handler: decrement stock once per
@@ -50,7 +52,7 @@ func exampleEvents() []*transport.Message {
 		v := fmt.Sprintf(`{"id_esdeveniment":%q,"tipus":"comanda.creada","versio":1,"data_ms":1789000000000,"origen":"comandes",`+
 			`"dades":{"id":%q,"linies":[{"producte":"formatge-curat","quantitat":%d}]}}`, id, order, quantitat)
 		return &transport.Message{Key: []byte(order), Value: []byte(v), Headers: []transport.Header{
-			{Key: transport.HeaderType, Value: "comanda.creada"}, {Key: transport.HeaderEventID, Value: id}}}
+			{Key: contract.HeaderType, Value: "comanda.creada"}, {Key: contract.HeaderEventID, Value: id}}}
 	}
 	first := ev("6f1c9e2a-0000-4000-8000-000000000001", "P-2026-000123", 2)
 	return []*transport.Message{first, first, ev("6f1c9e2a-0000-4000-8000-000000000002", "P-2026-000124", 9),
@@ -108,7 +110,7 @@ func Example() {
 		return
 	}
 	defer drop()
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}})
+	broker, err := kafkaembed.Start(kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -129,14 +131,19 @@ func Example() {
 		return
 	}
 
+	// The broker is the Source; the rest of Config is the same over
+	// RabbitMQ (amqp.NewSource, see the next example).
+	src, err := kafka.NewSource(kafka.SourceConfig{
+		Brokers: broker.Addrs(),
+		Group:   "inventari",
+		Topics:  []string{"comandes.esdeveniments"},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	c, err := consumer.New(consumer.Config{
-		// The broker is the Source; the rest of Config is the same over
-		// RabbitMQ (amqp.NewSource, see the next example).
-		Source: kafka.NewSource(kafka.SourceConfig{
-			Brokers: broker.Addrs(),
-			Group:   "inventari",
-			Topics:  []string{"comandes.esdeveniments"},
-		}),
+		Source: src,
 		Name:   "inventari.descompte_estoc", // the consumidor of missatges_processats
 		Pool:   db.Pool,
 		Names:  db.Names(),

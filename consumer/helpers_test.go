@@ -26,6 +26,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 const (
@@ -39,7 +40,7 @@ const (
 type bundle struct {
 	t      *testing.T
 	s      *pgtest.Schema
-	b      *kafka.Embedded
+	b      *kafkaembed.Broker
 	pub    *kgo.Client
 	reg    *prometheus.Registry
 	logBuf *testlog.Buffer
@@ -48,11 +49,11 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	return setupWith(t, kafka.EmbeddedConfig{})
+	return setupWith(t, kafkaembed.Config{})
 }
 
 // setupWith is setup on a broker configured by cfg (its Topics are set here).
-func setupWith(t *testing.T, cfg kafka.EmbeddedConfig) *bundle {
+func setupWith(t *testing.T, cfg kafkaembed.Config) *bundle {
 	t.Helper()
 	s := pgtest.NewSchema(t)
 	ctx := context.Background()
@@ -87,11 +88,22 @@ type testConfig struct {
 	Hooks faults.Consumer[*consumer.Message]
 }
 
-// build returns the consumer.Config, with its Kafka source.
-func (cfg testConfig) build() consumer.Config {
+// build returns the consumer.Config, with its Kafka source, or the error of
+// kafka.NewSource.
+func (cfg testConfig) build() (consumer.Config, error) {
 	c := cfg.Config
-	c.Source = kafka.NewSource(cfg.SourceConfig)
-	return c
+	src, err := kafka.NewSource(cfg.SourceConfig)
+	c.Source = src
+	return c, err
+}
+
+// newConsumer is consumer.New of cfg.build().
+func (cfg testConfig) newConsumer() (*consumer.Consumer, error) {
+	c, err := cfg.build()
+	if err != nil {
+		return nil, err
+	}
+	return consumer.New(c)
 }
 
 // config is a consumer config for the bundle with test-friendly timings.
@@ -120,7 +132,7 @@ type running struct {
 
 func (b *bundle) run(cfg testConfig) *running {
 	b.t.Helper()
-	c, err := consumer.New(cfg.build())
+	c, err := cfg.newConsumer()
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/outcome"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // Poison in the key, not the payload: an id_esdeveniment PostgreSQL would
@@ -131,7 +131,7 @@ func TestOversizedHeaderNeverBlocksThePartition(t *testing.T) {
 // each copy became a header-only stub: its body was lost although it fit on
 // its own. Each is now sent again alone first and keeps its body.
 func TestCopiesThatFitAloneKeepTheirBodiesUnderASmallLimit(t *testing.T) {
-	b := setupWith(t, kafka.EmbeddedConfig{MaxMessageBytes: 10_000})
+	b := setupWith(t, kafkaembed.Config{MaxMessageBytes: 10_000})
 	const n = 10
 	values := map[string]bool{}
 	for i := range n { // one at a time: each fits the limit

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/km0/km0/consumer"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // lagOf returns km0_consumer_lag of (topic, partition 0) in reg, and
@@ -55,7 +55,7 @@ func gaugeOf(t *testing.T, reg *prometheus.Registry, metric, topic string) (floa
 // partition is no longer its own and the series are gone.
 func TestLagGaugeFollowsTheBacklog(t *testing.T) {
 	t.Parallel()
-	b := setupWith(t, kafka.EmbeddedConfig{Partitions: 1})
+	b := setupWith(t, kafkaembed.Config{Partitions: 1})
 	const n, first = 20, 5
 	evs := make([]event, n)
 	for i := range evs {

@@ -27,6 +27,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // The liveness proof runs the broker and the group members as separate OS
@@ -74,7 +75,7 @@ func brokerChild(ctx context.Context) error {
 	if os.Getenv("KM0_LIVENESS_DEBUG") != "" {
 		extra = append(extra, kfake.WithLogger(kfake.BasicLogger(os.Stderr, kfake.LogLevelDebug)))
 	}
-	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: os.Getenv("KM0_LIVENESS_ADDR"), DataDir: os.Getenv("KM0_LIVENESS_DATA"),
+	b, err := kafkaembed.Start(kafkaembed.Config{Addr: os.Getenv("KM0_LIVENESS_ADDR"), DataDir: os.Getenv("KM0_LIVENESS_DATA"),
 		Topics: []string{lvTopic}, GroupMinSessionTimeout: 100 * time.Millisecond, Extra: extra})
 	if err != nil {
 		return err
@@ -101,10 +102,14 @@ func consumerChild(ctx context.Context) error {
 	if os.Getenv("KM0_LIVENESS_DEBUG") != "" {
 		kopts = append(kopts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelDebug, nil)))
 	}
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: []string{os.Getenv("KM0_LIVENESS_ADDR")}, Group: lvGroup,
+		Topics: []string{lvTopic}, SessionTimeout: session, KgoOpts: kopts})
+	if err != nil {
+		return err
+	}
 	c, err := consumer.New(consumer.Config{
-		Source: kafka.NewSource(kafka.SourceConfig{Brokers: []string{os.Getenv("KM0_LIVENESS_ADDR")}, Group: lvGroup,
-			Topics: []string{lvTopic}, SessionTimeout: session, KgoOpts: kopts}),
-		Name: lvName, Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")},
+		Source: src,
+		Name:   lvName, Pool: pool, Names: migrate.Names{Schema: os.Getenv("KM0_LIVENESS_SCHEMA")},
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO efectes (id) VALUES ($1)`, m.Envelope.ID)
 			return err

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 
 	"go.opentelemetry.io/otel/trace"
@@ -15,11 +16,9 @@ import (
 // startSpan starts m's consumer span, the child of the trace context in its
 // headers, and returns the handler's ctx.
 func (c *Consumer) startSpan(ctx context.Context, m *Message) (context.Context, trace.Span) {
-	d := tracing.Delivery{System: c.system(), Destination: m.Topic, Group: c.cfg.Source.Label(),
-		MessageID: m.Envelope.ID, Partition: m.Partition, Offset: m.Offset}
-	if d.System == tracing.SystemRabbitMQ {
-		d.Destination, d.Group, d.RoutingKey = m.OriginalTopic, c.cfg.Name, m.Topic
-	}
+	n := c.cfg.Source.Span(m.Topic, m.OriginalTopic)
+	d := tracing.Delivery{System: n.System, Destination: n.Destination, Group: cmp.Or(n.Group, c.cfg.Name),
+		RoutingKey: n.RoutingKey, MessageID: m.Envelope.ID, Partition: m.Partition, Offset: m.Offset}
 	ctx, span := tracing.ConsumerContext(ctx, m.Message, d)
 	m.SetContext(ctx)
 	return ctx, span
@@ -42,7 +41,7 @@ func (c *Consumer) startBatchSpans(ctx context.Context, msgs []*Message) (contex
 	if len(msgs) == 1 {
 		ctx = mctx
 	} else {
-		d := tracing.Delivery{System: c.system(), Group: c.cfg.Source.Label(), Offset: -1}
+		d := tracing.Delivery{System: c.cfg.Source.Span("", "").System /* the broker only */, Group: c.cfg.Source.Label(), Offset: -1}
 		if len(msgs) > 0 { // one partition's messages
 			d.Destination, d.Partition = msgs[0].Topic, msgs[0].Partition
 		}
@@ -60,13 +59,4 @@ func (c *Consumer) startBatchSpans(ctx context.Context, msgs []*Message) (contex
 			tracing.End(batch, err)
 		}
 	}
-}
-
-// system is the messaging.system of the consumer's spans: what the Source
-// says (kafka.Source and amqp.Source implement MessagingSystem), else kafka.
-func (c *Consumer) system() string {
-	if s, ok := c.cfg.Source.(interface{ MessagingSystem() string }); ok {
-		return s.MessagingSystem()
-	}
-	return tracing.SystemKafka
 }

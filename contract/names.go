@@ -48,6 +48,10 @@ func WaitQueueName(queue string, delay time.Duration) string {
 const (
 	ReasonPermanent = "permanent: "
 	ReasonExhausted = "transitori esgotat: "
+	// ReasonBlockedBy starts the motiu of a message dead-lettered because
+	// its key's head is dead (consumer.PerKey, DeadLetterBlocked), followed
+	// by the head's id_esdeveniment (keyorder.BlockedReason).
+	ReasonBlockedBy = ReasonPermanent + "bloquejat_per_clau: behind "
 )
 
 // OtherClass is ReasonClass's class of a motiu with neither prefix.

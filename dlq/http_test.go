@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/transport"
 )
@@ -206,7 +207,7 @@ func TestAdminAPIBoundsTheRowsOfAListing(t *testing.T) {
 	letters := make([]*dlq.Letter, dlq.MaxListLimit+1)
 	for i := range letters {
 		letters[i] = dlq.NewLetter(comandesDLQ, 0, int64(i), now, &transport.Message{Value: []byte("{}"),
-			Headers: []transport.Header{{Key: transport.HeaderReason, Value: "permanent: esquema: x"}}})
+			Headers: []transport.Header{{Key: contract.HeaderReason, Value: "permanent: esquema: x"}}})
 	}
 	if added, err := b.store.Insert(b.ctx, letters); err != nil || len(added) != len(letters) {
 		t.Fatalf("insert: %d, %v", len(added), err)

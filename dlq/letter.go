@@ -28,23 +28,10 @@ import (
 	"github.com/km0/km0/transport"
 )
 
-// Headers a consumer writes on a dead letter (CONTRACT.md), besides
-// transport.HeaderAttempts (intents) and transport.HeaderReason (motiu).
-// The time headers are unix seconds (contract.ParseTime).
-const (
-	HeaderOriginalTopic     = contract.HeaderOriginalTopic
-	HeaderOriginalPartition = contract.HeaderOriginalPartition
-	HeaderOriginalOffset    = contract.HeaderOriginalOffset
-	HeaderFirstFailure      = contract.HeaderFirstFailure
-	HeaderConsumerGroup     = contract.HeaderGroup
-	HeaderOriginalTime      = contract.HeaderOriginalTime // the source record's timestamp
-	// HeaderReplayedFrom is added by Replay: the ID of the letter a record
-	// was republished from. Consumers may ignore it.
-	HeaderReplayedFrom = "reproduida_de"
-)
-
-// Suffix is the suffix of a dead-letter topic: `<topic>.dlq`.
-const Suffix = contract.DLQSuffix
+// HeaderReplayedFrom is added by Replay: the ID of the letter a record was
+// republished from. Consumers may ignore it. The headers a consumer writes
+// on a dead letter are package contract's (contract.CopyHeaders).
+const HeaderReplayedFrom = "reproduida_de"
 
 // State is where a letter stands in the index.
 type State string
@@ -112,6 +99,19 @@ type Letter struct {
 	// of the selection share this one's event and consumer (1: no
 	// duplicate); 0 elsewhere.
 	Copies int
+}
+
+// History returns the letter's attempt history (header historial_intents,
+// contract.ParseHistory): its last failed attempts, oldest first, each with
+// its error and time; nil when the letter carries none (a native RabbitMQ
+// dead letter, or one written before the header existed).
+func (l *Letter) History() []contract.FailedAttempt {
+	for _, h := range l.Headers {
+		if h.Key == contract.HeaderHistory {
+			return contract.ParseHistory(h.Value)
+		}
+	}
+	return nil
 }
 
 // Class returns the bounded reason class of the letter (contract.ReasonClass).
@@ -187,26 +187,26 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 		}
 	}()
 	h := func(k string) string { v, _ := m.Header(k); return v }
-	l.OriginalTopic = h(HeaderOriginalTopic)
+	l.OriginalTopic = h(contract.HeaderOriginalTopic)
 	if l.OriginalTopic == "" {
-		l.OriginalTopic = strings.TrimSuffix(topic, Suffix)
+		l.OriginalTopic = strings.TrimSuffix(topic, contract.DLQSuffix)
 	}
-	if v, err := strconv.ParseInt(h(HeaderOriginalPartition), 10, 32); err == nil && v >= 0 {
+	if v, err := strconv.ParseInt(h(contract.HeaderOriginalPartition), 10, 32); err == nil && v >= 0 {
 		l.OriginalPartition = int32(v)
 	}
-	if v, err := strconv.ParseInt(h(HeaderOriginalOffset), 10, 64); err == nil && v >= 0 {
+	if v, err := strconv.ParseInt(h(contract.HeaderOriginalOffset), 10, 64); err == nil && v >= 0 {
 		l.OriginalOffset = v
 	}
-	l.Reason = h(transport.HeaderReason)
+	l.Reason = h(contract.HeaderReason)
 	// Clamped to the INTEGER column: a value out of range parses as
 	// MaxInt64 (strconv.ErrRange), a negative one or garbage as 0.
-	if v, _ := strconv.ParseInt(h(transport.HeaderAttempts), 10, 64); v > 0 {
+	if v, _ := strconv.ParseInt(h(contract.HeaderAttempts), 10, 64); v > 0 {
 		l.Attempts = int(min(v, math.MaxInt32))
 	}
-	l.FirstFailure = unixSeconds(h(HeaderFirstFailure))
-	l.ConsumerGroup = h(HeaderConsumerGroup)
-	l.EventID = h(transport.HeaderEventID)
-	l.Type = h(transport.HeaderType)
+	l.FirstFailure = unixSeconds(h(contract.HeaderFirstFailure))
+	l.ConsumerGroup = h(contract.HeaderGroup)
+	l.EventID = h(contract.HeaderEventID)
+	l.Type = h(contract.HeaderType)
 	if e, err := envelope.Decode(m.Value); err == nil {
 		if l.EventID == "" {
 			l.EventID = e.ID
@@ -220,7 +220,7 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 	}
 	// data_ms is optional (and set by the producer): the source record's own
 	// timestamp also bounds when another group can have stored the key.
-	if t := unixSeconds(h(HeaderOriginalTime)); !t.IsZero() && (l.EventTime.IsZero() || t.Before(l.EventTime)) {
+	if t := unixSeconds(h(contract.HeaderOriginalTime)); !t.IsZero() && (l.EventTime.IsZero() || t.Before(l.EventTime)) {
 		l.EventTime = t
 	}
 	return l
@@ -259,9 +259,9 @@ func replayHeaders(h []transport.Header, letterID string) []transport.Header {
 	out := make([]transport.Header, 0, len(h)+1)
 	for _, x := range h {
 		switch x.Key {
-		case transport.HeaderAttempts, transport.HeaderNotBefore, transport.HeaderLastError,
-			transport.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition,
-			HeaderOriginalOffset, HeaderFirstFailure, HeaderConsumerGroup, HeaderOriginalTime, HeaderReplayedFrom,
+		case contract.HeaderAttempts, contract.HeaderNotBefore, contract.HeaderLastError,
+			contract.HeaderReason, contract.HeaderOriginalTopic, contract.HeaderOriginalPartition,
+			contract.HeaderOriginalOffset, contract.HeaderFirstFailure, contract.HeaderGroup, contract.HeaderOriginalTime, HeaderReplayedFrom,
 			contract.HeaderDeadAt:
 			continue
 		}
@@ -277,15 +277,15 @@ func replayMessage(l *Letter) *transport.Message {
 	m := &transport.Message{Topic: l.OriginalTopic, Key: l.Key, Value: l.Value,
 		Headers: replayHeaders(l.Headers, l.ID)}
 	if l.ConsumerGroup != "" {
-		m.SetHeader(HeaderConsumerGroup, l.ConsumerGroup)
+		m.SetHeader(contract.HeaderGroup, l.ConsumerGroup)
 	}
 	// A letter whose headers lost tipus/id_esdeveniment still carries them in
 	// the envelope; put them back so consumers can filter on headers.
-	if _, ok := m.Header(transport.HeaderType); !ok && l.Type != "" {
-		m.SetHeader(transport.HeaderType, l.Type)
+	if _, ok := m.Header(contract.HeaderType); !ok && l.Type != "" {
+		m.SetHeader(contract.HeaderType, l.Type)
 	}
-	if _, ok := m.Header(transport.HeaderEventID); !ok && l.EventID != "" {
-		m.SetHeader(transport.HeaderEventID, l.EventID)
+	if _, ok := m.Header(contract.HeaderEventID); !ok && l.EventID != "" {
+		m.SetHeader(contract.HeaderEventID, l.EventID)
 	}
 	return m
 }

@@ -43,9 +43,9 @@ func TestMixedBackendIndexesReplaysAndPurgesOnEachBroker(t *testing.T) {
 	id, now := uuid.NewString(), time.Now()
 	shard := amqp.ShardQueueName(queue, 1)
 	if err := dlx.Publish(ctx, []*transport.Message{{Topic: queue, Key: []byte("P-2026-000002"), Value: event(t, id, now),
-		Headers: []transport.Header{{Key: transport.HeaderEventID, Value: id}, {Key: transport.HeaderType, Value: "comanda.creada"},
-			{Key: transport.HeaderAttempts, Value: "3"}, {Key: transport.HeaderReason, Value: "transitori esgotat: mapes: 503"},
-			{Key: amqp.HeaderOriginQueue, Value: shard}, {Key: amqp.HeaderDeadAt, Value: contract.FormatTime(now)}}}}); err != nil {
+		Headers: []transport.Header{{Key: contract.HeaderEventID, Value: id}, {Key: contract.HeaderType, Value: "comanda.creada"},
+			{Key: contract.HeaderAttempts, Value: "3"}, {Key: contract.HeaderReason, Value: "transitori esgotat: mapes: 503"},
+			{Key: amqp.HeaderOriginQueue, Value: shard}, {Key: contract.HeaderDeadAt, Value: contract.FormatTime(now)}}}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -75,7 +75,7 @@ func TestMixedBackendIndexesReplaysAndPurgesOnEachBroker(t *testing.T) {
 	}
 	var rabbitID string
 	for _, l := range ls.Letters {
-		if l.Topic == amqp.DLQName(queue) {
+		if l.Topic == contract.DLQName(queue) {
 			rabbitID = l.ID
 			if l.OriginalTopic != shard {
 				t.Fatalf("RabbitMQ letter's original queue %q, want %q", l.OriginalTopic, shard)
@@ -83,7 +83,7 @@ func TestMixedBackendIndexesReplaysAndPurgesOnEachBroker(t *testing.T) {
 		}
 	}
 	if rabbitID == "" {
-		t.Fatalf("no letter of %s in %+v", amqp.DLQName(queue), ls.Letters)
+		t.Fatalf("no letter of %s in %+v", contract.DLQName(queue), ls.Letters)
 	}
 
 	before := b.records(t, comandesRetry)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/pgerr"
 	"github.com/km0/km0/outcome"
 )
@@ -163,8 +164,8 @@ func refusedWhere(f Filter, args *[]any) string {
 		return ""
 	}
 	t := f.Topic
-	if !strings.HasSuffix(t, Suffix) {
-		t += Suffix
+	if !strings.HasSuffix(t, contract.DLQSuffix) {
+		t += contract.DLQSuffix
 	}
 	*args = append(*args, t)
 	return " WHERE topic = $1"

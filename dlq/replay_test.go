@@ -3,15 +3,17 @@ package dlq_test
 import (
 	"bytes"
 	"errors"
-	"github.com/google/uuid"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/kafkatest"
@@ -35,7 +37,7 @@ func TestReplayRepublishesSameEventAndInboxAbsorbsDuplicate(t *testing.T) {
 	ib := inbox.New(inbox.Config{Names: b.schema.Names()})
 	apply := func(consumer string, m *transport.Message) inbox.Result {
 		t.Helper()
-		id, _ := m.Header(transport.HeaderEventID)
+		id, _ := m.Header(contract.HeaderEventID)
 		res, err := ib.Process(ctx, b.schema.Pool, consumer, id, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "INSERT INTO efectes VALUES ($1, $2)", consumer, id)
 			return err
@@ -357,7 +359,7 @@ func TestPurgeDoesNotLoadTheLettersBytes(t *testing.T) {
 	letters := make([]*dlq.Letter, 200)
 	for i := range letters {
 		letters[i] = dlq.NewLetter(comandesDLQ, 0, int64(i), now, &transport.Message{Value: value,
-			Headers: []transport.Header{{Key: transport.HeaderReason, Value: "permanent: esquema: x"}}})
+			Headers: []transport.Header{{Key: contract.HeaderReason, Value: "permanent: esquema: x"}}})
 	}
 	for i := 0; i < len(letters); i += 20 {
 		if _, err := b.store.Insert(b.ctx, letters[i:i+20]); err != nil {

@@ -41,8 +41,11 @@ func (b *bundle) runGroup(t *testing.T, group string, failing bool) *groupConsum
 	t.Helper()
 	g := &groupConsumer{group: group, applied: map[string]int{}}
 	g.failing.Store(failing)
-	src := kafka.NewSource(kafka.SourceConfig{Brokers: b.broker.Addrs(), Group: group, Topics: []string{comandes},
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: b.broker.Addrs(), Group: group, Topics: []string{comandes},
 		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := consumer.New(consumer.Config{Source: src, Pool: b.schema.Pool, Names: b.schema.Names(), Name: group + ".efecte",
 		Inbox: inbox.New(inbox.Config{Names: b.schema.Names()}), Backoff: 20 * time.Millisecond,
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

@@ -53,8 +53,11 @@ func TestEditAndReplayClearsABlockedHeadInOrder(t *testing.T) {
 	const name = "repartiment.assignacio"
 	var mu sync.Mutex
 	var applied []string
-	src := kafka.NewSource(kafka.SourceConfig{Brokers: b.broker.Addrs(), Group: "repartiment", Topics: []string{comandes},
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: b.broker.Addrs(), Group: "repartiment", Topics: []string{comandes},
 		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := consumer.New(consumer.Config{Source: src, Pool: b.schema.Pool, Names: b.schema.Names(), Name: name,
 		Inbox: inbox.New(inbox.Config{Names: b.schema.Names()}), Order: consumer.PerKey, Backoff: 20 * time.Millisecond,
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

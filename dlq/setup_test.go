@@ -20,7 +20,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 const (
@@ -38,7 +38,7 @@ type bundle struct {
 	ctx     context.Context
 	schema  *pgtest.Schema
 	store   *dlq.Store
-	broker  *kafka.Embedded
+	broker  *kafkaembed.Broker
 	client  *kgo.Client
 	adm     *kadm.Client
 	backend *kafkadlq.Backend

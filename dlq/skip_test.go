@@ -157,8 +157,11 @@ func checkSkip(t *testing.T, k skipCase) {
 
 func TestSkipReleasesTheSequenceBehindAPoisonedHeadOnKafka(t *testing.T) {
 	b := setup(t)
-	src := kafka.NewSource(kafka.SourceConfig{Brokers: b.broker.Addrs(), Group: "repartiment", Topics: []string{comandes},
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: b.broker.Addrs(), Group: "repartiment", Topics: []string{comandes},
 		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	checkSkip(t, skipCase{ctx: b.ctx, db: b.schema, svc: b.svc, src: src, pub: kafka.NewPublisher(b.client), topic: comandes})
 }
 

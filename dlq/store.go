@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport"
 )
@@ -120,7 +121,7 @@ func (f Filter) where(args *[]any) string {
 		return "$" + strconv.Itoa(len(*args))
 	}
 	if f.Topic != "" {
-		if strings.HasSuffix(f.Topic, Suffix) {
+		if strings.HasSuffix(f.Topic, contract.DLQSuffix) {
 			conds = append(conds, "topic = "+arg(f.Topic))
 		} else {
 			conds = append(conds, "topic_original = "+arg(f.Topic))

@@ -61,6 +61,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/migrate"
 )
 
@@ -509,7 +510,7 @@ func (s *Store) Skip(ctx context.Context, tx pgx.Tx, consumer, key, headID, lett
 // BlockedReason is the motiu of a message dead-lettered as blocked by its
 // key's head: permanent (replaying it alone re-parks it; replay the head).
 func BlockedReason(headID string) string {
-	return clip("permanent: bloquejat_per_clau: behind " + headID)
+	return clip(contract.ReasonBlockedBy + headID)
 }
 
 // Sequence returns key's head and the messages behind it, in order, for

@@ -11,6 +11,7 @@ import (
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 	"github.com/km0/km0/transport/kafka/kafkalag"
 )
 
@@ -22,7 +23,7 @@ func ExampleMeasurer() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const topic = "comandes.esdeveniments"
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Partitions: 1, Topics: []string{topic}})
+	broker, err := kafkaembed.Start(kafkaembed.Config{Partitions: 1, Topics: []string{topic}})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -106,17 +106,14 @@ var Outbox = Set{Name: "outbox", FS: coreFS, Dir: "sql/outbox"}
 // Inbox is the set that creates missatges_processats of CONTRACT.md.
 var Inbox = Set{Name: "inbox", FS: coreFS, Dir: "sql/inbox"}
 
-// DBTX is what Up needs (contract.Beginner): a pool, a connection or a
-// transaction.
-type DBTX = contract.Beginner
-
 // lockKey is the advisory lock that serialises concurrent migrators.
 const lockKey int64 = 0x6b6d305f6d6967 // "km0_mig"
 
 // Up applies every pending file of sets, in order, and returns how many it
 // applied. It creates the schema if absent. It is safe to run twice and
 // concurrently. An error leaves the failing file unapplied and unrecorded.
-func Up(ctx context.Context, db DBTX, names Names, sets ...Set) (int, error) {
+// db is a pool, a connection or a transaction (contract.Beginner).
+func Up(ctx context.Context, db contract.Beginner, names Names, sets ...Set) (int, error) {
 	names = names.WithDefaults()
 	if err := names.Validate(); err != nil {
 		return 0, err
@@ -202,7 +199,7 @@ func recordName(set Set, files []file, names Names) (string, error) {
 	return name, nil
 }
 
-func applyOne(ctx context.Context, db DBTX, names Names, set Set, conjunt string, f file, repl *strings.Replacer) (bool, error) {
+func applyOne(ctx context.Context, db contract.Beginner, names Names, set Set, conjunt string, f file, repl *strings.Replacer) (bool, error) {
 	body, err := fs.ReadFile(set.FS, path.Join(set.Dir, f.name))
 	if err != nil {
 		return false, err

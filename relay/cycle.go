@@ -2,19 +2,16 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay/internal/relaycore"
 	"github.com/km0/km0/transport"
 )
 
@@ -279,28 +276,6 @@ func (w *worker) records(row *outbox.Row) ([]*transport.Message, string) {
 	return w.r.enc.Records(row)
 }
 
-// correlation is the envelope's "correlacio" member (set on both copies of a
-// dual-published pair), or "".
-func correlation(e *envelope.Envelope) string {
-	raw, ok := e.Extra[transport.HeaderCorrelator]
-	if !ok {
-		return ""
-	}
-	var s string
-	if json.Unmarshal(raw, &s) != nil {
-		return ""
-	}
-	return s
-}
-
-func recordSize(m *transport.Message) int {
-	n := len(m.Key) + len(m.Value)
-	for _, h := range m.Headers {
-		n += len(h.Key) + len(h.Value)
-	}
-	return n
-}
-
 // publish hands msgs to the broker and waits for every confirmation, at most
 // PublishTimeout.
 func (w *worker) publish(ctx context.Context, msgs []*transport.Message) error {
@@ -373,18 +348,5 @@ func (w *worker) mark(ctx context.Context, rows []outbox.Row, done []pgtype.TID,
 	return br.Close()
 }
 
-// clip makes s storable as motiu (TEXT): valid UTF-8 without NUL, cut on a
-// character boundary after at most 500 bytes. A reason PostgreSQL refuses
-// would fail the parking INSERT, and with it the whole batch, at every retry.
-func clip(s string) string {
-	const n = 500
-	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
+// clip makes s storable as motiu (relaycore.Clip).
+func clip(s string) string { return relaycore.Clip(s) }

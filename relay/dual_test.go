@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/schema"
@@ -55,10 +56,10 @@ func TestDualPublishedPairReachesAConsumerOnce(t *testing.T) {
 		for _, h := range rec.Headers {
 			m.SetHeader(h.Key, string(h.Value))
 		}
-		if c, _ := m.Header(transport.HeaderCorrelator); c != e.ID.String() {
+		if c, _ := m.Header(contract.HeaderCorrelator); c != e.ID.String() {
 			t.Fatalf("record without the pair's correlacio header: %v", rec.Headers)
 		}
-		id, _ := m.Header(transport.HeaderEventID)
+		id, _ := m.Header(contract.HeaderEventID)
 		ids[id] = true
 	}
 	if len(recs) != 2 || len(ids) != 2 {
@@ -66,8 +67,12 @@ func TestDualPublishedPairReachesAConsumerOnce(t *testing.T) {
 	}
 
 	var effects atomic.Int64
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: b.b.Addrs(), Group: "g", Topics: []string{topic}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := consumer.New(consumer.Config{
-		Source: kafka.NewSource(kafka.SourceConfig{Brokers: b.b.Addrs(), Group: "g", Topics: []string{topic}}),
+		Source: src,
 		Name:   "t.dual",
 		Pool:   b.s.Pool, Names: b.s.Names(), Types: []string{"comanda.creada"},
 		Handle: func(context.Context, pgx.Tx, *consumer.Message) error { effects.Add(1); return nil },

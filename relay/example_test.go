@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // A relay for the comandes service publishes every committed outbox row to
@@ -33,7 +34,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}})
+	broker, err := kafkaembed.Start(kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 const topic = "comandes.esdeveniments"
@@ -27,17 +28,17 @@ const topic = "comandes.esdeveniments"
 // topic, a publisher and an outbox writer.
 type bundle struct {
 	s   *pgtest.Schema
-	b   *kafka.Embedded
+	b   *kafkaembed.Broker
 	pub *kafka.Publisher
 	ob  *outbox.Outbox
 }
 
 func setup(t testing.TB) *bundle {
 	t.Helper()
-	return setupWith(t, kafka.EmbeddedConfig{Topics: []string{topic}})
+	return setupWith(t, kafkaembed.Config{Topics: []string{topic}})
 }
 
-func setupWith(t testing.TB, kcfg kafka.EmbeddedConfig, opts ...kgo.Opt) *bundle {
+func setupWith(t testing.TB, kcfg kafkaembed.Config, opts ...kgo.Opt) *bundle {
 	t.Helper()
 	s := pgtest.NewMigratedSchema(t)
 	b := kafkatest.NewWith(t, kcfg)

@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // big is a payload of about n bytes.
@@ -99,7 +100,7 @@ func TestOversizedRowIsParkedAndItsAggregateWaits(t *testing.T) {
 // back unsent.
 func TestRowRefusedByTheBrokerIsParked(t *testing.T) {
 	t.Parallel()
-	b := setupWith(t, kafka.EmbeddedConfig{Topics: []string{topic}}, kgo.ProducerBatchMaxBytes(5000))
+	b := setupWith(t, kafkaembed.Config{Topics: []string{topic}}, kgo.ProducerBatchMaxBytes(5000))
 	ctx := context.Background()
 	cfg := b.config()
 	cfg.BatchSize = 400 // chunks of 100 rows

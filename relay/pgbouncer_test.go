@@ -24,6 +24,7 @@ import (
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // Behind Debian's PgBouncer (1.18 on bookworm) in front of a private
@@ -65,7 +66,7 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(b.Stop)
-			broker := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{topic}})
+			broker := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{topic}})
 			ob := outbox.New(outbox.Config{})
 			writers := relaytest.NewWriters(t, direct, ob, 8)
 
@@ -153,8 +154,12 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 			if _, err := direct.Exec(ctx, "CREATE TABLE aplicats (id TEXT PRIMARY KEY, n INT NOT NULL)"); err != nil {
 				t.Fatal(err)
 			}
+			src, err := kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "proves-" + mode, Topics: []string{topic}})
+			if err != nil {
+				t.Fatal(err)
+			}
 			cons, err := consumer.New(consumer.Config{
-				Source: kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "proves-" + mode, Topics: []string{topic}}),
+				Source: src,
 				Name:   "proves.aplica", Pool: pooledPool, Types: []string{"comanda.creada"},
 				Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					_, err := tx.Exec(ctx, "INSERT INTO aplicats VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = aplicats.n + 1", m.Envelope.ID)

@@ -34,6 +34,7 @@ import (
 
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/pause"
+	"github.com/km0/km0/relay/internal/relaycore"
 )
 
 // probes returns the crash points and test probes ctx carries (package
@@ -56,7 +57,7 @@ type Relay struct {
 	stats    *pgxpool.Pool
 	ownPool  bool
 	q        queries
-	enc      *Encoder
+	enc      *relaycore.Encoder
 	space    uint32
 	m        *metrics
 	workers  []*worker
@@ -76,9 +77,9 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished), enc: &Encoder{cfg: cfg}, space: lockSpace(cfg.Names)}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished), enc: newEncoder(cfg), space: lockSpace(cfg.Names)}
 	var err error
-	if r.stats, r.ownPool, r.connCfg, err = Sessions(cfg, 1); err != nil {
+	if r.stats, r.ownPool, r.connCfg, err = relaycore.Sessions(relaycore.DB{Pool: cfg.Pool, DatabaseURL: cfg.DatabaseURL, ApplicationName: cfg.ApplicationName}, 1, ErrConfig); err != nil {
 		if errors.Is(err, ErrConfig) {
 			return nil, err
 		}
@@ -322,4 +323,11 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 			r.wakeAll()
 		}
 	}
+}
+
+// newEncoder returns the record encoder of cfg (with its defaults), the one
+// the CDC relay builds too (relaycore.NewEncoder).
+func newEncoder(cfg Config) *relaycore.Encoder {
+	return relaycore.NewEncoder(relaycore.EncoderConfig{Topic: cfg.Topic, Origin: cfg.Origin, Transform: cfg.Transform,
+		MaxRecordBytes: cfg.MaxRecordBytes, Publisher: cfg.Publisher})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/faults"
@@ -66,7 +67,7 @@ func TestPublishesEnvelopeWithKeyAndHeadersThenMarks(t *testing.T) {
 		for _, h := range rec.Headers {
 			hdr[h.Key] = string(h.Value)
 		}
-		if !ids[env.ID] || hdr[transport.HeaderEventID] != env.ID || hdr[transport.HeaderType] != "comanda.creada" ||
+		if !ids[env.ID] || hdr[contract.HeaderEventID] != env.ID || hdr[contract.HeaderType] != "comanda.creada" ||
 			env.Origin != "comandes" || env.Version != 1 || env.TimeMS == 0 || !strings.HasPrefix(string(rec.Key), "P-") {
 			t.Fatalf("bad record: key %s headers %v envelope %+v", rec.Key, hdr, env)
 		}

@@ -1,12 +1,12 @@
 package relay
 
 import (
-	"hash/fnv"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/migrate"
+	"github.com/km0/km0/relay/internal/relaycore"
 )
 
 // NotifyChannel is the channel the outbox trigger notifies at commit, with the
@@ -17,22 +17,12 @@ const NotifyChannel = "km0_outbox"
 // relay instance; see ShardCount.
 const shardExpr = "((hashtext(o.agregat_id) & 2147483647) % 64)"
 
-// memberObjID is the low half of the advisory-lock key every worker holds in
-// shared mode while it is connected: counting its holders counts the workers.
-// Shard s uses low half s (0..63).
-const memberObjID = 1 << 16
+// memberObjID, lockSpace and lockKey name the advisory locks of the relay
+// workers (relaycore, shared with the CDC relay).
+const memberObjID = relaycore.MemberObjID
 
-// MarkSQL is the statement that marks the confirmed rows of table (quoted)
-// matching where: sets publicat_en, or with del deletes them
-// (Config.DeletePublished).
-func MarkSQL(table string, del bool, where string) string { return markSQL(table, del, where) }
-
-func markSQL(table string, del bool, where string) string {
-	if del {
-		return "DELETE FROM " + table + " WHERE " + where
-	}
-	return "UPDATE " + table + " SET publicat_en = now() WHERE " + where
-}
+func lockSpace(n migrate.Names) uint32         { return relaycore.LockSpace(n) }
+func lockKey(space uint32, objID uint32) int64 { return relaycore.LockKey(space, objID) }
 
 // queries are the statements of one outbox table.
 type queries struct {
@@ -84,9 +74,8 @@ func newQueries(n migrate.Names, del bool) queries {
 		// By ctid: the claim locked these row versions FOR UPDATE in the same
 		// transaction, so their ctids cannot change before this UPDATE; a TID
 		// scan costs a quarter of 1,000 primary-key probes.
-		mark: markSQL(table, del, "ctid = ANY($1::tid[])"),
-		park: "INSERT INTO " + parked + " (id, agregat_id, motiu) SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])" +
-			" ON CONFLICT (id) DO UPDATE SET motiu = EXCLUDED.motiu, aparcat_en = now()",
+		mark: relaycore.MarkSQL(table, del, "ctid = ANY($1::tid[])"),
+		park: relaycore.ParkSQL(n),
 		lag: "SELECT count(*), coalesce(extract(epoch FROM now() - min(creat_en)), 0)::float8 FROM " + table +
 			" WHERE publicat_en IS NULL",
 		members: `SELECT count(*) FILTER (WHERE objid = $2::bigint::oid),
@@ -102,20 +91,4 @@ func newQueries(n migrate.Names, del bool) queries {
 		size:        "SELECT pg_total_relation_size($1::text::regclass)",
 		name:        table,
 	}
-}
-
-// lockSpace is the high half of the advisory-lock keys of one outbox table:
-// relays of different tables never contend. The single-bigint lock form
-// (objsubid 1 in pg_locks) keeps these keys apart from the per-aggregate
-// two-integer locks of the outbox trigger (objsubid 2).
-func lockSpace(n migrate.Names) uint32 {
-	n = n.WithDefaults()
-	h := fnv.New32a()
-	_, _ = h.Write([]byte("km0.relay:" + n.Schema + "." + n.Outbox))
-	return h.Sum32()
-}
-
-// lockKey is the bigint advisory-lock key of objID in space.
-func lockKey(space uint32, objID uint32) int64 {
-	return int64(uint64(space)<<32 | uint64(objID))
 }

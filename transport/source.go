@@ -33,6 +33,29 @@ type Source interface {
 	// Label names the source in logs and metrics (label grup): the Kafka
 	// consumer group, or the RabbitMQ work queue.
 	Label() string
+	// Validate reports what is wrong with the source's configuration, nil
+	// when nothing is: consumer.New fails with it (wrapped in
+	// consumer.ErrConfig) before anything connects.
+	Validate() error
+	// KeyOrder reports whether every message of one key reaches one lane,
+	// in its order (consumer.PerKey relies on it): nil if so, else why not
+	// (a RabbitMQ plain queue with several workers).
+	KeyOrder() error
+	// Span names a delivery in the consumer's trace span (OpenTelemetry
+	// messaging attributes): topic is its Message.Topic (the Kafka topic it
+	// was read from, the RabbitMQ routing key), origin its Delivery.Origin.
+	Span(topic, origin string) SpanNames
+}
+
+// SpanNames are the messaging attributes of a consumer span, as the source
+// of the delivery spells them (Source.Span).
+type SpanNames struct {
+	System      string // messaging.system: "kafka", "rabbitmq"
+	Destination string // messaging.destination.name: the topic or the queue read
+	// Group is messaging.consumer.group.name; "" names the consumer
+	// (consumer.Config.Name), as on RabbitMQ, which has no groups.
+	Group      string
+	RoutingKey string // messaging.rabbitmq.destination.routing_key; "" on Kafka
 }
 
 // Pipeline is what a Source drives: the broker-neutral half of a consumer,

@@ -8,20 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/km0/km0/contract"
-)
-
-// Header names of CONTRACT.md (package contract has them all, with the
-// encoding of the time headers).
-const (
-	HeaderType       = contract.HeaderType
-	HeaderEventID    = contract.HeaderEventID
-	HeaderAttempts   = contract.HeaderAttempts
-	HeaderNotBefore  = contract.HeaderNotBefore
-	HeaderLastError  = contract.HeaderLastError
-	HeaderReason     = contract.HeaderReason
-	HeaderCorrelator = contract.HeaderCorrelator
 )
 
 // Header is one message header.

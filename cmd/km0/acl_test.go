@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // km0 acl --apply creates every ACL of system.RequiredACLs on a cluster
@@ -21,7 +22,7 @@ import (
 // password from the environment); a second run changes nothing.
 func TestACLCommandApplies(t *testing.T) {
 	pass := rand.Text()
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Extra: []kfake.Opt{kfake.EnableSASL(), kfake.EnableACLs(), kfake.Superuser(kafka.SASLScramSHA512, "admin", pass)}})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Extra: []kfake.Opt{kfake.EnableSASL(), kfake.EnableACLs(), kfake.Superuser(kafka.SASLScramSHA512, "admin", pass)}})
 	t.Setenv("KM0_KAFKA_SASL_PASSWORD", pass)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
@@ -79,7 +79,7 @@ func TestUpConsoleListsTheSystemsRabbitMQDeadLetters(t *testing.T) {
 				t.Fatalf("order: %d", resp.StatusCode)
 			}
 
-			dlqName := amqp.DLQName(prefix + "inventari.descompte_estoc")
+			dlqName := contract.DLQName(prefix + "inventari.descompte_estoc")
 			get := func(path string) (int, string) {
 				req, _ := http.NewRequest(http.MethodGet, "http://"+console+path, nil)
 				if strings.HasPrefix(path, "/dlq/") {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
@@ -90,7 +91,7 @@ func (r *rabbitDLQ) publish(key string) string {
 	}
 	defer pub.Close() //nolint:errcheck
 	m := &transport.Message{Topic: r.queue, Key: []byte(key), Value: b, Headers: []transport.Header{
-		{Key: transport.HeaderType, Value: e.Type}, {Key: transport.HeaderEventID, Value: e.ID}}}
+		{Key: contract.HeaderType, Value: e.Type}, {Key: contract.HeaderEventID, Value: e.ID}}}
 	if err := pub.Publish(context.Background(), []*transport.Message{m}); err != nil {
 		r.t.Fatal(err)
 	}
@@ -165,8 +166,8 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	ids := map[string]string{} // id_esdeveniment → letter ID
 	for _, l := range ls.Letters {
 		ids[l.EventID] = l.ID
-		if l.Topic != amqp.DLQName(r.queue) || l.OriginalTopic != r.queue {
-			t.Fatalf("letter %+v: want DLQ %s, origin %s", l, amqp.DLQName(r.queue), r.queue)
+		if l.Topic != contract.DLQName(r.queue) || l.OriginalTopic != r.queue {
+			t.Fatalf("letter %+v: want DLQ %s, origin %s", l, contract.DLQName(r.queue), r.queue)
 		}
 	}
 	if ids[perm] == "" || ids[trans] == "" {

@@ -9,6 +9,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
@@ -36,7 +37,7 @@ func TestDLQLsOnRabbitMQSurvivesForgedLetters(t *testing.T) {
 			{"intents": "2", "motiu": "permanent: esquema: bo"},
 		} {
 			h[amqp.HeaderOriginQueue] = r.queue
-			if err := ch.PublishWithContext(ctx, "", amqp.DLQName(r.queue), false, false,
+			if err := ch.PublishWithContext(ctx, "", contract.DLQName(r.queue), false, false,
 				amqp091.Publishing{Body: []byte(`{}`), Headers: h, Timestamp: time.Now()}); err != nil {
 				return err
 			}

@@ -15,16 +15,17 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 type dlqHarness struct {
 	t      *testing.T
-	broker *kafka.Embedded
+	broker *kafkaembed.Broker
 	base   []string
 	cl     *kgo.Client
 	schema *pgtest.Schema
@@ -159,7 +160,7 @@ func TestDLQPurgeQuestionDoesNotLoadTheLetters(t *testing.T) {
 	store := dlq.NewStore(h.schema.Pool, h.schema.Name)
 	for i := range 200 {
 		l := dlq.NewLetter("comandes.esdeveniments.dlq", 0, int64(i), time.Now(), &transport.Message{Value: value,
-			Headers: []transport.Header{{Key: transport.HeaderReason, Value: "permanent: esquema: x"}}})
+			Headers: []transport.Header{{Key: contract.HeaderReason, Value: "permanent: esquema: x"}}})
 		if _, err := store.Insert(context.Background(), []*dlq.Letter{l}); err != nil {
 			t.Fatal(err)
 		}

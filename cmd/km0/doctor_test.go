@@ -241,7 +241,7 @@ func aclRequest(t *testing.T, s *secured, req kmsg.Request, acls []kafkaacl.ACL)
 			r.Filters = append(r.Filters, f)
 		}
 	}
-	resp, err := kafkatest.Client(t, s.b.Embedded, s.b.Opts(t)...).Request(context.Background(), req)
+	resp, err := kafkatest.Client(t, s.b.Broker, s.b.Opts(t)...).Request(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 func init() {
@@ -40,7 +41,7 @@ func runKafka(ctx context.Context, args []string) error {
 	if *minSession <= 0 {
 		return fmt.Errorf("--group-min-session-timeout %v must be positive", *minSession)
 	}
-	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: *addr, AdvertiseHost: *advertise, DataDir: *dataDir, Partitions: *partitions, Topics: domainTopics(),
+	b, err := kafkaembed.Start(kafkaembed.Config{Addr: *addr, AdvertiseHost: *advertise, DataDir: *dataDir, Partitions: *partitions, Topics: domainTopics(),
 		GroupMinSessionTimeout: *minSession})
 	if err != nil {
 		return err

@@ -39,7 +39,7 @@ type secured struct {
 func newSecured(t *testing.T, topics ...string) *secured {
 	t.Helper()
 	b := kafkatest.NewSecure(t, kafkatest.SecureConfig{Mechanism: kafka.SASLScramSHA512, TLS: true, Topics: topics})
-	return &secured{b: b, adm: kadm.NewClient(kafkatest.Client(t, b.Embedded, b.Opts(t)...)),
+	return &secured{b: b, adm: kadm.NewClient(kafkatest.Client(t, b.Broker, b.Opts(t)...)),
 		flags: []string{"--brokers", strings.Join(b.Addrs(), ","), "--kafka-tls-ca-file", b.PKI.CAFile,
 			"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", b.Security.SASLUsername},
 		env: []string{"KM0_KAFKA_SASL_PASSWORD=" + b.Security.SASLPassword}}
@@ -105,7 +105,7 @@ func TestCommandsRunOverSASLSSL(t *testing.T) {
 	}
 	relayProc := startKm0(t, append([]string{"KM0_DATABASE_URL=" + pgtest.URL()}, sec.env...),
 		append([]string{"relay", "--schema", s.Name, "--topic", topic, "--origin", "comandes", "--poll", "50ms"}, sec.flags...)...)
-	if got := kafkatest.ReadAllWith(t, sec.b.Embedded, sec.b.Opts(t), topic, 20, 30*time.Second); len(got) != 20 {
+	if got := kafkatest.ReadAllWith(t, sec.b.Broker, sec.b.Opts(t), topic, 20, 30*time.Second); len(got) != 20 {
 		t.Fatalf("the relay published %d of 20 rows over SASL_SSL\n%s", len(got), relayProc.log())
 	}
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // `km0 outbox prune` refuses a missing or non-positive --older-than, a bad
@@ -62,7 +62,7 @@ func TestOutboxPruneCommand(t *testing.T) {
 // hours ago go, the pending ones are published and stay (marked just now).
 func TestRelayCommandPrunesWithPruneOlderThan(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}})
 	ctx := context.Background()
 	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega)
 		SELECT gen_random_uuid(), 'comanda', 'P-' || g, 'comanda.creada', '{}' FROM generate_series(1, 50) g`); err != nil {

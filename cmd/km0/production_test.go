@@ -186,7 +186,7 @@ func TestProductionConnectionsEveryCommandAsAProcess(t *testing.T) {
 		enqueue(10 * i)
 		p := startKm0(t, relayEnv, append(append([]string{"relay", "--topic", relayTopic, "--origin", "proves"}, args...), sec.flags...)...)
 		procs["km0 relay --mode "+mode] = p
-		if got := kafkatest.ReadAllWith(t, sec.b.Embedded, sec.b.Opts(t), relayTopic, 10*(i+1), 30*time.Second); len(got) != 10*(i+1) {
+		if got := kafkatest.ReadAllWith(t, sec.b.Broker, sec.b.Opts(t), relayTopic, 10*(i+1), 30*time.Second); len(got) != 10*(i+1) {
 			t.Fatalf("km0 relay --mode %s: %d records on %s, want %d\n%s", mode, len(got), relayTopic, 10*(i+1), p.log())
 		}
 		waitFor(t, "km0 relay --mode "+mode+" marked its rows", func() bool {
@@ -201,7 +201,7 @@ func TestProductionConnectionsEveryCommandAsAProcess(t *testing.T) {
 	// one letter the test dead-lettered.
 	letter := &kgo.Record{Topic: contract.DLQName(comandes.Topic), Key: []byte("P-9"), Value: []byte(`{"x":1}`), Headers: []kgo.RecordHeader{
 		{Key: "intents", Value: []byte("1")}, {Key: "motiu", Value: []byte("permanent: prova")}, {Key: "topic_original", Value: []byte(comandes.Topic)}}}
-	if err := kafkatest.Client(t, sec.b.Embedded, sec.b.Opts(t)...).ProduceSync(ctx, letter).FirstErr(); err != nil {
+	if err := kafkatest.Client(t, sec.b.Broker, sec.b.Opts(t)...).ProduceSync(ctx, letter).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	out, errOut, err := runKm0(t, relayEnv, append([]string{"dlq", "ls"}, sec.flags...)...)

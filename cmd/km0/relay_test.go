@@ -16,7 +16,7 @@ import (
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // `km0 relay --exchange X` publishes the outbox to a RabbitMQ exchange with the
@@ -105,7 +105,7 @@ func TestRelayCommandToRabbitMQExchange(t *testing.T) {
 // the other rows flow.
 func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
 	ctx := context.Background()
 	enqueueSized(t, s, []string{"P-1", "P-1", "P-1", "P-2"}, []int{10, 30_000, 10, 10})
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
@@ -152,7 +152,7 @@ func enqueueSized(t *testing.T, s *pgtest.Schema, aggs []string, sizes []int) {
 // of its aggregate behind it.
 func TestRelayCommandDeletePublishedKeepsOnlyPendingRows(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
 	ctx := context.Background()
 	enqueueSized(t, s, []string{"P-1", "P-1", "P-1", "P-2", "P-2"}, []int{10, 30_000, 10, 10, 10})
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
@@ -184,7 +184,7 @@ func TestRelayCommandDeletePublishedKeepsOnlyPendingRows(t *testing.T) {
 // published, none parked, in commit order.
 func TestRelayCommandKeepsBatchesWithinTheTopicsLimit(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 10_000})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 10_000})
 	ctx := context.Background()
 	ob := outbox.New(outbox.Config{Names: s.Names()})
 	const n = 300

@@ -10,6 +10,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
@@ -93,7 +94,7 @@ func deleteEventsTopology(t *testing.T, exchange, prefix string) {
 		var out []string
 		for _, name := range system.ConsumerNames {
 			q := prefix + name
-			out = append(out, q, amqp.DLQName(q))
+			out = append(out, q, contract.DLQName(q))
 			for i := range system.EventShards {
 				out = append(out, amqp.ShardQueueName(q, i))
 			}

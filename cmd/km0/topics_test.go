@@ -12,6 +12,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // Without --kafka-replication-factor, km0 relay on a one-node broker (km0
@@ -39,7 +40,7 @@ func TestRelayDefaultReplicationFactor(t *testing.T) {
 // replication factor 3, min.insync.replicas 2 and the contract's 14 days of
 // retention.
 func TestRelayCreatesTheTopicForACluster(t *testing.T) {
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Extra: []kfake.Opt{kfake.NumBrokers(3), kfake.Ports(0, 0, 0)}})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Extra: []kfake.Opt{kfake.NumBrokers(3), kfake.Ports(0, 0, 0)}})
 	s := pgtest.NewMigratedSchema(t)
 	t.Setenv(replicationFactorEnv, "") // the default
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),

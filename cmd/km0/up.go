@@ -24,7 +24,7 @@ import (
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 func init() {
@@ -185,7 +185,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	switch {
 	case !cfg.NeedsKafka() && !*embedded:
 	case *embedded:
-		b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()})
+		b, err := kafkaembed.Start(kafkaembed.Config{Topics: system.DomainTopics()})
 		if err != nil {
 			return err
 		}

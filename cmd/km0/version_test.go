@@ -18,7 +18,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // `km0 version` of a binary built as deploy/Dockerfile builds it (version
@@ -57,7 +57,7 @@ func TestVersionCommandPrintsModuleVersionCommitAndGo(t *testing.T) {
 // relay's name, "ok" and the version.
 func TestRelayServesItsProbePathBesideMetrics(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"comandes.esdeveniments"}})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

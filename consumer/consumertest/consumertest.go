@@ -140,12 +140,13 @@ func Run(t *testing.T, h Harness) {
 
 // DeadLetterHeaders are the contract headers every dead letter of an
 // exhausted retry carries, on either broker: the event's, the attempts and
-// reason, and the first failure's origin, time and consumer group.
+// reason, the first failure's origin, time and consumer group, and the
+// attempt history.
 var DeadLetterHeaders = []string{
 	contract.HeaderType, contract.HeaderEventID, contract.HeaderAttempts, contract.HeaderReason,
 	contract.HeaderLastError, contract.HeaderOriginalTopic, contract.HeaderOriginalPartition,
 	contract.HeaderOriginalOffset, contract.HeaderFirstFailure, contract.HeaderGroup,
-	contract.HeaderOriginalTime, contract.HeaderDeadAt,
+	contract.HeaderOriginalTime, contract.HeaderDeadAt, contract.HeaderHistory,
 }
 
 const (
@@ -671,6 +672,18 @@ func transientExhausted(t *testing.T, w *world) {
 	}
 	if ff, _ := contract.ParseTime(get(contract.HeaderFirstFailure)); ff.Sub(at[0]).Abs() > time.Second {
 		t.Fatalf("primera_fallada %v, the first attempt failed at %v", ff, at[0])
+	}
+	// The attempt history: the three attempts, each with its error, each
+	// after the handler ran it.
+	hist := contract.ParseHistory(get(contract.HeaderHistory))
+	if len(hist) != 3 {
+		t.Fatalf("historial_intents %q: %d attempts, want 3", get(contract.HeaderHistory), len(hist))
+	}
+	for i, a := range hist {
+		if a.N != i+1 || a.Error != "mapes: 503 Service Unavailable" || a.At.Before(at[i].Add(-time.Millisecond)) ||
+			(i > 0 && !a.At.After(hist[i-1].At)) {
+			t.Fatalf("historial_intents attempt %d: %+v, want attempt %d with its error, after %v and the one before", i, a, i+1, at[i])
+		}
 	}
 	all := make([]string, len(d.Headers))
 	for i, h := range d.Headers {

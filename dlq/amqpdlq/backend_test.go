@@ -41,7 +41,7 @@ func setupRabbit(t *testing.T) *rabbit {
 		t.Fatal(err)
 	}
 	q := amqptest.Name("t.dlqidx")
-	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{q, amqp.DLQName(q)} })
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{q, contract.DLQName(q)} })
 	if err := conn.Declare(ctx, amqp.WorkQueueTopology("", q, q, false)); err != nil {
 		t.Fatal(err)
 	}
@@ -68,10 +68,10 @@ func (r *rabbit) backend(t *testing.T, batch int) *Backend {
 func (r *rabbit) exhausted(t *testing.T, id string, deadAt time.Time) {
 	t.Helper()
 	m := &transport.Message{Topic: r.queue, Key: []byte("P-1"), Value: amqpEvent(t, id, deadAt), Headers: []transport.Header{
-		{Key: transport.HeaderEventID, Value: id}, {Key: transport.HeaderType, Value: "comanda.creada"},
-		{Key: transport.HeaderAttempts, Value: "3"}, {Key: transport.HeaderReason, Value: "transitori esgotat: mapes: 503"},
-		{Key: amqp.HeaderOriginQueue, Value: r.queue}, {Key: amqp.HeaderDeadAt, Value: contract.FormatTime(deadAt)},
-		{Key: amqp.HeaderFirstFailure, Value: contract.FormatTime(deadAt.Add(-7 * time.Second))}}}
+		{Key: contract.HeaderEventID, Value: id}, {Key: contract.HeaderType, Value: "comanda.creada"},
+		{Key: contract.HeaderAttempts, Value: "3"}, {Key: contract.HeaderReason, Value: "transitori esgotat: mapes: 503"},
+		{Key: amqp.HeaderOriginQueue, Value: r.queue}, {Key: contract.HeaderDeadAt, Value: contract.FormatTime(deadAt)},
+		{Key: contract.HeaderFirstFailure, Value: contract.FormatTime(deadAt.Add(-7 * time.Second))}}}
 	if err := r.dlx.Publish(context.Background(), []*transport.Message{m}); err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func (r *rabbit) native(t *testing.T, id string) {
 	t.Helper()
 	ctx := context.Background()
 	m := &transport.Message{Topic: r.queue, Key: []byte("P-2"), Value: amqpEvent(t, id, time.Now()),
-		Headers: []transport.Header{{Key: transport.HeaderEventID, Value: id}, {Key: transport.HeaderType, Value: "comanda.creada"}}}
+		Headers: []transport.Header{{Key: contract.HeaderEventID, Value: id}, {Key: contract.HeaderType, Value: "comanda.creada"}}}
 	pub, err := amqp.NewPublisher(ctx, r.conn, amqp.PublisherConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +204,7 @@ func TestAMQPSyncAcksOnlyAfterCommit(t *testing.T) {
 	}
 	ids := []string{ls[0].ID, ls[1].ID}
 	slices.Sort(ids)
-	if want := []string{dlq.KafkaID(amqp.DLQName(r.queue), 0, 0), dlq.KafkaID(amqp.DLQName(r.queue), 0, 1)}; !slices.Equal(ids, want) {
+	if want := []string{dlq.KafkaID(contract.DLQName(r.queue), 0, 0), dlq.KafkaID(contract.DLQName(r.queue), 0, 1)}; !slices.Equal(ids, want) {
 		t.Fatalf("ids %v, want %v", ids, want)
 	}
 }
@@ -233,9 +233,9 @@ func TestAMQPLettersReadSecondsAndLegacyMilliseconds(t *testing.T) {
 		"e-segons": {contract.FormatTime(deadAt), contract.FormatTime(first)},
 		"e-ms":     {legacyDead.UnixMilli(), legacyFirst.UnixMilli()},
 	} {
-		h := amqp091.Table{transport.HeaderEventID: id, transport.HeaderType: "comanda.creada", transport.HeaderAttempts: int64(3),
-			transport.HeaderReason: "transitori esgotat: mapes: 503", amqp.HeaderOriginQueue: r.queue,
-			amqp.HeaderDeadAt: times[0], amqp.HeaderFirstFailure: times[1]}
+		h := amqp091.Table{contract.HeaderEventID: id, contract.HeaderType: "comanda.creada", contract.HeaderAttempts: int64(3),
+			contract.HeaderReason: "transitori esgotat: mapes: 503", amqp.HeaderOriginQueue: r.queue,
+			contract.HeaderDeadAt: times[0], contract.HeaderFirstFailure: times[1]}
 		if err := r.conn.Do(ctx, func(ch *amqp091.Channel) error {
 			return ch.PublishWithContext(ctx, amqp.DLXDefault, r.queue, true, false,
 				amqp091.Publishing{Headers: h, MessageId: id, DeliveryMode: amqp091.Persistent, Body: amqpEvent(t, id, deadAt)})

@@ -63,11 +63,11 @@ func TestForgedLettersNeverStopTheRabbitMQIndex(t *testing.T) {
 	}
 	for i, h := range forged {
 		base := amqp091.Table{"intents": "3", "motiu": "permanent: esquema: x", amqp.HeaderOriginQueue: r.queue,
-			"tipus": "comanda.creada", amqp.HeaderDeadAt: contract.FormatTime(now.Add(time.Duration(i) * time.Second))}
+			"tipus": "comanda.creada", contract.HeaderDeadAt: contract.FormatTime(now.Add(time.Duration(i) * time.Second))}
 		for k, v := range h {
 			base[k] = v
 		}
-		if err := ch.PublishWithContext(ctx, "", amqp.DLQName(r.queue), false, false,
+		if err := ch.PublishWithContext(ctx, "", contract.DLQName(r.queue), false, false,
 			amqp091.Publishing{Body: []byte(`{"n":` + string(rune('0'+i)) + `}`), Headers: base}); err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestForgedLettersNeverStopTheRabbitMQIndex(t *testing.T) {
 		t.Fatalf("good letter: %+v", l)
 	}
 	refused, err := r.store.Refused(ctx, dlq.Filter{Topic: r.queue})
-	if err != nil || len(refused) != 1 || refused[0].ID != dlq.KafkaID(amqp.DLQName(r.queue), 0, 6) || refused[0].Code != "23514" {
+	if err != nil || len(refused) != 1 || refused[0].ID != dlq.KafkaID(contract.DLQName(r.queue), 0, 6) || refused[0].Code != "23514" {
 		t.Fatalf("refused: %+v, %v; want letter 6, 23514", refused, err)
 	}
 	var body []byte

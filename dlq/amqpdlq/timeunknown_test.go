@@ -7,6 +7,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
@@ -29,7 +30,7 @@ func TestAMQPOutOfRangeTimestampIsIndexedAsUnknown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ch.PublishWithContext(ctx, "", amqp.DLQName(r.queue), false, false, amqp091.Publishing{
+	if err := ch.PublishWithContext(ctx, "", contract.DLQName(r.queue), false, false, amqp091.Publishing{
 		Body: []byte(`{}`), Timestamp: time.Unix(-1e12, 0),
 		Headers: amqp091.Table{"motiu": "permanent: esquema: x", amqp.HeaderOriginQueue: r.queue}}); err != nil {
 		t.Fatal(err)

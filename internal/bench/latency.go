@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/migrate"
@@ -277,7 +278,7 @@ func (p *ackedPublisher) Publish(ctx context.Context, msgs []*transport.Message)
 	p.mu.Lock()
 	for _, m := range msgs {
 		for _, h := range m.Headers {
-			if h.Key == transport.HeaderEventID {
+			if h.Key == contract.HeaderEventID {
 				if _, dup := p.at[h.Value]; !dup {
 					p.at[h.Value] = now
 				}

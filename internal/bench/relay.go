@@ -27,6 +27,7 @@ import (
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 func init() {
@@ -45,8 +46,8 @@ func benchPayload(i int) json.RawMessage {
 // external brokers were given) and a client for it.
 type benchEnv struct {
 	pool   *pgxpool.Pool
-	broker *kafka.Embedded // nil with external brokers
-	addrs  []string        // the brokers' addresses
+	broker *kafkaembed.Broker // nil with external brokers
+	addrs  []string           // the brokers' addresses
 	cl     *kgo.Client
 	log    *slog.Logger
 }
@@ -65,7 +66,7 @@ func newBenchEnv(ctx context.Context, dbURL, brokers string, conns int32) (*benc
 	}
 	e := &benchEnv{pool: pool, addrs: kafka.SplitBrokers(brokers), log: logger()}
 	if len(e.addrs) == 0 {
-		if e.broker, err = kafka.StartEmbedded(kafka.EmbeddedConfig{}); err != nil {
+		if e.broker, err = kafkaembed.Start(kafkaembed.Config{}); err != nil {
 			pool.Close()
 			return nil, err
 		}

@@ -21,7 +21,7 @@ import (
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 func init() { registerBench("rpc", benchRPC) }
@@ -97,7 +97,7 @@ func benchRPCAMQP(ctx context.Context, url string, n int, callers []int, log *sl
 }
 
 func benchRPCKafka(ctx context.Context, n int, callers []int, log *slog.Logger, h requestreply.Handler) error {
-	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{})
+	b, err := kafkaembed.Start(kafkaembed.Config{})
 	if err != nil {
 		return err
 	}

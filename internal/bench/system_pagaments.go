@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
@@ -71,7 +72,7 @@ func (b *sysBench) pagaments(ctx context.Context, rounds int, cfg rrConfig) erro
 	if !existed {
 		defer func() {
 			_ = conn.Do(context.Background(), func(ch *amqp091.Channel) error {
-				for _, q := range []string{pagaments.AuthQueue, amqp.DLQName(pagaments.AuthQueue)} {
+				for _, q := range []string{pagaments.AuthQueue, contract.DLQName(pagaments.AuthQueue)} {
 					_, _ = ch.QueueDelete(q, true, false, false)
 				}
 				return nil

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // PKI is a test certificate authority with a server certificate for
@@ -147,13 +148,13 @@ type SecureConfig struct {
 	PKI *PKI
 	// Topics are created at start (6 partitions each).
 	Topics []string
-	// GroupMinSessionTimeout: see kafka.EmbeddedConfig. Default 6 s.
+	// GroupMinSessionTimeout: see kafkaembed.Config. Default 6 s.
 	GroupMinSessionTimeout time.Duration
 }
 
 // Secure is a secured embedded broker and what a client needs to reach it.
 type Secure struct {
-	*kafka.Embedded
+	*kafkaembed.Broker
 	PKI *PKI // nil without TLS
 	// Security is a client configuration that connects (with the broker's
 	// CA, user and password).
@@ -183,7 +184,7 @@ func NewSecure(t testing.TB, cfg SecureConfig) *Secure {
 		extra = append(extra, kfake.TLS(s.PKI.Server))
 		s.Security.TLS, s.Security.TLSCAFile = true, s.PKI.CAFile
 	}
-	s.Embedded = NewWith(t, kafka.EmbeddedConfig{Topics: cfg.Topics, GroupMinSessionTimeout: cfg.GroupMinSessionTimeout, Extra: extra})
+	s.Broker = NewWith(t, kafkaembed.Config{Topics: cfg.Topics, GroupMinSessionTimeout: cfg.GroupMinSessionTimeout, Extra: extra})
 	return s
 }
 

@@ -20,7 +20,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // WaitFor polls cond every 10 ms until it holds or deadline passes, then
@@ -38,7 +38,7 @@ func WaitFor(t testing.TB, what string, deadline time.Duration, cond func() bool
 
 // Read returns topic's records on b (in partition order), waiting up to
 // 20 s for at least n.
-func Read(t testing.TB, b *kafka.Embedded, topic string, n int) []*kgo.Record {
+func Read(t testing.TB, b *kafkaembed.Broker, topic string, n int) []*kgo.Record {
 	t.Helper()
 	recs := kafkatest.ReadAll(t, b, topic, n, 20*time.Second)
 	if len(recs) < n {

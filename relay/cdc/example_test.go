@@ -16,6 +16,7 @@ import (
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // The CDC relay reads the outbox's inserts from the write-ahead log
@@ -39,7 +40,7 @@ func Example() {
 		return
 	}
 	const topic = "comandes.esdeveniments"
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: []string{topic}})
+	broker, err := kafkaembed.Start(kafkaembed.Config{Topics: []string{topic}})
 	if err != nil {
 		fmt.Println(err)
 		return

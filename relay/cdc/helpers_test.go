@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // The shared server has wal_level = replica and must not be restarted: the
@@ -41,7 +42,7 @@ const topic = "comandes.esdeveniments"
 type bundle struct {
 	s        *pgtest.Schema
 	slotName string // the relay's default slot
-	b        *kafka.Embedded
+	b        *kafkaembed.Broker
 	pub      *kafka.Publisher
 	ob       *outbox.Outbox
 }

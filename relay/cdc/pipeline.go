@@ -14,7 +14,7 @@ import (
 
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/internal/relaycore"
 	"github.com/km0/km0/transport"
 )
 
@@ -25,7 +25,7 @@ type queries struct {
 	mark    string // $1 ids uuid[]
 	markTID string // $1 ctids tid[], $2 ids uuid[] of the same rows
 	visible string // $1 ids uuid[]: how many of them the session sees
-	park    string // relay.ParkSQL
+	park    string // relaycore.ParkSQL
 	parked  string // aggregates with a parked row
 	pending string // catch-up: pending rows in commit order per aggregate
 	pendOf  string // $1 agregat_ids text[]: the same, of some aggregates
@@ -50,12 +50,12 @@ func newQueries(n migrate.Names, del, wal bool) queries {
 	}
 	q := queries{
 		table: table, payload: n.Schema + "." + n.Outbox,
-		mark: relay.MarkSQL(table, del, "id = ANY($1::uuid[]) AND publicat_en IS NULL"),
+		mark: relaycore.MarkSQL(table, del, "id = ANY($1::uuid[]) AND publicat_en IS NULL"),
 		// A TID scan; the id check leaves alone a row that took the place
 		// of one that moved (that one is marked by id afterwards).
-		markTID: relay.MarkSQL(table, del, "ctid = ANY($1::tid[]) AND id = ANY($2::uuid[]) AND publicat_en IS NULL"),
+		markTID: relaycore.MarkSQL(table, del, "ctid = ANY($1::tid[]) AND id = ANY($2::uuid[]) AND publicat_en IS NULL"),
 		visible: "SELECT count(*) FROM " + table + " WHERE id = ANY($1::uuid[])",
-		park:    relay.ParkSQL(n),
+		park:    relaycore.ParkSQL(n),
 		parked:  "SELECT DISTINCT agregat_id FROM " + parked,
 		pending: pending(""),
 		pendOf:  pending(" AND o.agregat_id = ANY($1::text[])"),
@@ -481,7 +481,7 @@ func (p *pipeline) confirmed(ctx context.Context, f *flight, err error) error {
 				reason = rej.Errs[k].Error()
 			}
 			f.state[f.owner[idx]] = parked
-			p.park(&f.j, &f.rows[f.owner[idx]], f.lsn(f.owner[idx]), relay.Clip("broker: "+reason))
+			p.park(&f.j, &f.rows[f.owner[idx]], f.lsn(f.owner[idx]), relaycore.Clip("broker: "+reason))
 		}
 	default:
 		return fmt.Errorf("cdc: publish %d records: %w", len(f.msgs), err)

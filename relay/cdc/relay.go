@@ -44,6 +44,7 @@ import (
 	"github.com/km0/km0/internal/pause"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/internal/relaycore"
 )
 
 // Relay streams outbox inserts to the broker. Create it with New.
@@ -53,7 +54,7 @@ type Relay struct {
 	replCfg    *pgconn.Config  // the replication session
 	stats      *pgxpool.Pool   // metrics and pruning
 	ownPool    bool
-	enc        *relay.Encoder
+	enc        *relaycore.Encoder
 	q          queries
 	lockKey    int64
 	m          *metrics
@@ -72,13 +73,13 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished, cfg.WAL), lockKey: relay.MemberLockKey(cfg.Names), enc: relay.NewEncoder(cfg.Config)}
+	r := &Relay{cfg: cfg, q: newQueries(cfg.Names, cfg.DeletePublished, cfg.WAL), lockKey: relaycore.MemberLockKey(cfg.Names), enc: newEncoder(cfg.Config)}
 	// Its own pool, when it opens one, has 2 connections. A lost mark only
 	// republishes rows with the same ids (docs/design/cdc.md).
 	var err error
-	if r.stats, r.ownPool, r.connCfg, err = relay.Sessions(cfg.Config, 2); err != nil {
-		if errors.Is(err, relay.ErrConfig) {
-			return nil, fmt.Errorf("%w: DatabaseURL does not parse (not shown: it may hold a password)", ErrConfig)
+	if r.stats, r.ownPool, r.connCfg, err = relaycore.Sessions(relaycore.DB{Pool: cfg.Pool, DatabaseURL: cfg.DatabaseURL, ApplicationName: cfg.ApplicationName}, 2, ErrConfig); err != nil {
+		if errors.Is(err, ErrConfig) {
+			return nil, err
 		}
 		return nil, fmt.Errorf("cdc: %w", err)
 	}
@@ -405,4 +406,12 @@ func quoteLiteral(s string) string {
 		}
 	}
 	return string(append(out, '\''))
+}
+
+// newEncoder returns the record encoder of the polling relay's cfg (with
+// its defaults): the CDC relay publishes the same records.
+func newEncoder(cfg relay.Config) *relaycore.Encoder {
+	cfg = cfg.WithDefaults()
+	return relaycore.NewEncoder(relaycore.EncoderConfig{Topic: cfg.Topic, Origin: cfg.Origin, Transform: cfg.Transform,
+		MaxRecordBytes: cfg.MaxRecordBytes, Publisher: cfg.Publisher})
 }

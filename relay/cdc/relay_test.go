@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/migrate"
@@ -71,7 +72,7 @@ func TestPublishesInsertsWithEnvelopeKeyAndHeadersThenMarks(t *testing.T) {
 		for _, h := range rec.Headers {
 			hs[h.Key] = string(h.Value)
 		}
-		if hs[transport.HeaderType] != "comanda.creada" || hs[transport.HeaderEventID] != env.ID {
+		if hs[contract.HeaderType] != "comanda.creada" || hs[contract.HeaderEventID] != env.ID {
 			t.Fatalf("headers %v", hs)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // walBundle is a bundle whose outbox writes in WAL mode, with its slot
@@ -449,13 +450,13 @@ func TestWALNothingLostAcrossAnImmediateShutdownOfPostgreSQL(t *testing.T) {
 // waitDistinct waits until the topic holds want[agg] distinct events of
 // each aggregate (republished copies count in its records, not here), then
 // checks their commit order.
-func waitDistinct(t *testing.T, b *kafka.Embedded, want map[string]int) {
+func waitDistinct(t *testing.T, b *kafkaembed.Broker, want map[string]int) {
 	t.Helper()
 	waitDistinctWithin(t, b, want, 30*time.Second)
 }
 
 // waitDistinctWithin is waitDistinct with its deadline.
-func waitDistinctWithin(t *testing.T, b *kafka.Embedded, want map[string]int, deadline time.Duration) {
+func waitDistinctWithin(t *testing.T, b *kafkaembed.Broker, want map[string]int, deadline time.Duration) {
 	t.Helper()
 	var perKey map[string][]int
 	relaytest.WaitFor(t, "every event on the topic", deadline, func() bool {

@@ -9,6 +9,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/requestreply/rrtest"
@@ -77,7 +78,7 @@ func conformance(t *testing.T, direct, coalesced bool) {
 			return stop
 		}
 		stop := serve(h)
-		amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, amqp.DLQName(queue)} })
+		amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, contract.DLQName(queue)} })
 		cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn, DirectReplyTo: direct})
 		if err != nil {
 			t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/requestreply"
@@ -93,7 +94,7 @@ func crashAround(t *testing.T, at string) {
 		t.Fatal(err)
 	}
 	queue := amqptest.Name("t.rr.crash")
-	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, amqp.DLQName(queue)} })
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, contract.DLQName(queue)} })
 	start := func(crashAt string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestIdempotentServerProcess$")
 		cmd.Env = append(os.Environ(), envCrashQueue+"="+queue, envCrashDB+"="+db.URL, envCrashSchema+"="+db.Name, envCrashAt+"="+crashAt)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/transport/amqp"
@@ -65,7 +66,7 @@ func TestServerProcess(t *testing.T) {
 func TestSIGKILLedServerWithExpiredBacklog(t *testing.T) {
 	conn := amqptest.Dial(t)
 	queue := amqptest.Name("t.rr.proces")
-	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, amqp.DLQName(queue)} })
+	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, contract.DLQName(queue)} })
 	logPath := t.TempDir() + "/crides"
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestServerProcess$")

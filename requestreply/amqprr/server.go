@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/amqp"
 )
@@ -134,7 +135,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 }
 
 // Queues returns the queues the server declared (the request queue and its DLQ).
-func (s *Server) Queues() []string { return []string{s.cfg.Queue, amqp.DLQName(s.cfg.Queue)} }
+func (s *Server) Queues() []string { return []string{s.cfg.Queue, contract.DLQName(s.cfg.Queue)} }
 
 // Stats returns the counters so far.
 func (s *Server) Stats() ServerStats {

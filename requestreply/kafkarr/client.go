@@ -22,16 +22,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
 
-// Record headers of the wire format.
+// Record headers of the wire format, besides contract.HeaderCorrelator
+// (correlacio), the correlation id.
 const (
-	HeaderCorrelation = transport.HeaderCorrelator // "correlacio"
-	HeaderReplyTo     = "respondre_a"
-	HeaderRequestID   = "id_peticio"
+	HeaderReplyTo   = "respondre_a"
+	HeaderRequestID = "id_peticio"
 )
 
 // ReplyTopicPrefix starts the name of each client's reply topic.
@@ -143,7 +143,7 @@ func (c *Client) loop() {
 			rep := requestreply.Reply{Body: r.Value}
 			for _, h := range r.Headers {
 				switch h.Key {
-				case HeaderCorrelation:
+				case contract.HeaderCorrelator:
 					corr = string(h.Value)
 				case requestreply.HeaderResult:
 					rep.Result = string(h.Value)
@@ -187,7 +187,7 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	deadline, _ := ctx.Deadline() // WithTimeout gave it one
 	noLater := requestreply.FormatDeadline(deadline)
 	rec := &kgo.Record{Topic: service, Key: []byte(requestID), Value: body, Headers: []kgo.RecordHeader{
-		{Key: HeaderCorrelation, Value: []byte(corr)},
+		{Key: contract.HeaderCorrelator, Value: []byte(corr)},
 		{Key: HeaderReplyTo, Value: []byte(c.cfg.ReplyTopic)},
 		{Key: HeaderRequestID, Value: []byte(requestID)},
 		{Key: requestreply.HeaderDeadline, Value: []byte(noLater)},

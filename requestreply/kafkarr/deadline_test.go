@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
@@ -20,7 +21,7 @@ import (
 func rawRequest(t *testing.T, pub *kgo.Client, id, replyTo string, deadline time.Time) {
 	t.Helper()
 	if err := pub.ProduceSync(context.Background(), &kgo.Record{Topic: kafkarr.TopicDefault, Key: []byte(id), Value: []byte(`{}`), Headers: []kgo.RecordHeader{
-		{Key: kafkarr.HeaderCorrelation, Value: []byte("c-" + id)}, {Key: kafkarr.HeaderReplyTo, Value: []byte(replyTo)},
+		{Key: contract.HeaderCorrelator, Value: []byte("c-" + id)}, {Key: kafkarr.HeaderReplyTo, Value: []byte(replyTo)},
 		{Key: kafkarr.HeaderRequestID, Value: []byte(id)},
 		{Key: requestreply.HeaderDeadline, Value: []byte(requestreply.FormatDeadline(deadline))}}}).FirstErr(); err != nil {
 		t.Fatal(err)

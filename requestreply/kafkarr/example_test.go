@@ -11,7 +11,7 @@ import (
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // The same authorisation as over RabbitMQ, over Kafka (here the embedded
@@ -34,7 +34,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{})
+	broker, err := kafkaembed.Start(kafkaembed.Config{})
 	if err != nil {
 		fmt.Println(err)
 		return

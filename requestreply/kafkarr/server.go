@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -350,7 +351,7 @@ func (s *Server) handle(ctx context.Context, r *kgo.Record) bool {
 	var corr, replyTo, id, deadline, signature string
 	for _, h := range r.Headers {
 		switch h.Key {
-		case HeaderCorrelation:
+		case contract.HeaderCorrelator:
 			corr = string(h.Value)
 		case HeaderReplyTo:
 			replyTo = string(h.Value)
@@ -398,7 +399,7 @@ func (s *Server) reply(req *requestreply.Request, replyTo string, body []byte, i
 		result = requestreply.ResultError
 	}
 	rec := &kgo.Record{Topic: replyTo, Key: []byte(req.CorrelationID), Value: body, Headers: []kgo.RecordHeader{
-		{Key: HeaderCorrelation, Value: []byte(req.CorrelationID)},
+		{Key: contract.HeaderCorrelator, Value: []byte(req.CorrelationID)},
 		{Key: requestreply.HeaderResult, Value: []byte(result)},
 	}}
 	if len(s.cfg.SigningKey) > 0 {

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
@@ -71,7 +72,7 @@ func TestServerRepliesOnlyToReplyTopics(t *testing.T) {
 	rrtest.Background(t, srv.Run)
 	pub := kafkatest.Client(t, b)
 	if err := pub.ProduceSync(ctx, &kgo.Record{Topic: kafkarr.TopicDefault, Key: []byte("x"), Value: []byte(`{"fals":true}`), Headers: []kgo.RecordHeader{
-		{Key: kafkarr.HeaderCorrelation, Value: []byte("c-1")}, {Key: kafkarr.HeaderReplyTo, Value: []byte(business)},
+		{Key: contract.HeaderCorrelator, Value: []byte("c-1")}, {Key: kafkarr.HeaderReplyTo, Value: []byte(business)},
 		{Key: kafkarr.HeaderRequestID, Value: []byte("x")}}}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}

@@ -9,14 +9,16 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/requestreply/rrtest"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
-func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*kafka.Embedded, *kafkarr.Server) {
+func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*kafkaembed.Broker, *kafkarr.Server) {
 	b := kafkatest.New(t)
 	srv, err := kafkarr.NewServer(context.Background(), kafkarr.ServerConfig{Brokers: b.Addrs(), Handler: h, SigningKey: key})
 	if err != nil {
@@ -61,7 +63,7 @@ func header(r *kgo.Record, key string) string {
 // rogue reads the request topic in a group of its own (it sees every
 // request) and answers each with ok and body, signed with key (nil:
 // unsigned) as a server would.
-func rogue(t *testing.T, b *kafka.Embedded, key, body []byte) func() int64 {
+func rogue(t *testing.T, b *kafkaembed.Broker, key, body []byte) func() int64 {
 	cl := kafkatest.Client(t, b, kgo.ConsumeTopics(kafkarr.TopicDefault), kgo.ConsumerGroup(requestreply.NewIDs().Prefix()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -72,9 +74,9 @@ func rogue(t *testing.T, b *kafka.Embedded, key, body []byte) func() int64 {
 		defer close(done)
 		for ctx.Err() == nil {
 			cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-				corr, to := header(r, kafkarr.HeaderCorrelation), header(r, kafkarr.HeaderReplyTo)
+				corr, to := header(r, contract.HeaderCorrelator), header(r, kafkarr.HeaderReplyTo)
 				rep := &kgo.Record{Topic: to, Value: body, Headers: []kgo.RecordHeader{
-					{Key: kafkarr.HeaderCorrelation, Value: []byte(corr)}, {Key: requestreply.HeaderResult, Value: []byte(requestreply.ResultOK)}}}
+					{Key: contract.HeaderCorrelator, Value: []byte(corr)}, {Key: requestreply.HeaderResult, Value: []byte(requestreply.ResultOK)}}}
 				if key != nil {
 					rep.Headers = append(rep.Headers, kgo.RecordHeader{Key: requestreply.HeaderSignature,
 						Value: []byte(requestreply.SignReply(key, header(r, kafkarr.HeaderRequestID), corr, to, requestreply.ResultOK, body))})
@@ -111,7 +113,7 @@ func TestReplayToAnotherReplyTopicIsRefused(t *testing.T) {
 	sig := requestreply.Sign(rrtest.KeyShared, kafkarr.TopicDefault, "autoritzacio-c-1", "corr-1", genuine, deadline, body)
 	for _, to := range []string{genuine, attacker} {
 		rec := &kgo.Record{Topic: kafkarr.TopicDefault, Key: []byte("autoritzacio-c-1"), Value: body, Headers: []kgo.RecordHeader{
-			{Key: kafkarr.HeaderCorrelation, Value: []byte("corr-1")}, {Key: kafkarr.HeaderReplyTo, Value: []byte(to)},
+			{Key: contract.HeaderCorrelator, Value: []byte("corr-1")}, {Key: kafkarr.HeaderReplyTo, Value: []byte(to)},
 			{Key: kafkarr.HeaderRequestID, Value: []byte("autoritzacio-c-1")}, {Key: requestreply.HeaderDeadline, Value: []byte(deadline)},
 			{Key: requestreply.HeaderSignature, Value: []byte(sig)}}}
 		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {

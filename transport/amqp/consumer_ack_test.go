@@ -12,8 +12,8 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/outcome"
-	"github.com/km0/km0/transport/amqp"
 )
 
 // CONTRACT 1 (K1, K2). Crash point: the consumer stops (and its shutdown
@@ -89,7 +89,7 @@ func TestRetryCopyThatCannotBePublishedDeadLettersTheOriginal(t *testing.T) {
 	}))
 	publish(t, b, event(t, b.queue, "k", 1)) // declares the 100 ms wait queue
 	waitFor(t, 10*time.Second, "the first message retried and applied", func() bool { return c.Stats().Processed == 1 })
-	wait := amqp.WaitQueueName(b.queue, 100*time.Millisecond)
+	wait := contract.WaitQueueName(b.queue, 100*time.Millisecond)
 	if err := b.conn.Do(context.Background(), func(ch *amqp091.Channel) error {
 		_, err := ch.QueueDelete(wait, false, false, false)
 		return err

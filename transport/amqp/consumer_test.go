@@ -13,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
@@ -45,7 +46,7 @@ func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
 		return recordEffect(ctx, tx, m, 0)
 	}))
 	poison := &transport.Message{Topic: b.queue, Value: []byte(`{"id_esdeveniment": "x", "tipus": `),
-		Headers: []transport.Header{{Key: transport.HeaderEventID, Value: "verinos-1"}}}
+		Headers: []transport.Header{{Key: contract.HeaderEventID, Value: "verinos-1"}}}
 	msgs := []*transport.Message{poison}
 	for i := range 500 {
 		msgs = append(msgs, event(t, b.queue, "k", i))
@@ -98,7 +99,7 @@ func TestTransientFailureIsRetriedWithGrowingDelaysThenDeadLettered(t *testing.T
 	if d1, d2 := at[1].Sub(at[0]), at[2].Sub(at[1]); d1 < 100*time.Millisecond || d2 < 200*time.Millisecond {
 		t.Fatalf("delays %v and %v, want at least 100ms and 200ms", d1, d2)
 	}
-	id, _ := ev.Header(transport.HeaderEventID)
+	id, _ := ev.Header(contract.HeaderEventID)
 	dl, err := dlq.Show(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +113,7 @@ func TestTransientFailureIsRetriedWithGrowingDelaysThenDeadLettered(t *testing.T
 	if st := c.Stats(); st.Retried != 2 || st.DeadLettered != 1 {
 		t.Fatalf("stats %+v", st)
 	}
-	wantQueues := []string{amqp.WaitQueueName(b.queue, 100*time.Millisecond), amqp.WaitQueueName(b.queue, 200*time.Millisecond)}
+	wantQueues := []string{contract.WaitQueueName(b.queue, 100*time.Millisecond), contract.WaitQueueName(b.queue, 200*time.Millisecond)}
 	for _, w := range wantQueues {
 		found := false
 		for _, q := range c.Queues() {

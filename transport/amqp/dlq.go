@@ -4,9 +4,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/km0/km0/contract"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/km0/km0/transport"
 )
 
 // DeadLetter is one message of a DLQ, as the DLQ index reads it.
@@ -34,17 +33,17 @@ type DeadLetter struct {
 // operations. It never fails: what is missing stays at its zero value
 // (Origin defaults to queue).
 func DeadLetterOf(queue string, d *amqp.Delivery) *DeadLetter {
-	dlqName := DLQName(queue)
+	dlqName := contract.DLQName(queue)
 	dl := &DeadLetter{DLQ: dlqName, MessageID: d.MessageId, Type: d.Type, Headers: d.Headers, Body: d.Body,
-		Attempts: int(min(max(headerInt(d.Headers, transport.HeaderAttempts), 0), math.MaxInt32))}
-	_, ownCopy := d.Headers[transport.HeaderReason]
-	dl.EventID, _ = d.Headers[transport.HeaderEventID].(string)
-	if t, ok := d.Headers[transport.HeaderType].(string); ok {
+		Attempts: int(min(max(headerInt(d.Headers, contract.HeaderAttempts), 0), math.MaxInt32))}
+	_, ownCopy := d.Headers[contract.HeaderReason]
+	dl.EventID, _ = d.Headers[contract.HeaderEventID].(string)
+	if t, ok := d.Headers[contract.HeaderType].(string); ok {
 		dl.Type = t
 	}
-	dl.Reason, _ = d.Headers[transport.HeaderReason].(string)
+	dl.Reason, _ = d.Headers[contract.HeaderReason].(string)
 	dl.Origin, _ = d.Headers[HeaderOriginQueue].(string)
-	dl.DeadAt, _ = headerTime(d.Headers, HeaderDeadAt)
+	dl.DeadAt, _ = headerTime(d.Headers, contract.HeaderDeadAt)
 	if deaths := XDeaths(d.Headers); len(deaths) > 0 {
 		last := deaths[0]
 		if dl.Origin == "" {

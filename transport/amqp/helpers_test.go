@@ -15,6 +15,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/faults"
@@ -61,7 +62,7 @@ func event(t testing.TB, topic, key string, seq int) *transport.Message {
 		t.Fatal(err)
 	}
 	return &transport.Message{Topic: topic, Key: []byte(key), Value: b,
-		Headers: []transport.Header{{Key: transport.HeaderType, Value: e.Type}, {Key: transport.HeaderEventID, Value: e.ID}}}
+		Headers: []transport.Header{{Key: contract.HeaderType, Value: e.Type}, {Key: contract.HeaderEventID, Value: e.ID}}}
 }
 
 // recordEffect is the effect of the test handlers: one row per processing.
@@ -222,5 +223,5 @@ func (q *testDLQ) Show(_ context.Context, id string) (*amqp.DeadLetter, error) {
 	if dl := amqptest.DeadLetter(q.t, q.conn, q.queue, id); dl != nil {
 		return dl, nil
 	}
-	return nil, fmt.Errorf("dead letter %s not in %s", id, amqp.DLQName(q.queue))
+	return nil, fmt.Errorf("dead letter %s not in %s", id, contract.DLQName(q.queue))
 }

@@ -22,12 +22,6 @@ const (
 	// HeaderOriginQueue names the queue a dead letter km0 published itself
 	// (exhausted retries) came from; native dead letters have x-death.
 	HeaderOriginQueue = "cua_origen"
-	// HeaderDeadAt is when km0 dead-lettered the message: unix seconds,
-	// contract.FormatTime, like every time header on either broker.
-	HeaderDeadAt = contract.HeaderDeadAt
-	// HeaderFirstFailure is when the first attempt failed: unix seconds,
-	// contract.FormatTime.
-	HeaderFirstFailure = contract.HeaderFirstFailure
 )
 
 // ContentTypeJSON is the content type of km0 envelopes.
@@ -45,11 +39,11 @@ func toPublishing(m *transport.Message, contentType string) amqp.Publishing {
 	if len(m.Key) > 0 {
 		headers[HeaderKey] = string(m.Key)
 	}
-	id, _ := m.Header(transport.HeaderEventID)
+	id, _ := m.Header(contract.HeaderEventID)
 	if id == "" {
 		id = uuid.NewString()
 	}
-	typ, _ := m.Header(transport.HeaderType)
+	typ, _ := m.Header(contract.HeaderType)
 	return amqp.Publishing{
 		Headers:      headers,
 		ContentType:  contentType,

@@ -6,11 +6,12 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport"
 )
 
 // ShardedPublisher routes each message of ordered mode to shard
-// Shard(Key, Shards) and names it in header particio (HeaderPartition, a
+// Shard(Key, Shards) and names it in header particio (contract.HeaderPartition, a
 // decimal string). How the shard reaches its queue depends on where Next
 // publishes:
 //
@@ -59,7 +60,7 @@ func (s ShardedPublisher) Publish(ctx context.Context, msgs []*transport.Message
 		shard := strconv.Itoa(Shard(m.Key, s.Shards))
 		cp := *m
 		cp.Headers = slices.Clone(m.Headers)
-		cp.SetHeader(HeaderPartition, shard)
+		cp.SetHeader(contract.HeaderPartition, shard)
 		if !toExchange {
 			cp.Topic = m.Topic + "." + shard
 		}

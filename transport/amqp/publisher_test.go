@@ -57,8 +57,8 @@ func TestPublishConfirmsEveryMessageWithContractHeaders(t *testing.T) {
 	}
 	for i, d := range got {
 		want := msgs[i]
-		id, _ := want.Header(transport.HeaderEventID)
-		if d.MessageId != id || d.Headers[transport.HeaderEventID] != id || d.Headers[transport.HeaderType] != "prova.feta" ||
+		id, _ := want.Header(contract.HeaderEventID)
+		if d.MessageId != id || d.Headers[contract.HeaderEventID] != id || d.Headers[contract.HeaderType] != "prova.feta" ||
 			d.Type != "prova.feta" || d.DeliveryMode != amqp091.Persistent || string(d.Body) != string(want.Value) ||
 			d.Headers[amqp.HeaderKey] != string(want.Key) {
 			t.Fatalf("message %d: got %+v", i, d)
@@ -208,8 +208,8 @@ func TestShardedPublisherRoutesEachKeyToOneShard(t *testing.T) {
 			if s := amqp.Shard([]byte(d.Headers[amqp.HeaderKey].(string)), 3); s != i {
 				t.Fatalf("key %v in shard %d, want %d", d.Headers[amqp.HeaderKey], i, s)
 			}
-			if p := d.Headers[amqp.HeaderPartition]; p != strconv.Itoa(i) {
-				t.Fatalf("shard %d: header %s = %v", i, amqp.HeaderPartition, p)
+			if p := d.Headers[contract.HeaderPartition]; p != strconv.Itoa(i) {
+				t.Fatalf("shard %d: header %s = %v", i, contract.HeaderPartition, p)
 			}
 		}
 	}
@@ -395,8 +395,8 @@ func TestShardedPublisherWithAnExchangeKeepsTheTopicAsRoutingKey(t *testing.T) {
 		if d.RoutingKey != topic {
 			t.Fatalf("routing key %q, want the topic name %q", d.RoutingKey, topic)
 		}
-		if p, want := d.Headers[amqp.HeaderPartition], strconv.Itoa(amqp.Shard([]byte(key), shards)); p != want {
-			t.Fatalf("key %s: header %s = %v, want %q", key, amqp.HeaderPartition, p, want)
+		if p, want := d.Headers[contract.HeaderPartition], strconv.Itoa(amqp.Shard([]byte(key), shards)); p != want {
+			t.Fatalf("key %s: header %s = %v, want %q", key, contract.HeaderPartition, p, want)
 		}
 	}
 	total := 0

@@ -196,7 +196,7 @@ func (c SourceConfig) Topology() Topology {
 		topo = topo.Merge(WorkQueueTopology(c.DLX, name, c.Queue, true))
 		if c.Exchange != "" {
 			topo.Bindings = append(topo.Bindings, Binding{Queue: name, Exchange: parts,
-				Args: amqp.Table{ArgMatch: "all", HeaderPartition: strconv.Itoa(i)}})
+				Args: amqp.Table{ArgMatch: "all", contract.HeaderPartition: strconv.Itoa(i)}})
 		}
 	}
 	return topo
@@ -473,15 +473,8 @@ func storedDelivery(c *transport.Delivery) *amqp.Delivery {
 // lands in <queue>.dlq), confirmed. It reports whether the copy went.
 func (s *Source) deadLetterCopy(ctx context.Context, d *amqp.Delivery, q consumedQueue, f *transport.Settlement) bool {
 	// particio routed the original to its shard; particio_original keeps it.
-	h := copyHeaders(d.Headers, contract.HeaderNotBefore, HeaderPartition)
-	now := time.Now()
-	h[contract.HeaderAttempts] = strconv.Itoa(f.D.Attempt)
-	h[contract.HeaderReason] = f.Reason
-	h[contract.HeaderLastError] = f.LastError
+	h := s.copyHeaders(d, q, f, contract.Failure{Dead: true, Reason: f.Reason})
 	h[HeaderOriginQueue] = q.name
-	h[HeaderDeadAt] = contract.FormatTime(now)
-	h[HeaderFirstFailure] = firstFailure(d.Headers, now)
-	s.origin(h, d, q, f.D)
 	return s.publishCopy(ctx, d, q, s.cfg.DLX, s.cfg.Queue, h)
 }
 
@@ -494,14 +487,45 @@ func (s *Source) retryCopy(ctx context.Context, d *amqp.Delivery, q consumedQueu
 		s.deadInstead(f, err)
 		return false
 	}
-	h := copyHeaders(d.Headers, HeaderPartition) // the copy goes to its wait queue by name
-	now := time.Now()
-	h[contract.HeaderAttempts] = strconv.Itoa(f.D.Attempt)
-	h[contract.HeaderLastError] = f.LastError
-	h[contract.HeaderNotBefore] = contract.FormatTime(f.NotBefore)
-	h[HeaderFirstFailure] = firstFailure(d.Headers, now)
-	s.origin(h, d, q, f.D)
-	return s.publishCopy(ctx, d, q, "", WaitQueueName(q.name, delay), h)
+	h := s.copyHeaders(d, q, f, contract.Failure{NotBefore: f.NotBefore})
+	return s.publishCopy(ctx, d, q, "", contract.WaitQueueName(q.name, delay), h)
+}
+
+// copyHeaders returns the headers of the retry or DLQ copy of d, as the
+// Kafka source writes them (contract.CopyHeaders): d's own without the
+// headers RabbitMQ owns (x-*), particio (the copy goes to its queue by name)
+// and the copy headers, then the copy headers of cf. A copy names the work
+// queue it came from (topic_original), its shard (particio_original),
+// offset_original -1 (a queue has no offsets), the queue as grup_consumidor
+// and the message's AMQP timestamp as data_original.
+func (s *Source) copyHeaders(d *amqp.Delivery, q consumedQueue, f *transport.Settlement, cf contract.Failure) amqp.Table {
+	h := copyHeaders(d.Headers, contract.HeaderPartition)
+	for k := range h {
+		if contract.IsCopyHeader(k) {
+			delete(h, k)
+		}
+	}
+	cf.Attempt, cf.LastError, cf.Now = f.D.Attempt, f.LastError, time.Now()
+	cf.Origin, cf.Partition, cf.Offset, cf.Timestamp, cf.Group = f.D.Origin, int32(q.shard), -1, d.Timestamp, s.cfg.Queue
+	cf.Prior = func(k string) string { return priorHeader(d.Headers, k) }
+	for _, x := range contract.CopyHeaders(cf) {
+		h[x.Key] = x.Value
+	}
+	return h
+}
+
+// priorHeader renders header k of t as text for contract.CopyHeaders: an
+// AMQP timestamp in the one time encoding, any other scalar as
+// headerString does, "" for what is missing or no scalar.
+func priorHeader(t amqp.Table, k string) string {
+	if ts, ok := t[k].(time.Time); ok {
+		if ts.IsZero() {
+			return ""
+		}
+		return contract.FormatTime(ts)
+	}
+	v, _ := headerString(t[k])
+	return v
 }
 
 // errNoCopy: the retry copy could not be published.
@@ -514,49 +538,6 @@ func (s *Source) deadInstead(f *transport.Settlement, cause error) {
 		f.Dead = true
 		f.Reason = outcome.Truncate(contract.ReasonExhausted+"no s'ha pogut programar el reintent ("+cause.Error()+"): "+f.LastError, 200)
 	}
-}
-
-// origin sets, in the headers h of a retry or DLQ copy of d, the first
-// failure's position and consumer group, as the Kafka source does: a copy
-// names the work queue it came from (topic_original), its shard
-// (particio_original), offset_original -1 (a queue has no offsets), the
-// queue as grup_consumidor and the message's AMQP timestamp as
-// data_original. A copy of a copy keeps the first failure's values (times
-// rewritten in the one encoding).
-func (s *Source) origin(h amqp.Table, d *amqp.Delivery, q consumedQueue, td *transport.Delivery) {
-	first := map[string]string{
-		contract.HeaderOriginalTopic:     td.Origin,
-		contract.HeaderOriginalPartition: strconv.Itoa(q.shard),
-		contract.HeaderOriginalOffset:    "-1",
-	}
-	if !d.Timestamp.IsZero() {
-		first[contract.HeaderOriginalTime] = contract.FormatTime(d.Timestamp)
-	}
-	if td.Attempt > 1 {
-		for k := range first {
-			if k == contract.HeaderOriginalTime {
-				if t, ok := headerTime(d.Headers, k); ok {
-					first[k] = contract.FormatTime(t)
-				}
-			} else if v, ok := headerString(d.Headers[k]); ok && v != "" {
-				first[k] = v
-			}
-		}
-	}
-	for k, v := range first {
-		h[k] = v
-	}
-	h[contract.HeaderGroup] = s.cfg.Queue
-}
-
-// firstFailure is the primera_fallada of a copy of a delivery that failed
-// at now: the delivery's own, in the one encoding whatever encoding it came
-// in, else (a first failure, or a value that is no time) now.
-func firstFailure(t amqp.Table, now time.Time) string {
-	if ff, ok := headerTime(t, HeaderFirstFailure); ok {
-		return contract.FormatTime(ff)
-	}
-	return contract.FormatTime(now)
 }
 
 // publishCopy publishes a copy of d with headers h, confirmed. If the copy
@@ -580,7 +561,7 @@ func (s *Source) publishCopy(ctx context.Context, d *amqp.Delivery, q consumedQu
 // declareWait declares the wait queue of queue for delay, at most once per
 // connection and per quarter of its expiry.
 func (s *Source) declareWait(ctx context.Context, queue string, delay time.Duration) error {
-	name := WaitQueueName(queue, delay)
+	name := contract.WaitQueueName(queue, delay)
 	gen := s.cfg.Conn.Generation()
 	s.waitMu.Lock()
 	w, ok := s.declared[name]
@@ -604,9 +585,15 @@ func randomTag() string {
 	return hex.EncodeToString(b)
 }
 
-// MessagingSystem names the broker in the consumer's trace spans
-// (messaging.system).
-func (s *Source) MessagingSystem() string { return "rabbitmq" }
+// Span names a delivery in the consumer's trace span: the queue it was read
+// from (origin) and its routing key (topic); RabbitMQ has no consumer
+// groups, so the group is the consumer's name.
+func (s *Source) Span(topic, origin string) transport.SpanNames {
+	return transport.SpanNames{System: "rabbitmq", Destination: origin, RoutingKey: topic}
+}
+
+// Validate reports nothing: NewSource checked the configuration.
+func (s *Source) Validate() error { return nil }
 
 // KeyOrder reports whether a key's messages reach one lane in their order
 // (consumer.PerKey relies on it): in ordered mode (Shards > 1, one active

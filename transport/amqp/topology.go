@@ -18,13 +18,6 @@ const (
 	// DLXDefault is the dead-letter exchange (direct) every work queue names
 	// in x-dead-letter-exchange.
 	DLXDefault = "km0.dlx"
-	// DLQSuffix makes <queue>.dlq, bound to km0.dlx with routing key <queue>.
-	DLQSuffix = contract.DLQSuffix
-	// WaitInfix makes the wait queues <queue>.espera.<milliseconds>.
-	WaitInfix = contract.WaitInfix
-	// HeaderPartition carries a message's shard in ordered mode with an
-	// exchange (ShardedPublisher); the routing key stays the topic.
-	HeaderPartition = contract.HeaderPartition
 )
 
 // Queue arguments RabbitMQ interprets.
@@ -159,15 +152,6 @@ func (t Topology) apply(ctx context.Context, ch *amqp.Channel) error {
 	return nil
 }
 
-// DLQName returns <queue>.dlq.
-func DLQName(queue string) string { return contract.DLQName(queue) }
-
-// WaitQueueName returns <queue>.espera.<ms>, the wait queue that holds a
-// message for delay and then dead-letters it back to queue.
-func WaitQueueName(queue string, delay time.Duration) string {
-	return contract.WaitQueueName(queue, delay)
-}
-
 // ShardQueueName returns <queue>.<i>, the i-th queue of ordered mode.
 func ShardQueueName(queue string, i int) string { return queue + "." + strconv.Itoa(i) }
 
@@ -204,10 +188,10 @@ func WorkQueueTopology(dlx, queue, dlqKey string, singleActive bool) Topology {
 	return Topology{
 		Exchanges: []Exchange{{Name: dlx, Kind: amqp.ExchangeDirect, Durable: true}},
 		Queues: []Queue{
-			{Name: DLQName(dlqKey), Durable: true},
+			{Name: contract.DLQName(dlqKey), Durable: true},
 			{Name: queue, Durable: true, Args: args},
 		},
-		Bindings: []Binding{{Queue: DLQName(dlqKey), Exchange: dlx, Key: dlqKey}},
+		Bindings: []Binding{{Queue: contract.DLQName(dlqKey), Exchange: dlx, Key: dlqKey}},
 	}
 }
 
@@ -216,7 +200,7 @@ func WorkQueueTopology(dlx, queue, dlqKey string, singleActive bool) Topology {
 // dead-letter through the default exchange back to queue. x-expires removes
 // it after expires without use (it is redeclared before each use).
 func waitQueue(queue string, delay, expires time.Duration) Queue {
-	return Queue{Name: WaitQueueName(queue, delay), Durable: true, Args: amqp.Table{
+	return Queue{Name: contract.WaitQueueName(queue, delay), Durable: true, Args: amqp.Table{
 		ArgMessageTTL:           delay.Milliseconds(),
 		ArgDeadLetterExchange:   "",
 		ArgDeadLetterRoutingKey: queue,

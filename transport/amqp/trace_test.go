@@ -58,7 +58,8 @@ func TestConsumerSpanIsTheChildOfTheProducersSpan(t *testing.T) {
 	for _, kv := range s.Attributes() {
 		a[string(kv.Key)] = kv.Value.Emit()
 	}
-	if a["messaging.system"] != "rabbitmq" || a["messaging.consumer.group.name"] != "prova.efecte" || a["messaging.message.id"] == "" {
+	if a["messaging.system"] != "rabbitmq" || a["messaging.consumer.group.name"] != "prova.efecte" || a["messaging.message.id"] == "" ||
+		a["messaging.destination.name"] != b.queue || a["messaging.rabbitmq.destination.routing_key"] == "" {
 		t.Fatalf("attributes %v", a)
 	}
 }

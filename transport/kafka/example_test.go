@@ -10,6 +10,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // A publisher on the embedded broker (kfake, the real Kafka protocol in
@@ -22,7 +23,7 @@ func ExamplePublisher() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const topic = "comandes.esdeveniments"
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Partitions: 3, Topics: []string{topic}})
+	broker, err := kafkaembed.Start(kafkaembed.Config{Partitions: 3, Topics: []string{topic}})
 	if err != nil {
 		fmt.Println(err)
 		return

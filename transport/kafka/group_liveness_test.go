@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/km0/km0/internal/kafkatest"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // These tests drive the classic group protocol (JoinGroup, SyncGroup,
@@ -34,7 +34,7 @@ type classicGroup struct {
 }
 
 func newClassicGroup(t *testing.T) *classicGroup {
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{cgTopic},
+	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{cgTopic},
 		Extra: []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)

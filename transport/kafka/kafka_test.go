@@ -12,11 +12,12 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 func TestMaxMessageBytesReadsTheTopicLimit(t *testing.T) {
 	t.Parallel()
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{"t"}, MaxMessageBytes: 10_000})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"t"}, MaxMessageBytes: 10_000})
 	n, err := kafka.MaxMessageBytes(context.Background(), kafkatest.Client(t, b), "t")
 	if err != nil || n != 10_000 {
 		t.Fatalf("max.message.bytes %d (%v), want 10000", n, err)
@@ -54,7 +55,7 @@ func TestCheckTopicAndEnsureTopicsRefuseIllegalNames(t *testing.T) {
 // listener's). A client seeded with 127.0.0.1 learns "localhost" from the
 // metadata, and a round trip through it works.
 func TestEmbeddedAdvertisesTheConfiguredHost(t *testing.T) {
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Addr: "0.0.0.0:0", AdvertiseHost: "localhost", Topics: []string{"t"}})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Addr: "0.0.0.0:0", AdvertiseHost: "localhost", Topics: []string{"t"}})
 	addrs := b.Addrs()
 	if len(addrs) != 1 || !strings.HasPrefix(addrs[0], "localhost:") {
 		t.Fatalf("Addrs %v, want localhost:PORT", addrs)

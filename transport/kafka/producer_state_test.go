@@ -23,6 +23,7 @@ import (
 
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // brokerRoleEnv makes the test binary run as `km0 kafka --data-dir`: the
@@ -36,7 +37,7 @@ func TestMain(m *testing.M) {
 	}
 	// Child: serve until stdin closes (the parent closed it, or died).
 	addr, dir := os.Getenv(brokerRoleEnv+"_ADDR"), os.Getenv(brokerRoleEnv+"_DATA")
-	b, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Addr: addr, DataDir: dir, Partitions: 1, Topics: []string{seqTopic}})
+	b, err := kafkaembed.Start(kafkaembed.Config{Addr: addr, DataDir: dir, Partitions: 1, Topics: []string{seqTopic}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "broker:", err)
 		os.Exit(1)

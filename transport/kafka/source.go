@@ -110,15 +110,19 @@ type tp struct {
 
 var _ transport.Source = (*Source)(nil)
 
-// NewSource returns a Kafka source for cfg. It does not connect: the
-// consumer's Run does. consumer.New checks cfg (Validate).
-func NewSource(cfg SourceConfig) *Source {
+// NewSource checks cfg (with its defaults) and returns a Kafka source for
+// it, as amqp.NewSource does: an invalid cfg is an error naming every
+// problem. It does not connect: the consumer's Run does.
+func NewSource(cfg SourceConfig) (*Source, error) {
 	cfg = cfg.withDefaults()
 	s := &Source{cfg: cfg, retryOf: map[string]string{}, parts: map[tp]*partition{}, commitWake: make(chan struct{}, 1)}
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("kafka: source: %w", err)
+	}
 	for _, t := range cfg.Topics {
 		s.retryOf[contract.RetryTopic(t)] = t
 	}
-	return s
+	return s, nil
 }
 
 // Config returns the source's configuration, with its defaults.
@@ -528,9 +532,11 @@ func commitError(resp *kmsg.OffsetCommitResponse, err error) error {
 	return nil
 }
 
-// MessagingSystem names the broker in the consumer's trace spans
-// (messaging.system).
-func (s *Source) MessagingSystem() string { return "kafka" }
+// Span names a record in the consumer's trace span: the topic it was read
+// from (a .retry topic for a retry copy) and the consumer group.
+func (s *Source) Span(topic, _ string) transport.SpanNames {
+	return transport.SpanNames{System: "kafka", Destination: topic, Group: s.cfg.Group}
+}
 
 // KeyOrder reports that a key's records reach one lane in their order: the
 // partition the key hashes to (consumer.PerKey relies on it).

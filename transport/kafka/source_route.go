@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -14,31 +13,6 @@ import (
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 )
-
-// Headers km0 adds to retry and DLQ copies, besides CONTRACT.md's intents,
-// no_abans, ultim_error and motiu (package contract). They keep the first
-// failure's position, so an operator (and `km0 dlq`) can trace a dead letter
-// to its source record. The time headers are unix seconds
-// (contract.FormatTime). data_original is the source record's timestamp: for
-// an event without data_ms, the earliest moment another group can have
-// recorded its key, which bounds a safe replay (dlq.Letter.Oldest).
-const (
-	HeaderOriginalTopic     = contract.HeaderOriginalTopic
-	HeaderOriginalPartition = contract.HeaderOriginalPartition
-	HeaderOriginalOffset    = contract.HeaderOriginalOffset
-	HeaderFirstFailure      = contract.HeaderFirstFailure
-	HeaderGroup             = contract.HeaderGroup
-	HeaderOriginalTime      = contract.HeaderOriginalTime
-)
-
-// retryHeaders are the headers a copy gets from the consumer; Republish
-// strips them all.
-var retryHeaders = map[string]bool{
-	contract.HeaderAttempts: true, contract.HeaderNotBefore: true, contract.HeaderLastError: true,
-	contract.HeaderReason: true, HeaderOriginalTopic: true, HeaderOriginalPartition: true,
-	HeaderOriginalOffset: true, HeaderFirstFailure: true, HeaderGroup: true, HeaderOriginalTime: true,
-	contract.HeaderDeadAt: true,
-}
 
 // retryItem reads the headers of a retry copy. It returns nil for a copy of
 // another consumer group (its grup_consumidor differs). A copy without the
@@ -58,7 +32,7 @@ func (p *partition) retryItem(r *kgo.Record, now time.Time) *item {
 		}
 		return "", false
 	}
-	if g, _ := h(HeaderGroup); g != "" && g != s.cfg.Group { // an empty one names no group: ours
+	if g, _ := h(contract.HeaderGroup); g != "" && g != s.cfg.Group { // an empty one names no group: ours
 		return nil
 	}
 	v, _ := h(contract.HeaderAttempts)
@@ -66,7 +40,7 @@ func (p *partition) retryItem(r *kgo.Record, now time.Time) *item {
 	if v, ok := h(contract.HeaderNotBefore); ok {
 		it.notBefore = contract.NotBefore(v, now, s.set.BackoffMax)
 	}
-	if v, ok := h(HeaderFirstFailure); ok {
+	if v, ok := h(contract.HeaderFirstFailure); ok {
 		it.d.FirstFailure, _ = contract.ParseTime(v)
 	}
 	return it
@@ -89,20 +63,14 @@ func (s *Source) route(p *partition, ss []*transport.Settlement) error {
 	for i, st := range ss {
 		d := st.Copied()
 		rec := recordOf(d)
+		f := contract.Failure{Dead: st.Dead, Attempt: d.Attempt, LastError: st.LastError, Origin: d.Origin, Now: now}
+		topic := contract.RetryTopic(p.source)
 		if st.Dead {
-			recs[i] = s.copyOf(rec, d, contract.DLQName(p.source), now, map[string]string{
-				contract.HeaderAttempts:  strconv.Itoa(d.Attempt),
-				contract.HeaderReason:    st.Reason,
-				contract.HeaderLastError: st.LastError,
-				contract.HeaderDeadAt:    contract.FormatTime(now), // as on RabbitMQ: one header set on both brokers
-			})
-			continue
+			f.Reason, topic = st.Reason, contract.DLQName(p.source)
+		} else {
+			f.NotBefore = st.NotBefore
 		}
-		recs[i] = s.copyOf(rec, d, contract.RetryTopic(p.source), now, map[string]string{
-			contract.HeaderAttempts:  strconv.Itoa(d.Attempt),
-			contract.HeaderNotBefore: contract.FormatTime(st.NotBefore),
-			contract.HeaderLastError: st.LastError,
-		})
+		recs[i] = s.copyOf(rec, topic, f)
 	}
 	if err := s.produceConfirmed(p, recs); err != nil {
 		return err
@@ -138,51 +106,20 @@ func header(r *kgo.Record, key string) string {
 	return ""
 }
 
-// copyOf builds the retry or DLQ copy of it: same key, value and headers
-// (tipus, id_esdeveniment and any other), the first failure's position and
-// time kept from an earlier copy, and set on top.
-func (s *Source) copyOf(r *kgo.Record, d *transport.Delivery, topic string, now time.Time, set map[string]string) *kgo.Record {
-	keep := map[string]string{
-		HeaderOriginalTopic:     d.Origin,
-		HeaderOriginalPartition: strconv.Itoa(int(r.Partition)),
-		HeaderOriginalOffset:    strconv.FormatInt(r.Offset, 10),
-		HeaderFirstFailure:      contract.FormatTime(now),
-	}
-	if !r.Timestamp.IsZero() {
-		keep[HeaderOriginalTime] = contract.FormatTime(r.Timestamp)
-	}
-	if d.Attempt > 1 { // a retry copy: the first failure's values stay
-		for k := range keep {
-			v := header(r, k)
-			switch {
-			case v == "":
-			case k == HeaderFirstFailure || k == HeaderOriginalTime:
-				// Rewritten in the one encoding (an older copy may
-				// carry another); one that does not parse is replaced.
-				if t, err := contract.ParseTime(v); err == nil {
-					keep[k] = contract.FormatTime(t)
-				}
-			default:
-				keep[k] = v
-			}
-		}
-	}
-	keep[HeaderGroup] = s.cfg.Group
-	for k, v := range set {
-		keep[k] = v
-	}
+// copyOf builds the retry or DLQ copy of r for f: same key, value and
+// headers (tipus, id_esdeveniment and any other), with the copy headers of
+// contract.CopyHeaders in place of r's own.
+func (s *Source) copyOf(r *kgo.Record, topic string, f contract.Failure) *kgo.Record {
+	f.Partition, f.Offset, f.Timestamp, f.Group = r.Partition, r.Offset, r.Timestamp, s.cfg.Group
+	f.Prior = func(k string) string { return header(r, k) }
 	out := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value}
 	for _, h := range r.Headers {
-		if !retryHeaders[h.Key] {
+		if !contract.IsCopyHeader(h.Key) {
 			out.Headers = append(out.Headers, h)
 		}
 	}
-	for _, k := range []string{contract.HeaderAttempts, contract.HeaderNotBefore, contract.HeaderLastError,
-		contract.HeaderReason, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset,
-		HeaderFirstFailure, HeaderOriginalTime, HeaderGroup, contract.HeaderDeadAt} {
-		if v, ok := keep[k]; ok {
-			out.Headers = append(out.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
-		}
+	for _, h := range contract.CopyHeaders(f) {
+		out.Headers = append(out.Headers, kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)})
 	}
 	return out
 }
@@ -258,7 +195,7 @@ var ErrNoOriginalTopic = errors.New("kafka: dead letter names no original topic"
 // client built with kafka.ProducerOpts so the key lands on the partition the
 // original producer chose. It returns ErrNoOriginalTopic, or the produce error.
 func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
-	topic := header(rec, HeaderOriginalTopic)
+	topic := header(rec, contract.HeaderOriginalTopic)
 	if topic == "" {
 		for _, suf := range []string{contract.DLQSuffix, contract.RetrySuffix} {
 			if t, ok := strings.CutSuffix(rec.Topic, suf); ok && t != "" {
@@ -271,7 +208,7 @@ func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
 	}
 	out := &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value}
 	for _, h := range rec.Headers {
-		if !retryHeaders[h.Key] {
+		if !contract.IsCopyHeader(h.Key) {
 			out.Headers = append(out.Headers, h)
 		}
 	}
@@ -290,11 +227,11 @@ func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
 // stubMaxBytes, and the key when it is at most stubMaxBytes.
 func tooLargeStub(r *kgo.Record, dlq string, cause error) *kgo.Record {
 	reason := outcome.Truncate(fmt.Sprintf("permanent: massa_gran: còpia refusada pel broker (%v); original a %s/%s/%s",
-		cause, header(r, HeaderOriginalTopic), header(r, HeaderOriginalPartition), header(r, HeaderOriginalOffset)), 200)
-	hs := make([]kgo.RecordHeader, 0, len(retryHeaders)+3)
+		cause, header(r, contract.HeaderOriginalTopic), header(r, contract.HeaderOriginalPartition), header(r, contract.HeaderOriginalOffset)), 200)
+	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
 	seen := map[string]bool{}
 	for _, h := range r.Headers {
-		keep := retryHeaders[h.Key] || h.Key == contract.HeaderType || h.Key == contract.HeaderEventID
+		keep := contract.IsCopyHeader(h.Key) || h.Key == contract.HeaderType || h.Key == contract.HeaderEventID
 		if !keep || seen[h.Key] || h.Key == contract.HeaderReason || h.Key == contract.HeaderNotBefore ||
 			len(h.Value) > stubMaxBytes {
 			continue

@@ -13,6 +13,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // A topic km0 creates on a three-broker cluster has the replication factor
@@ -20,7 +21,7 @@ import (
 // retention, whatever the brokers' defaults (kfake's: 7 days).
 func TestEnsureTopicSpecsCreatesWithExplicitSettings(t *testing.T) {
 	t.Parallel()
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Extra: []kfake.Opt{kfake.NumBrokers(3), kfake.Ports(0, 0, 0)}})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Extra: []kfake.Opt{kfake.NumBrokers(3), kfake.Ports(0, 0, 0)}})
 	cl := kafkatest.Client(t, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

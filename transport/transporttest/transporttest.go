@@ -28,6 +28,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/tracing"
 	"github.com/km0/km0/transport"
 )
@@ -113,7 +114,7 @@ const readTimeout = 10 * time.Second
 func msg(topic, key string, seq int) *transport.Message {
 	id := fmt.Sprintf("ev-%s-%d", key, seq)
 	return &transport.Message{Topic: topic, Key: []byte(key), Value: []byte(strconv.Itoa(seq)),
-		Headers: []transport.Header{{Key: transport.HeaderType, Value: "prova.feta"}, {Key: transport.HeaderEventID, Value: id}}}
+		Headers: []transport.Header{{Key: contract.HeaderType, Value: "prova.feta"}, {Key: contract.HeaderEventID, Value: id}}}
 }
 
 // values counts the delivered messages by value.
@@ -219,13 +220,13 @@ func orderPerKey(t *testing.T, h Harness) {
 func headersRoundTrip(t *testing.T, h Harness) {
 	tg := h.New(t, NewGate())
 	headers := []transport.Header{
-		{Key: transport.HeaderType, Value: "prova.feta"},
-		{Key: transport.HeaderEventID, Value: "0b9a8e5e-7f3c-4c1e-9d2a-5b1f0e6c7a01"},
+		{Key: contract.HeaderType, Value: "prova.feta"},
+		{Key: contract.HeaderEventID, Value: "0b9a8e5e-7f3c-4c1e-9d2a-5b1f0e6c7a01"},
 		{Key: "buit", Value: ""},
 		{Key: "accents", Value: "çàèéíòóú·l€ 😀"},
 		{Key: "binari", Value: "\xff\xfe\x00\x01\x80"},
 		{Key: "llarg", Value: strings.Repeat("x", 2000)},
-		{Key: transport.HeaderAttempts, Value: "3"},
+		{Key: contract.HeaderAttempts, Value: "3"},
 	}
 	if h.Features.HeaderOrder {
 		headers = append(headers, transport.Header{Key: "repetit", Value: "1"}, transport.Header{Key: "repetit", Value: "2"})

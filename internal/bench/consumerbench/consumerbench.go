@@ -29,6 +29,7 @@ import (
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // Defaults of Config.
@@ -113,7 +114,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	defer cleanup()
-	broker, err := kafka.StartEmbedded(kafka.EmbeddedConfig{Partitions: cfg.Partitions, Topics: []string{topic}})
+	broker, err := kafkaembed.Start(kafkaembed.Config{Partitions: cfg.Partitions, Topics: []string{topic}})
 	if err != nil {
 		return res, err
 	}
@@ -140,12 +141,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return err
 		}
 	}
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "bench", Topics: []string{topic},
+		TopicPartitions: int32(cfg.Partitions)})
+	if err != nil {
+		return Result{}, err
+	}
 	c, err := consumer.New(consumer.Config{
 		HandleBatch: handleBatch, Decode: cfg.Decode, Order: order,
-		Source: kafka.NewSource(kafka.SourceConfig{Brokers: broker.Addrs(), Group: "bench", Topics: []string{topic},
-			TopicPartitions: int32(cfg.Partitions)}),
-		Name: "bench.consum",
-		Pool: pool, Names: migrate.Names{Schema: schema}, Types: []string{tipus},
+		Source: src,
+		Name:   "bench.consum",
+		Pool:   pool, Names: migrate.Names{Schema: schema}, Types: []string{tipus},
 		BatchSize: cfg.BatchSize, Concurrency: cfg.Concurrency, Logger: cfg.Logger,
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			first.CompareAndSwap(0, time.Now().UnixNano())

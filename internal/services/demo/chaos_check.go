@@ -22,7 +22,6 @@ import (
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport"
 )
 
 // PoisonResult is what happened to one poison record, per group of its topic.
@@ -65,8 +64,8 @@ func readLetters(ctx context.Context, kcl *kgo.Client, brokers []string, topic s
 	}
 	out := make([]letter, 0, len(recs))
 	for _, rec := range recs {
-		l := letter{topic: topic, group: header(rec, contract.HeaderGroup), motiu: header(rec, transport.HeaderReason),
-			attempts: header(rec, transport.HeaderAttempts), eventID: header(rec, transport.HeaderEventID),
+		l := letter{topic: topic, group: header(rec, contract.HeaderGroup), motiu: header(rec, contract.HeaderReason),
+			attempts: header(rec, contract.HeaderAttempts), eventID: header(rec, contract.HeaderEventID),
 			srcTopic: header(rec, contract.HeaderOriginalTopic)}
 		p, _ := strconv.ParseInt(header(rec, contract.HeaderOriginalPartition), 10, 32)
 		l.srcPartition = int32(p)
@@ -266,7 +265,7 @@ func compareTopic(want map[string][]string, recs []*kgo.Record, tc *TopicCount) 
 	seen := map[string]bool{}
 	got := map[string][]string{}
 	for _, rec := range recs {
-		eid := header(rec, transport.HeaderEventID)
+		eid := header(rec, contract.HeaderEventID)
 		if !healthy[eid] {
 			continue
 		}
@@ -562,7 +561,7 @@ func (c *chaos) checkPoison(ctx context.Context, pools map[string]*pgxpool.Pool,
 		if svcName, ok := inboxGroups[g]; ok {
 			var n int
 			err := pools[svcName].QueryRow(ctx, `SELECT count(*) FROM missatges_processats WHERE id_missatge = $1 AND consumidor = $2`,
-				header(rec, transport.HeaderEventID), g).Scan(&n)
+				header(rec, contract.HeaderEventID), g).Scan(&n)
 			if err != nil || n > 0 {
 				return n > 0, err
 			}
@@ -642,10 +641,10 @@ func (c *chaos) checkPoison(ctx context.Context, pools map[string]*pgxpool.Pool,
 		for _, g := range topicGroups[p.Topic] {
 			var next *kgo.Record
 			for _, rec := range topicRecs[p.Topic] {
-				if rec.Partition != p.Partition || rec.Offset <= p.Offset || !healthy[header(rec, transport.HeaderEventID)] {
+				if rec.Partition != p.Partition || rec.Offset <= p.Offset || !healthy[header(rec, contract.HeaderEventID)] {
 					continue
 				}
-				if t := handledBy[g]; t == "" || header(rec, transport.HeaderType) == t {
+				if t := handledBy[g]; t == "" || header(rec, contract.HeaderType) == t {
 					next = rec
 					break
 				}
@@ -660,7 +659,7 @@ func (c *chaos) checkPoison(ctx context.Context, pools map[string]*pgxpool.Pool,
 			if err != nil {
 				return err
 			}
-			res.After[g] = fmt.Sprintf("offset %d (%s %s): processed %s", next.Offset, header(next, transport.HeaderType), header(next, transport.HeaderEventID), yesNo(done))
+			res.After[g] = fmt.Sprintf("offset %d (%s %s): processed %s", next.Offset, header(next, contract.HeaderType), header(next, contract.HeaderEventID), yesNo(done))
 			if !done {
 				res.After[g] = "FAIL: " + res.After[g]
 				res.OK, afterOK = false, false

@@ -3,13 +3,12 @@ package demo
 import (
 	"testing"
 
+	"github.com/km0/km0/contract"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/km0/km0/transport"
 )
 
 func rec(key, id string) *kgo.Record {
-	return &kgo.Record{Key: []byte(key), Headers: []kgo.RecordHeader{{Key: transport.HeaderEventID, Value: []byte(id)}}}
+	return &kgo.Record{Key: []byte(key), Headers: []kgo.RecordHeader{{Key: contract.HeaderEventID, Value: []byte(id)}}}
 }
 
 // The chaos run's "every outbox row on its topic, in order per aggregate"

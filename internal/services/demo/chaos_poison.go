@@ -9,13 +9,13 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/services/analitica"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/repartiment"
-	"github.com/km0/km0/transport"
 )
 
 // topicGroups are the consumer groups of each domain topic, and handledBy
@@ -135,9 +135,9 @@ func poisonBatch(b int) []*Poison {
 			}
 		}
 		// Headers as a producer writes them (CONTRACT.md): tipus, and the id when there is one.
-		p.headers = []kgo.RecordHeader{{Key: transport.HeaderType, Value: []byte(tipus[p.Name])}}
+		p.headers = []kgo.RecordHeader{{Key: contract.HeaderType, Value: []byte(tipus[p.Name])}}
 		if p.ID != "" {
-			p.headers = append(p.headers, kgo.RecordHeader{Key: transport.HeaderEventID, Value: []byte(p.ID)})
+			p.headers = append(p.headers, kgo.RecordHeader{Key: contract.HeaderEventID, Value: []byte(p.ID)})
 		}
 		p.key = fmt.Sprintf("VERI-%d-%d", b, i)
 		if p.Topic == inventari.Topic {

@@ -8,7 +8,7 @@ import (
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // KafkaOutage is what happened while the embedded Kafka was unreachable
@@ -31,7 +31,7 @@ type KafkaOutage struct {
 // outage takes Kafka down for d when start is called, and measures it.
 type outage struct {
 	d      time.Duration
-	broker *kafka.Embedded
+	broker *kafkaembed.Broker
 	sys    *system.System
 	say    func(string, ...any)
 	once   sync.Once
@@ -39,7 +39,7 @@ type outage struct {
 	res    KafkaOutage
 }
 
-func newOutage(d time.Duration, broker *kafka.Embedded, sys *system.System, say func(string, ...any)) *outage {
+func newOutage(d time.Duration, broker *kafkaembed.Broker, sys *system.System, say func(string, ...any)) *outage {
 	return &outage{d: d, broker: broker, sys: sys, say: say, done: make(chan struct{}),
 		res: KafkaOutage{Seconds: d.Seconds(), InventariReads: sys.EventsBroker()[comandes.Topic]}}
 }

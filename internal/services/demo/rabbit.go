@@ -22,7 +22,6 @@ import (
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -118,7 +117,7 @@ func (r *rabbit) eventIDs(ctx context.Context, topic string) ([]string, error) {
 	out := make([]string, len(ds))
 	for i := range ds {
 		m := amqp.FromDelivery(&ds[i])
-		out[i], _ = m.Header(transport.HeaderEventID)
+		out[i], _ = m.Header(contract.HeaderEventID)
 	}
 	return out, nil
 }
@@ -140,16 +139,16 @@ func (r *rabbit) deadLetters(ctx context.Context, sys *system.System) ([]deadLet
 			continue
 		}
 		queue := r.prefix + name
-		ds, err := r.drain(ctx, amqp.DLQName(queue))
+		ds, err := r.drain(ctx, contract.DLQName(queue))
 		if err != nil {
 			return nil, err
 		}
 		for i := range ds {
 			d := &ds[i]
 			m := amqp.FromDelivery(d)
-			dl := deadLetter{topic: amqp.DLQName(queue), group: name}
-			dl.eventID, _ = m.Header(transport.HeaderEventID)
-			dl.motiu, _ = m.Header(transport.HeaderReason)
+			dl := deadLetter{topic: contract.DLQName(queue), group: name}
+			dl.eventID, _ = m.Header(contract.HeaderEventID)
+			dl.motiu, _ = m.Header(contract.HeaderReason)
 			dl.motiu = cmp.Or(dl.motiu, reasons[name][dl.eventID], amqp.DeadLetterOf(queue, d).Reason)
 			dl.orderID = orderOf(d.Body)
 			out = append(out, dl)
@@ -179,7 +178,7 @@ func (r *rabbit) backlog(ctx context.Context, sys *system.System) (int, []string
 	var behind []string
 	err := r.conn.Do(ctx, func(ch *amqp091.Channel) error {
 		for _, q := range sys.EventQueues() {
-			if strings.HasSuffix(q, amqp.DLQSuffix) {
+			if strings.HasSuffix(q, contract.DLQSuffix) {
 				continue
 			}
 			st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
@@ -272,7 +271,7 @@ func (e *eventLog) eventIDs(ctx context.Context, topic string) ([]string, error)
 	}
 	out := make([]string, len(recs))
 	for i, rec := range recs {
-		out[i] = header(rec, transport.HeaderEventID)
+		out[i] = header(rec, contract.HeaderEventID)
 	}
 	return out, nil
 }
@@ -290,8 +289,8 @@ func (e *eventLog) deadLetters(ctx context.Context) ([]deadLetter, error) {
 			return nil, err
 		}
 		for _, rec := range recs {
-			dls = append(dls, deadLetter{topic: topic, group: header(rec, contract.HeaderGroup), motiu: header(rec, transport.HeaderReason),
-				eventID: header(rec, transport.HeaderEventID), orderID: orderOf(rec.Value)})
+			dls = append(dls, deadLetter{topic: topic, group: header(rec, contract.HeaderGroup), motiu: header(rec, contract.HeaderReason),
+				eventID: header(rec, contract.HeaderEventID), orderID: orderOf(rec.Value)})
 		}
 	}
 	if e.rabbit != nil {

@@ -31,7 +31,7 @@ import (
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // Defaults of Config.
@@ -169,10 +169,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if sysCfg.SigningKey = requestreply.SigningKeyFromEnv(); sysCfg.SigningKey == nil {
 		sysCfg.SigningKey = runKey() // signed by default: comandes and pagaments share this process
 	}
-	var broker *kafka.Embedded
+	var broker *kafkaembed.Broker
 	if sysCfg.NeedsKafka() {
 		var err error
-		if broker, err = kafka.StartEmbedded(kafka.EmbeddedConfig{Topics: system.DomainTopics()}); err != nil {
+		if broker, err = kafkaembed.Start(kafkaembed.Config{Topics: system.DomainTopics()}); err != nil {
 			return nil, err
 		}
 		defer broker.Close()

@@ -17,7 +17,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // BenchmarkConsumeOrdersHotRows is a micro-benchmark (broker in process, no
@@ -119,7 +119,7 @@ func benchServe(b *testing.B, n int) {
 	}
 	defer admin.Close(ctx)
 	defer admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{"km0_inventari_" + suffix}.Sanitize()+" WITH (FORCE)") //nolint:errcheck
-	kb := kafkatest.NewWith(b, kafka.EmbeddedConfig{Topics: system.DomainTopics()})
+	kb := kafkatest.NewWith(b, kafkaembed.Config{Topics: system.DomainTopics()})
 	sys, err := system.Start(ctx, system.Config{DatabaseURL: pgtest.URL(), DatabaseSuffix: suffix, Brokers: kb.Addrs(),
 		Services: []string{inventari.Name}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

@@ -26,8 +26,8 @@ import (
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/migrate"
-	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 const ordersTopic = "comandes.esdeveniments"
@@ -41,7 +41,7 @@ type world struct {
 	dbName string
 	pool   *pgxpool.Pool
 	s      *inventari.Service
-	b      *kafka.Embedded
+	b      *kafkaembed.Broker
 	pub    *kgo.Client
 }
 
@@ -60,7 +60,7 @@ func newWorld(t testing.TB, conns int32) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := kafkatest.NewWith(t, kafka.EmbeddedConfig{Topics: []string{ordersTopic}})
+	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{ordersTopic}})
 	return &world{t: t, url: u, dbName: pc.Database, pool: pool, s: s, b: b, pub: kafkatest.Client(t, b)}
 }
 
@@ -76,8 +76,12 @@ func (w *world) config() consumer.Config {
 
 // source is a new Kafka source of the consumer (a source runs once).
 func (w *world) source() *kafka.Source {
-	return kafka.NewSource(kafka.SourceConfig{Brokers: w.b.Addrs(), Group: inventari.ConsumerDecrement, Topics: []string{ordersTopic},
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: w.b.Addrs(), Group: inventari.ConsumerDecrement, Topics: []string{ordersTopic},
 		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(100 * time.Millisecond)}})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return src
 }
 
 // orderRecord is comanda.creada id with lines, keyed by key.
@@ -94,7 +98,7 @@ func orderRecord(t testing.TB, key, id string, lines ...inventari.Line) (*kgo.Re
 		t.Fatal(err)
 	}
 	return &kgo.Record{Topic: ordersTopic, Key: []byte(key), Value: v, Headers: []kgo.RecordHeader{
-		{Key: transport.HeaderType, Value: []byte(env.Type)}, {Key: transport.HeaderEventID, Value: []byte(env.ID)}}}, env.ID
+		{Key: contract.HeaderType, Value: []byte(env.Type)}, {Key: contract.HeaderEventID, Value: []byte(env.ID)}}}, env.ID
 }
 
 func (w *world) publish(recs ...*kgo.Record) {
@@ -254,7 +258,7 @@ func TestHotRowsConcurrentBatchesNeverDeadlockAndStockIsExact(t *testing.T) {
 	}
 	parts := map[int32]bool{}
 	for _, r := range res {
-		s := byEvent[header(r.Record, transport.HeaderEventID)]
+		s := byEvent[header(r.Record, contract.HeaderEventID)]
 		s.partition, s.offset = r.Record.Partition, r.Record.Offset
 		parts[s.partition] = true
 	}
@@ -287,11 +291,11 @@ func TestHotRowsConcurrentBatchesNeverDeadlockAndStockIsExact(t *testing.T) {
 	dlq := kafkatest.ReadAll(t, w.b, ordersTopic+contract.DLQSuffix, int(st.DeadLettered), 30*time.Second)
 	refused := map[string]int{}
 	for _, r := range dlq {
-		ev, motiu := header(r, transport.HeaderEventID), header(r, transport.HeaderReason)
+		ev, motiu := header(r, contract.HeaderEventID), header(r, contract.HeaderReason)
 		refused[ev]++
 		s := byEvent[ev]
-		if s == nil || !strings.Contains(motiu, "estoc_insuficient: formatge-curat") || header(r, transport.HeaderAttempts) != "1" {
-			t.Errorf("dead letter %s: motiu %q intents %s", ev, motiu, header(r, transport.HeaderAttempts))
+		if s == nil || !strings.Contains(motiu, "estoc_insuficient: formatge-curat") || header(r, contract.HeaderAttempts) != "1" {
+			t.Errorf("dead letter %s: motiu %q intents %s", ev, motiu, header(r, contract.HeaderAttempts))
 			continue
 		}
 		if applied[ev] {
@@ -408,9 +412,9 @@ func TestBatchWithDuplicateAndShortOrderCommitsTheGoodOneAndDeadLettersTheShortO
 		t.Fatalf("%d batch calls with %d messages and %d single calls, want 1 with 2 and 0", batches.Load(), batchMsgs.Load(), singles.Load())
 	}
 	dl := kafkatest.ReadAll(t, w.b, ordersTopic+contract.DLQSuffix, 1, 30*time.Second)
-	if len(dl) != 1 || header(dl[0], transport.HeaderEventID) != shortID || header(dl[0], transport.HeaderAttempts) != "1" ||
-		!strings.HasPrefix(header(dl[0], transport.HeaderReason), "permanent: estoc_insuficient: formatge-curat (5 left, 6 asked)") {
-		t.Fatalf("dead letters %d: %s intents %s motiu %q", len(dl), header(dl[0], transport.HeaderEventID), header(dl[0], transport.HeaderAttempts), header(dl[0], transport.HeaderReason))
+	if len(dl) != 1 || header(dl[0], contract.HeaderEventID) != shortID || header(dl[0], contract.HeaderAttempts) != "1" ||
+		!strings.HasPrefix(header(dl[0], contract.HeaderReason), "permanent: estoc_insuficient: formatge-curat (5 left, 6 asked)") {
+		t.Fatalf("dead letters %d: %s intents %s motiu %q", len(dl), header(dl[0], contract.HeaderEventID), header(dl[0], contract.HeaderAttempts), header(dl[0], contract.HeaderReason))
 	}
 	for id, want := range map[string]int{shortID: 0, goodID: 1} {
 		if n := svctest.Count(t, w.pool, `SELECT count(*) FROM missatges_processats WHERE id_missatge = $1`, id); n != want {

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/migrate"
@@ -128,7 +129,7 @@ func OpenPool(ctx context.Context, connURL string, maxConns int32) (*pgxpool.Poo
 }
 
 // Migrate applies sets to db with CONTRACT.md's default names (schema public).
-func Migrate(ctx context.Context, db migrate.DBTX, sets ...migrate.Set) error {
+func Migrate(ctx context.Context, db contract.Beginner, sets ...migrate.Set) error {
 	if _, err := migrate.Up(ctx, db, migrate.Names{}, sets...); err != nil {
 		return err
 	}

@@ -20,13 +20,14 @@ import (
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaacl"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // aclCluster is a kfake with SASL SCRAM-SHA-512 and ACLs enforced: a
 // superuser "admin" that applied system.RequiredACLs, and one user per
 // service, "km0-<service>", with only those ACLs.
 type aclCluster struct {
-	b     *kafka.Embedded
+	b     *kafkaembed.Broker
 	pass  map[string]string // by user
 	admin *kgo.Client
 }
@@ -40,7 +41,7 @@ func newACLCluster(t *testing.T) *aclCluster {
 		c.pass[u] = rand.Text()
 		extra = append(extra, kfake.User(kafka.SASLScramSHA512, u, c.pass[u]))
 	}
-	c.b = kafkatest.NewWith(t, kafka.EmbeddedConfig{Extra: extra})
+	c.b = kafkatest.NewWith(t, kafkaembed.Config{Extra: extra})
 	c.admin = kafkatest.ClientFor(t, c.b.Addrs(), c.opts(t, "admin")...)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

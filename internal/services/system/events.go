@@ -256,7 +256,7 @@ func (s *System) EventsConsumerQueues() (work, dead []string) {
 			continue
 		}
 		sub := s.amqpSub(name, topics)
-		dead = append(dead, amqp.DLQName(sub.queue))
+		dead = append(dead, contract.DLQName(sub.queue))
 		if sub.shards == 0 {
 			work = append(work, sub.queue)
 		}
@@ -297,7 +297,7 @@ func (r *reasons) observer(name string) func(context.Context, *consumer.Message,
 		if m.Envelope != nil {
 			id = m.Envelope.ID
 		} else if m.Message != nil {
-			id, _ = m.Header(transport.HeaderEventID)
+			id, _ = m.Header(contract.HeaderEventID)
 		}
 		r.note(name, id, motiu)
 	}

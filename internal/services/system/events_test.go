@@ -14,6 +14,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
@@ -277,7 +278,7 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 	if len(ids) < 2*orders || len(got) != len(ids) {
 		t.Errorf("the foreign reader got %d distinct events, comandes' outbox holds %d (want ≥ %d)", len(got), len(ids), 2*orders)
 	}
-	dlq := amqp.DLQName(queueOf(t, sys, inventari.ConsumerDecrement))
+	dlq := contract.DLQName(queueOf(t, sys, inventari.ConsumerDecrement))
 	if n := amqptest.QueueLen(t, conn, dlq); n != 1 {
 		t.Errorf("%s holds %d messages, want 1", dlq, n)
 	}
@@ -285,7 +286,7 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 		if name == inventari.ConsumerDecrement {
 			continue
 		}
-		if n := amqptest.QueueLen(t, conn, amqp.DLQName(queueOf(t, sys, name))); n != 0 {
+		if n := amqptest.QueueLen(t, conn, contract.DLQName(queueOf(t, sys, name))); n != 0 {
 			t.Errorf("%s's DLQ holds %d messages, want 0", name, n)
 		}
 	}
@@ -311,8 +312,8 @@ func foreignReader(t *testing.T, exchange, topic string) string {
 func queueOf(t *testing.T, sys *system.System, name string) string {
 	t.Helper()
 	for _, q := range sys.EventQueues() {
-		if strings.HasSuffix(q, "."+name+amqp.DLQSuffix) {
-			return strings.TrimSuffix(q, amqp.DLQSuffix)
+		if strings.HasSuffix(q, "."+name+contract.DLQSuffix) {
+			return strings.TrimSuffix(q, contract.DLQSuffix)
 		}
 	}
 	t.Fatalf("no queue of %s in %v", name, sys.EventQueues())

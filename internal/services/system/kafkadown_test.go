@@ -14,7 +14,7 @@ import (
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // Kafka unavailable for a while, with inventari reading comanda.creada from
@@ -128,7 +128,7 @@ func TestKafkaDownInventariOnRabbitMQKeepsWorkingAndNothingIsLost(t *testing.T) 
 // checkStockOrderOnKafka reads inventari.esdeveniments and checks that it
 // holds want events and that each product's despres strictly falls along
 // its partition: the outbox went out in commit order per product.
-func checkStockOrderOnKafka(t *testing.T, b *kafka.Embedded, want int) {
+func checkStockOrderOnKafka(t *testing.T, b *kafkaembed.Broker, want int) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.ConsumeTopics(inventari.Topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {

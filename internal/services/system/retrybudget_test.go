@@ -33,8 +33,11 @@ func TestDefaultRetryBudgetOutlastsALock(t *testing.T) {
 	}
 	const topic = "comandes.esdeveniments"
 	b := kafkatest.New(t, topic)
-	src := kafka.NewSource(kafka.SourceConfig{Brokers: b.Addrs(), Group: "inventari.descompte_estoc", Topics: []string{topic},
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: b.Addrs(), Group: "inventari.descompte_estoc", Topics: []string{topic},
 		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := consumer.New(consumer.Config{Source: src, Pool: db.Pool, Names: db.Names(), Name: "inventari.descompte_estoc",
 		Inbox: inbox.New(inbox.Config{Names: db.Names()}), MaxAttempts: MaxAttemptsDefault, Backoff: 60 * time.Millisecond,
 		Handle: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

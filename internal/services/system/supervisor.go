@@ -134,7 +134,11 @@ func (sv *supervisor) runCDCRelay(service string, cfg cdc.Config) {
 func (sv *supervisor) runConsumer(src kafka.SourceConfig, probes faults.Consumer[*consumer.Message], cfg consumer.Config) {
 	worker := "consumer " + src.Group
 	sv.run(worker, func(ctx context.Context) error {
-		cfg.Source = kafka.NewSource(src)
+		s, err := kafka.NewSource(src)
+		if err != nil {
+			return err
+		}
+		cfg.Source = s
 		return sv.runOnce(ctx, worker, src.Group, nil, probes, cfg)
 	})
 }

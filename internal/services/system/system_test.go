@@ -16,7 +16,7 @@ import (
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/requestreply/kafkarr"
-	"github.com/km0/km0/transport/kafka"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 func TestStartRefusesAnUnknownServiceAndMissingConfig(t *testing.T) {
@@ -130,20 +130,20 @@ func TestHousekeepingPurgesExpiredKeysOnly(t *testing.T) {
 
 // startOne starts one service on its own embedded broker and a fresh
 // database, dropped at cleanup (after any cleanup the caller registers).
-func startOne(t *testing.T, service string) (*system.System, *kafka.Embedded) {
+func startOne(t *testing.T, service string) (*system.System, *kafkaembed.Broker) {
 	t.Helper()
 	return startOneWith(t, service, nil)
 }
 
 // startOneWith is startOne with cfg changed by tweak first.
-func startOneWith(t *testing.T, service string, tweak func(*system.Config)) (*system.System, *kafka.Embedded) {
+func startOneWith(t *testing.T, service string, tweak func(*system.Config)) (*system.System, *kafkaembed.Broker) {
 	t.Helper()
 	return startWith(t, []string{service}, tweak)
 }
 
 // startWith starts services on their own embedded broker and fresh
 // databases, dropped at cleanup, with cfg changed by tweak first.
-func startWith(t *testing.T, services []string, tweak func(*system.Config)) (*system.System, *kafka.Embedded) {
+func startWith(t *testing.T, services []string, tweak func(*system.Config)) (*system.System, *kafkaembed.Broker) {
 	t.Helper()
 	b := kafkatest.New(t, system.DomainTopics()...)
 	suffix := make([]byte, 4)

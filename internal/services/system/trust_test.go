@@ -121,10 +121,10 @@ func TestRogueApprovalCreatesAndChargesNothing(t *testing.T) {
 					}
 					body := []byte(`{"comanda_id":"P-2026-000990","aprovada":true}`)
 					rep := &kgo.Record{Topic: h[kafkarr.HeaderReplyTo], Value: body, Headers: []kgo.RecordHeader{
-						{Key: kafkarr.HeaderCorrelation, Value: []byte(h[kafkarr.HeaderCorrelation])}, {Key: requestreply.HeaderResult, Value: []byte(requestreply.ResultOK)}}}
+						{Key: contract.HeaderCorrelator, Value: []byte(h[contract.HeaderCorrelator])}, {Key: requestreply.HeaderResult, Value: []byte(requestreply.ResultOK)}}}
 					if key != nil {
 						rep.Headers = append(rep.Headers, kgo.RecordHeader{Key: requestreply.HeaderSignature, Value: []byte(requestreply.SignReply(key,
-							h[kafkarr.HeaderRequestID], h[kafkarr.HeaderCorrelation], h[kafkarr.HeaderReplyTo], requestreply.ResultOK, body))})
+							h[kafkarr.HeaderRequestID], h[contract.HeaderCorrelator], h[kafkarr.HeaderReplyTo], requestreply.ResultOK, body))})
 					}
 					if rogue.ProduceSync(ctx, rep).FirstErr() == nil {
 						answered.Add(1)

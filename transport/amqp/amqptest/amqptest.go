@@ -25,6 +25,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -265,7 +266,7 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 // DLQLen returns the number of messages in the DLQ of the work queue queue.
 func DLQLen(t testing.TB, conn *amqp.Conn, queue string) int {
 	t.Helper()
-	return QueueLen(t, conn, amqp.DLQName(queue))
+	return QueueLen(t, conn, contract.DLQName(queue))
 }
 
 // DeadLetters returns the messages of the DLQ of the work queue queue as
@@ -278,7 +279,7 @@ func DeadLetters(t testing.TB, conn *amqp.Conn, queue string) []*amqp.DeadLetter
 	var out []*amqp.DeadLetter
 	err := conn.Do(context.Background(), func(ch *amqp091.Channel) error {
 		for {
-			d, ok, err := ch.Get(amqp.DLQName(queue), false)
+			d, ok, err := ch.Get(contract.DLQName(queue), false)
 			if err != nil || !ok {
 				return err
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
@@ -46,7 +47,7 @@ func Message(t testing.TB, topic, tipus string, versio int, dades any) *consumer
 		t.Fatal(err)
 	}
 	return &consumer.Message{
-		Message:  &transport.Message{Topic: topic, Value: value, Headers: []transport.Header{{Key: transport.HeaderType, Value: tipus}, {Key: transport.HeaderEventID, Value: env.ID}}},
+		Message:  &transport.Message{Topic: topic, Value: value, Headers: []transport.Header{{Key: contract.HeaderType, Value: tipus}, {Key: contract.HeaderEventID, Value: env.ID}}},
 		Envelope: env,
 		Attempt:  1,
 	}

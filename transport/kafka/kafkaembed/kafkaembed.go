@@ -1,4 +1,10 @@
-package kafka
+// Package kafkaembed runs an in-process Kafka broker (kfake) that speaks the
+// real protocol: for tests, examples, the demo and `km0 kafka`.
+//
+// It lives apart from package kafka so that a program using kafka.NewSource
+// or kafka.NewPublisher does not link kfake (23 k lines, dozens of init
+// functions): only the programs that start a broker import this package.
+package kafkaembed
 
 import (
 	"context"
@@ -13,10 +19,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/km0/km0/transport/kafka"
 )
 
-// EmbeddedConfig configures an in-process broker.
-type EmbeddedConfig struct {
+// Config configures an in-process broker.
+type Config struct {
 	// Addr is host:port to listen on. Default "127.0.0.1:0" (a free port).
 	Addr string
 	// AdvertiseHost is the host the broker gives clients in its metadata
@@ -41,30 +49,30 @@ type EmbeddedConfig struct {
 	Extra []kfake.Opt
 }
 
-// Embedded is an in-process Kafka broker (kfake) speaking the real protocol.
+// Broker is an in-process Kafka broker (kfake) speaking the real protocol.
 // External clients (kcat, librdkafka, Python) can use it at Addr().
 //
 // What kfake lacks compared with a real cluster is listed in docs/operations.md
 // ("Embedded Kafka and what kfake lacks"): no replication, so acks=all means one copy.
-type Embedded struct {
+type Broker struct {
 	c *kfake.Cluster
 }
 
-// StartEmbedded starts a broker.
-func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+// Start starts a broker.
+func Start(cfg Config) (*Broker, error) {
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1:0"
 	}
 	if cfg.Partitions <= 0 {
-		cfg.Partitions = PartitionsDefault
+		cfg.Partitions = kafka.PartitionsDefault
 	}
 	host, portStr, err := net.SplitHostPort(cfg.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("kafka: embedded addr %q: %w", cfg.Addr, err)
+		return nil, fmt.Errorf("kafkaembed: addr %q: %w", cfg.Addr, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
-		return nil, fmt.Errorf("kafka: embedded port %q: %w", portStr, err)
+		return nil, fmt.Errorf("kafkaembed: port %q: %w", portStr, err)
 	}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
@@ -94,7 +102,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	opts = append(opts, cfg.Extra...)
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("kafka: embedded broker: %w", err)
+		return nil, fmt.Errorf("kafkaembed: start: %w", err)
 	}
 	if len(cfg.Topics) > 0 && len(cfg.Extra) == 0 {
 		// kfake seeds topics with its own 7-day retention: give them the
@@ -102,13 +110,13 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		// about them. With Extra (SASL, ACLs) the seeded topics keep kfake's.
 		if err := seedRetention(c.ListenAddrs(), cfg.Topics); err != nil {
 			c.Close()
-			return nil, fmt.Errorf("kafka: embedded broker: retention of %v: %w", cfg.Topics, err)
+			return nil, fmt.Errorf("kafkaembed: retention of %v: %w", cfg.Topics, err)
 		}
 	}
-	return &Embedded{c: c}, nil
+	return &Broker{c: c}, nil
 }
 
-// seedRetention sets retention.ms = RetentionDefault on topics.
+// seedRetention sets retention.ms = kafka.RetentionDefault on topics.
 func seedRetention(addrs, topics []string) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
 	if err != nil {
@@ -117,7 +125,7 @@ func seedRetention(addrs, topics []string) error {
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	v := strconv.FormatInt(RetentionDefault.Milliseconds(), 10)
+	v := strconv.FormatInt(kafka.RetentionDefault.Milliseconds(), 10)
 	rs, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "retention.ms", Value: &v}}, topics...)
 	if err != nil {
 		return err
@@ -131,15 +139,15 @@ func seedRetention(addrs, topics []string) error {
 }
 
 // Addrs returns the broker addresses.
-func (e *Embedded) Addrs() []string { return e.c.ListenAddrs() }
+func (e *Broker) Addrs() []string { return e.c.ListenAddrs() }
 
 // Cluster returns the kfake cluster (for fault injection in tests).
-func (e *Embedded) Cluster() *kfake.Cluster { return e.c }
+func (e *Broker) Cluster() *kfake.Cluster { return e.c }
 
 // Unreachable makes the broker refuse every request (each connection is
 // closed as it asks) until up is called: Kafka down, its data kept. The
 // demo's --kafka-down and the outage tests use it.
-func (e *Embedded) Unreachable() (up func()) {
+func (e *Broker) Unreachable() (up func()) {
 	var down atomic.Bool
 	down.Store(true)
 	c := e.c
@@ -155,7 +163,7 @@ func (e *Embedded) Unreachable() (up func()) {
 }
 
 // Close stops the broker (flushing DataDir state).
-func (e *Embedded) Close() { e.c.Close() }
+func (e *Broker) Close() { e.c.Close() }
 
 // advertised is a listener whose Addr names the host clients should dial:
 // kfake puts its listener's address in the metadata it returns.
