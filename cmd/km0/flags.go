@@ -12,9 +12,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/pgerr"
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -195,7 +198,7 @@ func openPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, e
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, errors.New("invalid --database-url (not shown: it may hold a password)")
+		return nil, fmt.Errorf("%w %s: want %s", errMalformedURL, redact.Malformed(url), databaseURLForm)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
@@ -206,10 +209,43 @@ func openPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, e
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("database %s does not answer: %w", redactURL(cfg), err)
+		return nil, connectError(cfg.ConnConfig.Config, err)
 	}
 	return pool, nil
 }
+
+// databaseURLForm is the form of --database-url an error shows.
+const databaseURLForm = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require|verify-full]"
+
+// connectError names why a connection to the server of c failed: the
+// database does not exist, the login was refused, or the server does not
+// answer (then with pgx's cause). A refusal is the server's answer, so it
+// is given alone: pgx's text would add a line per address and TLS mode it
+// tried, and the TLS attempt's failure is not the cause.
+func connectError(c pgconn.Config, err error) error {
+	at := fmt.Sprintf("%s:%d", c.Host, c.Port)
+	switch {
+	case pgerr.MissingDatabase(err):
+		return &connectRefusal{fmt.Sprintf("database %q does not exist on the PostgreSQL server at %s (create it, e.g. createdb -h %s -p %d -U %s %s, or name one that exists in --database-url)",
+			c.Database, at, c.Host, c.Port, c.User, c.Database), err}
+	case pgerr.LoginRefused(err):
+		return &connectRefusal{fmt.Sprintf("the PostgreSQL server at %s refused the login of user %q to database %q (check the password and the server's pg_hba.conf)", at, c.User, c.Database), err}
+	}
+	return fmt.Errorf("database postgres://%s@%s/%s does not answer: %w", c.User, at, c.Database, err)
+}
+
+// errMalformedURL starts the error of a --database-url that does not parse.
+var errMalformedURL = errors.New("invalid --database-url")
+
+// connectRefusal is a server's refusal of a connection: its message names
+// the cause; the server's error stays reachable by errors.As.
+type connectRefusal struct {
+	msg string
+	err error
+}
+
+func (e *connectRefusal) Error() string { return e.msg }
+func (e *connectRefusal) Unwrap() error { return e.err }
 
 func redactURL(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -14,8 +15,6 @@ import (
 
 	"github.com/km0/km0/internal/hostguard"
 
-	"github.com/km0/km0/outbox"
-	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/internal/services/analitica"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
@@ -23,6 +22,8 @@ import (
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -159,6 +160,19 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	for _, s := range services {
 		if *dbURL == "" && own[s] == "" {
 			return fmt.Errorf("no database for %s: set %s (its own database) or pass --database-url / set KM0_DATABASE_URL (an admin URL; km0_<service> databases are created on that server)", s, serviceDatabaseEnv(s))
+		}
+	}
+	if *dbURL != "" {
+		// A malformed URL, a missing database or a refused login is named
+		// here, before anything starts; a server that does not answer is
+		// left to system.Start, which names the service that needed it.
+		pool, err := openPool(ctx, *dbURL, 1)
+		var refused *connectRefusal
+		if errors.As(err, &refused) || errors.Is(err, errMalformedURL) {
+			return err
+		}
+		if pool != nil {
+			pool.Close()
 		}
 	}
 	topicRenames, err := parseRenames("--topics", *topics)

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/km0/km0/internal/pgtest"
+)
+
+// A database that does not exist, a login the server refuses and a URL
+// that does not parse are each named as such, by km0 migrate, relay and up
+// as processes: one line, the cause first, no password, no pgx chain (no
+// line per address and TLS mode tried).
+func TestDatabaseErrorsNameTheCause(t *testing.T) {
+	base, err := url.Parse(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port := base.Hostname(), base.Port()
+	missing := *base
+	missing.Path = "/km0_no_such_database"
+	missing.User = url.User(base.User.Username())
+	stranger := *base
+	stranger.User = url.UserPassword("km0_no_such_role", password)
+	const malformed = "postgres://anna:" + password + "@db.example:notaport/km0"
+	user := base.User.Username()
+	for _, c := range []struct{ url, want string }{
+		{missing.String(), fmt.Sprintf(`database "km0_no_such_database" does not exist on the PostgreSQL server at %s:%s (create it, e.g. createdb -h %s -p %s -U %s km0_no_such_database, or name one that exists in --database-url)`, host, port, host, port, user)},
+		{stranger.String(), fmt.Sprintf(`the PostgreSQL server at %s:%s refused the login of user "km0_no_such_role" to database %q (check the password and the server's pg_hba.conf)`, host, port, strings.TrimPrefix(base.Path, "/"))},
+		{malformed, "invalid --database-url postgres://anna:xxxxx@db.example:notaport/km0: want postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require|verify-full]"},
+	} {
+		for _, argv := range [][]string{
+			{"migrate"},
+			{"relay", "--topic", "comandes.esdeveniments", "--origin", "comandes", "--brokers", "127.0.0.1:1"},
+			{"up", "--embedded-kafka"},
+		} {
+			_, stderr, err := runKm0(t, []string{"KM0_DATABASE_URL=" + c.url}, argv...)
+			want := "km0 " + argv[0] + ": " + c.want + "\n"
+			if err == nil || stderr != want {
+				t.Errorf("km0 %s with %s: exit %v, stderr\n%s\nwant\n%s", strings.Join(argv, " "), c.url, err, stderr, want)
+			}
+			if strings.Contains(stderr, password) {
+				t.Errorf("km0 %s shows the password", argv[0])
+			}
+		}
+	}
+}
