@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -45,5 +47,30 @@ func TestDatabaseErrorsNameTheCause(t *testing.T) {
 				t.Errorf("km0 %s shows the password", argv[0])
 			}
 		}
+	}
+}
+
+// A flag error prints the error and one line pointing to --help, exit 2,
+// not the whole help (which --help still prints).
+func TestFlagErrorPointsToHelp(t *testing.T) {
+	for _, c := range []struct {
+		argv []string
+		want string
+	}{
+		{[]string{"up", "--bogus"}, "flag provided but not defined: -bogus\nrun km0 up --help for its flags\n"},
+		{[]string{"relay", "--batch", "x"}, "invalid value \"x\" for flag -batch: parse error\nrun km0 relay --help for its flags\n"},
+		{[]string{"serve", "cataleg", "--nope"}, "flag provided but not defined: -nope\nrun km0 serve cataleg --help for its flags\n"},
+		{[]string{"dlq", "ls", "--bogus"}, "flag provided but not defined: -bogus\nrun km0 dlq ls --help for its flags\n"},
+		{[]string{"outbox", "parked", "--bogus"}, "flag provided but not defined: -bogus\nrun km0 outbox parked --help for its flags\n"},
+	} {
+		_, stderr, err := runKm0(t, nil, c.argv...)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || stderr != c.want {
+			t.Errorf("km0 %s: %v, stderr\n%s\nwant exit 2 and\n%s", strings.Join(c.argv, " "), err, stderr, c.want)
+		}
+	}
+	_, stderr, err := runKm0(t, nil, "up", "--help")
+	if err != nil || !strings.Contains(stderr, "-database-url") {
+		t.Errorf("km0 up --help: %v, stderr\n%s", err, stderr)
 	}
 }

@@ -36,7 +36,7 @@ func newFlags(name, summary string) *flag.FlagSet {
 // secretString and mapFlag) reports what its Set could not: flag quotes the
 // value of a failed Set, and a credential is never printed.
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
@@ -62,6 +62,32 @@ func parse(fs *flag.FlagSet, args []string) error {
 		return errParsed
 	}
 	return nil
+}
+
+// parseFlags is fs.Parse(args), but a flag error (flag prints it) is
+// followed by one line pointing to --help instead of the whole help: the
+// help is printed when it is asked for. A -h, -help or --help among args
+// (before a --) asks for it.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if !wantsHelp(args) {
+		full := fs.Usage
+		fs.Usage = func() { fmt.Fprintf(fs.Output(), "run %s --help for its flags\n", fs.Name()) }
+		defer func() { fs.Usage = full }()
+	}
+	return fs.Parse(args)
+}
+
+// wantsHelp reports whether args hold -h, -help or --help before any --.
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--h", "--help":
+			return true
+		}
+	}
+	return false
 }
 
 // parseOnly makes parse return errParsed after a successful parse, so the
