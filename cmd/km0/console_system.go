@@ -43,7 +43,7 @@ import (
 // prints the path of the file that holds it, so that letters are never open.
 func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suffix string, brokers []string, drop bool, rule lag.Rule, out io.Writer, name string, log *slog.Logger) (stop func(), err error) {
 	if adminURL == "" {
-		return nil, errors.New("--console needs --database-url (or $KM0_DATABASE_URL): the dead-letter index gets its own database km0_dlq on that server")
+		return nil, errors.New("--console-addr needs --database-url (or $KM0_DATABASE_URL): the dead-letter index gets its own database km0_dlq on that server")
 	}
 	dbName := svc.DatabaseName("dlq", suffix)
 	u, err := svc.EnsureDatabase(ctx, adminURL, dbName)

@@ -26,9 +26,57 @@ func newFlags(name, summary string) *flag.FlagSet {
 	fs := flag.NewFlagSet("km0 "+name, flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "km0 %s: %s\n\nflags:\n", name, summary)
-		fs.PrintDefaults()
+		printDefaults(fs)
 	}
 	return fs
+}
+
+// flagAliases are the old spellings of renamed flags, per command (the
+// first word after km0): OLD → NEW. parseFlags registers each OLD a
+// command's flag set lacks as a second name of its NEW flag, so scripts
+// and manifests written for the old name still work; --help lists only
+// NEW. One spelling for every listen address: --http-addr for a command's
+// own HTTP server, --console-addr for the operator console, --kafka-addr
+// and --embedded-kafka-addr for a Kafka broker's; flag names in English.
+var flagAliases = map[string]map[string]string{
+	"up":    {"http": "http-addr", "console": "console-addr"},
+	"serve": {"http": "http-addr", "console": "console-addr"},
+	"demo":  {"console": "console-addr"},
+	"relay": {"metrics-addr": "http-addr"},
+	"kafka": {"addr": "kafka-addr"},
+	"dlq":   {"estat": "state", "motiu": "reason"},
+}
+
+// aliasesOf returns the aliases of fs's command (see flagAliases).
+func aliasesOf(fs *flag.FlagSet) map[string]string {
+	if w := strings.Fields(fs.Name()); len(w) > 1 {
+		return flagAliases[w[1]]
+	}
+	return nil
+}
+
+// addAliases registers the aliases of fs's command whose new flag fs has.
+func addAliases(fs *flag.FlagSet) {
+	for old, name := range aliasesOf(fs) {
+		if f := fs.Lookup(name); f != nil && fs.Lookup(old) == nil {
+			fs.Var(f.Value, old, "old name of --"+name)
+		}
+	}
+}
+
+// printDefaults is fs.PrintDefaults without the aliases.
+func printDefaults(fs *flag.FlagSet) {
+	aliases := aliasesOf(fs)
+	shown := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	shown.SetOutput(fs.Output())
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, alias := aliases[f.Name]; alias && fs.Lookup(aliases[f.Name]) != nil {
+			return
+		}
+		shown.Var(f.Value, f.Name, f.Usage)
+		shown.Lookup(f.Name).DefValue = f.DefValue
+	})
+	shown.PrintDefaults()
 }
 
 // parse parses args, mapping a flag error to errUsage (already printed).
@@ -67,8 +115,10 @@ func parse(fs *flag.FlagSet, args []string) error {
 // parseFlags is fs.Parse(args), but a flag error (flag prints it) is
 // followed by one line pointing to --help instead of the whole help: the
 // help is printed when it is asked for. A -h, -help or --help among args
-// (before a --) asks for it.
+// (before a --) asks for it. The old names of renamed flags are accepted
+// (flagAliases).
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	addAliases(fs)
 	if !wantsHelp(args) {
 		full := fs.Usage
 		fs.Usage = func() { fmt.Fprintf(fs.Output(), "run %s --help for its flags\n", fs.Name()) }
