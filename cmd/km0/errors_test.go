@@ -1,14 +1,19 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/services/svc"
+	"github.com/km0/km0/internal/services/system"
 )
 
 // A database that does not exist, a login the server refuses and a URL
@@ -73,4 +78,40 @@ func TestFlagErrorPointsToHelp(t *testing.T) {
 	if err != nil || !strings.Contains(stderr, "-database-url") {
 		t.Errorf("km0 up --help: %v, stderr\n%s", err, stderr)
 	}
+}
+
+// A Kafka that cannot be reached yet: km0 relay and km0 up behave alike,
+// each logs a warning naming the brokers and retries, and runs once the
+// broker is there (docs/operations.md, "A broker that cannot be reached").
+func TestRelayAndUpWaitForKafkaWithAWarning(t *testing.T) {
+	addr := freeAddr(t) // nothing listens there yet
+	s := pgtest.NewMigratedSchema(t)
+	suffix := fmt.Sprintf("wait_%d", os.Getpid())
+	t.Cleanup(func() {
+		for _, name := range system.Services {
+			_ = svc.DropDatabase(context.Background(), pgtest.URL(), svc.DatabaseName(name, suffix))
+		}
+	})
+	relayP := startKm0(t, nil, "relay", "--database-url", s.URL, "--schema", s.Name, "--topic", "comandes.esdeveniments", "--origin", "comandes", "--brokers", addr)
+	upP := startKm0(t, nil, "up", "--database-url", pgtest.URL(), "--database-suffix", suffix, "--brokers", addr)
+	for _, w := range []struct {
+		p    *proc
+		want string
+	}{
+		{relayP, `msg="km0 relay: cannot create or check the topic; retrying" topic=comandes.esdeveniments`},
+		{upP, `msg="km0 up: Kafka does not answer; retrying" brokers=` + addr + ` err=`},
+	} {
+		waitFor(t, "the warning "+w.want, func() bool {
+			select {
+			case <-w.p.exited:
+				t.Fatalf("exited while Kafka was down: %v\n%s", w.p.err, w.p.log())
+			default:
+			}
+			return strings.Contains(w.p.log(), w.want)
+		})
+	}
+	stop := startKafkaCommand(t, addr)
+	defer stop()
+	upP.waitRunning(t, 90*time.Second)
+	waitFor(t, "the relay running", func() bool { return strings.Contains(relayP.log(), `msg="km0 relay: running"`) })
 }

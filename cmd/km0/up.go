@@ -7,14 +7,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"slices"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/internal/hostguard"
-
 	"github.com/km0/km0/internal/services/analitica"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
@@ -222,6 +225,11 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err != nil {
 		return err
 	}
+	if len(remote) > 0 {
+		if up, err := waitForKafka(ctx, name, remote, kopts, logger()); err != nil || !up {
+			return err // !up: stopped while waiting
+		}
+	}
 	topicSettings, err := ktopics.settings(*embedded)
 	if err != nil {
 		return err
@@ -338,4 +346,36 @@ func parseRenames(flag, s string) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
+}
+
+// waitForKafka waits until the brokers answer, as km0 relay does: a broker
+// that cannot be reached is a warning naming it and the cause, repeated
+// with a growing wait (1 s, doubling, at most 30 s), not an exit; a refused
+// TLS handshake or SASL login (kafka.ErrSecurity) is an error at once. It
+// returns false if ctx ends first.
+func waitForKafka(ctx context.Context, name string, brokers []string, opts []kgo.Opt, log *slog.Logger) (bool, error) {
+	cl, err := kafka.NewClient(brokers, opts...)
+	if err != nil {
+		return false, err
+	}
+	defer cl.Close()
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := kafka.Ping(pctx, cl)
+		cancel()
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, kafka.ErrSecurity):
+			return false, err
+		case ctx.Err() != nil:
+			return false, nil
+		}
+		log.Warn("km0 "+name+": Kafka does not answer; retrying", "brokers", strings.Join(brokers, ","), "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return false, nil
+		case <-time.After(wait):
+		}
+	}
 }
