@@ -46,7 +46,9 @@ func Example_publicAPI() {
 		fmt.Println(err)
 		return
 	}
-	defer func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE") }()
+	defer func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	}()
 	names := migrate.Names{Schema: schema}.WithDefaults()
 	if _, err := migrate.Up(ctx, pool, names, migrate.Outbox); err != nil {
 		fmt.Println(err)
