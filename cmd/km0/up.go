@@ -9,13 +9,14 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/km0/km0/internal/hostguard"
 	"github.com/km0/km0/internal/services/analitica"
@@ -225,11 +226,6 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err != nil {
 		return err
 	}
-	if len(remote) > 0 {
-		if up, err := waitForKafka(ctx, name, remote, kopts, logger()); err != nil || !up {
-			return err // !up: stopped while waiting
-		}
-	}
 	topicSettings, err := ktopics.settings(*embedded)
 	if err != nil {
 		return err
@@ -238,13 +234,14 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err != nil {
 		return err
 	}
-	sys, err := system.Start(ctx, system.Config{SigningKey: key, AcceptUnsignedRequests: *acceptUnsigned, DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
+	startCfg := system.Config{SigningKey: key, AcceptUnsignedRequests: *acceptUnsigned, DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
 		Brokers: brokerList, KafkaOpts: kopts, TopicSettings: topicSettings, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, AMQPTLS: amqpTLSCfg, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
 		OutboxMode:   outbox.Mode(*outboxMode),
-		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()})
-	if err != nil {
-		return err
+		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()}
+	sys, err := startSystem(ctx, name, startCfg, remote, logger())
+	if err != nil || sys == nil {
+		return err // sys == nil: stopped while waiting for Kafka
 	}
 	defer sys.Close()
 	fmt.Printf("km0 %s: running %s (%s)\n", name, strings.Join(services, ", "), transports(sys, brokerList))
@@ -348,34 +345,37 @@ func parseRenames(flag, s string) (map[string]string, error) {
 	return out, nil
 }
 
-// waitForKafka waits until the brokers answer, as km0 relay does: a broker
-// that cannot be reached is a warning naming it and the cause, repeated
-// with a growing wait (1 s, doubling, at most 30 s), not an exit; a refused
-// TLS handshake or SASL login (kafka.ErrSecurity) is an error at once. It
-// returns false if ctx ends first.
-func waitForKafka(ctx context.Context, name string, brokers []string, opts []kgo.Opt, log *slog.Logger) (bool, error) {
-	cl, err := kafka.NewClient(brokers, opts...)
-	if err != nil {
-		return false, err
-	}
-	defer cl.Close()
+// startSystem is system.Start, retried while the Kafka brokers (remote)
+// cannot be reached, as km0 relay does: a dial error of Kafka at start is a
+// warning naming the brokers and the cause, repeated with a growing wait
+// (1 s, doubling, at most 30 s), not an exit. Every other error, a refused
+// TLS or SASL login of Kafka among them, is returned at once, and the names
+// and flags are checked (by system.Start) before Kafka is dialled. It
+// returns nil, nil if ctx ends while waiting.
+func startSystem(ctx context.Context, name string, cfg system.Config, remote []string, log *slog.Logger) (*system.System, error) {
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := kafka.Ping(pctx, cl)
-		cancel()
-		switch {
-		case err == nil:
-			return true, nil
-		case errors.Is(err, kafka.ErrSecurity):
-			return false, err
-		case ctx.Err() != nil:
-			return false, nil
+		sys, err := system.Start(ctx, cfg)
+		if err == nil || len(remote) == 0 || !kafkaUnreachable(err) {
+			return sys, err
 		}
-		log.Warn("km0 "+name+": Kafka does not answer; retrying", "brokers", strings.Join(brokers, ","), "err", err, "retry_in", wait)
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		log.Warn("km0 "+name+": Kafka does not answer; retrying", "brokers", strings.Join(remote, ","), "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
-			return false, nil
+			return nil, nil
 		case <-time.After(wait):
 		}
 	}
+}
+
+// kafkaUnreachable reports whether err is a failure to dial (a network
+// error that is not PostgreSQL's connect error nor RabbitMQ's), not a
+// refusal: a broker that answered and refused (TLS, SASL, a topic) is not
+// retried.
+func kafkaUnreachable(err error) bool {
+	var op *net.OpError
+	var pg *pgconn.ConnectError
+	return errors.As(err, &op) && !errors.As(err, &pg) && !errors.Is(err, amqp.ErrBrokerUnavailable) && !errors.Is(err, kafka.ErrSecurity)
 }
