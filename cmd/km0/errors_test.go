@@ -35,7 +35,7 @@ func TestDatabaseErrorsNameTheCause(t *testing.T) {
 	user := base.User.Username()
 	for _, c := range []struct{ url, want string }{
 		{missing.String(), fmt.Sprintf(`database "km0_no_such_database" does not exist on the PostgreSQL server at %s:%s (create it, e.g. createdb -h %s -p %s -U %s km0_no_such_database, or name one that exists in --database-url)`, host, port, host, port, user)},
-		{stranger.String(), fmt.Sprintf(`the PostgreSQL server at %s:%s refused the login of user "km0_no_such_role" to database %q (check the password and the server's pg_hba.conf)`, host, port, strings.TrimPrefix(base.Path, "/"))},
+		{stranger.String(), fmt.Sprintf(`the PostgreSQL server at %s:%s refused the login of user "km0_no_such_role" to database %q: role "km0_no_such_role" does not exist (check the password and the server's pg_hba.conf)`, host, port, strings.TrimPrefix(base.Path, "/"))},
 		{malformed, "invalid --database-url postgres://anna:xxxxx@db.example:notaport/km0: want postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require|verify-full]"},
 	} {
 		for _, argv := range [][]string{

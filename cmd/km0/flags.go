@@ -305,7 +305,9 @@ func connectError(c pgconn.Config, err error) error {
 		return &connectRefusal{fmt.Sprintf("database %q does not exist on the PostgreSQL server at %s (create it, e.g. createdb -h %s -p %d -U %s %s, or name one that exists in --database-url)",
 			c.Database, at, c.Host, c.Port, c.User, c.Database), err}
 	case pgerr.LoginRefused(err):
-		return &connectRefusal{fmt.Sprintf("the PostgreSQL server at %s refused the login of user %q to database %q (check the password and the server's pg_hba.conf)", at, c.User, c.Database), err}
+		var pe *pgconn.PgError
+		errors.As(err, &pe)
+		return &connectRefusal{fmt.Sprintf("the PostgreSQL server at %s refused the login of user %q to database %q: %s (check the password and the server's pg_hba.conf)", at, c.User, c.Database, pe.Message), err}
 	}
 	return fmt.Errorf("database postgres://%s@%s/%s does not answer: %w", c.User, at, c.Database, err)
 }
