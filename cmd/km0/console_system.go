@@ -23,10 +23,10 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
-	"github.com/km0/km0/lag"
-	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/lag"
+	"github.com/km0/km0/migrate"
 )
 
 // systemConsole starts the operator console of a running system (km0 up

@@ -10,9 +10,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/internal/services/demo"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/requestreply"
 )
 
 func init() {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/requestreply"
 )
 
 // testSigningKeyEnv gives the km0 processes of the tests a shared signing key.
