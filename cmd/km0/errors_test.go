@@ -34,7 +34,7 @@ func TestDatabaseErrorsNameTheCause(t *testing.T) {
 	const malformed = "postgres://anna:" + password + "@db.example:notaport/km0"
 	user := base.User.Username()
 	for _, c := range []struct{ url, want string }{
-		{missing.String(), fmt.Sprintf(`database "km0_no_such_database" does not exist on the PostgreSQL server at %s:%s (create it, e.g. createdb -h %s -p %s -U %s km0_no_such_database, or name one that exists in --database-url)`, host, port, host, port, user)},
+		{missing.String(), fmt.Sprintf(`database "km0_no_such_database" does not exist on the PostgreSQL server at %s:%s (create it, e.g. createdb -h %s -p %s -U %s km0_no_such_database, or name one that exists)`, host, port, host, port, user)},
 		{stranger.String(), fmt.Sprintf(`the PostgreSQL server at %s:%s refused the login of user "km0_no_such_role" to database %q: role "km0_no_such_role" does not exist (check the password and the server's pg_hba.conf)`, host, port, strings.TrimPrefix(base.Path, "/"))},
 		{malformed, "invalid --database-url postgres://anna:xxxxx@db.example:notaport/km0: want postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require|verify-full]"},
 	} {
@@ -52,6 +52,23 @@ func TestDatabaseErrorsNameTheCause(t *testing.T) {
 				t.Errorf("km0 %s shows the password", argv[0])
 			}
 		}
+	}
+}
+
+// A service's own database (KM0_<SERVICE>_DATABASE_URL) is used as is,
+// never created: one that does not exist is named, with the service.
+func TestServeNamesAMissingOwnDatabase(t *testing.T) {
+	base, err := url.Parse(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := *base
+	missing.Path = "/km0_no_such_database"
+	_, stderr, err := runKm0(t, []string{"KM0_CATALEG_DATABASE_URL=" + missing.String()}, "serve", "cataleg", "--brokers", "127.0.0.1:1")
+	want := fmt.Sprintf("km0 serve: cataleg: database \"km0_no_such_database\" does not exist on the PostgreSQL server at %s:%s (create it, e.g. createdb -h %s -p %s -U %s km0_no_such_database, or name one that exists)\n",
+		base.Hostname(), base.Port(), base.Hostname(), base.Port(), base.User.Username())
+	if err == nil || stderr != want {
+		t.Errorf("km0 serve cataleg with a missing own database: %v, stderr\n%s\nwant\n%s", err, stderr, want)
 	}
 }
 

@@ -302,7 +302,7 @@ func connectError(c pgconn.Config, err error) error {
 	at := fmt.Sprintf("%s:%d", c.Host, c.Port)
 	switch {
 	case pgerr.MissingDatabase(err):
-		return &connectRefusal{fmt.Sprintf("database %q does not exist on the PostgreSQL server at %s (create it, e.g. createdb -h %s -p %d -U %s %s, or name one that exists in --database-url)",
+		return &connectRefusal{fmt.Sprintf("database %q does not exist on the PostgreSQL server at %s (create it, e.g. createdb -h %s -p %d -U %s %s, or name one that exists)",
 			c.Database, at, c.Host, c.Port, c.User, c.Database), err}
 	case pgerr.LoginRefused(err):
 		var pe *pgconn.PgError

@@ -180,6 +180,18 @@ func runServices(ctx context.Context, name string, services []string, args []str
 			pool.Close()
 		}
 	}
+	for _, s := range slices.Sorted(maps.Keys(own)) {
+		// A service's own database is used as is, never created: one
+		// that does not exist, or refuses the login, is named here too.
+		pool, err := openPool(ctx, own[s], 1)
+		var refused *connectRefusal
+		if errors.As(err, &refused) {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		if pool != nil {
+			pool.Close()
+		}
+	}
 	topicRenames, err := parseRenames("--topics", *topics)
 	if err != nil {
 		return err
