@@ -27,10 +27,10 @@ func runDemo(ctx context.Context, args []string) error {
 	orders := fs.Int("orders", demo.OrdersDefault, "number of orders to submit (with --chaos the default is 2000)")
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
 	keep := fs.Bool("keep-running", false, "leave the services, their HTTP APIs and the operator console up after the report (Ctrl-C stops them)")
-	consoleAddr := fs.String("console", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none; token $"+adminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
+	consoleAddr := fs.String("console-addr", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none; token $"+adminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
 	alerts := addAlertFlags(fs, "with --keep-running")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
-	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set or --events puts events there, else the embedded Kafka)")
+	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set or --events puts events there, else the embedded Kafka; on by default in km0 demo to show request/reply, off in km0 up and km0 serve, which run the asynchronous flow alone unless asked)")
 	keepDB := fs.Bool("keep-databases", false, "do not drop the run's km0_<service>_demo_<run> databases")
 	seed := fs.Uint64("seed", 1, "scenario seed (with --chaos: also the fault schedule; default there a random seed, printed)")
 	chaos := fs.Bool("chaos", false, "run the services and the broker as separate processes, SIGKILL and restart them while orders flow, "+
@@ -46,7 +46,7 @@ func runDemo(ctx context.Context, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := alerts.check(*keep && *consoleAddr != "", "--keep-running (and --console)"); err != nil {
+	if err := alerts.check(*keep && *consoleAddr != "", "--keep-running (and --console-addr)"); err != nil {
 		return err
 	}
 	evBroker, evTopics, err := system.ParseEvents(*events)

@@ -275,7 +275,7 @@ type filterFlags struct {
 func addFilterFlags(fs *flag.FlagSet) *filterFlags {
 	f := &filterFlags{
 		topic: fs.String("topic", "", "only this topic: a DLQ topic (x.dlq) or an original topic (x)"),
-		motiu: fs.String("motiu", "", `only letters whose motiu starts with this, e.g. "permanent: esquema"`),
+		motiu: fs.String("reason", "", `only letters whose motiu (reason) starts with this, e.g. "permanent: esquema"`),
 		since: fs.String("since", "", "only letters dead at or after this: RFC 3339, YYYY-MM-DD, or an age (36h, 7d)"),
 		until: fs.String("until", "", "only letters dead before this (same forms as --since)"),
 		group: fs.String("consumer", "", "only letters of this consumer (grup_consumidor: the Kafka group or RabbitMQ work queue)"),
@@ -338,7 +338,7 @@ func (c *dlqCLI) start(ctx context.Context, fs *flag.FlagSet, o *dlqOpts, ff *fi
 func (c *dlqCLI) ls(ctx context.Context, args []string) error {
 	fs, o := c.flags("ls", "list dead letters grouped by topic and motiu (counts), then the rows")
 	ff := addFilterFlags(fs)
-	state := fs.String("estat", "pendent", "pendent, reproduida, purgada or totes")
+	state := fs.String("state", "pendent", "pendent, reproduida, purgada or totes")
 	limit := fs.Int("limit", 200, "rows to print at most (0 = all); the counts always cover every letter")
 	f, env, err := c.start(ctx, fs, o, ff, args, func(f *dlq.Filter) (err error) {
 		f.Limit, f.Fold = *limit, true
@@ -675,7 +675,7 @@ func syncEvery(ctx context.Context, src dlq.Source, interval time.Duration, log 
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var rest []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}

@@ -12,9 +12,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/pgerr"
+	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -23,9 +26,57 @@ func newFlags(name, summary string) *flag.FlagSet {
 	fs := flag.NewFlagSet("km0 "+name, flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "km0 %s: %s\n\nflags:\n", name, summary)
-		fs.PrintDefaults()
+		printDefaults(fs)
 	}
 	return fs
+}
+
+// flagAliases are the old spellings of renamed flags, per command (the
+// first word after km0): OLD → NEW. parseFlags registers each OLD a
+// command's flag set lacks as a second name of its NEW flag, so scripts
+// and manifests written for the old name still work; --help lists only
+// NEW. One spelling for every listen address: --http-addr for a command's
+// own HTTP server, --console-addr for the operator console, --kafka-addr
+// and --embedded-kafka-addr for a Kafka broker's; flag names in English.
+var flagAliases = map[string]map[string]string{
+	"up":    {"http": "http-addr", "console": "console-addr"},
+	"serve": {"http": "http-addr", "console": "console-addr"},
+	"demo":  {"console": "console-addr"},
+	"relay": {"metrics-addr": "http-addr"},
+	"kafka": {"addr": "kafka-addr"},
+	"dlq":   {"estat": "state", "motiu": "reason"},
+}
+
+// aliasesOf returns the aliases of fs's command (see flagAliases).
+func aliasesOf(fs *flag.FlagSet) map[string]string {
+	if w := strings.Fields(fs.Name()); len(w) > 1 {
+		return flagAliases[w[1]]
+	}
+	return nil
+}
+
+// addAliases registers the aliases of fs's command whose new flag fs has.
+func addAliases(fs *flag.FlagSet) {
+	for old, name := range aliasesOf(fs) {
+		if f := fs.Lookup(name); f != nil && fs.Lookup(old) == nil {
+			fs.Var(f.Value, old, "old name of --"+name)
+		}
+	}
+}
+
+// printDefaults is fs.PrintDefaults without the aliases.
+func printDefaults(fs *flag.FlagSet) {
+	aliases := aliasesOf(fs)
+	shown := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	shown.SetOutput(fs.Output())
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, alias := aliases[f.Name]; alias && fs.Lookup(aliases[f.Name]) != nil {
+			return
+		}
+		shown.Var(f.Value, f.Name, f.Usage)
+		shown.Lookup(f.Name).DefValue = f.DefValue
+	})
+	shown.PrintDefaults()
 }
 
 // parse parses args, mapping a flag error to errUsage (already printed).
@@ -33,7 +84,7 @@ func newFlags(name, summary string) *flag.FlagSet {
 // secretString and mapFlag) reports what its Set could not: flag quotes the
 // value of a failed Set, and a credential is never printed.
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
@@ -59,6 +110,34 @@ func parse(fs *flag.FlagSet, args []string) error {
 		return errParsed
 	}
 	return nil
+}
+
+// parseFlags is fs.Parse(args), but a flag error (flag prints it) is
+// followed by one line pointing to --help instead of the whole help: the
+// help is printed when it is asked for. A -h, -help or --help among args
+// (before a --) asks for it. The old names of renamed flags are accepted
+// (flagAliases).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	addAliases(fs)
+	if !wantsHelp(args) {
+		full := fs.Usage
+		fs.Usage = func() { fmt.Fprintf(fs.Output(), "run %s --help for its flags\n", fs.Name()) }
+		defer func() { fs.Usage = full }()
+	}
+	return fs.Parse(args)
+}
+
+// wantsHelp reports whether args hold -h, -help or --help before any --.
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--h", "--help":
+			return true
+		}
+	}
+	return false
 }
 
 // parseOnly makes parse return errParsed after a successful parse, so the
@@ -195,7 +274,7 @@ func openPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, e
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, errors.New("invalid --database-url (not shown: it may hold a password)")
+		return nil, fmt.Errorf("%w %s: want %s", errMalformedURL, redact.Malformed(url), databaseURLForm)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
@@ -206,10 +285,45 @@ func openPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, e
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("database %s does not answer: %w", redactURL(cfg), err)
+		return nil, connectError(cfg.ConnConfig.Config, err)
 	}
 	return pool, nil
 }
+
+// databaseURLForm is the form of --database-url an error shows.
+const databaseURLForm = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require|verify-full]"
+
+// connectError names why a connection to the server of c failed: the
+// database does not exist, the login was refused, or the server does not
+// answer (then with pgx's cause). A refusal is the server's answer, so it
+// is given alone: pgx's text would add a line per address and TLS mode it
+// tried, and the TLS attempt's failure is not the cause.
+func connectError(c pgconn.Config, err error) error {
+	at := fmt.Sprintf("%s:%d", c.Host, c.Port)
+	switch {
+	case pgerr.MissingDatabase(err):
+		return &connectRefusal{fmt.Sprintf("database %q does not exist on the PostgreSQL server at %s (create it, e.g. createdb -h %s -p %d -U %s %s, or name one that exists)",
+			c.Database, at, c.Host, c.Port, c.User, c.Database), err}
+	case pgerr.LoginRefused(err):
+		var pe *pgconn.PgError
+		errors.As(err, &pe)
+		return &connectRefusal{fmt.Sprintf("the PostgreSQL server at %s refused the login of user %q to database %q: %s (check the password and the server's pg_hba.conf)", at, c.User, c.Database, pe.Message), err}
+	}
+	return fmt.Errorf("database postgres://%s@%s/%s does not answer: %w", c.User, at, c.Database, err)
+}
+
+// errMalformedURL starts the error of a --database-url that does not parse.
+var errMalformedURL = errors.New("invalid --database-url")
+
+// connectRefusal is a server's refusal of a connection: its message names
+// the cause; the server's error stays reachable by errors.As.
+type connectRefusal struct {
+	msg string
+	err error
+}
+
+func (e *connectRefusal) Error() string { return e.msg }
+func (e *connectRefusal) Unwrap() error { return e.err }
 
 func redactURL(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig

@@ -58,7 +58,7 @@ func runOutbox(ctx context.Context, args []string) error {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		id, args = args[0], args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return parseErr(err)
 	}
 	if fs.NArg() > 0 && id == "" {

@@ -53,7 +53,7 @@ func runRelay(ctx context.Context, args []string) error {
 	exchange := fs.String("exchange", "", "publish to this RabbitMQ exchange (routing key = --topic) instead of Kafka")
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL, with --exchange (default $KM0_AMQP_URL, else the local guest broker)")
 	amqpTLS := addAMQPTLSFlags(fs)
-	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics and the liveness probe http://ADDR"+relayHealthPath+" (default off)")
+	metricsAddr := fs.String("http-addr", "", "serve Prometheus metrics at http://ADDR/metrics and the liveness probe http://ADDR"+relayHealthPath+" (default off)")
 	pruneOlder := fs.Duration("prune-older-than", 0, "delete published rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	deletePublished := fs.Bool("delete-published", false, "delete each row as soon as the broker confirmed it, instead of setting publicat_en: the outbox keeps only pending rows and nothing can be replayed from it")
 	mode := fs.String("mode", modePolling, "polling: claim pending rows from the table (LISTEN/NOTIFY and a fallback poll); "+

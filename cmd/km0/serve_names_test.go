@@ -33,10 +33,10 @@ func TestHTTPAddrsNamesOnlyServersThisProcessRuns(t *testing.T) {
 		want     string
 	}{
 		{"up", []string{"comandes", "inventari", "pagaments", "repartiment", "analitica", "cataleg"}, "pagaments=:8082",
-			`--http "pagaments=:8082": pagaments has no HTTP API (it consumes events and answers authorisations over request/reply); NAME is one of comandes, inventari, repartiment, analitica, cataleg, passarella, mapes`},
-		{"serve cataleg", []string{"cataleg"}, "comandes=:8080", `--http "comandes=:8080": comandes does not run in this process (it runs cataleg)`},
-		{"serve cataleg", []string{"cataleg"}, "mapes=:8085", `--http "mapes=:8085": mapes does not run in this process (it runs cataleg)`},
-		{"up", []string{"comandes"}, "comandes=:1,comandes=:2", `--http "comandes=:2": comandes given twice`},
+			`--http-addr "pagaments=:8082": pagaments has no HTTP API (it consumes events and answers authorisations over request/reply); NAME is one of comandes, inventari, repartiment, analitica, cataleg, passarella, mapes`},
+		{"serve cataleg", []string{"cataleg"}, "comandes=:8080", `--http-addr "comandes=:8080": comandes does not run in this process (it runs cataleg)`},
+		{"serve cataleg", []string{"cataleg"}, "mapes=:8085", `--http-addr "mapes=:8085": mapes does not run in this process (it runs cataleg)`},
+		{"up", []string{"comandes"}, "comandes=:1,comandes=:2", `--http-addr "comandes=:2": comandes given twice`},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := runServices(ctx, c.cmd, c.services, []string{"--brokers", "127.0.0.1:1", "--http", c.http})

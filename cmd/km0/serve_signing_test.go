@@ -51,7 +51,8 @@ func TestServeRefusesToStartWithoutASigningKey(t *testing.T) {
 	t.Setenv(requestreply.SigningKeyEnv, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := runServe(ctx, append([]string{"comandes"}, own...)); err == nil || errors.Is(err, system.ErrConfig) {
+	// The embedded broker: with an unreachable Kafka the process would wait for it (startSystem).
+	if err := runServe(ctx, []string{"comandes", "--service-database-url", "postgres://postgres@127.0.0.1:1/qualsevol", "--embedded-kafka"}); err == nil || errors.Is(err, system.ErrConfig) {
 		t.Fatalf("km0 serve comandes without --authorize: %v, want the database's error, not ErrConfig", err)
 	}
 }

@@ -5,12 +5,18 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/km0/km0/internal/hostguard"
 
@@ -24,6 +30,7 @@ import (
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/transport/amqp"
+	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
@@ -66,26 +73,26 @@ func parseHTTPAddrs(spec string, services []string, gateway string) (map[string]
 		k, v, ok := strings.Cut(kv, "=")
 		switch {
 		case k == pagaments.Name:
-			return nil, fmt.Errorf("--http %q: pagaments has no HTTP API (it consumes events and answers authorisations over request/reply); NAME is one of %s",
+			return nil, fmt.Errorf("--http-addr %q: pagaments has no HTTP API (it consumes events and answers authorisations over request/reply); NAME is one of %s",
 				kv, strings.Join(httpServers, ", "))
 		case !ok || v == "" || !slices.Contains(httpServers, k):
-			return nil, fmt.Errorf("--http %q: want NAME=ADDR with NAME one of %s", kv, strings.Join(httpServers, ", "))
+			return nil, fmt.Errorf("--http-addr %q: want NAME=ADDR with NAME one of %s", kv, strings.Join(httpServers, ", "))
 		}
 		owner := k
 		switch k {
 		case system.GatewayName:
 			owner = pagaments.Name
 			if gateway != "" {
-				return nil, fmt.Errorf("--http %q: the simulated gateway does not run with --gateway-url", kv)
+				return nil, fmt.Errorf("--http-addr %q: the simulated gateway does not run with --gateway-url", kv)
 			}
 		case system.MapsName:
 			owner = repartiment.Name
 		}
 		if !slices.Contains(services, owner) {
-			return nil, fmt.Errorf("--http %q: %s does not run in this process (it runs %s)", kv, k, strings.Join(services, ", "))
+			return nil, fmt.Errorf("--http-addr %q: %s does not run in this process (it runs %s)", kv, k, strings.Join(services, ", "))
 		}
 		if _, dup := addrs[k]; dup {
-			return nil, fmt.Errorf("--http %q: %s given twice", kv, k)
+			return nil, fmt.Errorf("--http-addr %q: %s given twice", kv, k)
 		}
 		addrs[k] = v
 	}
@@ -118,15 +125,16 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	ksec := kafkaSecurityFlags(fs)
 	ktopics := newKafkaTopicFlags(fs)
 	embedded := fs.Bool("embedded-kafka", false, "start an embedded Kafka broker in this process instead of using --brokers")
+	embeddedAddr := fs.String("embedded-kafka-addr", "", "with --embedded-kafka: its listen address, e.g. 127.0.0.1:9092, so that other processes (km0 lag, km0 dlq) can reach it (default a free port on 127.0.0.1, printed)")
 	events := eventsFlag(fs)
 	eventsExchange := fs.String("events-exchange", cmp.Or(os.Getenv("KM0_EVENTS_EXCHANGE"), system.EventsExchangeDefault), "RabbitMQ topic exchange of the events --events puts there (default $KM0_EVENTS_EXCHANGE, else "+system.EventsExchangeDefault+")")
 	eventsPrefix := fs.String("events-queue-prefix", os.Getenv("KM0_EVENTS_QUEUE_PREFIX"), "put this before the name of every RabbitMQ queue of the events, e.g. staging. (default $KM0_EVENTS_QUEUE_PREFIX; give every process the same)")
 	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply and for the events --events puts there (default $KM0_AMQP_URL; empty: request/reply over Kafka, and with --events rabbitmq the local guest broker)")
 	amqpTLS := addAMQPTLSFlags(fs)
-	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply, and pagaments charges only orders it approved (give every process the same)")
+	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply, and pagaments charges only orders it approved (give every process the same; off by default in km0 up and km0 serve: orders follow the asynchronous flow alone and separate serve processes need no shared $"+requestreply.SigningKeyEnv+"; km0 demo turns it on to show request/reply)")
 	acceptUnsigned := fs.Bool("accept-unsigned-requests", false, "start pagaments, or comandes with --authorize, without $"+requestreply.SigningKeyEnv+": authorisation requests and replies go unsigned and anyone who can publish to "+pagaments.AuthQueue+" is trusted (logged at start and shown in /salut; km0 up instead generates a key for its own process)")
 	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
-	httpAddrs := fs.String("http", "", "listen addresses, e.g. comandes=:8080,analitica=:8081 (default a free port each)")
+	httpAddrs := fs.String("http-addr", "", "listen addresses of the HTTP APIs: NAME=ADDR,... e.g. comandes=:8080,analitica=:8081 (default a free port each)")
 	allowedHosts := fs.String("http-allowed-hosts", os.Getenv(hostguard.AllowedHostsEnv), "Host names the HTTP APIs answer besides their listen address: NAME or NAME:PORT,... or * for any (default $"+hostguard.AllowedHostsEnv+"; loopback servers answer localhost, 127.0.0.1 and [::1])")
 	deliveryTime := fs.Duration("delivery-time", repartiment.DeliveryTimeDefault, "repartiment: how long a courier stays busy with one delivery")
 	assignInterval := fs.Duration("assign-interval", system.AssignIntervalDefault, "repartiment: period of the loop that assigns pending deliveries")
@@ -134,8 +142,8 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	deletePublished := fs.Bool("delete-published", false, "each service's relay deletes each outbox row as soon as the broker confirmed it, instead of setting publicat_en: the outboxes keep only pending rows and nothing can be replayed from them")
 	relayMode := fs.String("relay", system.RelayPolling, "how each service's relay finds its outbox rows: polling (claim them from the table) or cdc (stream the inserts from the WAL; the server needs wal_level = logical and the REPLICATION privilege; slots km0_<database>_outbox)")
 	outboxMode := fs.String("outbox", string(outbox.ModeTable), "where the services write their events: table (outbox rows) or wal (WAL messages, no rows; implies --relay cdc; each service's slot is created at start, before anything is written; see docs/cdc.md)")
-	consoleAddr := fs.String("console", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+adminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
-	alerts := addAlertFlags(fs, "with --console")
+	consoleAddr := fs.String("console-addr", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+adminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
+	alerts := addAlertFlags(fs, "with --console-addr")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -143,7 +151,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if *outboxMode == string(outbox.ModeWAL) && !flagSet(fs, "relay") {
 		*relayMode = system.RelayCDC // --outbox wal implies --relay cdc
 	}
-	if err := alerts.check(*consoleAddr != "", "--console"); err != nil {
+	if err := alerts.check(*consoleAddr != "", "--console-addr"); err != nil {
 		return err
 	}
 	addrs, err := parseHTTPAddrs(*httpAddrs, services, *gateway)
@@ -159,6 +167,31 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	for _, s := range services {
 		if *dbURL == "" && own[s] == "" {
 			return fmt.Errorf("no database for %s: set %s (its own database) or pass --database-url / set KM0_DATABASE_URL (an admin URL; km0_<service> databases are created on that server)", s, serviceDatabaseEnv(s))
+		}
+	}
+	if *dbURL != "" {
+		// A malformed URL, a missing database or a refused login is named
+		// here, before anything starts; a server that does not answer is
+		// left to system.Start, which names the service that needed it.
+		pool, err := openPool(ctx, *dbURL, 1)
+		var refused *connectRefusal
+		if errors.As(err, &refused) || errors.Is(err, errMalformedURL) {
+			return err
+		}
+		if pool != nil {
+			pool.Close()
+		}
+	}
+	for _, s := range slices.Sorted(maps.Keys(own)) {
+		// A service's own database is used as is, never created: one
+		// that does not exist, or refuses the login, is named here too.
+		pool, err := openPool(ctx, own[s], 1)
+		var refused *connectRefusal
+		if errors.As(err, &refused) {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		if pool != nil {
+			pool.Close()
 		}
 	}
 	topicRenames, err := parseRenames("--topics", *topics)
@@ -181,11 +214,14 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err != nil {
 		return err
 	}
+	if *embeddedAddr != "" && !*embedded {
+		return errors.New("--embedded-kafka-addr needs --embedded-kafka")
+	}
 	var brokerList []string
 	switch {
 	case !cfg.NeedsKafka() && !*embedded:
 	case *embedded:
-		b, err := kafkaembed.Start(kafkaembed.Config{Topics: system.DomainTopics()})
+		b, err := kafkaembed.Start(kafkaembed.Config{Addr: *embeddedAddr, Topics: system.DomainTopics()})
 		if err != nil {
 			return err
 		}
@@ -212,13 +248,14 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if err != nil {
 		return err
 	}
-	sys, err := system.Start(ctx, system.Config{SigningKey: key, AcceptUnsignedRequests: *acceptUnsigned, DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
+	startCfg := system.Config{SigningKey: key, AcceptUnsignedRequests: *acceptUnsigned, DatabaseURL: *dbURL, DatabaseSuffix: *dbSuffix, DatabaseURLs: own, Topics: topicRenames, Groups: groupRenames,
 		Brokers: brokerList, KafkaOpts: kopts, TopicSettings: topicSettings, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, AMQPTLS: amqpTLSCfg, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
 		OutboxMode:   outbox.Mode(*outboxMode),
-		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()})
-	if err != nil {
-		return err
+		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()}
+	sys, err := startSystem(ctx, name, startCfg, remote, logger())
+	if err != nil || sys == nil {
+		return err // sys == nil: stopped while waiting for Kafka
 	}
 	defer sys.Close()
 	fmt.Printf("km0 %s: running %s (%s)\n", name, strings.Join(services, ", "), transports(sys, brokerList))
@@ -320,4 +357,39 @@ func parseRenames(flag, s string) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
+}
+
+// startSystem is system.Start, retried while the Kafka brokers (remote)
+// cannot be reached, as km0 relay does: a dial error of Kafka at start is a
+// warning naming the brokers and the cause, repeated with a growing wait
+// (1 s, doubling, at most 30 s), not an exit. Every other error, a refused
+// TLS or SASL login of Kafka among them, is returned at once, and the names
+// and flags are checked (by system.Start) before Kafka is dialled. It
+// returns nil, nil if ctx ends while waiting.
+func startSystem(ctx context.Context, name string, cfg system.Config, remote []string, log *slog.Logger) (*system.System, error) {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		sys, err := system.Start(ctx, cfg)
+		if err == nil || len(remote) == 0 || !kafkaUnreachable(err) {
+			return sys, err
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		log.Warn("km0 "+name+": Kafka does not answer; retrying", "brokers", strings.Join(remote, ","), "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// kafkaUnreachable reports whether err is a failure to dial (a network
+// error that is not PostgreSQL's connect error nor RabbitMQ's), not a
+// refusal: a broker that answered and refused (TLS, SASL, a topic) is not
+// retried.
+func kafkaUnreachable(err error) bool {
+	var op *net.OpError
+	var pg *pgconn.ConnectError
+	return errors.As(err, &op) && !errors.As(err, &pg) && !errors.Is(err, amqp.ErrBrokerUnavailable) && !errors.Is(err, kafka.ErrSecurity)
 }

@@ -95,3 +95,24 @@ func class(code string) string {
 	}
 	return strings.ToUpper(code[:2])
 }
+
+// SQLSTATEs of a connection the server refused for who asked or what for.
+const (
+	InvalidCatalogName   = "3D000" // the database does not exist
+	InvalidPassword      = "28P01"
+	InvalidAuthorization = "28000" // pg_hba.conf has no entry, or the role may not log in
+)
+
+// MissingDatabase reports whether the server said the database of the
+// connection does not exist (3D000).
+func MissingDatabase(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == InvalidCatalogName
+}
+
+// LoginRefused reports whether the server refused the login: a wrong
+// password (28P01) or no pg_hba.conf entry or login right (28000).
+func LoginRefused(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == InvalidPassword || pe.Code == InvalidAuthorization)
+}

@@ -59,3 +59,27 @@ func TestIntegrity(t *testing.T) {
 		t.Error("Integrity of a non-server error")
 	}
 }
+
+// A connection the server refused: the database does not exist (3D000), or
+// the login was refused (28P01 password, 28000 pg_hba.conf or role).
+func TestConnectionRefusals(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("connect: %w", &pgconn.PgError{Code: code}) }
+	for _, c := range []struct {
+		err            error
+		missing, login bool
+	}{
+		{pg("3D000"), true, false},
+		{pg("28P01"), false, true},
+		{pg("28000"), false, true},
+		{pg("08006"), false, false},
+		{errors.New("dial tcp: refused"), false, false},
+		{nil, false, false},
+	} {
+		if got := pgerr.MissingDatabase(c.err); got != c.missing {
+			t.Errorf("MissingDatabase(%v) = %v", c.err, got)
+		}
+		if got := pgerr.LoginRefused(c.err); got != c.login {
+			t.Errorf("LoginRefused(%v) = %v", c.err, got)
+		}
+	}
+}

@@ -28,3 +28,19 @@ func TestURLHidesEveryFormOfPassword(t *testing.T) {
 		t.Errorf("a URL without a password changed: %q", got)
 	}
 }
+
+// A connection string that does not parse is shown back in its error
+// (the user must see what to fix), with its password hidden.
+func TestMalformedHidesThePassword(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://anna:hunter2@db:notaport/x":                 "postgres://anna:xxxxx@db:notaport/x",
+		"postgres://anna:hun@ter2@db:notaport/x":                "postgres://anna:xxxxx@db:notaport/x",
+		"postgres://anna@db:notaport/x?password=hunter2&a=b":    "postgres://anna@db:notaport/x?password=xxxxx&a=b",
+		"host=db port=x user=anna password='hun ter2' dbname=x": "host=db port=x user=anna password=xxxxx dbname=x",
+		"postgres://db:notaport/x":                              "postgres://db:notaport/x",
+	} {
+		if got := redact.Malformed(in); got != want {
+			t.Errorf("Malformed(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

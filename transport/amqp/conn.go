@@ -40,6 +40,11 @@ const (
 // ErrBrokerUnavailable wraps the error of a first Dial that found no broker.
 var ErrBrokerUnavailable = errors.New("amqp: RabbitMQ unavailable")
 
+// ErrLoginRefused is the error of a first Dial whose user or password the
+// broker refused (403 ACCESS_REFUSED): the broker answers, trying again
+// will not help.
+var ErrLoginRefused = errors.New("amqp: login refused")
+
 // Config configures a Conn.
 type Config struct {
 	// URL of the broker. Default $KM0_AMQP_URL, else URLDefault. It is never
@@ -143,6 +148,10 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
 		c.cancel()
+		if ae := (*amqp.Error)(nil); errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
+			u, _ := amqp.ParseURI(cfg.URL)
+			return nil, fmt.Errorf("%w: RabbitMQ at %s refused user %q (403 ACCESS_REFUSED: check the user and its password)", ErrLoginRefused, redact.URL(cfg.URL), u.Username)
+		}
 		return nil, fmt.Errorf("%w at %s: %w", ErrBrokerUnavailable, redact.URL(cfg.URL), err)
 	}
 	c.install(conn)

@@ -3,6 +3,7 @@ package amqp_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -108,5 +109,24 @@ func TestReconnectLogsATopologyItCannotRedeclareAndKeepsTrying(t *testing.T) {
 		return err
 	}); err != nil {
 		t.Fatalf("the queue is not back with the registered arguments: %v", err)
+	}
+}
+
+// A broker that refuses the login (403) is named as such, with the user and
+// without the password, not as unavailable.
+func TestDialWithAWrongPasswordSaysLoginRefused(t *testing.T) {
+	u := amqptest.URL()
+	pu, err := amqp091.ParseURI(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.Password = "secret-password"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = amqp.Dial(ctx, amqp.Config{URL: pu.String()})
+	want := fmt.Sprintf(`amqp: login refused: RabbitMQ at %s refused user %q (403 ACCESS_REFUSED: check the user and its password)`,
+		strings.Replace(pu.String(), ":secret-password@", ":xxxxx@", 1), pu.Username)
+	if !errors.Is(err, amqp.ErrLoginRefused) || errors.Is(err, amqp.ErrBrokerUnavailable) || err.Error() != want {
+		t.Fatalf("got %v, want ErrLoginRefused %q", err, want)
 	}
 }

@@ -72,7 +72,7 @@ type Console struct {
 // lag alerts go to the alerter, whose webhook is $KM0_DLQ_WEBHOOK.
 func (s *System) OpenConsole(ctx context.Context, cfg ConsoleConfig) (*Console, error) {
 	if cfg.AdminURL == "" {
-		return nil, errors.New("--console needs --database-url (or $KM0_DATABASE_URL): the dead-letter index gets its own database km0_dlq on that server")
+		return nil, errors.New("--console-addr needs --database-url (or $KM0_DATABASE_URL): the dead-letter index gets its own database km0_dlq on that server")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
