@@ -490,6 +490,34 @@ func (c *Console) sequencesIn(ctx context.Context, sdb ServiceDB, l *dlq.Letter)
 	return out, nil
 }
 
+// blockedSequence reads the blocked sequence of key in consumer, kept in
+// service's database (with the key-order store it was read through), for
+// an action (replay, skip) on it. On a failure it
+// has answered the request (404 unknown service, 409 a key no longer
+// blocked) and ok is false.
+func (c *Console) blockedSequence(ctx context.Context, w http.ResponseWriter, r *http.Request, service, consumer, key, action string) (ServiceDB, *keyorder.Store, *dlq.Sequence, bool) {
+	sdb, ok := c.serviceDB(service)
+	if !ok {
+		c.errorPage(w, r, http.StatusNotFound, "this console shows no per-key order sequences of that service")
+		return sdb, nil, nil, false
+	}
+	ko, err := keyorder.New(keyorder.Config{Schema: sdb.Schema})
+	if err != nil {
+		c.fail(w, r, err)
+		return sdb, nil, nil, false
+	}
+	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, sdb.DB, consumer, key)
+	if errors.Is(err, dlq.ErrNotBlocked) {
+		c.errorPage(w, r, http.StatusConflict, "this key is not blocked any more: nothing to "+action)
+		return sdb, nil, nil, false
+	}
+	if err != nil {
+		c.fail(w, r, err)
+		return sdb, nil, nil, false
+	}
+	return sdb, ko, seq, true
+}
+
 // replaySequence replays a blocked key's sequence as one (dlq.ReplaySequence):
 // the head's letter goes back to its topic, the consumer then applies the
 // messages behind it in order, and their letters are marked purged.
@@ -504,25 +532,10 @@ func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, http.StatusBadRequest, "a sequence replay needs consumidor and clau")
 		return
 	}
-	sdb, ok := c.serviceDB(service)
-	if !ok {
-		c.errorPage(w, r, http.StatusNotFound, "this console shows no per-key order sequences of that service")
-		return
-	}
-	ko, err := keyorder.New(keyorder.Config{Schema: sdb.Schema})
-	if err != nil {
-		c.fail(w, r, err)
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
 	defer cancel()
-	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, sdb.DB, consumer, key)
-	if errors.Is(err, dlq.ErrNotBlocked) {
-		c.errorPage(w, r, http.StatusConflict, "this key is not blocked any more: nothing to replay")
-		return
-	}
-	if err != nil {
-		c.fail(w, r, err)
+	_, _, seq, ok := c.blockedSequence(ctx, w, r, service, consumer, key, "replay")
+	if !ok {
 		return
 	}
 	rep, err := dlq.ReplaySequence(ctx, c.cfg.Source, seq, dlq.ReplayOptions{Retention: c.cfg.Retention, Actor: actorOf(r)})

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/km0/km0/dlq"
-	"github.com/km0/km0/keyorder"
 )
 
 // skipSequence is the Skip button of a blocked key (page /claus and a head's
@@ -28,30 +27,15 @@ func (c *Console) skipSequence(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, http.StatusBadRequest, "a skip needs consumidor and clau")
 		return
 	}
-	sdb, ok := c.serviceDB(service)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	defer cancel()
+	sdb, ko, seq, ok := c.blockedSequence(ctx, w, r, service, consumer, key, "skip")
 	if !ok {
-		c.errorPage(w, r, http.StatusNotFound, "this console shows no per-key order sequences of that service")
 		return
 	}
 	db, ok := sdb.DB.(dlq.TxBeginner)
 	if !ok {
 		c.errorPage(w, r, http.StatusNotImplemented, "this service's database is not a pool: the console cannot skip its heads")
-		return
-	}
-	ko, err := keyorder.New(keyorder.Config{Schema: sdb.Schema})
-	if err != nil {
-		c.fail(w, r, err)
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
-	defer cancel()
-	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, sdb.DB, consumer, key)
-	if errors.Is(err, dlq.ErrNotBlocked) {
-		c.errorPage(w, r, http.StatusConflict, "this key is not blocked any more: nothing to skip")
-		return
-	}
-	if err != nil {
-		c.fail(w, r, err)
 		return
 	}
 	view := map[string]any{"Service": sdb.Name, "Consumer": dlq.Safe(consumer), "Key": dlq.Safe(key),
