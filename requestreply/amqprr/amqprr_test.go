@@ -175,3 +175,21 @@ func TestOverlongRequestIDOrServiceFailsAloneWithAClearError(t *testing.T) {
 		t.Fatalf("a request after: %v", err)
 	}
 }
+
+// A deadline that passes while the request is being published is a timeout
+// like one that passes while waiting for the reply: the caller asks again
+// with the same request id on errors.Is(err, requestreply.ErrTimeout).
+func TestDeadlinePassedWhilePublishingIsATimeout(t *testing.T) {
+	_, cl, queue := start(t, func(_ context.Context, req *requestreply.Request) ([]byte, error) { return req.Body, nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cl.Request(ctx, queue, "primera", []byte(`{}`)); err != nil { // the session is open
+		t.Fatal(err)
+	}
+	past, cancelPast := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancelPast()
+	_, err := cl.Request(past, queue, "tard", []byte(`{}`))
+	if !errors.Is(err, requestreply.ErrTimeout) {
+		t.Fatalf("a request whose deadline passed before its publish: want ErrTimeout, got %v", err)
+	}
+}

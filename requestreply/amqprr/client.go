@@ -333,6 +333,11 @@ func (c *Client) Request(ctx context.Context, service, requestID string, body []
 	})
 	if err != nil {
 		s.calls.Deliver(corr, requestreply.Reply{}) // unregister
+		if ctx.Err() != nil {
+			// The deadline passed while publishing: a timeout like any
+			// other, which the caller may ask again with the same id.
+			return nil, requestreply.CtxError(ctx, service, requestID, start)
+		}
 		return nil, fmt.Errorf("amqprr: publish request: %w", err)
 	}
 	return s.calls.Await(ctx, service, requestID, corr, start, wait)
