@@ -514,7 +514,7 @@ func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, sdb.DB, consumer, key)
 	if errors.Is(err, dlq.ErrNotBlocked) {
@@ -649,7 +649,7 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	del := r.PostFormValue("delete_records") == "1" && c.cfg.Broker != "RabbitMQ"
 	// Not the request's context: a purge cut short by a closed tab would
 	// leave the operator unsure of what happened.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	rep := &dlq.Report{}
 	var err error

@@ -43,7 +43,7 @@ func (c *Console) skipSequence(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	seq, err := dlq.KeySequence(ctx, c.cfg.Source, ko, sdb.DB, consumer, key)
 	if errors.Is(err, dlq.ErrNotBlocked) {

@@ -111,7 +111,7 @@ func NewGate(token string, cfg GateConfig) *Gate {
 	cfg.Global = cmp.Or(cfg.Global, GateGlobalDefault)
 	cfg.KnownFor = cmp.Or(cfg.KnownFor, GateKnownForDefault)
 	if cfg.Source == nil {
-		cfg.Source = SourceOf
+		cfg.Source = sourceOf
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -202,11 +202,11 @@ func (g *Gate) forgetIdle(now time.Time) {
 	}
 }
 
-// SourceOf is the default source of a request: the IP address of its peer
+// sourceOf is the default source of a request: the IP address of its peer
 // (r.RemoteAddr), an IPv6 address by its /64 network (one host usually holds
 // a whole /64). Headers such as X-Forwarded-For are ignored: anyone can send
 // them.
-func SourceOf(r *http.Request) string {
+func sourceOf(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr

@@ -178,7 +178,7 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 	defer func() {
 		now := time.Now()
 		for _, t := range []*time.Time{&l.DeadAt, &l.FirstFailure, &l.EventTime} {
-			if !t.IsZero() && !InRange(*t, now) {
+			if !t.IsZero() && !inRange(*t, now) {
 				*t, l.TimeUnknown = time.Time{}, true
 			}
 		}
@@ -233,12 +233,12 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 // the year -10700 reads back as the 22nd century), not a time to filter or
 // age by.
 var (
-	MinTime   = time.Unix(0, 0).UTC()
-	MaxFuture = 24 * time.Hour
+	minTime   = time.Unix(0, 0).UTC()
+	maxFuture = 24 * time.Hour
 )
 
-// InRange reports whether t is within [MinTime, now+MaxFuture].
-func InRange(t, now time.Time) bool { return !t.Before(MinTime) && !t.After(now.Add(MaxFuture)) }
+// inRange reports whether t is within [MinTime, now+MaxFuture].
+func inRange(t, now time.Time) bool { return !t.Before(minTime) && !t.After(now.Add(maxFuture)) }
 
 // unixSeconds reads a time header (contract.ParseTime: unix seconds, or the
 // milliseconds RabbitMQ copies carried before); anything else is the zero

@@ -57,12 +57,12 @@ func Reserved(name string) bool {
 	return false
 }
 
-// CheckHeaders returns an error wrapping ErrInvalid, naming the header, when
+// checkHeaders returns an error wrapping ErrInvalid, naming the header, when
 // h cannot be stored as an event's capcaleres: an empty or reserved name
 // (Reserved), a name over MaxHeaderNameBytes, a name or value that is not
 // valid UTF-8 or holds a NUL (PostgreSQL's JSONB refuses \u0000), or over
 // MaxHeadersBytes in all. nil and empty maps are valid.
-func CheckHeaders(h map[string]string) error {
+func checkHeaders(h map[string]string) error {
 	total := 0
 	for k, v := range h {
 		switch {
@@ -115,13 +115,13 @@ func DecodeHeaders(raw []byte) (map[string]string, error) {
 			errs = append(errs, fmt.Errorf("%w: capcaleres %q is not a string", ErrInvalid, k))
 			continue
 		}
-		if err := CheckHeaders(map[string]string{k: v}); err != nil {
+		if err := checkHeaders(map[string]string{k: v}); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		h[k] = v
 	}
-	if err := CheckHeaders(h); err != nil { // only the total can fail here
+	if err := checkHeaders(h); err != nil { // only the total can fail here
 		return nil, errors.Join(append(errs, err)...)
 	}
 	if len(h) == 0 {
@@ -161,7 +161,7 @@ func encodeHeaders(traced, own map[string]string) (*string, error) {
 	if len(traced) == 0 && len(own) == 0 {
 		return nil, nil
 	}
-	if err := CheckHeaders(own); err != nil {
+	if err := checkHeaders(own); err != nil {
 		return nil, err
 	}
 	merged := make(map[string]string, len(traced)+len(own))
@@ -171,7 +171,7 @@ func encodeHeaders(traced, own map[string]string) (*string, error) {
 		total += len(k) + len(v)
 	}
 	for k, v := range traced {
-		if _, set := merged[k]; set || CheckHeaders(map[string]string{k: v}) != nil || total+len(k)+len(v) > MaxHeadersBytes {
+		if _, set := merged[k]; set || checkHeaders(map[string]string{k: v}) != nil || total+len(k)+len(v) > MaxHeadersBytes {
 			continue
 		}
 		merged[k] = v

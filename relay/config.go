@@ -37,10 +37,10 @@ const (
 	// PostgreSQL with the first one's publication to the broker; when idle one
 	// worker serves every shard, which keeps the latency of a lone event low.
 	WorkersDefault = 2
-	// ExtraWorkerIdle is how long an extra worker of an adaptive instance
+	// extraWorkerIdle is how long an extra worker of an adaptive instance
 	// (Workers 0) goes without a claim at least a quarter full before it
 	// hands its shards back and leaves.
-	ExtraWorkerIdle = time.Second
+	extraWorkerIdle = time.Second
 	// PublishTimeoutDefault bounds one Publish call (waiting for every
 	// confirmation); past it the batch is rolled back and retried.
 	PublishTimeoutDefault = 30 * time.Second

@@ -372,9 +372,9 @@ func (c *Conn) Declare(ctx context.Context, t Topology) error {
 	return nil
 }
 
-// Generation counts successful connections (1 after Dial); it changes when
+// generation counts successful connections (1 after Dial); it changes when
 // the connection was replaced.
-func (c *Conn) Generation() uint64 {
+func (c *Conn) generation() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.gen

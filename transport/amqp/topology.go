@@ -25,10 +25,10 @@ const (
 	ArgDeadLetterExchange   = "x-dead-letter-exchange"
 	ArgDeadLetterRoutingKey = "x-dead-letter-routing-key"
 	ArgMessageTTL           = "x-message-ttl"
-	ArgExpires              = "x-expires"
-	ArgSingleActiveConsumer = "x-single-active-consumer"
-	// ArgMatch is a headers exchange binding's x-match ("all" or "any").
-	ArgMatch = "x-match"
+	argExpires              = "x-expires"
+	argSingleActiveConsumer = "x-single-active-consumer"
+	// argMatch is a headers exchange binding's x-match ("all" or "any").
+	argMatch = "x-match"
 )
 
 // Exchange is an exchange declaration. Kind defaults to "direct". Names that
@@ -183,7 +183,7 @@ func WorkQueueTopology(dlx, queue, dlqKey string, singleActive bool) Topology {
 	}
 	args := amqp.Table{ArgDeadLetterExchange: dlx, ArgDeadLetterRoutingKey: dlqKey}
 	if singleActive {
-		args[ArgSingleActiveConsumer] = true
+		args[argSingleActiveConsumer] = true
 	}
 	return Topology{
 		Exchanges: []Exchange{{Name: dlx, Kind: amqp.ExchangeDirect, Durable: true}},
@@ -204,6 +204,6 @@ func waitQueue(queue string, delay, expires time.Duration) Queue {
 		ArgMessageTTL:           delay.Milliseconds(),
 		ArgDeadLetterExchange:   "",
 		ArgDeadLetterRoutingKey: queue,
-		ArgExpires:              (delay + expires).Milliseconds(),
+		argExpires:              (delay + expires).Milliseconds(),
 	}}
 }
