@@ -34,8 +34,8 @@ type job struct {
 	err     string // why its last run stopped, without internals
 }
 
-// JobStatus is a snapshot of a job (GET /feina.json).
-type JobStatus struct {
+// replayJob is a snapshot of a job (GET /feina.json).
+type replayJob struct {
 	ID string `json:"id"`
 	// State is running, pending (not running in this console: resume it),
 	// failed (its run stopped on an error: resume it), cancelled or done.
@@ -57,12 +57,12 @@ type JobStatus struct {
 }
 
 // jobStatus is job id's status from the index and this console's memory.
-func (c *Console) jobStatus(ctx context.Context, id string) (JobStatus, error) {
+func (c *Console) jobStatus(ctx context.Context, id string) (replayJob, error) {
 	st, err := c.cfg.Source.JobStatus(ctx, id)
 	if err != nil {
-		return JobStatus{}, err
+		return replayJob{}, err
 	}
-	s := JobStatus{ID: st.ID, Rate: st.Rate, Total: st.Total, Republished: st.Done, Failed: st.Refused, Left: st.Left,
+	s := replayJob{ID: st.ID, Rate: st.Rate, Total: st.Total, Republished: st.Done, Failed: st.Refused, Left: st.Left,
 		Actor: dlq.Safe(st.Actor), Started: st.Created, Selection: "resumed after a restart of the console"}
 	if !st.Finished.IsZero() {
 		f := st.Finished
@@ -210,7 +210,7 @@ func (c *Console) resumeJobs() {
 	}
 }
 
-func (c *Console) jobID(w http.ResponseWriter, r *http.Request, id string) (JobStatus, bool) {
+func (c *Console) jobID(w http.ResponseWriter, r *http.Request, id string) (replayJob, bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
 	st, err := c.jobStatus(ctx, id)

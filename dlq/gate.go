@@ -24,8 +24,8 @@ const (
 	GateKnownForDefault = 24 * time.Hour
 )
 
-// GateWindow is the period over which the attempt budgets refill.
-const GateWindow = time.Minute
+// gateWindow is the period over which the attempt budgets refill.
+const gateWindow = time.Minute
 
 // gateMaxSources bounds the per-source table: beyond it, idle sources (a
 // full bucket) are forgotten.
@@ -229,7 +229,7 @@ type bucket struct {
 
 func (b *bucket) refill(now time.Time) {
 	if d := now.Sub(b.at); d > 0 {
-		b.tokens = min(b.size, b.tokens+b.size*d.Seconds()/GateWindow.Seconds())
+		b.tokens = min(b.size, b.tokens+b.size*d.Seconds()/gateWindow.Seconds())
 	}
 	b.at = now
 }
@@ -254,5 +254,5 @@ func (b *bucket) wait(now time.Time) time.Duration {
 	if b.tokens >= 1 {
 		return 0
 	}
-	return time.Duration((1 - b.tokens) * float64(GateWindow) / b.size)
+	return time.Duration((1 - b.tokens) * float64(gateWindow) / b.size)
 }

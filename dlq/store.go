@@ -218,13 +218,6 @@ func (s *Store) insert(ctx context.Context, letters []*Letter) (inserted, error)
 	return res, nil
 }
 
-// InsertTx is Insert inside the caller's transaction (which it uses
-// savepoints of).
-func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*Letter, error) {
-	res, err := s.insertTx(ctx, tx, letters)
-	return res.added, err
-}
-
 // insertBatch inserts letters, already bounded, in one pipeline.
 func (s *Store) insertBatch(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*Letter, error) {
 	q := `INSERT INTO ` + s.table + ` (` + columns + `, classe_motiu)

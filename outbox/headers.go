@@ -39,13 +39,13 @@ var reserved = []string{
 	"reproduida_de", // dlq HeaderReplayedFrom
 }
 
-// Reserved reports whether name is a header an event may not set: one of the
+// isReserved reports whether name is a header an event may not set: one of the
 // contract's (tipus, id_esdeveniment, correlacio, intents, no_abans,
 // ultim_error, motiu, the *_original and time headers), one km0's transports
 // and patterns write (clau, cua_origen, respondre_a, id_peticio, resultat,
 // reproduida_de), or a name starting with "km0" or "x-" (RabbitMQ's own, such
 // as x-death), compared case-insensitively.
-func Reserved(name string) bool {
+func isReserved(name string) bool {
 	if len(name) >= 2 && strings.EqualFold(name[:2], "x-") || len(name) >= 3 && strings.EqualFold(name[:3], "km0") {
 		return true
 	}
@@ -68,7 +68,7 @@ func checkHeaders(h map[string]string) error {
 		switch {
 		case k == "":
 			return fmt.Errorf("%w: header with an empty name", ErrInvalid)
-		case Reserved(k):
+		case isReserved(k):
 			return fmt.Errorf("%w: header %q is reserved by km0", ErrInvalid, k)
 		case len(k) > MaxHeaderNameBytes:
 			return fmt.Errorf("%w: header name %.40q… is %d bytes, over the limit of %d", ErrInvalid, k, len(k), MaxHeaderNameBytes)
@@ -144,7 +144,7 @@ func AppendHeaders(hs []transport.Header, h map[string]string) []transport.Heade
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		if k == "" || Reserved(k) || slices.ContainsFunc(hs, func(x transport.Header) bool { return x.Key == k }) {
+		if k == "" || isReserved(k) || slices.ContainsFunc(hs, func(x transport.Header) bool { return x.Key == k }) {
 			continue
 		}
 		hs = append(hs, transport.Header{Key: k, Value: h[k]})

@@ -383,9 +383,6 @@ func (c *Conn) generation() uint64 {
 // Reconnects returns how many times the connection was re-established.
 func (c *Conn) Reconnects() int64 { return c.reconnects.Load() }
 
-// URL returns the broker URL with its password hidden.
-func (c *Conn) URL() string { return redact.URL(c.cfg.URL) }
-
 // Close closes the connection and stops reconnecting. Channels obtained from
 // it are closed. Close is idempotent.
 func (c *Conn) Close() error {

@@ -24,7 +24,7 @@ const (
 const (
 	ArgDeadLetterExchange   = "x-dead-letter-exchange"
 	ArgDeadLetterRoutingKey = "x-dead-letter-routing-key"
-	ArgMessageTTL           = "x-message-ttl"
+	argMessageTTL           = "x-message-ttl"
 	argExpires              = "x-expires"
 	argSingleActiveConsumer = "x-single-active-consumer"
 	// argMatch is a headers exchange binding's x-match ("all" or "any").
@@ -89,15 +89,6 @@ func (t Topology) Merge(o Topology) Topology {
 		ExchangeBindings: append(append([]ExchangeBinding(nil), t.ExchangeBindings...), o.ExchangeBindings...),
 		Bindings:         append(append([]Binding(nil), t.Bindings...), o.Bindings...),
 	}
-}
-
-// ExchangeNames returns the names of t's exchanges.
-func (t Topology) ExchangeNames() []string {
-	out := make([]string, len(t.Exchanges))
-	for i, e := range t.Exchanges {
-		out[i] = e.Name
-	}
-	return out
 }
 
 // QueueNames returns the names of t's queues.
@@ -201,7 +192,7 @@ func WorkQueueTopology(dlx, queue, dlqKey string, singleActive bool) Topology {
 // it after expires without use (it is redeclared before each use).
 func waitQueue(queue string, delay, expires time.Duration) Queue {
 	return Queue{Name: contract.WaitQueueName(queue, delay), Durable: true, Args: amqp.Table{
-		ArgMessageTTL:           delay.Milliseconds(),
+		argMessageTTL:           delay.Milliseconds(),
 		ArgDeadLetterExchange:   "",
 		ArgDeadLetterRoutingKey: queue,
 		argExpires:              (delay + expires).Milliseconds(),
