@@ -63,7 +63,7 @@ const (
 const millisThreshold = 1e11
 
 // maxMillis bounds a value read as milliseconds: above it, the value names
-// no time ParseTime accepts (beyond MillisThreshold seconds).
+// no time ParseTime accepts (beyond millisThreshold seconds).
 const maxMillis = millisThreshold * 1000
 
 // ErrNotTime is wrapped by ParseTime's errors.
@@ -84,7 +84,7 @@ func FormatTime(t time.Time) string {
 
 // ParseTime reads a time header: any decimal number of unix seconds
 // (FormatTime's form, an integer, a Python float), to the microsecond. A
-// value above MillisThreshold is unix milliseconds, the encoding RabbitMQ
+// value above 1e11 is unix milliseconds, the encoding RabbitMQ
 // copies carried before, so copies still queued from then read right. It
 // returns an error wrapping ErrNotTime for an empty or malformed value, NaN,
 // ±Inf, zero or a negative number, or one beyond the year 5138.

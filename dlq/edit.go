@@ -15,7 +15,7 @@ var ErrInvalidEdit = errors.New("dlq: edited payload refused")
 
 // EditOptions tune ReplayEdited.
 type EditOptions struct {
-	// Actor names who edits, for the audit log. Default ActorUnknown.
+	// Actor names who edits, for the audit log. Default "unknown".
 	Actor string
 	// Schemas validates the edited dades. Default schema.Default() (the
 	// schemas of package schemas).

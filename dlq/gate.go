@@ -42,8 +42,8 @@ type GateConfig struct {
 	// KnownFor: how long a source stays known-good after the right token.
 	// Default GateKnownForDefault.
 	KnownFor time.Duration
-	// Source names the source of a request. Default SourceOf (the peer's IP
-	// address; X-Forwarded-For is never trusted).
+	// Source names the source of a request. Default: the peer's IP
+	// address (X-Forwarded-For is never trusted).
 	Source func(*http.Request) string
 	// Now is the clock. Default time.Now.
 	Now func() time.Time

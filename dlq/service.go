@@ -114,7 +114,7 @@ type ReplayOptions struct {
 	// duplicate could no longer be recognised. Default inbox.RetentionDefault.
 	Retention time.Duration
 	// Actor names who replays, for the audit log (auditoria_cartes): the
-	// console session's or the CLI's identity. Default ActorUnknown.
+	// console session's or the CLI's identity. Default "unknown".
 	Actor string
 	// action is the audit action (ActionReplay unless an edit or a skip).
 	action string
@@ -131,7 +131,7 @@ type PurgeOptions struct {
 	// DeleteRecords also asks the backend to delete the purged records on
 	// the broker (Kafka: DeleteRecords up to the lowest pending offset).
 	DeleteRecords bool
-	// Actor names who purges, for the audit log. Default ActorUnknown.
+	// Actor names who purges, for the audit log. Default "unknown".
 	Actor string
 	// action is the audit action (ActionPurge unless a skip).
 	action string

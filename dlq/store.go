@@ -98,7 +98,7 @@ type Filter struct {
 	// Limit caps the rows List returns; 0 = no cap. Summary ignores it.
 	Limit int
 	// Fold makes List return one letter per event and consumer, with
-	// Letter.Copies counting the duplicates (Store.ListFolded). The
+	// Letter.Copies counting the duplicates. The
 	// counts of Summary still count every letter. Replay and Purge
 	// ignore it.
 	Fold bool

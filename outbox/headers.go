@@ -87,7 +87,7 @@ func checkHeaders(h map[string]string) error {
 
 // DecodeHeaders reads a capcaleres column as stored (JSON text). NULL (nil
 // or empty raw) and JSON null give (nil, nil). Otherwise it returns the
-// entries CheckHeaders would accept and, if it dropped anything, an error
+// entries Enqueue would accept and, if it dropped anything, an error
 // wrapping ErrInvalid saying what: the value is not a JSON object, an entry
 // is not a string (null, a number, a bool, an object or an array: dropped,
 // never published as ""), a name is reserved, or the whole is over MaxHeadersBytes
@@ -154,7 +154,7 @@ func AppendHeaders(hs []transport.Header, h map[string]string) []transport.Heade
 
 // encodeHeaders merges the trace context of the call (traced) with the
 // event's own headers and returns the capcaleres to store, or nil for NULL.
-// The event's headers must pass CheckHeaders (the caller's error); a
+// The event's headers must pass checkHeaders (the caller's error); a
 // propagated field is kept only if the event does not set it and it fits
 // (trace context never fails a business write).
 func encodeHeaders(traced, own map[string]string) (*string, error) {

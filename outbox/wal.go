@@ -68,7 +68,7 @@ type walContent struct {
 const walTime = "2006-01-02T15:04:05.000000Z07:00"
 
 // EncodeWAL is the content of the logical decoding message of r in WAL mode
-// (docs/contract.md): a JSON object with v (WALContentVersion), id,
+// (docs/contract.md): a JSON object with v (1, the format's version), id,
 // agregat, agregat_id, tipus, versio, creat_en (RFC 3339, UTC,
 // microseconds), carrega (the dades object) and, when r has headers,
 // capcaleres (a flat object of strings). It fails for a payload that is not

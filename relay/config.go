@@ -108,7 +108,7 @@ type Config struct {
 	// from the start. The default, 0, adapts it: one worker serves every
 	// shard; when its claims come back full (at least 4 × BatchSizeStart rows,
 	// or a full fixed BatchSize) a second one joins (up to WorkersDefault in
-	// all) and takes half of them, and it leaves again after ExtraWorkerIdle
+	// all) and takes half of them, and it leaves again after a second
 	// without a claim at least a quarter full, handing them back.
 	Workers int
 	// PublishTimeout bounds one Publish. Default PublishTimeoutDefault.

@@ -31,7 +31,7 @@ var ErrNoNotification = errors.New("relay: LISTEN does not work through this con
 var sessionParams = []string{"synchronous_commit", "jit"}
 
 // CheckListen is the relay's LISTEN self-test: it connects twice with cfg,
-// LISTENs on ListenCheckChannel in one session, NOTIFYs it with a random
+// LISTENs on the channel km0_listen_check in one session, NOTIFYs it with a random
 // payload through the other, and waits up to wait for the notification. nil
 // when it arrived; an error wrapping ErrNoNotification when it did not; any
 // other error when a connection or a statement failed. It sends only simple

@@ -541,7 +541,7 @@ func (s *Source) deadInstead(f *transport.Settlement, cause error) {
 }
 
 // publishCopy publishes a copy of d with headers h, confirmed. If the copy
-// cannot be published (PublishRawRetry gave up), the settlement becomes a
+// cannot be published (publishRawRetry gave up), the settlement becomes a
 // native dead letter (the caller nacks d without requeue, so that it never
 // loops; if the channel is gone, that nack fails and the broker redelivers
 // d). It reports whether the copy went.

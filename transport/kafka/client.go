@@ -20,11 +20,11 @@ import (
 // PartitionsDefault is the partition count of km0's topics (CONTRACT.md).
 const PartitionsDefault = 6
 
-// producerOpts are the producer settings km0 relies on: acks=all and the
+// ProducerOpts are the producer settings km0 relies on: acks=all and the
 // idempotent producer (franz-go's defaults, stated here so they cannot drift),
 // a short linger for latency, and murmur2 key hashing like the Java client and
 // librdkafka, so other programs agree on key → partition.
-func producerOpts() []kgo.Opt {
+func ProducerOpts() []kgo.Opt {
 	return []kgo.Opt{
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
@@ -40,7 +40,7 @@ func NewClient(brokers []string, extra ...kgo.Opt) (*kgo.Client, error) {
 	if len(brokers) == 0 {
 		return nil, errors.New("kafka: no brokers")
 	}
-	opts := append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, producerOpts()...)
+	opts := append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, ProducerOpts()...)
 	opts = append(opts, extra...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {

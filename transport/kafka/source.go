@@ -216,7 +216,7 @@ func (s *Source) Run(ctx context.Context, p transport.Pipeline) error {
 	for rt := range s.retryOf {
 		topics = append(topics, rt)
 	}
-	opts := append(producerOpts(),
+	opts := append(ProducerOpts(),
 		kgo.WithContext(clientCtx),
 		kgo.SeedBrokers(s.cfg.Brokers...),
 		kgo.ConsumerGroup(s.cfg.Group),
