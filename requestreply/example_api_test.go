@@ -41,6 +41,7 @@ func ExampleCalls_Receive() {
 	// Output:
 	// corr-1 delivered: {"autoritzada":true}
 	// corr-2 late
+	// motiu of a dropped reply: sense_signatura or signatura_incorrecta
 }
 
 // A server that answers with Idempotent runs its TxHandler once per request
