@@ -18,7 +18,8 @@ func ExampleCompare() {
 	old := []byte(`{"type":"object","required":["id"],"properties":{"id":{"type":"string"},"nota":{"type":"string"}}}`)
 	proposed := []byte(`{"type":"object","required":["id","client"],"additionalProperties":false,
 		"properties":{"id":{"type":"integer"},"client":{"type":"string"}}}`)
-	for _, v := range schema.Compare(k, old, proposed) {
+	var refused []schema.Violation = schema.Compare(k, old, proposed)
+	for _, v := range refused {
 		fmt.Println(v.Rule, v.Field)
 	}
 	for _, v := range schema.Lint(k, proposed) {

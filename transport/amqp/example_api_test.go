@@ -45,7 +45,7 @@ func ExamplePublisher_Publish_errors() {
 	err := p.Publish(context.Background(), []*transport.Message{{Topic: "comandes.esdeveniments", Key: []byte("c-1"), Value: []byte(`{}`)}})
 	var returned *amqp.ReturnedError
 	switch {
-	case errors.As(err, &returned):
+	case errors.Is(err, amqp.ErrUnroutable) && errors.As(err, &returned):
 		for i, r := range returned.Returns {
 			log.Printf("message %d returned: %s (routing key %q)", returned.Index[i], r.ReplyText, r.RoutingKey)
 		}
