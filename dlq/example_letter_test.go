@@ -1,6 +1,7 @@
 package dlq_test
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -27,6 +28,8 @@ func ExampleNewLetter() {
 	l := dlq.NewLetter(m.Topic, 5, 120, at, m)
 	topic, partition, offset, err := dlq.ParseKafkaID(l.ID)
 	fmt.Println(l.ID, topic, partition, offset, err)
+	_, _, _, err = dlq.ParseKafkaID("P-2026-000123")
+	fmt.Println(errors.Is(err, dlq.ErrBadID))
 	for _, a := range l.History() {
 		fmt.Println(a.N, a.At.Format(time.RFC3339), a.Error)
 	}
@@ -34,6 +37,7 @@ func ExampleNewLetter() {
 	fmt.Println(len(headers), headers[0].Key, headers[0].Value)
 	// Output:
 	// comandes.esdeveniments.dlq/5/120 comandes.esdeveniments.dlq 5 120 <nil>
+	// true
 	// 1 2026-03-01T09:00:00Z esquema: comanda.creada v2: /linies: required field missing
 	// 3 tipus comanda.creada
 }
