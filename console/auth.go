@@ -17,8 +17,8 @@ import (
 	"github.com/km0/km0/dlq"
 )
 
-// CookieName is the session cookie.
-const CookieName = "km0_consola"
+// cookieName is the session cookie.
+const cookieName = "km0_consola"
 
 // auth holds the admin token's Gate (shared with the DLQ admin API on the
 // same listener: one attempt budget) and the open sessions (in memory: a
@@ -74,7 +74,7 @@ func (a *auth) open() (string, *session) {
 
 // lookup returns the session of r's cookie, or nil.
 func (a *auth) lookup(r *http.Request) *session {
-	ck, err := r.Cookie(CookieName)
+	ck, err := r.Cookie(cookieName)
 	if err != nil || ck.Value == "" {
 		return nil
 	}
@@ -88,7 +88,7 @@ func (a *auth) lookup(r *http.Request) *session {
 }
 
 func (a *auth) close(r *http.Request) {
-	if ck, err := r.Cookie(CookieName); err == nil {
+	if ck, err := r.Cookie(cookieName); err == nil {
 		a.mu.Lock()
 		delete(a.sessions, digest(ck.Value))
 		a.mu.Unlock()
@@ -100,7 +100,7 @@ func (a *auth) close(r *http.Request) {
 const noToken = "no admin token is configured: this console shows counts only (set KM0_DLQ_ADMIN_TOKEN)"
 
 func setCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: value, Path: "/", MaxAge: maxAge,
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: value, Path: "/", MaxAge: maxAge,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 }
 

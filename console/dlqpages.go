@@ -532,7 +532,7 @@ func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, http.StatusBadRequest, "a sequence replay needs consumidor and clau")
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	_, _, seq, ok := c.blockedSequence(ctx, w, r, service, consumer, key, "replay")
 	if !ok {
@@ -662,7 +662,7 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	del := r.PostFormValue("delete_records") == "1" && c.cfg.Broker != "RabbitMQ"
 	// Not the request's context: a purge cut short by a closed tab would
 	// leave the operator unsure of what happened.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	rep := &dlq.Report{}
 	var err error

@@ -56,7 +56,7 @@ func (c *Console) editReplay(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, http.StatusBadRequest, "an edit needs id and valor (at most 1 MiB)")
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	l, err := c.cfg.Source.Get(ctx, id)
 	if err != nil {

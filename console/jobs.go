@@ -12,12 +12,12 @@ import (
 	"github.com/km0/km0/dlq"
 )
 
-// ActionTimeout bounds one purge, and the reads of a replay job's page.
-const ActionTimeout = 2 * time.Minute
+// actionTimeout bounds one purge, and the reads of a replay job's page.
+const actionTimeout = 2 * time.Minute
 
-// MaxRate caps the pace an operator may ask of a replay job (letters per
+// maxRate caps the pace an operator may ask of a replay job (letters per
 // second).
-const MaxRate = 1000.0
+const maxRate = 1000.0
 
 // job is what this console process knows of a replay job besides what the
 // library keeps of it (dlq.Source.CreateJob: its letters, pace, state and
@@ -34,8 +34,8 @@ type job struct {
 	err     string // why its last run stopped, without internals
 }
 
-// JobStatus is a snapshot of a job (GET /feina.json).
-type JobStatus struct {
+// replayJob is a snapshot of a job (GET /feina.json).
+type replayJob struct {
 	ID string `json:"id"`
 	// State is running, pending (not running in this console: resume it),
 	// failed (its run stopped on an error: resume it), cancelled or done.
@@ -57,12 +57,12 @@ type JobStatus struct {
 }
 
 // jobStatus is job id's status from the index and this console's memory.
-func (c *Console) jobStatus(ctx context.Context, id string) (JobStatus, error) {
+func (c *Console) jobStatus(ctx context.Context, id string) (replayJob, error) {
 	st, err := c.cfg.Source.JobStatus(ctx, id)
 	if err != nil {
-		return JobStatus{}, err
+		return replayJob{}, err
 	}
-	s := JobStatus{ID: st.ID, Rate: st.Rate, Total: st.Total, Republished: st.Done, Failed: st.Refused, Left: st.Left,
+	s := replayJob{ID: st.ID, Rate: st.Rate, Total: st.Total, Republished: st.Done, Failed: st.Refused, Left: st.Left,
 		Actor: dlq.Safe(st.Actor), Started: st.Created, Selection: "resumed after a restart of the console"}
 	if !st.Finished.IsZero() {
 		f := st.Finished
@@ -104,7 +104,7 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 	rate := dlq.JobRateDefault
 	if v := r.PostFormValue("per_segon"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || !(f > 0) || f > MaxRate {
+		if err != nil || !(f > 0) || f > maxRate {
 			c.errorPage(w, r, http.StatusBadRequest, "per_segon: the pace is a number of letters per second, above 0 and at most 1000")
 			return
 		}
@@ -119,7 +119,7 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 		}
 		planned = p.ids
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
 	arrived := 0
 	if sel.Scope != "seleccio" {
@@ -197,7 +197,7 @@ func (c *Console) resumeJobs() {
 	if c.cfg.Source == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, ActionTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, actionTimeout)
 	defer cancel()
 	ids, err := c.cfg.Source.PendingJobs(ctx)
 	if err != nil {
@@ -210,8 +210,8 @@ func (c *Console) resumeJobs() {
 	}
 }
 
-func (c *Console) jobID(w http.ResponseWriter, r *http.Request, id string) (JobStatus, bool) {
-	ctx, cancel := context.WithTimeout(r.Context(), ActionTimeout)
+func (c *Console) jobID(w http.ResponseWriter, r *http.Request, id string) (replayJob, bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
 	st, err := c.jobStatus(ctx, id)
 	if errors.Is(err, dlq.ErrNotFound) {

@@ -17,11 +17,11 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/amqpdlq"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // On RabbitMQ the console does what it does on Kafka: the group of a

@@ -212,7 +212,7 @@ func (c *Console) pauseGroup(pause bool) http.HandlerFunc {
 			c.errorPage(w, r, http.StatusNotFound, "no such consumer group in this console's services")
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 		defer cancel()
 		verb := "paused"
 		if pause {

@@ -27,7 +27,7 @@ func (c *Console) skipSequence(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, http.StatusBadRequest, "a skip needs consumidor and clau")
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	sdb, ko, seq, ok := c.blockedSequence(ctx, w, r, service, consumer, key, "skip")
 	if !ok {

@@ -37,7 +37,7 @@ type Message struct {
 	// "correlacio" when present (the shared id of a dual-published pair, so a
 	// consumer accepting both copies handles the pair once), else
 	// id_esdeveniment.
-	IdempotencyKey string
+	idempotencyKey string
 	Envelope       *envelope.Envelope // decoded (and upcast) envelope
 	Attempt        int                // 1 for the first delivery, 2 for the first retry...
 	FirstFailure   time.Time          // zero on the first attempt

@@ -154,7 +154,7 @@ func (c *Consumer) handle(ctx context.Context, b *transport.Batch) ([]*transport
 			continue
 		}
 		m.Envelope = env
-		m.IdempotencyKey = IdempotencyKey(env)
+		m.idempotencyKey = idempotencyKey(env)
 		todo = append(todo, it)
 	}
 	c.count(l.origin, resIgnored, ignored)
@@ -173,11 +173,11 @@ func (c *Consumer) handle(ctx context.Context, b *transport.Batch) ([]*transport
 		if !c.cfg.NoInbox {
 			seen := make(map[string]bool, len(todo))
 			for i, it := range todo {
-				if seen[it.msg.IdempotencyKey] {
+				if seen[it.msg.idempotencyKey] {
 					n = i
 					break
 				}
-				seen[it.msg.IdempotencyKey] = true
+				seen[it.msg.idempotencyKey] = true
 			}
 		}
 		var err error
@@ -193,10 +193,10 @@ func (c *Consumer) handle(ctx context.Context, b *transport.Batch) ([]*transport
 // cannot be made idempotent.
 var errNoID = errors.New("envelope: id_esdeveniment: empty (from the Decode hook)")
 
-// IdempotencyKey is what an idempotent consumer records for env: its
+// idempotencyKey is what an idempotent consumer records for env: its
 // "correlacio" member when that is a non-empty string (the shared id of a
 // dual-published pair; see Message.IdempotencyKey), else its id_esdeveniment.
-func IdempotencyKey(env *envelope.Envelope) string {
+func idempotencyKey(env *envelope.Envelope) string {
 	return contract.IdempotencyKey(env.ID, env.Extra[contract.HeaderCorrelator])
 }
 
@@ -435,7 +435,7 @@ func (c *Consumer) tryTx(ctx context.Context, msgs []*item, whole bool) (failAt 
 	}
 	var todo []*item
 	for _, it := range msgs {
-		it.dup = fresh != nil && !fresh[it.msg.IdempotencyKey]
+		it.dup = fresh != nil && !fresh[it.msg.idempotencyKey]
 		if !it.dup {
 			todo = append(todo, it)
 		}
@@ -544,7 +544,7 @@ func (c *Consumer) callOutcomes(ctx context.Context, tx pgx.Tx, todo []*item) (r
 		}
 		kind, delay := outcome.Classify(oerr, c.cfg.Classifier)
 		refused = append(refused, failure{it: todo[i], kind: kind, wait: delay, err: oerr})
-		keys = append(keys, todo[i].msg.IdempotencyKey)
+		keys = append(keys, todo[i].msg.idempotencyKey)
 	}
 	if len(keys) > 0 && !c.cfg.NoInbox {
 		if _, err := tx.Exec(ctx, c.deleteKeys, keys, c.cfg.Name); err != nil {
@@ -583,7 +583,7 @@ func overtakes(todo []*item, refused []failure) bool {
 func (c *Consumer) recordKeys(ctx context.Context, tx pgx.Tx, msgs []*item) (map[string]bool, error) {
 	ids := make([]string, len(msgs))
 	for i, it := range msgs {
-		ids[i] = it.msg.IdempotencyKey
+		ids[i] = it.msg.idempotencyKey
 	}
 	slices.Sort(ids) // one lock order for every transaction (bulkInsertSQL)
 	rows, err := tx.Query(ctx, c.insertKeys, ids, c.cfg.Name)

@@ -10,12 +10,12 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )

@@ -100,10 +100,10 @@ func (c *Consumer) handleOrdered(l *lane, todo []*item, fails []failure) ([]fail
 				n++
 				continue
 			}
-			if seen[it.msg.IdempotencyKey] {
+			if seen[it.msg.idempotencyKey] {
 				break // a transaction never holds the same id twice
 			}
-			seen[it.msg.IdempotencyKey] = true
+			seen[it.msg.idempotencyKey] = true
 			run = append(run, it)
 			n++
 		}
@@ -144,7 +144,7 @@ func (c *Consumer) runBlocked(l *lane, it *item, h *keyorder.Head, fails []failu
 		parked  bool
 		dup     bool
 	)
-	head := h != nil && h.MessageID == it.msg.IdempotencyKey
+	head := h != nil && h.MessageID == it.msg.idempotencyKey
 	err := c.inTx(l, []*item{it}, func(ctx context.Context, tx pgx.Tx) error {
 		out, applied, parked, dup = nil, nil, false, false
 		if head {
@@ -226,7 +226,7 @@ func (c *Consumer) park(ctx context.Context, tx pgx.Tx, it *item) (out []failure
 	// The key's row is locked now: a release in flight has committed, and
 	// the inbox shows whether it applied this message.
 	var applied bool
-	if err := sp.QueryRow(ctx, c.isApplied, it.msg.IdempotencyKey, c.cfg.Name).Scan(&applied); err != nil {
+	if err := sp.QueryRow(ctx, c.isApplied, it.msg.idempotencyKey, c.cfg.Name).Scan(&applied); err != nil {
 		return nil, false, false, err
 	}
 	if applied {
@@ -296,7 +296,7 @@ func (c *Consumer) applyHead(ctx context.Context, tx pgx.Tx, it *item) (out []fa
 	default:
 		dup = true
 	}
-	cur := it.msg.IdempotencyKey
+	cur := it.msg.idempotencyKey
 	for {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
@@ -374,7 +374,7 @@ func (c *Consumer) applyOne(ctx context.Context, tx pgx.Tx, it *item) (ok bool, 
 		}
 		return false, nil, err
 	}
-	if !fresh[it.msg.IdempotencyKey] {
+	if !fresh[it.msg.idempotencyKey] {
 		return false, nil, sp.Commit(ctx)
 	}
 	failed := func(herr error) (bool, error, error) {
@@ -476,7 +476,7 @@ func (c *Consumer) blockKey(l *lane, f failure, rest []*item) ([]*item, []failur
 func (c *Consumer) markFailed(ctx context.Context, tx pgx.Tx, f failure, _ []*item) ([]failure, error) {
 	key := string(f.it.msg.Key)
 	dead := c.dead(f)
-	h := keyorder.Head{MessageID: f.it.msg.IdempotencyKey, Reason: keyorder.ReasonRetry,
+	h := keyorder.Head{MessageID: f.it.msg.idempotencyKey, Reason: keyorder.ReasonRetry,
 		LastError: outcome.Truncate(errText(f.err), 200)}
 	if dead {
 		h.Reason = keyorder.ReasonDeadLettered
@@ -520,7 +520,7 @@ func stored(it *item) keyorder.Message {
 	for i, h := range d.Headers {
 		hs[i] = keyorder.Header(h)
 	}
-	return keyorder.Message{ID: it.msg.IdempotencyKey, Topic: d.Origin, Partition: d.Partition, Offset: d.Offset,
+	return keyorder.Message{ID: it.msg.idempotencyKey, Topic: d.Origin, Partition: d.Partition, Offset: d.Offset,
 		Value: d.Value, Headers: hs, Timestamp: d.Timestamp}
 }
 
@@ -543,11 +543,11 @@ func (c *Consumer) released(p keyorder.Parked) *item {
 	}
 	if err != nil {
 		it.decodeErr = outcome.Permanent(err)
-		m.IdempotencyKey = p.ID
+		m.idempotencyKey = p.ID
 		return it
 	}
 	m.Envelope = env
-	m.IdempotencyKey = IdempotencyKey(env)
+	m.idempotencyKey = idempotencyKey(env)
 	return it
 }
 

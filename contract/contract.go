@@ -56,15 +56,15 @@ const (
 	HeaderPartition = "particio"
 )
 
-// MillisThreshold separates the two readings of a time header: a value above
+// millisThreshold separates the two readings of a time header: a value above
 // it is unix milliseconds (copies written by older RabbitMQ consumers carry
 // primera_fallada and mort_en so; 1e11 seconds is in the year 5138), a value
 // at or below it unix seconds.
-const MillisThreshold = 1e11
+const millisThreshold = 1e11
 
 // maxMillis bounds a value read as milliseconds: above it, the value names
-// no time ParseTime accepts (beyond MillisThreshold seconds).
-const maxMillis = MillisThreshold * 1000
+// no time ParseTime accepts (beyond millisThreshold seconds).
+const maxMillis = millisThreshold * 1000
 
 // ErrNotTime is wrapped by ParseTime's errors.
 var ErrNotTime = errors.New("contract: not a unix time")
@@ -84,7 +84,7 @@ func FormatTime(t time.Time) string {
 
 // ParseTime reads a time header: any decimal number of unix seconds
 // (FormatTime's form, an integer, a Python float), to the microsecond. A
-// value above MillisThreshold is unix milliseconds, the encoding RabbitMQ
+// value above 1e11 is unix milliseconds, the encoding RabbitMQ
 // copies carried before, so copies still queued from then read right. It
 // returns an error wrapping ErrNotTime for an empty or malformed value, NaN,
 // ±Inf, zero or a negative number, or one beyond the year 5138.
@@ -99,7 +99,7 @@ func ParseTime(s string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%w: %s", ErrNotTime, quote(s))
 	case f > maxMillis:
 		return time.Time{}, fmt.Errorf("%w: %s is out of range", ErrNotTime, quote(s))
-	case f > MillisThreshold:
+	case f > millisThreshold:
 		ms, frac := math.Modf(f)
 		return time.UnixMilli(int64(ms)).Add(time.Duration(math.Round(frac*1e3)) * time.Microsecond), nil
 	}
@@ -117,7 +117,7 @@ func parseDecimal(s string) (t time.Time, ok bool, err error) {
 	}
 	n, _ := strconv.ParseInt(whole, 10, 64) // ≤ 15 digits: cannot fail
 	scale := int64(1_000_000)               // microseconds per unit of whole
-	if n > MillisThreshold {
+	if n > millisThreshold {
 		scale = 1000
 	}
 	var sub int64 // the fraction, in microseconds

@@ -18,13 +18,13 @@ const (
 	RetrySuffix = ".retry"
 	// DLQSuffix makes <topic>.dlq on Kafka and <queue>.dlq on RabbitMQ.
 	DLQSuffix = ".dlq"
-	// WaitInfix makes the RabbitMQ wait queues <queue>.espera.<milliseconds>.
-	WaitInfix = ".espera."
-	// PartitionsSuffix makes <queue>.particions, the RabbitMQ headers
+	// waitInfix makes the RabbitMQ wait queues <queue>.espera.<milliseconds>.
+	waitInfix = ".espera."
+	// partitionsSuffix makes <queue>.particions, the RabbitMQ headers
 	// exchange of an ordered consumer: bound to the events' exchange with
 	// the topic names, it routes each message to the shard queue <queue>.<i>
 	// whose binding matches its HeaderPartition.
-	PartitionsSuffix = ".particions"
+	partitionsSuffix = ".particions"
 )
 
 // RetryTopic returns <topic>.retry.
@@ -35,12 +35,12 @@ func RetryTopic(topic string) string { return topic + RetrySuffix }
 func DLQName(name string) string { return name + DLQSuffix }
 
 // PartitionsExchangeName returns <queue>.particions.
-func PartitionsExchangeName(queue string) string { return queue + PartitionsSuffix }
+func PartitionsExchangeName(queue string) string { return queue + partitionsSuffix }
 
 // WaitQueueName returns <queue>.espera.<ms>, the RabbitMQ queue that holds a
 // message for delay and then dead-letters it back to queue.
 func WaitQueueName(queue string, delay time.Duration) string {
-	return queue + WaitInfix + strconv.FormatInt(delay.Milliseconds(), 10)
+	return queue + waitInfix + strconv.FormatInt(delay.Milliseconds(), 10)
 }
 
 // Prefixes of a dead letter's motiu: a permanent failure, or a transient one

@@ -26,9 +26,6 @@ const (
 	MaxClassesDefault      = 32
 )
 
-// OtherClass is the motiu label used once a topic has MaxClasses classes.
-const OtherClass = contract.OtherClass
-
 // AlerterConfig configures an Alerter. The zero value counts and logs, with
 // no webhook.
 type AlerterConfig struct {
@@ -261,7 +258,7 @@ func (a *Alerter) label(topic, class string) string {
 		return class
 	}
 	if len(seen) >= a.cfg.MaxClasses {
-		return OtherClass
+		return contract.OtherClass
 	}
 	seen[class] = true
 	return class

@@ -116,8 +116,8 @@ func TestReasonClass(t *testing.T) {
 		"permanent: estoc insuficient":                         "permanent: estoc insuficient",
 		"transitori esgotat: dial tcp 127.0.0.1:5432: refused": "transitori esgotat",
 		"permanent:":     "permanent",
-		"something else": dlq.OtherClass,
-		"":               dlq.OtherClass,
+		"something else": contract.OtherClass,
+		"":               contract.OtherClass,
 		"permanent: " + strings.Repeat("x", 100) + ": detail": "permanent",
 	}
 	for in, want := range cases {
@@ -133,8 +133,8 @@ func TestReasonClass(t *testing.T) {
 	for _, r := range []string{"permanent: a: 1", "permanent: b: 2", "permanent: c: 3", "permanent: d: 4"} {
 		a.DeadLetter(context.Background(), letter("x/0/1", r))
 	}
-	if v := letterCount(t, reg, comandes, dlq.OtherClass); v != 2 {
-		t.Fatalf("%q counted %v, want 2", dlq.OtherClass, v)
+	if v := letterCount(t, reg, comandes, contract.OtherClass); v != 2 {
+		t.Fatalf("%q counted %v, want 2", contract.OtherClass, v)
 	}
 	if _, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, WebhookURL: "not a url"}); err == nil {
 		t.Fatal("a bad webhook URL was accepted")

@@ -16,8 +16,8 @@ const (
 	ActionSkip   = "salt"
 )
 
-// ActorUnknown is the actor recorded when an operation names none.
-const ActorUnknown = "unknown"
+// actorUnknown is the actor recorded when an operation names none.
+const actorUnknown = "unknown"
 
 // AuditEntry is one row of the audit log (table auditoria_cartes): an
 // operation an operator ran on dead letters. Dry runs are not recorded.
@@ -35,7 +35,7 @@ type AuditEntry struct {
 // record is logged and returned; the operation itself already happened.
 func (s *Service) audit(ctx context.Context, actor, action string, letters []string, refused int, result string) error {
 	if actor == "" {
-		actor = ActorUnknown
+		actor = actorUnknown
 	}
 	if letters == nil {
 		letters = []string{}

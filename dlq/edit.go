@@ -15,7 +15,7 @@ var ErrInvalidEdit = errors.New("dlq: edited payload refused")
 
 // EditOptions tune ReplayEdited.
 type EditOptions struct {
-	// Actor names who edits, for the audit log. Default ActorUnknown.
+	// Actor names who edits, for the audit log. Default "unknown".
 	Actor string
 	// Schemas validates the edited dades. Default schema.Default() (the
 	// schemas of package schemas).
@@ -43,7 +43,7 @@ func (s *Service) ReplayEdited(ctx context.Context, id string, value []byte, o E
 		return nil, err
 	}
 	if _, err := s.cfg.Store.db.Exec(ctx, "INSERT INTO "+s.cfg.Store.edits+" (id_carta, qui, valor) VALUES ($1, $2, $3)",
-		id, pgText(cmpOr(o.Actor, ActorUnknown)), value); err != nil {
+		id, pgText(cmpOr(o.Actor, actorUnknown)), value); err != nil {
 		return nil, fmt.Errorf("dlq: keep the edit: %w", err)
 	}
 	return s.Replay(ctx, Filter{IDs: []string{id}}, ReplayOptions{Actor: o.Actor, Retention: o.Retention, Force: o.Force,

@@ -24,8 +24,8 @@ const (
 	GateKnownForDefault = 24 * time.Hour
 )
 
-// GateWindow is the period over which the attempt budgets refill.
-const GateWindow = time.Minute
+// gateWindow is the period over which the attempt budgets refill.
+const gateWindow = time.Minute
 
 // gateMaxSources bounds the per-source table: beyond it, idle sources (a
 // full bucket) are forgotten.
@@ -42,8 +42,8 @@ type GateConfig struct {
 	// KnownFor: how long a source stays known-good after the right token.
 	// Default GateKnownForDefault.
 	KnownFor time.Duration
-	// Source names the source of a request. Default SourceOf (the peer's IP
-	// address; X-Forwarded-For is never trusted).
+	// Source names the source of a request. Default: the peer's IP
+	// address (X-Forwarded-For is never trusted).
 	Source func(*http.Request) string
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -111,7 +111,7 @@ func NewGate(token string, cfg GateConfig) *Gate {
 	cfg.Global = cmp.Or(cfg.Global, GateGlobalDefault)
 	cfg.KnownFor = cmp.Or(cfg.KnownFor, GateKnownForDefault)
 	if cfg.Source == nil {
-		cfg.Source = SourceOf
+		cfg.Source = sourceOf
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -202,11 +202,11 @@ func (g *Gate) forgetIdle(now time.Time) {
 	}
 }
 
-// SourceOf is the default source of a request: the IP address of its peer
+// sourceOf is the default source of a request: the IP address of its peer
 // (r.RemoteAddr), an IPv6 address by its /64 network (one host usually holds
 // a whole /64). Headers such as X-Forwarded-For are ignored: anyone can send
 // them.
-func SourceOf(r *http.Request) string {
+func sourceOf(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
@@ -229,7 +229,7 @@ type bucket struct {
 
 func (b *bucket) refill(now time.Time) {
 	if d := now.Sub(b.at); d > 0 {
-		b.tokens = min(b.size, b.tokens+b.size*d.Seconds()/GateWindow.Seconds())
+		b.tokens = min(b.size, b.tokens+b.size*d.Seconds()/gateWindow.Seconds())
 	}
 	b.at = now
 }
@@ -254,5 +254,5 @@ func (b *bucket) wait(now time.Time) time.Duration {
 	if b.tokens >= 1 {
 		return 0
 	}
-	return time.Duration((1 - b.tokens) * float64(GateWindow) / b.size)
+	return time.Duration((1 - b.tokens) * float64(gateWindow) / b.size)
 }

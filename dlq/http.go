@@ -89,9 +89,9 @@ type handler struct {
 // errBadRequest marks input errors (400).
 var errBadRequest = errors.New("bad request")
 
-// NoTokenMessage is the answer of the admin API when no token is
+// noTokenMessage is the answer of the admin API when no token is
 // configured.
-const NoTokenMessage = "the dead-letter admin API is disabled: no admin token is configured " +
+const noTokenMessage = "the dead-letter admin API is disabled: no admin token is configured " +
 	"(km0 reads it from $KM0_DLQ_ADMIN_TOKEN); letters are customer data"
 
 // guard runs next only for the right bearer token (h.cfg.Gate), before
@@ -106,7 +106,7 @@ func (h *handler) guard(next http.HandlerFunc) http.HandlerFunc {
 		case Granted:
 			next(w, r)
 		case Disabled:
-			writeError(w, http.StatusForbidden, NoTokenMessage)
+			writeError(w, http.StatusForbidden, noTokenMessage)
 		case Throttled:
 			w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
 			writeError(w, http.StatusTooManyRequests, "too many token attempts from this address: try again later")

@@ -72,7 +72,7 @@ func (s *Service) CreateJob(ctx context.Context, ids []string, rate float64, act
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	if _, err := tx.Exec(ctx, "INSERT INTO "+st.jobs+" (id, qui, per_segon) VALUES ($1, $2, $3)",
-		id, pgText(cmpOr(actor, ActorUnknown)), rate); err != nil {
+		id, pgText(cmpOr(actor, actorUnknown)), rate); err != nil {
 		return "", fmt.Errorf("dlq: create job: %w", err)
 	}
 	if _, err := tx.Exec(ctx, "INSERT INTO "+st.jobLetters+" (id_feina, ordre, id_carta) "+

@@ -80,7 +80,8 @@ type Letter struct {
 	EventTime    time.Time // the earliest of the envelope's data_ms and data_original; zero when neither is known
 	DeadAt       time.Time // the record's timestamp; zero when unknown (TimeUnknown)
 	// TimeUnknown is true when a time of the letter (DeadAt, FirstFailure or
-	// EventTime) was given but outside InRange: that time is zero
+	// EventTime) was given but outside the range the index keeps (from the
+	// unix epoch to 24 h after indexing): that time is zero
 	// instead, and the letter's age is unknown (Replay refuses it without
 	// Force; --since/--until never select a letter whose DeadAt is unknown).
 	TimeUnknown   bool
@@ -95,7 +96,7 @@ type Letter struct {
 	ReplayedAt time.Time // last replay; zero if never
 	PurgedAt   time.Time // zero if not purged
 
-	// Copies is, in a folded listing (Store.ListFolded), how many letters
+	// Copies is, in a folded listing (Filter.Fold), how many letters
 	// of the selection share this one's event and consumer (1: no
 	// duplicate); 0 elsewhere.
 	Copies int
@@ -167,7 +168,7 @@ func ParseKafkaID(id string) (topic string, partition int32, offset int64, err e
 // fails: missing or malformed headers leave their fields at the documented
 // "unknown" values, because a letter that cannot be indexed would be lost.
 //
-// A time outside InRange (ts included) is stored as unknown: zero,
+// A time outside the range the index keeps (ts included; see inRange) is stored as unknown: zero,
 // with TimeUnknown set, so that the letter is indexed like the others.
 func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *transport.Message) *Letter {
 	l := &Letter{
@@ -178,7 +179,7 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 	defer func() {
 		now := time.Now()
 		for _, t := range []*time.Time{&l.DeadAt, &l.FirstFailure, &l.EventTime} {
-			if !t.IsZero() && !InRange(*t, now) {
+			if !t.IsZero() && !inRange(*t, now) {
 				*t, l.TimeUnknown = time.Time{}, true
 			}
 		}
@@ -226,19 +227,19 @@ func NewLetter(topic string, partition int32, offset int64, ts time.Time, m *tra
 	return l
 }
 
-// MinTime and MaxFuture bound the times the index stores (see NewLetter):
+// minTime and maxFuture bound the times the index stores (see NewLetter):
 // no dead letter predates the unix epoch, and none dies, fails or is
-// produced more than MaxFuture (clock skew) after it is indexed. A time
+// produced more than maxFuture (clock skew) after it is indexed. A time
 // outside them is a broken clock or a wrapped encoding (a Kafka timestamp of
 // the year -10700 reads back as the 22nd century), not a time to filter or
 // age by.
 var (
-	MinTime   = time.Unix(0, 0).UTC()
-	MaxFuture = 24 * time.Hour
+	minTime   = time.Unix(0, 0).UTC()
+	maxFuture = 24 * time.Hour
 )
 
-// InRange reports whether t is within [MinTime, now+MaxFuture].
-func InRange(t, now time.Time) bool { return !t.Before(MinTime) && !t.After(now.Add(MaxFuture)) }
+// inRange reports whether t is within [minTime, now+maxFuture].
+func inRange(t, now time.Time) bool { return !t.Before(minTime) && !t.After(now.Add(maxFuture)) }
 
 // unixSeconds reads a time header (contract.ParseTime: unix seconds, or the
 // milliseconds RabbitMQ copies carried before); anything else is the zero

@@ -12,9 +12,9 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/amqpdlq"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // One index over both brokers (dlq.MixedBackend): a Kafka letter in

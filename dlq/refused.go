@@ -194,8 +194,8 @@ func (s *Store) Refused(ctx context.Context, f Filter) ([]Refusal, error) {
 	return out, nil
 }
 
-// RefusedCount counts the letters Refused returns for f.
-func (s *Store) RefusedCount(ctx context.Context, f Filter) (int, error) {
+// refusedCount counts the letters Refused returns for f.
+func (s *Store) refusedCount(ctx context.Context, f Filter) (int, error) {
 	var args []any
 	var n int
 	if err := s.db.QueryRow(ctx, "SELECT count(*) FROM "+s.refused+refusedWhere(f, &args), args...).Scan(&n); err != nil {

@@ -14,12 +14,12 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/amqpdlq"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // On RabbitMQ too, a replay reaches only the consumer that failed: two

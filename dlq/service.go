@@ -114,7 +114,7 @@ type ReplayOptions struct {
 	// duplicate could no longer be recognised. Default inbox.RetentionDefault.
 	Retention time.Duration
 	// Actor names who replays, for the audit log (auditoria_cartes): the
-	// console session's or the CLI's identity. Default ActorUnknown.
+	// console session's or the CLI's identity. Default "unknown".
 	Actor string
 	// action is the audit action (ActionReplay unless an edit or a skip).
 	action string
@@ -131,7 +131,7 @@ type PurgeOptions struct {
 	// DeleteRecords also asks the backend to delete the purged records on
 	// the broker (Kafka: DeleteRecords up to the lowest pending offset).
 	DeleteRecords bool
-	// Actor names who purges, for the audit log. Default ActorUnknown.
+	// Actor names who purges, for the audit log. Default "unknown".
 	Actor string
 	// action is the audit action (ActionPurge unless a skip).
 	action string
@@ -239,14 +239,14 @@ func (s *Service) List(ctx context.Context, f Filter) (*Listing, error) {
 	}
 	var l []*Letter
 	if f.Fold {
-		l, err = s.cfg.Store.ListFolded(ctx, f)
+		l, err = s.cfg.Store.listFolded(ctx, f)
 	} else {
 		l, err = s.cfg.Store.List(ctx, f)
 	}
 	if err != nil {
 		return nil, err
 	}
-	n, err := s.cfg.Store.RefusedCount(ctx, f)
+	n, err := s.cfg.Store.refusedCount(ctx, f)
 	if err != nil {
 		return nil, err
 	}
@@ -255,13 +255,13 @@ func (s *Service) List(ctx context.Context, f Filter) (*Listing, error) {
 
 // Snapshot implements Source.
 func (s *Service) Snapshot(ctx context.Context, f Filter) ([]string, error) {
-	return s.cfg.Store.IDs(ctx, f)
+	return s.cfg.Store.selectIDs(ctx, f)
 }
 
 // Arrived implements Source.
 func (s *Service) Arrived(ctx context.Context, f Filter, ids []string) (int, error) {
 	f.IDs, f.exclude = nil, ids
-	return s.cfg.Store.Count(ctx, f)
+	return s.cfg.Store.count(ctx, f)
 }
 
 // Get implements Source.

@@ -16,7 +16,7 @@ import (
 
 // SkipOptions tune SkipSequence.
 type SkipOptions struct {
-	// Actor names who skips, for the audit log. Default ActorUnknown.
+	// Actor names who skips, for the audit log. Default "unknown".
 	Actor string
 	// Reason says why the head can never succeed; required, kept in the
 	// audit log entry of the skip.

@@ -25,8 +25,8 @@ var sqlFS embed.FS
 // Like every set it is safe to apply twice and concurrently.
 var Migrations = migrate.Set{Name: "dlq", FS: sqlFS, Dir: "sql"}
 
-// Table is the name of the index table.
-const Table = "cartes_mortes"
+// table is the name of the index table.
+const table = "cartes_mortes"
 
 // ErrNotFound is returned by Get for an ID the index does not hold.
 var ErrNotFound = errors.New("dlq: no such letter")
@@ -61,7 +61,7 @@ func NewStore(db DB, schema string) *Store {
 	if schema == "" {
 		schema = migrate.SchemaDefault
 	}
-	return &Store{db: db, table: pgx.Identifier{schema, Table}.Sanitize(),
+	return &Store{db: db, table: pgx.Identifier{schema, table}.Sanitize(),
 		refused:    pgx.Identifier{schema, RefusedTable}.Sanitize(),
 		audit:      pgx.Identifier{schema, "auditoria_cartes"}.Sanitize(),
 		edits:      pgx.Identifier{schema, "cartes_editades"}.Sanitize(),
@@ -98,7 +98,7 @@ type Filter struct {
 	// Limit caps the rows List returns; 0 = no cap. Summary ignores it.
 	Limit int
 	// Fold makes List return one letter per event and consumer, with
-	// Letter.Copies counting the duplicates (Store.ListFolded). The
+	// Letter.Copies counting the duplicates. The
 	// counts of Summary still count every letter. Replay and Purge
 	// ignore it.
 	Fold bool
@@ -218,13 +218,6 @@ func (s *Store) insert(ctx context.Context, letters []*Letter) (inserted, error)
 	return res, nil
 }
 
-// InsertTx is Insert inside the caller's transaction (which it uses
-// savepoints of).
-func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*Letter, error) {
-	res, err := s.insertTx(ctx, tx, letters)
-	return res.added, err
-}
-
 // insertBatch inserts letters, already bounded, in one pipeline.
 func (s *Store) insertBatch(ctx context.Context, tx pgx.Tx, letters []*Letter) ([]*Letter, error) {
 	q := `INSERT INTO ` + s.table + ` (` + columns + `, classe_motiu)
@@ -300,9 +293,9 @@ func (s *Store) listColumns(ctx context.Context, q querier, cols string, f Filte
 	return out, nil
 }
 
-// IDs returns the IDs of the letters f selects, in DLQ order (topic,
+// selectIDs returns the IDs of the letters f selects, in DLQ order (topic,
 // partition, offset), at most f.Limit of them (0 = all).
-func (s *Store) IDs(ctx context.Context, f Filter) ([]string, error) {
+func (s *Store) selectIDs(ctx context.Context, f Filter) ([]string, error) {
 	var args []any
 	sql := "SELECT id FROM " + s.table + " " + f.where(&args) + byPosition
 	if f.Limit > 0 {
@@ -319,8 +312,8 @@ func (s *Store) IDs(ctx context.Context, f Filter) ([]string, error) {
 	return out, nil
 }
 
-// Count returns how many letters f selects (f.Limit is ignored).
-func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
+// count returns how many letters f selects (f.Limit is ignored).
+func (s *Store) count(ctx context.Context, f Filter) (int, error) {
 	var args []any
 	var n int
 	if err := s.db.QueryRow(ctx, "SELECT count(*) FROM "+s.table+" "+f.where(&args), args...).Scan(&n); err != nil {
@@ -329,13 +322,13 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	return n, nil
 }
 
-// ListFolded is List with one letter per event and consumer: of the letters
+// listFolded is List with one letter per event and consumer: of the letters
 // f selects that share an id_esdeveniment and a grup_consumidor (after a
 // SIGKILL both retry copies of one message can reach the restarted consumer
 // and give two letters), it returns the newest, with Copies set to how many
 // there are. A letter without id_esdeveniment is its own event. f.Limit caps
 // the rows returned.
-func (s *Store) ListFolded(ctx context.Context, f Filter) ([]*Letter, error) {
+func (s *Store) listFolded(ctx context.Context, f Filter) ([]*Letter, error) {
 	var args []any
 	part := "PARTITION BY coalesce(id_esdeveniment, id), coalesce(grup_consumidor, '')"
 	sql := "SELECT " + columns + ", copies FROM (SELECT *, count(*) OVER (" + part + ") AS copies, " +

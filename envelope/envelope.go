@@ -31,12 +31,12 @@ const MaxIDBytes = 256
 
 // Member names on the wire.
 const (
-	FieldID      = "id_esdeveniment"
-	FieldType    = "tipus"
-	FieldVersion = "versio"
-	FieldTimeMS  = "data_ms"
-	FieldOrigin  = "origen"
-	FieldData    = "dades"
+	fieldID      = "id_esdeveniment"
+	fieldType    = "tipus"
+	fieldVersion = "versio"
+	fieldTimeMS  = "data_ms"
+	fieldOrigin  = "origen"
+	fieldData    = "dades"
 )
 
 // Envelope is one event.
@@ -113,48 +113,48 @@ func (d Decoder) Decode(b []byte) (*Envelope, error) {
 	}
 	e := &Envelope{}
 	var err error
-	if e.ID, err = requiredString(members, FieldID); err != nil {
+	if e.ID, err = requiredString(members, fieldID); err != nil {
 		return nil, err
 	}
 	if err := CheckKey(e.ID); err != nil {
-		return nil, permanent(FieldID, err.Error())
+		return nil, permanent(fieldID, err.Error())
 	}
-	if e.Type, err = requiredString(members, FieldType); err != nil {
+	if e.Type, err = requiredString(members, fieldType); err != nil {
 		return nil, err
 	}
-	raw, ok := members[FieldVersion]
+	raw, ok := members[fieldVersion]
 	if !ok {
-		return nil, permanent(FieldVersion, "missing")
+		return nil, permanent(fieldVersion, "missing")
 	}
 	v, err := strconv.ParseInt(string(raw), 10, 32)
 	if err != nil || v <= 0 {
-		return nil, permanent(FieldVersion, fmt.Sprintf("must be a positive integer, got %s", clip(raw)))
+		return nil, permanent(fieldVersion, fmt.Sprintf("must be a positive integer, got %s", clip(raw)))
 	}
 	e.Version = int(v)
-	if raw, ok := members[FieldTimeMS]; ok && string(raw) != "null" {
+	if raw, ok := members[fieldTimeMS]; ok && string(raw) != "null" {
 		ms, err := parseInt64(raw)
 		if err != nil {
-			return nil, permanent(FieldTimeMS, fmt.Sprintf("must be an integer (ms since epoch), got %s", clip(raw)))
+			return nil, permanent(fieldTimeMS, fmt.Sprintf("must be an integer (ms since epoch), got %s", clip(raw)))
 		}
 		e.TimeMS = ms
 	}
-	if raw, ok := members[FieldOrigin]; ok && string(raw) != "null" {
+	if raw, ok := members[fieldOrigin]; ok && string(raw) != "null" {
 		if err := json.Unmarshal(raw, &e.Origin); err != nil {
-			return nil, permanent(FieldOrigin, fmt.Sprintf("must be a string, got %s", clip(raw)))
+			return nil, permanent(fieldOrigin, fmt.Sprintf("must be a string, got %s", clip(raw)))
 		}
 		if replaced(raw, e.Origin) {
-			return nil, permanent(FieldOrigin, "invalid UTF-8 or a lone surrogate escape")
+			return nil, permanent(fieldOrigin, "invalid UTF-8 or a lone surrogate escape")
 		}
 	}
-	raw, ok = members[FieldData]
+	raw, ok = members[fieldData]
 	if !ok {
-		return nil, permanent(FieldData, "missing")
+		return nil, permanent(fieldData, "missing")
 	}
 	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-		return nil, permanent(FieldData, fmt.Sprintf("must be a JSON object, got %s", clip(raw)))
+		return nil, permanent(fieldData, fmt.Sprintf("must be a JSON object, got %s", clip(raw)))
 	}
 	e.Data = raw
-	for _, k := range []string{FieldID, FieldType, FieldVersion, FieldTimeMS, FieldOrigin, FieldData} {
+	for _, k := range []string{fieldID, fieldType, fieldVersion, fieldTimeMS, fieldOrigin, fieldData} {
 		delete(members, k)
 	}
 	if len(members) > 0 {
@@ -221,27 +221,27 @@ func clip(raw json.RawMessage) string {
 // contract member in Extra.
 func (e *Envelope) Encode() ([]byte, error) {
 	if e.ID == "" {
-		return nil, &DecodeError{Field: FieldID, Reason: "empty"}
+		return nil, &DecodeError{Field: fieldID, Reason: "empty"}
 	}
 	if err := CheckKey(e.ID); err != nil {
-		return nil, &DecodeError{Field: FieldID, Reason: err.Error()}
+		return nil, &DecodeError{Field: fieldID, Reason: err.Error()}
 	}
 	if e.Type == "" {
-		return nil, &DecodeError{Field: FieldType, Reason: "empty"}
+		return nil, &DecodeError{Field: fieldType, Reason: "empty"}
 	}
 	if e.Version <= 0 || e.Version > math.MaxInt32 {
-		return nil, &DecodeError{Field: FieldVersion, Reason: "must be a positive 32-bit integer"}
+		return nil, &DecodeError{Field: fieldVersion, Reason: "must be a positive 32-bit integer"}
 	}
 	data := e.Data
 	if len(data) == 0 {
 		data = json.RawMessage("{}")
 	}
 	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-		return nil, &DecodeError{Field: FieldData, Reason: fmt.Sprintf("must be a JSON object, got %s", clip(data))}
+		return nil, &DecodeError{Field: fieldData, Reason: fmt.Sprintf("must be a JSON object, got %s", clip(data))}
 	}
 	for k := range e.Extra {
 		switch k {
-		case FieldID, FieldType, FieldVersion, FieldTimeMS, FieldOrigin, FieldData:
+		case fieldID, fieldType, fieldVersion, fieldTimeMS, fieldOrigin, fieldData:
 			// Written after the contract's own member, it would win on decode.
 			return nil, &DecodeError{Field: k, Reason: "in Extra: a contract member is set through its field"}
 		}
@@ -316,7 +316,7 @@ func isPlain(s string) bool {
 // event type, because the payload will not change on a retry.
 func (e *Envelope) DataAs(v any) error {
 	if err := json.Unmarshal(e.Data, v); err != nil {
-		return permanent(FieldData, fmt.Sprintf("%s v%d: %v", e.Type, e.Version, err))
+		return permanent(fieldData, fmt.Sprintf("%s v%d: %v", e.Type, e.Version, err))
 	}
 	return nil
 }

@@ -83,9 +83,6 @@ func New(cfg Config) *Inbox {
 // Table returns the quoted, qualified table name.
 func (i *Inbox) Table() string { return i.table }
 
-// Retention returns the configured retention.
-func (i *Inbox) Retention() time.Duration { return i.retention }
-
 // ErrStore is wrapped by the errors of Process that come from the database
 // rather than from the effect: BEGIN, recording the key (for a reason other
 // than the key itself) or COMMIT failed. Nothing is known to have persisted,

@@ -427,7 +427,7 @@ func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string) (QueueLa
 	case err != nil:
 		m.fail(s, "queue "+name, "the management API does not answer", err)
 	case st.Unacked == nil:
-		note(s, NoteNotSampled)
+		note(s, noteNotSampled)
 	default:
 		q.Unacked = *st.Unacked
 	}
@@ -436,12 +436,12 @@ func (m *Measurer) queue(ctx context.Context, s *Snapshot, name string) (QueueLa
 
 // Notes of a Snapshot.
 const (
-	// NoteWALStreaming: the age of a WAL outbox's oldest message is the relay's.
-	NoteWALStreaming = "the oldest unconfirmed message of a WAL outbox whose slot a relay streams from is the relay's km0_relay_cdc_slot_lag_seconds"
+	// noteWALStreaming: the age of a WAL outbox's oldest message is the relay's.
+	noteWALStreaming = "the oldest unconfirmed message of a WAL outbox whose slot a relay streams from is the relay's km0_relay_cdc_slot_lag_seconds"
 	// NoteNoManagement: the RabbitMQ management API did not answer.
 	NoteNoManagement = "unacked unknown: the RabbitMQ management API does not answer (enable the rabbitmq_management plugin, or name its URL)"
-	// NoteNotSampled: the management API has no counts for a queue yet.
-	NoteNotSampled = "unacked unknown for a queue the management API has not sampled yet"
+	// noteNotSampled: the management API has no counts for a queue yet.
+	noteNotSampled = "unacked unknown for a queue the management API has not sampled yet"
 )
 
 // note adds text to s.Notes once.

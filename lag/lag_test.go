@@ -20,12 +20,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp/amqplag"
-	"github.com/km0/km0/transport/amqp/amqptest"
 	"github.com/km0/km0/transport/kafka/kafkalag"
 )
 

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/transport/amqp/amqplag"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // The unacknowledged messages of a queue come from the management API: two

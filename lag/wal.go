@@ -48,7 +48,7 @@ func (m *Measurer) outboxWAL(ctx context.Context, s *Snapshot, o Outbox) OutboxL
 	case sl.LagBytes == 0 || sl.WALStatus == "lost":
 		sl.OldestKnown = sl.LagBytes == 0 // nothing unconfirmed: age 0
 	case sl.Active:
-		note(s, NoteWALStreaming)
+		note(s, noteWALStreaming)
 	default:
 		// Decoding reads the retained WAL up to the first transaction with
 		// a message: bounded as the reads of the oldest Kafka records.

@@ -26,19 +26,19 @@ type Rule struct {
 	AllGroups bool
 }
 
-// LagOn reports whether MaxLag applies.
-func (r Rule) LagOn() bool { return r.LagSet || r.MaxLag > 0 }
+// lagOn reports whether MaxLag applies.
+func (r Rule) lagOn() bool { return r.LagSet || r.MaxLag > 0 }
 
-// AgeOn reports whether MaxAge applies.
-func (r Rule) AgeOn() bool { return r.AgeSet || r.MaxAge > 0 }
+// ageOn reports whether MaxAge applies.
+func (r Rule) ageOn() bool { return r.AgeSet || r.MaxAge > 0 }
 
 // On reports whether the rule checks anything.
-func (r Rule) On() bool { return r.LagOn() || r.AgeOn() }
+func (r Rule) On() bool { return r.lagOn() || r.ageOn() }
 
 // Over reports whether lag is over MaxLag and whether oldest (seconds; only
 // when hasAge) is over MaxAge.
 func (r Rule) Over(lag int64, oldest float64, hasAge bool) (lagOver, ageOver bool) {
-	return r.LagOn() && lag > r.MaxLag, hasAge && r.AgeOn() && oldest > r.MaxAge.Seconds()
+	return r.lagOn() && lag > r.MaxLag, hasAge && r.ageOn() && oldest > r.MaxAge.Seconds()
 }
 
 // Watch turns snapshots into lag alerts through a dlq.Alerter (its log and

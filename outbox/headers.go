@@ -39,13 +39,13 @@ var reserved = []string{
 	"reproduida_de", // dlq HeaderReplayedFrom
 }
 
-// Reserved reports whether name is a header an event may not set: one of the
+// isReserved reports whether name is a header an event may not set: one of the
 // contract's (tipus, id_esdeveniment, correlacio, intents, no_abans,
 // ultim_error, motiu, the *_original and time headers), one km0's transports
 // and patterns write (clau, cua_origen, respondre_a, id_peticio, resultat,
 // reproduida_de), or a name starting with "km0" or "x-" (RabbitMQ's own, such
 // as x-death), compared case-insensitively.
-func Reserved(name string) bool {
+func isReserved(name string) bool {
 	if len(name) >= 2 && strings.EqualFold(name[:2], "x-") || len(name) >= 3 && strings.EqualFold(name[:3], "km0") {
 		return true
 	}
@@ -57,18 +57,18 @@ func Reserved(name string) bool {
 	return false
 }
 
-// CheckHeaders returns an error wrapping ErrInvalid, naming the header, when
+// checkHeaders returns an error wrapping ErrInvalid, naming the header, when
 // h cannot be stored as an event's capcaleres: an empty or reserved name
 // (Reserved), a name over MaxHeaderNameBytes, a name or value that is not
 // valid UTF-8 or holds a NUL (PostgreSQL's JSONB refuses \u0000), or over
 // MaxHeadersBytes in all. nil and empty maps are valid.
-func CheckHeaders(h map[string]string) error {
+func checkHeaders(h map[string]string) error {
 	total := 0
 	for k, v := range h {
 		switch {
 		case k == "":
 			return fmt.Errorf("%w: header with an empty name", ErrInvalid)
-		case Reserved(k):
+		case isReserved(k):
 			return fmt.Errorf("%w: header %q is reserved by km0", ErrInvalid, k)
 		case len(k) > MaxHeaderNameBytes:
 			return fmt.Errorf("%w: header name %.40q… is %d bytes, over the limit of %d", ErrInvalid, k, len(k), MaxHeaderNameBytes)
@@ -87,7 +87,7 @@ func CheckHeaders(h map[string]string) error {
 
 // DecodeHeaders reads a capcaleres column as stored (JSON text). NULL (nil
 // or empty raw) and JSON null give (nil, nil). Otherwise it returns the
-// entries CheckHeaders would accept and, if it dropped anything, an error
+// entries Enqueue would accept and, if it dropped anything, an error
 // wrapping ErrInvalid saying what: the value is not a JSON object, an entry
 // is not a string (null, a number, a bool, an object or an array: dropped,
 // never published as ""), a name is reserved, or the whole is over MaxHeadersBytes
@@ -115,13 +115,13 @@ func DecodeHeaders(raw []byte) (map[string]string, error) {
 			errs = append(errs, fmt.Errorf("%w: capcaleres %q is not a string", ErrInvalid, k))
 			continue
 		}
-		if err := CheckHeaders(map[string]string{k: v}); err != nil {
+		if err := checkHeaders(map[string]string{k: v}); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		h[k] = v
 	}
-	if err := CheckHeaders(h); err != nil { // only the total can fail here
+	if err := checkHeaders(h); err != nil { // only the total can fail here
 		return nil, errors.Join(append(errs, err)...)
 	}
 	if len(h) == 0 {
@@ -144,7 +144,7 @@ func AppendHeaders(hs []transport.Header, h map[string]string) []transport.Heade
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		if k == "" || Reserved(k) || slices.ContainsFunc(hs, func(x transport.Header) bool { return x.Key == k }) {
+		if k == "" || isReserved(k) || slices.ContainsFunc(hs, func(x transport.Header) bool { return x.Key == k }) {
 			continue
 		}
 		hs = append(hs, transport.Header{Key: k, Value: h[k]})
@@ -154,14 +154,14 @@ func AppendHeaders(hs []transport.Header, h map[string]string) []transport.Heade
 
 // encodeHeaders merges the trace context of the call (traced) with the
 // event's own headers and returns the capcaleres to store, or nil for NULL.
-// The event's headers must pass CheckHeaders (the caller's error); a
+// The event's headers must pass checkHeaders (the caller's error); a
 // propagated field is kept only if the event does not set it and it fits
 // (trace context never fails a business write).
 func encodeHeaders(traced, own map[string]string) (*string, error) {
 	if len(traced) == 0 && len(own) == 0 {
 		return nil, nil
 	}
-	if err := CheckHeaders(own); err != nil {
+	if err := checkHeaders(own); err != nil {
 		return nil, err
 	}
 	merged := make(map[string]string, len(traced)+len(own))
@@ -171,7 +171,7 @@ func encodeHeaders(traced, own map[string]string) (*string, error) {
 		total += len(k) + len(v)
 	}
 	for k, v := range traced {
-		if _, set := merged[k]; set || CheckHeaders(map[string]string{k: v}) != nil || total+len(k)+len(v) > MaxHeadersBytes {
+		if _, set := merged[k]; set || checkHeaders(map[string]string{k: v}) != nil || total+len(k)+len(v) > MaxHeadersBytes {
 			continue
 		}
 		merged[k] = v

@@ -45,7 +45,7 @@ type Event struct {
 	Payload any
 	// Headers are extra headers to publish with the event, stored in the
 	// row's capcaleres and copied by the relay onto every record. Names may
-	// not be km0's own (see Reserved and CheckHeaders for every rule). They
+	// not be km0's own (docs/tracing.md lists every rule). They
 	// are merged with the trace context of Enqueue's ctx; a name set here
 	// wins, so a batch handler can give each event the traceparent of the
 	// message that caused it. Default nil.

@@ -47,8 +47,8 @@ const SlotCheckIntervalDefault = time.Second
 // with km0 migrate --outbox-mode wal (migrate.EnsureWALSlot) and retry.
 var ErrNoSlot = errors.New("outbox: the WAL-mode outbox's replication slot is missing or invalidated")
 
-// WALContentVersion is the v member of EncodeWAL's content.
-const WALContentVersion = 1
+// walContentVersion is the v member of EncodeWAL's content.
+const walContentVersion = 1
 
 // walContent is the content of a WAL-mode message (docs/contract.md).
 type walContent struct {
@@ -68,7 +68,7 @@ type walContent struct {
 const walTime = "2006-01-02T15:04:05.000000Z07:00"
 
 // EncodeWAL is the content of the logical decoding message of r in WAL mode
-// (docs/contract.md): a JSON object with v (WALContentVersion), id,
+// (docs/contract.md): a JSON object with v (1, the format's version), id,
 // agregat, agregat_id, tipus, versio, creat_en (RFC 3339, UTC,
 // microseconds), carrega (the dades object) and, when r has headers,
 // capcaleres (a flat object of strings). It fails for a payload that is not
@@ -95,7 +95,7 @@ func EncodeWAL(r *Row) ([]byte, error) {
 func encodeWAL(r *Row, hdr json.RawMessage) ([]byte, error) {
 	b := make([]byte, 0, 192+len(r.Aggregate)+len(r.AggregateID)+len(r.Type)+len(r.Payload)+len(hdr))
 	b = append(b, `{"v":`...)
-	b = strconv.AppendInt(b, WALContentVersion, 10)
+	b = strconv.AppendInt(b, walContentVersion, 10)
 	b = append(b, `,"id":"`...)
 	var id [36]byte
 	hex.Encode(id[0:8], r.ID[0:4])
@@ -181,8 +181,8 @@ func DecodeWAL(content []byte) (row Row, hdrErr error, err error) {
 		return row, nil, fmt.Errorf("outbox: WAL message: not a JSON object: %w", err)
 	}
 	switch {
-	case c.V != WALContentVersion:
-		return row, nil, fmt.Errorf("outbox: WAL message: v %d, want %d", c.V, WALContentVersion)
+	case c.V != walContentVersion:
+		return row, nil, fmt.Errorf("outbox: WAL message: v %d, want %d", c.V, walContentVersion)
 	case c.Aggregate == "" || c.AggID == "" || c.Type == "":
 		return row, nil, errors.New("outbox: WAL message: agregat, agregat_id or tipus is empty")
 	case c.Version < 1:

@@ -7,11 +7,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // A tipus over 255 bytes cannot travel as an AMQP type (a short string).

@@ -10,11 +10,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/tracing"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -37,10 +37,10 @@ const (
 	// PostgreSQL with the first one's publication to the broker; when idle one
 	// worker serves every shard, which keeps the latency of a lone event low.
 	WorkersDefault = 2
-	// ExtraWorkerIdle is how long an extra worker of an adaptive instance
+	// extraWorkerIdle is how long an extra worker of an adaptive instance
 	// (Workers 0) goes without a claim at least a quarter full before it
 	// hands its shards back and leaves.
-	ExtraWorkerIdle = time.Second
+	extraWorkerIdle = time.Second
 	// PublishTimeoutDefault bounds one Publish call (waiting for every
 	// confirmation); past it the batch is rolled back and retried.
 	PublishTimeoutDefault = 30 * time.Second
@@ -108,7 +108,7 @@ type Config struct {
 	// from the start. The default, 0, adapts it: one worker serves every
 	// shard; when its claims come back full (at least 4 × BatchSizeStart rows,
 	// or a full fixed BatchSize) a second one joins (up to WorkersDefault in
-	// all) and takes half of them, and it leaves again after ExtraWorkerIdle
+	// all) and takes half of them, and it leaves again after a second
 	// without a claim at least a quarter full, handing them back.
 	Workers int
 	// PublishTimeout bounds one Publish. Default PublishTimeoutDefault.

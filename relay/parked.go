@@ -79,7 +79,7 @@ func release(ctx context.Context, db DBTX, names migrate.Names, where string, ar
 		return 0, fmt.Errorf("relay: release: %w", err)
 	}
 	if tag.RowsAffected() > 0 {
-		if _, err := db.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, names.Schema+"."+names.Outbox); err != nil {
+		if _, err := db.Exec(ctx, "SELECT pg_notify($1, $2)", notifyChannel, names.Schema+"."+names.Outbox); err != nil {
 			return tag.RowsAffected(), fmt.Errorf("relay: released, but could not wake the relays: %w", err)
 		}
 	}

@@ -15,9 +15,9 @@ import (
 	"github.com/km0/km0/internal/pause"
 )
 
-// ListenCheckChannel is the channel of the LISTEN self-test (CheckListen); no
+// listenCheckChannel is the channel of the LISTEN self-test (CheckListen); no
 // trigger notifies it.
-const ListenCheckChannel = "km0_listen_check"
+const listenCheckChannel = "km0_listen_check"
 
 // ErrNoNotification is wrapped by CheckListen's error when the server
 // accepted LISTEN and NOTIFY but the notification never came back: the
@@ -31,7 +31,7 @@ var ErrNoNotification = errors.New("relay: LISTEN does not work through this con
 var sessionParams = []string{"synchronous_commit", "jit"}
 
 // CheckListen is the relay's LISTEN self-test: it connects twice with cfg,
-// LISTENs on ListenCheckChannel in one session, NOTIFYs it with a random
+// LISTENs on the channel km0_listen_check in one session, NOTIFYs it with a random
 // payload through the other, and waits up to wait for the notification. nil
 // when it arrived; an error wrapping ErrNoNotification when it did not; any
 // other error when a connection or a statement failed. It sends only simple
@@ -45,7 +45,7 @@ func CheckListen(ctx context.Context, cfg *pgx.ConnConfig, wait time.Duration) e
 		return err
 	}
 	defer listener.Close(context.WithoutCancel(ctx))
-	if _, err := listener.Exec(ctx, "LISTEN "+ListenCheckChannel, pgx.QueryExecModeSimpleProtocol); err != nil {
+	if _, err := listener.Exec(ctx, "LISTEN "+listenCheckChannel, pgx.QueryExecModeSimpleProtocol); err != nil {
 		return fmt.Errorf("LISTEN: %w", err)
 	}
 	notifier, err := pgx.ConnectConfig(ctx, cfg)
@@ -53,7 +53,7 @@ func CheckListen(ctx context.Context, cfg *pgx.ConnConfig, wait time.Duration) e
 		return err
 	}
 	defer notifier.Close(context.WithoutCancel(ctx))
-	if _, err := notifier.Exec(ctx, "NOTIFY "+ListenCheckChannel+", '"+payload+"'", pgx.QueryExecModeSimpleProtocol); err != nil {
+	if _, err := notifier.Exec(ctx, "NOTIFY "+listenCheckChannel+", '"+payload+"'", pgx.QueryExecModeSimpleProtocol); err != nil {
 		return fmt.Errorf("NOTIFY: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)

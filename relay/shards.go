@@ -241,7 +241,7 @@ func (w *worker) run(ctx context.Context) error {
 			// falls behind again.
 			if res.claimed > 0 && res.claimed >= res.limit/4 {
 				w.lastBusy = time.Now()
-			} else if time.Since(w.lastBusy) >= ExtraWorkerIdle {
+			} else if time.Since(w.lastBusy) >= extraWorkerIdle {
 				w.retire(ctx)
 				continue
 			}

@@ -9,9 +9,9 @@ import (
 	"github.com/km0/km0/relay/internal/relaycore"
 )
 
-// NotifyChannel is the channel the outbox trigger notifies at commit, with the
+// notifyChannel is the channel the outbox trigger notifies at commit, with the
 // payload "<schema>.<table>" (migrate/sql/outbox/002_ordre_i_avis.sql).
-const NotifyChannel = "km0_outbox"
+const notifyChannel = "km0_outbox"
 
 // shardExpr maps a row to its shard. The same expression is used by every
 // relay instance; see ShardCount.

@@ -23,8 +23,8 @@ var sqlFS embed.FS
 // migrate.Inbox.
 var Migrations = migrate.Set{Name: "requestreply", FS: sqlFS, Dir: "sql"}
 
-// ResponsesTable is the table name of stored responses.
-const ResponsesTable = "respostes_desades"
+// responsesTable is the table name of stored responses.
+const responsesTable = "respostes_desades"
 
 // TxHandler answers one request inside tx, the transaction in which
 // Idempotent also records the request id and stores the response.
@@ -51,7 +51,7 @@ var ErrResponseNotStored = errors.New("requestreply: request already processed; 
 func Idempotent(db inbox.Beginner, names migrate.Names, consumer string, h TxHandler) Handler {
 	names = names.WithDefaults()
 	in := inbox.New(inbox.Config{Names: names})
-	table := pgx.Identifier{names.Schema, ResponsesTable}.Sanitize()
+	table := pgx.Identifier{names.Schema, responsesTable}.Sanitize()
 	// A stored response without its key (the key was purged first) belongs to
 	// a request that is over: the new one replaces it.
 	insert := "INSERT INTO " + table + " (id_peticio, consumidor, resposta) VALUES ($1, $2, $3)" +
@@ -125,7 +125,7 @@ func PurgeResponses(ctx context.Context, db inbox.Beginner, names migrate.Names,
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	tag, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{names.Schema, ResponsesTable}.Sanitize()+
+	tag, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{names.Schema, responsesTable}.Sanitize()+
 		" WHERE desada_en < now() - $1::interval", fmt.Sprintf("%d microseconds", age.Microseconds()))
 	if err != nil {
 		return 0, fmt.Errorf("requestreply: purge: %w", err)

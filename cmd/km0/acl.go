@@ -12,9 +12,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/km0/km0/internal/kafkaacl"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/kafka"
-	"github.com/km0/km0/transport/kafka/kafkaacl"
 )
 
 func init() {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // envRunMain makes the test binary run km0's main instead of the tests, so

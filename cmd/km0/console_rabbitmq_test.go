@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // km0 up --console with the events on RabbitMQ, and with them on both

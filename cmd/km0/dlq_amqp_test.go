@@ -18,12 +18,12 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // rabbitDLQ is a running RabbitMQ consumer (with an inbox) whose handler

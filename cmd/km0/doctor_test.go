@@ -19,6 +19,7 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/doctor"
+	"github.com/km0/km0/internal/kafkaacl"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgbouncer"
 	"github.com/km0/km0/internal/pgcluster"
@@ -29,7 +30,6 @@ import (
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka"
-	"github.com/km0/km0/transport/kafka/kafkaacl"
 )
 
 // doctorRun is one `km0 doctor --json` run: its findings, output and exit.

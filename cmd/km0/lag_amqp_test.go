@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/lag"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // km0 lag --queue reports unacked messages without --amqp-management-url:

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/tlstest"
 	"github.com/km0/km0/lag"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // km0 lag over amqps:// with --amqp-tls-ca-file and --amqp-tls-server-name

@@ -11,11 +11,11 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 

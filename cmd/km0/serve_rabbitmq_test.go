@@ -11,10 +11,10 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // `km0 serve comandes` and `km0 serve inventari`, separate processes with

@@ -12,12 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/tlstest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // tlsCluster is a private PostgreSQL cluster that takes TCP over TLS only

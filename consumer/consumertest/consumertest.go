@@ -138,11 +138,11 @@ func Run(t *testing.T, h Harness) {
 	}
 }
 
-// DeadLetterHeaders are the contract headers every dead letter of an
+// deadLetterHeaders are the contract headers every dead letter of an
 // exhausted retry carries, on either broker: the event's, the attempts and
 // reason, the first failure's origin, time and consumer group, and the
 // attempt history.
-var DeadLetterHeaders = []string{
+var deadLetterHeaders = []string{
 	contract.HeaderType, contract.HeaderEventID, contract.HeaderAttempts, contract.HeaderReason,
 	contract.HeaderLastError, contract.HeaderOriginalTopic, contract.HeaderOriginalPartition,
 	contract.HeaderOriginalOffset, contract.HeaderFirstFailure, contract.HeaderGroup,
@@ -639,7 +639,7 @@ func transientExhausted(t *testing.T, w *world) {
 		}
 	}
 	slices.Sort(names)
-	want := slices.Clone(DeadLetterHeaders)
+	want := slices.Clone(deadLetterHeaders)
 	slices.Sort(want)
 	if !slices.Equal(slices.Compact(names), want) || len(names) != len(want) {
 		t.Fatalf("dead letter headers %q, want exactly %q (plus the broker's %q)", names, want, w.h.Features.DeadLetterExtra)

@@ -12,8 +12,8 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // noiseText returns n lowercase letters that do not compress (a btree index

@@ -9,8 +9,8 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // A RabbitMQ dead letter whose only time is an out-of-range AMQP timestamp

@@ -127,9 +127,9 @@ func (b *Backend) Publish(ctx context.Context, msgs []*transport.Message) error 
 	return b.pub.Publish(ctx, out)
 }
 
-// Topics returns the DLQ topics: Config.Topics, or the existing topics
+// topics returns the DLQ topics: Config.Topics, or the existing topics
 // matching TopicPattern, sorted.
-func (b *Backend) Topics(ctx context.Context) ([]string, error) {
+func (b *Backend) topics(ctx context.Context) ([]string, error) {
 	if len(b.cfg.Topics) > 0 {
 		return b.cfg.Topics, nil
 	}
@@ -160,7 +160,7 @@ func (b *Backend) Sync(ctx context.Context, s *dlq.Store) (dlq.SyncResult, error
 	var res dlq.SyncResult
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.SyncTimeout)
 	defer cancel()
-	topics, err := b.Topics(ctx)
+	topics, err := b.topics(ctx)
 	if err != nil || len(topics) == 0 {
 		return res, err
 	}

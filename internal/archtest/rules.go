@@ -51,7 +51,7 @@ var layers = map[string]Layer{
 	"lag":                      Pattern,
 
 	"transport/kafka":          Transport,
-	"transport/kafka/kafkaacl": Transport,
+	"internal/kafkaacl":        Transport,
 	embedPackage:               Transport,
 	"transport/amqp":           Transport,
 	"dlq/kafkadlq":             Transport,
@@ -74,8 +74,8 @@ var layers = map[string]Layer{
 	"internal/pgbouncer":                 TestKit,
 	"consumer/consumertest":              TestKit,
 	"transport/transporttest":            TestKit,
-	"transport/amqp/amqptest":            TestKit,
-	"requestreply/rrtest":                TestKit,
+	"internal/amqptest":                  TestKit,
+	"internal/rrtest":                    TestKit,
 	"internal/services/internal/svctest": TestKit,
 
 	"internal/bench":                         Appl,

@@ -10,8 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/km0/km0/internal/kafkaacl"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport/kafka/kafkaacl"
 )
 
 // checkACLs compares the cluster's ACLs with the minimal ones of the

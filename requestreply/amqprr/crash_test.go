@@ -14,12 +14,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // Environment of the process TestIdempotentServerProcess runs.

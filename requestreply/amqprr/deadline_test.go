@@ -13,10 +13,10 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/rrtest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
-	"github.com/km0/km0/requestreply/rrtest"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // A request that reaches the server after its no_despres (published without

@@ -6,3 +6,6 @@ package amqprr
 func SetCrashHooks(s *Server, afterHandle, afterAck func()) {
 	s.afterHandle, s.afterAck = afterHandle, afterAck
 }
+
+// Deadline is deadlineOf, for the external tests.
+var Deadline = deadlineOf

@@ -180,9 +180,9 @@ func (s *Server) replyReturned(ret amqp091.Return) {
 	s.cfg.Logger.Info("amqprr: reply returned: the client's queue is gone", "reply_to", ret.RoutingKey, "id_peticio", ret.MessageId)
 }
 
-// Deadline returns a delivery's no_despres (a string of unix seconds; a
+// deadlineOf returns a delivery's no_despres (a string of unix seconds; a
 // number is accepted too) and whether it has a valid one.
-func Deadline(d *amqp091.Delivery) (time.Time, bool) {
+func deadlineOf(d *amqp091.Delivery) (time.Time, bool) {
 	switch v := d.Headers[requestreply.HeaderDeadline].(type) {
 	case string:
 		return requestreply.ParseDeadline(v)
@@ -216,7 +216,7 @@ func (s *Server) handle(ctx context.Context, d *amqp091.Delivery) {
 	}
 	req := &requestreply.Request{ID: cmp.Or(d.MessageId, d.CorrelationId), CorrelationID: d.CorrelationId, Body: d.Body, ReplyTo: signedReplyTo(d.ReplyTo),
 		Deadline: headerString(d.Headers[requestreply.HeaderDeadline]), Signature: headerString(d.Headers[requestreply.HeaderSignature])}
-	if t, ok := Deadline(d); requestreply.Expired(t, ok, time.Now()) {
+	if t, ok := deadlineOf(d); requestreply.Expired(t, ok, time.Now()) {
 		s.count(requestreply.ResExpired, &s.expired)
 		log.Debug("amqprr: expired request dropped", "id_peticio", req.ID, "no_despres", t)
 		_ = d.Ack(false)

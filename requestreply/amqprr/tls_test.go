@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/km0/km0/transport/amqp/amqptest"
+	"github.com/km0/km0/internal/amqptest"
 )
 
 // The request/reply proofs (rrtest, with an exclusive reply queue, direct

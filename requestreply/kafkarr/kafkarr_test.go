@@ -9,9 +9,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/rrtest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
-	"github.com/km0/km0/requestreply/rrtest"
 	"github.com/km0/km0/transport/kafka"
 )
 

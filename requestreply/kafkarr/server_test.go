@@ -12,11 +12,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/rrtest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
-	"github.com/km0/km0/requestreply/rrtest"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // A reply over the producer's record limit (1 MiB) cannot go to Kafka. The

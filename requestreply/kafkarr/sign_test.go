@@ -11,9 +11,9 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/rrtest"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
-	"github.com/km0/km0/requestreply/rrtest"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )

@@ -11,9 +11,9 @@ import (
 
 	"github.com/km0/km0/consumer/consumertest"
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 	"github.com/km0/km0/transport/transporttest"
 )
 

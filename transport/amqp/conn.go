@@ -381,9 +381,9 @@ func (c *Conn) Declare(ctx context.Context, t Topology) error {
 	return nil
 }
 
-// Generation counts successful connections (1 after Dial); it changes when
+// generation counts successful connections (1 after Dial); it changes when
 // the connection was replaced.
-func (c *Conn) Generation() uint64 {
+func (c *Conn) generation() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.gen
@@ -391,9 +391,6 @@ func (c *Conn) Generation() uint64 {
 
 // Reconnects returns how many times the connection was re-established.
 func (c *Conn) Reconnects() int64 { return c.reconnects.Load() }
-
-// URL returns the broker URL with its password hidden.
-func (c *Conn) URL() string { return redact.URL(c.cfg.URL) }
 
 // Close closes the connection and stops reconnecting. Channels obtained from
 // it are closed. Close is idempotent.

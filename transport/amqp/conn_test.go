@@ -11,10 +11,10 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 func TestDialWithoutBrokerNamesRabbitMQAndHidesThePassword(t *testing.T) {

@@ -18,11 +18,11 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // bundle is what a test needs: a connection, a migrated schema with an

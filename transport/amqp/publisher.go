@@ -219,11 +219,11 @@ func (p *Publisher) PublishRaw(ctx context.Context, exchange, key string, msgs .
 	return p.publish(ctx, exchange, keys, msgs, index)
 }
 
-// PublishRawRetry is PublishRaw of one message, tried up to 3 times (5 s
+// publishRawRetry is PublishRaw of one message, tried up to 3 times (5 s
 // each, 200 and 400 ms apart) while the outcome is unknown or nacked; a
 // returned message (*ReturnedError) or the end of ctx stops it at once. It
 // returns the last error.
-func (p *Publisher) PublishRawRetry(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+func (p *Publisher) publishRawRetry(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	var err error
 	for try := range 3 {
 		if try > 0 {

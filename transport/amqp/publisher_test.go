@@ -15,9 +15,9 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // declareQueue declares a plain durable queue, deleted at cleanup.

@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // RabbitMQ is restarted (rabbitmqctl stop_app / start_app) in the

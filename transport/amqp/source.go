@@ -196,7 +196,7 @@ func (c SourceConfig) Topology() Topology {
 		topo = topo.Merge(WorkQueueTopology(c.DLX, name, c.Queue, true))
 		if c.Exchange != "" {
 			topo.Bindings = append(topo.Bindings, Binding{Queue: name, Exchange: parts,
-				Args: amqp.Table{ArgMatch: "all", contract.HeaderPartition: strconv.Itoa(i)}})
+				Args: amqp.Table{argMatch: "all", contract.HeaderPartition: strconv.Itoa(i)}})
 		}
 	}
 	return topo
@@ -541,12 +541,12 @@ func (s *Source) deadInstead(f *transport.Settlement, cause error) {
 }
 
 // publishCopy publishes a copy of d with headers h, confirmed. If the copy
-// cannot be published (PublishRawRetry gave up), the settlement becomes a
+// cannot be published (publishRawRetry gave up), the settlement becomes a
 // native dead letter (the caller nacks d without requeue, so that it never
 // loops; if the channel is gone, that nack fails and the broker redelivers
 // d). It reports whether the copy went.
 func (s *Source) publishCopy(ctx context.Context, d *amqp.Delivery, q consumedQueue, exchange, key string, h amqp.Table) bool {
-	err := s.pub.PublishRawRetry(ctx, exchange, key, republish(d, h))
+	err := s.pub.publishRawRetry(ctx, exchange, key, republish(d, h))
 	if err == nil {
 		return true
 	}
@@ -562,7 +562,7 @@ func (s *Source) publishCopy(ctx context.Context, d *amqp.Delivery, q consumedQu
 // connection and per quarter of its expiry.
 func (s *Source) declareWait(ctx context.Context, queue string, delay time.Duration) error {
 	name := contract.WaitQueueName(queue, delay)
-	gen := s.cfg.Conn.Generation()
+	gen := s.cfg.Conn.generation()
 	s.waitMu.Lock()
 	w, ok := s.declared[name]
 	s.waitMu.Unlock()

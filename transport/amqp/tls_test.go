@@ -8,9 +8,9 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/tlstest"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // The publisher and consumer conformance suites pass over amqps://, through a

@@ -24,11 +24,11 @@ const (
 const (
 	ArgDeadLetterExchange   = "x-dead-letter-exchange"
 	ArgDeadLetterRoutingKey = "x-dead-letter-routing-key"
-	ArgMessageTTL           = "x-message-ttl"
-	ArgExpires              = "x-expires"
-	ArgSingleActiveConsumer = "x-single-active-consumer"
-	// ArgMatch is a headers exchange binding's x-match ("all" or "any").
-	ArgMatch = "x-match"
+	argMessageTTL           = "x-message-ttl"
+	argExpires              = "x-expires"
+	argSingleActiveConsumer = "x-single-active-consumer"
+	// argMatch is a headers exchange binding's x-match ("all" or "any").
+	argMatch = "x-match"
 )
 
 // Exchange is an exchange declaration. Kind defaults to "direct". Names that
@@ -89,15 +89,6 @@ func (t Topology) Merge(o Topology) Topology {
 		ExchangeBindings: append(append([]ExchangeBinding(nil), t.ExchangeBindings...), o.ExchangeBindings...),
 		Bindings:         append(append([]Binding(nil), t.Bindings...), o.Bindings...),
 	}
-}
-
-// ExchangeNames returns the names of t's exchanges.
-func (t Topology) ExchangeNames() []string {
-	out := make([]string, len(t.Exchanges))
-	for i, e := range t.Exchanges {
-		out[i] = e.Name
-	}
-	return out
 }
 
 // QueueNames returns the names of t's queues.
@@ -183,7 +174,7 @@ func WorkQueueTopology(dlx, queue, dlqKey string, singleActive bool) Topology {
 	}
 	args := amqp.Table{ArgDeadLetterExchange: dlx, ArgDeadLetterRoutingKey: dlqKey}
 	if singleActive {
-		args[ArgSingleActiveConsumer] = true
+		args[argSingleActiveConsumer] = true
 	}
 	return Topology{
 		Exchanges: []Exchange{{Name: dlx, Kind: amqp.ExchangeDirect, Durable: true}},
@@ -201,9 +192,9 @@ func WorkQueueTopology(dlx, queue, dlqKey string, singleActive bool) Topology {
 // it after expires without use (it is redeclared before each use).
 func waitQueue(queue string, delay, expires time.Duration) Queue {
 	return Queue{Name: contract.WaitQueueName(queue, delay), Durable: true, Args: amqp.Table{
-		ArgMessageTTL:           delay.Milliseconds(),
+		argMessageTTL:           delay.Milliseconds(),
 		ArgDeadLetterExchange:   "",
 		ArgDeadLetterRoutingKey: queue,
-		ArgExpires:              (delay + expires).Milliseconds(),
+		argExpires:              (delay + expires).Milliseconds(),
 	}}
 }

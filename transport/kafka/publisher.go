@@ -28,9 +28,6 @@ type Publisher struct {
 // NewPublisher wraps a client. The caller keeps ownership of cl.
 func NewPublisher(cl *kgo.Client) *Publisher { return &Publisher{cl: cl} }
 
-// Client returns the underlying client.
-func (p *Publisher) Client() *kgo.Client { return p.cl }
-
 // Publish implements transport.Publisher. Records of one key keep their order
 // (same partition, idempotent producer, in-order retries). A record refused
 // as too large is produced again alone before it is reported in a

@@ -87,22 +87,22 @@ type Security struct {
 	Logger *slog.Logger
 }
 
-// TLSOn reports whether the connections use TLS: TLS or any TLS* setting.
-func (s Security) TLSOn() bool {
+// tlsOn reports whether the connections use TLS: TLS or any TLS* setting.
+func (s Security) tlsOn() bool {
 	return s.TLS || s.TLSCAFile != "" || s.TLSCertFile != "" || s.TLSKeyFile != "" || s.TLSServerName != "" || s.TLSInsecureSkipVerify
 }
 
 // Enabled reports whether s asks for TLS or SASL.
-func (s Security) Enabled() bool { return s.TLSOn() || s.SASLMechanism != "" }
+func (s Security) Enabled() bool { return s.tlsOn() || s.SASLMechanism != "" }
 
 // String describes s for logs and reports, without any secret: e.g.
 // "SASL_SSL SCRAM-SHA-512 user km0 (CA /etc/km0/ca.pem)" or "PLAINTEXT".
 func (s Security) String() string {
 	proto := "PLAINTEXT"
 	switch {
-	case s.TLSOn() && s.SASLMechanism != "":
+	case s.tlsOn() && s.SASLMechanism != "":
 		proto = "SASL_SSL"
-	case s.TLSOn():
+	case s.tlsOn():
 		proto = "SSL"
 	case s.SASLMechanism != "":
 		proto = "SASL_PLAINTEXT"
@@ -192,7 +192,7 @@ func (s Security) Opts() ([]kgo.Opt, error) {
 		log = slog.Default()
 	}
 	var opts []kgo.Opt
-	if s.TLSOn() {
+	if s.tlsOn() {
 		tc, err := s.tlsConfig()
 		if err != nil {
 			return nil, err
@@ -209,7 +209,7 @@ func (s Security) Opts() ([]kgo.Opt, error) {
 		opts = append(opts, kgo.Dialer(s.Dialer))
 	}
 	if s.SASLMechanism != "" {
-		if s.SASLMechanism == SASLPlain && !s.TLSOn() {
+		if s.SASLMechanism == SASLPlain && !s.tlsOn() {
 			log.Warn("kafka: SASL PLAIN without TLS sends the password in clear")
 		}
 		opts = append(opts, kgo.SASL(s.mechanism()))

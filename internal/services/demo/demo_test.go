@@ -11,10 +11,10 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/demo"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // TestSystemDemoReconciles runs the demo scenario (150 orders) against the

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // Many concurrent authorisations, each order asked several times with

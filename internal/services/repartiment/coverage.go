@@ -140,13 +140,6 @@ func (s *Service) publishCoverage(ctx context.Context, tx pgx.Tx) (Coverage, err
 	return c, s.cfg.Outbox.Enqueue(ctx, tx, &outbox.Event{Aggregate: CoverageAggregate, AggregateID: CoverageKey, Type: TypeCoverage, Payload: c})
 }
 
-// Covered returns the cities repartiment delivers to, sorted.
-func (s *Service) Covered(ctx context.Context) ([]string, error) {
-	var out []string
-	err := s.cfg.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(ciutat ORDER BY ciutat), '{}') FROM ciutats WHERE coberta`).Scan(&out)
-	return out, err
-}
-
 // NormalizeCity is how repartiment (and comandes's copy of its coverage)
 // compare city names: trimmed, lower case.
 func NormalizeCity(city string) string { return strings.ToLower(strings.TrimSpace(city)) }

@@ -5,11 +5,11 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq/kafkadlq"
+	"github.com/km0/km0/internal/kafkaacl"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/transport/kafka"
-	"github.com/km0/km0/transport/kafka/kafkaacl"
 )
 
 // DLQPrincipalName is the service name of the DLQ indexer and replayer

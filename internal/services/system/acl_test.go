@@ -14,12 +14,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/km0/km0/internal/kafkaacl"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport/kafka"
-	"github.com/km0/km0/transport/kafka/kafkaacl"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
@@ -23,7 +24,6 @@ import (
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // rabbitEvents makes a config carry every domain event over the machine's

@@ -6,11 +6,11 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/km0/km0/internal/kafkaacl"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/transport/amqp"
-	"github.com/km0/km0/transport/kafka/kafkaacl"
 )
 
 // RabbitPermission is one RabbitMQ user's permissions on a vhost, as

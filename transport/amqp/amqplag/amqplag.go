@@ -38,8 +38,8 @@ func (p Probe) Queue(ctx context.Context, name string) (ready, consumers int, er
 // Ports of the RabbitMQ management API when enabled with its defaults
 // (rabbitmq-plugins enable rabbitmq_management).
 const (
-	ManagementPort    = 15672
-	ManagementTLSPort = 15671
+	managementPort    = 15672
+	managementTLSPort = 15671
 )
 
 // ManagementURLFor returns the management API a broker at amqpURL has when
@@ -55,9 +55,9 @@ func ManagementURLFor(amqpURL string) (mgmt, vhost string, err error) {
 	if err != nil {
 		return "", "", errors.New("amqplag: the RabbitMQ URL does not parse") // never quote it: it holds the password
 	}
-	scheme, port := "http", ManagementPort
+	scheme, port := "http", managementPort
 	if u.Scheme == "amqps" {
-		scheme, port = "https", ManagementTLSPort
+		scheme, port = "https", managementTLSPort
 	}
 	m := url.URL{Scheme: scheme, Host: net.JoinHostPort(u.Host, strconv.Itoa(port)), User: url.UserPassword(u.Username, u.Password)}
 	return m.String(), u.Vhost, nil

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/km0/km0/transport/kafka/kafkaacl"
+	"github.com/km0/km0/internal/kafkaacl"
 )
 
 // One consumer of one topic: Read on the topic and its group, the .retry

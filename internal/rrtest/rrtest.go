@@ -16,10 +16,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // Started is a running server and a requester that reaches it.

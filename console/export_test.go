@@ -1,0 +1,6 @@
+package console
+
+// Names the external tests use.
+const CookieName = cookieName
+
+type JobStatus = replayJob

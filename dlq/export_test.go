@@ -1,0 +1,4 @@
+package dlq
+
+// GateWindow is gateWindow, for the external tests.
+const GateWindow = gateWindow

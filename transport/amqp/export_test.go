@@ -1,0 +1,4 @@
+package amqp
+
+// ArgMessageTTL is argMessageTTL, for the external tests.
+const ArgMessageTTL = argMessageTTL
