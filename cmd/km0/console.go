@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/hostguard"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay/cdc"
@@ -43,9 +45,6 @@ func init() {
 
 // consoleAddrDefault is where km0 console listens: loopback only.
 const consoleAddrDefault = "127.0.0.1:8090"
-
-// adminTokenEnv holds the admin token of the DLQ admin API and the console.
-const adminTokenEnv = "KM0_DLQ_ADMIN_TOKEN"
 
 // lagFlags are the flags of what km0 console and km0 lag measure besides
 // what the DLQ flags name.
@@ -121,7 +120,7 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	f.slot = fs.String("slot", "", "--outbox-mode wal: the replication slot (default km0_wal_<database>_<schema>_<table>, km0 migrate's and the relay's default)")
 	f.groups = fs.String("consumer-groups", "", "the system's Kafka consumer groups, comma separated, each reported even when the cluster does not list it (default: those the cluster lists of the services' groups, as $KM0_GROUPS renames them, and the DLQ indexer's "+kafkadlq.GroupDefault+")")
 	f.allGroups = fs.Bool("all-groups", false, "also report the consumer groups of other Kafka clients (default: only the system's groups)")
-	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
+	f.management = cli.SecretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
 		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host with its credentials; \"off\": unacked unknown)")
 	f.maxLag, f.maxAge = &thresholdFlag[int64]{}, &thresholdFlag[time.Duration]{}
 	fs.Var(f.maxLag, "max-lag", "alert threshold: a group's lag, an outbox's pending rows or a queue's ready messages over this (0: any lag at all; default: off)")
@@ -210,7 +209,7 @@ func (m *mapFlag) loadEnv(env string) {
 // never the content.
 func (m *mapFlag) setFile(path string) error {
 	m.fromCommandLine()
-	b, err := readSmallFile(path)
+	b, err := cli.ReadSmallFile(path)
 	if err != nil {
 		return err
 	}
@@ -225,7 +224,7 @@ func (m *mapFlag) setFile(path string) error {
 	return nil
 }
 
-func (m *mapFlag) check() error {
+func (m *mapFlag) Check() error {
 	return errors.Join(append(m.errs, m.envErrs...)...)
 }
 
@@ -251,7 +250,7 @@ type consoleParts struct {
 	allGroups bool
 	out       io.Writer
 	name      string        // the command, for the printed lines
-	log       *slog.Logger  // default logger()
+	log       *slog.Logger  // default cli.Logger()
 	retention time.Duration // default inbox.RetentionDefault
 }
 
@@ -259,7 +258,7 @@ type consoleParts struct {
 // stop when ctx ends (then stop returns after they did).
 func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(), err error) {
 	if p.log == nil {
-		p.log = logger()
+		p.log = cli.Logger()
 	}
 	if p.lag.Logger == nil {
 		p.lag.Logger = p.log
@@ -310,9 +309,9 @@ func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(),
 	go func() { _ = srv.Serve(ln); done <- struct{}{} }()
 	go func() { _ = sampler.Run(sctx); done <- struct{}{} }()
 	url = "http://" + ln.Addr().String()
-	access := "log in with $" + adminTokenEnv + " to read letters, replay and purge; /dlq/ needs it as a bearer token"
+	access := "log in with $" + dlqcli.AdminTokenEnv + " to read letters, replay and purge; /dlq/ needs it as a bearer token"
 	if p.token == "" {
-		access = "counts only: set $" + adminTokenEnv + " to read letters, replay and purge, here and at /dlq/"
+		access = "counts only: set $" + dlqcli.AdminTokenEnv + " to read letters, replay and purge, here and at /dlq/"
 	}
 	fmt.Fprintf(p.out, "%s: console at %s/ (%s; metrics at /metrics)\n", p.name, url, access)
 	return url, func() {
@@ -330,8 +329,8 @@ func runConsole(ctx context.Context, args []string) error {
 }
 
 func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
-	c := &dlqCLI{out: out, errOut: errOut, in: strings.NewReader(""), now: time.Now}
-	fs, o := c.flagsFor("console", "serve the operator console (dead letters by failure group: read, replay, purge; lag and health), index every new dead letter and alert on it, as km0 dlq index")
+	c := &dlqcli.CLI{Out: out, ErrOut: errOut, In: strings.NewReader(""), Now: time.Now}
+	fs, o := c.FlagsFor("console", "serve the operator console (dead letters by failure group: read, replay, purge; lag and health), index every new dead letter and alert on it, as km0 dlq index")
 	addr := fs.String("http-addr", consoleAddrDefault, "listen address of the console (loopback by default; the Host header is checked)")
 	allowed := fs.String("http-allowed-hosts", os.Getenv(hostguard.AllowedHostsEnv), "Host names the console answers besides its listen address: NAME or NAME:PORT,... (default $"+hostguard.AllowedHostsEnv+")")
 	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
@@ -342,46 +341,46 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		"): its blocked keys (per-key order) and the pause of its consumer groups; on the command line it shows in ps: prefer $"+serviceDBsEnv+" or --service-db-file")
 	fs.Func("service-db-file", "read the services' databases from the file at `PATH`: one NAME=DATABASE_URL a line, # comments", serviceDBs.setFile)
 	serviceDBs.loadEnv(serviceDBsEnv)
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *retention <= 0 || *interval <= 0 {
 		return errors.New("--retention and --interval must be positive")
 	}
 	reg := prometheus.NewRegistry() // the console's /metrics: dead letters and lag
-	env, err := c.open(ctx, o, reg, false)
+	env, err := c.Open(ctx, o, reg, false)
 	if err != nil {
 		return err
 	}
-	defer env.close()
-	lcfg, closeLag, err := lagConfig(ctx, *o.brokers, *o.amqpURL, o.amqpTLS, o.queueNames(), *o.group, lf)
+	defer env.Close()
+	lcfg, closeLag, err := lagConfig(ctx, *o.Brokers, *o.AMQPURL, o.AMQPTLS, o.QueueNames(), *o.Group, lf)
 	if err != nil {
 		return err
 	}
 	defer closeLag()
-	lcfg.clientOpts = env.kopts
+	lcfg.clientOpts = env.KafkaOpts
 	sdbs, closeSDBs, err := serviceDatabases(serviceDBs)
 	if err != nil {
 		return err
 	}
 	defer closeSDBs()
 	broker := "Kafka"
-	if env.rabbit {
+	if env.Rabbit {
 		broker = "RabbitMQ"
 	}
-	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(adminTokenEnv),
-		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
+	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(dlqcli.AdminTokenEnv),
+		source: env.Svc, broker: broker, alerter: env.Alerter, lag: lcfg, interval: *lf.interval,
 		rule:     lf.rule(),
-		services: services(lf.services), reg: reg, allGroups: *lf.allGroups, out: c.errOut, name: "km0 console", retention: *retention,
-		keyOrder: env.pool, keyOrderSchema: *o.schema, serviceDBs: sdbs})
+		services: services(lf.services), reg: reg, allGroups: *lf.allGroups, out: c.ErrOut, name: "km0 console", retention: *retention,
+		keyOrder: env.Pool, keyOrderSchema: *o.Schema, serviceDBs: sdbs})
 	if err != nil {
 		return err
 	}
 	defer stop()
-	if env.rabbit {
-		return syncEvery(ctx, env.svc, *interval, logger())
+	if env.Rabbit {
+		return dlqcli.SyncEvery(ctx, env.Svc, *interval, cli.Logger())
 	}
-	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter})
+	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: env.Kafka, Store: env.Store, Alerter: env.Alerter})
 	if err != nil {
 		return err
 	}
@@ -419,9 +418,9 @@ func (t lagTargets) measurer() (*lag.Measurer, error) {
 // outboxes of --outbox, the groups of --brokers (--consumer-groups, else the
 // system's: systemGroups with dlqGroup; others with --all-groups), the
 // queues of --queue.
-func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (lagTargets, func(), error) {
+func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *cli.AMQPTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (lagTargets, func(), error) {
 	cfg := lagTargets{brokers: splitList(brokers), Config: lag.Config{Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
-		ManagementURL: *lf.management, Logger: logger()}}
+		ManagementURL: *lf.management, Logger: cli.Logger()}}
 	if len(cfg.Groups) == 0 {
 		groups, err := systemGroups(os.Getenv("KM0_GROUPS"), dlqGroup)
 		if err != nil {
@@ -458,14 +457,14 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFla
 			WAL: wal, Slot: *lf.slot})
 	}
 	if qs := queues; len(qs) > 0 {
-		tlsCfg, err := amqpTLS.config()
+		tlsCfg, err := amqpTLS.Config()
 		if err != nil {
 			closeAll()
 			return cfg, nil, err
 		}
 		// The management API is reached with the broker's TLS settings.
-		cfg.HTTPClient = managementClient(tlsCfg)
-		conn, err := amqp.Dial(ctx, amqp.Config{URL: amqpURL, Name: "km0 lag", Logger: logger(), TLS: tlsCfg})
+		cfg.HTTPClient = cli.ManagementClient(tlsCfg)
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: amqpURL, Name: "km0 lag", Logger: cli.Logger(), TLS: tlsCfg})
 		if err != nil {
 			closeAll()
 			return cfg, nil, err
