@@ -176,8 +176,8 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	}
 
 	out, err = r.run("show", ids[perm])
-	if err != nil || !strings.Contains(out, "capçaleres:") || !strings.Contains(out, "x-death: rejected in "+r.queue) ||
-		!strings.Contains(out, "envolupant:") || !strings.Contains(out, `"id_esdeveniment": "`+perm+`"`) {
+	if err != nil || !strings.Contains(out, "headers:") || !strings.Contains(out, "x-death: rejected in "+r.queue) ||
+		!strings.Contains(out, "envelope:") || !strings.Contains(out, `"id_esdeveniment": "`+perm+`"`) {
 		t.Fatalf("show: %v\n%s", err, out)
 	}
 
@@ -209,7 +209,7 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 		!strings.Contains(out, "left the broker") {
 		t.Fatalf("purge --yes: %v\n%s", err, out)
 	}
-	if out, err := r.run("ls"); err != nil || !strings.Contains(out, "0 dead letter(s) (estat pendent)") {
+	if out, err := r.run("ls"); err != nil || !strings.Contains(out, "0 dead letter(s) (state pendent)") {
 		t.Fatalf("ls after purge: %v\n%s", err, out)
 	}
 	if b, i := r.onBroker(), r.indexed(); b != 0 || i != 2 {

@@ -358,7 +358,7 @@ func (c *CLI) ls(ctx context.Context, args []string) error {
 	for _, g := range ls.Groups {
 		total += g.Count
 	}
-	fmt.Fprintf(c.Out, "%d dead letter(s) (estat %s)\n", total, cmp.Or(*state, "totes"))
+	fmt.Fprintf(c.Out, "%d dead letter(s) (state %s)\n", total, cmp.Or(*state, "totes"))
 	if ls.Refused > 0 {
 		fmt.Fprintf(c.Out, "%d letter(s) refused by the index, set aside in table %s (the error log names each)\n",
 			ls.Refused, dlq.RefusedTable)
@@ -367,11 +367,11 @@ func (c *CLI) ls(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nTOPIC\tGRUP_CONSUMIDOR\tMOTIU\tCARTES\tPRIMERA\tDARRERA")
+	fmt.Fprintln(tw, "\nTOPIC\tCONSUMER_GROUP\tREASON\tLETTERS\tOLDEST\tNEWEST")
 	for _, g := range ls.Groups {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", g.Topic, dlq.Safe(g.Consumer), dlq.Safe(g.Class), g.Count, stamp(g.Oldest), stamp(g.Newest))
 	}
-	fmt.Fprintln(tw, "\nID\tMORTA_EN\tINTENTS\tESTAT\tTIPUS\tID_ESDEVENIMENT\tMOTIU")
+	fmt.Fprintln(tw, "\nID\tDEAD_AT\tATTEMPTS\tSTATE\tTIPUS\tID_ESDEVENIMENT\tREASON")
 	folded := 0
 	for _, l := range ls.Letters {
 		id := l.ID
@@ -425,19 +425,22 @@ func (c *CLI) show(ctx context.Context, args []string) error {
 	tw := tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("id", l.ID)
-	row("estat", fmt.Sprintf("%s (reproduccions %d%s%s)", l.State, l.Replays, at(" darrera ", l.ReplayedAt), at(", purgada ", l.PurgedAt)))
-	row("topic original", fmt.Sprintf("%s (partició %s, offset %s)", l.OriginalTopic, orDash(num(int64(l.OriginalPartition))), orDash(num(l.OriginalOffset))))
-	row("motiu", dlq.Safe(l.Reason))
-	row("intents", fmt.Sprint(l.Attempts))
+	row("state", fmt.Sprintf("%s (replays %d%s%s)", l.State, l.Replays, at(", last ", l.ReplayedAt), at(", purged ", l.PurgedAt)))
+	row("original topic", fmt.Sprintf("%s (partition %s, offset %s)", l.OriginalTopic, orDash(num(int64(l.OriginalPartition))), orDash(num(l.OriginalOffset))))
+	row("motiu (reason)", dlq.Safe(l.Reason))
+	row("attempts", fmt.Sprint(l.Attempts))
 	row("tipus", orDash(dlq.Safe(l.Type)))
 	row("id_esdeveniment", orDash(dlq.Safe(l.EventID)))
-	row("clau", fmt.Sprintf("%q", l.Key))
-	row("primera fallada", orDash(stamp(l.FirstFailure)))
-	row("data esdeveniment", orDash(stamp(l.EventTime)))
-	row("morta en", deadStamp(l))
-	row("grup consumidor", orDash(dlq.Safe(l.ConsumerGroup)))
+	row("key", fmt.Sprintf("%q", l.Key))
+	row("first failure", orDash(stamp(l.FirstFailure)))
+	row("event time", orDash(stamp(l.EventTime)))
+	row("dead at", deadStamp(l))
+	row("consumer group", orDash(dlq.Safe(l.ConsumerGroup)))
 	_ = tw.Flush()
-	fmt.Fprintln(c.Out, "\ncapçaleres:")
+	if err := c.printHistory(l); err != nil {
+		return err
+	}
+	fmt.Fprintln(c.Out, "\nheaders:")
 	for _, h := range l.Headers {
 		fmt.Fprintf(c.Out, "  %s: %s\n", dlq.Safe(h.Key), dlq.Safe(h.Value))
 	}
@@ -445,11 +448,11 @@ func (c *CLI) show(ctx context.Context, args []string) error {
 	_, envErr := l.Envelope()
 	switch {
 	case envErr == nil:
-		fmt.Fprintf(c.Out, "\nenvolupant:\n%s\n", text)
+		fmt.Fprintf(c.Out, "\nenvelope:\n%s\n", text)
 	case isJSON:
-		fmt.Fprintf(c.Out, "\nvalor (JSON, but not a valid envelope: %s):\n%s\n", dlq.Safe(envErr.Error()), text)
+		fmt.Fprintf(c.Out, "\nvalue (JSON, but not a valid envelope: %s):\n%s\n", dlq.Safe(envErr.Error()), text)
 	default:
-		fmt.Fprintf(c.Out, "\nvalor (%d bytes, not JSON: %s), escaped:\n%s\n", len(l.Value), dlq.Safe(envErr.Error()), text)
+		fmt.Fprintf(c.Out, "\nvalue (%d bytes, not JSON: %s), escaped:\n%s\n", len(l.Value), dlq.Safe(envErr.Error()), text)
 	}
 	return nil
 }
@@ -562,7 +565,7 @@ func (c *CLI) purge(ctx context.Context, args []string) error {
 		}
 		fmt.Fprint(c.Out, ". [y/N] ")
 		answer, rerr := bufio.NewReader(c.In).ReadString('\n')
-		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" && a != "s" && a != "si" && a != "sí" {
+		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 			fmt.Fprintln(c.Out)
 			if rerr != nil && answer == "" { // e.g. /dev/null, which looks like a terminal
 				return errors.New("purge refused: no confirmation on stdin; pass --yes")
@@ -675,16 +678,32 @@ func (c *CLI) printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-// deadStamp is the dead time of l, or "desconegut" when a time of the letter
-// was out of range (dlq.Letter.TimeUnknown).
+// deadStamp is the dead time of l, or "unknown"; a time of the letter that
+// was out of range is said (dlq.Letter.TimeUnknown).
 func deadStamp(l *dlq.Letter) string {
 	if l.DeadAt.IsZero() {
-		return "desconegut"
+		return "unknown"
 	}
 	if l.TimeUnknown {
-		return stamp(l.DeadAt) + " (temps desconegut)"
+		return stamp(l.DeadAt) + " (time unknown: out of range)"
 	}
 	return stamp(l.DeadAt)
+}
+
+// printHistory prints the attempt history of l (dlq.Letter.History) as a
+// table, oldest first; nothing when the letter carries none.
+func (c *CLI) printHistory(l *dlq.Letter) error {
+	h := l.History()
+	if len(h) == 0 {
+		return nil
+	}
+	fmt.Fprintf(c.Out, "\nattempt history (last %d, oldest first):\n", len(h))
+	tw := tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ATTEMPT\tFAILED_AT\tERROR")
+	for _, a := range h {
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", a.N, orDash(stamp(a.At)), orDash(dlq.Safe(a.Error)))
+	}
+	return tw.Flush()
 }
 
 func stamp(t time.Time) string {
@@ -743,7 +762,7 @@ func (c *CLI) auditLog(ctx context.Context, args []string) error {
 		return c.printJSON(log)
 	}
 	tw := tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EN\tQUI\tACCIO\tCARTES\tREFUSADES\tRESULTAT")
+	fmt.Fprintln(tw, "AT\tWHO\tACTION\tLETTERS\tREFUSED\tRESULT")
 	for _, e := range log {
 		letters := strings.Join(e.Letters, " ")
 		if len(e.Letters) > 3 {

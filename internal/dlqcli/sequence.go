@@ -88,7 +88,7 @@ func (c *CLI) sequence(ctx context.Context, args []string) error {
 			}
 		}
 		if *o.JSON {
-			if err := c.printJSON(map[string]any{"informe": rep, "resultat": takes}); err != nil {
+			if err := c.printJSON(map[string]any{"report": rep, "takes": takes}); err != nil {
 				return err
 			}
 			return notTaken(takes)
@@ -116,16 +116,16 @@ func (c *CLI) sequence(ctx context.Context, args []string) error {
 		return c.printJSON(sequenceView(seq))
 	}
 	tw := tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "consumidor:\t%s\nclau:\t%q\n", dlq.Safe(seq.Consumer), seq.Key)
-	fmt.Fprintf(tw, "cap:\t%s (%s, des de %s)\n", dlq.Safe(seq.Head.MessageID), seq.Head.Reason, stamp(seq.Head.Since))
-	fmt.Fprintf(tw, "ultim error:\t%s\n", orDash(dlq.Safe(seq.Head.LastError)))
+	fmt.Fprintf(tw, "consumer:\t%s\nkey:\t%q\n", dlq.Safe(seq.Consumer), seq.Key)
+	fmt.Fprintf(tw, "head:\t%s (%s, since %s)\n", dlq.Safe(seq.Head.MessageID), seq.Head.Reason, stamp(seq.Head.Since))
+	fmt.Fprintf(tw, "last error:\t%s\n", orDash(dlq.Safe(seq.Head.LastError)))
 	for _, l := range seq.HeadLetters {
-		fmt.Fprintf(tw, "carta del cap:\t%s\n", l.ID)
+		fmt.Fprintf(tw, "head letter:\t%s\n", l.ID)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(c.Out, "\n%d message(s) behind it:\n", len(behindOf(seq)))
 	tw = tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SEQ\tID_ESDEVENIMENT\tTIPUS\tESTAT\tORIGEN\tCARTA")
+	fmt.Fprintln(tw, "SEQ\tID_ESDEVENIMENT\tTIPUS\tSTATE\tORIGIN\tLETTER")
 	for _, p := range behindOf(seq) {
 		letter := "-"
 		if ls := seq.BehindLetters[p.ID]; len(ls) > 0 {
@@ -170,15 +170,15 @@ func sequenceView(seq *dlq.Sequence) map[string]any {
 	var behind []map[string]any
 	for _, p := range behindOf(seq) {
 		behind = append(behind, map[string]any{
-			"sequencia": p.Seq, "id_esdeveniment": dlq.Safe(p.ID), "tipus": dlq.Safe(tipusOf(p)), "estat": p.State,
-			"topic": dlq.Safe(p.Topic), "particio": p.Partition, "offset": p.Offset, "cartes": letters(seq.BehindLetters[p.ID]),
+			"seq": p.Seq, "id_esdeveniment": dlq.Safe(p.ID), "tipus": dlq.Safe(tipusOf(p)), "estat": p.State,
+			"topic": dlq.Safe(p.Topic), "particio": p.Partition, "offset": p.Offset, "letters": letters(seq.BehindLetters[p.ID]),
 		})
 	}
 	return map[string]any{
 		"consumidor": dlq.Safe(seq.Consumer), "clau": dlq.Safe(seq.Key),
-		"cap": map[string]any{"id_esdeveniment": dlq.Safe(seq.Head.MessageID), "motiu": seq.Head.Reason,
-			"ultim_error": dlq.Safe(seq.Head.LastError), "des_de": seq.Head.Since, "cartes": letters(seq.HeadLetters)},
-		"darrere": behind,
+		"head": map[string]any{"id_esdeveniment": dlq.Safe(seq.Head.MessageID), "motiu": seq.Head.Reason,
+			"ultim_error": dlq.Safe(seq.Head.LastError), "since": seq.Head.Since, "letters": letters(seq.HeadLetters)},
+		"behind": behind,
 	}
 }
 
@@ -193,7 +193,7 @@ func (c *CLI) blockedKeys(ctx context.Context, env *Env, ko *keyorder.Store, con
 		safe[i] = dlq.Safe(k)
 	}
 	if asJSON {
-		return c.printJSON(map[string]any{"consumidor": dlq.Safe(consumer), "claus": safe})
+		return c.printJSON(map[string]any{"consumidor": dlq.Safe(consumer), "keys": safe})
 	}
 	fmt.Fprintf(c.Out, "%d key(s) blocked by %s\n", len(keys), dlq.Safe(consumer))
 	for _, k := range safe {
@@ -273,7 +273,7 @@ func (c *CLI) replayAllSequences(ctx context.Context, env *Env, ko *keyorder.Sto
 		}
 	}
 	if asJSON {
-		if err := c.printJSON(map[string]any{"informes": reps, "resultat": takes}); err != nil {
+		if err := c.printJSON(map[string]any{"reports": reps, "takes": takes}); err != nil {
 			return err
 		}
 	} else {

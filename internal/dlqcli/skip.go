@@ -25,7 +25,7 @@ func (c *CLI) skipSequence(ctx context.Context, env *Env, ko *keyorder.Store, se
 		}
 	}
 	if asJSON {
-		if jerr := c.printJSON(map[string]any{"informe": rep, "resultat": takes}); jerr != nil {
+		if jerr := c.printJSON(map[string]any{"report": rep, "takes": takes}); jerr != nil {
 			return jerr
 		}
 		if err != nil {
