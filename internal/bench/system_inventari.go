@@ -500,7 +500,7 @@ func runPortInventariProcess(ctx context.Context, args []string) error {
 	}
 }
 
-var errPortInsufficient = errors.New("sense estoc")
+var errPortInsufficient = errors.New("out of stock")
 
 // portProcessOrder is the reference consumer's processar_comanda_creada.
 func portProcessOrder(ctx context.Context, conn *pgx.Conn, e *portEnvelope, withOutbox bool) error {
@@ -531,7 +531,7 @@ func portProcessOrder(ctx context.Context, conn *pgx.Conn, e *portEnvelope, with
 					return err
 				}
 				if tag.RowsAffected() == 0 {
-					return fmt.Errorf("%w de %s", errPortInsufficient, l.Product)
+					return fmt.Errorf("%w: %s", errPortInsufficient, l.Product)
 				}
 				continue
 			}
@@ -539,7 +539,7 @@ func portProcessOrder(ctx context.Context, conn *pgx.Conn, e *portEnvelope, with
 			err := tx.QueryRow(ctx, "UPDATE estoc SET unitats = unitats - $1 WHERE producte = $2 AND unitats >= $1 RETURNING unitats",
 				l.Quantity, l.Product).Scan(&after)
 			if errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("%w de %s", errPortInsufficient, l.Product)
+				return fmt.Errorf("%w: %s", errPortInsufficient, l.Product)
 			}
 			if err != nil {
 				return err

@@ -303,13 +303,13 @@ func (f *filterFlags) filter(now time.Time) (dlq.Filter, error) {
 // runs: a selection without any filter is refused unless --all says it is
 // meant to be every letter, and --all with a filter is refused as ambiguous.
 func addAllFlag(fs *flag.FlagSet, verb string) func(*dlq.Filter) error {
-	all := fs.Bool("all", false, "select every letter (required to "+verb+" without --id, --topic, --motiu, --since or --until)")
+	all := fs.Bool("all", false, "select every letter (required to "+verb+" without --id, --topic, --reason, --consumer, --since or --until)")
 	return func(f *dlq.Filter) error {
 		switch {
 		case f.Empty() && !*all:
-			return fmt.Errorf("refusing to %s every letter: no --id, --topic, --motiu, --consumer, --since or --until given; pass --all to select every letter", verb)
+			return fmt.Errorf("refusing to %s every letter: no --id, --topic, --reason, --consumer, --since or --until given; pass --all to select every letter", verb)
 		case !f.Empty() && *all:
-			return fmt.Errorf("--all selects every letter: give it without --id, --topic, --motiu, --since or --until")
+			return fmt.Errorf("--all selects every letter: give it without --id, --topic, --reason, --consumer, --since or --until")
 		}
 		return nil
 	}
