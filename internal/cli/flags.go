@@ -86,7 +86,7 @@ func printDefaults(fs *flag.FlagSet) {
 
 // Parse parses args, mapping a flag error to ErrUsage (already printed).
 // Then each flag whose value has a check (a credential flag's, see
-// SecretString and mapFlag) reports what its Set could not: flag quotes the
+// SecretString, and cmd/km0's mapFlag) reports what its Set could not: flag quotes the
 // value of a failed Set, and a credential is never printed.
 func Parse(fs *flag.FlagSet, args []string) error {
 	if err := ParseFlags(fs, args); err != nil {
@@ -147,7 +147,7 @@ func wantsHelp(args []string) bool {
 
 // ParseOnly makes Parse return ErrParsed after a successful Parse, so the
 // command stops before doing anything: the deploy artefacts' test checks
-// their command lines against the real flags this way (deploy_test.go).
+// their command lines against the real flags this way (cmd/km0/deploy_test.go).
 var ParseOnly bool
 
 // ErrParsed is Parse's result while ParseOnly is set.
