@@ -7,36 +7,29 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/consolesrv"
 	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/hostguard"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay/cdc"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/km0/km0/console"
-	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqplag"
-	"github.com/km0/km0/transport/kafka/kafkalag"
 )
 
 func init() {
@@ -228,102 +221,6 @@ func (m *mapFlag) Check() error {
 	return errors.Join(append(m.errs, m.envErrs...)...)
 }
 
-// consoleParts is what serveConsole puts together: the dead-letter source,
-// the lag measurer and the services.
-type consoleParts struct {
-	keyOrder       keyorder.DBTX // the per-key order consumers' keyorder tables; nil: none shown
-	keyOrderSchema string
-	serviceDBs     []console.ServiceDB // the services' own databases: blocked keys, pause
-	addr           string
-	allowed        []string
-	token          string
-	source         dlq.Source
-	broker         string
-	alerter        *dlq.Alerter // lag alerts go through its webhook; nil: none
-	lag            lagTargets
-	rule           lag.Rule
-	interval       time.Duration
-	services       []console.Service
-	reg            *prometheus.Registry // served at /metrics with the lag collector
-	// allGroups shows the foreign groups by default, in the page, /metrics
-	// and the alerts; without it they are measured but shown only on request.
-	allGroups bool
-	out       io.Writer
-	name      string        // the command, for the printed lines
-	log       *slog.Logger  // default cli.Logger()
-	retention time.Duration // default inbox.RetentionDefault
-}
-
-// serveConsole starts the console's HTTP server and its lag sampler; both
-// stop when ctx ends (then stop returns after they did).
-func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(), err error) {
-	if p.log == nil {
-		p.log = cli.Logger()
-	}
-	if p.lag.Logger == nil {
-		p.lag.Logger = p.log
-	}
-	// Foreign groups are measured so that ?groups=all can show them; the
-	// page, /metrics and the alerts leave them out unless allGroups.
-	p.lag.AllGroups = len(p.lag.brokers) > 0
-	p.rule.AllGroups = p.allGroups
-	m, err := p.lag.measurer()
-	if err != nil {
-		return "", nil, err
-	}
-	var watch *lag.Watch
-	if p.alerter != nil && p.rule.On() {
-		watch = lag.NewWatch(p.rule, p.alerter)
-	}
-	sampler := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: p.interval, Watch: watch, Logger: p.log})
-	if p.reg == nil {
-		p.reg = prometheus.NewRegistry()
-	}
-	if err := p.reg.Register(lag.Collector{S: sampler, AllGroups: p.allGroups}); err != nil {
-		m.Close()
-		return "", nil, err
-	}
-	gate := dlq.NewGate(p.token, dlq.GateConfig{}) // one attempt budget for the login and the admin API
-	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Gate: gate, Sampler: sampler, AllGroups: p.allGroups,
-		Services: p.services, Logger: p.log, Retention: p.retention, KeyOrder: p.keyOrder, KeyOrderSchema: p.keyOrderSchema,
-		ServiceDBs: p.serviceDBs})
-	if err != nil {
-		m.Close()
-		return "", nil, err
-	}
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		m.Close()
-		return "", nil, fmt.Errorf("console: listen %s: %w", p.addr, err)
-	}
-	mux := http.NewServeMux()
-	// The console's registry, and the default one (the process's own metrics).
-	mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{p.reg, prometheus.DefaultGatherer}, promhttp.HandlerOpts{}))
-	if p.source != nil {
-		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(p.source, dlq.HandlerConfig{Gate: gate, Logger: p.log})))
-	}
-	mux.Handle("/", con.Handler())
-	srv := console.NewServer(ln, mux, p.allowed)
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{}, 2)
-	go func() { _ = srv.Serve(ln); done <- struct{}{} }()
-	go func() { _ = sampler.Run(sctx); done <- struct{}{} }()
-	url = "http://" + ln.Addr().String()
-	access := "log in with $" + dlqcli.AdminTokenEnv + " to read letters, replay and purge; /dlq/ needs it as a bearer token"
-	if p.token == "" {
-		access = "counts only: set $" + dlqcli.AdminTokenEnv + " to read letters, replay and purge, here and at /dlq/"
-	}
-	fmt.Fprintf(p.out, "%s: console at %s/ (%s; metrics at /metrics)\n", p.name, url, access)
-	return url, func() {
-		cancel()
-		_ = srv.Close()
-		<-done
-		<-done
-		con.Close()
-		m.Close()
-	}, nil
-}
-
 func runConsole(ctx context.Context, args []string) error {
 	return consoleCmd(ctx, os.Stdout, os.Stderr, args)
 }
@@ -358,7 +255,7 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		return err
 	}
 	defer closeLag()
-	lcfg.clientOpts = env.KafkaOpts
+	lcfg.ClientOpts = env.KafkaOpts
 	sdbs, closeSDBs, err := serviceDatabases(serviceDBs)
 	if err != nil {
 		return err
@@ -368,11 +265,11 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	if env.Rabbit {
 		broker = "RabbitMQ"
 	}
-	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(dlqcli.AdminTokenEnv),
-		source: env.Svc, broker: broker, alerter: env.Alerter, lag: lcfg, interval: *lf.interval,
-		rule:     lf.rule(),
-		services: services(lf.services), reg: reg, allGroups: *lf.allGroups, out: c.ErrOut, name: "km0 console", retention: *retention,
-		keyOrder: env.Pool, keyOrderSchema: *o.Schema, serviceDBs: sdbs})
+	_, stop, err := consolesrv.Serve(ctx, consolesrv.Parts{Addr: *addr, Allowed: strings.Split(*allowed, ","), Token: os.Getenv(dlqcli.AdminTokenEnv),
+		Source: env.Svc, Broker: broker, Alerter: env.Alerter, Lag: lcfg, Interval: *lf.interval,
+		Rule:     lf.rule(),
+		Services: services(lf.services), Registry: reg, AllGroups: *lf.allGroups, Out: c.ErrOut, Name: "km0 console", Retention: *retention,
+		KeyOrder: env.Pool, KeyOrderSchema: *o.Schema, ServiceDBs: sdbs})
 	if err != nil {
 		return err
 	}
@@ -387,39 +284,12 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 	return ix.Run(ctx)
 }
 
-// lagTargets is what km0 console and km0 lag measure: a lag.Config and
-// the Kafka brokers (with their client options, known once the security
-// flags are read) whose probe measurer adds.
-type lagTargets struct {
-	lag.Config
-	brokers    []string
-	clientOpts []kgo.Opt
-}
-
-// measurer returns the Measurer of t, with a kafkalag probe of t.brokers
-// (closed with the Measurer).
-func (t lagTargets) measurer() (*lag.Measurer, error) {
-	cfg := t.Config
-	if len(t.brokers) > 0 {
-		p, err := kafkalag.New(kafkalag.Config{Brokers: t.brokers, ClientOpts: t.clientOpts, Logger: cfg.Logger})
-		if err != nil {
-			return nil, err
-		}
-		cfg.Kafka = p
-	}
-	m, err := lag.NewMeasurer(cfg)
-	if err != nil && cfg.Kafka != nil {
-		cfg.Kafka.Close()
-	}
-	return m, err
-}
-
 // lagConfig builds what km0 console and km0 lag measure from the flags: the
 // outboxes of --outbox, the groups of --brokers (--consumer-groups, else the
 // system's: systemGroups with dlqGroup; others with --all-groups), the
 // queues of --queue.
-func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *cli.AMQPTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (lagTargets, func(), error) {
-	cfg := lagTargets{brokers: splitList(brokers), Config: lag.Config{Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
+func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *cli.AMQPTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (consolesrv.LagTargets, func(), error) {
+	cfg := consolesrv.LagTargets{Brokers: splitList(brokers), Config: lag.Config{Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
 		ManagementURL: *lf.management, Logger: cli.Logger()}}
 	if len(cfg.Groups) == 0 {
 		groups, err := systemGroups(os.Getenv("KM0_GROUPS"), dlqGroup)

@@ -63,16 +63,16 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 		return err
 	}
 	defer closeLag()
-	if len(cfg.brokers) > 0 {
-		if cfg.clientOpts, err = ksec.Opts(ctx, cfg.brokers, cfg.Logger); err != nil {
+	if len(cfg.Brokers) > 0 {
+		if cfg.ClientOpts, err = ksec.Opts(ctx, cfg.Brokers, cfg.Logger); err != nil {
 			return err
 		}
 	}
-	if len(cfg.Outboxes) == 0 && len(cfg.brokers) == 0 && len(cfg.Queues) == 0 {
+	if len(cfg.Outboxes) == 0 && len(cfg.Brokers) == 0 && len(cfg.Queues) == 0 {
 		return errors.New("nothing to measure: give --outbox, --brokers (or $KM0_KAFKA_BROKERS) or --queue")
 	}
 	rule := lf.rule()
-	m, err := cfg.measurer()
+	m, err := cfg.Measurer()
 	if err != nil {
 		return err
 	}

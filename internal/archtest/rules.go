@@ -81,6 +81,7 @@ var layers = map[string]Layer{
 	"internal/bench":                         Appl,
 	"internal/cli":                           Appl,
 	"internal/dlqcli":                        Appl,
+	"internal/consolesrv":                    Appl,
 	"internal/bench/consumerbench":           Appl,
 	"internal/doctor":                        Appl,
 	"internal/schemacheck":                   Appl,
