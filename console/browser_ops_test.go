@@ -201,8 +201,8 @@ func TestBrowserOperations(t *testing.T) {
 // The dead-letter operations in Chromium: the groups, a letter, its
 // edit-and-replay form refusing an edit that breaks the schema (nothing
 // sent), a paced replay (1 letter per second) in progress and then
-// cancelled, the skip of a blocked head with its confirm step, and the
-// audit log with who did each. Screenshots go to $KM0_SCREENSHOTS (or
+// cancelled, the skip of a blocked head with its confirm step, the audit
+// log with who did each, and a letter's attempt history. Screenshots go to $KM0_SCREENSHOTS (or
 // $KM0_TEST_ARTIFACTS).
 func TestBrowserDeadLetterOperations(t *testing.T) {
 	b := setup(t, token)
@@ -271,4 +271,12 @@ func TestBrowserDeadLetterOperations(t *testing.T) {
 		t.Fatalf("the audit log does not name the skipped head's letter %s", head)
 	}
 	screenshot(t, ctx, "dlqops-09-audit-log.png")
+
+	// A letter with its attempt history (historial_intents).
+	hist := b.produceWithHistory(t)
+	step(t, ctx, "a letter with its attempt history", chromedp.Navigate(base+"/carta?id="+url.QueryEscape(hist)), chromedp.WaitVisible(chromedp.CSS("#history")))
+	if h := eval[string](t, ctx, `document.getElementById("history").innerText`); !strings.Contains(h, "<script>alert(1)</script>") || !strings.Contains(h, "2026-03-01 10:03:00Z") {
+		t.Fatalf("the attempt history on the page: %q", h)
+	}
+	screenshot(t, ctx, "dlqops-10-attempt-history.png")
 }

@@ -400,6 +400,10 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 		hs[i] = showHeader(h.Key, h.Value)
 	}
 	sort.SliceStable(hs, func(i, j int) bool { return hs[i].Key < hs[j].Key })
+	history := l.History()
+	for i := range history {
+		history[i].Error = dlq.Safe(history[i].Error)
+	}
 	value, isJSON := dlq.PrettyValue(l.Value, 0)
 	envErr := ""
 	if _, err := l.Envelope(); err != nil {
@@ -413,7 +417,7 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 	c.renderPage(w, r, http.StatusOK, "letter", page{Title: "Letter " + l.ID, Data: map[string]any{
 		"L": l, "Class": l.Class(), "Reason": dlq.Safe(l.Reason), "Headers": hs, "Value": value, "IsJSON": isJSON,
 		"EnvelopeError": envErr, "Key": dlq.Safe(string(l.Key)), "Rabbit": c.cfg.Broker == "RabbitMQ",
-		"Sequences": seqs,
+		"Sequences": seqs, "History": history,
 	}})
 }
 

@@ -81,7 +81,7 @@ type Config struct {
 	// never dead-lettered), on the tipus header before decoding when it is
 	// unambiguous. A message whose tipus headers disagree with each other or
 	// with the envelope is a permanent failure (dead letter, motiu
-	// "permanent: esquema: capçalera tipus …"), whatever Types holds.
+	// "permanent: esquema: header tipus …"), whatever Types holds.
 	// Empty: every tipus.
 	Types []string
 	// Decode decodes a message value. Default envelope.Decoder{}.Decode; a

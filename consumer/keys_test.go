@@ -93,7 +93,7 @@ func TestCopyTooLargeForTheBrokerBecomesAHeaderOnlyDeadLetter(t *testing.T) {
 		t.Fatalf("retried %d: the refused copy was counted as a retry", st.Retried)
 	}
 	recs := b.read(topic+contract.DLQSuffix, 1)
-	if len(recs[0].Value) != 0 || !strings.HasPrefix(hdr(recs[0], "motiu"), "permanent: massa_gran") ||
+	if len(recs[0].Value) != 0 || !strings.HasPrefix(hdr(recs[0], "motiu"), "permanent: massa_gran: copy refused by the broker (") ||
 		hdr(recs[0], contract.HeaderOriginalOffset) != "0" || hdr(recs[0], "id_esdeveniment") != id {
 		t.Fatalf("dead letter: %d bytes, headers %v", len(recs[0].Value), recs[0].Headers)
 	}

@@ -154,9 +154,9 @@ func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
 		t.Fatalf("stats %+v, %d effects; want 3 dead-lettered, 1 ignored, 1 processed, 1 effect", st, b.effects())
 	}
 	want := map[string]string{
-		two.id:     `permanent: esquema: capçalera tipus ambigua: "comanda.pagada" i "comanda.creada" no coincideix amb l'envolupant "comanda.creada"`,
-		notUTF8.id: `permanent: esquema: capçalera tipus no UTF-8 "comanda.creada\xff" no coincideix amb l'envolupant "comanda.creada"`,
-		other.id:   `permanent: esquema: capçalera tipus "comanda.creada" no coincideix amb l'envolupant "comanda.pagada"`,
+		two.id:     `permanent: esquema: header tipus ambiguous: "comanda.pagada" and "comanda.creada" does not match the envelope's "comanda.creada"`,
+		notUTF8.id: `permanent: esquema: header tipus not UTF-8 "comanda.creada\xff" does not match the envelope's "comanda.creada"`,
+		other.id:   `permanent: esquema: header tipus "comanda.creada" does not match the envelope's "comanda.pagada"`,
 	}
 	dead := b.read(topic+contract.DLQSuffix, 3)
 	if len(dead) != 3 {
@@ -167,7 +167,7 @@ func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
 		if got := hdr(d, "motiu"); got != want[id] || hdr(d, "intents") != "1" {
 			t.Errorf("dead letter %s: motiu %q intents %q\nwant motiu %q at attempt 1", id, got, hdr(d, "intents"), want[id])
 		}
-		if !b.logged(`level=ERROR msg="consumer: dead letter"`, "id="+id, "esquema: capçalera tipus") {
+		if !b.logged(`level=ERROR msg="consumer: dead letter"`, "id="+id, "esquema: header tipus") {
 			t.Errorf("no error log line for %s:\n%s", id, b.logBuf.String())
 		}
 	}

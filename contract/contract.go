@@ -235,13 +235,13 @@ func (h *TypeHeader) Check(envType string) error {
 	got := quote(h.first)
 	switch {
 	case h.other != "":
-		got = "ambigua: " + got + " i " + quote(h.other)
+		got = "ambiguous: " + got + " and " + quote(h.other)
 	case h.notText:
-		got = "no text " + got
+		got = "not text " + got
 	case h.first != "" && !utf8.ValidString(h.first):
-		got = "no UTF-8 " + got
+		got = "not UTF-8 " + got
 	}
-	return fmt.Errorf("%w: capçalera tipus %s no coincideix amb l'envolupant %s", ErrTypeMismatch, got, quote(envType))
+	return fmt.Errorf("%w: header tipus %s does not match the envelope's %s", ErrTypeMismatch, got, quote(envType))
 }
 
 // ErrTypeMismatch is wrapped by TypeHeader.Check's errors; its text is the

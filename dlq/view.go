@@ -37,6 +37,8 @@ type LetterView struct {
 	Key               string       `json:"clau"`
 	KeyBase64         []byte       `json:"clau_base64,omitempty"` // when the key is not UTF-8
 	Headers           []HeaderView `json:"capcaleres,omitempty"`
+	// History is the attempt history (Letter.History), oldest first; detail only.
+	History []AttemptView `json:"historial_intents,omitempty"`
 	// Detail only (Show): the value as JSON when it is JSON, else as base64,
 	// and why it is not a valid envelope, if it is not.
 	Envelope    json.RawMessage `json:"envolupant,omitempty"`
@@ -52,7 +54,16 @@ type HeaderView struct {
 	Base64 []byte `json:"base64,omitempty"`
 }
 
-// View returns the JSON form of l; detail adds the value and the headers.
+// AttemptView is one failed attempt of a letter's history: its number,
+// when it failed (null when unknown) and its error, made safe to show.
+type AttemptView struct {
+	N     int        `json:"intent"`
+	At    *time.Time `json:"en"`
+	Error string     `json:"error"`
+}
+
+// View returns the JSON form of l; detail adds the value, the headers and
+// the attempt history.
 func View(l *Letter, detail bool) LetterView {
 	v := LetterView{
 		ID: l.ID, Topic: l.Topic, Partition: l.Partition, Offset: l.Offset,
@@ -84,6 +95,9 @@ func View(l *Letter, detail bool) LetterView {
 		} else {
 			v.Headers = append(v.Headers, HeaderView{Key: h.Key, Base64: []byte(h.Value)})
 		}
+	}
+	for _, a := range l.History() {
+		v.History = append(v.History, AttemptView{N: a.N, At: timePtr(a.At), Error: Safe(a.Error)})
 	}
 	if json.Valid(l.Value) && utf8.Valid(l.Value) {
 		v.Envelope = json.RawMessage(l.Value)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/kafkaacl"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/transport/kafka"
@@ -24,10 +25,10 @@ func init() {
 func runACL(ctx context.Context, args []string) error { return aclCmd(ctx, os.Stdout, os.Stderr, args) }
 
 func aclCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
-	fs := newFlags("acl", "print the minimal Kafka ACLs of each km0 service (its own principal: User:km0-<service>, and User:km0-dlq for km0 dlq) as kafka-acls commands, apply them with --apply, or print RabbitMQ's set_permissions with --rabbitmq")
+	fs := cli.NewFlags("acl", "print the minimal Kafka ACLs of each km0 service (its own principal: User:km0-<service>, and User:km0-dlq for km0 dlq) as kafka-acls commands, apply them with --apply, or print RabbitMQ's set_permissions with --rabbitmq")
 	fs.SetOutput(errOut)
-	brokers := brokersFlag(fs)
-	ksec := kafkaSecurityFlags(fs)
+	brokers := cli.BrokersFlag(fs)
+	ksec := cli.KafkaSecurityFlags(fs)
 	services := fs.String("services", "", "services to grant, comma separated, among "+strings.Join(system.Services, ", ")+" and "+system.DLQPrincipalName+" (default all)")
 	principals := fs.String("principals", os.Getenv("KM0_ACL_PRINCIPALS"), "principal of each service: SERVICE=User:NAME,... (default $KM0_ACL_PRINCIPALS, else User:km0-<service>)")
 	topics := fs.String("topics", os.Getenv("KM0_TOPICS"), "rename domain topics as km0 serve does: CONTRACT=NAME,... (default $KM0_TOPICS)")
@@ -36,7 +37,7 @@ func aclCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 	apply := fs.Bool("apply", false, "create the ACLs on --brokers through the Kafka admin API (the flags' principal must be allowed to alter ACLs) instead of printing them")
 	rabbit := fs.Bool("rabbitmq", false, "print rabbitmqctl set_permissions commands of request/reply over RabbitMQ instead")
 	vhost := fs.String("vhost", "/", "with --rabbitmq: the vhost")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	var o system.ACLOptions
@@ -79,12 +80,12 @@ func aclCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 		}
 		return nil
 	}
-	bs, err := requireBrokers(*brokers)
+	bs, err := cli.RequireBrokers(*brokers)
 	if err != nil {
 		return err
 	}
-	log := logger()
-	kopts, err := ksec.opts(ctx, bs, log)
+	log := cli.Logger()
+	kopts, err := ksec.Opts(ctx, bs, log)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/bench"
 	"github.com/km0/km0/internal/pgtest"
 )
 
@@ -121,5 +122,5 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 
 // benchCmd is `km0 bench name` as a function of its flags.
 func benchCmd(name string) func(context.Context, []string) error {
-	return func(ctx context.Context, args []string) error { return runBench(ctx, append([]string{name}, args...)) }
+	return func(ctx context.Context, args []string) error { return bench.Run(ctx, append([]string{name}, args...)) }
 }

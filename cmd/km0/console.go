@@ -7,34 +7,29 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/consolesrv"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/hostguard"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay/cdc"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/km0/km0/console"
-	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/services/system"
-	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqplag"
-	"github.com/km0/km0/transport/kafka/kafkalag"
 )
 
 func init() {
@@ -43,9 +38,6 @@ func init() {
 
 // consoleAddrDefault is where km0 console listens: loopback only.
 const consoleAddrDefault = "127.0.0.1:8090"
-
-// adminTokenEnv holds the admin token of the DLQ admin API and the console.
-const adminTokenEnv = "KM0_DLQ_ADMIN_TOKEN"
 
 // lagFlags are the flags of what km0 console and km0 lag measure besides
 // what the DLQ flags name.
@@ -121,7 +113,7 @@ func addLagFlags(fs *flag.FlagSet, alerts bool) *lagFlags {
 	f.slot = fs.String("slot", "", "--outbox-mode wal: the replication slot (default km0_wal_<database>_<schema>_<table>, km0 migrate's and the relay's default)")
 	f.groups = fs.String("consumer-groups", "", "the system's Kafka consumer groups, comma separated, each reported even when the cluster does not list it (default: those the cluster lists of the services' groups, as $KM0_GROUPS renames them, and the DLQ indexer's "+kafkadlq.GroupDefault+")")
 	f.allGroups = fs.Bool("all-groups", false, "also report the consumer groups of other Kafka clients (default: only the system's groups)")
-	f.management = secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
+	f.management = cli.SecretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"),
 		"RabbitMQ management API, e.g. http://guest:guest@127.0.0.1:15672, for unacked counts (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host with its credentials; \"off\": unacked unknown)")
 	f.maxLag, f.maxAge = &thresholdFlag[int64]{}, &thresholdFlag[time.Duration]{}
 	fs.Var(f.maxLag, "max-lag", "alert threshold: a group's lag, an outbox's pending rows or a queue's ready messages over this (0: any lag at all; default: off)")
@@ -210,7 +202,7 @@ func (m *mapFlag) loadEnv(env string) {
 // never the content.
 func (m *mapFlag) setFile(path string) error {
 	m.fromCommandLine()
-	b, err := readSmallFile(path)
+	b, err := cli.ReadSmallFile(path)
 	if err != nil {
 		return err
 	}
@@ -225,104 +217,8 @@ func (m *mapFlag) setFile(path string) error {
 	return nil
 }
 
-func (m *mapFlag) check() error {
+func (m *mapFlag) Check() error {
 	return errors.Join(append(m.errs, m.envErrs...)...)
-}
-
-// consoleParts is what serveConsole puts together: the dead-letter source,
-// the lag measurer and the services.
-type consoleParts struct {
-	keyOrder       keyorder.DBTX // the per-key order consumers' keyorder tables; nil: none shown
-	keyOrderSchema string
-	serviceDBs     []console.ServiceDB // the services' own databases: blocked keys, pause
-	addr           string
-	allowed        []string
-	token          string
-	source         dlq.Source
-	broker         string
-	alerter        *dlq.Alerter // lag alerts go through its webhook; nil: none
-	lag            lagTargets
-	rule           lag.Rule
-	interval       time.Duration
-	services       []console.Service
-	reg            *prometheus.Registry // served at /metrics with the lag collector
-	// allGroups shows the foreign groups by default, in the page, /metrics
-	// and the alerts; without it they are measured but shown only on request.
-	allGroups bool
-	out       io.Writer
-	name      string        // the command, for the printed lines
-	log       *slog.Logger  // default logger()
-	retention time.Duration // default inbox.RetentionDefault
-}
-
-// serveConsole starts the console's HTTP server and its lag sampler; both
-// stop when ctx ends (then stop returns after they did).
-func serveConsole(ctx context.Context, p consoleParts) (url string, stop func(), err error) {
-	if p.log == nil {
-		p.log = logger()
-	}
-	if p.lag.Logger == nil {
-		p.lag.Logger = p.log
-	}
-	// Foreign groups are measured so that ?groups=all can show them; the
-	// page, /metrics and the alerts leave them out unless allGroups.
-	p.lag.AllGroups = len(p.lag.brokers) > 0
-	p.rule.AllGroups = p.allGroups
-	m, err := p.lag.measurer()
-	if err != nil {
-		return "", nil, err
-	}
-	var watch *lag.Watch
-	if p.alerter != nil && p.rule.On() {
-		watch = lag.NewWatch(p.rule, p.alerter)
-	}
-	sampler := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: p.interval, Watch: watch, Logger: p.log})
-	if p.reg == nil {
-		p.reg = prometheus.NewRegistry()
-	}
-	if err := p.reg.Register(lag.Collector{S: sampler, AllGroups: p.allGroups}); err != nil {
-		m.Close()
-		return "", nil, err
-	}
-	gate := dlq.NewGate(p.token, dlq.GateConfig{}) // one attempt budget for the login and the admin API
-	con, err := console.New(console.Config{Source: p.source, Broker: p.broker, Gate: gate, Sampler: sampler, AllGroups: p.allGroups,
-		Services: p.services, Logger: p.log, Retention: p.retention, KeyOrder: p.keyOrder, KeyOrderSchema: p.keyOrderSchema,
-		ServiceDBs: p.serviceDBs})
-	if err != nil {
-		m.Close()
-		return "", nil, err
-	}
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		m.Close()
-		return "", nil, fmt.Errorf("console: listen %s: %w", p.addr, err)
-	}
-	mux := http.NewServeMux()
-	// The console's registry, and the default one (the process's own metrics).
-	mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{p.reg, prometheus.DefaultGatherer}, promhttp.HandlerOpts{}))
-	if p.source != nil {
-		mux.Handle("/dlq/", http.StripPrefix("/dlq", dlq.Handler(p.source, dlq.HandlerConfig{Gate: gate, Logger: p.log})))
-	}
-	mux.Handle("/", con.Handler())
-	srv := console.NewServer(ln, mux, p.allowed)
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{}, 2)
-	go func() { _ = srv.Serve(ln); done <- struct{}{} }()
-	go func() { _ = sampler.Run(sctx); done <- struct{}{} }()
-	url = "http://" + ln.Addr().String()
-	access := "log in with $" + adminTokenEnv + " to read letters, replay and purge; /dlq/ needs it as a bearer token"
-	if p.token == "" {
-		access = "counts only: set $" + adminTokenEnv + " to read letters, replay and purge, here and at /dlq/"
-	}
-	fmt.Fprintf(p.out, "%s: console at %s/ (%s; metrics at /metrics)\n", p.name, url, access)
-	return url, func() {
-		cancel()
-		_ = srv.Close()
-		<-done
-		<-done
-		con.Close()
-		m.Close()
-	}, nil
 }
 
 func runConsole(ctx context.Context, args []string) error {
@@ -330,8 +226,8 @@ func runConsole(ctx context.Context, args []string) error {
 }
 
 func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
-	c := &dlqCLI{out: out, errOut: errOut, in: strings.NewReader(""), now: time.Now}
-	fs, o := c.flagsFor("console", "serve the operator console (dead letters by failure group: read, replay, purge; lag and health), index every new dead letter and alert on it, as km0 dlq index")
+	c := &dlqcli.CLI{Out: out, ErrOut: errOut, In: strings.NewReader(""), Now: time.Now}
+	fs, o := c.FlagsFor("console", "serve the operator console (dead letters by failure group: read, replay, purge; lag and health), index every new dead letter and alert on it, as km0 dlq index")
 	addr := fs.String("http-addr", consoleAddrDefault, "listen address of the console (loopback by default; the Host header is checked)")
 	allowed := fs.String("http-allowed-hosts", os.Getenv(hostguard.AllowedHostsEnv), "Host names the console answers besides its listen address: NAME or NAME:PORT,... (default $"+hostguard.AllowedHostsEnv+")")
 	interval := fs.Duration("interval", 2*time.Second, "RabbitMQ: time between two syncs of the DLQ queues")
@@ -342,86 +238,59 @@ func consoleCmd(ctx context.Context, out, errOut io.Writer, args []string) error
 		"): its blocked keys (per-key order) and the pause of its consumer groups; on the command line it shows in ps: prefer $"+serviceDBsEnv+" or --service-db-file")
 	fs.Func("service-db-file", "read the services' databases from the file at `PATH`: one NAME=DATABASE_URL a line, # comments", serviceDBs.setFile)
 	serviceDBs.loadEnv(serviceDBsEnv)
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *retention <= 0 || *interval <= 0 {
 		return errors.New("--retention and --interval must be positive")
 	}
 	reg := prometheus.NewRegistry() // the console's /metrics: dead letters and lag
-	env, err := c.open(ctx, o, reg, false)
+	env, err := c.Open(ctx, o, reg, false)
 	if err != nil {
 		return err
 	}
-	defer env.close()
-	lcfg, closeLag, err := lagConfig(ctx, *o.brokers, *o.amqpURL, o.amqpTLS, o.queueNames(), *o.group, lf)
+	defer env.Close()
+	lcfg, closeLag, err := lagConfig(ctx, *o.Brokers, *o.AMQPURL, o.AMQPTLS, o.QueueNames(), *o.Group, lf)
 	if err != nil {
 		return err
 	}
 	defer closeLag()
-	lcfg.clientOpts = env.kopts
+	lcfg.ClientOpts = env.KafkaOpts
 	sdbs, closeSDBs, err := serviceDatabases(serviceDBs)
 	if err != nil {
 		return err
 	}
 	defer closeSDBs()
 	broker := "Kafka"
-	if env.rabbit {
+	if env.Rabbit {
 		broker = "RabbitMQ"
 	}
-	_, stop, err := serveConsole(ctx, consoleParts{addr: *addr, allowed: strings.Split(*allowed, ","), token: os.Getenv(adminTokenEnv),
-		source: env.svc, broker: broker, alerter: env.alerter, lag: lcfg, interval: *lf.interval,
-		rule:     lf.rule(),
-		services: services(lf.services), reg: reg, allGroups: *lf.allGroups, out: c.errOut, name: "km0 console", retention: *retention,
-		keyOrder: env.pool, keyOrderSchema: *o.schema, serviceDBs: sdbs})
+	_, stop, err := consolesrv.Serve(ctx, consolesrv.Parts{Addr: *addr, Allowed: strings.Split(*allowed, ","), Token: os.Getenv(dlqcli.AdminTokenEnv),
+		Source: env.Svc, Broker: broker, Alerter: env.Alerter, Lag: lcfg, Interval: *lf.interval,
+		Rule:     lf.rule(),
+		Services: services(lf.services), Registry: reg, AllGroups: *lf.allGroups, Out: c.ErrOut, Name: "km0 console", Retention: *retention,
+		KeyOrder: env.Pool, KeyOrderSchema: *o.Schema, ServiceDBs: sdbs})
 	if err != nil {
 		return err
 	}
 	defer stop()
-	if env.rabbit {
-		return syncEvery(ctx, env.svc, *interval, logger())
+	if env.Rabbit {
+		return dlqcli.SyncEvery(ctx, env.Svc, *interval, cli.Logger())
 	}
-	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: env.kcfg, Store: env.store, Alerter: env.alerter})
+	ix, err := kafkadlq.NewIndexer(kafkadlq.IndexerConfig{Kafka: env.Kafka, Store: env.Store, Alerter: env.Alerter})
 	if err != nil {
 		return err
 	}
 	return ix.Run(ctx)
 }
 
-// lagTargets is what km0 console and km0 lag measure: a lag.Config and
-// the Kafka brokers (with their client options, known once the security
-// flags are read) whose probe measurer adds.
-type lagTargets struct {
-	lag.Config
-	brokers    []string
-	clientOpts []kgo.Opt
-}
-
-// measurer returns the Measurer of t, with a kafkalag probe of t.brokers
-// (closed with the Measurer).
-func (t lagTargets) measurer() (*lag.Measurer, error) {
-	cfg := t.Config
-	if len(t.brokers) > 0 {
-		p, err := kafkalag.New(kafkalag.Config{Brokers: t.brokers, ClientOpts: t.clientOpts, Logger: cfg.Logger})
-		if err != nil {
-			return nil, err
-		}
-		cfg.Kafka = p
-	}
-	m, err := lag.NewMeasurer(cfg)
-	if err != nil && cfg.Kafka != nil {
-		cfg.Kafka.Close()
-	}
-	return m, err
-}
-
 // lagConfig builds what km0 console and km0 lag measure from the flags: the
 // outboxes of --outbox, the groups of --brokers (--consumer-groups, else the
 // system's: systemGroups with dlqGroup; others with --all-groups), the
 // queues of --queue.
-func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (lagTargets, func(), error) {
-	cfg := lagTargets{brokers: splitList(brokers), Config: lag.Config{Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
-		ManagementURL: *lf.management, Logger: logger()}}
+func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *cli.AMQPTLSFlags, queues []string, dlqGroup string, lf *lagFlags) (consolesrv.LagTargets, func(), error) {
+	cfg := consolesrv.LagTargets{Brokers: splitList(brokers), Config: lag.Config{Groups: splitList(*lf.groups), AllGroups: *lf.allGroups,
+		ManagementURL: *lf.management, Logger: cli.Logger()}}
 	if len(cfg.Groups) == 0 {
 		groups, err := systemGroups(os.Getenv("KM0_GROUPS"), dlqGroup)
 		if err != nil {
@@ -458,14 +327,14 @@ func lagConfig(ctx context.Context, brokers, amqpURL string, amqpTLS *amqpTLSFla
 			WAL: wal, Slot: *lf.slot})
 	}
 	if qs := queues; len(qs) > 0 {
-		tlsCfg, err := amqpTLS.config()
+		tlsCfg, err := amqpTLS.Config()
 		if err != nil {
 			closeAll()
 			return cfg, nil, err
 		}
 		// The management API is reached with the broker's TLS settings.
-		cfg.HTTPClient = managementClient(tlsCfg)
-		conn, err := amqp.Dial(ctx, amqp.Config{URL: amqpURL, Name: "km0 lag", Logger: logger(), TLS: tlsCfg})
+		cfg.HTTPClient = cli.ManagementClient(tlsCfg)
+		conn, err := amqp.Dial(ctx, amqp.Config{URL: amqpURL, Name: "km0 lag", Logger: cli.Logger(), TLS: tlsCfg})
 		if err != nil {
 			closeAll()
 			return cfg, nil, err

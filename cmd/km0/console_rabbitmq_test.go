@@ -13,6 +13,7 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
@@ -53,7 +54,7 @@ func TestUpConsoleListsTheSystemsRabbitMQDeadLetters(t *testing.T) {
 			args := append([]string{"up", "--database-url", pgtest.URL(), "--database-suffix", suffix, "--amqp-url", amqptest.URL(),
 				"--events-exchange", exchange, "--events-queue-prefix", prefix, "--http", "comandes=" + api, "--console", console}, tc.events...)
 			const adminToken = "t0k3n-of-the-rabbitmq-console-test"
-			up := startKm0(t, []string{adminTokenEnv + "=" + adminToken}, args...)
+			up := startKm0(t, []string{dlqcli.AdminTokenEnv + "=" + adminToken}, args...)
 			up.waitRunning(t, 90*time.Second)
 			defer func() { // a clean stop: the console and the system close their connections
 				_ = up.cmd.Process.Signal(syscall.SIGTERM)

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/km0/km0/internal/consolesrv"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/hostguard"
 
 	"github.com/km0/km0/internal/services/system"
@@ -39,7 +41,7 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 			f()
 		}
 	}
-	token := os.Getenv(adminTokenEnv)
+	token := os.Getenv(dlqcli.AdminTokenEnv)
 	if token == "" {
 		var path string
 		var remove func()
@@ -48,11 +50,11 @@ func systemConsole(ctx context.Context, sys *system.System, addr, adminURL, suff
 			return nil, err
 		}
 		closers = append(closers, remove)
-		fmt.Fprintf(out, "%s: no $%s: this run's admin token is in %s (mode 0600, removed at stop); log in to the console with it\n", name, adminTokenEnv, path)
+		fmt.Fprintf(out, "%s: no $%s: this run's admin token is in %s (mode 0600, removed at stop); log in to the console with it\n", name, dlqcli.AdminTokenEnv, path)
 	}
-	_, stopConsole, err := serveConsole(ctx, consoleParts{addr: addr, allowed: strings.Split(os.Getenv(hostguard.AllowedHostsEnv), ","),
-		token: token, source: c.Source, broker: c.Broker, alerter: c.Alerter, serviceDBs: c.ServiceDBs, lag: lagTargets{Config: c.Lag, brokers: c.LagBrokers, clientOpts: c.LagClientOpts},
-		interval: lag.IntervalDefault, rule: rule, services: c.Services, reg: c.Registry, out: out, name: name, log: log})
+	_, stopConsole, err := consolesrv.Serve(ctx, consolesrv.Parts{Addr: addr, Allowed: strings.Split(os.Getenv(hostguard.AllowedHostsEnv), ","),
+		Token: token, Source: c.Source, Broker: c.Broker, Alerter: c.Alerter, ServiceDBs: c.ServiceDBs, Lag: consolesrv.LagTargets{Config: c.Lag, Brokers: c.LagBrokers, ClientOpts: c.LagClientOpts},
+		Interval: lag.IntervalDefault, Rule: rule, Services: c.Services, Registry: c.Registry, Out: out, Name: name, Log: log})
 	if err != nil {
 		cleanup()
 		return nil, err

@@ -25,6 +25,9 @@ import (
 
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
+	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/consolesrv"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
@@ -171,9 +174,9 @@ func TestServeConsole(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var printed bytes.Buffer
-	url, stop, err := serveConsole(ctx, consoleParts{addr: "127.0.0.1:0", token: "t0k3n", broker: "Kafka",
-		lag:      lagTargets{brokers: strings.Split(brokers, ","), Config: lag.Config{Groups: []string{lagGroup}, Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: logger()}},
-		interval: time.Hour, out: &printed, name: "km0 console"})
+	url, stop, err := consolesrv.Serve(ctx, consolesrv.Parts{Addr: "127.0.0.1:0", Token: "t0k3n", Broker: "Kafka",
+		Lag:      consolesrv.LagTargets{Brokers: strings.Split(brokers, ","), Config: lag.Config{Groups: []string{lagGroup}, Outboxes: []lag.Outbox{{Name: "comandes", DB: s.Pool, Names: s.Names()}}, Logger: cli.Logger()}},
+		Interval: time.Hour, Out: &printed, Name: "km0 console"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +269,7 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 // tokens there throttle a login from the same address.
 func TestConsoleCommandIndexesAndServes(t *testing.T) {
 	h := newDLQHarness(t)
-	t.Setenv(adminTokenEnv, "t0k3n-of-the-console")
+	t.Setenv(dlqcli.AdminTokenEnv, "t0k3n-of-the-console")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out, errOut syncBuffer
@@ -404,7 +407,7 @@ func TestConsoleStartsWithAnOutboxDatabaseMissing(t *testing.T) {
 		t.Fatalf("an outbox database that does not exist yet stopped the start: %v", err)
 	}
 	defer closeLag()
-	m, err := cfg.measurer()
+	m, err := cfg.Measurer()
 	if err != nil {
 		t.Fatal(err)
 	}

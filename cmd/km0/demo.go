@@ -10,6 +10,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/services/demo"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/requestreply"
@@ -23,11 +25,11 @@ func init() {
 var errInvariants = errors.New("invariants failed")
 
 func runDemo(ctx context.Context, args []string) error {
-	fs := newFlags("demo", "start an embedded Kafka, PostgreSQL databases and the six services, drive orders with failures injected, and print a reconciliation report (exit 0 only if every invariant holds)")
+	fs := cli.NewFlags("demo", "start an embedded Kafka, PostgreSQL databases and the six services, drive orders with failures injected, and print a reconciliation report (exit 0 only if every invariant holds)")
 	orders := fs.Int("orders", demo.OrdersDefault, "number of orders to submit (with --chaos the default is 2000)")
 	clients := fs.Int("clients", demo.ClientsDefault, "concurrent HTTP clients")
 	keep := fs.Bool("keep-running", false, "leave the services, their HTTP APIs and the operator console up after the report (Ctrl-C stops them)")
-	consoleAddr := fs.String("console-addr", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none; token $"+adminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
+	consoleAddr := fs.String("console-addr", consoleAddrDefault, "with --keep-running: the operator console's address (empty: none; token $"+dlqcli.AdminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
 	alerts := addAlertFlags(fs, "with --keep-running")
 	asJSON := fs.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
 	authorize := fs.Bool("authorize", true, "comandes authorises each order with pagaments by request/reply (RabbitMQ if KM0_AMQP_URL is set or --events puts events there, else the embedded Kafka; on by default in km0 demo to show request/reply, off in km0 up and km0 serve, which run the asynchronous flow alone unless asked)")
@@ -41,9 +43,9 @@ func runDemo(ctx context.Context, args []string) error {
 	ownPG := fs.Bool("own-postgres", false, "with --chaos: run a throwaway PostgreSQL cluster (initdb, the machine's binaries) and restart it -m fast and -m immediate during the run")
 	settle := fs.Duration("settle-timeout", demo.ChaosSettleTimeoutDefault, "with --chaos: how long to wait for the system to settle after the last fault")
 	keepDir := fs.Bool("keep-logs", false, "with --chaos: keep the folder with the processes' logs (always kept when the run fails)")
-	events := eventsFlag(fs)
+	events := cli.EventsFlag(fs)
 	kafkaDown := fs.Duration("kafka-down", 0, "make the embedded Kafka unreachable for this long once a third of the orders are in: with --events kafka,comandes.esdeveniments=rabbitmq inventari keeps taking stock meanwhile, with the orders on Kafka it stops; nothing is lost either way (default 0: never)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := alerts.check(*keep && *consoleAddr != "", "--keep-running (and --console-addr)"); err != nil {
@@ -151,7 +153,7 @@ func runChaos(ctx context.Context, set map[string]bool, cfg demo.ChaosConfig, as
 // are shown only when KM0_LOG_LEVEL is set.
 func demoLogger() *slog.Logger {
 	if os.Getenv("KM0_LOG_LEVEL") != "" {
-		return logger()
+		return cli.Logger()
 	}
 	return slog.New(slog.DiscardHandler)
 }

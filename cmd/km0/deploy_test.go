@@ -16,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/services/system"
 )
 
@@ -65,7 +66,7 @@ func km0Env(t *testing.T) map[string]bool {
 }
 
 // checkArgs runs km0's command args up to the end of its flag parsing
-// (parseOnly) and fails unless every flag parsed.
+// (cli.ParseOnly) and fails unless every flag parsed.
 func checkArgs(t *testing.T, where string, args []string) {
 	t.Helper()
 	if len(args) == 0 {
@@ -77,7 +78,7 @@ func checkArgs(t *testing.T, where string, args []string) {
 		t.Errorf("%s: km0 has no command %q", where, args[0])
 		return
 	}
-	if err := c.run(context.Background(), args[1:]); !errors.Is(err, errParsed) {
+	if err := c.run(context.Background(), args[1:]); !errors.Is(err, cli.ErrParsed) {
 		t.Errorf("%s: km0 %s does not parse: %v", where, strings.Join(args, " "), err)
 	}
 }
@@ -216,8 +217,8 @@ func readObjects(t *testing.T, path string) []k8sObject {
 }
 
 func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
-	parseOnly = true
-	defer func() { parseOnly = false }()
+	cli.ParseOnly = true
+	defer func() { cli.ParseOnly = false }()
 	env := km0Env(t)
 	dir := "../../deploy/kubernetes"
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
@@ -345,8 +346,8 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 }
 
 func TestComposeFileMatchesTheBinary(t *testing.T) {
-	parseOnly = true
-	defer func() { parseOnly = false }()
+	cli.ParseOnly = true
+	defer func() { cli.ParseOnly = false }()
 	env := km0Env(t)
 	b, err := os.ReadFile("../../deploy/kafka/compose.yaml")
 	if err != nil {

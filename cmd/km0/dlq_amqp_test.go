@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
@@ -100,8 +101,8 @@ func (r *rabbitDLQ) publish(key string) string {
 
 func (r *rabbitDLQ) run(args ...string) (string, error) {
 	var out, errOut bytes.Buffer
-	c := &dlqCLI{out: &out, errOut: &errOut, in: strings.NewReader(""), now: time.Now}
-	err := c.run(context.Background(), append(append([]string{args[0]}, r.base...), args[1:]...))
+	c := &dlqcli.CLI{Out: &out, ErrOut: &errOut, In: strings.NewReader(""), Now: time.Now}
+	err := c.Run(context.Background(), append(append([]string{args[0]}, r.base...), args[1:]...))
 	return out.String() + errOut.String(), err
 }
 
@@ -175,8 +176,8 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	}
 
 	out, err = r.run("show", ids[perm])
-	if err != nil || !strings.Contains(out, "capçaleres:") || !strings.Contains(out, "x-death: rejected in "+r.queue) ||
-		!strings.Contains(out, "envolupant:") || !strings.Contains(out, `"id_esdeveniment": "`+perm+`"`) {
+	if err != nil || !strings.Contains(out, "headers:") || !strings.Contains(out, "x-death: rejected in "+r.queue) ||
+		!strings.Contains(out, "envelope:") || !strings.Contains(out, `"id_esdeveniment": "`+perm+`"`) {
 		t.Fatalf("show: %v\n%s", err, out)
 	}
 
@@ -208,7 +209,7 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 		!strings.Contains(out, "left the broker") {
 		t.Fatalf("purge --yes: %v\n%s", err, out)
 	}
-	if out, err := r.run("ls"); err != nil || !strings.Contains(out, "0 dead letter(s) (estat pendent)") {
+	if out, err := r.run("ls"); err != nil || !strings.Contains(out, "0 dead letter(s) (state pendent)") {
 		t.Fatalf("ls after purge: %v\n%s", err, out)
 	}
 	if b, i := r.onBroker(), r.indexed(); b != 0 || i != 2 {
@@ -220,12 +221,12 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 func TestDLQRabbitMQFlags(t *testing.T) {
 	t.Setenv("KM0_AMQP_URL", "amqp://u:s3cr3t@127.0.0.1:5672/")
 	var out, errOut bytes.Buffer
-	c := &dlqCLI{out: &out, errOut: &errOut, in: strings.NewReader(""), now: time.Now}
-	err := c.run(context.Background(), []string{"ls", "--amqp-url", "amqp://127.0.0.1:5672/", "--database-url", "postgres://x"})
+	c := &dlqcli.CLI{Out: &out, ErrOut: &errOut, In: strings.NewReader(""), Now: time.Now}
+	err := c.Run(context.Background(), []string{"ls", "--amqp-url", "amqp://127.0.0.1:5672/", "--database-url", "postgres://x"})
 	if err == nil || !strings.Contains(err.Error(), "--queue") {
 		t.Fatalf("--amqp-url without --queue: %v", err)
 	}
-	_ = c.run(context.Background(), []string{"ls", "--help"})
+	_ = c.Run(context.Background(), []string{"ls", "--help"})
 	if s := out.String() + errOut.String(); strings.Contains(s, "s3cr3t") || !strings.Contains(s, "-queue") {
 		t.Fatalf("--help leaks the password or lacks --queue:\n%s", s)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/km0/km0/internal/dlqcli"
 )
 
 // onRead runs once before the first Read: the operator's "y" arrives after it.
@@ -43,9 +45,9 @@ func TestDLQPurgeConfirmationActsOnTheLettersItCounted(t *testing.T) {
 		}
 	}}
 	var out bytes.Buffer
-	c := &dlqCLI{out: &out, errOut: &out, in: in, tty: true, now: time.Now}
+	c := &dlqcli.CLI{Out: &out, ErrOut: &out, In: in, TTY: true, Now: time.Now}
 	args := append(append([]string{"purge"}, h.base...), "--motiu", "permanent: esquema")
-	if err := c.run(context.Background(), args); err != nil {
+	if err := c.Run(context.Background(), args); err != nil {
 		t.Fatalf("purge: %v\n%s", err, out.String())
 	}
 	if s := out.String(); !strings.Contains(s, "Purge 4 dead letter(s)?") || !strings.Contains(s, "4 letter(s) marked purged") ||
@@ -68,8 +70,8 @@ func TestDLQReplayPlanActsOnTheLettersTheDryRunListed(t *testing.T) {
 		h.dead("P-1", "permanent: esquema: x", []byte(value))
 	}
 	var stdout, stderr bytes.Buffer
-	c := &dlqCLI{out: &stdout, errOut: &stderr, in: strings.NewReader(""), now: time.Now}
-	if err := c.run(context.Background(), append(append([]string{"replay"}, h.base...), "--motiu", "permanent: esquema", "--dry-run", "--json")); err != nil {
+	c := &dlqcli.CLI{Out: &stdout, ErrOut: &stderr, In: strings.NewReader(""), Now: time.Now}
+	if err := c.Run(context.Background(), append(append([]string{"replay"}, h.base...), "--motiu", "permanent: esquema", "--dry-run", "--json")); err != nil {
 		t.Fatalf("dry run: %v\n%s%s", err, stdout.String(), stderr.String())
 	}
 	plan := t.TempDir() + "/plan.json"

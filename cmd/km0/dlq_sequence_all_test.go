@@ -29,7 +29,7 @@ func TestDLQSequenceReplaySaysWhenItDidNotTake(t *testing.T) {
 		!strings.Contains(out, "did not take: dead-lettered again: permanent: preu negatiu (letter "+letter+")") {
 		t.Fatalf("sequence --replay of a head that fails again: %v\n%s", err, out)
 	}
-	if out, err := h.run("", false, "audit", "--id", letter); err != nil || !strings.Contains(out, "RESULTAT") {
+	if out, err := h.run("", false, "audit", "--id", letter); err != nil || !strings.Contains(out, "RESULT") {
 		t.Fatalf("audit: %v\n%s", err, out)
 	}
 }

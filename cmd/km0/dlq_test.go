@@ -17,6 +17,8 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport"
@@ -41,10 +43,10 @@ func newDLQHarness(t *testing.T) *dlqHarness {
 // run runs `km0 dlq <args>` with the harness's connection flags and stdin.
 func (h *dlqHarness) run(stdin string, tty bool, args ...string) (string, error) {
 	var out, errOut bytes.Buffer
-	c := &dlqCLI{out: &out, errOut: &errOut, in: strings.NewReader(stdin), tty: tty, now: time.Now}
+	c := &dlqcli.CLI{Out: &out, ErrOut: &errOut, In: strings.NewReader(stdin), TTY: tty, Now: time.Now}
 	full := append([]string{args[0]}, h.base...)
 	full = append(full, args[1:]...)
-	err := c.run(context.Background(), full)
+	err := c.Run(context.Background(), full)
 	return out.String() + errOut.String(), err
 }
 
@@ -126,21 +128,21 @@ func TestDLQCommands(t *testing.T) {
 }
 
 func TestDLQHelpAndUsage(t *testing.T) {
-	c := &dlqCLI{out: &bytes.Buffer{}, errOut: &bytes.Buffer{}, in: strings.NewReader(""), now: time.Now}
+	c := &dlqcli.CLI{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}, In: strings.NewReader(""), Now: time.Now}
 	for _, sub := range []string{"ls", "show", "replay", "purge", "index"} {
-		if err := c.run(context.Background(), []string{sub, "--help"}); !errors.Is(err, flag.ErrHelp) {
+		if err := c.Run(context.Background(), []string{sub, "--help"}); !errors.Is(err, flag.ErrHelp) {
 			t.Errorf("km0 dlq %s --help: %v, want flag.ErrHelp", sub, err)
 		}
 	}
-	if err := c.run(context.Background(), []string{"help"}); err != nil {
+	if err := c.Run(context.Background(), []string{"help"}); err != nil {
 		t.Errorf("km0 dlq help: %v", err)
 	}
 	for _, bad := range [][]string{{}, {"nope"}, {"ls", "--bogus"}, {"show", "--brokers", "x", "--database-url", "y"}} {
-		if err := c.run(context.Background(), bad); !errors.Is(err, errUsage) {
+		if err := c.Run(context.Background(), bad); !errors.Is(err, cli.ErrUsage) {
 			t.Errorf("km0 dlq %v: %v, want a usage error", bad, err)
 		}
 	}
-	err := c.run(context.Background(), []string{"ls", "--brokers", ""})
+	err := c.Run(context.Background(), []string{"ls", "--brokers", ""})
 	if err == nil || !strings.Contains(err.Error(), "KM0_KAFKA_BROKERS") {
 		t.Errorf("missing brokers: %v", err)
 	}
@@ -180,16 +182,16 @@ func TestDLQPurgeQuestionDoesNotLoadTheLetters(t *testing.T) {
 // replay and purge without any filter refuse, naming --all, before they
 // connect to anything; --all with a filter is refused as ambiguous.
 func TestDLQReplayAndPurgeNeedAnExplicitAll(t *testing.T) {
-	c := &dlqCLI{out: &bytes.Buffer{}, errOut: &bytes.Buffer{}, in: strings.NewReader(""), now: time.Now}
+	c := &dlqcli.CLI{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}, In: strings.NewReader(""), Now: time.Now}
 	conn := []string{"--brokers", "127.0.0.1:1", "--database-url", "postgres://nobody@127.0.0.1:1/none"}
 	for _, args := range [][]string{{"replay"}, {"replay", "--dry-run"}, {"purge", "--yes"}, {"purge", "--yes", "--delete-records"}} {
-		err := c.run(context.Background(), append(args, conn...))
+		err := c.Run(context.Background(), append(args, conn...))
 		if err == nil || !strings.Contains(err.Error(), "--all") || !strings.Contains(err.Error(), "refusing") {
 			t.Errorf("km0 dlq %v without a filter: %v, want a refusal naming --all", args, err)
 		}
 	}
 	for _, args := range [][]string{{"replay", "--all", "--motiu", "x"}, {"purge", "--all", "--id", "a.dlq/0/1", "--yes"}} {
-		err := c.run(context.Background(), append(args, conn...))
+		err := c.Run(context.Background(), append(args, conn...))
 		if err == nil || !strings.Contains(err.Error(), "--all selects every letter") {
 			t.Errorf("km0 dlq %v: %v, want a refusal of --all with a filter", args, err)
 		}
@@ -202,15 +204,15 @@ func TestDLQReplayAndPurgeNeedAnExplicitAll(t *testing.T) {
 func TestDLQIndexHTTPChecksTheHostAndTheToken(t *testing.T) {
 	h := newDLQHarness(t)
 	id := h.dead("P-7", "permanent: esquema: DNI 12345678Z", []byte(`{}`))
-	t.Setenv(adminTokenEnv, "t0k3n-of-the-index")
+	t.Setenv(dlqcli.AdminTokenEnv, "t0k3n-of-the-index")
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out, errOut syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		c := &dlqCLI{out: &out, errOut: &errOut, in: strings.NewReader(""), now: time.Now}
-		done <- c.run(ctx, append(append([]string{"index"}, h.base...), "--http-addr", addr))
+		c := &dlqcli.CLI{Out: &out, ErrOut: &errOut, In: strings.NewReader(""), Now: time.Now}
+		done <- c.Run(ctx, append(append([]string{"index"}, h.base...), "--http-addr", addr))
 	}()
 	get := func(path, host, tok string) (int, string) {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/doctor"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/outbox"
@@ -20,27 +21,27 @@ func init() {
 // same as km0 up's, checked (package internal/doctor) and reported; exit 1
 // when a check failed.
 func runDoctor(ctx context.Context, args []string) error {
-	fs := newFlags("doctor", "check the connections (TLS, SASL), PostgreSQL (version, wal_level, REPLICATION, slots, LISTEN through a pooler), the contract's Kafka topics and RabbitMQ of a deployment; every failure says what to change; exit 1 on a failure")
-	dbURL := databaseURLFlag(fs)
+	fs := cli.NewFlags("doctor", "check the connections (TLS, SASL), PostgreSQL (version, wal_level, REPLICATION, slots, LISTEN through a pooler), the contract's Kafka topics and RabbitMQ of a deployment; every failure says what to change; exit 1 on a failure")
+	dbURL := cli.DatabaseURLFlag(fs)
 	relayMode := fs.String("relay", system.RelayPolling, "the services' relay mode, as km0 up's --relay: polling (LISTEN/NOTIFY is checked) or cdc (wal_level = logical, REPLICATION and the slots are checked)")
 	outboxMode := fs.String("outbox", string(outbox.ModeTable), "as km0 up's --outbox: table or wal (implies --relay cdc)")
 	listenWait := fs.Duration("listen-wait", 3*time.Second, "how long the LISTEN self-test waits for its notification")
-	brokers := brokersFlag(fs)
-	ksec := kafkaSecurityFlags(fs)
+	brokers := cli.BrokersFlag(fs)
+	ksec := cli.KafkaSecurityFlags(fs)
 	topics := fs.String("topics", os.Getenv("KM0_TOPICS"), "as km0 up's --topics: renamed domain topics CONTRACT=NAME,... (default $KM0_TOPICS)")
 	groups := fs.String("groups", os.Getenv("KM0_GROUPS"), "as km0 up's --groups: renamed consumer groups, which name the RabbitMQ queues (default $KM0_GROUPS)")
-	events := eventsFlag(fs)
+	events := cli.EventsFlag(fs)
 	eventsExchange := fs.String("events-exchange", cmp.Or(os.Getenv("KM0_EVENTS_EXCHANGE"), system.EventsExchangeDefault), "as km0 up's --events-exchange (default $KM0_EVENTS_EXCHANGE, else "+system.EventsExchangeDefault+")")
 	eventsPrefix := fs.String("events-queue-prefix", os.Getenv("KM0_EVENTS_QUEUE_PREFIX"), "as km0 up's --events-queue-prefix (default $KM0_EVENTS_QUEUE_PREFIX)")
-	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL (default $KM0_AMQP_URL; empty: RabbitMQ is not checked unless --events puts events there, then the local guest broker)")
-	amqpTLS := addAMQPTLSFlags(fs)
-	mgmt := secretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"), "RabbitMQ management API, as km0 lag's (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host, 15671 for amqps, with its credentials; \"off\": the management API, the broker's clock and the topology are not checked)")
+	amqpURL := cli.SecretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL (default $KM0_AMQP_URL; empty: RabbitMQ is not checked unless --events puts events there, then the local guest broker)")
+	amqpTLS := cli.AddAMQPTLSFlags(fs)
+	mgmt := cli.SecretString(fs, "amqp-management-url", os.Getenv("KM0_AMQP_MANAGEMENT_URL"), "RabbitMQ management API, as km0 lag's (default $KM0_AMQP_MANAGEMENT_URL, else port 15672 of the AMQP URL's host, 15671 for amqps, with its credentials; \"off\": the management API, the broker's clock and the topology are not checked)")
 	principals := fs.String("kafka-principals", os.Getenv("KM0_KAFKA_PRINCIPALS"), "the Kafka principal of each service whose ACLs are checked (with SASL), SERVICE=User:NAME,... (default $KM0_KAFKA_PRINCIPALS, else User:km0-<service>, User:km0-dlq for km0 dlq)")
 	authorize := fs.Bool("authorize", false, "as km0 up's --authorize: pagaments' authorisation queue is checked when request/reply goes over RabbitMQ")
 	maxSkew := fs.Duration("max-clock-skew", 2*time.Second, "the largest difference with the servers' clocks that is ok")
 	timeout := fs.Duration("timeout", 15*time.Second, "bound of each connection check")
 	asJSON := fs.Bool("json", false, "print the findings as JSON")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *outboxMode == string(outbox.ModeWAL) && !flagSet(fs, "relay") {
@@ -68,11 +69,11 @@ func runDoctor(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("--events: %w", err)
 	}
-	log := logger()
-	bs, _ := requireBrokers(*brokers)
+	log := cli.Logger()
+	bs, _ := cli.RequireBrokers(*brokers)
 	r, err := doctor.Check(ctx, doctor.Config{DatabaseURL: *dbURL, RelayMode: *relayMode, OutboxMode: *outboxMode, ListenWait: *listenWait,
-		Brokers: bs, KafkaSecurity: ksec.security(log), AMQPURL: *amqpURL, AMQPTLS: amqpTLS.config, ManagementURL: *mgmt,
-		ManagementClient: managementClient, Authorize: *authorize, Principals: principalMap, MaxSkew: *maxSkew, Timeout: *timeout, Logger: log,
+		Brokers: bs, KafkaSecurity: ksec.Security(log), AMQPURL: *amqpURL, AMQPTLS: amqpTLS.Config, ManagementURL: *mgmt,
+		ManagementClient: cli.ManagementClient, Authorize: *authorize, Principals: principalMap, MaxSkew: *maxSkew, Timeout: *timeout, Logger: log,
 		System: system.Config{Events: evBroker, EventsByTopic: evTopics, EventsExchange: *eventsExchange, EventsQueuePrefix: *eventsPrefix,
 			Topics: renames, Groups: groupRenames}})
 	if err != nil {

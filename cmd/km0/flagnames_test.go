@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/km0/km0/internal/cli"
 )
 
 // helpOf runs `km0 argv... --help` in-process and returns what it printed.
@@ -89,9 +91,9 @@ func TestOldFlagNamesAreHiddenAliases(t *testing.T) {
 		{"demo", "console", "console-addr"}, {"relay", "metrics-addr", "http-addr"}, {"kafka", "addr", "kafka-addr"},
 		{"dlq ls", "estat", "state"}, {"dlq ls", "motiu", "reason"},
 	} {
-		fs := newFlags(c.cmd, "test")
+		fs := cli.NewFlags(c.cmd, "test")
 		v := fs.String(c.name, "", "the new name")
-		if err := parseFlags(fs, []string{"--" + c.old, "x:1"}); err != nil || *v != "x:1" {
+		if err := cli.ParseFlags(fs, []string{"--" + c.old, "x:1"}); err != nil || *v != "x:1" {
 			t.Errorf("km0 %s --%s x:1: %v, --%s = %q", c.cmd, c.old, err, c.name, *v)
 		}
 		out := captureStderr(t, func() { fs.SetOutput(nil); fs.Usage() })

@@ -12,14 +12,15 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/bench"
+	"github.com/km0/km0/internal/cli"
 )
 
 func TestHelpNeverPrintsTheDatabaseURL(t *testing.T) {
 	t.Setenv("KM0_DATABASE_URL", "postgres://km0:s3cret@db/km0")
-	fs := newFlags("x", "test")
+	fs := cli.NewFlags("x", "test")
 	var out bytes.Buffer
 	fs.SetOutput(&out)
-	v := databaseURLFlag(fs)
+	v := cli.DatabaseURLFlag(fs)
 	fs.Usage()
 	if strings.Contains(out.String(), "s3cret") {
 		t.Fatalf("--help leaks the password:\n%s", out.String())
@@ -78,7 +79,7 @@ func captureStderr(t *testing.T, f func()) string {
 // password (url.Parse's error quotes the whole URL).
 func TestMalformedAMQPURLErrorHidesThePassword(t *testing.T) {
 	for _, u := range []string{"amqp://guest:s3cret@[bad/", "amqp://guest:s3cret@host:abc/", "amqp://guest:s3cret@127.0.0.1:5672/%zz"} {
-		err := runBench(context.Background(), []string{"rpc", "--amqp-url", u, "--n", "1", "--kafka=false"})
+		err := bench.Run(context.Background(), []string{"rpc", "--amqp-url", u, "--n", "1", "--kafka=false"})
 		if err == nil {
 			t.Fatalf("%s: no error", u)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
@@ -26,13 +27,13 @@ func domainTopics() []string {
 }
 
 func runKafka(ctx context.Context, args []string) error {
-	fs := newFlags("kafka", "run an embedded Kafka broker (kfake) speaking the real protocol")
+	fs := cli.NewFlags("kafka", "run an embedded Kafka broker (kfake) speaking the real protocol")
 	addr := fs.String("kafka-addr", "127.0.0.1:9092", "listen address of the broker, host:port")
 	advertise := fs.String("advertise-host", "", "host given to clients in the metadata (default the --kafka-addr host); set it with --kafka-addr 0.0.0.0:PORT")
 	dataDir := fs.String("data-dir", "", "persist the broker's data here (survives restarts)")
 	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of each created topic")
 	minSession := fs.Duration("group-min-session-timeout", 6*time.Second, "least group session timeout a consumer may ask for (group.min.session.timeout.ms)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *partitions < 1 {

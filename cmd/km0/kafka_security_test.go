@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/km0/km0/dlq/kafkadlq"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/inventari"
@@ -245,11 +246,11 @@ func TestCommandsRefuseABadKafkaSecurityNamingTheCause(t *testing.T) {
 func TestKafkaSecurityFlagsHelpShowsNoSecret(t *testing.T) {
 	t.Setenv("KM0_KAFKA_SASL_PASSWORD", password)
 	t.Setenv("KM0_KAFKA_TLS", "true")
-	fs := newFlags("x", "test")
+	fs := cli.NewFlags("x", "test")
 	var out bytes.Buffer
 	fs.SetOutput(&out)
-	k := kafkaSecurityFlags(fs)
-	if err := parse(fs, []string{"--help"}); !errors.Is(err, flag.ErrHelp) {
+	k := cli.KafkaSecurityFlags(fs)
+	if err := cli.Parse(fs, []string{"--help"}); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("--help: %v", err)
 	}
 	for _, f := range []string{"kafka-tls", "kafka-tls-ca-file", "kafka-tls-cert-file", "kafka-tls-key-file", "kafka-tls-server-name",
@@ -261,15 +262,15 @@ func TestKafkaSecurityFlagsHelpShowsNoSecret(t *testing.T) {
 	if strings.Contains(out.String(), password) {
 		t.Fatalf("--help shows the password:\n%s", out.String())
 	}
-	if sec := k.security(nil); !sec.TLS || sec.SASLPassword != password {
+	if sec := k.Security(nil); !sec.TLS || sec.SASLPassword != password {
 		t.Fatalf("the environment is not the default: TLS %v, password set %v", sec.TLS, sec.SASLPassword == password)
 	}
 	t.Setenv("KM0_KAFKA_TLS", "maybe")
-	fs = newFlags("x", "test")
+	fs = cli.NewFlags("x", "test")
 	out.Reset()
 	fs.SetOutput(&out)
-	kafkaSecurityFlags(fs)
-	if err := parse(fs, nil); !errors.Is(err, errUsage) || !strings.Contains(out.String(), "$KM0_KAFKA_TLS: want true or false") {
+	cli.KafkaSecurityFlags(fs)
+	if err := cli.Parse(fs, nil); !errors.Is(err, cli.ErrUsage) || !strings.Contains(out.String(), "$KM0_KAFKA_TLS: want true or false") {
 		t.Fatalf("KM0_KAFKA_TLS=maybe: %v %s", err, out.String())
 	}
 }

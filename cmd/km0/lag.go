@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/lag"
 )
 
@@ -37,20 +38,20 @@ func runLag(ctx context.Context, args []string) error {
 }
 
 func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
-	fs := newFlags("lag", "measure each outbox's pending rows and oldest age, each Kafka consumer group's lag per partition and the age of its oldest unprocessed record, and RabbitMQ ready/unacked messages per queue")
+	fs := cli.NewFlags("lag", "measure each outbox's pending rows and oldest age, each Kafka consumer group's lag per partition and the age of its oldest unprocessed record, and RabbitMQ ready/unacked messages per queue")
 	fs.SetOutput(errOut)
-	brokers := brokersFlag(fs)
-	ksec := kafkaSecurityFlags(fs)
-	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
-	amqpTLS := addAMQPTLSFlags(fs)
-	queues := &listFlag{}
+	brokers := cli.BrokersFlag(fs)
+	ksec := cli.KafkaSecurityFlags(fs)
+	amqpURL := cli.SecretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL of --queue (default $KM0_AMQP_URL, else the local guest broker)")
+	amqpTLS := cli.AddAMQPTLSFlags(fs)
+	queues := &cli.ListFlag{}
 	fs.Var(queues, "queue", "a RabbitMQ queue to report, with its .dlq; the logical queue of an ordered consumer reports its shard queues <queue>.<i> (repeatable or comma separated)")
 	asJSON := fs.Bool("json", false, "print the snapshot as JSON")
 	partitions := fs.Bool("partitions", false, "one line per partition of each consumer group (default: one line per group)")
 	serve := fs.String("serve", "", "instead of printing once: sample every --lag-interval and serve Prometheus metrics at http://ADDR/metrics")
-	webhook := secretString(fs, "webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "with --serve: URL that gets a JSON notice when a threshold is exceeded for --alert-for (default $KM0_DLQ_WEBHOOK)")
+	webhook := cli.SecretString(fs, "webhook", os.Getenv("KM0_DLQ_WEBHOOK"), "with --serve: URL that gets a JSON notice when a threshold is exceeded for --alert-for (default $KM0_DLQ_WEBHOOK)")
 	lf := addLagFlags(fs, true)
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	var qs []string
@@ -62,16 +63,16 @@ func lagCmd(ctx context.Context, out, errOut io.Writer, args []string) error {
 		return err
 	}
 	defer closeLag()
-	if len(cfg.brokers) > 0 {
-		if cfg.clientOpts, err = ksec.opts(ctx, cfg.brokers, cfg.Logger); err != nil {
+	if len(cfg.Brokers) > 0 {
+		if cfg.ClientOpts, err = ksec.Opts(ctx, cfg.Brokers, cfg.Logger); err != nil {
 			return err
 		}
 	}
-	if len(cfg.Outboxes) == 0 && len(cfg.brokers) == 0 && len(cfg.Queues) == 0 {
+	if len(cfg.Outboxes) == 0 && len(cfg.Brokers) == 0 && len(cfg.Queues) == 0 {
 		return errors.New("nothing to measure: give --outbox, --brokers (or $KM0_KAFKA_BROKERS) or --queue")
 	}
 	rule := lf.rule()
-	m, err := cfg.measurer()
+	m, err := cfg.Measurer()
 	if err != nil {
 		return err
 	}
@@ -270,7 +271,7 @@ func serveLag(ctx context.Context, m *lag.Measurer, addr, webhook string, rule l
 	reg := prometheus.NewRegistry()
 	var watch *lag.Watch
 	if webhook != "" && rule.On() {
-		al, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, Logger: logger(), WebhookURL: webhook})
+		al, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: reg, Logger: cli.Logger(), WebhookURL: webhook})
 		if err != nil {
 			return err
 		}
@@ -281,7 +282,7 @@ func serveLag(ctx context.Context, m *lag.Measurer, addr, webhook string, rule l
 		}()
 		watch = lag.NewWatch(rule, al)
 	}
-	s := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: interval, Watch: watch, Logger: logger()})
+	s := lag.NewSampler(lag.SamplerConfig{Measurer: m, Interval: interval, Watch: watch, Logger: cli.Logger()})
 	if err := reg.Register(lag.Collector{S: s, AllGroups: rule.AllGroups}); err != nil {
 		return err
 	}

@@ -14,6 +14,8 @@ import (
 	"runtime/pprof"
 	"sort"
 	"syscall"
+
+	"github.com/km0/km0/internal/cli"
 )
 
 // command is one subcommand.
@@ -33,7 +35,7 @@ func register(c *command) {
 }
 
 // errUsage makes main exit 2 without printing the error again.
-var errUsage = errors.New("usage")
+var errUsage = cli.ErrUsage
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: km0 <command> [flags]   (km0 <command> --help for its flags)")
@@ -72,7 +74,7 @@ func main() {
 	stopProfile()
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
-	case errors.Is(err, errUsage):
+	case errors.Is(err, cli.ErrUsage):
 		os.Exit(2)
 	default:
 		fmt.Fprintf(os.Stderr, "km0 %s: %v\n", c.name, err)

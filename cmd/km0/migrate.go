@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -16,8 +17,8 @@ func init() {
 }
 
 func runMigrate(ctx context.Context, args []string) error {
-	fs := newFlags("migrate", "apply km0's embedded, versioned migrations to a database")
-	dbURL := databaseURLFlag(fs)
+	fs := cli.NewFlags("migrate", "apply km0's embedded, versioned migrations to a database")
+	dbURL := cli.DatabaseURLFlag(fs)
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema for km0's tables")
 	outboxT := fs.String("outbox-table", migrate.OutboxDefault, "outbox table name")
 	inboxT := fs.String("inbox-table", migrate.ProcessatsDefault, "processed-messages table name")
@@ -25,7 +26,7 @@ func runMigrate(ctx context.Context, args []string) error {
 		"wal: events are WAL messages (pg_logical_emit_message), and the outbox's publication and replication slot "+
 		"are created here, before anything may be written (needs wal_level = logical and the REPLICATION privilege)")
 	slot := fs.String("slot", "", "--outbox-mode wal: the replication slot (default km0_wal_<database>_<schema>_<table>, the relay's default)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	switch {
@@ -36,7 +37,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	case *slot != "" && !cdc.ValidSlot(*slot):
 		return fmt.Errorf("--slot %q: a slot name is 1 to 63 lower-case letters, digits and underscores", *slot)
 	}
-	pool, err := openPool(ctx, *dbURL, 2)
+	pool, err := cli.OpenPool(ctx, *dbURL, 2)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -30,15 +31,15 @@ func runOutbox(ctx context.Context, args []string) error {
 			return nil
 		}
 		outboxUsage()
-		return errUsage
+		return cli.ErrUsage
 	}
 	sub, args := args[0], args[1:]
-	fs := newFlags("outbox "+sub, map[string]string{
+	fs := cli.NewFlags("outbox "+sub, map[string]string{
 		"parked":  "list the outbox rows the relay parked (refused for good), with the rows waiting behind each",
 		"release": "release a parked row (km0 outbox release [flags] ID, or --all) so the relay retries it",
 		"prune":   "delete published rows marked more than --older-than ago, in small batches (pending rows are never touched)",
 	}[sub])
-	dbURL := databaseURLFlag(fs)
+	dbURL := cli.DatabaseURLFlag(fs)
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
 	table := fs.String("outbox-table", migrate.OutboxDefault, "outbox table name")
 	mode := fs.String("outbox", string(outbox.ModeTable), "table: the outbox's rows (<outbox>_aparcats); "+
@@ -58,7 +59,7 @@ func runOutbox(ctx context.Context, args []string) error {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		id, args = args[0], args[1:]
 	}
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return parseErr(err)
 	}
 	if fs.NArg() > 0 && id == "" {
@@ -66,7 +67,7 @@ func runOutbox(ctx context.Context, args []string) error {
 	}
 	if fs.NArg() > 1 || (sub != "release" && (id != "" || fs.NArg() > 0)) {
 		fmt.Fprintf(os.Stderr, "km0 outbox %s: unexpected arguments\n", sub)
-		return errUsage
+		return cli.ErrUsage
 	}
 	if sub == "prune" {
 		switch {
@@ -84,7 +85,7 @@ func runOutbox(ctx context.Context, args []string) error {
 		return errors.New("--outbox wal: a WAL-mode outbox has no rows to prune (its events live in the WAL, retained by the slot)")
 	}
 	names := migrate.Names{Schema: *schema, Outbox: *table}
-	pool, err := openPool(ctx, *dbURL, 1)
+	pool, err := cli.OpenPool(ctx, *dbURL, 1)
 	if err != nil {
 		return err
 	}
@@ -121,7 +122,7 @@ func runOutbox(ctx context.Context, args []string) error {
 	default:
 		if all == (id != "") {
 			fmt.Fprintln(os.Stderr, "km0 outbox release: give either an ID or --all")
-			return errUsage
+			return cli.ErrUsage
 		}
 		if all {
 			n, err := relay.ReleaseAll(ctx, pool, names)
@@ -155,7 +156,7 @@ func runOutboxWAL(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, 
 	}
 	if all == (id != "") {
 		fmt.Fprintln(os.Stderr, "km0 outbox release: give either an ID or --all")
-		return errUsage
+		return cli.ErrUsage
 	}
 	if all {
 		n, err := cdc.ReleaseAllWAL(ctx, pool, names)
@@ -195,10 +196,10 @@ func outboxUsage() {
 	fmt.Fprintln(os.Stderr, "usage: km0 outbox parked [--outbox wal] [flags]\n       km0 outbox release [--outbox wal] [flags] ID | --all\n       km0 outbox prune --older-than D [--batch N] [flags]\n(km0 outbox <sub> --help for the flags)")
 }
 
-// parseErr maps a flag error as parse does.
+// parseErr maps a flag error as cli.Parse does.
 func parseErr(err error) error {
 	if errors.Is(err, flag.ErrHelp) {
 		return err
 	}
-	return errUsage
+	return cli.ErrUsage
 }

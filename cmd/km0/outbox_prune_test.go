@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
@@ -34,7 +35,7 @@ func TestOutboxPruneCommand(t *testing.T) {
 			t.Errorf("km0 outbox prune %v: want an error naming %s, got %v", c.args, c.want, err)
 		}
 	}
-	if err := runOutbox(ctx, append(append([]string{}, base...), "--older-than", "1h", "extra")); !errors.Is(err, errUsage) {
+	if err := runOutbox(ctx, append(append([]string{}, base...), "--older-than", "1h", "extra")); !errors.Is(err, cli.ErrUsage) {
 		t.Errorf("km0 outbox prune with an argument: %v, want the usage error", err)
 	}
 	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega)

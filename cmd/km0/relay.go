@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -32,14 +33,14 @@ func init() {
 }
 
 func runRelay(ctx context.Context, args []string) error {
-	fs := newFlags("relay", "publish committed outbox events to Kafka or a RabbitMQ exchange, in commit order per aggregate, "+
+	fs := cli.NewFlags("relay", "publish committed outbox events to Kafka or a RabbitMQ exchange, in commit order per aggregate, "+
 		"at least once: --mode polling (the default) claims pending rows from the table, publishes them, waits for every ack "+
 		"and marks them; --mode cdc streams them from the WAL (logical replication) and confirms the slot's position once the "+
 		"broker acked; --outbox wal (implies --mode cdc) streams the events written as WAL messages, with no table")
-	dbURL := databaseURLFlag(fs)
-	brokers := brokersFlag(fs)
-	ksec := kafkaSecurityFlags(fs)
-	ktopics := newKafkaTopicFlags(fs)
+	dbURL := cli.DatabaseURLFlag(fs)
+	brokers := cli.BrokersFlag(fs)
+	ksec := cli.KafkaSecurityFlags(fs)
+	ktopics := cli.NewKafkaTopicFlags(fs)
 	topic := fs.String("topic", "", "Kafka topic for the events (required), e.g. comandes.esdeveniments")
 	origin := fs.String("origin", "", "the envelope's origen (required), e.g. comandes")
 	schema := fs.String("schema", migrate.SchemaDefault, "PostgreSQL schema of the outbox")
@@ -51,8 +52,8 @@ func runRelay(ctx context.Context, args []string) error {
 	poll := fs.Duration("poll", relay.PollIntervalDefault, "fallback poll interval when no NOTIFY arrives")
 	partitions := fs.Int("partitions", kafka.PartitionsDefault, "partitions of the topic if it has to be created")
 	exchange := fs.String("exchange", "", "publish to this RabbitMQ exchange (routing key = --topic) instead of Kafka")
-	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL, with --exchange (default $KM0_AMQP_URL, else the local guest broker)")
-	amqpTLS := addAMQPTLSFlags(fs)
+	amqpURL := cli.SecretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL, with --exchange (default $KM0_AMQP_URL, else the local guest broker)")
+	amqpTLS := cli.AddAMQPTLSFlags(fs)
 	metricsAddr := fs.String("http-addr", "", "serve Prometheus metrics at http://ADDR/metrics and the liveness probe http://ADDR"+relayHealthPath+" (default off)")
 	pruneOlder := fs.Duration("prune-older-than", 0, "delete published rows older than this, a pass every minute (default 0: off; keep it at least your replay window)")
 	deletePublished := fs.Bool("delete-published", false, "delete each row as soon as the broker confirmed it, instead of setting publicat_en: the outbox keeps only pending rows and nothing can be replayed from it")
@@ -63,7 +64,7 @@ func runRelay(ctx context.Context, args []string) error {
 	outboxMode := fs.String("outbox", string(outbox.ModeTable), "table: the events are rows of the outbox table; "+
 		"wal: they are WAL messages (outbox.ModeWAL, created by km0 migrate --outbox-mode wal), streamed with --mode cdc (implied)")
 	publication := fs.String("publication", "", "--mode cdc: the publication of the table's inserts, created if absent (default the slot's name)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	set := map[string]bool{}
@@ -95,12 +96,12 @@ func runRelay(ctx context.Context, args []string) error {
 	case *pruneOlder < 0:
 		return fmt.Errorf("--prune-older-than %v must be positive (or 0: off)", *pruneOlder)
 	}
-	topicSettings, err := ktopics.settings(false)
+	topicSettings, err := ktopics.Settings(false)
 	if err != nil {
 		return err
 	}
-	log := logger()
-	pool, err := openPool(ctx, *dbURL, 2)
+	log := cli.Logger()
+	pool, err := cli.OpenPool(ctx, *dbURL, 2)
 	if err != nil {
 		return err
 	}
@@ -120,7 +121,7 @@ func runRelay(ctx context.Context, args []string) error {
 	var pub transport.Publisher
 	maxRecord := relay.MaxRecordBytesDefault
 	if *exchange != "" {
-		tlsCfg, err := amqpTLS.config()
+		tlsCfg, err := amqpTLS.Config()
 		if err != nil {
 			return err
 		}
@@ -133,11 +134,11 @@ func runRelay(ctx context.Context, args []string) error {
 			return err
 		}
 	} else {
-		bs, err := requireBrokers(*brokers)
+		bs, err := cli.RequireBrokers(*brokers)
 		if err != nil {
 			return err
 		}
-		kopts, err := ksec.opts(ctx, bs, log)
+		kopts, err := ksec.Opts(ctx, bs, log)
 		if err != nil {
 			return err
 		}

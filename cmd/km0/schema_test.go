@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/schemacheck"
 )
 
@@ -175,10 +176,10 @@ func TestSchemaCheckSingleCommitValidatesTheTree(t *testing.T) {
 }
 
 func TestSchemaCommandUsage(t *testing.T) {
-	if err := runSchema(context.Background(), nil); !errors.Is(err, errUsage) {
+	if err := runSchema(context.Background(), nil); !errors.Is(err, cli.ErrUsage) {
 		t.Fatalf("no subcommand: %v", err)
 	}
-	if err := runSchema(context.Background(), []string{"lint"}); !errors.Is(err, errUsage) {
+	if err := runSchema(context.Background(), []string{"lint"}); !errors.Is(err, cli.ErrUsage) {
 		t.Fatalf("unknown subcommand: %v", err)
 	}
 	var out bytes.Buffer

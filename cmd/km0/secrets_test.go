@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/lag"
 )
@@ -31,15 +33,15 @@ func writeFile(t *testing.T, name, content string) string {
 	return p
 }
 
-// parseSecret registers a secretString flag "database-url" with def on a
-// fresh flag set and parses args: the value, the parse error, and what the
+// parseSecret registers a cli.SecretString flag "database-url" with def on a
+// fresh flag set and parses args: the value, the cli.Parse error, and what the
 // flag set printed.
 func parseSecret(def string, args ...string) (v, printed string, err error) {
-	fs := newFlags("x", "test")
+	fs := cli.NewFlags("x", "test")
 	var out bytes.Buffer
 	fs.SetOutput(&out)
-	p := secretString(fs, "database-url", def, "PostgreSQL URL")
-	err = parse(fs, args)
+	p := cli.SecretString(fs, "database-url", def, "PostgreSQL URL")
+	err = cli.Parse(fs, args)
 	return *p, out.String(), err
 }
 
@@ -47,14 +49,14 @@ func parseSecret(def string, args ...string) (v, printed string, err error) {
 // --NAME-file; either flag replaces the environment, both at once are
 // refused, and no error quotes the credential.
 func TestSecretStringForms(t *testing.T) {
-	env, cli, file := "postgres://u:"+password+"@env/db", "postgres://u:"+password+"@cli/db", "postgres://u:"+password+"@file/db"
+	env, cmdline, file := "postgres://u:"+password+"@env/db", "postgres://u:"+password+"@cli/db", "postgres://u:"+password+"@file/db"
 	path := writeFile(t, "db-url", "\n  "+file+"\n")
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
 		{nil, env},
-		{[]string{"--database-url", cli}, cli},
+		{[]string{"--database-url", cmdline}, cmdline},
 		{[]string{"--database-url-file", path}, file},
 		{[]string{"--database-url-file", path, "--database-url-file", path}, file},
 	} {
@@ -66,37 +68,37 @@ func TestSecretStringForms(t *testing.T) {
 		args []string
 		want string // in the printed error
 	}{
-		{[]string{"--database-url", cli, "--database-url-file", path}, "give --database-url or --database-url-file, not both"},
-		{[]string{"--database-url-file", path, "--database-url", cli}, "give --database-url or --database-url-file, not both"},
+		{[]string{"--database-url", cmdline, "--database-url-file", path}, "give --database-url or --database-url-file, not both"},
+		{[]string{"--database-url-file", path, "--database-url", cmdline}, "give --database-url or --database-url-file, not both"},
 		{[]string{"--database-url-file", writeFile(t, "empty", " \n")}, "is empty"},
 		{[]string{"--database-url-file", writeFile(t, "two", file+"\nsecond-line-"+password+"\n")}, "more than one line"},
 		{[]string{"--database-url-file", filepath.Join(t.TempDir(), "absent")}, "no such file"},
-		{[]string{"--database-url-file", writeFile(t, "big", strings.Repeat("x", secretFileMax+1))}, "larger than 64 KiB"},
+		{[]string{"--database-url-file", writeFile(t, "big", strings.Repeat("x", cli.SecretFileMax+1))}, "larger than 64 KiB"},
 	} {
 		_, out, err := parseSecret(env, c.args...)
-		if !errors.Is(err, errUsage) || !strings.Contains(out, c.want) || strings.Contains(out, password) {
+		if !errors.Is(err, cli.ErrUsage) || !strings.Contains(out, c.want) || strings.Contains(out, password) {
 			t.Errorf("%v: %v, printed %q; want a usage error saying %q, without the password", c.args, err, out, c.want)
 		}
 	}
 	// --help names the file form and the ps warning, and never the value.
-	fs := newFlags("x", "test")
+	fs := cli.NewFlags("x", "test")
 	var help bytes.Buffer
 	fs.SetOutput(&help)
-	secretString(fs, "database-url", env, "PostgreSQL URL")
-	if err := parse(fs, []string{"--help"}); !errors.Is(err, flag.ErrHelp) || strings.Contains(help.String(), password) ||
+	cli.SecretString(fs, "database-url", env, "PostgreSQL URL")
+	if err := cli.Parse(fs, []string{"--help"}); !errors.Is(err, flag.ErrHelp) || strings.Contains(help.String(), password) ||
 		!strings.Contains(help.String(), "-database-url-file") || !strings.Contains(help.String(), "shows in ps") {
 		t.Errorf("--help: %v\n%s", err, help.String())
 	}
 }
 
 // parseOutboxes parses args with the lag flags: the outboxes by name, the
-// parse error and what was printed.
+// cli.Parse error and what was printed.
 func parseOutboxes(args ...string) (vals map[string]string, keys []string, printed string, err error) {
-	fs := newFlags("x", "test")
+	fs := cli.NewFlags("x", "test")
 	var out bytes.Buffer
 	fs.SetOutput(&out)
 	lf := addLagFlags(fs, false)
-	err = parse(fs, args)
+	err = cli.Parse(fs, args)
 	return lf.outboxes.vals, lf.outboxes.keys, out.String(), err
 }
 
@@ -128,7 +130,7 @@ func TestOutboxForms(t *testing.T) {
 	} {
 		t.Setenv(outboxesEnv, c.env)
 		_, _, out, err := parseOutboxes(c.args...)
-		if !errors.Is(err, errUsage) || !strings.Contains(out, c.want) || strings.Contains(out, password) {
+		if !errors.Is(err, cli.ErrUsage) || !strings.Contains(out, c.want) || strings.Contains(out, password) {
 			t.Errorf("$%s=%q %v: %v, printed %q; want a usage error saying %q, without the password", outboxesEnv, c.env, c.args, err, out, c.want)
 		}
 	}
@@ -216,8 +218,8 @@ func TestMigrateDatabaseURLFromAFile(t *testing.T) {
 func TestDLQAMQPURLFileSelectsRabbitMQ(t *testing.T) {
 	path := writeFile(t, "amqp-url", "amqp://u:"+password+"@127.0.0.1:5672/\n")
 	var out, errOut bytes.Buffer
-	c := &dlqCLI{out: &out, errOut: &errOut, in: strings.NewReader(""), now: time.Now}
-	err := c.run(context.Background(), []string{"ls", "--amqp-url-file", path, "--database-url", "postgres://x"})
+	c := &dlqcli.CLI{Out: &out, ErrOut: &errOut, In: strings.NewReader(""), Now: time.Now}
+	err := c.Run(context.Background(), []string{"ls", "--amqp-url-file", path, "--database-url", "postgres://x"})
 	if err == nil || !strings.Contains(err.Error(), "--queue") || strings.Contains(err.Error()+out.String()+errOut.String(), password) {
 		t.Fatalf("--amqp-url-file without --queue: %v\n%s%s", err, out.String(), errOut.String())
 	}

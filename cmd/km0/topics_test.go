@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/transport/kafka"
@@ -79,8 +80,8 @@ func TestKafkaReplicationFactorFlag(t *testing.T) {
 		{env: "1", want: 1}, {env: "1", arg: "3", want: 3}, {arg: "-1", bad: true}, {env: "tres", bad: true},
 	} {
 		t.Setenv(replicationFactorEnv, c.env)
-		fs := newFlags("x", "test")
-		k := newKafkaTopicFlags(fs)
+		fs := cli.NewFlags("x", "test")
+		k := cli.NewKafkaTopicFlags(fs)
 		var args []string
 		if c.arg != "" {
 			args = []string{"--kafka-replication-factor", c.arg}
@@ -88,7 +89,7 @@ func TestKafkaReplicationFactorFlag(t *testing.T) {
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
-		ts, err := k.settings(c.embedded)
+		ts, err := k.Settings(c.embedded)
 		if (err != nil) != c.bad || ts.ReplicationFactor != c.want {
 			t.Errorf("%+v: %+v (%v)", c, ts, err)
 		}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/hostguard"
 
 	"github.com/km0/km0/internal/services/analitica"
@@ -47,7 +49,7 @@ func runServe(ctx context.Context, args []string) error {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
 			return runServices(ctx, "serve NAME", nil, args[:1]) // prints the flags
 		}
-		return errUsage
+		return cli.ErrUsage
 	}
 	if !slices.Contains(system.Services, args[0]) {
 		// Before any flag or database is looked at.
@@ -100,8 +102,8 @@ func parseHTTPAddrs(spec string, services []string, gateway string) (map[string]
 }
 
 func runServices(ctx context.Context, name string, services []string, args []string) error {
-	fs := newFlags(name, "run km0 services: each with its database (its own URL, or km0_<service> created on the --database-url server; migrated), outbox relay, consumers and HTTP API")
-	dbURL := databaseURLFlag(fs)
+	fs := cli.NewFlags(name, "run km0 services: each with its database (its own URL, or km0_<service> created on the --database-url server; migrated), outbox relay, consumers and HTTP API")
+	dbURL := cli.DatabaseURLFlag(fs)
 	// A service's own database: KM0_<SERVICE>_DATABASE_URL, or for km0 serve
 	// NAME also --service-database-url.
 	own := map[string]string{}
@@ -116,24 +118,24 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		if len(services) == 1 {
 			env, def = serviceDatabaseEnv(services[0]), own[services[0]]
 		}
-		serviceURL = secretString(fs, "service-database-url", def,
+		serviceURL = cli.SecretString(fs, "service-database-url", def,
 			"this service's own PostgreSQL database, used as is: migrated, never created (default $"+env+"; empty: km0_<service> on the --database-url server)")
 	}
 	topics := fs.String("topics", os.Getenv("KM0_TOPICS"), "rename domain topics: CONTRACT=NAME,... e.g. comandes.esdeveniments=prod.comandes (default $KM0_TOPICS; .retry and .dlq follow; give every process the same)")
 	groups := fs.String("groups", os.Getenv("KM0_GROUPS"), "rename consumer groups: CONSUMIDOR=GROUP,... e.g. cataleg.estoc_baix=cataleg-prod (default $KM0_GROUPS)")
-	brokers := brokersFlag(fs)
-	ksec := kafkaSecurityFlags(fs)
-	ktopics := newKafkaTopicFlags(fs)
+	brokers := cli.BrokersFlag(fs)
+	ksec := cli.KafkaSecurityFlags(fs)
+	ktopics := cli.NewKafkaTopicFlags(fs)
 	embedded := fs.Bool("embedded-kafka", false, "start an embedded Kafka broker in this process instead of using --brokers")
 	embeddedAddr := fs.String("embedded-kafka-addr", "", "with --embedded-kafka: its listen address, e.g. 127.0.0.1:9092, so that other processes (km0 lag, km0 dlq) can reach it (default a free port on 127.0.0.1, printed)")
-	events := eventsFlag(fs)
+	events := cli.EventsFlag(fs)
 	eventsExchange := fs.String("events-exchange", cmp.Or(os.Getenv("KM0_EVENTS_EXCHANGE"), system.EventsExchangeDefault), "RabbitMQ topic exchange of the events --events puts there (default $KM0_EVENTS_EXCHANGE, else "+system.EventsExchangeDefault+")")
 	eventsPrefix := fs.String("events-queue-prefix", os.Getenv("KM0_EVENTS_QUEUE_PREFIX"), "put this before the name of every RabbitMQ queue of the events, e.g. staging. (default $KM0_EVENTS_QUEUE_PREFIX; give every process the same)")
-	amqpURL := secretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply and for the events --events puts there (default $KM0_AMQP_URL; empty: request/reply over Kafka, and with --events rabbitmq the local guest broker)")
-	amqpTLS := addAMQPTLSFlags(fs)
+	amqpURL := cli.SecretString(fs, "amqp-url", os.Getenv("KM0_AMQP_URL"), "RabbitMQ URL for request/reply and for the events --events puts there (default $KM0_AMQP_URL; empty: request/reply over Kafka, and with --events rabbitmq the local guest broker)")
+	amqpTLS := cli.AddAMQPTLSFlags(fs)
 	authorize := fs.Bool("authorize", false, "comandes asks pagaments to authorise each order by request/reply, and pagaments charges only orders it approved (give every process the same; off by default in km0 up and km0 serve: orders follow the asynchronous flow alone and separate serve processes need no shared $"+requestreply.SigningKeyEnv+"; km0 demo turns it on to show request/reply)")
 	acceptUnsigned := fs.Bool("accept-unsigned-requests", false, "start pagaments, or comandes with --authorize, without $"+requestreply.SigningKeyEnv+": authorisation requests and replies go unsigned and anyone who can publish to "+pagaments.AuthQueue+" is trusted (logged at start and shown in /salut; km0 up instead generates a key for its own process)")
-	gateway := secretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
+	gateway := cli.SecretString(fs, "gateway-url", os.Getenv("KM0_PASSARELLA_URL"), "payment gateway URL (default: start the simulated one)")
 	httpAddrs := fs.String("http-addr", "", "listen addresses of the HTTP APIs: NAME=ADDR,... e.g. comandes=:8080,analitica=:8081 (default a free port each)")
 	allowedHosts := fs.String("http-allowed-hosts", os.Getenv(hostguard.AllowedHostsEnv), "Host names the HTTP APIs answer besides their listen address: NAME or NAME:PORT,... or * for any (default $"+hostguard.AllowedHostsEnv+"; loopback servers answer localhost, 127.0.0.1 and [::1])")
 	deliveryTime := fs.Duration("delivery-time", repartiment.DeliveryTimeDefault, "repartiment: how long a courier stays busy with one delivery")
@@ -142,10 +144,10 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	deletePublished := fs.Bool("delete-published", false, "each service's relay deletes each outbox row as soon as the broker confirmed it, instead of setting publicat_en: the outboxes keep only pending rows and nothing can be replayed from them")
 	relayMode := fs.String("relay", system.RelayPolling, "how each service's relay finds its outbox rows: polling (claim them from the table) or cdc (stream the inserts from the WAL; the server needs wal_level = logical and the REPLICATION privilege; slots km0_<database>_outbox)")
 	outboxMode := fs.String("outbox", string(outbox.ModeTable), "where the services write their events: table (outbox rows) or wal (WAL messages, no rows; implies --relay cdc; each service's slot is created at start, before anything is written; see docs/cdc.md)")
-	consoleAddr := fs.String("console-addr", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+adminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
+	consoleAddr := fs.String("console-addr", "", "also serve the operator console here, e.g. 127.0.0.1:8090 (the dead letters of Kafka's DLQ topics and of the consumers' RabbitMQ DLQs, by --events, indexed in km0_dlq on the --database-url server; lag, health; token $"+dlqcli.AdminTokenEnv+", unset: one for the run in a 0600 file whose path is printed)")
 	alerts := addAlertFlags(fs, "with --console-addr")
 	dbSuffix := fs.String("database-suffix", "", "name the databases km0_<service>_<suffix> instead of km0_<service> (lower-case letters, digits, _)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *outboxMode == string(outbox.ModeWAL) && !flagSet(fs, "relay") {
@@ -173,9 +175,9 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		// A malformed URL, a missing database or a refused login is named
 		// here, before anything starts; a server that does not answer is
 		// left to system.Start, which names the service that needed it.
-		pool, err := openPool(ctx, *dbURL, 1)
-		var refused *connectRefusal
-		if errors.As(err, &refused) || errors.Is(err, errMalformedURL) {
+		pool, err := cli.OpenPool(ctx, *dbURL, 1)
+		var refused *cli.ConnectRefusal
+		if errors.As(err, &refused) || errors.Is(err, cli.ErrMalformedURL) {
 			return err
 		}
 		if pool != nil {
@@ -185,8 +187,8 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	for _, s := range slices.Sorted(maps.Keys(own)) {
 		// A service's own database is used as is, never created: one
 		// that does not exist, or refuses the login, is named here too.
-		pool, err := openPool(ctx, own[s], 1)
-		var refused *connectRefusal
+		pool, err := cli.OpenPool(ctx, own[s], 1)
+		var refused *cli.ConnectRefusal
 		if errors.As(err, &refused) {
 			return fmt.Errorf("%s: %w", s, err)
 		}
@@ -210,7 +212,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if cfg.NeedsRabbitMQ() && cfg.AMQPURL == "" {
 		cfg.AMQPURL = amqp.URLDefault
 	}
-	amqpTLSCfg, err := amqpTLS.config()
+	amqpTLSCfg, err := amqpTLS.Config()
 	if err != nil {
 		return err
 	}
@@ -228,7 +230,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		defer b.Close()
 		brokerList = b.Addrs()
 	default:
-		if brokerList, err = requireBrokers(*brokers); err != nil {
+		if brokerList, err = cli.RequireBrokers(*brokers); err != nil {
 			return fmt.Errorf("%w (or pass --embedded-kafka)", err)
 		}
 	}
@@ -236,11 +238,11 @@ func runServices(ctx context.Context, name string, services []string, args []str
 	if *embedded {
 		remote = nil // the embedded broker speaks plaintext
 	}
-	kopts, err := ksec.opts(ctx, remote, logger())
+	kopts, err := ksec.Opts(ctx, remote, cli.Logger())
 	if err != nil {
 		return err
 	}
-	topicSettings, err := ktopics.settings(*embedded)
+	topicSettings, err := ktopics.Settings(*embedded)
 	if err != nil {
 		return err
 	}
@@ -252,8 +254,8 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		Brokers: brokerList, KafkaOpts: kopts, TopicSettings: topicSettings, Events: cfg.Events, EventsByTopic: cfg.EventsByTopic, EventsExchange: cfg.EventsExchange, EventsQueuePrefix: cfg.EventsQueuePrefix, Services: services, AMQPURL: cfg.AMQPURL, AMQPTLS: amqpTLSCfg, Authorize: *authorize, GatewayURL: *gateway, HTTPAddrs: addrs,
 		AllowedHosts: strings.Split(*allowedHosts, ","),
 		OutboxMode:   outbox.Mode(*outboxMode),
-		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: logger()}
-	sys, err := startSystem(ctx, name, startCfg, remote, logger())
+		DeliveryTime: *deliveryTime, AssignInterval: *assignInterval, RelayPruneOlderThan: *pruneOlder, RelayDeletePublished: *deletePublished, RelayMode: *relayMode, Logger: cli.Logger()}
+	sys, err := startSystem(ctx, name, startCfg, remote, cli.Logger())
 	if err != nil || sys == nil {
 		return err // sys == nil: stopped while waiting for Kafka
 	}
@@ -277,7 +279,7 @@ func runServices(ctx context.Context, name string, services []string, args []str
 		}
 	}
 	if *consoleAddr != "" {
-		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, alerts.rule(), os.Stdout, "km0 "+name, logger())
+		stop, err := systemConsole(ctx, sys, *consoleAddr, *dbURL, *dbSuffix, brokerList, false, alerts.rule(), os.Stdout, "km0 "+name, cli.Logger())
 		if err != nil {
 			return err
 		}

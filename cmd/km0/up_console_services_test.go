@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
@@ -38,7 +39,7 @@ func TestUpConsoleShowsEveryServicesBlockedKeysAndPauses(t *testing.T) {
 	catDB := pgtest.NewDatabase(t)
 	const tok = "tok-services-0123456789"
 	addr := freeAddr(t)
-	p := startKm0(t, []string{adminTokenEnv + "=" + tok, serviceDatabaseEnv("cataleg") + "=" + catDB},
+	p := startKm0(t, []string{dlqcli.AdminTokenEnv + "=" + tok, serviceDatabaseEnv("cataleg") + "=" + catDB},
 		"serve", "cataleg", "--brokers", strings.Join(b.Addrs(), ","), "--database-url", pgtest.URL(), "--database-suffix", suffix,
 		"--console", addr, "--http", "cataleg=127.0.0.1:0")
 	p.waitRunning(t, 60*time.Second)

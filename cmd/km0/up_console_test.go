@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
@@ -112,7 +113,7 @@ func TestUpConsoleWithoutTokenMakesOneForTheRun(t *testing.T) {
 	suffix := "tok_" + hex.EncodeToString(sfx)
 	t.Cleanup(func() { _ = svc.DropDatabase(context.Background(), pgtest.URL(), svc.DatabaseName("dlq", suffix)) })
 	console := freeAddr(t)
-	p := startKm0(t, []string{adminTokenEnv + "=", serviceDatabaseEnv("analitica") + "=" + pgtest.NewDatabase(t)},
+	p := startKm0(t, []string{dlqcli.AdminTokenEnv + "=", serviceDatabaseEnv("analitica") + "=" + pgtest.NewDatabase(t)},
 		"serve", "analitica", "--brokers", strings.Join(b.Addrs(), ","), "--database-url", pgtest.URL(), "--database-suffix", suffix,
 		"--console", console)
 	p.waitRunning(t, 60*time.Second)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/services/system"
@@ -27,7 +28,7 @@ func TestUpConsoleShowsWALOutboxes(t *testing.T) {
 	b := kafkatest.New(t, system.DomainTopics()...)
 	const tok = "tok-wal-0123456789abcdef"
 	addr := freeAddr(t)
-	p := startKm0(t, []string{adminTokenEnv + "=" + tok},
+	p := startKm0(t, []string{dlqcli.AdminTokenEnv + "=" + tok},
 		"serve", "comandes", "--outbox", "wal", "--brokers", strings.Join(b.Addrs(), ","), "--database-url", c.URL,
 		"--console", addr, "--http", "comandes=127.0.0.1:0")
 	p.waitRunning(t, 60*time.Second)

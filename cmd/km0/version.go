@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/km0/km0/internal/buildinfo"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
 )
@@ -24,7 +25,7 @@ func runVersion(_ context.Context, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "km0 version: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
+		return cli.ErrUsage
 	}
 	printVersion(os.Stdout, buildinfo.Read())
 	return nil

@@ -955,14 +955,14 @@ func tipusDisagrees(t *testing.T, w *world) {
 	other := ev("T", 2)
 	other.Value = []byte(strings.Replace(string(other.Value), `"tipus":"`+tipus+`"`, `"tipus":"comanda.pagada"`, 1))
 	want := map[string]string{
-		id(notUTF8): `permanent: esquema: capçalera tipus no UTF-8 "comanda.creada\xff" no coincideix amb l'envolupant "comanda.creada"`,
-		id(other):   `permanent: esquema: capçalera tipus "comanda.creada" no coincideix amb l'envolupant "comanda.pagada"`,
+		id(notUTF8): `permanent: esquema: header tipus not UTF-8 "comanda.creada\xff" does not match the envelope's "comanda.creada"`,
+		id(other):   `permanent: esquema: header tipus "comanda.creada" does not match the envelope's "comanda.pagada"`,
 	}
 	msgs := []*transport.Message{notUTF8, other}
 	if w.h.Features.RepeatedHeaders {
 		two := ev("T", 0)
 		two.Headers = append([]transport.Header{{Key: contract.HeaderType, Value: "comanda.pagada"}}, two.Headers...)
-		want[id(two)] = `permanent: esquema: capçalera tipus ambigua: "comanda.pagada" i "comanda.creada" no coincideix amb l'envolupant "comanda.creada"`
+		want[id(two)] = `permanent: esquema: header tipus ambiguous: "comanda.pagada" and "comanda.creada" does not match the envelope's "comanda.creada"`
 		msgs = append(msgs, two)
 	} else {
 		t.Log("two tipus headers: not tested, the broker's headers are a table")

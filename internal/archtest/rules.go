@@ -79,6 +79,9 @@ var layers = map[string]Layer{
 	"internal/services/internal/svctest": TestKit,
 
 	"internal/bench":                         Appl,
+	"internal/cli":                           Appl,
+	"internal/dlqcli":                        Appl,
+	"internal/consolesrv":                    Appl,
 	"internal/bench/consumerbench":           Appl,
 	"internal/doctor":                        Appl,
 	"internal/schemacheck":                   Appl,

@@ -11,7 +11,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -26,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/migrate"
 )
 
@@ -51,26 +51,22 @@ func Names() []string {
 	return names
 }
 
-// Run runs `km0 bench args...` with the binary's flag conventions kit: args[0]
-// names the benchmark, the rest are its flags. Without a name it prints the
-// usage and returns kit.ErrUsage.
-func Run(ctx context.Context, k Kit, args []string) error {
-	kit = k
-	if kit.ErrUsage == nil {
-		kit.ErrUsage = errors.New("usage")
-	}
+// Run runs `km0 bench args...` with the binary's flag conventions (package
+// internal/cli): args[0] names the benchmark, the rest are its flags.
+// Without a name it prints the usage and returns cli.ErrUsage.
+func Run(ctx context.Context, args []string) error {
 	names := Names()
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintf(os.Stderr, "usage: km0 bench <%s> [flags]   (km0 bench <name> --help for its flags)\n", strings.Join(names, "|"))
 		if len(args) == 0 {
-			return kit.ErrUsage
+			return cli.ErrUsage
 		}
 		return nil
 	}
 	fn, ok := benches[args[0]]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "km0 bench: unknown benchmark %q (have: %s)\n", args[0], strings.Join(names, ", "))
-		return kit.ErrUsage
+		return cli.ErrUsage
 	}
 	return fn(ctx, args[1:])
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -36,8 +37,8 @@ const (
 // BEGIN to COMMIT returned. One JSON line per side and round, then the
 // side-by-side line (medians of the rounds) with the ratios to plain.
 func benchCommit(ctx context.Context, args []string) error {
-	fs := newFlags("bench commit", "the writers' commit p50/p99 at a fixed rate: km0's outbox table, the WAL mode and a plain INSERT (no trigger); one JSON line per result")
-	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); throwaway schemas; "+
+	fs := cli.NewFlags("bench commit", "the writers' commit p50/p99 at a fixed rate: km0's outbox table, the WAL mode and a plain INSERT (no trigger); one JSON line per result")
+	dbURL := cli.SecretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); throwaway schemas; "+
 		"with --sides wal, a server with wal_level = logical, else a private cluster started from "+pgcluster.BinDirDefault+" (every side then runs there)")
 	rate := fs.Int("rate", 1000, "events per second, all writers together")
 	writers := fs.Int("writers", 16, "concurrent writers, each its own connection")
@@ -45,7 +46,7 @@ func benchCommit(ctx context.Context, args []string) error {
 	aggs := fs.Int("aggregates", 1000, "distinct agregat_id values")
 	rounds := fs.Int("rounds", 1, "repeat, rotating the order of the sides; the summary gives the medians")
 	sidesFlag := fs.String("sides", commitSidesDflt, "comma-separated sides: "+commitSidesDflt)
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *rate <= 0 || *writers <= 0 || *seconds <= 0 || *aggs <= 0 || *rounds <= 0 {
@@ -67,7 +68,7 @@ func benchCommit(ctx context.Context, args []string) error {
 			defer cluster.Stop()
 		}
 	}
-	pool, err := openPool(ctx, url, int32(*writers+2))
+	pool, err := cli.OpenPool(ctx, url, int32(*writers+2))
 	if err != nil {
 		return err
 	}

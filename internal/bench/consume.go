@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/bench/consumerbench"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/schema"
 )
 
@@ -24,7 +25,7 @@ const localDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=di
 // --poison-rate, the 0% case too (alternating, --runs times each) and a
 // summary line with the medians and their ratio.
 func benchConsume(ctx context.Context, args []string) error {
-	fs := newFlags("bench consume", "consume N events idempotently from an embedded broker into PostgreSQL; one JSON line per result")
+	fs := cli.NewFlags("bench consume", "consume N events idempotently from an embedded broker into PostgreSQL; one JSON line per result")
 	n := fs.Int("n", consumerbench.NDefault, "events to produce and consume per run")
 	poison := fs.Float64("poison-rate", 0, "fraction of malformed-JSON events in [0, 1); above 0 the 0% case runs too, for the ratio")
 	runs := fs.Int("runs", 1, "runs of each case (the summary uses the medians)")
@@ -34,8 +35,8 @@ func benchConsume(ctx context.Context, args []string) error {
 	handler := fs.String("handler", "message", "message: one statement per event (Handle); batch: one per transaction (HandleBatch)")
 	validate := fs.Bool("validate", false, "also run every case with a validating schema.Decoder (JSON Schema of comanda.creada) and print the ratio")
 	order := fs.String("order", "unordered", "unordered, or per-key: also run every case with consumer.PerKey and print the per-key/unordered ratio")
-	dbURL := databaseURLFlag(fs)
-	if err := parse(fs, args); err != nil {
+	dbURL := cli.DatabaseURLFlag(fs)
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *order != "unordered" && *order != "per-key" {

@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -22,15 +23,15 @@ import (
 )
 
 func benchLatency(ctx context.Context, args []string) error {
-	fs := newFlags("bench latency", "commit → consumer commit latency at a fixed rate, each event in its own transaction")
-	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
+	fs := cli.NewFlags("bench latency", "commit → consumer commit latency at a fixed rate, each event in its own transaction")
+	dbURL := cli.SecretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
 	brokers := benchBrokersFlag(fs)
 	rate := fs.Int("rate", 1000, "events per second")
 	seconds := fs.Float64("seconds", 5, "how long to write")
 	workers := fs.Int("workers", 0, "km0 relay: claim workers; 0 (the relay's default) adapts to the backlog")
 	baseline := fs.Bool("baseline", false, "also measure the straight Go port of the reference polling relay loop")
 	profile := cpuProfileFlag(fs)
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	stopProfile, err := profile()

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/migrate"
@@ -60,11 +61,11 @@ func benchBrokersFlag(fs *flag.FlagSet) *string {
 }
 
 func newBenchEnv(ctx context.Context, dbURL, brokers string, conns int32) (*benchEnv, error) {
-	pool, err := openPool(ctx, dbURL, conns)
+	pool, err := cli.OpenPool(ctx, dbURL, conns)
 	if err != nil {
 		return nil, err
 	}
-	e := &benchEnv{pool: pool, addrs: kafka.SplitBrokers(brokers), log: logger()}
+	e := &benchEnv{pool: pool, addrs: kafka.SplitBrokers(brokers), log: cli.Logger()}
 	if len(e.addrs) == 0 {
 		if e.broker, err = kafkaembed.Start(kafkaembed.Config{}); err != nil {
 			pool.Close()
@@ -134,8 +135,8 @@ func fill(ctx context.Context, pool *pgxpool.Pool, names migrate.Names, n, aggs 
 }
 
 func benchRelay(ctx context.Context, args []string) error {
-	fs := newFlags("bench relay", "move N pre-inserted outbox rows to Kafka (kfake in this process, or --brokers) with km0 relay's defaults; one JSON line per result")
-	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
+	fs := cli.NewFlags("bench relay", "move N pre-inserted outbox rows to Kafka (kfake in this process, or --brokers) with km0 relay's defaults; one JSON line per result")
+	dbURL := cli.SecretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL URL (default $KM0_DATABASE_URL, else the local server); a throwaway schema is used and dropped")
 	brokers := benchBrokersFlag(fs)
 	n := fs.Int("n", 50_000, "rows to move")
 	aggs := fs.Int("aggregates", 10_000, "distinct agregat_id values")
@@ -153,7 +154,7 @@ func benchRelay(ctx context.Context, args []string) error {
 		"(4 writers, transactions of 100, --aggregates default 1,000), each side's first write to its last record on the topic: "+
 		"the WAL-mode outbox with km0 relay --outbox wal, the table with km0 relay --mode cdc, the table with km0 relay (polling), and the table with the seed's relay ported to Go")
 	profile := cpuProfileFlag(fs)
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	stopProfile, err := profile()

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -33,7 +34,7 @@ const (
 // dbURL's when it is one, else a private cluster's that the caller stops
 // (c non-nil).
 func logicalServer(ctx context.Context, dbURL string) (url string, c *pgcluster.Cluster, err error) {
-	pool, err := openPool(ctx, dbURL, 1)
+	pool, err := cli.OpenPool(ctx, dbURL, 1)
 	if err != nil {
 		return "", nil, err
 	}

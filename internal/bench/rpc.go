@@ -17,6 +17,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/requestreply/kafkarr"
@@ -30,12 +31,12 @@ func init() { registerBench("rpc", benchRPC) }
 // answers at once, and 1 and 64 concurrent callers, over RabbitMQ and (with
 // --kafka) over an embedded Kafka broker. One JSON line per run.
 func benchRPC(ctx context.Context, args []string) error {
-	fs := newFlags("bench rpc", "request/reply round trips (p50, p99, requests/s) over RabbitMQ and the embedded Kafka")
-	amqpURL := secretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL (default $KM0_AMQP_URL or the local guest broker)")
+	fs := cli.NewFlags("bench rpc", "request/reply round trips (p50, p99, requests/s) over RabbitMQ and the embedded Kafka")
+	amqpURL := cli.SecretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL (default $KM0_AMQP_URL or the local guest broker)")
 	n := fs.Int("n", 20000, "requests per run")
 	callersFlag := fs.String("callers", "1,64", "comma-separated numbers of concurrent callers")
 	withKafka := fs.Bool("kafka", true, "also measure over an embedded Kafka broker (kfake)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *n <= 0 {

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/internal/services/svc"
@@ -58,9 +59,9 @@ func benchSystem(ctx context.Context, args []string) error {
 			return port(ctx, args[1:])
 		}
 	}
-	fs := newFlags("bench system", "run the km0 binary's relay, inventari and pagaments as a user does, each beside a Go port of the reference Python loop, and print the ratios; one JSON line per result")
-	dbURL := secretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL admin URL (default $KM0_DATABASE_URL, else the local server); fresh databases km0_bench_* are created on its server and dropped")
-	amqpURL := secretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL for pagaments (default $KM0_AMQP_URL, else the local guest broker)")
+	fs := cli.NewFlags("bench system", "run the km0 binary's relay, inventari and pagaments as a user does, each beside a Go port of the reference Python loop, and print the ratios; one JSON line per result")
+	dbURL := cli.SecretString(fs, "database-url", benchDatabaseURL(), "PostgreSQL admin URL (default $KM0_DATABASE_URL, else the local server); fresh databases km0_bench_* are created on its server and dropped")
+	amqpURL := cli.SecretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL for pagaments (default $KM0_AMQP_URL, else the local guest broker)")
 	only := fs.String("only", strings.Join(systemSections, ","), "comma-separated parts to run: relay, inventari, pagaments; and, only when named, relay-cdc (km0 relay --mode cdc beside the polling relay and the port, on a private cluster with wal_level = logical started from "+pgcluster.BinDirDefault+")")
 	n := fs.Int("n", 50_000, "relay: outbox rows; inventari: comanda.creada events")
 	rounds := fs.Int("rounds", 3, "rounds; km0 and the port alternate which goes first")
@@ -71,7 +72,7 @@ func benchSystem(ctx context.Context, args []string) error {
 	rrCallers := fs.Int("rr-callers", 64, "pagaments: callers of the concurrent phase")
 	peerWorkers := fs.Int("peer-workers", 16, "pagaments: handler goroutines of the plain amqp091-go server (amqprr's default)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up on one side of one round after this long")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	var sections []string
@@ -138,7 +139,7 @@ func newSysBench(ctx context.Context, admin, amqpURL string, timeout time.Durati
 	if err != nil {
 		return nil, fmt.Errorf("cannot find the km0 binary to start: %w", err)
 	}
-	pool, err := openPool(ctx, admin, 1)
+	pool, err := cli.OpenPool(ctx, admin, 1)
 	if err != nil {
 		return nil, err
 	}

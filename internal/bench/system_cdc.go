@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/migrate"
@@ -99,7 +100,7 @@ func (b *sysBench) relayCDCRound(ctx context.Context, k *broker, side string, r,
 		return nil, err
 	}
 	defer b.dropDB(name)
-	pool, err := openPool(ctx, dbURL, 6)
+	pool, err := cli.OpenPool(ctx, dbURL, 6)
 	if err != nil {
 		return nil, err
 	}

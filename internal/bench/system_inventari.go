@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/svc"
@@ -207,7 +208,7 @@ func (b *sysBench) inventariRound(ctx context.Context, k *broker, side string, r
 		return nil, err
 	}
 	defer b.dropDB(name)
-	pool, err := openPool(ctx, dbURL, 2)
+	pool, err := cli.OpenPool(ctx, dbURL, 2)
 	if err != nil {
 		return nil, err
 	}
@@ -428,17 +429,17 @@ func checkStock(ctx context.Context, pool *pgxpool.Pool, orders map[string]bench
 // consumer raises on insufficient stock (a dead-letter queue takes such a message):
 // the port produces it to --dlq-topic and goes on.
 func runPortInventariProcess(ctx context.Context, args []string) error {
-	fs := newFlags("bench system _port-inventari", "the reference idempotent consumer, ported to Go (benchmark peer)")
-	dbURL := databaseURLFlag(fs)
-	brokers := brokersFlag(fs)
+	fs := cli.NewFlags("bench system _port-inventari", "the reference idempotent consumer, ported to Go (benchmark peer)")
+	dbURL := cli.DatabaseURLFlag(fs)
+	brokers := cli.BrokersFlag(fs)
 	group := fs.String("group", "inventari", "consumer group")
 	topic := fs.String("topic", comandes.Topic, "topic")
 	dlq := fs.String("dlq-topic", comandes.Topic+contract.DLQSuffix, "where refused orders go")
 	withOutbox := fs.Bool("outbox", true, "also write estoc.actualitzat to the outbox")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	bs, err := requireBrokers(*brokers)
+	bs, err := cli.RequireBrokers(*brokers)
 	if err != nil {
 		return err
 	}
@@ -499,7 +500,7 @@ func runPortInventariProcess(ctx context.Context, args []string) error {
 	}
 }
 
-var errPortInsufficient = errors.New("sense estoc")
+var errPortInsufficient = errors.New("out of stock")
 
 // portProcessOrder is the reference consumer's processar_comanda_creada.
 func portProcessOrder(ctx context.Context, conn *pgx.Conn, e *portEnvelope, withOutbox bool) error {
@@ -530,7 +531,7 @@ func portProcessOrder(ctx context.Context, conn *pgx.Conn, e *portEnvelope, with
 					return err
 				}
 				if tag.RowsAffected() == 0 {
-					return fmt.Errorf("%w de %s", errPortInsufficient, l.Product)
+					return fmt.Errorf("%w: %s", errPortInsufficient, l.Product)
 				}
 				continue
 			}
@@ -538,7 +539,7 @@ func portProcessOrder(ctx context.Context, conn *pgx.Conn, e *portEnvelope, with
 			err := tx.QueryRow(ctx, "UPDATE estoc SET unitats = unitats - $1 WHERE producte = $2 AND unitats >= $1 RETURNING unitats",
 				l.Quantity, l.Product).Scan(&after)
 			if errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("%w de %s", errPortInsufficient, l.Product)
+				return fmt.Errorf("%w: %s", errPortInsufficient, l.Product)
 			}
 			if err != nil {
 				return err

@@ -17,6 +17,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
@@ -253,7 +254,7 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 	}
 	many.requests = cfg.requests
 	cpu, rssMB = procUsage(p)
-	pool, err := openPool(ctx, dbURL, 1)
+	pool, err := cli.OpenPool(ctx, dbURL, 1)
 	if err != nil {
 		return one, many, 0, 0, err
 	}
@@ -275,15 +276,15 @@ func (b *sysBench) pagamentsRound(ctx context.Context, k *broker, conn *amqp.Con
 // id (message_id), returning the stored row, publishes it to reply_to with the
 // correlation_id, then acks. No publisher confirms.
 func runPortPagamentsProcess(ctx context.Context, args []string) error {
-	fs := newFlags("bench system _port-pagaments", "a plain amqp091-go authorisation server (benchmark peer)")
-	dbURL := databaseURLFlag(fs)
-	amqpURL := secretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL (default $KM0_AMQP_URL, else the local guest broker)")
+	fs := cli.NewFlags("bench system _port-pagaments", "a plain amqp091-go authorisation server (benchmark peer)")
+	dbURL := cli.DatabaseURLFlag(fs)
+	amqpURL := cli.SecretString(fs, "amqp-url", cmpOr(os.Getenv("KM0_AMQP_URL"), amqp.URLDefault), "RabbitMQ URL (default $KM0_AMQP_URL, else the local guest broker)")
 	queue := fs.String("queue", pagaments.AuthQueue, "request queue (declared exclusive: it goes with this process)")
 	workers := fs.Int("workers", 16, "handler goroutines")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, *dbURL, int32(*workers))
+	pool, err := cli.OpenPool(ctx, *dbURL, int32(*workers))
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
@@ -75,7 +76,7 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 		return nil, err
 	}
 	defer b.dropDB(name)
-	pool, err := openPool(ctx, dbURL, 2)
+	pool, err := cli.OpenPool(ctx, dbURL, 2)
 	if err != nil {
 		return nil, err
 	}
@@ -143,22 +144,22 @@ func (b *sysBench) relayRound(ctx context.Context, k *broker, side string, r, n 
 // runPortRelayProcess is `km0 bench system _port-relay`: runPort (the
 // straight port of the reference polling relay) as a process of its own, until SIGTERM.
 func runPortRelayProcess(ctx context.Context, args []string) error {
-	fs := newFlags("bench system _port-relay", "the reference polling relay loop, ported to Go (benchmark peer)")
-	dbURL := databaseURLFlag(fs)
-	brokers := brokersFlag(fs)
+	fs := cli.NewFlags("bench system _port-relay", "the reference polling relay loop, ported to Go (benchmark peer)")
+	dbURL := cli.DatabaseURLFlag(fs)
+	brokers := cli.BrokersFlag(fs)
 	topic := fs.String("topic", "", "topic")
 	fs.String("origin", "comandes", "ignored: the reference relay writes origen comandes")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *topic == "" {
 		return errors.New("--topic is required")
 	}
-	bs, err := requireBrokers(*brokers)
+	bs, err := cli.RequireBrokers(*brokers)
 	if err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, *dbURL, 2)
+	pool, err := cli.OpenPool(ctx, *dbURL, 2)
 	if err != nil {
 		return err
 	}

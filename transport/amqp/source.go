@@ -529,14 +529,14 @@ func priorHeader(t amqp.Table, k string) string {
 }
 
 // errNoCopy: the retry copy could not be published.
-var errNoCopy = errors.New("còpia no publicada")
+var errNoCopy = errors.New("retry copy not published")
 
 // deadInstead turns a retry whose copy could not be made into a native
 // dead letter, so that the message never loops.
 func (s *Source) deadInstead(f *transport.Settlement, cause error) {
 	if !f.Dead {
 		f.Dead = true
-		f.Reason = outcome.Truncate(contract.ReasonExhausted+"no s'ha pogut programar el reintent ("+cause.Error()+"): "+f.LastError, 200)
+		f.Reason = outcome.Truncate(contract.ReasonExhausted+"could not schedule the retry ("+cause.Error()+"): "+f.LastError, 200)
 	}
 }
 

@@ -209,9 +209,9 @@ func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
 	dlq := newTestDLQ(t, b.conn, b.queue)
 	waitFor(t, 10*time.Second, "3 letters in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 3 })
 	want := map[string]string{
-		notUTF8: `permanent: esquema: capçalera tipus no UTF-8 \"prova.feta\\xff\" no coincideix amb l'envolupant \"prova.feta\"`,
-		other:   `permanent: esquema: capçalera tipus \"prova.feta\" no coincideix amb l'envolupant \"prova.altra\"`,
-		number:  `permanent: esquema: capçalera tipus no text \"5 (int32)\" no coincideix amb l'envolupant \"prova.feta\"`,
+		notUTF8: `permanent: esquema: header tipus not UTF-8 \"prova.feta\\xff\" does not match the envelope's \"prova.feta\"`,
+		other:   `permanent: esquema: header tipus \"prova.feta\" does not match the envelope's \"prova.altra\"`,
+		number:  `permanent: esquema: header tipus not text \"5 (int32)\" does not match the envelope's \"prova.feta\"`,
 	}
 	for id, motiu := range want {
 		if !logged(logBuf, `msg="consumer: dead letter"`, "id="+id, `motiu="`+motiu+`"`) {

@@ -226,7 +226,7 @@ func Republish(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
 // contract header (tipus, id_esdeveniment and the retry/DLQ ones) of at most
 // stubMaxBytes, and the key when it is at most stubMaxBytes.
 func tooLargeStub(r *kgo.Record, dlq string, cause error) *kgo.Record {
-	reason := outcome.Truncate(fmt.Sprintf("permanent: massa_gran: còpia refusada pel broker (%v); original a %s/%s/%s",
+	reason := outcome.Truncate(fmt.Sprintf("permanent: massa_gran: copy refused by the broker (%v); original at %s/%s/%s",
 		cause, header(r, contract.HeaderOriginalTopic), header(r, contract.HeaderOriginalPartition), header(r, contract.HeaderOriginalOffset)), 200)
 	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
 	seen := map[string]bool{}

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -174,7 +175,7 @@ func stuckPartitions(ctx context.Context, adm *kadm.Client, groups []string) []s
 	var out []string
 	lags.Each(func(l kadm.DescribedGroupLag) {
 		if l.DescribeErr != nil || l.FetchErr != nil {
-			out = append(out, fmt.Sprintf("%s: %v %v", l.Group, l.DescribeErr, l.FetchErr))
+			out = append(out, fmt.Sprintf("%s: %v", l.Group, errors.Join(l.DescribeErr, l.FetchErr)))
 			return
 		}
 		members := make([]string, 0, len(l.Members))

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"crypto/tls"
@@ -11,19 +11,19 @@ import (
 	"github.com/km0/km0/transport/amqp"
 )
 
-// amqpTLSFlags are the TLS settings of an amqps:// --amqp-url, which the
+// AMQPTLSFlags are the TLS settings of an amqps:// --amqp-url, which the
 // RabbitMQ management API (km0 lag, km0 console) is reached with too.
-type amqpTLSFlags struct {
+type AMQPTLSFlags struct {
 	ca, cert, key, serverName *string
 }
 
-// addAMQPTLSFlags registers --amqp-tls-ca-file, --amqp-tls-cert-file,
+// AddAMQPTLSFlags registers --amqp-tls-ca-file, --amqp-tls-cert-file,
 // --amqp-tls-key-file and --amqp-tls-server-name, defaulting to
 // KM0_AMQP_TLS_CA_FILE, KM0_AMQP_TLS_CERT_FILE, KM0_AMQP_TLS_KEY_FILE and
 // KM0_AMQP_TLS_SERVER_NAME. They hold paths and a name, no secret: the key
 // stays in its file.
-func addAMQPTLSFlags(fs *flag.FlagSet) *amqpTLSFlags {
-	return &amqpTLSFlags{
+func AddAMQPTLSFlags(fs *flag.FlagSet) *AMQPTLSFlags {
+	return &AMQPTLSFlags{
 		ca: fs.String("amqp-tls-ca-file", os.Getenv("KM0_AMQP_TLS_CA_FILE"),
 			"amqps://: PEM file of the CAs that sign RabbitMQ's certificate (default $KM0_AMQP_TLS_CA_FILE, else the system's roots)"),
 		cert: fs.String("amqp-tls-cert-file", os.Getenv("KM0_AMQP_TLS_CERT_FILE"),
@@ -35,9 +35,9 @@ func addAMQPTLSFlags(fs *flag.FlagSet) *amqpTLSFlags {
 	}
 }
 
-// config loads the files: nil when no flag is set (an amqps:// URL then
+// Config loads the files: nil when no flag is set (an amqps:// URL then
 // verifies with the system's roots). Errors name the flag and the file.
-func (f *amqpTLSFlags) config() (*tls.Config, error) {
+func (f *AMQPTLSFlags) Config() (*tls.Config, error) {
 	files := amqp.TLSFiles{CAFile: *f.ca, CertFile: *f.cert, KeyFile: *f.key, ServerName: *f.serverName}
 	if files.IsZero() {
 		return nil, nil
@@ -49,9 +49,9 @@ func (f *amqpTLSFlags) config() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// managementClient is the HTTP client of the management API: a 5 s timeout,
+// ManagementClient is the HTTP client of the management API: a 5 s timeout,
 // and tlsCfg for an https:// API (nil: the system's roots).
-func managementClient(tlsCfg *tls.Config) *http.Client {
+func ManagementClient(tlsCfg *tls.Config) *http.Client {
 	c := &http.Client{Timeout: 5 * time.Second}
 	if tlsCfg != nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()

@@ -1,4 +1,4 @@
-package main
+package dlqcli
 
 import (
 	"context"
@@ -11,13 +11,14 @@ import (
 
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/keyorder"
 )
 
 // sequence is `km0 dlq sequence`: the head of a key a per-key order consumer
 // blocks and the messages parked behind it, in order, each with its pending
 // dead letters; with --replay, the sequence replayed as one.
-func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
+func (c *CLI) sequence(ctx context.Context, args []string) error {
 	fs, o := c.flags("sequence", "show a key blocked by a per-key order consumer (its head and the messages behind it); --replay replays it as one")
 	consumer := fs.String("consumer", "", "the consumer's Name (consumidor), e.g. inventari.comandes (required)")
 	key := fs.String("key", "", "the message key (agregat_id), e.g. P-2026-000123 (without it: the consumer's blocked keys; with --replay: every one of them)")
@@ -28,40 +29,40 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 	why := fs.String("reason", "", "with --skip: why the head can never succeed, for the audit log")
 	dry := fs.Bool("dry-run", false, "with --replay: say what would be replayed; publish and mark nothing")
 	retention := fs.Duration("retention", inbox.RetentionDefault, "the consumers' idempotency retention: an older head letter is refused")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *consumer == "" || (*edit != "" && (*key == "" || !*replay)) || (*skip && (*key == "" || *why == "" || *replay || *dry)) {
-		fmt.Fprintln(c.errOut, "km0 dlq sequence: want --consumer (and --key to show or replay one key; --edit needs --replay and --key; "+
+		fmt.Fprintln(c.ErrOut, "km0 dlq sequence: want --consumer (and --key to show or replay one key; --edit needs --replay and --key; "+
 			"--skip needs --key and --reason, without --replay or --dry-run)")
 		fs.Usage()
-		return errUsage
+		return cli.ErrUsage
 	}
-	env, err := c.open(ctx, o, nil, true)
+	env, err := c.Open(ctx, o, nil, true)
 	if err != nil {
 		return err
 	}
-	defer env.close()
-	ko, err := keyorder.New(keyorder.Config{Schema: *o.schema})
+	defer env.Close()
+	ko, err := keyorder.New(keyorder.Config{Schema: *o.Schema})
 	if err != nil {
 		return err
 	}
 	if *key == "" && *replay {
-		return c.replayAllSequences(ctx, env, ko, *consumer, dlq.ReplayOptions{DryRun: *dry, Retention: *retention, Actor: cliActor()}, *watch, *o.json)
+		return c.replayAllSequences(ctx, env, ko, *consumer, dlq.ReplayOptions{DryRun: *dry, Retention: *retention, Actor: cliActor()}, *watch, *o.JSON)
 	}
 	if *key == "" {
-		return c.blockedKeys(ctx, env, ko, *consumer, *o.json)
+		return c.blockedKeys(ctx, env, ko, *consumer, *o.JSON)
 	}
-	seq, err := dlq.KeySequence(ctx, env.svc, ko, env.pool, *consumer, *key)
+	seq, err := dlq.KeySequence(ctx, env.Svc, ko, env.Pool, *consumer, *key)
 	if errors.Is(err, dlq.ErrNotBlocked) {
-		fmt.Fprintf(c.out, "key %q is not blocked by %s: nothing waits\n", dlq.Safe(*key), dlq.Safe(*consumer))
+		fmt.Fprintf(c.Out, "key %q is not blocked by %s: nothing waits\n", dlq.Safe(*key), dlq.Safe(*consumer))
 		return nil
 	}
 	if err != nil {
 		return err
 	}
 	if *skip {
-		return c.skipSequence(ctx, env, ko, seq, dlq.SkipOptions{Actor: cliActor(), Reason: *why, Retention: *retention}, *watch, *o.json)
+		return c.skipSequence(ctx, env, ko, seq, dlq.SkipOptions{Actor: cliActor(), Reason: *why, Retention: *retention}, *watch, *o.JSON)
 	}
 	if *replay {
 		var rep *dlq.Report
@@ -73,21 +74,21 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 			if *dry {
 				return errors.New("--edit with --dry-run: nothing to simulate; the edit is validated when it is replayed")
 			}
-			rep, err = dlq.EditSequence(ctx, env.svc, seq, value, dlq.EditOptions{Actor: cliActor(), Retention: *retention})
+			rep, err = dlq.EditSequence(ctx, env.Svc, seq, value, dlq.EditOptions{Actor: cliActor(), Retention: *retention})
 		} else {
-			rep, err = dlq.ReplaySequence(ctx, env.svc, seq, dlq.ReplayOptions{DryRun: *dry, Retention: *retention, Actor: cliActor()})
+			rep, err = dlq.ReplaySequence(ctx, env.Svc, seq, dlq.ReplayOptions{DryRun: *dry, Retention: *retention, Actor: cliActor()})
 		}
 		if err != nil {
 			return err
 		}
 		var takes []dlq.Take
 		if !*dry && *watch > 0 && rep.Done > 0 {
-			if takes, err = env.svc.Watch(ctx, *watch, 0, rep); err != nil {
+			if takes, err = env.Svc.Watch(ctx, *watch, 0, rep); err != nil {
 				return err
 			}
 		}
-		if *o.json {
-			if err := c.printJSON(map[string]any{"informe": rep, "resultat": takes}); err != nil {
+		if *o.JSON {
+			if err := c.printJSON(map[string]any{"report": rep, "takes": takes}); err != nil {
 				return err
 			}
 			return notTaken(takes)
@@ -95,11 +96,11 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 		for i, it := range rep.Items { // the head's replay first, then the letters marked purged
 			switch {
 			case it.Refused != "":
-				fmt.Fprintf(c.out, "refused %s: %s\n", it.ID, it.Refused)
+				fmt.Fprintf(c.Out, "refused %s: %s\n", it.ID, it.Refused)
 			case i == 0:
-				fmt.Fprintf(c.out, "replayed the head %s -> %s (id_esdeveniment %s)\n", it.ID, it.Topic, orDash(dlq.Safe(it.EventID)))
+				fmt.Fprintf(c.Out, "replayed the head %s -> %s (id_esdeveniment %s)\n", it.ID, it.Topic, orDash(dlq.Safe(it.EventID)))
 			default:
-				fmt.Fprintf(c.out, "marked purged %s (released with the head)\n", it.ID)
+				fmt.Fprintf(c.Out, "marked purged %s (released with the head)\n", it.ID)
 			}
 		}
 		if rep.Done == 0 || rep.Refused > 0 {
@@ -108,23 +109,23 @@ func (c *dlqCLI) sequence(ctx context.Context, args []string) error {
 		if err := c.printTakes(takes, *watch); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.out, "%d message(s) behind the head will be applied after it, in order\n", len(seq.Behind))
+		fmt.Fprintf(c.Out, "%d message(s) behind the head will be applied after it, in order\n", len(seq.Behind))
 		return nil
 	}
-	if *o.json {
+	if *o.JSON {
 		return c.printJSON(sequenceView(seq))
 	}
-	tw := tabwriter.NewWriter(c.out, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "consumidor:\t%s\nclau:\t%q\n", dlq.Safe(seq.Consumer), seq.Key)
-	fmt.Fprintf(tw, "cap:\t%s (%s, des de %s)\n", dlq.Safe(seq.Head.MessageID), seq.Head.Reason, stamp(seq.Head.Since))
-	fmt.Fprintf(tw, "ultim error:\t%s\n", orDash(dlq.Safe(seq.Head.LastError)))
+	tw := tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "consumer:\t%s\nkey:\t%q\n", dlq.Safe(seq.Consumer), seq.Key)
+	fmt.Fprintf(tw, "head:\t%s (%s, since %s)\n", dlq.Safe(seq.Head.MessageID), seq.Head.Reason, stamp(seq.Head.Since))
+	fmt.Fprintf(tw, "last error:\t%s\n", orDash(dlq.Safe(seq.Head.LastError)))
 	for _, l := range seq.HeadLetters {
-		fmt.Fprintf(tw, "carta del cap:\t%s\n", l.ID)
+		fmt.Fprintf(tw, "head letter:\t%s\n", l.ID)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(c.out, "\n%d message(s) behind it:\n", len(behindOf(seq)))
-	tw = tabwriter.NewWriter(c.out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SEQ\tID_ESDEVENIMENT\tTIPUS\tESTAT\tORIGEN\tCARTA")
+	fmt.Fprintf(c.Out, "\n%d message(s) behind it:\n", len(behindOf(seq)))
+	tw = tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tID_ESDEVENIMENT\tTIPUS\tSTATE\tORIGIN\tLETTER")
 	for _, p := range behindOf(seq) {
 		letter := "-"
 		if ls := seq.BehindLetters[p.ID]; len(ls) > 0 {
@@ -169,21 +170,21 @@ func sequenceView(seq *dlq.Sequence) map[string]any {
 	var behind []map[string]any
 	for _, p := range behindOf(seq) {
 		behind = append(behind, map[string]any{
-			"sequencia": p.Seq, "id_esdeveniment": dlq.Safe(p.ID), "tipus": dlq.Safe(tipusOf(p)), "estat": p.State,
-			"topic": dlq.Safe(p.Topic), "particio": p.Partition, "offset": p.Offset, "cartes": letters(seq.BehindLetters[p.ID]),
+			"seq": p.Seq, "id_esdeveniment": dlq.Safe(p.ID), "tipus": dlq.Safe(tipusOf(p)), "estat": p.State,
+			"topic": dlq.Safe(p.Topic), "particio": p.Partition, "offset": p.Offset, "letters": letters(seq.BehindLetters[p.ID]),
 		})
 	}
 	return map[string]any{
 		"consumidor": dlq.Safe(seq.Consumer), "clau": dlq.Safe(seq.Key),
-		"cap": map[string]any{"id_esdeveniment": dlq.Safe(seq.Head.MessageID), "motiu": seq.Head.Reason,
-			"ultim_error": dlq.Safe(seq.Head.LastError), "des_de": seq.Head.Since, "cartes": letters(seq.HeadLetters)},
-		"darrere": behind,
+		"head": map[string]any{"id_esdeveniment": dlq.Safe(seq.Head.MessageID), "motiu": seq.Head.Reason,
+			"ultim_error": dlq.Safe(seq.Head.LastError), "since": seq.Head.Since, "letters": letters(seq.HeadLetters)},
+		"behind": behind,
 	}
 }
 
 // blockedKeys lists the keys consumer blocks (up to 1,000), in key order.
-func (c *dlqCLI) blockedKeys(ctx context.Context, env *dlqEnv, ko *keyorder.Store, consumer string, asJSON bool) error {
-	keys, err := ko.BlockedKeys(ctx, env.pool, consumer, "", 1000)
+func (c *CLI) blockedKeys(ctx context.Context, env *Env, ko *keyorder.Store, consumer string, asJSON bool) error {
+	keys, err := ko.BlockedKeys(ctx, env.Pool, consumer, "", 1000)
 	if err != nil {
 		return fmt.Errorf("blocked keys of %s: %w (are the keyorder tables in --schema?)", dlq.Safe(consumer), err)
 	}
@@ -192,23 +193,23 @@ func (c *dlqCLI) blockedKeys(ctx context.Context, env *dlqEnv, ko *keyorder.Stor
 		safe[i] = dlq.Safe(k)
 	}
 	if asJSON {
-		return c.printJSON(map[string]any{"consumidor": dlq.Safe(consumer), "claus": safe})
+		return c.printJSON(map[string]any{"consumidor": dlq.Safe(consumer), "keys": safe})
 	}
-	fmt.Fprintf(c.out, "%d key(s) blocked by %s\n", len(keys), dlq.Safe(consumer))
+	fmt.Fprintf(c.Out, "%d key(s) blocked by %s\n", len(keys), dlq.Safe(consumer))
 	for _, k := range safe {
-		fmt.Fprintf(c.out, "  %q\n", k)
+		fmt.Fprintf(c.Out, "  %q\n", k)
 	}
 	return nil
 }
 
 // printTakes says, per replayed head, whether its consumer dead-lettered it
 // again while it was watched, and fails if one did.
-func (c *dlqCLI) printTakes(takes []dlq.Take, watched time.Duration) error {
+func (c *CLI) printTakes(takes []dlq.Take, watched time.Duration) error {
 	for _, t := range takes {
 		if t.Took {
-			fmt.Fprintf(c.out, "%s: no new dead letter within %s\n", t.ID, watched)
+			fmt.Fprintf(c.Out, "%s: no new dead letter within %s\n", t.ID, watched)
 		} else {
-			fmt.Fprintf(c.out, "%s: %s\n", t.ID, t)
+			fmt.Fprintf(c.Out, "%s: %s\n", t.ID, t)
 		}
 	}
 	return notTaken(takes)
@@ -229,27 +230,27 @@ func notTaken(takes []dlq.Take) error {
 
 // replayAllSequences replays every key consumer blocks, each as one
 // (dlq.ReplaySequence), then watches them together.
-func (c *dlqCLI) replayAllSequences(ctx context.Context, env *dlqEnv, ko *keyorder.Store, consumer string, o dlq.ReplayOptions,
+func (c *CLI) replayAllSequences(ctx context.Context, env *Env, ko *keyorder.Store, consumer string, o dlq.ReplayOptions,
 	watch time.Duration, asJSON bool) error {
 	var reps []*dlq.Report
 	after, replayed, refused := "", 0, 0
 	for {
-		keys, err := ko.BlockedKeys(ctx, env.pool, consumer, after, 500)
+		keys, err := ko.BlockedKeys(ctx, env.Pool, consumer, after, 500)
 		if err != nil {
 			return err
 		}
 		for _, k := range keys {
-			seq, err := dlq.KeySequence(ctx, env.svc, ko, env.pool, consumer, k)
+			seq, err := dlq.KeySequence(ctx, env.Svc, ko, env.Pool, consumer, k)
 			if errors.Is(err, dlq.ErrNotBlocked) {
 				continue // released meanwhile
 			}
 			if err != nil {
 				return err
 			}
-			rep, err := dlq.ReplaySequence(ctx, env.svc, seq, o)
+			rep, err := dlq.ReplaySequence(ctx, env.Svc, seq, o)
 			if err != nil {
 				refused++
-				fmt.Fprintf(c.errOut, "key %q: %v\n", dlq.Safe(k), err)
+				fmt.Fprintf(c.ErrOut, "key %q: %v\n", dlq.Safe(k), err)
 				continue
 			}
 			if rep.Done == 0 || rep.Refused > 0 {
@@ -267,12 +268,12 @@ func (c *dlqCLI) replayAllSequences(ctx context.Context, env *dlqEnv, ko *keyord
 	var takes []dlq.Take
 	if !o.DryRun && watch > 0 && replayed > 0 {
 		var err error
-		if takes, err = env.svc.Watch(ctx, watch, 0, reps...); err != nil {
+		if takes, err = env.Svc.Watch(ctx, watch, 0, reps...); err != nil {
 			return err
 		}
 	}
 	if asJSON {
-		if err := c.printJSON(map[string]any{"informes": reps, "resultat": takes}); err != nil {
+		if err := c.printJSON(map[string]any{"reports": reps, "takes": takes}); err != nil {
 			return err
 		}
 	} else {
@@ -280,7 +281,7 @@ func (c *dlqCLI) replayAllSequences(ctx context.Context, env *dlqEnv, ko *keyord
 		if o.DryRun {
 			verb = "would replay"
 		}
-		fmt.Fprintf(c.out, "%s %d blocked sequence(s) of %s, %d refused\n", verb, replayed, dlq.Safe(consumer), refused)
+		fmt.Fprintf(c.Out, "%s %d blocked sequence(s) of %s, %d refused\n", verb, replayed, dlq.Safe(consumer), refused)
 		if err := c.printTakes(takes, watch); err != nil {
 			return err
 		}

@@ -1,4 +1,9 @@
-package main
+// Package cli is the flag conventions of the km0 binary, shared by cmd/km0,
+// internal/bench and the command packages under internal/: usage lines, the
+// credential flags (--NAME, --NAME-file, the environment), the check after
+// parsing, the Kafka security and topic flags, the AMQP TLS flags, and how a
+// command opens a pool and logs.
+package cli
 
 import (
 	"context"
@@ -21,8 +26,8 @@ import (
 	"github.com/km0/km0/transport/kafka"
 )
 
-// newFlags returns a flag set whose usage names the command and summary.
-func newFlags(name, summary string) *flag.FlagSet {
+// NewFlags returns a flag set whose usage names the command and summary.
+func NewFlags(name, summary string) *flag.FlagSet {
 	fs := flag.NewFlagSet("km0 "+name, flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "km0 %s: %s\n\nflags:\n", name, summary)
@@ -31,14 +36,14 @@ func newFlags(name, summary string) *flag.FlagSet {
 	return fs
 }
 
-// flagAliases are the old spellings of renamed flags, per command (the
-// first word after km0): OLD → NEW. parseFlags registers each OLD a
+// FlagAliases are the old spellings of renamed flags, per command (the
+// first word after km0): OLD → NEW. ParseFlags registers each OLD a
 // command's flag set lacks as a second name of its NEW flag, so scripts
 // and manifests written for the old name still work; --help lists only
 // NEW. One spelling for every listen address: --http-addr for a command's
 // own HTTP server, --console-addr for the operator console, --kafka-addr
 // and --embedded-kafka-addr for a Kafka broker's; flag names in English.
-var flagAliases = map[string]map[string]string{
+var FlagAliases = map[string]map[string]string{
 	"up":    {"http": "http-addr", "console": "console-addr"},
 	"serve": {"http": "http-addr", "console": "console-addr"},
 	"demo":  {"console": "console-addr"},
@@ -47,10 +52,10 @@ var flagAliases = map[string]map[string]string{
 	"dlq":   {"estat": "state", "motiu": "reason"},
 }
 
-// aliasesOf returns the aliases of fs's command (see flagAliases).
+// aliasesOf returns the aliases of fs's command (see FlagAliases).
 func aliasesOf(fs *flag.FlagSet) map[string]string {
 	if w := strings.Fields(fs.Name()); len(w) > 1 {
-		return flagAliases[w[1]]
+		return FlagAliases[w[1]]
 	}
 	return nil
 }
@@ -79,45 +84,45 @@ func printDefaults(fs *flag.FlagSet) {
 	shown.PrintDefaults()
 }
 
-// parse parses args, mapping a flag error to errUsage (already printed).
+// Parse parses args, mapping a flag error to ErrUsage (already printed).
 // Then each flag whose value has a check (a credential flag's, see
-// secretString and mapFlag) reports what its Set could not: flag quotes the
+// SecretString, and cmd/km0's mapFlag) reports what its Set could not: flag quotes the
 // value of a failed Set, and a credential is never printed.
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := parseFlags(fs, args); err != nil {
+func Parse(fs *flag.FlagSet, args []string) error {
+	if err := ParseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return errUsage
+		return ErrUsage
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(fs.Output(), "km0: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
-		return errUsage
+		return ErrUsage
 	}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if c, ok := f.Value.(checker); ok {
-			if err := c.check(); err != nil {
+		if c, ok := f.Value.(Checker); ok {
+			if err := c.Check(); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	})
 	if len(errs) > 0 {
 		fmt.Fprintf(fs.Output(), "km0: %v\n", errors.Join(errs...))
-		return errUsage
+		return ErrUsage
 	}
-	if parseOnly {
-		return errParsed
+	if ParseOnly {
+		return ErrParsed
 	}
 	return nil
 }
 
-// parseFlags is fs.Parse(args), but a flag error (flag prints it) is
+// ParseFlags is fs.Parse(args), but a flag error (flag prints it) is
 // followed by one line pointing to --help instead of the whole help: the
 // help is printed when it is asked for. A -h, -help or --help among args
 // (before a --) asks for it. The old names of renamed flags are accepted
-// (flagAliases).
-func parseFlags(fs *flag.FlagSet, args []string) error {
+// (FlagAliases).
+func ParseFlags(fs *flag.FlagSet, args []string) error {
 	addAliases(fs)
 	if !wantsHelp(args) {
 		full := fs.Usage
@@ -140,38 +145,38 @@ func wantsHelp(args []string) bool {
 	return false
 }
 
-// parseOnly makes parse return errParsed after a successful parse, so the
+// ParseOnly makes Parse return ErrParsed after a successful Parse, so the
 // command stops before doing anything: the deploy artefacts' test checks
-// their command lines against the real flags this way (deploy_test.go).
-var parseOnly bool
+// their command lines against the real flags this way (cmd/km0/deploy_test.go).
+var ParseOnly bool
 
-// errParsed is parse's result while parseOnly is set.
-var errParsed = errors.New("km0: flags parsed (parse only)")
+// ErrParsed is Parse's result while ParseOnly is set.
+var ErrParsed = errors.New("km0: flags parsed (Parse only)")
 
-// checker is a flag.Value with a check after parsing.
-type checker interface{ check() error }
+// Checker is a flag.Value with a check after parsing.
+type Checker interface{ Check() error }
 
-// databaseURLFlag registers --database-url and --database-url-file,
-// defaulting to KM0_DATABASE_URL (secretString).
-func databaseURLFlag(fs *flag.FlagSet) *string {
-	return secretString(fs, "database-url", os.Getenv("KM0_DATABASE_URL"), "PostgreSQL URL (default $KM0_DATABASE_URL)")
+// DatabaseURLFlag registers --database-url and --database-url-file,
+// defaulting to KM0_DATABASE_URL (SecretString).
+func DatabaseURLFlag(fs *flag.FlagSet) *string {
+	return SecretString(fs, "database-url", os.Getenv("KM0_DATABASE_URL"), "PostgreSQL URL (default $KM0_DATABASE_URL)")
 }
 
-// secretString registers a flag that may carry a credential (a URL with a
+// SecretString registers a flag that may carry a credential (a URL with a
 // password, a token) in its three forms: --NAME VALUE (shown by ps: its
 // usage says so), --NAME-file PATH (the value is the file's content, one
-// line; see readSecretFile), and def, its environment form (e.g.
+// line; see ReadSecretFile), and def, its environment form (e.g.
 // os.Getenv("KM0_DATABASE_URL")), which either flag replaces. def is
 // assigned after registration and the value has no String, so --help never
 // prints it. Giving both --NAME and --NAME-file is a usage error.
-func secretString(fs *flag.FlagSet, name, def, usage string) *string {
+func SecretString(fs *flag.FlagSet, name, def, usage string) *string {
 	v := &secretValue{name: name, val: def}
 	fs.Var(v, name, usage+"; on the command line it shows in ps: prefer the environment or --"+name+"-file")
 	fs.Func(name+"-file", "read --"+name+" from the file at `PATH` (one line; make it readable by this user only)", v.setFile)
 	return &v.val
 }
 
-// secretValue is the value of a secretString flag: which of its flags gave
+// secretValue is the value of a SecretString flag: which of its flags gave
 // it, and a conflict found by Set, reported by check after parsing.
 type secretValue struct {
 	name, val, by string
@@ -187,7 +192,7 @@ func (v *secretValue) Set(s string) error {
 }
 
 func (v *secretValue) setFile(path string) error {
-	s, err := readSecretFile(path)
+	s, err := ReadSecretFile(path)
 	if err != nil {
 		return err
 	}
@@ -200,22 +205,22 @@ func (v *secretValue) assign(by, s string) {
 	v.val, v.by = s, by
 }
 
-func (v *secretValue) check() error {
+func (v *secretValue) Check() error {
 	if v.both {
 		return fmt.Errorf("give --%s or --%s-file, not both", v.name, v.name)
 	}
 	return nil
 }
 
-// secretFileMax bounds what readSecretFile reads.
-const secretFileMax = 64 << 10
+// SecretFileMax bounds what ReadSecretFile reads.
+const SecretFileMax = 64 << 10
 
-// readSecretFile returns the content of the file at path, trimmed of
+// ReadSecretFile returns the content of the file at path, trimmed of
 // surrounding white space: the file form of a credential flag. An
 // unreadable, empty, multi-line or larger than 64 KiB file is an error that
 // names the path, never the content.
-func readSecretFile(path string) (string, error) {
-	b, err := readSmallFile(path)
+func ReadSecretFile(path string) (string, error) {
+	b, err := ReadSmallFile(path)
 	if err != nil {
 		return "", err
 	}
@@ -229,36 +234,36 @@ func readSecretFile(path string) (string, error) {
 	return s, nil
 }
 
-// readSmallFile reads the file at path, refusing one over secretFileMax.
-func readSmallFile(path string) ([]byte, error) {
+// ReadSmallFile reads the file at path, refusing one over SecretFileMax.
+func ReadSmallFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err // *fs.PathError: the path and why
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, secretFileMax+1))
+	b, err := io.ReadAll(io.LimitReader(f, SecretFileMax+1))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if len(b) > secretFileMax {
-		return nil, fmt.Errorf("%s is larger than %d KiB", path, secretFileMax>>10)
+	if len(b) > SecretFileMax {
+		return nil, fmt.Errorf("%s is larger than %d KiB", path, SecretFileMax>>10)
 	}
 	return b, nil
 }
 
-// brokersFlag registers --brokers, defaulting to KM0_KAFKA_BROKERS.
-func brokersFlag(fs *flag.FlagSet) *string {
+// BrokersFlag registers --brokers, defaulting to KM0_KAFKA_BROKERS.
+func BrokersFlag(fs *flag.FlagSet) *string {
 	return fs.String("brokers", os.Getenv("KM0_KAFKA_BROKERS"),
 		"Kafka bootstrap brokers, comma separated (default $KM0_KAFKA_BROKERS)")
 }
 
-// eventsFlag registers --events, defaulting to KM0_EVENTS.
-func eventsFlag(fs *flag.FlagSet) *string {
+// EventsFlag registers --events, defaulting to KM0_EVENTS.
+func EventsFlag(fs *flag.FlagSet) *string {
 	return fs.String("events", os.Getenv("KM0_EVENTS"),
 		"broker of the domain events: kafka or rabbitmq, then optionally TOPIC=BROKER,... per topic, e.g. kafka,comandes.esdeveniments=rabbitmq (default $KM0_EVENTS, else kafka; give every process the same)")
 }
 
-func requireBrokers(s string) ([]string, error) {
+func RequireBrokers(s string) ([]string, error) {
 	b := kafka.SplitBrokers(s)
 	if len(b) == 0 {
 		return nil, errors.New("no Kafka brokers: pass --brokers or set KM0_KAFKA_BROKERS")
@@ -266,72 +271,72 @@ func requireBrokers(s string) ([]string, error) {
 	return b, nil
 }
 
-// openPool opens a pool and checks it answers. The error never contains the
+// OpenPool opens a pool and checks it answers. The error never contains the
 // password of the URL.
-func openPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+func OpenPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
 	if url == "" {
 		return nil, errors.New("no database: pass --database-url or set KM0_DATABASE_URL")
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("%w %s: want %s", errMalformedURL, redact.Malformed(url), databaseURLForm)
+		return nil, fmt.Errorf("%w %s: want %s", ErrMalformedURL, redact.Malformed(url), DatabaseURLForm)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("database %s: %w", redactURL(cfg), err)
+		return nil, fmt.Errorf("database %s: %w", RedactURL(cfg), err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, connectError(cfg.ConnConfig.Config, err)
+		return nil, ConnectError(cfg.ConnConfig.Config, err)
 	}
 	return pool, nil
 }
 
-// databaseURLForm is the form of --database-url an error shows.
-const databaseURLForm = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require|verify-full]"
+// DatabaseURLForm is the form of --database-url an error shows.
+const DatabaseURLForm = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|require|verify-full]"
 
-// connectError names why a connection to the server of c failed: the
+// ConnectError names why a connection to the server of c failed: the
 // database does not exist, the login was refused, or the server does not
 // answer (then with pgx's cause). A refusal is the server's answer, so it
 // is given alone: pgx's text would add a line per address and TLS mode it
 // tried, and the TLS attempt's failure is not the cause.
-func connectError(c pgconn.Config, err error) error {
+func ConnectError(c pgconn.Config, err error) error {
 	at := fmt.Sprintf("%s:%d", c.Host, c.Port)
 	switch {
 	case pgerr.MissingDatabase(err):
-		return &connectRefusal{fmt.Sprintf("database %q does not exist on the PostgreSQL server at %s (create it, e.g. createdb -h %s -p %d -U %s %s, or name one that exists)",
+		return &ConnectRefusal{fmt.Sprintf("database %q does not exist on the PostgreSQL server at %s (create it, e.g. createdb -h %s -p %d -U %s %s, or name one that exists)",
 			c.Database, at, c.Host, c.Port, c.User, c.Database), err}
 	case pgerr.LoginRefused(err):
 		var pe *pgconn.PgError
 		errors.As(err, &pe)
-		return &connectRefusal{fmt.Sprintf("the PostgreSQL server at %s refused the login of user %q to database %q: %s (check the password and the server's pg_hba.conf)", at, c.User, c.Database, pe.Message), err}
+		return &ConnectRefusal{fmt.Sprintf("the PostgreSQL server at %s refused the login of user %q to database %q: %s (check the password and the server's pg_hba.conf)", at, c.User, c.Database, pe.Message), err}
 	}
 	return fmt.Errorf("database postgres://%s@%s/%s does not answer: %w", c.User, at, c.Database, err)
 }
 
-// errMalformedURL starts the error of a --database-url that does not parse.
-var errMalformedURL = errors.New("invalid --database-url")
+// ErrMalformedURL starts the error of a --database-url that does not Parse.
+var ErrMalformedURL = errors.New("invalid --database-url")
 
-// connectRefusal is a server's refusal of a connection: its message names
+// ConnectRefusal is a server's refusal of a connection: its message names
 // the cause; the server's error stays reachable by errors.As.
-type connectRefusal struct {
+type ConnectRefusal struct {
 	msg string
 	err error
 }
 
-func (e *connectRefusal) Error() string { return e.msg }
-func (e *connectRefusal) Unwrap() error { return e.err }
+func (e *ConnectRefusal) Error() string { return e.msg }
+func (e *ConnectRefusal) Unwrap() error { return e.err }
 
-func redactURL(cfg *pgxpool.Config) string {
+func RedactURL(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
 	return fmt.Sprintf("postgres://%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
 }
 
-// logger is the process logger: text to stderr, level from KM0_LOG_LEVEL.
-func logger() *slog.Logger {
+// Logger is the process Logger: text to stderr, level from KM0_LOG_LEVEL.
+func Logger() *slog.Logger {
 	lvl := slog.LevelInfo
 	if v := os.Getenv("KM0_LOG_LEVEL"); v != "" {
 		_ = lvl.UnmarshalText([]byte(v))
@@ -339,10 +344,10 @@ func logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 }
 
-// kafkaSecurity is the Kafka security flag set every command that talks to
-// Kafka registers (kafkaSecurityFlags): one spelling, each with an
+// KafkaSecurity is the Kafka security flag set every command that talks to
+// Kafka registers (KafkaSecurityFlags): one spelling, each with an
 // environment fallback, the password only from the environment or a file.
-type kafkaSecurity struct {
+type KafkaSecurity struct {
 	tls, skipVerify                *bool
 	ca, cert, key, serverName      *string
 	mechanism, username, tokenFile *string
@@ -350,16 +355,16 @@ type kafkaSecurity struct {
 	errs                           []error
 }
 
-// kafkaSecurityFlags registers --kafka-tls, --kafka-tls-ca-file,
+// KafkaSecurityFlags registers --kafka-tls, --kafka-tls-ca-file,
 // --kafka-tls-cert-file, --kafka-tls-key-file, --kafka-tls-server-name,
 // --kafka-tls-insecure-skip-verify, --kafka-sasl-mechanism,
 // --kafka-sasl-username, --kafka-sasl-password-file and
 // --kafka-sasl-oauth-token-file, each defaulting to its KM0_KAFKA_*
 // variable (docs/operations.md, "Kafka security"). There is no password
 // flag: the password comes from $KM0_KAFKA_SASL_PASSWORD or the file. A
-// boolean variable that is not a boolean is reported by parse.
-func kafkaSecurityFlags(fs *flag.FlagSet) *kafkaSecurity {
-	k := &kafkaSecurity{password: os.Getenv("KM0_KAFKA_SASL_PASSWORD")}
+// boolean variable that is not a boolean is reported by Parse.
+func KafkaSecurityFlags(fs *flag.FlagSet) *KafkaSecurity {
+	k := &KafkaSecurity{password: os.Getenv("KM0_KAFKA_SASL_PASSWORD")}
 	envBool := func(name string) bool {
 		v := os.Getenv(name)
 		if v == "" {
@@ -380,7 +385,7 @@ func kafkaSecurityFlags(fs *flag.FlagSet) *kafkaSecurity {
 	k.mechanism = fs.String("kafka-sasl-mechanism", os.Getenv("KM0_KAFKA_SASL_MECHANISM"), "Kafka: SASL mechanism, one of "+strings.Join(kafka.SASLMechanisms, ", ")+" (default $KM0_KAFKA_SASL_MECHANISM, else none)")
 	k.username = fs.String("kafka-sasl-username", os.Getenv("KM0_KAFKA_SASL_USERNAME"), "Kafka: SASL user of PLAIN and SCRAM (default $KM0_KAFKA_SASL_USERNAME); the password comes from $KM0_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file")
 	fs.Func("kafka-sasl-password-file", "Kafka: read the SASL password from the file at `PATH` (one line; make it readable by this user only; default $KM0_KAFKA_SASL_PASSWORD)", func(path string) error {
-		s, err := readSecretFile(path)
+		s, err := ReadSecretFile(path)
 		if err != nil {
 			return err
 		}
@@ -392,40 +397,40 @@ func kafkaSecurityFlags(fs *flag.FlagSet) *kafkaSecurity {
 	return k
 }
 
-// kafkaSecurity is also the flag.Value of --kafka-sasl-password, refused
+// KafkaSecurity is also the flag.Value of --kafka-sasl-password, refused
 // after parsing (check) without quoting what was given.
-func (k *kafkaSecurity) String() string { return "" }
+func (k *KafkaSecurity) String() string { return "" }
 
-func (k *kafkaSecurity) Set(string) error {
+func (k *KafkaSecurity) Set(string) error {
 	k.errs = append(k.errs, errors.New("--kafka-sasl-password is not accepted (it would show in ps): set $KM0_KAFKA_SASL_PASSWORD or pass --kafka-sasl-password-file"))
 	return nil
 }
 
-func (k *kafkaSecurity) check() error { return errors.Join(k.errs...) }
+func (k *KafkaSecurity) Check() error { return errors.Join(k.errs...) }
 
-// security returns the settings of the flags, the AWS credentials read
+// Security returns the settings of the flags, the AWS credentials read
 // from the environment, warnings to log.
-func (k *kafkaSecurity) security(log *slog.Logger) kafka.Security {
+func (k *KafkaSecurity) Security(log *slog.Logger) kafka.Security {
 	return kafka.Security{TLS: *k.tls, TLSCAFile: *k.ca, TLSCertFile: *k.cert, TLSKeyFile: *k.key, TLSServerName: *k.serverName,
 		TLSInsecureSkipVerify: *k.skipVerify, SASLMechanism: strings.ToUpper(strings.TrimSpace(*k.mechanism)), SASLUsername: *k.username,
 		SASLPassword: k.password, SASLOAuthTokenFile: *k.tokenFile, Logger: log}
 }
 
-// kafkaPingTimeout bounds the start-up check of a secured connection.
-const kafkaPingTimeout = 15 * time.Second
+// KafkaPingTimeout bounds the start-up check of a secured connection.
+const KafkaPingTimeout = 15 * time.Second
 
-// opts returns the kgo options of the flags for every Kafka client of the
+// Opts returns the kgo options of the flags for every Kafka client of the
 // command. With TLS or SASL it also checks them once against brokers
-// (kafka.Ping within kafkaPingTimeout): a refused certificate or password
+// (kafka.Ping within KafkaPingTimeout): a refused certificate or password
 // is an error naming the cause at start, not a hang; a broker that does not
 // answer is only logged, as without security. The settings are logged
 // without their secrets. Without brokers (no Kafka, or the embedded
 // broker, which speaks plaintext) there are none.
-func (k *kafkaSecurity) opts(ctx context.Context, brokers []string, log *slog.Logger) ([]kgo.Opt, error) {
+func (k *KafkaSecurity) Opts(ctx context.Context, brokers []string, log *slog.Logger) ([]kgo.Opt, error) {
 	if len(brokers) == 0 {
 		return nil, nil // no Kafka, or the embedded broker (plaintext)
 	}
-	sec := k.security(log)
+	sec := k.Security(log)
 	opts, err := sec.Opts()
 	if err != nil || !sec.Enabled() {
 		return opts, err
@@ -436,7 +441,7 @@ func (k *kafkaSecurity) opts(ctx context.Context, brokers []string, log *slog.Lo
 		return nil, err
 	}
 	defer cl.Close()
-	pctx, cancel := context.WithTimeout(ctx, kafkaPingTimeout)
+	pctx, cancel := context.WithTimeout(ctx, KafkaPingTimeout)
 	defer cancel()
 	if err := kafka.Ping(pctx, cl); errors.Is(err, kafka.ErrSecurity) {
 		return nil, err
@@ -446,20 +451,20 @@ func (k *kafkaSecurity) opts(ctx context.Context, brokers []string, log *slog.Lo
 	return opts, nil
 }
 
-// kafkaTopicFlags is --kafka-replication-factor, the replication factor of
+// KafkaTopicFlags is --kafka-replication-factor, the replication factor of
 // the topics a command creates.
-type kafkaTopicFlags struct {
+type KafkaTopicFlags struct {
 	rf  *int
 	err error
 }
 
-// newKafkaTopicFlags registers --kafka-replication-factor (default
+// NewKafkaTopicFlags registers --kafka-replication-factor (default
 // $KM0_KAFKA_REPLICATION_FACTOR, else kafka.ReplicationFactorAuto: 3 on a
 // cluster of three brokers or more, one per broker on a smaller one, and 1
 // on the embedded broker); min.insync.replicas follows (one less, at least 1) and the
 // retention is the contract's 14 days.
-func newKafkaTopicFlags(fs *flag.FlagSet) *kafkaTopicFlags {
-	k := &kafkaTopicFlags{}
+func NewKafkaTopicFlags(fs *flag.FlagSet) *KafkaTopicFlags {
+	k := &KafkaTopicFlags{}
 	def := 0
 	if v := os.Getenv("KM0_KAFKA_REPLICATION_FACTOR"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -472,9 +477,9 @@ func newKafkaTopicFlags(fs *flag.FlagSet) *kafkaTopicFlags {
 	return k
 }
 
-// settings returns the topic settings of the flag; embedded: the embedded
+// Settings returns the topic settings of the flag; embedded: the embedded
 // broker (one node) is the target.
-func (k *kafkaTopicFlags) settings(embedded bool) (kafka.TopicSettings, error) {
+func (k *KafkaTopicFlags) Settings(embedded bool) (kafka.TopicSettings, error) {
 	if k.err != nil {
 		return kafka.TopicSettings{}, k.err
 	}
@@ -487,5 +492,33 @@ func (k *kafkaTopicFlags) settings(embedded bool) (kafka.TopicSettings, error) {
 		return kafka.TopicSettings{ReplicationFactor: kafka.ReplicationFactorEmbedded}, nil
 	default:
 		return kafka.TopicSettings{ReplicationFactor: kafka.ReplicationFactorAuto}, nil
+	}
+}
+
+// ErrUsage is a usage error already printed: the binary exits 2 without
+// printing it again.
+var ErrUsage = errors.New("usage")
+
+// ListFlag is a repeatable string flag.
+type ListFlag []string
+
+func (l *ListFlag) String() string     { return strings.Join(*l, ",") }
+func (l *ListFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// ParseInterspersed parses flags that may come after positional arguments.
+func ParseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := ParseFlags(fs, args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, ErrUsage
+		}
+		if fs.NArg() == 0 {
+			return rest, nil
+		}
+		rest = append(rest, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
 }
