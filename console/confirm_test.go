@@ -10,6 +10,7 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // A confirmation acts on exactly the letters its dry run listed. The dry run
@@ -38,13 +39,14 @@ func TestReplayConfirmationActsOnTheLettersTheDryRunListed(t *testing.T) {
 		t.Fatalf("replay: %d", resp.StatusCode)
 	}
 	var st console.JobStatus
-	waitFor(t, "the replay job", 60*time.Second, func() bool {
+	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
 		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
 		if err := json.Unmarshal([]byte(body), &st); err != nil {
 			t.Fatalf("job status: %v: %s", err, body)
 		}
 		return st.State != "running"
 	})
+
 	if st.State != "done" || st.Total != 4 || st.Republished != 4 || st.Arrived != 2 {
 		t.Fatalf("job: %+v; want 4 of 4 republished and 2 arrived since", st)
 	}

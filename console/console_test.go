@@ -12,6 +12,7 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/testkit"
 )
 
 const (
@@ -166,13 +167,14 @@ func TestReplayGroupJob(t *testing.T) {
 		t.Fatalf("replay: %d %q", resp.StatusCode, loc)
 	}
 	var st console.JobStatus
-	waitFor(t, "the replay job", 60*time.Second, func() bool {
+	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
 		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
 		if err := json.Unmarshal([]byte(body), &st); err != nil {
 			t.Fatalf("job status: %v: %s", err, body)
 		}
 		return st.State != "running"
 	})
+
 	if st.State != "done" || st.Total != 250 || st.Republished != 250 || st.Failed != 0 {
 		t.Fatalf("job: %+v", st)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/console"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // One failure class in two consumers is two failure groups, each with its
@@ -51,13 +52,14 @@ func TestGroupsByConsumer(t *testing.T) {
 		t.Fatalf("replay: %d %q", resp.StatusCode, loc)
 	}
 	var st console.JobStatus
-	waitFor(t, "the replay job", 60*time.Second, func() bool {
+	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
 		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
 		if err := json.Unmarshal([]byte(body), &st); err != nil {
 			t.Fatalf("job status: %v: %s", err, body)
 		}
 		return st.State != "running"
 	})
+
 	if st.State != "done" || st.Total != 3 || st.Republished != 3 {
 		t.Fatalf("job: %+v", st)
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
@@ -171,7 +172,7 @@ func livenessRun(t *testing.T, killBroker bool) {
 	})
 
 	produce(ctx, t, cl, lvRecords/2)
-	poll(ctx, t, "the stream to be under way", 60*time.Second, func() bool { return count(ctx, t, s, `SELECT count(*) FROM efectes`) >= lvRecords/8 })
+	testkit.Eventually(t, 60*time.Second, "the stream to be under way", func() bool { return count(ctx, t, s, `SELECT count(*) FROM efectes`) >= lvRecords/8 })
 	b1.kill()
 	if killBroker {
 		broker.kill()
@@ -315,7 +316,7 @@ func count(ctx context.Context, t *testing.T, s *pgtest.Schema, q string) int {
 func waitGroup(ctx context.Context, t *testing.T, cl *kgo.Client, what string, ok func(kmsg.DescribeGroupsResponseGroup) bool) kmsg.DescribeGroupsResponseGroup {
 	t.Helper()
 	var g kmsg.DescribeGroupsResponseGroup
-	poll(ctx, t, what, 60*time.Second, func() bool {
+	testkit.Eventually(t, 60*time.Second, what, func() bool {
 		req := kmsg.NewPtrDescribeGroupsRequest()
 		req.Groups = []string{lvGroup}
 		resp, err := req.RequestWith(ctx, cl)
@@ -325,19 +326,8 @@ func waitGroup(ctx context.Context, t *testing.T, cl *kgo.Client, what string, o
 		g = resp.Groups[0]
 		return ok(g)
 	})
-	return g
-}
 
-// poll checks cond every 20 ms until it holds; it fails the test after d.
-func poll(ctx context.Context, t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
-	}
+	return g
 }
 
 func freeAddr(t *testing.T) string {

@@ -17,6 +17,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 )
@@ -166,9 +167,10 @@ func TestIndexerCommitsAfterTheIndexTransaction(t *testing.T) {
 	}
 	// Crash point proven: the batch was fetched, the index transaction failed;
 	// the offsets must not be committed.
-	waitFor(t, "the indexer to fail on the missing table", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the indexer to fail on the missing table", func() bool {
 		return strings.Count(b.logs.String(), "cannot write the index") >= 2
 	})
+
 	if n := committed(t, b.adm); n != 0 {
 		t.Fatalf("the indexer committed %d offsets without indexing", n)
 	}
@@ -180,11 +182,11 @@ func TestIndexerCommitsAfterTheIndexTransaction(t *testing.T) {
 		_ = b.schema.Pool.QueryRow(b.ctx, "SELECT count(*) FROM "+s2+".cartes_mortes").Scan(&n)
 		return n
 	}
-	waitFor(t, "3 letters indexed", 10*time.Second, func() bool { return count() == 3 })
-	waitFor(t, "offsets committed", 10*time.Second, func() bool { return committed(t, b.adm) == 3 })
+	testkit.Eventually(t, 10*time.Second, "3 letters indexed", func() bool { return count() == 3 })
+	testkit.Eventually(t, 10*time.Second, "offsets committed", func() bool { return committed(t, b.adm) == 3 })
 	b.produceDead(t, dead{topic: inventari, key: "P-4", reason: "permanent: estoc insuficient: y"})
-	waitFor(t, "the 4th letter indexed", 10*time.Second, func() bool { return count() == 4 })
-	waitFor(t, "the 4th offset committed", 10*time.Second, func() bool { return committed(t, b.adm) == 4 })
+	testkit.Eventually(t, 10*time.Second, "the 4th letter indexed", func() bool { return count() == 4 })
+	testkit.Eventually(t, 10*time.Second, "the 4th offset committed", func() bool { return committed(t, b.adm) == 4 })
 	if v := letterCount(t, b.reg, inventari, "permanent: estoc insuficient"); v != 4 {
 		t.Fatalf("counter %v, want 4 (one per letter, none for the retried batch)", v)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 )
 
@@ -203,5 +204,5 @@ func TestASecondIndexInTheSameGroupStillGetsEveryLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer runIndexer(t, b.ctx, ix)()
-	waitFor(t, "index C to get the 2 letters", 10*time.Second, func() bool { return countC() == 2 })
+	testkit.Eventually(t, 10*time.Second, "index C to get the 2 letters", func() bool { return countC() == 2 })
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 )
 
@@ -176,10 +177,11 @@ func TestForgedLettersNeverStopTheKafkaIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runIndexer(t, b.ctx, ix)
-	waitFor(t, "the indexer to index the good letter", 15*time.Second, func() bool {
+	testkit.Eventually(t, 15*time.Second, "the indexer to index the good letter", func() bool {
 		_, err := store.Get(b.ctx, good)
 		return err == nil
 	})
+
 	stop()
 	checkPoisonsIndexed(t, store, ids)
 	if n, r := sumCounter(t, reg, "km0_dlq_letters_total"), sumCounter(t, reg, "km0_dlq_refused_total"); n != 7 || r != 1 {

@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
@@ -98,20 +99,22 @@ func TestReplayReachesOnlyTheConsumerThatFailed(t *testing.T) {
 	pay := b.runGroup(t, "comandes.pagament", true)
 	an := b.runGroup(t, "analitica", false)
 	ids := b.publishEvents(t, 3)
-	waitFor(t, "3 dead letters of comandes.pagament and 3 counts of analitica", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "3 dead letters of comandes.pagament and 3 counts of analitica", func() bool {
 		return pay.c.Stats().DeadLettered == 3 && an.c.Stats().Processed == 3
 	})
-	waitFor(t, "3 letters indexed", 10*time.Second, func() bool { b.sync(t); return b.rows(t, dlq.StatePending) == 3 })
+
+	testkit.Eventually(t, 10*time.Second, "3 letters indexed", func() bool { b.sync(t); return b.rows(t, dlq.StatePending) == 3 })
 	pay.failing.Store(false)
 
 	rep := b.replay(t, dlq.Filter{Group: "comandes.pagament"}, dlq.ReplayOptions{})
 	if rep.Done != 3 || rep.Refused != 0 {
 		t.Fatalf("replay: %+v", rep)
 	}
-	waitFor(t, "comandes.pagament applying the 3 replays and analitica skipping them", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "comandes.pagament applying the 3 replays and analitica skipping them", func() bool {
 		sa := an.c.Stats()
 		return pay.c.Stats().Processed == 3 && sa.Foreign+sa.Duplicates+sa.Processed >= 6
 	})
+
 	for _, id := range ids {
 		if p, a := pay.count(id), an.count(id); p != 1 || a != 1 {
 			t.Fatalf("event %s: comandes.pagament applied it %d time(s), analitica %d; want 1 and 1", id, p, a)
@@ -134,10 +137,11 @@ func TestReplayOfTwoConsumersLettersDeliversOnceToEach(t *testing.T) {
 	a := b.runGroup(t, "comandes.pagament", true)
 	c := b.runGroup(t, "inventari.descompte", true)
 	ids := b.publishEvents(t, 3)
-	waitFor(t, "3 dead letters in each consumer", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "3 dead letters in each consumer", func() bool {
 		return a.c.Stats().DeadLettered == 3 && c.c.Stats().DeadLettered == 3
 	})
-	waitFor(t, "6 letters indexed", 10*time.Second, func() bool { b.sync(t); return b.rows(t, dlq.StatePending) == 6 })
+
+	testkit.Eventually(t, 10*time.Second, "6 letters indexed", func() bool { b.sync(t); return b.rows(t, dlq.StatePending) == 6 })
 	a.failing.Store(false)
 	c.failing.Store(false)
 
@@ -145,10 +149,11 @@ func TestReplayOfTwoConsumersLettersDeliversOnceToEach(t *testing.T) {
 	if rep.Done != 6 || rep.Refused != 0 {
 		t.Fatalf("replay: %+v", rep)
 	}
-	waitFor(t, "each consumer applying its 3 replays and skipping the other's 3", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "each consumer applying its 3 replays and skipping the other's 3", func() bool {
 		sa, sc := a.c.Stats(), c.c.Stats()
 		return sa.Processed+sa.Duplicates+sa.Foreign >= 6 && sc.Processed+sc.Duplicates+sc.Foreign >= 6
 	})
+
 	if sa, sc := a.c.Stats(), c.c.Stats(); sa.Processed != 3 || sc.Processed != 3 || sa.Foreign != 3 || sc.Foreign != 3 ||
 		sa.Duplicates != 0 || sc.Duplicates != 0 {
 		t.Fatalf("after the replay: processed %d and %d, duplicates %d and %d, skipped %d and %d; want 3, 0 and 3 in each",

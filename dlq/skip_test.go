@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/dlq/amqpdlq"
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
@@ -93,12 +94,13 @@ func checkSkip(t *testing.T, k skipCase) {
 		}
 		return n
 	}
-	waitFor(t, "the head and the three behind it dead-lettered and indexed", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the head and the three behind it dead-lettered and indexed", func() bool {
 		if _, err := k.svc.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 		return pending() == 4
 	})
+
 	ko, err := keyorder.New(keyorder.Config{Schema: k.db.Name})
 	if err != nil {
 		t.Fatal(err)
@@ -115,11 +117,12 @@ func checkSkip(t *testing.T, k skipCase) {
 	if err != nil || rep.Skipped.Done != 1 || rep.Next != behind[0] || rep.Replay == nil || rep.Replay.Done != 1 || len(rep.Replay.Items) != 3 {
 		t.Fatalf("skip: %+v %v", rep, err)
 	}
-	waitFor(t, "the three behind the head applied", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the three behind the head applied", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(applied) >= 3
 	})
+
 	takes, err := k.svc.Watch(ctx, time.Second, 0, rep.Replay)
 	if err != nil || len(takes) != 1 || !takes[0].Took {
 		t.Fatalf("watch of the skip's replay: %+v %v", takes, err)

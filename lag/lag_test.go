@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp/amqplag"
@@ -185,7 +186,7 @@ func TestMeasureQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "4 messages in the queue", func() bool { return amqptest.QueueLen(t, conn, q) == 4 })
+	testkit.Eventually(t, 10*time.Second, "4 messages in the queue", func() bool { return amqptest.QueueLen(t, conn, q) == 4 })
 	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(conn), Queues: []string{q, q + ".absent"}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -414,9 +415,10 @@ func TestMeasureOrderedQueueByItsLogicalName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "the messages in the shards", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the messages in the shards", func() bool {
 		return amqptest.QueueLen(t, conn, q+".0") == 2 && amqptest.QueueLen(t, conn, q+".1") == 1 && amqptest.QueueLen(t, conn, q+".dlq") == 1
 	})
+
 	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(conn), Queues: []string{q}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/transport/amqp/amqplag"
 	"github.com/km0/km0/transport/amqp/amqptest"
@@ -24,7 +25,7 @@ func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
 	}
 	var last lag.QueueLag
 	// The broker samples its queue statistics every 5 s by default.
-	amqptest.WaitFor(t, 30*time.Second, "2 unacked and 3 ready through the management API", func() bool {
+	testkit.Eventually(t, 30*time.Second, "2 unacked and 3 ready through the management API", func() bool {
 		s, err := m.Measure(context.Background())
 		if err != nil || len(s.Errors) > 0 || len(s.Queues) != 1 {
 			t.Fatalf("measure: %v %v %+v", err, s.Errors, s.Queues)
@@ -32,6 +33,7 @@ func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
 		last = s.Queues[0]
 		return last.Unacked == 2 && last.Ready == 3 && last.Consumers == 1
 	})
+
 	if last.Err != "" {
 		t.Fatalf("queue: %+v", last)
 	}

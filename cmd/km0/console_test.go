@@ -27,6 +27,7 @@ import (
 	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -276,12 +277,13 @@ func TestConsoleCommandIndexesAndServes(t *testing.T) {
 	}()
 	urlRE := regexp.MustCompile(`console at (http://[0-9.:]+)/`)
 	var base string
-	waitUntil(t, "the console's URL", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the console's URL", func() bool {
 		if m := urlRE.FindStringSubmatch(errOut.String()); m != nil {
 			base = m[1]
 		}
 		return base != ""
 	})
+
 	h.dead("P-9", "permanent: esquema: falta client", []byte(`{}`))
 	get := func(path string) string {
 		resp, err := http.Get(base + path)
@@ -292,9 +294,10 @@ func TestConsoleCommandIndexesAndServes(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
-	waitUntil(t, "the letter in the console", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the letter in the console", func() bool {
 		return strings.Contains(get("/"), `<td class="num count">1</td>`)
 	})
+
 	if m := get("/metrics"); !strings.Contains(m, `km0_dlq_letters_total{motiu="permanent: esquema",topic="comandes.esdeveniments"} 1`) {
 		t.Fatalf("no dead-letter counter on /metrics:\n%s", m)
 	}
@@ -328,17 +331,6 @@ func TestConsoleCommandIndexesAndServes(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("km0 console: %v\n%s", err, errOut.String())
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
 	}
 }
 

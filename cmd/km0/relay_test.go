@@ -13,6 +13,7 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/amqp/amqptest"
@@ -241,9 +242,7 @@ func TestRelayCommandRefusesBadNumbersAtOnce(t *testing.T) {
 // returned stop is called; stop returns the command's error.
 func startRelay(t *testing.T, args ...string) (stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- runRelay(ctx, append([]string{"--database-url", pgtest.URL()}, args...)) }()
-	t.Cleanup(cancel)
-	return func() error { cancel(); return <-done }
+	return testkit.Start(t, "km0 relay", func(ctx context.Context) error {
+		return runRelay(ctx, append([]string{"--database-url", pgtest.URL()}, args...))
+	}).Stop
 }

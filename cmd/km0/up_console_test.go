@@ -24,6 +24,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // The console of km0 up / km0 serve --console alerts on lag as km0 console
@@ -117,10 +118,11 @@ func TestUpConsoleWithoutTokenMakesOneForTheRun(t *testing.T) {
 		"--console", console)
 	p.waitRunning(t, 60*time.Second)
 	var m []string
-	waitFor(t, "the token file's path and the console's URL", func() bool {
+	testkit.Eventually(t, time.Minute, "the token file's path and the console's URL", func() bool {
 		m = regexp.MustCompile(`admin token is in (\S+) \(mode 0600`).FindStringSubmatch(p.output())
 		return m != nil && strings.Contains(p.output(), "console at http://"+console+"/")
 	})
+
 	path := m[1]
 	t.Cleanup(func() { _ = os.Remove(path) }) // if the process was killed
 	fi, err := os.Stat(path)

@@ -10,6 +10,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/requestreply/rrtest"
@@ -28,7 +29,7 @@ func start(t *testing.T, h requestreply.Handler) (*amqprr.Server, *amqprr.Client
 		t.Fatal(err)
 	}
 	amqptest.DeleteQueuesAtCleanup(t, srv.Queues)
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn})
 	if err != nil {
 		t.Fatal(err)
@@ -108,9 +109,10 @@ func TestRequestWithoutReplyToIsDeadLettered(t *testing.T) {
 	if err := pub.PublishRaw(context.Background(), "", queue, amqp091.Publishing{Body: []byte(`{}`), MessageId: "sense-resposta"}); err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "the request without reply_to in the DLQ", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the request without reply_to in the DLQ", func() bool {
 		return amqptest.DLQLen(t, conn, queue) == 1
 	})
+
 	if st := srv.Stats(); st.DeadLettered != 1 || st.Replied != 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -135,7 +137,7 @@ func TestReplyToAGoneClientIsCountedAsOrphaned(t *testing.T) {
 	}
 	_ = cl.Close() // its exclusive reply queue goes with its channel
 	close(release)
-	amqptest.WaitFor(t, 10*time.Second, "the returned reply counted as orphaned", func() bool { return srv.Stats().Orphaned == 1 })
+	testkit.Eventually(t, 10*time.Second, "the returned reply counted as orphaned", func() bool { return srv.Stats().Orphaned == 1 })
 }
 
 // A request id or service name AMQP cannot carry (a shortstr: at most 255

@@ -13,9 +13,9 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
-	"github.com/km0/km0/requestreply/rrtest"
 	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
@@ -42,7 +42,7 @@ func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the expired request counted", func() bool { return srv.Stats().Expired == 1 })
+	testkit.Eventually(t, 20*time.Second, "the expired request counted", func() bool { return srv.Stats().Expired == 1 })
 	if _, err := cl.Request(context.Background(), queue, "fresca", []byte(`{}`)); err != nil {
 		t.Fatalf("a fresh request: %v", err)
 	}
@@ -80,7 +80,7 @@ func TestClientSendsItsDeadlineAsHeaderAndExpiration(t *testing.T) {
 	defer cancel()
 	go func() { _, _ = cl.Request(ctx, queue, "espiada", []byte(`{}`)) }()
 	var d amqp091.Delivery
-	amqptest.WaitFor(t, 10*time.Second, "the request in the queue", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the request in the queue", func() bool {
 		var ok bool
 		_ = conn.Do(context.Background(), func(ch *amqp091.Channel) error {
 			d, ok, err = ch.Get(queue, true)
@@ -88,6 +88,7 @@ func TestClientSendsItsDeadlineAsHeaderAndExpiration(t *testing.T) {
 		})
 		return ok
 	})
+
 	deadline, ok := amqprr.Deadline(&d)
 	want, _ := ctx.Deadline()
 	if !ok || deadline.Sub(want).Abs() > time.Millisecond {
@@ -115,7 +116,7 @@ func TestDirectReplyToClientGetsRepliesAndNoneIsOrphaned(t *testing.T) {
 		t.Fatal(err)
 	}
 	amqptest.DeleteQueuesAtCleanup(t, srv.Queues)
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	raw, err := amqp091.Dial(amqptest.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +161,7 @@ func TestDirectReplyToClientGetsRepliesAndNoneIsOrphaned(t *testing.T) {
 		ReplyTo: amqptest.Name("t.rr.cap"), CorrelationId: "barrera", MessageId: "barrera", Body: []byte(`0`)}); err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the last reply returned", func() bool { return strings.Contains(logs.String(), "id_peticio=barrera") })
+	testkit.Eventually(t, 20*time.Second, "the last reply returned", func() bool { return strings.Contains(logs.String(), "id_peticio=barrera") })
 	if st := srv.Stats(); st.Replied != n+1 || st.Orphaned != 1 {
 		t.Fatalf("stats %+v, want %d replied and only the last one orphaned", st, n+1)
 	}

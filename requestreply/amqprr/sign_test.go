@@ -10,6 +10,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/requestreply/rrtest"
@@ -24,7 +25,7 @@ func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*amqp.Conn,
 	if err != nil {
 		t.Fatal(err)
 	}
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, contract.DLQName(queue)} })
 	return conn, srv, queue
 }

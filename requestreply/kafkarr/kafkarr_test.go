@@ -2,6 +2,7 @@ package kafkarr_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/requestreply/rrtest"
@@ -75,19 +77,15 @@ func waitServing(t *testing.T, brokers []string, opts []kgo.Opt) {
 	t.Helper()
 	group := kafkarr.TopicDefault + ".servidor"
 	adm := kadm.NewClient(kafkatest.ClientFor(t, brokers, opts...))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 30*time.Second, "group "+group+" Stable with an assigned member", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		gs, err := adm.DescribeGroups(ctx, group)
 		cancel()
 		if g, ok := gs[group]; err == nil && ok && g.Err == nil && g.State == "Stable" && len(g.Members) > 0 {
 			if _, assigned := g.Members[0].Assigned.AsConsumer(); assigned {
-				return
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("group %s not Stable after 30 s: %v %+v", group, err, gs[group])
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return false, fmt.Sprintf("%v %+v", err, gs[group])
+	})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/requestreply/rrtest"
@@ -24,7 +25,7 @@ func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*kafkaembed
 	if err != nil {
 		t.Fatal(err)
 	}
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	return b, srv
 }
 

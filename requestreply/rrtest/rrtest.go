@@ -17,9 +17,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // Started is a running server and a requester that reaches it.
@@ -135,7 +135,7 @@ func slowServer(t *testing.T, start Transport) {
 		t.Fatalf("want a *TimeoutError for lenta-1, got %v", err)
 	}
 	free() // the server answers now, after the deadline
-	waitFor(t, 20*time.Second, "the late reply to be counted", func() bool { return s.Late() == 1 })
+	testkit.Eventually(t, 20*time.Second, "the late reply to be counted", func() bool { return s.Late() == 1 })
 	resp, err := s.Requester.Request(context.Background(), s.Service, "rapida-1", []byte(`{"lent":false}`))
 	if err != nil || string(resp) != `{"resposta":{"lent":false}}` {
 		t.Fatalf("the next request got %s, %v; want its own reply", resp, err)
@@ -251,30 +251,15 @@ func oversized(t *testing.T, start Transport) {
 	}
 }
 
-var waitFor = amqptest.WaitFor
-
-// Background runs run (a server's Run) until the test ends, then cancels it
-// and fails the test if it returned an error.
-func Background(t *testing.T, run func(ctx context.Context) error) {
-	t.Helper()
-	t.Cleanup(Stoppable(t, run))
-}
-
 // Stoppable runs run (a server's Run) and returns the function that cancels
 // it and waits for it to return (failing the test if it returned an error).
 // Calling that function more than once is harmless.
 func Stoppable(t *testing.T, run func(ctx context.Context) error) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("server: %v", err)
-			}
-		})
-	}
+	r := testkit.Start(t, "server", run)
+	return sync.OnceFunc(func() {
+		if err := r.Stop(); err != nil {
+			t.Errorf("server: %v", err)
+		}
+	})
 }

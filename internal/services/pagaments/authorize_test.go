@@ -14,9 +14,9 @@ import (
 
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
-	"github.com/km0/km0/transport/amqp/amqptest"
 )
 
 // Many concurrent authorisations, each order asked several times with
@@ -125,11 +125,12 @@ func TestARefusedAuthorizationFailsAloneInItsBatch(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		amqptest.WaitFor(t, 20*time.Second, fmt.Sprintf("%d batch writers waiting on the lock", w), func() bool {
+		testkit.Eventually(t, 20*time.Second, fmt.Sprintf("%d batch writers waiting on the lock", w), func() bool {
 			var n int
 			_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO autoritzacions%'`).Scan(&n)
 			return n == w
 		})
+
 	}
 	const good = 20
 	errs := make([]error, good+1)
@@ -146,7 +147,7 @@ func TestARefusedAuthorizationFailsAloneInItsBatch(t *testing.T) {
 			_, errs[i] = s.Authorize(ctx, []byte(fmt.Sprintf(`{"comanda_id":%q,"import_centims":1000}`, id)))
 		}()
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the calls queued for one batch", func() bool { return pagaments.QueuedAuthorizations(s) == good+1 })
+	testkit.Eventually(t, 20*time.Second, "the calls queued for one batch", func() bool { return pagaments.QueuedAuthorizations(s) == good+1 })
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
