@@ -196,14 +196,10 @@ func TestServeConsole(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	var metrics string
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(metrics, `km0_consumer_group_lag{grup="`+lagGroup+`",particio="2",topic="comandes.esdeveniments"} 4`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no group lag on /metrics:\n%s", metrics)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
+	testkit.Eventuallyf(t, 30*time.Second, "the group lag on /metrics", func() (bool, string) {
 		_, metrics = get("/metrics", "")
-	}
+		return strings.Contains(metrics, `km0_consumer_group_lag{grup="`+lagGroup+`",particio="2",topic="comandes.esdeveniments"} 4`), metrics
+	})
 	if !strings.Contains(metrics, `km0_outbox_pending_rows{outbox="comandes"} 2`) {
 		t.Fatalf("no outbox lag on /metrics:\n%s", metrics)
 	}

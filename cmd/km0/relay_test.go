@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -112,14 +113,10 @@ func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
 		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms")
 	var parked, pending int
-	deadline := time.Now().Add(30 * time.Second)
-	for parked != 1 || pending != 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("parked %d (want 1), pending %d (want 2: the big row and the P-1 row behind it)", parked, pending)
-		}
+	testkit.Eventuallyf(t, 30*time.Second, "one row parked and two pending (the big row and the P-1 row behind it)", func() (bool, string) {
 		_ = s.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_aparcats), (SELECT count(*) FROM outbox WHERE publicat_en IS NULL)").Scan(&parked, &pending)
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return parked == 1 && pending == 2, fmt.Sprintf("parked %d, pending %d", parked, pending)
+	})
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -159,14 +156,10 @@ func TestRelayCommandDeletePublishedKeepsOnlyPendingRows(t *testing.T) {
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
 		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms", "--delete-published")
 	var parked, rows, marked int
-	deadline := time.Now().Add(30 * time.Second)
-	for parked != 1 || rows != 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("parked %d (want 1), rows %d (want 2: the big row and the P-1 row behind it)", parked, rows)
-		}
+	testkit.Eventuallyf(t, 30*time.Second, "one row parked and two rows left (the big row and the P-1 row behind it)", func() (bool, string) {
 		_ = s.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_aparcats), (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL)").Scan(&parked, &rows, &marked)
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return parked == 1 && rows == 2, fmt.Sprintf("parked %d, rows %d", parked, rows)
+	})
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -255,20 +255,13 @@ func TestServeComandesRetryAfterACrashMidRequestGetsItsOrderOnce(t *testing.T) {
 	first.waitRunning(t, 60*time.Second)
 	go func() { _, _ = post(context.Background()) }() // never answered: the process dies under it
 	pool := pgtest.NewPool(t, comandesDB, 1)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 30*time.Second, "the key claimed (the request waiting for its authorisation)", func() (bool, string) {
 		var n int
 		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM peticions_idempotents WHERE clau = $1 AND estat_http = 0`, key).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 1 {
-			break // claimed; now waiting for the authorisation
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the key was never claimed\n%s", first.log())
-		}
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return n == 1, first.log()
+	})
 	if err := first.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

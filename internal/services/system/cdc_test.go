@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 )
@@ -55,17 +57,10 @@ func TestServeWithACDCRelayPublishesTheOutbox(t *testing.T) {
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, e) }); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 30*time.Second, "no row pending in the relay's lag", func() (bool, string) {
 		lag, err := sys.RelayLag(ctx)
-		if err == nil && len(lag) == 1 && lag[comandes.Name].Pending == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("relay lag %v (%v) after 30s, want 0 pending", lag, err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return err == nil && len(lag) == 1 && lag[comandes.Name].Pending == 0, fmt.Sprintf("relay lag %v (%v)", lag, err)
+	})
 	var slot string
 	if err := pool.QueryRow(ctx, "SELECT slot_name FROM pg_replication_slots WHERE active").Scan(&slot); err != nil {
 		t.Fatal(err)
@@ -150,16 +145,13 @@ func TestServeWithAWALModeOutboxPublishesIt(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); confirmed < end; {
+	testkit.Eventuallyf(t, 30*time.Second, fmt.Sprintf("slot %s to confirm %d", slot, end), func() (bool, string) {
 		if err := pool.QueryRow(ctx, "SELECT coalesce(pg_wal_lsn_diff(confirmed_flush_lsn, '0/0'), 0)::int8 FROM pg_replication_slots WHERE slot_name = $1",
 			slot).Scan(&confirmed); err != nil {
 			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot %s confirmed %d after 30s, want at least %d", slot, confirmed, end)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return confirmed >= end, fmt.Sprintf("confirmed %d", confirmed)
+	})
 	var rows int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("outbox rows %d (%v), want 0", rows, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
@@ -116,13 +117,9 @@ func TestHousekeepingPurgesExpiredKeysOnly(t *testing.T) {
 		}
 		return n
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = 'vell'`)+count(`SELECT count(*) FROM peticions_idempotents WHERE clau = 'vella'`) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("expired rows still there after 30 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 30*time.Second, "the expired rows deleted", func() bool {
+		return count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = 'vell'`)+count(`SELECT count(*) FROM peticions_idempotents WHERE clau = 'vella'`) == 0
+	})
 	if k, r := count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = 'nou'`), count(`SELECT count(*) FROM peticions_idempotents WHERE clau = 'nova'`); k != 1 || r != 1 {
 		t.Fatalf("young rows deleted: %d key(s), %d request(s) left, want 1 and 1", k, r)
 	}
