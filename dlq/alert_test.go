@@ -31,6 +31,7 @@ func letter(id, reason string) *dlq.Letter {
 // line with id and motiu, and a webhook notice, delivered even though the
 // webhook fails the first time (503, then 200).
 func TestAlerterCountsLogsAndNotifiesWebhook(t *testing.T) {
+	t.Parallel()
 	var calls atomic.Int32
 	got := make(chan dlq.Notice, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -83,6 +84,7 @@ func TestAlerterCountsLogsAndNotifiesWebhook(t *testing.T) {
 // A webhook that never answers does not block DeadLetter; with a full queue
 // notices are dropped and counted, and the counter still counts every letter.
 func TestAlerterWebhookNeverBlocks(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -112,6 +114,7 @@ func TestAlerterWebhookNeverBlocks(t *testing.T) {
 
 // Reason classes bound the label cardinality.
 func TestReasonClass(t *testing.T) {
+	t.Parallel()
 	cases := map[string]string{
 		"permanent: esquema: adreca_lliurament absent":         "permanent: esquema",
 		"permanent: estoc insuficient":                         "permanent: estoc insuficient",
@@ -147,6 +150,7 @@ func TestReasonClass(t *testing.T) {
 // and loses nothing; once the table exists it indexes every letter, alerts
 // once per letter, and commits.
 func TestIndexerCommitsAfterTheIndexTransaction(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	// An index in a schema without the table: every insert fails.
 	s2 := b.schema.Name + "_later"
@@ -217,6 +221,7 @@ func failureCount(t *testing.T, reg *prometheus.Registry, cause string) float64 
 // hooks.slack.com/services/T/B/<secret>, ?token=): a webhook that cannot be
 // reached is logged without the URL.
 func TestAlerterWebhookFailureLogHidesTheURL(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.NotFoundHandler())
 	url := srv.URL + "/services/T0/B0/s3cretpath?token=s3cretquery"
 	srv.Close() // nothing listens there now: the POST fails with a *url.Error

@@ -19,6 +19,7 @@ import (
 // cancelled while it runs and stops with letters left. 10,001 letters are
 // refused.
 func TestReplayJobIsPacedCancellableAndResumable(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var ids []string
 	for i := 0; i < 8; i++ {
@@ -101,6 +102,7 @@ func TestReplayJobIsPacedCancellableAndResumable(t *testing.T) {
 // second console resuming it) is refused with ErrJobRunning and replays
 // nothing; the first replays each letter once.
 func TestReplayJobHasOneRunnerAtATime(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var ids []string
 	for i := 0; i < 4; i++ {
@@ -142,6 +144,7 @@ func TestReplayJobHasOneRunnerAtATime(t *testing.T) {
 // replayed (which only Force replays again) are replayed by the resumed run
 // too, none refused.
 func TestReplayJobResumedKeepsForce(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var ids []string
 	for i := 0; i < 4; i++ {

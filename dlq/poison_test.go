@@ -115,6 +115,7 @@ func sumCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // headers) and set aside the one the index refuses: recorded in
 // cartes_refusades, counted, logged once and shown by List.
 func TestForgedLettersNeverStopTheKafkaIndex(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	refuseVerinos(t, b.schema)
 	ids := b.producePoisons(t)

@@ -29,6 +29,7 @@ import (
 // once to each consumer (each queue gets its own three back), and makes no
 // new dead letter.
 func TestReplayOnRabbitMQReachesOnlyTheConsumerThatFailed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	conn := amqptest.Dial(t)
 	db := pgtest.NewSchema(t)

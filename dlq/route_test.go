@@ -95,6 +95,7 @@ func (b *bundle) publishEvents(t *testing.T, n int) []string {
 // source skips the three copies addressed to another group (Foreign 3), and
 // no new dead letter appears.
 func TestReplayReachesOnlyTheConsumerThatFailed(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	pay := b.runGroup(t, "comandes.pagament", true)
 	an := b.runGroup(t, "analitica", false)
@@ -133,6 +134,7 @@ func TestReplayReachesOnlyTheConsumerThatFailed(t *testing.T) {
 // at once delivers each event once to each consumer and makes no new dead
 // letter (it made twelve when each replay went to every group).
 func TestReplayOfTwoConsumersLettersDeliversOnceToEach(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	a := b.runGroup(t, "comandes.pagament", true)
 	c := b.runGroup(t, "inventari.descompte", true)
@@ -176,6 +178,7 @@ func TestReplayOfTwoConsumersLettersDeliversOnceToEach(t *testing.T) {
 // consumer: two letters of one event and consumer. A folded listing shows
 // one letter for them, counting 2 copies; the counts still count 3 letters.
 func TestFoldedListingShowsOneLetterPerEventAndConsumer(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	_, dup := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: estoc insuficient"})
 	b.produceDead(t, dead{topic: comandes, key: "P-1", eventID: dup, reason: "permanent: estoc insuficient"})

@@ -47,6 +47,7 @@ func order(t *testing.T, id, mercat string) []byte {
 // released, no new letter appears, and the audit log holds the replay and
 // the edit with who ran them; the letter keeps its original bytes.
 func TestEditAndReplayClearsABlockedHeadInOrder(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	if _, err := migrate.Up(b.ctx, b.schema.Pool, b.schema.Names(), keyorder.Migrations); err != nil {
 		t.Fatal(err)

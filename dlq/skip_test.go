@@ -159,6 +159,7 @@ func checkSkip(t *testing.T, k skipCase) {
 }
 
 func TestSkipReleasesTheSequenceBehindAPoisonedHeadOnKafka(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: b.broker.Addrs(), Group: "repartiment", Topics: []string{comandes},
 		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)}})
@@ -169,6 +170,7 @@ func TestSkipReleasesTheSequenceBehindAPoisonedHeadOnKafka(t *testing.T) {
 }
 
 func TestSkipReleasesTheSequenceBehindAPoisonedHeadOnRabbitMQ(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	conn := amqptest.Dial(t)
 	db := pgtest.NewSchema(t)

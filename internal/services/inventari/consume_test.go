@@ -212,6 +212,7 @@ func stockEvents(t *testing.T, pool *pgxpool.Pool) map[string][]inventari.StockU
 // chain (abans = the previous despres, from the initial stock to the final one)
 // and, per source partition, follow offset order.
 func TestHotRowsConcurrentBatchesNeverDeadlockAndStockIsExact(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 4)
 	ctx := context.Background()
 	// deadlock_timeout of this test's database only: a deadlock costs 50 ms
@@ -382,6 +383,7 @@ func header(r *kgo.Record, k string) string {
 // attempt with estoc_insuficient and without its key; the batch handler ran
 // once and the one-message Handle never.
 func TestBatchWithDuplicateAndShortOrderCommitsTheGoodOneAndDeadLettersTheShortOne(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 4)
 	var batches, batchMsgs, singles atomic.Int64
 	cfg := w.config()
@@ -444,6 +446,7 @@ func TestBatchWithDuplicateAndShortOrderCommitsTheGoodOneAndDeadLettersTheShortO
 // the stock the orders before it left, in message order, and the events
 // chain in that order.
 func TestOrdersOfOneBatchTakeStockInMessageOrder(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	ctx := context.Background()
 	var msgs []*consumer.Message

@@ -23,6 +23,7 @@ import (
 // different amounts (some over the limit), share commits: every order ends
 // with one stored decision, and every answer agrees with it.
 func TestConcurrentAuthorizationsAgreeWithTheOneStoredDecision(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
 	ctx := context.Background()
@@ -102,6 +103,7 @@ func TestConcurrentAuthorizationsAgreeWithTheOneStoredDecision(t *testing.T) {
 // One request PostgreSQL refuses (an order id too long for the key's index)
 // fails alone, even when it shares a batch with others: they are answered.
 func TestARefusedAuthorizationFailsAloneInItsBatch(t *testing.T) {
+	t.Parallel()
 	pagaments.RaiseOrderIDLimit(t, 20_000) // past Authorize's own bound, so that PostgreSQL refuses it
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
