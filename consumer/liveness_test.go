@@ -205,15 +205,12 @@ func livenessRun(t *testing.T, killBroker bool) {
 	// loaded machine; without expiry a dead member holds its partitions for
 	// the 60 s rebalance timeout or for good.
 	bound := 5*lvSession + 10*time.Second
-	for deadline := time.Now().Add(bound); ; time.Sleep(20 * time.Millisecond) { // polling interval
-		lag := groupLag(ctx, adm)
-		if lag == "" {
-			break
+	testkit.Eventuallyf(t, bound, "the committed offsets at the log end after the last restart", func() (bool, string) {
+		if lag := groupLag(ctx, adm); lag != "" {
+			return false, lag
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("committed offsets not at the log end within %v of the last restart: %s; group %s", bound, lag, describeGroup(ctx, cl))
-		}
-	}
+		return true, ""
+	})
 	t.Logf("caught up %v after %s started; %d of 4 crash-loop restarts died parked in JoinGroup",
 		time.Since(restarted).Round(100*time.Millisecond), last, parked)
 	if parked == 0 {
