@@ -54,6 +54,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // cataleg's consumer group (its /salut, shown in the console's health, says
 // so) and resuming it; a replay job. Screenshots go to $KM0_TEST_ARTIFACTS.
 func TestBrowserOperations(t *testing.T) {
+	t.Parallel()
 	sampler := lag.NewSampler(lag.SamplerConfig{})
 	now := time.Now()
 	for i := 0; i <= 24; i++ {
@@ -205,6 +206,7 @@ func TestBrowserOperations(t *testing.T) {
 // audit log with who did each. Screenshots go to $KM0_SCREENSHOTS (or
 // $KM0_TEST_ARTIFACTS).
 func TestBrowserDeadLetterOperations(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	head, behind := b.blockKey(t)
 	now := time.Now()

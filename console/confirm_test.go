@@ -19,6 +19,7 @@ import (
 // pending and says that 2 arrived since. Without a dry run's plan the
 // confirmation is refused and nothing is replayed.
 func TestReplayConfirmationActsOnTheLettersTheDryRunListed(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	b.produceDead(t, 4, class+": x")
 	br := b.browser(t)
@@ -69,6 +70,7 @@ func TestReplayConfirmationActsOnTheLettersTheDryRunListed(t *testing.T) {
 // "Purge 4" purges 4: the confirmation page's count is a snapshot of IDs,
 // and 2 letters arriving before the click stay pending, reported.
 func TestPurgeConfirmationActsOnTheLettersItCounted(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	b.produceDead(t, 4, class+": x")
 	br := b.browser(t)

@@ -17,6 +17,7 @@ import (
 // consumer in a column of the overview and a filter by consumer; a group's
 // page, dry run and replay act on that consumer's letters only.
 func TestGroupsByConsumer(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	now := time.Now()
 	b.produceDeadBy(t, 2, class+": falta adreca", now, "repartiment")
@@ -72,6 +73,7 @@ func TestGroupsByConsumer(t *testing.T) {
 // A letter's time headers (primera_fallada here) show as dates, with the
 // raw unix seconds on hover.
 func TestLetterTimeHeadersAsDates(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	at := time.Date(2026, 11, 30, 8, 15, 42, 328000000, time.UTC)
 	ids := b.produceDeadAt(t, 1, class+": x", at)
@@ -87,6 +89,7 @@ func TestLetterTimeHeadersAsDates(t *testing.T) {
 // Replaying or purging a selection with nothing ticked leads back to the
 // group's page, which says so; nothing is replayed.
 func TestNothingTickedBackToGroup(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	b.produceDead(t, 2, class+": x")
 	br := b.browser(t)

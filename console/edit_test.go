@@ -88,6 +88,7 @@ func (b *bundle) runRefusingConsumer(t *testing.T) (applied func() []string) {
 // original bytes stay, and the audit log page shows the edits by the
 // session.
 func TestEditAndReplayPageValidatesAndSaysWhetherItTook(t *testing.T) {
+	t.Parallel()
 	old := console.EditWatch
 	console.EditWatch = 2 * time.Second
 	t.Cleanup(func() { console.EditWatch = old })

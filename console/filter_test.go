@@ -31,6 +31,7 @@ func total(t *testing.T, body string) string {
 // needs the login (reasons hold customer data); a filter never selects
 // every letter.
 func TestFilterFormNarrowsGroupsAndActions(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	now := time.Now()
 	b.produceDeadAt(t, 3, class+": falta adreca_lliurament", now.Add(-3*time.Hour))

@@ -21,6 +21,7 @@ import (
 // entries of the two runs name each letter once, and a job can be cancelled
 // while it runs (it stops before its next letter).
 func TestReplayJobResumesAfterAConsoleRestartWithoutReplayingTwice(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	ids := b.produceDead(t, 12, class+": x")
 	br := b.browser(t)

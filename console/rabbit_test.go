@@ -29,6 +29,7 @@ import (
 // queue's DLQ, a dry run, a replay job back to the work queue, and a purge
 // without record deletion (the letters left the broker when indexed).
 func TestRabbitMQReplayAndPurge(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	conn := amqptest.Dial(t)
 	s := pgtest.NewSchema(t)

@@ -17,6 +17,7 @@ import (
 // messages held by a consumer that never acks are counted as unacked, the
 // three others as ready.
 func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
+	t.Parallel()
 	mgmt := amqptest.ManagementURL(t)
 	q := amqptest.UnackedQueue(t, "km0.lagtest.unacked", 3, 2)
 	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(amqptest.Dial(t)), Queues: []string{q}, ManagementURL: mgmt, Logger: quiet})
@@ -43,6 +44,7 @@ func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
 // (without host or password) when it was configured, a note and unacked
 // unknown when it was a guess; ready counts stay exact either way.
 func TestManagementAPIThatDoesNotAnswer(t *testing.T) {
+	t.Parallel()
 	q := amqptest.UnackedQueue(t, "km0.lagtest.unacked", 3, 2)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

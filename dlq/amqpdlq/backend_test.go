@@ -140,6 +140,7 @@ func (r *rabbit) indexed(t *testing.T) []*dlq.Letter {
 // redeliveries, indexes nothing twice and acks them. A third Sync finds
 // nothing. Every event id is in the index exactly once at the end.
 func TestAMQPSyncAcksOnlyAfterCommit(t *testing.T) {
+	t.Parallel()
 	r := setupRabbit(t)
 	ctx := context.Background()
 	deadAt := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
@@ -225,6 +226,7 @@ func hasHeader(l *dlq.Letter, key, prefix string) bool {
 // AMQP longs. Both letters index with their own dead time and first
 // failure, to the microsecond and to the millisecond.
 func TestAMQPLettersReadSecondsAndLegacyMilliseconds(t *testing.T) {
+	t.Parallel()
 	r := setupRabbit(t)
 	ctx := context.Background()
 	deadAt := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
@@ -263,6 +265,7 @@ func TestAMQPLettersReadSecondsAndLegacyMilliseconds(t *testing.T) {
 // Two Syncs at once on one DLQ (small batches, so they interleave) number
 // every letter once: 200 letters, IDs 0..199, none lost, none twice.
 func TestAMQPConcurrentSyncsNumberEachLetterOnce(t *testing.T) {
+	t.Parallel()
 	r := setupRabbit(t)
 	ctx := context.Background()
 	const n = 200

@@ -37,6 +37,7 @@ func noiseText(n int) string {
 // letter alerted; List (what `km0 dlq ls --queue` shows) counts the refusal;
 // the next letter is numbered after the refused one.
 func TestForgedLettersNeverStopTheRabbitMQIndex(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	r := setupRabbit(t)
 	if _, err := r.pool.Pool.Exec(ctx, `ALTER TABLE cartes_mortes ADD CONSTRAINT prova_verinos

@@ -20,6 +20,7 @@ import (
 // It is indexed with its time unknown, the next letter with it, the queue
 // is drained, and a second sync indexes nothing twice.
 func TestAMQPOutOfRangeTimestampIsIndexedAsUnknown(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	r := setupRabbit(t)
 	conn, err := amqp091.Dial(amqptest.URL())

@@ -42,6 +42,7 @@ func start(t *testing.T, h requestreply.Handler) (*amqprr.Server, *amqprr.Client
 // queue and with direct reply-to, and over a connection with coalesced
 // writes (amqp.Config.CoalesceWrites, as the system's).
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	t.Run("ExclusiveQueue", func(t *testing.T) { conformance(t, false, false) })
 	t.Run("DirectReplyTo", func(t *testing.T) { conformance(t, true, false) })
 	t.Run("CoalescedWrites", func(t *testing.T) { conformance(t, false, true) })
@@ -91,6 +92,7 @@ func conformance(t *testing.T, direct, coalesced bool) {
 }
 
 func TestRequestToAMissingQueueFailsAtOnceWithErrNoService(t *testing.T) {
+	t.Parallel()
 	_, cl, queue := start(t, func(context.Context, *requestreply.Request) ([]byte, error) { return nil, nil })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -100,6 +102,7 @@ func TestRequestToAMissingQueueFailsAtOnceWithErrNoService(t *testing.T) {
 }
 
 func TestRequestWithoutReplyToIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	srv, _, queue := start(t, func(context.Context, *requestreply.Request) ([]byte, error) { return []byte(`{}`), nil })
 	conn := amqptest.Dial(t)
 	pub, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{})
@@ -119,6 +122,7 @@ func TestRequestWithoutReplyToIsDeadLettered(t *testing.T) {
 }
 
 func TestReplyToAGoneClientIsCountedAsOrphaned(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	srv, _, queue := start(t, func(context.Context, *requestreply.Request) ([]byte, error) {
 		<-release
@@ -144,6 +148,7 @@ func TestReplyToAGoneClientIsCountedAsOrphaned(t *testing.T) {
 // bytes) is the caller's error alone: it must not take the connection, and
 // the other requests waiting on it, down with it.
 func TestOverlongRequestIDOrServiceFailsAloneWithAClearError(t *testing.T) {
+	t.Parallel()
 	inside, release := make(chan struct{}), make(chan struct{})
 	_, cl, queue := start(t, func(_ context.Context, req *requestreply.Request) ([]byte, error) {
 		if req.ID == "lenta" {

@@ -24,6 +24,7 @@ import (
 // delivers it) is acked and counted, its handler never runs and no reply is
 // sent; a fresh request meanwhile is answered.
 func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
+	t.Parallel()
 	var ran sync.Map
 	srv, cl, queue := start(t, func(_ context.Context, r *requestreply.Request) ([]byte, error) {
 		ran.Store(r.ID, true)
@@ -61,6 +62,7 @@ func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
 // expiration (milliseconds left), so that RabbitMQ drops a request still
 // queued when its requester has given up.
 func TestClientSendsItsDeadlineAsHeaderAndExpiration(t *testing.T) {
+	t.Parallel()
 	conn := amqptest.Dial(t)
 	queue := amqptest.Name("t.rr.espiat")
 	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue} })
@@ -105,6 +107,7 @@ func TestClientSendsItsDeadlineAsHeaderAndExpiration(t *testing.T) {
 // reply as replied, none as orphaned (RabbitMQ 3.10 returns a mandatory reply
 // to a direct reply-to consumer although it delivered it).
 func TestDirectReplyToClientGetsRepliesAndNoneIsOrphaned(t *testing.T) {
+	t.Parallel()
 	// The server's log says which reply came back (id_peticio).
 	logs := &syncBuffer{}
 	conn := amqptest.Dial(t)

@@ -32,6 +32,7 @@ const (
 // every call, even of a process it killed. A request whose id starts with
 // "tinguda" is held forever.
 func TestServerProcess(t *testing.T) {
+	t.Parallel()
 	queue, logPath := os.Getenv(envQueue), os.Getenv(envLog)
 	if queue == "" {
 		t.Skip("the server process of TestSIGKILLedServerWithExpiredBacklog")

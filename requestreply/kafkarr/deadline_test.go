@@ -31,6 +31,7 @@ func rawRequest(t *testing.T, pub *kgo.Client, id, replyTo string, deadline time
 // A request read after its no_despres is dropped and counted; its handler
 // never runs; a fresh request is answered.
 func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	var ran sync.Map
@@ -65,6 +66,7 @@ func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
 // request is answered within its own timeout, and the failed reply is
 // counted as unanswerable.
 func TestReplyToAMissingTopicFailsFastAndBlocksNobody(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: b.Addrs(), Workers: 1,
@@ -108,6 +110,7 @@ func TestReplyToAMissingTopicFailsFastAndBlocksNobody(t *testing.T) {
 // stops: all) commits only what it finished, so the requests it had queued
 // go to the member that takes the partitions.
 func TestRequestsAreAnsweredWhileServersJoinAndLeave(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	var ran sync.Map
@@ -185,6 +188,7 @@ func TestRequestsAreAnsweredWhileServersJoinAndLeave(t *testing.T) {
 // A server that stops with requests taken but not started (its one worker
 // busy) does not commit past them: the next server answers them.
 func TestRequestsQueuedAtStopAreAnsweredByTheNextServer(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	inside := make(chan struct{}, 1)

@@ -19,6 +19,7 @@ import (
 
 // The proofs of rrtest over Kafka (kfake).
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	runConformance(t, func(t *testing.T) ([]string, []kgo.Opt) { return kafkatest.New(t).Addrs(), nil })
 }
 
@@ -26,6 +27,7 @@ func TestConformance(t *testing.T) {
 // SCRAM-SHA-512 over TLS (a test CA) and with SASL PLAIN, the server's and
 // the client's Kafka clients all given kafka.Security's options (KgoOpts).
 func TestConformanceSecured(t *testing.T) {
+	t.Parallel()
 	for _, cfg := range []kafkatest.SecureConfig{
 		{Mechanism: kafka.SASLScramSHA512, TLS: true},
 		{Mechanism: kafka.SASLPlain},

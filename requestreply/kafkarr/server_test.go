@@ -22,6 +22,7 @@ import (
 // requester must get a non-retryable error reply saying so, not a timeout
 // (R5), and the requests after it their own replies.
 func TestReplyTooLargeForKafkaGetsAnErrorReply(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: b.Addrs(), Handler: func(_ context.Context, r *requestreply.Request) ([]byte, error) {
@@ -60,6 +61,7 @@ func TestReplyTooLargeForKafkaGetsAnErrorReply(t *testing.T) {
 // and counted, and nothing is written there; a real client's request still
 // gets its reply.
 func TestServerRepliesOnlyToReplyTopics(t *testing.T) {
+	t.Parallel()
 	const business = "comandes.esdeveniments"
 	b := kafkatest.New(t, business)
 	ctx := context.Background()
