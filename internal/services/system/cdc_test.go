@@ -26,6 +26,7 @@ import (
 // the setting named, instead of a relay restarting for ever; an unknown mode
 // is refused before anything starts.
 func TestStartWithCDCRelaysRefusesAServerWithoutLogicalWAL(t *testing.T) {
+	t.Parallel()
 	_, err := system.Start(context.Background(), system.Config{Brokers: []string{"127.0.0.1:1"},
 		DatabaseURL: "postgres://127.0.0.1:1/x", RelayMode: "wal"})
 	if err == nil || !strings.Contains(err.Error(), "RelayMode") {
@@ -41,6 +42,7 @@ func TestStartWithCDCRelaysRefusesAServerWithoutLogicalWAL(t *testing.T) {
 // streams its outbox under the slot named after its database, and RelayLag
 // reads it as for the polling relay.
 func TestServeWithACDCRelayPublishesTheOutbox(t *testing.T) {
+	t.Parallel()
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("a private PostgreSQL cluster is required: %v", err)
@@ -105,6 +107,7 @@ func startWithErr(t *testing.T, url string, services []string, tweak func(*syste
 // moves past them) and the outbox table stays empty. A polling relay or
 // pruning with the WAL mode fails Start.
 func TestServeWithAWALModeOutboxPublishesIt(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []func(*system.Config){
 		func(c *system.Config) { c.OutboxMode, c.RelayMode = outbox.ModeWAL, system.RelayPolling },
 		func(c *system.Config) { c.OutboxMode, c.RelayDeletePublished = outbox.ModeWAL, true },

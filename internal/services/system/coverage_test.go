@@ -47,6 +47,7 @@ func postBody(t *testing.T, url, body string) (int, string) {
 //     parked or dead-lettered as blocked (morta_per_bloqueig);
 //   - comandes's copy then lacks Figueres: a new order to it is refused.
 func TestUncoveredCityIsRefusedAtCreationAndARejectionAfterAcceptanceIsRefunded(t *testing.T) {
+	t.Parallel()
 	const x = "P-2026-000031"
 	var withdrawn atomic.Bool
 	sys, _ := startWith(t, system.Services, func(c *system.Config) {

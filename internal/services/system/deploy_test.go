@@ -29,6 +29,7 @@ import (
 // to cataleg under the renamed group; the contract's topic stays empty and
 // its group never exists.
 func TestServicesRunOnTheirOwnDatabasesWithRenamedTopicAndGroup(t *testing.T) {
+	t.Parallel()
 	const topic, group = "prod.inventari.v1", "cataleg-prod"
 	b := kafkatest.New(t)
 	// With a password (the local server trusts and ignores it): it is never logged.

@@ -28,6 +28,7 @@ import (
 // attempts (waits of 1 and 2 backoffs) dead-lettered them. Time is scaled:
 // backoff 60 ms for 1 s, so the 1.5 s lock stands for 25 s.
 func TestDefaultRetryBudgetOutlastsALock(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewMigratedSchema(t)
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE efectes (id TEXT PRIMARY KEY)`); err != nil {

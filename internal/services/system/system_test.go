@@ -21,6 +21,7 @@ import (
 )
 
 func TestStartRefusesAnUnknownServiceAndMissingConfig(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	if _, err := system.Start(ctx, system.Config{}); err == nil {
 		t.Fatal("no database and no brokers accepted")
@@ -34,6 +35,7 @@ func TestStartRefusesAnUnknownServiceAndMissingConfig(t *testing.T) {
 // km0 serve cataleg: one service, its own database created and migrated,
 // its consumer and its HTTP API; Close drops nothing and returns.
 func TestServeOneServiceCreatesItsDatabaseAndServesHTTP(t *testing.T) {
+	t.Parallel()
 	sys, _ := startOne(t, "cataleg")
 	addrs := sys.Addrs()
 	if len(addrs) != 1 || addrs["cataleg"] == "" || sys.Pool("comandes") != nil {
@@ -64,6 +66,7 @@ func TestServeOneServiceCreatesItsDatabaseAndServesHTTP(t *testing.T) {
 // ReservarEstoc over request/reply (Kafka here): a repeated id_reserva gets
 // the stored answer and takes stock once.
 func TestReservarEstocOverRequestReplyIsIdempotent(t *testing.T) {
+	t.Parallel()
 	sys, b := startOne(t, "inventari")
 	t.Cleanup(sys.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -95,6 +98,7 @@ func TestReservarEstocOverRequestReplyIsIdempotent(t *testing.T) {
 // past KeyRetention (CONTRACT.md: 14 days) and stored Idempotency-Key answers
 // past RequestKeyRetention, and nothing younger.
 func TestHousekeepingPurgesExpiredKeysOnly(t *testing.T) {
+	t.Parallel()
 	sys, _ := startOneWith(t, "comandes", func(c *system.Config) { c.PurgeInterval = 50 * time.Millisecond })
 	t.Cleanup(sys.Close)
 	ctx := context.Background()
@@ -168,6 +172,7 @@ func startWith(t *testing.T, services []string, tweak func(*system.Config)) (*sy
 // pagaments serves no HTTP API of its own, but it has a health entry: its
 // server answers GET /salut with 200 and nothing else.
 func TestPagamentsHasHealth(t *testing.T) {
+	t.Parallel()
 	sys, _ := startOne(t, "pagaments")
 	t.Cleanup(sys.Close)
 	base := sys.Addrs()["pagaments"]
