@@ -26,6 +26,7 @@ import (
 // is applied twice, and every key none of whose events went to retry saw its
 // effects in publication order.
 func TestCompetingConsumersSurviveAKilledMember(t *testing.T) {
+	t.Parallel()
 	const keys, perKey = 200, 50
 	b := setup(t)
 	var recs []*kgo.Record

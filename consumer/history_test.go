@@ -22,6 +22,7 @@ import (
 // failure's primera_fallada, the retry record's time as data_original, and
 // a history of its own attempts only.
 func TestDeadLetterCarriesTheAttemptHistory(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	r := b.run(b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		return outcome.Transient(fmt.Errorf("mapes: 503 a l'intent %d", m.Attempt))

@@ -20,6 +20,7 @@ func order(key string, lines ...linia) event { return newEvent(key, comanda{ID: 
 // mid-transaction (as in the suite's CrashMidTransactionLeavesNothingAndProcessesOnceLater, consumer/consumertest). The message is lost: a new member of the
 // group never sees it again, unlike at-least-once.
 func TestAtMostOnceCommitsBeforeProcessingSoACrashLosesTheMessage(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	lost := order("A-1", linia{"carbasso", 1})
 	b.publishEvents(lost)
@@ -52,6 +53,7 @@ func TestAtMostOnceCommitsBeforeProcessingSoACrashLosesTheMessage(t *testing.T) 
 // commit at stop can cover the other 45; a new member of the group then sees
 // none of them again.
 func TestCleanStopCommitsFinishedWork(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var evs []event
 	for i := range 50 {
@@ -115,6 +117,7 @@ func inventariBatch(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) er
 // With HandleBatch, a healthy batch takes one call; a batch with a failing
 // message falls back to Handle one by one, and ends as the suite's BusinessFailureRollsBackTheKeyAndDeadLetters does.
 func TestBatchHandlerFallsBackToHandleToIsolateTheFailure(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var batches, singles atomic.Int64
 	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

@@ -131,6 +131,7 @@ func consumerChild(ctx context.Context) error {
 // applied exactly once. The second run also SIGKILLs and restarts the broker
 // while the member is dead.
 func TestGroupRecoversFromSIGKILLedMembers(t *testing.T) {
+	t.Parallel()
 	t.Run("member", func(t *testing.T) { livenessRun(t, false) })
 	t.Run("member and broker", func(t *testing.T) { livenessRun(t, true) })
 }

@@ -69,6 +69,7 @@ func (l *attemptLog) add(m *consumer.Message) {
 // effect is applied once, the copies carried intents 1 then 2, and each
 // attempt came at least the backoff (50 ms, then 100 ms) after the previous.
 func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var log attemptLog
 	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -128,6 +129,7 @@ func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
 // topic with the same id_esdeveniment: the effect is applied once, and a
 // second replay is a duplicate.
 func TestFixAndReplayAppliesOnce(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var fixed atomic.Bool
 	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -186,6 +188,7 @@ func TestFixAndReplayAppliesOnce(t *testing.T) {
 // is due is processed while an earlier copy in the same retry partition (same
 // key) still waits for its hour.
 func TestDueRetryIsNotHeldBehindALaterOne(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	slow, quick := seqEvent("H-1", 0), seqEvent("H-1", 1)
 	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -243,6 +246,7 @@ func (b *bundle) gauge(metric string) float64 {
 // `km0 bench consume --poison-rate`). One assignment, holding both topics,
 // is the whole session.
 func TestFirstDeadLetterDoesNotRebalanceTheGroup(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var mu sync.Mutex
 	var assigned []map[string][]int32
@@ -276,6 +280,7 @@ func TestFirstDeadLetterDoesNotRebalanceTheGroup(t *testing.T) {
 // Before, the panic killed the process, and on restart again: the partition
 // was blocked for good.
 func TestDecodePanicIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	poison := seqEvent("D-1", 1)
 	b.publishEvents(seqEvent("D-1", 0), poison, seqEvent("D-1", 2))
@@ -307,6 +312,7 @@ func TestDecodePanicIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 // foreign-tool copy), belongs to every group, so it is processed rather
 // than skipped by all of them and lost.
 func TestRetryCopiesOfAnotherGroupAreSkippedAndUnnamedOnesTaken(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	r := b.run(b.config(effect))
 	copyWith := func(n int, group *string) *kgo.Record {
@@ -344,6 +350,7 @@ func TestRetryCopiesOfAnotherGroupAreSkippedAndUnnamedOnesTaken(t *testing.T) {
 // at 0 until the copy is safe, then moves to 11. (Before this test only the
 // 10,000-event killed-member test caught a mark that jumped the gap.)
 func TestOffsetNeverPassesARecordWhoseCopyIsNotSafe(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	first := seqEvent("K", 0)
 	recs := []*kgo.Record{first.record()}

@@ -27,6 +27,7 @@ import (
 // is a dead letter carrying intents 3. Nothing stays held, and the retry
 // partition's committed offset passes every copy.
 func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	const maxWait = time.Second
 	forged := func(n int, headers ...string) (event, *kgo.Record) {
@@ -124,6 +125,7 @@ func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
 // header the consumer does not handle is filtered on before decoding
 // (ignored, counted), and a record whose header agrees is processed.
 func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	withTypes := func(e event, types ...string) *kgo.Record {
 		rec := e.record()
