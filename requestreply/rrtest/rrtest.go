@@ -121,15 +121,18 @@ func slowServer(t *testing.T, start Transport) {
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free)
-	s := start(t, func(ctx context.Context, req *requestreply.Request) ([]byte, error) {
+	// The request's deadline passes once the server holds the request, not
+	// after a fixed time: on a loaded machine a request can take longer than
+	// any short timeout to arrive, and the server drops an expired one unread.
+	ctx := &deadlineOnSignal{Context: context.Background(), done: make(chan struct{})}
+	s := start(t, func(_ context.Context, req *requestreply.Request) ([]byte, error) {
 		if string(req.Body) == `{"lent":true}` {
+			ctx.pass()
 			<-release
 		}
 		return []byte(`{"resposta":` + string(req.Body) + `}`), nil
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	_, err := s.Requester.Request(ctx, s.Service, "lenta-1", []byte(`{"lent":true}`))
-	cancel()
 	var te *requestreply.TimeoutError
 	if !errors.As(err, &te) || !errors.Is(err, requestreply.ErrTimeout) || te.RequestID != "lenta-1" {
 		t.Fatalf("want a *TimeoutError for lenta-1, got %v", err)
@@ -262,4 +265,25 @@ func Stoppable(t *testing.T, run func(ctx context.Context) error) (stop func()) 
 			t.Errorf("server: %v", err)
 		}
 	})
+}
+
+// deadlineOnSignal is a context whose deadline (a minute away, as the server
+// sees it) passes when pass is called: Done closes and Err is
+// context.DeadlineExceeded.
+type deadlineOnSignal struct {
+	context.Context
+	once sync.Once
+	done chan struct{}
+}
+
+func (c *deadlineOnSignal) Deadline() (time.Time, bool) { return time.Now().Add(time.Minute), true }
+func (c *deadlineOnSignal) Done() <-chan struct{}       { return c.done }
+func (c *deadlineOnSignal) pass()                       { c.once.Do(func() { close(c.done) }) }
+func (c *deadlineOnSignal) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
 }
