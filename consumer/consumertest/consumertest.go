@@ -490,7 +490,12 @@ func crashAfterCopy(t *testing.T, w *world) {
 		}
 		return outcome.Transient(errors.New("mapes: 503"))
 	}
-	r := w.run(w.config(failing), faults.Consumer[*consumer.Message]{
+	// The copy is due after BackoffMax (1 s), not 30 ms: the simulated crash
+	// stops the other lanes a moment after the hook, and on a loaded machine a
+	// copy due sooner was handled (and copied again) within that moment.
+	cfg := w.config(failing)
+	cfg.Backoff = cfg.BackoffMax
+	r := w.run(cfg, faults.Consumer[*consumer.Message]{
 		BeforeSourceCommit: func(context.Context, int) error { return faults.ErrCrashed },
 	})
 	r.crashed(t)
