@@ -16,6 +16,7 @@ import (
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
@@ -25,13 +26,12 @@ import (
 // 30 s (the pages refresh every few seconds).
 func waitJS(t *testing.T, ctx context.Context, what, js string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !eval[bool](t, ctx, js) {
-		if time.Now().After(deadline) {
-			t.Fatalf("browser: %s: not after 30 s (page: %q)", what, clipText(eval[string](t, ctx, `document.body.innerText`), 600))
+	defer func() {
+		if t.Failed() {
+			t.Logf("browser: page: %q", clipText(eval[string](t, ctx, `document.body.innerText`), 600))
 		}
-		time.Sleep(100 * time.Millisecond) // polling with a deadline
-	}
+	}()
+	testkit.Eventually(t, 30*time.Second, "browser: "+what, func() bool { return eval[bool](t, ctx, js) })
 }
 
 func screenshot(t *testing.T, ctx context.Context, name string) {
@@ -54,6 +54,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // cataleg's consumer group (its /salut, shown in the console's health, says
 // so) and resuming it; a replay job. Screenshots go to $KM0_TEST_ARTIFACTS.
 func TestBrowserOperations(t *testing.T) {
+	t.Parallel()
 	sampler := lag.NewSampler(lag.SamplerConfig{})
 	now := time.Now()
 	for i := 0; i <= 24; i++ {
@@ -205,6 +206,7 @@ func TestBrowserOperations(t *testing.T) {
 // log with who did each, and a letter's attempt history. Screenshots go to $KM0_SCREENSHOTS (or
 // $KM0_TEST_ARTIFACTS).
 func TestBrowserDeadLetterOperations(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	head, behind := b.blockKey(t)
 	now := time.Now()

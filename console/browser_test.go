@@ -107,6 +107,7 @@ func eval[T any](t *testing.T, ctx context.Context, js string) T {
 // way to read a letter or act; logged in, an operator finds the group with
 // its count, replays it (dry run, then for real) and sees the count fall.
 func TestBrowserReplayGroup(t *testing.T) {
+	t.Parallel()
 	// A lag history for the chart of the screenshot: one group falling
 	// behind and catching up over the last hour, and a healthy service.
 	sampler := lag.NewSampler(lag.SamplerConfig{})

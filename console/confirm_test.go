@@ -10,6 +10,7 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // A confirmation acts on exactly the letters its dry run listed. The dry run
@@ -18,6 +19,7 @@ import (
 // pending and says that 2 arrived since. Without a dry run's plan the
 // confirmation is refused and nothing is replayed.
 func TestReplayConfirmationActsOnTheLettersTheDryRunListed(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	b.produceDead(t, 4, class+": x")
 	br := b.browser(t)
@@ -38,13 +40,14 @@ func TestReplayConfirmationActsOnTheLettersTheDryRunListed(t *testing.T) {
 		t.Fatalf("replay: %d", resp.StatusCode)
 	}
 	var st console.JobStatus
-	waitFor(t, "the replay job", 60*time.Second, func() bool {
+	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
 		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
 		if err := json.Unmarshal([]byte(body), &st); err != nil {
 			t.Fatalf("job status: %v: %s", err, body)
 		}
 		return st.State != "running"
 	})
+
 	if st.State != "done" || st.Total != 4 || st.Republished != 4 || st.Arrived != 2 {
 		t.Fatalf("job: %+v; want 4 of 4 republished and 2 arrived since", st)
 	}
@@ -67,6 +70,7 @@ func TestReplayConfirmationActsOnTheLettersTheDryRunListed(t *testing.T) {
 // "Purge 4" purges 4: the confirmation page's count is a snapshot of IDs,
 // and 2 letters arriving before the click stay pending, reported.
 func TestPurgeConfirmationActsOnTheLettersItCounted(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	b.produceDead(t, 4, class+": x")
 	br := b.browser(t)

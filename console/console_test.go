@@ -12,6 +12,7 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/testkit"
 )
 
 const (
@@ -23,6 +24,7 @@ const (
 // and nothing of the letters; letter pages and group pages send to the
 // login form; every action answers 401 and changes nothing.
 func TestWithoutLoginCountsOnly(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	ids := b.produceDead(t, 3, class+": falta adreca_lliurament")
 	br := b.browser(t)
@@ -63,6 +65,7 @@ func TestWithoutLoginCountsOnly(t *testing.T) {
 
 // With no token configured nobody can log in: counts only.
 func TestNoTokenConfigured(t *testing.T) {
+	t.Parallel()
 	b := setup(t, "")
 	ids := b.produceDead(t, 2, class+": x")
 	br := b.browser(t)
@@ -88,6 +91,7 @@ func TestNoTokenConfigured(t *testing.T) {
 // session; a POST without the session's CSRF token, or from another origin,
 // is refused.
 func TestLoginSessionAndCSRF(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	ids := b.produceDead(t, 1, class+": x")
 	br := b.browser(t)
@@ -145,6 +149,7 @@ func TestLoginSessionAndCSRF(t *testing.T) {
 // as a job whose status ends with every letter republished, and the group's
 // pending count falls to zero.
 func TestReplayGroupJob(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	b.produceDead(t, 250, class+": x")
 	b.produceDead(t, 2, "transitori esgotat: timeout")
@@ -166,13 +171,14 @@ func TestReplayGroupJob(t *testing.T) {
 		t.Fatalf("replay: %d %q", resp.StatusCode, loc)
 	}
 	var st console.JobStatus
-	waitFor(t, "the replay job", 60*time.Second, func() bool {
+	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
 		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
 		if err := json.Unmarshal([]byte(body), &st); err != nil {
 			t.Fatalf("job status: %v: %s", err, body)
 		}
 		return st.State != "running"
 	})
+
 	if st.State != "done" || st.Total != 250 || st.Republished != 250 || st.Failed != 0 {
 		t.Fatalf("job: %+v", st)
 	}
@@ -191,6 +197,7 @@ func TestReplayGroupJob(t *testing.T) {
 // Purging a selection asks for confirmation with the count, then marks
 // exactly the selected letters purged.
 func TestPurgeSelection(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	ids := b.produceDead(t, 3, class+": x")
 	br := b.browser(t)
@@ -217,6 +224,7 @@ func TestPurgeSelection(t *testing.T) {
 
 // Bad input is a 400 and a failing index a 503, neither with internals.
 func TestErrorsWithoutInternals(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	b.produceDead(t, 1, class+": x")
 	br := b.browser(t)
@@ -250,6 +258,7 @@ func TestErrorsWithoutInternals(t *testing.T) {
 
 // The console's server answers only the Host names of its address.
 func TestHostCheck(t *testing.T) {
+	t.Parallel()
 	con, err := console.New(console.Config{Token: token})
 	if err != nil {
 		t.Fatal(err)

@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/km0/km0/console"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // One failure class in two consumers is two failure groups, each with its
 // consumer in a column of the overview and a filter by consumer; a group's
 // page, dry run and replay act on that consumer's letters only.
 func TestGroupsByConsumer(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	now := time.Now()
 	b.produceDeadBy(t, 2, class+": falta adreca", now, "repartiment")
@@ -51,13 +53,14 @@ func TestGroupsByConsumer(t *testing.T) {
 		t.Fatalf("replay: %d %q", resp.StatusCode, loc)
 	}
 	var st console.JobStatus
-	waitFor(t, "the replay job", 60*time.Second, func() bool {
+	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
 		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
 		if err := json.Unmarshal([]byte(body), &st); err != nil {
 			t.Fatalf("job status: %v: %s", err, body)
 		}
 		return st.State != "running"
 	})
+
 	if st.State != "done" || st.Total != 3 || st.Republished != 3 {
 		t.Fatalf("job: %+v", st)
 	}
@@ -70,6 +73,7 @@ func TestGroupsByConsumer(t *testing.T) {
 // A letter's time headers (primera_fallada here) show as dates, with the
 // raw unix seconds on hover.
 func TestLetterTimeHeadersAsDates(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	at := time.Date(2026, 11, 30, 8, 15, 42, 328000000, time.UTC)
 	ids := b.produceDeadAt(t, 1, class+": x", at)
@@ -85,6 +89,7 @@ func TestLetterTimeHeadersAsDates(t *testing.T) {
 // Replaying or purging a selection with nothing ticked leads back to the
 // group's page, which says so; nothing is replayed.
 func TestNothingTickedBackToGroup(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	b.produceDead(t, 2, class+": x")
 	br := b.browser(t)

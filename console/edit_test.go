@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
@@ -87,6 +88,7 @@ func (b *bundle) runRefusingConsumer(t *testing.T) (applied func() []string) {
 // original bytes stay, and the audit log page shows the edits by the
 // session.
 func TestEditAndReplayPageValidatesAndSaysWhetherItTook(t *testing.T) {
+	t.Parallel()
 	old := console.EditWatch
 	console.EditWatch = 2 * time.Second
 	t.Cleanup(func() { console.EditWatch = old })
@@ -99,7 +101,7 @@ func TestEditAndReplayPageValidatesAndSaysWhetherItTook(t *testing.T) {
 		t.Fatal(err)
 	}
 	var letter string
-	waitFor(t, "the order dead-lettered and indexed", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the order dead-lettered and indexed", func() bool {
 		if _, err := b.svc.Sync(b.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -112,6 +114,7 @@ func TestEditAndReplayPageValidatesAndSaysWhetherItTook(t *testing.T) {
 		}
 		return letter != ""
 	})
+
 	br := b.browser(t)
 	if resp, _ := br.get("/carta/editar?id=" + url.QueryEscape(letter)); resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("edit form without login: %d, want the redirect to the login", resp.StatusCode)

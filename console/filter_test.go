@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/console"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // total is the overview's letter count.
@@ -30,6 +31,7 @@ func total(t *testing.T, body string) string {
 // needs the login (reasons hold customer data); a filter never selects
 // every letter.
 func TestFilterFormNarrowsGroupsAndActions(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	now := time.Now()
 	b.produceDeadAt(t, 3, class+": falta adreca_lliurament", now.Add(-3*time.Hour))
@@ -100,13 +102,14 @@ func TestFilterFormNarrowsGroupsAndActions(t *testing.T) {
 		t.Fatalf("replay: %d", resp.StatusCode)
 	}
 	var st console.JobStatus
-	waitFor(t, "the replay job", 60*time.Second, func() bool {
+	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
 		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
 		if err := json.Unmarshal([]byte(body), &st); err != nil {
 			t.Fatalf("job status: %v: %s", err, body)
 		}
 		return st.State != "running"
 	})
+
 	if st.State != "done" || st.Total != 2 || st.Republished != 2 || !strings.Contains(st.Selection, "dead at or after") {
 		t.Fatalf("job: %+v", st)
 	}

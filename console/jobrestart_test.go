@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // A paced replay job survives the console: 12 letters at 4 per second; the
@@ -20,6 +21,7 @@ import (
 // entries of the two runs name each letter once, and a job can be cancelled
 // while it runs (it stops before its next letter).
 func TestReplayJobResumesAfterAConsoleRestartWithoutReplayingTwice(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	ids := b.produceDead(t, 12, class+": x")
 	br := b.browser(t)
@@ -46,7 +48,7 @@ func TestReplayJobResumesAfterAConsoleRestartWithoutReplayingTwice(t *testing.T)
 		}
 		return st
 	}
-	waitFor(t, "3 letters republished", 30*time.Second, func() bool { return status(br).Republished >= 3 })
+	testkit.Eventually(t, 30*time.Second, "3 letters republished", func() bool { return status(br).Republished >= 3 })
 	if st := status(br); st.State != "running" || st.Rate != 4 {
 		t.Fatalf("job while it runs: %+v", st)
 	}
@@ -67,7 +69,7 @@ func TestReplayJobResumesAfterAConsoleRestartWithoutReplayingTwice(t *testing.T)
 	b.srv = srv
 	br = b.browser(t)
 	br.login(token)
-	waitFor(t, "the resumed job done", 30*time.Second, func() bool { return status(br).State == "done" })
+	testkit.Eventually(t, 30*time.Second, "the resumed job done", func() bool { return status(br).State == "done" })
 	if st := status(br); st.Republished != 12 || st.Failed != 0 || st.Left != 0 {
 		t.Fatalf("resumed job: %+v; want 12 republished", st)
 	}
@@ -104,14 +106,14 @@ func TestReplayJobResumesAfterAConsoleRestartWithoutReplayingTwice(t *testing.T)
 	sel.Set("per_segon", "2")
 	resp, _ = br.post("/reproduir", sel)
 	jobID = strings.TrimPrefix(resp.Header.Get("Location"), "/feina?id=")
-	waitFor(t, "the second job republishing", 30*time.Second, func() bool { return status(br).Republished >= 1 })
+	testkit.Eventually(t, 30*time.Second, "the second job republishing", func() bool { return status(br).Republished >= 1 })
 	if resp, _ := br.post("/feina/cancellar", url.Values{"id": {jobID}}); resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("cancel without the form token: %d, want 403", resp.StatusCode)
 	}
 	if resp, _ := br.post("/feina/cancellar", url.Values{"id": {jobID}, "csrf": {sel.Get("csrf")}}); resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("cancel: %d", resp.StatusCode)
 	}
-	waitFor(t, "the job cancelled", 30*time.Second, func() bool { st := status(br); return st.State == "cancelled" })
+	testkit.Eventually(t, 30*time.Second, "the job cancelled", func() bool { st := status(br); return st.State == "cancelled" })
 	js, err := b.svc.JobStatus(b.ctx, jobID)
 	if err != nil || js.State != dlq.JobCancelled || js.Done >= len(more) {
 		t.Fatalf("cancelled job: %+v %v; want cancelled before the end", js, err)

@@ -21,6 +21,7 @@ import (
 // group the sampler measured (another Kafka client's "intrus") appears only
 // with ?groups=all, or by default with Config.AllGroups.
 func TestLagPageShowsForeignGroupsOnRequest(t *testing.T) {
+	t.Parallel()
 	sampler := lag.NewSampler(lag.SamplerConfig{})
 	sampler.Add(&lag.Snapshot{At: time.Now(), Groups: []lag.GroupLag{
 		{Group: "intrus", Total: 9, Foreign: true},
@@ -74,6 +75,7 @@ func TestLagPageShowsForeignGroupsOnRequest(t *testing.T) {
 // counted. The window is the operator's choice: a burst 10 minutes ago is in
 // the hour and not in the last 5 minutes.
 func TestLagChartShowsTheSeriesThatMatter(t *testing.T) {
+	t.Parallel()
 	sampler := lag.NewSampler(lag.SamplerConfig{})
 	now := time.Now()
 	snap := func(at time.Time, burst int64) *lag.Snapshot {
@@ -126,6 +128,7 @@ func TestLagChartShowsTheSeriesThatMatter(t *testing.T) {
 // the retained WAL and the status; "?" for the age of a slot a relay
 // streams from; a table outbox keeps its rows.
 func TestLagPageShowsWALOutboxes(t *testing.T) {
+	t.Parallel()
 	sampler := lag.NewSampler(lag.SamplerConfig{})
 	sampler.Add(&lag.Snapshot{At: time.Now(), Outboxes: []lag.OutboxLag{
 		{Name: "comandes", Pending: 3, OldestSeconds: 90},

@@ -43,6 +43,7 @@ func loginFrom(h http.Handler, addr string, form url.Values) *httptest.ResponseR
 // then sent their bodies get at most GatePerSourceDefault tokens evaluated;
 // the rest get 429.
 func TestLoginSlowBodiesAreEvaluatedWithinTheBudget(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(bare(t).Handler())
 	defer srv.Close()
 	const n = 300
@@ -97,6 +98,7 @@ func TestLoginSlowBodiesAreEvaluatedWithinTheBudget(t *testing.T) {
 // Retry-After, even for the right token), and never locks out the operator
 // at another address.
 func TestLoginFloodFromOneSourceDoesNotLockOutTheOperator(t *testing.T) {
+	t.Parallel()
 	h := bare(t).Handler()
 	codes := map[int]int{}
 	for range 50 {
@@ -118,6 +120,7 @@ func TestLoginFloodFromOneSourceDoesNotLockOutTheOperator(t *testing.T) {
 // drop TAB, CR, LF, so "/\t/host" is "//host") or a backslash anywhere, also
 // percent-encoded in the path, sends to /; a path of the console is kept.
 func TestLoginNextStaysOnTheConsole(t *testing.T) {
+	t.Parallel()
 	h := bare(t).Handler()
 	for _, next := range []string{"/\t/evil.example/phish", "/\n/evil.example", "/\r/evil.example", "\t//evil.example",
 		"/\\evil.example", "/a\\b", "/x\x00y", "/x\x7fy", "/%09/evil.example/phish", "/%5Cevil.example", "/%2F/evil.example",

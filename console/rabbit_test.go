@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
@@ -28,6 +29,7 @@ import (
 // queue's DLQ, a dry run, a replay job back to the work queue, and a purge
 // without record deletion (the letters left the broker when indexed).
 func TestRabbitMQReplayAndPurge(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	conn := amqptest.Dial(t)
 	s := pgtest.NewSchema(t)
@@ -70,11 +72,12 @@ func TestRabbitMQReplayAndPurge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "4 letters indexed", func() bool {
+	testkit.Eventually(t, 10*time.Second, "4 letters indexed", func() bool {
 		_, _ = svc.Sync(ctx)
 		ls, err := svc.List(ctx, dlq.Filter{Limit: 1})
 		return err == nil && len(ls.Groups) == 1 && ls.Groups[0].Count == 4
 	})
+
 	con, err := console.New(console.Config{Source: svc, Broker: "RabbitMQ", Token: token, Logger: quietLog})
 	if err != nil {
 		t.Fatal(err)
@@ -112,15 +115,16 @@ func TestRabbitMQReplayAndPurge(t *testing.T) {
 	resp, _ := br.post("/reproduir", sel)
 	loc := strings.Replace(resp.Header.Get("Location"), "/feina?", "/feina.json?", 1)
 	var st console.JobStatus
-	waitFor(t, "the replay job", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the replay job", func() bool {
 		_, body := br.get(loc)
 		_ = json.Unmarshal([]byte(body), &st)
 		return st.State != "" && st.State != "running"
 	})
+
 	if st.State != "done" || st.Republished != 3 || st.Failed != 0 {
 		t.Fatalf("job: %+v", st)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "3 messages back in the work queue", func() bool { return amqptest.QueueLen(t, conn, q) == 3 })
+	testkit.Eventually(t, 10*time.Second, "3 messages back in the work queue", func() bool { return amqptest.QueueLen(t, conn, q) == 3 })
 	var pending int
 	if err := s.Pool.QueryRow(ctx, "SELECT count(*) FROM cartes_mortes WHERE estat = 'pendent'").Scan(&pending); err != nil || pending != 0 {
 		t.Fatalf("pending after the replay: %d %v", pending, err)

@@ -20,6 +20,7 @@ import (
 // with the same login and form token as every action: the head goes back to
 // its topic alone and the blocked letter is marked purged.
 func TestLetterPageShowsAndReplaysABlockedSequence(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	if _, err := migrate.Up(b.ctx, b.schema.Pool, b.schema.Names(), keyorder.Migrations); err != nil {
 		t.Fatal(err)

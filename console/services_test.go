@@ -28,6 +28,7 @@ func serviceDB(t *testing.T, name string, groups ...string) (console.ServiceDB, 
 // shows those of each database it is given (page /claus, behind the login),
 // with the service's name, so that a sequence replay reaches the right one.
 func TestBlockedKeysOfEveryServiceDatabase(t *testing.T) {
+	t.Parallel()
 	inv, invS := serviceDB(t, "inventari")
 	pag, pagS := serviceDB(t, "pagaments")
 	for _, c := range []struct {
@@ -71,6 +72,7 @@ func TestBlockedKeysOfEveryServiceDatabase(t *testing.T) {
 // consumidors_pausats (which the service polls) with who did it, behind the
 // login and the form token; resuming deletes the row.
 func TestPauseAndResumeAConsumerGroup(t *testing.T) {
+	t.Parallel()
 	inv, invS := serviceDB(t, "inventari", "inventari.descompte_estoc")
 	b := setupWith(t, token, func(c *console.Config) { c.ServiceDBs = []console.ServiceDB{inv} })
 	paused := func() []consumer.PausedGroup {

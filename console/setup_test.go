@@ -216,18 +216,6 @@ func (br *browser) login(tok string) string {
 	return m[1]
 }
 
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for work
-	}
-}
-
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // planOf is the plan token (form field pla) a dry run or purge confirmation

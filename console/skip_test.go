@@ -70,6 +70,7 @@ func (b *bundle) blockKey(t *testing.T) (head, behind string) {
 // the session, and the letter of the message behind it, now the head, is
 // replayed alone.
 func TestBlockedKeysPageSkipsAHeadAfterConfirming(t *testing.T) {
+	t.Parallel()
 	b := setup(t, token)
 	head, behind := b.blockKey(t)
 	br := b.browser(t)

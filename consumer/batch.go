@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/pause"
 	"github.com/km0/km0/internal/pgerr"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/tracing"
@@ -214,8 +214,7 @@ func (c *Consumer) handles(tipus string) bool { return c.types == nil || c.types
 // errors (no connection, COMMIT with unknown outcome) retry the same
 // transaction after a backoff: the keys make a repeat safe.
 func (c *Consumer) runOptimistic(l *lane, msgs []*item, fails []failure) ([]failure, error) {
-	wait := 50 * time.Millisecond
-	conflictWait := conflictBackoffMin
+	var errs, conflicts int // consecutive infrastructure errors and conflicts: the backoffs' counts
 	whole := c.cfg.HandleBatch != nil || c.cfg.HandleBatchOutcomes != nil
 	for len(msgs) > 0 {
 		end := len(msgs)
@@ -254,7 +253,7 @@ func (c *Consumer) runOptimistic(l *lane, msgs []*item, fails []failure) ([]fail
 				return fails, cerr
 			}
 			if code := pgerr.Conflict(err, ferr); code != "" && l.ctx.Err() == nil {
-				if !c.conflict(l, code, cmp.Or(err, ferr), &conflictWait) {
+				if !c.conflict(l, code, cmp.Or(err, ferr), &conflicts) {
 					return fails, fmt.Errorf("consumer: batch abandoned after a conflict: %w", cmp.Or(err, ferr))
 				}
 				continue
@@ -267,7 +266,7 @@ func (c *Consumer) runOptimistic(l *lane, msgs []*item, fails []failure) ([]fail
 			}
 			if err != nil {
 				c.log.Warn("consumer: transaction", "topic", l.topic, "partition", l.part, "err", err)
-				if !c.pause(l, &wait) {
+				if !c.pause(l, &errs) {
 					return fails, fmt.Errorf("consumer: batch abandoned: %w", err)
 				}
 				continue
@@ -309,22 +308,30 @@ const (
 // waits before the rerun. It reports false when the partition is stopping or
 // the consumer is shutting down or crashing: the batch is then abandoned
 // (rolled back; its offsets stay uncommitted and it is redelivered).
-func (c *Consumer) conflict(l *lane, code string, err error, wait *time.Duration) bool {
+func (c *Consumer) conflict(l *lane, code string, err error, conflicts *int) bool {
 	c.counts[resConflict].Add(1)
 	c.m.conflicts.WithLabelValues(l.origin, code).Inc()
-	d := *wait/2 + rand.N(*wait/2+1)
-	*wait = min(2**wait, conflictBackoffMax)
+	*conflicts++
+	d := pause.Backoff(conflictBackoffMin, conflictBackoffMax, *conflicts)
 	c.log.Warn("consumer: transaction conflict; rerunning it in place", "topic", l.topic, "partition", l.part,
 		"sqlstate", code, "wait", d, "err", err)
 	return c.sleep(l, d)
 }
 
-// pause waits *wait (doubling it, up to 5 s) unless the lane stops or the
-// consumer stops or crashes first; it reports whether to carry on.
-func (c *Consumer) pause(l *lane, wait *time.Duration) bool {
-	d := *wait
-	*wait = min(2**wait, 5*time.Second)
-	return c.sleep(l, d)
+// Bounds of the in-place retry of a batch after an infrastructure error: 50 ms
+// doubling to 5 s, jittered (pause.Backoff), so the lanes that an outage
+// stopped together do not retry in lockstep.
+const (
+	retryBackoffMin = 50 * time.Millisecond
+	retryBackoffMax = 5 * time.Second
+)
+
+// pause counts one more consecutive failure in *fails and waits its backoff
+// unless the lane stops or the consumer stops or crashes first; it reports
+// whether to carry on.
+func (c *Consumer) pause(l *lane, fails *int) bool {
+	*fails++
+	return c.sleep(l, pause.Backoff(retryBackoffMin, retryBackoffMax, *fails))
 }
 
 // sleep waits d unless the lane stops or the consumer stops or crashes

@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
@@ -129,7 +130,7 @@ func TestCommitThatRacedACrashIsCounted(t *testing.T) {
 	if err := r.wait(t); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("Run: %v, want ErrCrashed", err)
 	}
-	eventually(t, "lanes 0 and 1 committed", func() bool { return b.effects() == 2 })
+	testkit.Eventually(t, time.Minute, "lanes 0 and 1 committed", func() bool { return b.effects() == 2 })
 	if got := b.count(`SELECT count(*) FROM efectes WHERE n IN (0, 1)`); got != 2 {
 		t.Fatalf("effects of lanes 0 and 1: %d, want 2", got)
 	}

@@ -14,6 +14,7 @@ import (
 )
 
 func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.NewPool(t, pgtest.URL(), 1)
 	ok := testConfig{
 		Config: consumer.Config{Name: "n", Pool: pool,
@@ -74,6 +75,7 @@ func TestNewRejectsBadConfigWithClearErrors(t *testing.T) {
 // A per-key order consumer on a database without the keyorder tables stops
 // at Run with an error that names the migrations, before consuming anything.
 func TestPerKeyNeedsTheKeyOrderMigrations(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewSchema(t)
 	cfg := testConfig{
 		Config: consumer.Config{Name: "n", Pool: db.Pool, Names: db.Names(), Order: consumer.PerKey,

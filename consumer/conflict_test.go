@@ -74,6 +74,7 @@ func (b *bundle) deadlock(ctx context.Context, tx pgx.Tx) error {
 // and in km0_consumer_conflicts_total{sqlstate="40P01"}, each logged at
 // warn with its SQLSTATE. Run with Handle and with HandleBatchOutcomes.
 func TestDeadlockIsRerunInPlaceWithoutSpendingAnAttempt(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			b := setup(t)
@@ -163,6 +164,7 @@ func counterValue(t *testing.T, b *bundle, name, code string) float64 {
 // attempt 1, both without a key and without an effect; the transient one is
 // then applied at attempt 2. The batch never fell back to Handle.
 func TestBatchOutcomesRefuseSingleMessagesWithTheirOwnOutcome(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var singles, batches atomic.Int64
 	var failedOnce atomic.Bool
@@ -224,6 +226,7 @@ func TestBatchOutcomesRefuseSingleMessagesWithTheirOwnOutcome(t *testing.T) {
 // message is applied once at attempt 1 with MaxAttempts 1, with 4 conflicts
 // counted under sqlstate 40001.
 func TestSerializationFailureIsRerunInPlaceWithoutSpendingAnAttempt(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	pcfg, err := pgxpool.ParseConfig(b.s.URL)
 	if err != nil {
@@ -279,6 +282,7 @@ func TestSerializationFailureIsRerunInPlaceWithoutSpendingAnAttempt(t *testing.T
 // handler wrote for it. Ends: three applied, one dead-lettered at attempt 1,
 // no key for it, its own write committed once.
 func TestBatchOutcomesFailureFallsBackToOneMessageAtATime(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var wrongLength atomic.Int64
 	cfg := b.config(nil)

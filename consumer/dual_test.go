@@ -26,6 +26,7 @@ func dualRecord(id, correlacio string, versio int) *kgo.Record {
 // of a pair an old consumer cannot read) skips the record: counted as ignored,
 // neither retried nor dead-lettered.
 func TestDecodeHookCanIgnoreARecord(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	b.publish(dualRecord(uuid.NewString(), uuid.NewString(), 9), dualRecord(uuid.NewString(), uuid.NewString(), 1))
 	cfg := b.config(inventari)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 )
 
@@ -25,6 +26,7 @@ import (
 // is applied twice, and every key none of whose events went to retry saw its
 // effects in publication order.
 func TestCompetingConsumersSurviveAKilledMember(t *testing.T) {
+	t.Parallel()
 	const keys, perKey = 200, 50
 	b := setup(t)
 	var recs []*kgo.Record
@@ -69,7 +71,7 @@ func TestCompetingConsumersSurviveAKilledMember(t *testing.T) {
 	}
 	killed := b.run(cfgFor(1)) // first, so it surely owns partitions when the others arrive
 	members[1].Store(killed.c)
-	eventually(t, "member 2 to start processing", func() bool { return killed.c.Stats().Processed > 0 })
+	testkit.Eventually(t, time.Minute, "member 2 to start processing", func() bool { return killed.c.Stats().Processed > 0 })
 	m1, m3 := b.run(cfgFor(0)), b.run(cfgFor(2))
 	members[0].Store(m1.c)
 	members[2].Store(m3.c)
@@ -77,7 +79,7 @@ func TestCompetingConsumersSurviveAKilledMember(t *testing.T) {
 	if err := killed.wait(t); !errors.Is(err, faults.ErrCrashed) {
 		t.Fatalf("member 2: %v, want ErrCrashed", err)
 	}
-	eventually(t, "every event's effect", func() bool { return b.effects() >= keys*perKey })
+	testkit.Eventually(t, time.Minute, "every event's effect", func() bool { return b.effects() >= keys*perKey })
 	for _, r := range []*running{m1, m3} {
 		if err := r.stop(); err != nil {
 			t.Fatal(err)

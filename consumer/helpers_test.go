@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
@@ -169,22 +170,6 @@ func (r *running) wait(t *testing.T) error {
 	return r.err
 }
 
-// eventually polls cond until it holds or 60 s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(60 * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			t.Fatalf("timed out waiting for: %s", what)
-		case <-tick.C:
-		}
-	}
-}
-
 // linia and comanda are the dades of comanda.creada.
 type linia struct {
 	Producte  string `json:"producte"`
@@ -328,7 +313,7 @@ func (b *bundle) logged(parts ...string) bool {
 func (b *bundle) runUntil(cfg testConfig, what string, done func(consumer.Stats) bool) consumer.Stats {
 	b.t.Helper()
 	r := b.run(cfg)
-	eventually(b.t, what, func() bool { return done(r.c.Stats()) })
+	testkit.Eventually(b.t, time.Minute, what, func() bool { return done(r.c.Stats()) })
 	if err := r.stop(); err != nil {
 		b.t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 )
 
@@ -21,6 +22,7 @@ import (
 // failure's primera_fallada, the retry record's time as data_original, and
 // a history of its own attempts only.
 func TestDeadLetterCarriesTheAttemptHistory(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	r := b.run(b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		return outcome.Transient(fmt.Errorf("mapes: 503 a l'intent %d", m.Attempt))
@@ -35,7 +37,7 @@ func TestDeadLetterCarriesTheAttemptHistory(t *testing.T) {
 		kgo.RecordHeader{Key: "historial_intents", Value: []byte("{no és json")})
 	b.publishEvents(fresh)
 	b.publish(rec)
-	eventually(t, "2 dead letters", func() bool { return r.c.Stats().DeadLettered == 2 })
+	testkit.Eventually(t, time.Minute, "2 dead letters", func() bool { return r.c.Stats().DeadLettered == 2 })
 	dead := b.read(contract.DLQName(topic), 2)
 	if len(dead) != 2 {
 		t.Fatalf("%d dead letters, want 2", len(dead))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/testkit"
 )
 
 func order(key string, lines ...linia) event { return newEvent(key, comanda{ID: key, Linies: lines}) }
@@ -19,6 +20,7 @@ func order(key string, lines ...linia) event { return newEvent(key, comanda{ID: 
 // mid-transaction (as in the suite's CrashMidTransactionLeavesNothingAndProcessesOnceLater, consumer/consumertest). The message is lost: a new member of the
 // group never sees it again, unlike at-least-once.
 func TestAtMostOnceCommitsBeforeProcessingSoACrashLosesTheMessage(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	lost := order("A-1", linia{"carbasso", 1})
 	b.publishEvents(lost)
@@ -51,6 +53,7 @@ func TestAtMostOnceCommitsBeforeProcessingSoACrashLosesTheMessage(t *testing.T) 
 // commit at stop can cover the other 45; a new member of the group then sees
 // none of them again.
 func TestCleanStopCommitsFinishedWork(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var evs []event
 	for i := range 50 {
@@ -61,9 +64,9 @@ func TestCleanStopCommitsFinishedWork(t *testing.T) {
 	cfg.CommitInterval = time.Hour
 	r := b.run(cfg)
 	b.publishEvents(evs[:5]...)
-	eventually(t, "the committer's one commit", func() bool { return b.committed(topic) == 5 })
+	testkit.Eventually(t, time.Minute, "the committer's one commit", func() bool { return b.committed(topic) == 5 })
 	b.publishEvents(evs[5:]...)
-	eventually(t, "all 50 processed", func() bool { return r.c.Stats().Processed == 50 })
+	testkit.Eventually(t, time.Minute, "all 50 processed", func() bool { return r.c.Stats().Processed == 50 })
 	if got := b.committed(topic); got != 5 {
 		t.Fatalf("premise: committed %d before the stop, want 5", got)
 	}
@@ -75,7 +78,7 @@ func TestCleanStopCommitsFinishedWork(t *testing.T) {
 	}
 	again := b.run(b.config(inventari))
 	b.publishEvents(order("S-1", linia{"carbasso", 1}))
-	eventually(t, "the new event to be processed", func() bool { return again.c.Stats().Processed == 1 })
+	testkit.Eventually(t, time.Minute, "the new event to be processed", func() bool { return again.c.Stats().Processed == 1 })
 	if err := again.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +117,7 @@ func inventariBatch(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) er
 // With HandleBatch, a healthy batch takes one call; a batch with a failing
 // message falls back to Handle one by one, and ends as the suite's BusinessFailureRollsBackTheKeyAndDeadLetters does.
 func TestBatchHandlerFallsBackToHandleToIsolateTheFailure(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var batches, singles atomic.Int64
 	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -127,17 +131,18 @@ func TestBatchHandlerFallsBackToHandleToIsolateTheFailure(t *testing.T) {
 	healthy := []event{order("B-1", linia{"vi-crianca", 1}), order("B-1", linia{"vi-crianca", 2}), order("B-1", linia{"carbasso", 3})}
 	b.publishEvents(healthy...)
 	r := b.run(cfg)
-	eventually(t, "the healthy batch", func() bool { return r.c.Stats().Processed == 3 })
+	testkit.Eventually(t, time.Minute, "the healthy batch", func() bool { return r.c.Stats().Processed == 3 })
 	if batches.Load() != 1 || singles.Load() != 0 {
 		t.Fatalf("healthy batch: %d batch calls and %d single calls, want 1 and 0", batches.Load(), singles.Load())
 	}
 
 	bad := order("B-1", linia{"tomaquet-rosa", 1}, linia{"formatge-curat", 6})
 	b.publishEvents(order("B-1", linia{"formatge-curat", 2}), bad, order("B-1", linia{"formatge-curat", 3}))
-	eventually(t, "the mixed batch", func() bool {
+	testkit.Eventually(t, time.Minute, "the mixed batch", func() bool {
 		st := r.c.Stats()
 		return st.Processed == 5 && st.DeadLettered == 1
 	})
+
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 // refuse as an idempotency key (a NUL byte, 3 kB) goes to the DLQ at attempt 1
 // and the healthy events around it on the same partition are processed.
 func TestUnstorableEventIDIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	bad := func(id string) *kgo.Record {
 		v := fmt.Sprintf(`{"id_esdeveniment":%q,"tipus":"comanda.creada","versio":1,"dades":{"id":"P-1","linies":[]}}`, id)
@@ -45,6 +46,7 @@ func TestUnstorableEventIDIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 // transaction; COMMIT then rolls back. The message fails on its own (retry,
 // then DLQ) and its neighbours in the batch are processed.
 func TestHandlerSwallowingASQLErrorDoesNotStallItsNeighbours(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	poisonID := uuid.NewString()
 	var recs []*kgo.Record
@@ -77,6 +79,7 @@ func TestHandlerSwallowingASQLErrorDoesNotStallItsNeighbours(t *testing.T) {
 // not silent: a header-only dead letter points at the original, and the
 // attempt is counted as dead-lettered, not as retried.
 func TestCopyTooLargeForTheBrokerBecomesAHeaderOnlyDeadLetter(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	pad := strings.Repeat("x", 1<<20-400)
 	id := uuid.NewString()
@@ -106,6 +109,7 @@ func TestCopyTooLargeForTheBrokerBecomesAHeaderOnlyDeadLetter(t *testing.T) {
 // goes to the DLQ, and the healthy record behind it is processed and both
 // offsets are committed.
 func TestOversizedHeaderNeverBlocksThePartition(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	big := strings.Repeat("x", 1<<20-250)
 	b.publish(&kgo.Record{Topic: topic, Key: []byte("P-1"), Value: []byte("{not json"),
@@ -131,6 +135,7 @@ func TestOversizedHeaderNeverBlocksThePartition(t *testing.T) {
 // each copy became a header-only stub: its body was lost although it fit on
 // its own. Each is now sent again alone first and keeps its body.
 func TestCopiesThatFitAloneKeepTheirBodiesUnderASmallLimit(t *testing.T) {
+	t.Parallel()
 	b := setupWith(t, kafkaembed.Config{MaxMessageBytes: 10_000})
 	const n = 10
 	values := map[string]bool{}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
@@ -78,10 +80,11 @@ func TestLagGaugeFollowsTheBacklog(t *testing.T) {
 	cfg.BatchSize = 1
 	r := b.run(cfg)
 
-	eventually(t, "km0_consumer_lag 15 with 5 of 20 done", func() bool {
+	testkit.Eventually(t, time.Minute, "km0_consumer_lag 15 with 5 of 20 done", func() bool {
 		v, ok := lagOf(t, b.reg, topic)
 		return ok && v == n-first
 	})
+
 	if got := r.c.Stats().Processed; got != first {
 		t.Fatalf("processed %d while the handler holds the 6th, want %d", got, first)
 	}
@@ -91,11 +94,12 @@ func TestLagGaugeFollowsTheBacklog(t *testing.T) {
 	for range n - first {
 		gate <- struct{}{}
 	}
-	eventually(t, "all 20 processed", func() bool { return r.c.Stats().Processed == n })
-	eventually(t, "km0_consumer_lag 0", func() bool {
+	testkit.Eventually(t, time.Minute, "all 20 processed", func() bool { return r.c.Stats().Processed == n })
+	testkit.Eventually(t, time.Minute, "km0_consumer_lag 0", func() bool {
 		v, ok := lagOf(t, b.reg, topic)
 		return ok && v == 0
 	})
+
 	if age, ok := gaugeOf(t, b.reg, consumer.MetricOldest, topic); !ok || age != 0 {
 		t.Fatalf("km0_consumer_oldest_unprocessed_seconds %v (exported %v) with nothing left, want 0", age, ok)
 	}

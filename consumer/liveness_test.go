@@ -25,6 +25,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
@@ -130,6 +131,7 @@ func consumerChild(ctx context.Context) error {
 // applied exactly once. The second run also SIGKILLs and restarts the broker
 // while the member is dead.
 func TestGroupRecoversFromSIGKILLedMembers(t *testing.T) {
+	t.Parallel()
 	t.Run("member", func(t *testing.T) { livenessRun(t, false) })
 	t.Run("member and broker", func(t *testing.T) { livenessRun(t, true) })
 }
@@ -171,7 +173,7 @@ func livenessRun(t *testing.T, killBroker bool) {
 	})
 
 	produce(ctx, t, cl, lvRecords/2)
-	poll(ctx, t, "the stream to be under way", 60*time.Second, func() bool { return count(ctx, t, s, `SELECT count(*) FROM efectes`) >= lvRecords/8 })
+	testkit.Eventually(t, 60*time.Second, "the stream to be under way", func() bool { return count(ctx, t, s, `SELECT count(*) FROM efectes`) >= lvRecords/8 })
 	b1.kill()
 	if killBroker {
 		broker.kill()
@@ -204,15 +206,12 @@ func livenessRun(t *testing.T, killBroker bool) {
 	// loaded machine; without expiry a dead member holds its partitions for
 	// the 60 s rebalance timeout or for good.
 	bound := 5*lvSession + 10*time.Second
-	for deadline := time.Now().Add(bound); ; time.Sleep(20 * time.Millisecond) { // polling interval
-		lag := groupLag(ctx, adm)
-		if lag == "" {
-			break
+	testkit.Eventuallyf(t, bound, "the committed offsets at the log end after the last restart", func() (bool, string) {
+		if lag := groupLag(ctx, adm); lag != "" {
+			return false, lag
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("committed offsets not at the log end within %v of the last restart: %s; group %s", bound, lag, describeGroup(ctx, cl))
-		}
-	}
+		return true, ""
+	})
 	t.Logf("caught up %v after %s started; %d of 4 crash-loop restarts died parked in JoinGroup",
 		time.Since(restarted).Round(100*time.Millisecond), last, parked)
 	if parked == 0 {
@@ -315,7 +314,7 @@ func count(ctx context.Context, t *testing.T, s *pgtest.Schema, q string) int {
 func waitGroup(ctx context.Context, t *testing.T, cl *kgo.Client, what string, ok func(kmsg.DescribeGroupsResponseGroup) bool) kmsg.DescribeGroupsResponseGroup {
 	t.Helper()
 	var g kmsg.DescribeGroupsResponseGroup
-	poll(ctx, t, what, 60*time.Second, func() bool {
+	testkit.Eventually(t, 60*time.Second, what, func() bool {
 		req := kmsg.NewPtrDescribeGroupsRequest()
 		req.Groups = []string{lvGroup}
 		resp, err := req.RequestWith(ctx, cl)
@@ -325,19 +324,8 @@ func waitGroup(ctx context.Context, t *testing.T, cl *kgo.Client, what string, o
 		g = resp.Groups[0]
 		return ok(g)
 	})
-	return g
-}
 
-// poll checks cond every 20 ms until it holds; it fails the test after d.
-func poll(ctx context.Context, t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
-	}
+	return g
 }
 
 func freeAddr(t *testing.T) string {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -56,7 +55,7 @@ func (c *Consumer) splitBlocked(l *lane, todo []*item) (map[string]keyorder.Head
 			keys = append(keys, k)
 		}
 	}
-	wait := 50 * time.Millisecond
+	var fails int
 	for {
 		heads, err := c.order.IsBlocked(l.ctx, c.cfg.Pool, c.cfg.Name, keys...)
 		if err == nil {
@@ -66,7 +65,7 @@ func (c *Consumer) splitBlocked(l *lane, todo []*item) (map[string]keyorder.Head
 			return nil, cerr
 		}
 		c.log.Warn("consumer: per-key order: is blocked", "topic", l.topic, "partition", l.part, "err", err)
-		if !c.pause(l, &wait) {
+		if !c.pause(l, &fails) {
 			return nil, fmt.Errorf("consumer: batch abandoned: %w", err)
 		}
 	}
@@ -555,8 +554,7 @@ func (c *Consumer) released(p keyorder.Parked) *item {
 // a conflict and after an infrastructure error (as runOptimistic does). fn's
 // errNotBlocked rolls back and is returned.
 func (c *Consumer) inTx(l *lane, msgs []*item, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	wait := 50 * time.Millisecond
-	conflictWait := conflictBackoffMin
+	var fails, conflicts int
 	for {
 		err := c.oneTx(l.ctx, msgs, fn)
 		if cerr := c.Err(); cerr != nil {
@@ -566,13 +564,13 @@ func (c *Consumer) inTx(l *lane, msgs []*item, fn func(ctx context.Context, tx p
 			return err
 		}
 		if code := pgerr.Conflict(err); code != "" && l.ctx.Err() == nil {
-			if !c.conflict(l, code, err, &conflictWait) {
+			if !c.conflict(l, code, err, &conflicts) {
 				return fmt.Errorf("consumer: batch abandoned after a conflict: %w", err)
 			}
 			continue
 		}
 		c.log.Warn("consumer: per-key order: transaction", "topic", l.topic, "partition", l.part, "err", err)
-		if !c.pause(l, &wait) {
+		if !c.pause(l, &fails) {
 			return fmt.Errorf("consumer: batch abandoned: %w", err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -68,6 +69,7 @@ func (l *attemptLog) add(m *consumer.Message) {
 // effect is applied once, the copies carried intents 1 then 2, and each
 // attempt came at least the backoff (50 ms, then 100 ms) after the previous.
 func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var log attemptLog
 	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -127,6 +129,7 @@ func TestTransientTwiceThenSuccessAppliesOnceWithBackoff(t *testing.T) {
 // topic with the same id_esdeveniment: the effect is applied once, and a
 // second replay is a duplicate.
 func TestFixAndReplayAppliesOnce(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var fixed atomic.Bool
 	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -144,7 +147,7 @@ func TestFixAndReplayAppliesOnce(t *testing.T) {
 	e := seqEvent("R-5", 0) // versio 1, no adreca_lliurament
 	b.publishEvents(e)
 	r := b.run(b.config(h))
-	eventually(t, "the dead letter", func() bool { return r.c.Stats().DeadLettered == 1 })
+	testkit.Eventually(t, time.Minute, "the dead letter", func() bool { return r.c.Stats().DeadLettered == 1 })
 	d := b.read(topic+".dlq", 1)
 	if len(d) != 1 || hdr(d[0], "motiu") != "permanent: esquema: comanda.creada v1 sense adreca_lliurament" {
 		t.Fatalf("dead letter %v", d)
@@ -159,10 +162,11 @@ func TestFixAndReplayAppliesOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "the replay to be applied", func() bool {
+	testkit.Eventually(t, time.Minute, "the replay to be applied", func() bool {
 		st := r.c.Stats()
 		return st.Processed == 1 && st.Duplicates == 1
 	})
+
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -184,6 +188,7 @@ func TestFixAndReplayAppliesOnce(t *testing.T) {
 // is due is processed while an earlier copy in the same retry partition (same
 // key) still waits for its hour.
 func TestDueRetryIsNotHeldBehindALaterOne(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	slow, quick := seqEvent("H-1", 0), seqEvent("H-1", 1)
 	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -197,7 +202,7 @@ func TestDueRetryIsNotHeldBehindALaterOne(t *testing.T) {
 	}
 	b.publishEvents(slow, quick)
 	r := b.run(b.config(h))
-	eventually(t, "the quick copy to be processed", func() bool { return r.c.Stats().Processed == 1 })
+	testkit.Eventually(t, time.Minute, "the quick copy to be processed", func() bool { return r.c.Stats().Processed == 1 })
 	held := b.gauge(consumer.MetricHeld)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
@@ -241,6 +246,7 @@ func (b *bundle) gauge(metric string) float64 {
 // `km0 bench consume --poison-rate`). One assignment, holding both topics,
 // is the whole session.
 func TestFirstDeadLetterDoesNotRebalanceTheGroup(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var mu sync.Mutex
 	var assigned []map[string][]int32
@@ -252,12 +258,12 @@ func TestFirstDeadLetterDoesNotRebalanceTheGroup(t *testing.T) {
 	}))
 	r := b.run(cfg)
 	b.publish(seqEvent("K", 0).record())
-	eventually(t, "the first event processed", func() bool { return r.c.Stats().Processed == 1 })
+	testkit.Eventually(t, time.Minute, "the first event processed", func() bool { return r.c.Stats().Processed == 1 })
 	b.publish(&kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte(`{not json`)})
-	eventually(t, "the poison dead-lettered", func() bool { return r.c.Stats().DeadLettered == 1 })
+	testkit.Eventually(t, time.Minute, "the poison dead-lettered", func() bool { return r.c.Stats().DeadLettered == 1 })
 	time.Sleep(500 * time.Millisecond) // a rejoin follows the copy's metadata refresh within ~10 ms
 	b.publish(seqEvent("K", 1).record())
-	eventually(t, "the second event processed", func() bool { return r.c.Stats().Processed == 2 })
+	testkit.Eventually(t, time.Minute, "the second event processed", func() bool { return r.c.Stats().Processed == 2 })
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -274,6 +280,7 @@ func TestFirstDeadLetterDoesNotRebalanceTheGroup(t *testing.T) {
 // Before, the panic killed the process, and on restart again: the partition
 // was blocked for good.
 func TestDecodePanicIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	poison := seqEvent("D-1", 1)
 	b.publishEvents(seqEvent("D-1", 0), poison, seqEvent("D-1", 2))
@@ -305,6 +312,7 @@ func TestDecodePanicIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 // foreign-tool copy), belongs to every group, so it is processed rather
 // than skipped by all of them and lost.
 func TestRetryCopiesOfAnotherGroupAreSkippedAndUnnamedOnesTaken(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	r := b.run(b.config(effect))
 	copyWith := func(n int, group *string) *kgo.Record {
@@ -319,10 +327,11 @@ func TestRetryCopiesOfAnotherGroupAreSkippedAndUnnamedOnesTaken(t *testing.T) {
 	}
 	other, empty, ours := "pagaments", "", group
 	b.publish(copyWith(1, &other), copyWith(2, &empty), copyWith(3, nil), copyWith(4, &ours))
-	eventually(t, "3 copies processed and 1 skipped", func() bool {
+	testkit.Eventually(t, time.Minute, "3 copies processed and 1 skipped", func() bool {
 		st := r.c.Stats()
 		return st.Processed == 3 && st.Foreign == 1
 	})
+
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -341,6 +350,7 @@ func TestRetryCopiesOfAnotherGroupAreSkippedAndUnnamedOnesTaken(t *testing.T) {
 // at 0 until the copy is safe, then moves to 11. (Before this test only the
 // 10,000-event killed-member test caught a mark that jumped the gap.)
 func TestOffsetNeverPassesARecordWhoseCopyIsNotSafe(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	first := seqEvent("K", 0)
 	recs := []*kgo.Record{first.record()}
@@ -367,13 +377,13 @@ func TestOffsetNeverPassesARecordWhoseCopyIsNotSafe(t *testing.T) {
 		return nil
 	}
 	r := b.run(cfg)
-	eventually(t, "records 1-10 processed", func() bool { return r.c.Stats().Processed == 10 })
+	testkit.Eventually(t, time.Minute, "records 1-10 processed", func() bool { return r.c.Stats().Processed == 10 })
 	time.Sleep(300 * time.Millisecond) // 15 commit intervals for a wrong mark to show
 	if c := b.committed(topic); c != 0 {
 		t.Fatalf("offset %d committed while record 0's retry copy was not safe; want 0", c)
 	}
 	close(release)
-	eventually(t, "offset 11 committed", func() bool { return b.committed(topic) == 11 })
+	testkit.Eventually(t, time.Minute, "offset 11 committed", func() bool { return b.committed(topic) == 11 })
 	if st := r.c.Stats(); st.Retried != 1 || b.effects() != 10 {
 		t.Fatalf("stats %+v, %d effects; want 1 retried, 10 effects", st, b.effects())
 	}

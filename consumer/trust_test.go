@@ -13,6 +13,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 )
 
@@ -26,6 +27,7 @@ import (
 // is a dead letter carrying intents 3. Nothing stays held, and the retry
 // partition's committed offset passes every copy.
 func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	const maxWait = time.Second
 	forged := func(n int, headers ...string) (event, *kgo.Record) {
@@ -62,14 +64,15 @@ func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
 	// Once a first event is processed the member holds its partitions, so
 	// a copy due at once is handled well within maxWait of its publication.
 	b.publishEvents(seqEvent("warm", 0))
-	eventually(t, "the first event processed", func() bool { return r.c.Stats().Processed == 1 })
+	testkit.Eventually(t, time.Minute, "the first event processed", func() bool { return r.c.Stats().Processed == 1 })
 	published := time.Now()
 	b.publish(r0, r1, r2, r3, r4)
-	eventually(t, "3 copies processed and 2 dead-lettered", func() bool {
+	testkit.Eventually(t, time.Minute, "3 copies processed and 2 dead-lettered", func() bool {
 		st := r.c.Stats()
 		return st.Processed == 4 && st.DeadLettered == 2
 	})
-	eventually(t, "the retry partition committed past every copy", func() bool { return b.committed(topic+contract.RetrySuffix) == 5 })
+
+	testkit.Eventually(t, time.Minute, "the retry partition committed past every copy", func() bool { return b.committed(topic+contract.RetrySuffix) == 5 })
 	held := b.gauge(consumer.MetricHeld)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
@@ -122,6 +125,7 @@ func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
 // header the consumer does not handle is filtered on before decoding
 // (ignored, counted), and a record whose header agrees is processed.
 func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	withTypes := func(e event, types ...string) *kgo.Record {
 		rec := e.record()

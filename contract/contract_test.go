@@ -15,6 +15,7 @@ import (
 // ParseTime gives back the same microsecond, for times across the range a
 // header can carry.
 func TestTimeRoundTripsToTheMicrosecond(t *testing.T) {
+	t.Parallel()
 	for _, tm := range []time.Time{
 		time.Unix(1789000000, 250_000_000),
 		time.Unix(1789000000, 123_456_000),
@@ -42,6 +43,7 @@ func TestTimeRoundTripsToTheMicrosecond(t *testing.T) {
 // headers were unified (an integer above 1e11), so a copy still queued from
 // then keeps its times.
 func TestParseTimeAcceptsSecondsAndLegacyMilliseconds(t *testing.T) {
+	t.Parallel()
 	cases := map[string]time.Time{
 		"1789000000":         time.Unix(1789000000, 0),
 		" 1789000000.25 ":    time.Unix(1789000000, 250_000_000),
@@ -72,6 +74,7 @@ func TestParseTimeAcceptsSecondsAndLegacyMilliseconds(t *testing.T) {
 // time (it once overflowed into the past) or anything between. A value that
 // is no number is no wait.
 func TestNotBeforeIsClampedToTheMaximumBackoff(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1789000000, 0)
 	const maxWait = time.Hour
 	limit := now.Add(maxWait)
@@ -107,6 +110,7 @@ func TestNotBeforeIsClampedToTheMaximumBackoff(t *testing.T) {
 // integer it counts as 1, and however large it is it makes the copy's
 // attempt the last one (a failure dead-letters it) without overflowing.
 func TestAttemptIsClampedToTheConfiguredAttempts(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		intents string
 		max     int
@@ -128,6 +132,7 @@ func TestAttemptIsClampedToTheConfiguredAttempts(t *testing.T) {
 // The tipus header is filtered on only when it is unambiguous, and a header
 // that disagrees with the envelope is an error that names both.
 func TestTypeHeaderFilterAndCheck(t *testing.T) {
+	t.Parallel()
 	th := func(vals ...string) *contract.TypeHeader {
 		var h contract.TypeHeader
 		for _, v := range vals {

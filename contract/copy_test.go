@@ -22,6 +22,7 @@ func headersOf(kv []contract.KV) map[string]string {
 // a time that does not parse by this failure's (data_original: the
 // timestamp, or none when that is unknown).
 func TestCopyHeadersKeepTheFirstFailureAndReplaceUnparsableTimes(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1789000100, 0)
 	stamp := time.Unix(1789000050, 0)
 	prior := map[string]string{
@@ -65,6 +66,7 @@ func TestCopyHeadersKeepTheFirstFailureAndReplaceUnparsableTimes(t *testing.T) {
 // The history grows by one attempt per copy and stays bounded: the last
 // MaxHistory attempts, each error cut to MaxHistoryError bytes.
 func TestHistoryIsBounded(t *testing.T) {
+	t.Parallel()
 	var hist string
 	long := strings.Repeat("é", 200)
 	for n := 1; n <= 15; n++ {

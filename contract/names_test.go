@@ -12,6 +12,7 @@ import (
 // One classifier groups dead letters for every consumer metric, the DLQ
 // index and the demo; its label values stay bounded.
 func TestReasonClassBoundsLabelValues(t *testing.T) {
+	t.Parallel()
 	for motiu, want := range map[string]string{
 		"permanent: esquema: comanda.creada v1 sense adreca_lliurament": "permanent: esquema",
 		"permanent: envelope: malformed JSON: unexpected end":           "permanent: envelope",
@@ -29,6 +30,7 @@ func TestReasonClassBoundsLabelValues(t *testing.T) {
 }
 
 func TestIdempotencyKeyPrefersAValidCorrelator(t *testing.T) {
+	t.Parallel()
 	for raw, want := range map[string]string{
 		"":                                   "E1",
 		`"C1"`:                               "C1",
@@ -44,6 +46,7 @@ func TestIdempotencyKeyPrefersAValidCorrelator(t *testing.T) {
 }
 
 func TestDerivedNames(t *testing.T) {
+	t.Parallel()
 	if got := contract.RetryTopic("t"); got != "t.retry" {
 		t.Error(got)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/pause"
 )
 
 // Defaults of AlerterConfig.
@@ -41,7 +42,7 @@ type AlerterConfig struct {
 	// WebhookAttempts is how many times a notice is tried. Default 3.
 	WebhookAttempts int
 	// WebhookBackoff is the wait before the second attempt, doubled after
-	// each further one. Default 1 s.
+	// each further one, each wait jittered down by up to a half. Default 1 s.
 	WebhookBackoff time.Duration
 	// WebhookQueue is how many notices may wait for delivery; when it is full
 	// a notice is dropped (logged and counted), never waited for. Default 1024.
@@ -286,7 +287,6 @@ func (a *Alerter) deliver() {
 
 func (a *Alerter) send(n outgoing) {
 	body, _ := json.Marshal(n.body) // a Notice or LagNotice always marshals
-	wait := a.cfg.WebhookBackoff
 	var lastErr error
 	for attempt := 1; attempt <= a.cfg.WebhookAttempts; attempt++ {
 		retry, err := a.post(body)
@@ -297,7 +297,7 @@ func (a *Alerter) send(n outgoing) {
 		if !retry || attempt == a.cfg.WebhookAttempts {
 			break
 		}
-		t := time.NewTimer(wait)
+		t := time.NewTimer(pause.Backoff(a.cfg.WebhookBackoff, 0, attempt))
 		select {
 		case <-t.C:
 		case <-a.stop:
@@ -305,7 +305,6 @@ func (a *Alerter) send(n outgoing) {
 			// Shutting down: one last try happens on the next loop turn only
 			// if attempts remain; do not wait for the backoff.
 		}
-		wait *= 2
 	}
 	a.failures.WithLabelValues("error").Inc()
 	a.cfg.Logger.Warn("dlq: webhook did not take the notice", "id", n.id, "err", lastErr)

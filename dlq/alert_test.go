@@ -17,6 +17,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 )
@@ -30,6 +31,7 @@ func letter(id, reason string) *dlq.Letter {
 // line with id and motiu, and a webhook notice, delivered even though the
 // webhook fails the first time (503, then 200).
 func TestAlerterCountsLogsAndNotifiesWebhook(t *testing.T) {
+	t.Parallel()
 	var calls atomic.Int32
 	got := make(chan dlq.Notice, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -82,6 +84,7 @@ func TestAlerterCountsLogsAndNotifiesWebhook(t *testing.T) {
 // A webhook that never answers does not block DeadLetter; with a full queue
 // notices are dropped and counted, and the counter still counts every letter.
 func TestAlerterWebhookNeverBlocks(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -111,6 +114,7 @@ func TestAlerterWebhookNeverBlocks(t *testing.T) {
 
 // Reason classes bound the label cardinality.
 func TestReasonClass(t *testing.T) {
+	t.Parallel()
 	cases := map[string]string{
 		"permanent: esquema: adreca_lliurament absent":         "permanent: esquema",
 		"permanent: estoc insuficient":                         "permanent: estoc insuficient",
@@ -146,6 +150,7 @@ func TestReasonClass(t *testing.T) {
 // and loses nothing; once the table exists it indexes every letter, alerts
 // once per letter, and commits.
 func TestIndexerCommitsAfterTheIndexTransaction(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	// An index in a schema without the table: every insert fails.
 	s2 := b.schema.Name + "_later"
@@ -166,9 +171,10 @@ func TestIndexerCommitsAfterTheIndexTransaction(t *testing.T) {
 	}
 	// Crash point proven: the batch was fetched, the index transaction failed;
 	// the offsets must not be committed.
-	waitFor(t, "the indexer to fail on the missing table", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the indexer to fail on the missing table", func() bool {
 		return strings.Count(b.logs.String(), "cannot write the index") >= 2
 	})
+
 	if n := committed(t, b.adm); n != 0 {
 		t.Fatalf("the indexer committed %d offsets without indexing", n)
 	}
@@ -180,11 +186,11 @@ func TestIndexerCommitsAfterTheIndexTransaction(t *testing.T) {
 		_ = b.schema.Pool.QueryRow(b.ctx, "SELECT count(*) FROM "+s2+".cartes_mortes").Scan(&n)
 		return n
 	}
-	waitFor(t, "3 letters indexed", 10*time.Second, func() bool { return count() == 3 })
-	waitFor(t, "offsets committed", 10*time.Second, func() bool { return committed(t, b.adm) == 3 })
+	testkit.Eventually(t, 10*time.Second, "3 letters indexed", func() bool { return count() == 3 })
+	testkit.Eventually(t, 10*time.Second, "offsets committed", func() bool { return committed(t, b.adm) == 3 })
 	b.produceDead(t, dead{topic: inventari, key: "P-4", reason: "permanent: estoc insuficient: y"})
-	waitFor(t, "the 4th letter indexed", 10*time.Second, func() bool { return count() == 4 })
-	waitFor(t, "the 4th offset committed", 10*time.Second, func() bool { return committed(t, b.adm) == 4 })
+	testkit.Eventually(t, 10*time.Second, "the 4th letter indexed", func() bool { return count() == 4 })
+	testkit.Eventually(t, 10*time.Second, "the 4th offset committed", func() bool { return committed(t, b.adm) == 4 })
 	if v := letterCount(t, b.reg, inventari, "permanent: estoc insuficient"); v != 4 {
 		t.Fatalf("counter %v, want 4 (one per letter, none for the retried batch)", v)
 	}
@@ -215,6 +221,7 @@ func failureCount(t *testing.T, reg *prometheus.Registry, cause string) float64 
 // hooks.slack.com/services/T/B/<secret>, ?token=): a webhook that cannot be
 // reached is logged without the URL.
 func TestAlerterWebhookFailureLogHidesTheURL(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.NotFoundHandler())
 	url := srv.URL + "/services/T0/B0/s3cretpath?token=s3cretquery"
 	srv.Close() // nothing listens there now: the POST fails with a *url.Error

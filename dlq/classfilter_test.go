@@ -9,6 +9,7 @@ import (
 // Filter.Class selects one failure group exactly: a longer class that
 // starts with the same text (what a motiu prefix would also match) stays out.
 func TestFilterClassIsExact(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	b.produceDead(t, dead{topic: comandes, key: "a", reason: "permanent: esquema: falta adreca"})
 	b.produceDead(t, dead{topic: comandes, key: "b", reason: "permanent: esquema: falta client"})

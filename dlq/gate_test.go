@@ -30,6 +30,7 @@ func from(addr string) *http.Request {
 // Attempts are counted before the token is compared: 300 guesses made at
 // once from one address are evaluated at most GatePerSourceDefault times.
 func TestGateCountsEveryAttemptBeforeEvaluating(t *testing.T) {
+	t.Parallel()
 	g := dlq.NewGate("right", dlq.GateConfig{})
 	var mu sync.Mutex
 	n := map[dlq.Verdict]int{}
@@ -63,6 +64,7 @@ func TestGateCountsEveryAttemptBeforeEvaluating(t *testing.T) {
 // or not; a distributed flood exhausts the global ceiling for unknown
 // addresses only; the budgets refill.
 func TestGateFloodFromOneSourceSparesTheOperator(t *testing.T) {
+	t.Parallel()
 	c := &clock{t: time.Date(2026, 12, 1, 22, 0, 0, 0, time.UTC)}
 	g := dlq.NewGate("right", dlq.GateConfig{Now: c.now})
 	for range 1000 {
@@ -116,6 +118,7 @@ func TestGateFloodFromOneSourceSparesTheOperator(t *testing.T) {
 // X-Forwarded-For is not trusted: it does not make a flood look like many
 // sources.
 func TestGateIgnoresForwardedFor(t *testing.T) {
+	t.Parallel()
 	g := dlq.NewGate("right", dlq.GateConfig{})
 	for i := range dlq.GatePerSourceDefault {
 		r := from("198.51.100.8:1")
@@ -134,6 +137,7 @@ func TestGateIgnoresForwardedFor(t *testing.T) {
 // to the right token, whatever the body, while the right token from another
 // address is evaluated (and then the body validated: 400).
 func TestAdminAPIThrottlesTokenGuesses(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
 	b.sync(t)

@@ -19,6 +19,7 @@ import (
 // (case-insensitive names, last duplicate wins). Every letter is selected
 // only by an explicit "all": true.
 func TestAdminAPIStrictBodiesAndExplicitAll(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
 	b.produceDead(t, dead{topic: comandes, key: "P-2", reason: "permanent: esquema: x"})
@@ -59,6 +60,7 @@ func TestAdminAPIStrictBodiesAndExplicitAll(t *testing.T) {
 // with a clear message, and a database that is down is a 503 that names no
 // user, database, host or port; the full error goes to the server log.
 func TestAdminAPIErrorsShowNoInternals(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
 	b.sync(t)

@@ -41,6 +41,7 @@ func call(t *testing.T, method, u, token, body string) (int, string) {
 // shows nothing of a letter and changes nothing; the right one reads and
 // replays.
 func TestAdminAPIRequiresTokenForEveryEndpoint(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: DNI 12345678Z"})
 	b.sync(t)
@@ -124,6 +125,7 @@ func TestAdminAPIRequiresTokenForEveryEndpoint(t *testing.T) {
 // request that sends some token: nothing of a letter is shown, nothing
 // changes, and the answer says how to set the token.
 func TestAdminAPIWithoutTokenIsClosed(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: DNI 12345678Z"})
 	b.sync(t)
@@ -152,6 +154,7 @@ func TestAdminAPIWithoutTokenIsClosed(t *testing.T) {
 // into the future: "until=200000d" selects the letters dead more than 200,000
 // days ago (none), never every letter.
 func TestPurgeUntilHugeAgeSelectsNothing(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	for range 2 {
 		b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
@@ -169,6 +172,7 @@ func TestPurgeUntilHugeAgeSelectsNothing(t *testing.T) {
 // nothing: a decoder that stopped after the first object would purge every
 // letter for `{"yes":true}{"ids":[...]}`.
 func TestAdminAPIRefusesTrailingDataInBody(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
 	b.produceDead(t, dead{topic: comandes, key: "P-2", reason: "permanent: esquema: x"})
@@ -186,6 +190,7 @@ func TestAdminAPIRefusesTrailingDataInBody(t *testing.T) {
 // An unknown query parameter of GET /letters is a 400, not a filter silently
 // dropped (a typo would list every letter as if it matched).
 func TestAdminAPIRefusesUnknownFilter(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x"})
 	b.sync(t)
@@ -202,6 +207,7 @@ func TestAdminAPIRefusesUnknownFilter(t *testing.T) {
 // GET /letters rows are bounded: a limit of 0 ("all") or
 // above MaxListLimit is a 400, never a whole DLQ loaded into memory.
 func TestAdminAPIBoundsTheRowsOfAListing(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	now := time.Now()
 	letters := make([]*dlq.Letter, dlq.MaxListLimit+1)

@@ -9,6 +9,7 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 )
 
@@ -16,6 +17,7 @@ import (
 // fresh group (which re-reads every record from the start) adds no row,
 // raises no alert and does not reset the state of a replayed letter.
 func TestSyncIsIdempotent(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var first string
 	for i := range 5 {
@@ -70,6 +72,7 @@ func TestSyncIsIdempotent(t *testing.T) {
 
 // ls: counts grouped by DLQ topic and reason class, and the filters.
 func TestListGroupsAndFilters(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	old := time.Now().Add(-48 * time.Hour)
 	for i := range 3 {
@@ -126,6 +129,7 @@ func TestListGroupsAndFilters(t *testing.T) {
 // show: a poison letter (malformed JSON, terminal escapes, invalid UTF-8, no
 // tipus/id_esdeveniment headers) is indexed, shown safely and keeps its bytes.
 func TestShowMalformedLetter(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	poison := []byte("{\"id_esdeveniment\": \"e-1\", \"tipus\": \x1b[31mBOOM\xff\x00")
 	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-9", value: poison, noIDHeaders: true,
@@ -168,6 +172,7 @@ func TestShowMalformedLetter(t *testing.T) {
 // still get them: a reader starts no later than what its own index holds.
 // An Indexer (a group member) obeys the same rule.
 func TestASecondIndexInTheSameGroupStillGetsEveryLetter(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	for _, k := range []string{"P-1", "P-2"} {
 		b.produceDead(t, dead{topic: comandes, key: k, reason: "permanent: esquema: x"})
@@ -203,5 +208,5 @@ func TestASecondIndexInTheSameGroupStillGetsEveryLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer runIndexer(t, b.ctx, ix)()
-	waitFor(t, "index C to get the 2 letters", 10*time.Second, func() bool { return countC() == 2 })
+	testkit.Eventually(t, 10*time.Second, "index C to get the 2 letters", func() bool { return countC() == 2 })
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // A bulk replay job is capped, paced, cancellable and resumable without
@@ -18,6 +19,7 @@ import (
 // cancelled while it runs and stops with letters left. 10,001 letters are
 // refused.
 func TestReplayJobIsPacedCancellableAndResumable(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var ids []string
 	for i := 0; i < 8; i++ {
@@ -36,10 +38,11 @@ func TestReplayJobIsPacedCancellableAndResumable(t *testing.T) {
 	ctx, stop := context.WithCancel(b.ctx)
 	done := make(chan error, 1)
 	go func() { _, err := b.svc.RunJob(ctx, job, dlq.ReplayOptions{}); done <- err }()
-	waitFor(t, "2 letters replayed by the job", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "2 letters replayed by the job", func() bool {
 		st, err := b.svc.JobStatus(b.ctx, job)
 		return err == nil && st.Done >= 2
 	})
+
 	stop() // the process stops
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("stopped run: %v", err)
@@ -82,10 +85,11 @@ func TestReplayJobIsPacedCancellableAndResumable(t *testing.T) {
 	}
 	res := make(chan *dlq.JobStatus, 1)
 	go func() { st, _ := b.svc.RunJob(b.ctx, job2, dlq.ReplayOptions{Force: true}); res <- st }()
-	waitFor(t, "the second job started", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the second job started", func() bool {
 		st, err := b.svc.JobStatus(b.ctx, job2)
 		return err == nil && st.Done >= 1
 	})
+
 	if err := b.svc.CancelJob(b.ctx, job2); err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +102,7 @@ func TestReplayJobIsPacedCancellableAndResumable(t *testing.T) {
 // second console resuming it) is refused with ErrJobRunning and replays
 // nothing; the first replays each letter once.
 func TestReplayJobHasOneRunnerAtATime(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var ids []string
 	for i := 0; i < 4; i++ {
@@ -111,10 +116,11 @@ func TestReplayJobHasOneRunnerAtATime(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { _, err := b.svc.RunJob(b.ctx, job, dlq.ReplayOptions{}); done <- err }()
-	waitFor(t, "the first run under way", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the first run under way", func() bool {
 		st, err := b.svc.JobStatus(b.ctx, job)
 		return err == nil && st.Done >= 1
 	})
+
 	svc2, err := dlq.NewService(dlq.ServiceConfig{Store: b.store, Backend: b.backend})
 	if err != nil {
 		t.Fatal(err)
@@ -138,6 +144,7 @@ func TestReplayJobHasOneRunnerAtATime(t *testing.T) {
 // replayed (which only Force replays again) are replayed by the resumed run
 // too, none refused.
 func TestReplayJobResumedKeepsForce(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var ids []string
 	for i := 0; i < 4; i++ {
@@ -155,10 +162,11 @@ func TestReplayJobResumedKeepsForce(t *testing.T) {
 	ctx, stop := context.WithCancel(b.ctx)
 	done := make(chan error, 1)
 	go func() { _, err := b.svc.RunJob(ctx, job, dlq.ReplayOptions{Force: true}); done <- err }()
-	waitFor(t, "1 letter forced", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "1 letter forced", func() bool {
 		st, err := b.svc.JobStatus(b.ctx, job)
 		return err == nil && st.Done >= 1
 	})
+
 	stop()
 	<-done
 	st, err := b.svc.RunJob(b.ctx, job, dlq.ReplayOptions{}) // resumed by a runner that does not know

@@ -12,6 +12,7 @@ import (
 // Letter.History reads the historial_intents header a source wrote
 // (contract.CopyHeaders); a letter without one has none.
 func TestLetterHistoryReadsTheAttemptHeader(t *testing.T) {
+	t.Parallel()
 	at := time.Unix(1789000000, 0)
 	want := []contract.FailedAttempt{{N: 1, At: at, Error: "a"}, {N: 2, At: at.Add(time.Second), Error: "b"}}
 	l := &dlq.Letter{Headers: []transport.Header{{Key: "tipus", Value: "x"}, {Key: contract.HeaderHistory, Value: contract.FormatHistory(want)}}}

@@ -11,6 +11,7 @@ import (
 
 // Bad headers never stop a letter from being built: they leave "unknown".
 func TestNewLetterToleratesBadHeaders(t *testing.T) {
+	t.Parallel()
 	m := &transport.Message{Key: []byte("k"), Value: []byte("not json"), Headers: []transport.Header{
 		{Key: "intents", Value: "three"}, {Key: "particio_original", Value: "-4"},
 		{Key: "primera_fallada", Value: "NaN"}, {Key: "motiu", Value: "permanent: x"},
@@ -33,6 +34,7 @@ func TestNewLetterToleratesBadHeaders(t *testing.T) {
 }
 
 func TestParseKafkaID(t *testing.T) {
+	t.Parallel()
 	topic, p, o, err := dlq.ParseKafkaID("comandes.esdeveniments.dlq/5/120")
 	if err != nil || topic != "comandes.esdeveniments.dlq" || p != 5 || o != 120 {
 		t.Fatalf("%q %d %d %v", topic, p, o, err)
@@ -45,6 +47,7 @@ func TestParseKafkaID(t *testing.T) {
 }
 
 func TestParseTime(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
 	cases := map[string]time.Time{
 		"":                     {},

@@ -24,6 +24,7 @@ import (
 // shard queue holds one message); a purge with record deletion deletes on
 // Kafka only and does not fail for the RabbitMQ letter.
 func TestMixedBackendIndexesReplaysAndPurgesOnEachBroker(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
 	kafkaID, _ := b.produceDead(t, dead{topic: comandes, key: "P-2026-000001", reason: "permanent: esquema: falta mercat"})

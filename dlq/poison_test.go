@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/dlq/kafkadlq"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 )
 
@@ -114,6 +115,7 @@ func sumCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // headers) and set aside the one the index refuses: recorded in
 // cartes_refusades, counted, logged once and shown by List.
 func TestForgedLettersNeverStopTheKafkaIndex(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	refuseVerinos(t, b.schema)
 	ids := b.producePoisons(t)
@@ -176,10 +178,11 @@ func TestForgedLettersNeverStopTheKafkaIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runIndexer(t, b.ctx, ix)
-	waitFor(t, "the indexer to index the good letter", 15*time.Second, func() bool {
+	testkit.Eventually(t, 15*time.Second, "the indexer to index the good letter", func() bool {
 		_, err := store.Get(b.ctx, good)
 		return err == nil
 	})
+
 	stop()
 	checkPoisonsIndexed(t, store, ids)
 	if n, r := sumCounter(t, reg, "km0_dlq_letters_total"), sumCounter(t, reg, "km0_dlq_refused_total"); n != 7 || r != 1 {

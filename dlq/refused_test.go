@@ -14,6 +14,7 @@ import (
 // Only PostgreSQL refusing a row for what it holds sets a letter aside; an
 // outage, a missing table or a duplicate is retried with the whole batch.
 func TestOnlyARefusedRowIsSetAside(t *testing.T) {
+	t.Parallel()
 	pg := func(code string) error { return fmt.Errorf("dlq: index x: %w", &pgconn.PgError{Code: code}) }
 	for err, want := range map[error]bool{
 		pg("22003"): true,  // numeric value out of range
@@ -35,6 +36,7 @@ func TestOnlyARefusedRowIsSetAside(t *testing.T) {
 
 // bound clamps and cuts in place; headers stay whole.
 func TestBoundFitsTheColumns(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("é", MaxIndexedText) // 2 bytes a rune: the cut falls inside one
 	l := &Letter{Attempts: math.MaxInt, OriginalPartition: -7, OriginalOffset: -9, Reason: long, OriginalTopic: "a\x00\xffb"}
 	l.bound()

@@ -29,6 +29,7 @@ import (
 // the effect reports a duplicate (its effect count stays 1) and the one that
 // had not applies it once; a redelivery of the replay changes nothing.
 func TestReplayRepublishesSameEventAndInboxAbsorbsDuplicate(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
 	if _, err := b.schema.Pool.Exec(ctx, `CREATE TABLE efectes (consumidor TEXT NOT NULL, id TEXT NOT NULL)`); err != nil {
@@ -133,6 +134,7 @@ func TestReplayRepublishesSameEventAndInboxAbsorbsDuplicate(t *testing.T) {
 
 // Replaying twice is refused unless forced; a forced replay publishes again.
 func TestReplayTwiceNeedsForce(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "transitori esgotat: mapes: 503"})
 	b.sync(t)
@@ -163,6 +165,7 @@ func TestReplayTwiceNeedsForce(t *testing.T) {
 // again. Age is measured from the oldest of data_ms, primera_fallada and the
 // dead time.
 func TestReplayRefusesLetterOlderThanRetention(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	old := time.Now().Add(-20 * 24 * time.Hour)
 	byFailure, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: a", firstFailure: old, eventTime: old})
@@ -204,6 +207,7 @@ func TestReplayRefusesLetterOlderThanRetention(t *testing.T) {
 // its key since the source record was written. data_original, the source
 // record's timestamp, makes the letter old enough to refuse.
 func TestReplayAgesALetterWithoutDataMSFromItsSourceRecord(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	old := time.Now().Add(-20 * 24 * time.Hour)
 	id := uuid.NewString()
@@ -224,6 +228,7 @@ func TestReplayAgesALetterWithoutDataMSFromItsSourceRecord(t *testing.T) {
 
 // A dry run reports what it would replay and publishes and marks nothing.
 func TestReplayDryRunPublishesNothing(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	for _, k := range []string{"P-1", "P-2", "P-3"} {
 		b.produceDead(t, dead{topic: comandes, key: k, reason: "permanent: esquema: x"})
@@ -245,6 +250,7 @@ func TestReplayDryRunPublishesNothing(t *testing.T) {
 // topic); with DeleteRecords it deletes records only up to the lowest offset
 // still pending in the partition.
 func TestPurgeNeedsConfirmationAndKeepsPendingRecords(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var letters []string
 	for range 4 {
@@ -306,6 +312,7 @@ func TestPurgeNeedsConfirmationAndKeepsPendingRecords(t *testing.T) {
 // A poison letter (not a valid envelope) is refused without --force: it would
 // dead-letter again, and nothing could deduplicate it.
 func TestReplayRefusesUndecodableLetter(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	id, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", value: []byte("{oops"), noIDHeaders: true,
 		reason: "permanent: envelope: malformed JSON"})
@@ -325,6 +332,7 @@ func TestReplayRefusesUndecodableLetter(t *testing.T) {
 // Letters of one key are republished in their DLQ order (offset order), even
 // when their timestamps disagree (clocks of different consumer instances).
 func TestReplayKeepsDLQOrderPerKey(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	now := time.Now()
 	var want []string
@@ -353,6 +361,7 @@ func TestReplayKeepsDLQOrderPerKey(t *testing.T) {
 // memory (200 letters of 256 KiB = 50 MiB of values; Purge may allocate at
 // most a fifth of that).
 func TestPurgeDoesNotLoadTheLettersBytes(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	value := bytes.Repeat([]byte("x"), 256<<10)
 	now := time.Now()

@@ -16,6 +16,7 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
@@ -28,6 +29,7 @@ import (
 // once to each consumer (each queue gets its own three back), and makes no
 // new dead letter.
 func TestReplayOnRabbitMQReachesOnlyTheConsumerThatFailed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	conn := amqptest.Dial(t)
 	db := pgtest.NewSchema(t)
@@ -108,20 +110,22 @@ func TestReplayOnRabbitMQReachesOnlyTheConsumerThatFailed(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "6 letters indexed", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "6 letters indexed", func() bool {
 		if _, err := svc.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 		return pending() == 6
 	})
+
 	failing.Store(false)
 	rep, err := svc.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{})
 	if err != nil || rep.Done != 6 {
 		t.Fatalf("replay: %+v %v", rep, err)
 	}
-	waitFor(t, "each consumer applying its 3 replays", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "each consumer applying its 3 replays", func() bool {
 		return a.c.Stats().Processed+a.c.Stats().Duplicates >= 3 && b.c.Stats().Processed+b.c.Stats().Duplicates >= 3
 	})
+
 	for _, k := range []*counted{a, b} {
 		if st := k.c.Stats(); st.Processed != 3 || st.Duplicates != 0 || st.DeadLettered != 3 {
 			t.Fatalf("%s: %+v; want 3 processed, 0 duplicates, 3 dead-lettered before the replay", k.queue, st)

@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
@@ -94,24 +95,27 @@ func (b *bundle) publishEvents(t *testing.T, n int) []string {
 // source skips the three copies addressed to another group (Foreign 3), and
 // no new dead letter appears.
 func TestReplayReachesOnlyTheConsumerThatFailed(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	pay := b.runGroup(t, "comandes.pagament", true)
 	an := b.runGroup(t, "analitica", false)
 	ids := b.publishEvents(t, 3)
-	waitFor(t, "3 dead letters of comandes.pagament and 3 counts of analitica", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "3 dead letters of comandes.pagament and 3 counts of analitica", func() bool {
 		return pay.c.Stats().DeadLettered == 3 && an.c.Stats().Processed == 3
 	})
-	waitFor(t, "3 letters indexed", 10*time.Second, func() bool { b.sync(t); return b.rows(t, dlq.StatePending) == 3 })
+
+	testkit.Eventually(t, 10*time.Second, "3 letters indexed", func() bool { b.sync(t); return b.rows(t, dlq.StatePending) == 3 })
 	pay.failing.Store(false)
 
 	rep := b.replay(t, dlq.Filter{Group: "comandes.pagament"}, dlq.ReplayOptions{})
 	if rep.Done != 3 || rep.Refused != 0 {
 		t.Fatalf("replay: %+v", rep)
 	}
-	waitFor(t, "comandes.pagament applying the 3 replays and analitica skipping them", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "comandes.pagament applying the 3 replays and analitica skipping them", func() bool {
 		sa := an.c.Stats()
 		return pay.c.Stats().Processed == 3 && sa.Foreign+sa.Duplicates+sa.Processed >= 6
 	})
+
 	for _, id := range ids {
 		if p, a := pay.count(id), an.count(id); p != 1 || a != 1 {
 			t.Fatalf("event %s: comandes.pagament applied it %d time(s), analitica %d; want 1 and 1", id, p, a)
@@ -130,14 +134,16 @@ func TestReplayReachesOnlyTheConsumerThatFailed(t *testing.T) {
 // at once delivers each event once to each consumer and makes no new dead
 // letter (it made twelve when each replay went to every group).
 func TestReplayOfTwoConsumersLettersDeliversOnceToEach(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	a := b.runGroup(t, "comandes.pagament", true)
 	c := b.runGroup(t, "inventari.descompte", true)
 	ids := b.publishEvents(t, 3)
-	waitFor(t, "3 dead letters in each consumer", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "3 dead letters in each consumer", func() bool {
 		return a.c.Stats().DeadLettered == 3 && c.c.Stats().DeadLettered == 3
 	})
-	waitFor(t, "6 letters indexed", 10*time.Second, func() bool { b.sync(t); return b.rows(t, dlq.StatePending) == 6 })
+
+	testkit.Eventually(t, 10*time.Second, "6 letters indexed", func() bool { b.sync(t); return b.rows(t, dlq.StatePending) == 6 })
 	a.failing.Store(false)
 	c.failing.Store(false)
 
@@ -145,10 +151,11 @@ func TestReplayOfTwoConsumersLettersDeliversOnceToEach(t *testing.T) {
 	if rep.Done != 6 || rep.Refused != 0 {
 		t.Fatalf("replay: %+v", rep)
 	}
-	waitFor(t, "each consumer applying its 3 replays and skipping the other's 3", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "each consumer applying its 3 replays and skipping the other's 3", func() bool {
 		sa, sc := a.c.Stats(), c.c.Stats()
 		return sa.Processed+sa.Duplicates+sa.Foreign >= 6 && sc.Processed+sc.Duplicates+sc.Foreign >= 6
 	})
+
 	if sa, sc := a.c.Stats(), c.c.Stats(); sa.Processed != 3 || sc.Processed != 3 || sa.Foreign != 3 || sc.Foreign != 3 ||
 		sa.Duplicates != 0 || sc.Duplicates != 0 {
 		t.Fatalf("after the replay: processed %d and %d, duplicates %d and %d, skipped %d and %d; want 3, 0 and 3 in each",
@@ -171,6 +178,7 @@ func TestReplayOfTwoConsumersLettersDeliversOnceToEach(t *testing.T) {
 // consumer: two letters of one event and consumer. A folded listing shows
 // one letter for them, counting 2 copies; the counts still count 3 letters.
 func TestFoldedListingShowsOneLetterPerEventAndConsumer(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	_, dup := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: estoc insuficient"})
 	b.produceDead(t, dead{topic: comandes, key: "P-1", eventID: dup, reason: "permanent: estoc insuficient"})

@@ -17,6 +17,7 @@ import (
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
@@ -46,6 +47,7 @@ func order(t *testing.T, id, mercat string) []byte {
 // released, no new letter appears, and the audit log holds the replay and
 // the edit with who ran them; the letter keeps its original bytes.
 func TestEditAndReplayClearsABlockedHeadInOrder(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	if _, err := migrate.Up(b.ctx, b.schema.Pool, b.schema.Names(), keyorder.Migrations); err != nil {
 		t.Fatal(err)
@@ -88,10 +90,11 @@ func TestEditAndReplayClearsABlockedHeadInOrder(t *testing.T) {
 	if err := kafka.NewPublisher(b.client).Publish(b.ctx, msgs); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the head and the two behind it dead-lettered and indexed", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the head and the two behind it dead-lettered and indexed", func() bool {
 		b.sync(t)
 		return b.rows(t, dlq.StatePending) == 3
 	})
+
 	ko, err := keyorder.New(keyorder.Config{Schema: b.schema.Name})
 	if err != nil {
 		t.Fatal(err)
@@ -139,11 +142,12 @@ func TestEditAndReplayClearsABlockedHeadInOrder(t *testing.T) {
 	if err != nil || rep.Done != 1 {
 		t.Fatalf("edit and replay: %+v %v", rep, err)
 	}
-	waitFor(t, "the edited head and the two behind it applied", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the edited head and the two behind it applied", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(applied) >= 3
 	})
+
 	mu.Lock()
 	got := strings.Join(applied, ",")
 	mu.Unlock()

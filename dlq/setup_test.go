@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
@@ -212,18 +213,6 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 	return 0
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for work
-	}
-}
-
 func (b *bundle) list(t *testing.T, f dlq.Filter) *dlq.Listing {
 	t.Helper()
 	ls, err := b.svc.List(b.ctx, f)
@@ -265,12 +254,13 @@ func ids(rep *dlq.Report, done bool) []string {
 // and reports its error.
 func runIndexer(t *testing.T, ctx context.Context, ix *kafkadlq.Indexer) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- ix.Run(ctx) }()
+	r := testkit.Start(t, "indexer", func(stopCtx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx) // ends with the test's ctx or at Stop
+		defer context.AfterFunc(stopCtx, cancel)()
+		return ix.Run(ctx)
+	})
 	return func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := r.Stop(); err != nil {
 			t.Errorf("indexer: %v", err)
 		}
 	}

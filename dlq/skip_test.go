@@ -19,6 +19,7 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
@@ -93,12 +94,13 @@ func checkSkip(t *testing.T, k skipCase) {
 		}
 		return n
 	}
-	waitFor(t, "the head and the three behind it dead-lettered and indexed", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the head and the three behind it dead-lettered and indexed", func() bool {
 		if _, err := k.svc.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 		return pending() == 4
 	})
+
 	ko, err := keyorder.New(keyorder.Config{Schema: k.db.Name})
 	if err != nil {
 		t.Fatal(err)
@@ -115,11 +117,12 @@ func checkSkip(t *testing.T, k skipCase) {
 	if err != nil || rep.Skipped.Done != 1 || rep.Next != behind[0] || rep.Replay == nil || rep.Replay.Done != 1 || len(rep.Replay.Items) != 3 {
 		t.Fatalf("skip: %+v %v", rep, err)
 	}
-	waitFor(t, "the three behind the head applied", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the three behind the head applied", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(applied) >= 3
 	})
+
 	takes, err := k.svc.Watch(ctx, time.Second, 0, rep.Replay)
 	if err != nil || len(takes) != 1 || !takes[0].Took {
 		t.Fatalf("watch of the skip's replay: %+v %v", takes, err)
@@ -156,6 +159,7 @@ func checkSkip(t *testing.T, k skipCase) {
 }
 
 func TestSkipReleasesTheSequenceBehindAPoisonedHeadOnKafka(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: b.broker.Addrs(), Group: "repartiment", Topics: []string{comandes},
 		KgoOpts: []kgo.Opt{kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(200 * time.Millisecond)}})
@@ -166,6 +170,7 @@ func TestSkipReleasesTheSequenceBehindAPoisonedHeadOnKafka(t *testing.T) {
 }
 
 func TestSkipReleasesTheSequenceBehindAPoisonedHeadOnRabbitMQ(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	conn := amqptest.Dial(t)
 	db := pgtest.NewSchema(t)

@@ -14,6 +14,7 @@ import (
 // letter behind it; --since and --until never select it, the groups still
 // count it, and replay refuses it without --force.
 func TestKafkaOutOfRangeTimestampIsIndexedAsUnknown(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	ancient := time.Date(-10700, 1, 1, 0, 0, 0, 0, time.UTC)
 	badID, _ := b.produceDead(t, dead{topic: comandes, key: "P-1", reason: "permanent: esquema: x",

@@ -10,6 +10,7 @@ import (
 
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 )
 
 func setup(t *testing.T) (*pgtest.Schema, *inbox.Inbox) {
@@ -139,13 +140,15 @@ func TestParallelDeliveriesOfOneMessageApplyTheEffectOnce(t *testing.T) {
 			second <- res
 		}()
 		// The second is blocked on the first's uncommitted key.
-		deadline := time.Now().Add(10 * time.Second)
-		for count(t, s, "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'") == 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("the second delivery never waited for the first")
+		// pg_locks is the whole server's: count only a wait on this test's table.
+		testkit.Eventually(t, 10*time.Second, "the second delivery to wait for the first", func() bool {
+			var n int
+			if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+				WHERE NOT l.granted AND l.locktype = 'transactionid' AND strpos(a.query, $1) > 0`, s.Name).Scan(&n); err != nil {
+				t.Fatal(err)
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return n > 0
+		})
 		close(release)
 		err1 := <-first
 		res2 := <-second

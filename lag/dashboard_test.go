@@ -15,6 +15,7 @@ import (
 // The Grafana dashboard queries only metrics km0 exports: a renamed metric
 // fails here instead of leaving an empty panel.
 func TestDashboardUsesRealMetricNames(t *testing.T) {
+	t.Parallel()
 	raw, err := os.ReadFile("../deploy/grafana/km0.json")
 	if err != nil {
 		t.Fatal(err)

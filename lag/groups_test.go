@@ -17,6 +17,7 @@ import (
 // Without the system's groups, a Measurer of Kafka refuses to start rather
 // than report every group the cluster lists.
 func TestMeasurerNeedsTheSystemsGroups(t *testing.T) {
+	t.Parallel()
 	probe := kafkaProbe(t, []string{"127.0.0.1:1"})
 	defer probe.Close()
 	_, err := lag.NewMeasurer(lag.Config{Kafka: probe})
@@ -31,6 +32,7 @@ func TestMeasurerNeedsTheSystemsGroups(t *testing.T) {
 // marked Foreign, and still left out of the metrics, the alerts and the
 // default views unless they ask for it too.
 func TestForeignGroupsOnlyOnRequest(t *testing.T) {
+	t.Parallel()
 	brokers, adm, _ := kafkaLag(t)
 	var o kadm.Offsets
 	o.Add(kadm.Offset{Topic: topic, Partition: 0, At: 1, LeaderEpoch: -1})

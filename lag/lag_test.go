@@ -23,6 +23,7 @@ import (
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp/amqplag"
@@ -96,6 +97,7 @@ func group(t *testing.T, s *lag.Snapshot, name string) lag.GroupLag {
 // A group's lag per partition is its committed offset against the end, and
 // its oldest age is the timestamp of the first record it has not committed.
 func TestMeasureKafkaGroup(t *testing.T) {
+	t.Parallel()
 	brokers, _, base := kafkaLag(t)
 	m, err := lag.NewMeasurer(lag.Config{Kafka: kafkaProbe(t, brokers), Groups: []string{"inventari"}, Logger: quiet})
 	if err != nil {
@@ -127,6 +129,7 @@ func TestMeasureKafkaGroup(t *testing.T) {
 
 // An outbox's lag is its unpublished rows and the age of the oldest.
 func TestMeasureOutbox(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	ctx := context.Background()
 	ob := outbox.New(outbox.Config{Names: s.Names()})
@@ -165,6 +168,7 @@ func TestMeasureOutbox(t *testing.T) {
 // A RabbitMQ queue's ready messages come from the broker (unacked needs the
 // management API: unknown without it); a missing queue is reported.
 func TestMeasureQueue(t *testing.T) {
+	t.Parallel()
 	amqptest.Shared(t)
 	conn := amqptest.Dial(t)
 	q := amqptest.Name("km0.lagtest")
@@ -185,7 +189,7 @@ func TestMeasureQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "4 messages in the queue", func() bool { return amqptest.QueueLen(t, conn, q) == 4 })
+	testkit.Eventually(t, 10*time.Second, "4 messages in the queue", func() bool { return amqptest.QueueLen(t, conn, q) == 4 })
 	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(conn), Queues: []string{q, q + ".absent"}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -238,6 +242,7 @@ func (w *webhook) got() []dlq.LagNotice {
 // the threshold for the duration, once (not at every sample), and a
 // "resolta" notice when the group caught up.
 func TestLagAlertThroughTheDLQWebhook(t *testing.T) {
+	t.Parallel()
 	brokers, adm, _ := kafkaLag(t)
 	hook := newWebhook(t)
 	al, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: prometheus.NewRegistry(), Logger: quiet, WebhookURL: hook.srv.URL})
@@ -295,6 +300,7 @@ func TestLagAlertThroughTheDLQWebhook(t *testing.T) {
 // A lag under the threshold, or over it for less than the duration, sends
 // nothing; an age threshold alerts on its own.
 func TestWatchThresholds(t *testing.T) {
+	t.Parallel()
 	hook := newWebhook(t)
 	al, err := dlq.NewAlerter(dlq.AlerterConfig{Registerer: prometheus.NewRegistry(), Logger: quiet, WebhookURL: hook.srv.URL})
 	if err != nil {
@@ -322,6 +328,7 @@ func TestWatchThresholds(t *testing.T) {
 
 // The exporter's metrics are the latest snapshot's numbers.
 func TestCollector(t *testing.T) {
+	t.Parallel()
 	s := lag.NewSampler(lag.SamplerConfig{Measurer: nil})
 	s.Add(&lag.Snapshot{At: time.Now(),
 		Groups: []lag.GroupLag{{Group: "inventari", Total: 3, Partitions: []lag.PartitionLag{{Topic: topic, Partition: 0, Lag: 3, OldestSeconds: 480}}}},
@@ -393,6 +400,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 // for it, the Measurer reports its shard queues <queue>.<i> and its one DLQ,
 // and no error, as km0 dlq --queue takes the same name.
 func TestMeasureOrderedQueueByItsLogicalName(t *testing.T) {
+	t.Parallel()
 	amqptest.Shared(t)
 	conn := amqptest.Dial(t)
 	q := amqptest.Name("km0.lagordered")
@@ -414,9 +422,10 @@ func TestMeasureOrderedQueueByItsLogicalName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "the messages in the shards", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the messages in the shards", func() bool {
 		return amqptest.QueueLen(t, conn, q+".0") == 2 && amqptest.QueueLen(t, conn, q+".1") == 1 && amqptest.QueueLen(t, conn, q+".dlq") == 1
 	})
+
 	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(conn), Queues: []string{q}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

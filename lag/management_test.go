@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/transport/amqp/amqplag"
 )
@@ -16,6 +17,7 @@ import (
 // messages held by a consumer that never acks are counted as unacked, the
 // three others as ready.
 func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
+	t.Parallel()
 	mgmt := amqptest.ManagementURL(t)
 	q := amqptest.UnackedQueue(t, "km0.lagtest.unacked", 3, 2)
 	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(amqptest.Dial(t)), Queues: []string{q}, ManagementURL: mgmt, Logger: quiet})
@@ -24,7 +26,7 @@ func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
 	}
 	var last lag.QueueLag
 	// The broker samples its queue statistics every 5 s by default.
-	amqptest.WaitFor(t, 30*time.Second, "2 unacked and 3 ready through the management API", func() bool {
+	testkit.Eventually(t, 30*time.Second, "2 unacked and 3 ready through the management API", func() bool {
 		s, err := m.Measure(context.Background())
 		if err != nil || len(s.Errors) > 0 || len(s.Queues) != 1 {
 			t.Fatalf("measure: %v %v %+v", err, s.Errors, s.Queues)
@@ -32,6 +34,7 @@ func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
 		last = s.Queues[0]
 		return last.Unacked == 2 && last.Ready == 3 && last.Consumers == 1
 	})
+
 	if last.Err != "" {
 		t.Fatalf("queue: %+v", last)
 	}
@@ -41,6 +44,7 @@ func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
 // (without host or password) when it was configured, a note and unacked
 // unknown when it was a guess; ready counts stay exact either way.
 func TestManagementAPIThatDoesNotAnswer(t *testing.T) {
+	t.Parallel()
 	q := amqptest.UnackedQueue(t, "km0.lagtest.unacked", 3, 2)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 // A WAL outbox whose slot is missing is an error naming it. On a cluster of
 // its own: the shared server runs wal_level = replica.
 func TestMeasureWALOutbox(t *testing.T) {
+	t.Parallel()
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("a private PostgreSQL cluster is required: %v", err)

@@ -12,10 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/pause"
 )
 
 // Kind is what happens next to a failed message.
@@ -158,17 +158,9 @@ func Truncate(s string, n int) string {
 
 // Backoff is the delay before attempt+1 after attempt failed: base ×
 // 2^(attempt−1), capped at ceiling (a ceiling ≤ 0 means no cap other than overflow).
-// It never overflows, whatever attempt a retry copy claims.
+// It never overflows, whatever attempt a retry copy claims. It is km0's one
+// backoff schedule (internal/pause) without the jitter: the contract states
+// these waits, and RabbitMQ names its wait queues after them.
 func Backoff(base, ceiling time.Duration, attempt int) time.Duration {
-	if ceiling <= 0 {
-		ceiling = time.Duration(math.MaxInt64)
-	}
-	d := base
-	for i := 1; i < attempt && d < ceiling; i++ {
-		if d > ceiling/2 {
-			return ceiling
-		}
-		d *= 2
-	}
-	return min(d, ceiling)
+	return pause.Delay(base, ceiling, attempt)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport"
@@ -167,7 +168,7 @@ func TestDefaultsKeepCommitOrderWithEightWriters(t *testing.T) {
 	if err := w.Run(ctx, 8, 150, 2); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 30*time.Second, "every row published", func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
 	n := relaytest.Total(want)
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
@@ -354,7 +355,7 @@ func TestWorkersSplitTheShardsAtStart(t *testing.T) {
 		}
 		return n
 	}
-	relaytest.WaitFor(t, "the relay to own every shard", 20*time.Second, func() bool { return r.OwnedShards() == relay.ShardCount })
+	testkit.Eventually(t, 20*time.Second, "the relay to own every shard", func() bool { return r.OwnedShards() == relay.ShardCount })
 	share := relay.ShardCount / relay.WorkersDefault
 	if got := perSession(); len(got) != relay.WorkersDefault || got[0] != share || got[len(got)-1] != share {
 		t.Fatalf("shard locks per worker session %v, want %d sessions with %d each", got, relay.WorkersDefault, share)
@@ -397,21 +398,22 @@ func TestExtraWorkerJoinsForABacklogAndLeavesWhenIdle(t *testing.T) {
 	const aggs, rounds = 50, 100
 	b.enqueueRounds(t, aggs, 1, rounds)
 	start(t, r)
-	relaytest.WaitFor(t, "the backlog published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 30*time.Second, "the backlog published", func() bool { return b.pending(t) == 0 })
 	c.mu.Lock()
 	perWorker := maps.Clone(c.worker)
 	c.mu.Unlock()
 	if len(perWorker) != relay.WorkersDefault || perWorker[1] == 0 {
 		t.Fatalf("rows claimed per worker %v: the extra worker did not join for the backlog", perWorker)
 	}
-	relaytest.WaitFor(t, "the extra worker to leave and its shards to come back", 20*time.Second, func() bool {
-		// the LISTEN session with no lock, and one worker with every shard
+	testkit.Eventually(t, 20*time.Second, "the extra worker to leave and its shards to come back", func() bool {
+
 		return slices.Equal(b.shardLocks(t, cfg.ApplicationName), []int{0, relay.ShardCount})
 	})
+
 	for a := range aggs { // one event of every aggregate, so of shards of both workers
 		b.enqueue(t, fmt.Sprintf("P-%03d", a), relaytest.SeqPayload{Seq: rounds + 1})
 	}
-	relaytest.WaitFor(t, "the events after the extra worker left", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 20*time.Second, "the events after the extra worker left", func() bool { return b.pending(t) == 0 })
 	n := aggs * (rounds + 1)
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
 	if len(copies) != n {

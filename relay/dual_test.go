@@ -10,7 +10,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
-	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/schema"
 	"github.com/km0/km0/transport"
@@ -83,10 +83,11 @@ func TestDualPublishedPairReachesAConsumerOnce(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(cctx) }()
-	relaytest.WaitFor(t, "both copies consumed", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "both copies consumed", func() bool {
 		s := c.Stats()
 		return s.Processed+s.Duplicates >= 2
 	})
+
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

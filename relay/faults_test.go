@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/relay"
 )
 
@@ -33,7 +34,7 @@ func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
 	if err := w.Run(ctx, 4, 50, 1); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "the first events published", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 20*time.Second, "the first events published", func() bool { return b.pending(t) == 0 })
 
 	// Kafka goes away: every produce request fails until Remove.
 	outage := b.b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
@@ -45,9 +46,10 @@ func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
 	if err := outage.Wait(waitCtx, 3); err != nil {
 		t.Fatalf("the relay did not try to produce during the outage: %v", err)
 	}
-	relaytest.WaitFor(t, "a failed cycle to be counted", 20*time.Second, func() bool {
+	testkit.Eventually(t, 20*time.Second, "a failed cycle to be counted", func() bool {
 		return metricValue(t, reg, relay.MetricFailures) >= 1
 	})
+
 	written := relaytest.Total(w.Counts(t))
 	pendingDuring := b.pending(t)
 	if pendingDuring < 4*100 {
@@ -58,7 +60,7 @@ func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
 	if err := w.Run(ctx, 4, 50, 3); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "every row published after the outage", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 30*time.Second, "every row published after the outage", func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
 	n := relaytest.Total(want)
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
@@ -104,7 +106,7 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	}
 	killed := 0
 	for round := range 3 {
-		relaytest.WaitFor(t, "the relay's 3 sessions", 20*time.Second, func() bool { return sessions() == 3 })
+		testkit.Eventually(t, 20*time.Second, "the relay's 3 sessions", func() bool { return sessions() == 3 })
 		if err := w.Run(ctx, 4, 40, uint64(round)); err != nil {
 			t.Fatal(err)
 		}
@@ -117,8 +119,8 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	if err := w.Run(ctx, 4, 40, 9); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "every row published after the terminations", 30*time.Second, func() bool { return b.pending(t) == 0 })
-	relaytest.WaitFor(t, "the relay's sessions back", 20*time.Second, func() bool { return sessions() == 3 })
+	testkit.Eventually(t, 30*time.Second, "every row published after the terminations", func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 20*time.Second, "the relay's sessions back", func() bool { return sessions() == 3 })
 	want := w.Counts(t)
 	n := relaytest.Total(want)
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"os"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport/kafka"
@@ -78,28 +78,12 @@ func (b *bundle) newRelay(t testing.TB, cfg relay.Config) *relay.Relay {
 // Run's error. Cleanup stops it too.
 func start(t testing.TB, r *relay.Relay) (stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(ctxFor(r))
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(20 * time.Second):
-				err = errors.New("relay did not stop within 20s")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("relay: %v", err)
+	return testkit.Start(t, "relay", func(ctx context.Context) error {
+		if h, ok := probes.Load(r); ok {
+			ctx = faults.WithRelay(ctx, h.(faults.Relay))
 		}
-	})
-	return stop
+		return r.Run(ctx)
+	}).Stop
 }
 
 // enqueue writes one event for aggregate agg in its own transaction.

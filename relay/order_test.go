@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // CONTRACT 5, docs/design/outbox-relay.md I3/R4/R5, for a writer that is not
@@ -51,9 +52,10 @@ func TestCommitOrderOfForeignWritersWhileOneWaitsForTheAggregate(t *testing.T) {
 			return err
 		})
 	}()
-	relaytest.WaitFor(t, "B's INSERT to wait for X's lock", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "B's INSERT to wait for X's lock", func() bool {
 		return b.count(t, "SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted", pidB) == 1
 	})
+
 	if _, err := txA.Exec(ctx, insert, "X", 2); err != nil {
 		t.Fatal(err)
 	}

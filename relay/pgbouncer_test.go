@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/internal/pgbouncer"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -105,13 +106,14 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 					t.Logf("relay logs:\n%s", logs.String())
 				}
 			})
-			relaytest.WaitFor(t, "every event published", 60*time.Second, func() bool {
+			testkit.Eventually(t, 60*time.Second, "every event published", func() bool {
 				var n int
 				if err := direct.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE publicat_en IS NULL").Scan(&n); err != nil {
 					t.Fatal(err)
 				}
 				return n == 0
 			})
+
 			recs := kafkatest.ReadAll(t, broker, topic, total+1, 2*time.Second)
 			if len(recs) != total {
 				t.Fatalf("%d records on the topic, want %d (each event once)", len(recs), total)
@@ -173,10 +175,11 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 			runCtx, stopConsumer := context.WithCancel(ctx)
 			done := make(chan error, 1)
 			go func() { done <- cons.Run(runCtx) }()
-			relaytest.WaitFor(t, "the consumer to settle every delivery", 60*time.Second, func() bool {
+			testkit.Eventually(t, 60*time.Second, "the consumer to settle every delivery", func() bool {
 				st := cons.Stats()
 				return st.Processed+st.Duplicates >= int64(2*total)
 			})
+
 			stopConsumer()
 			if err := <-done; err != nil {
 				t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/relay"
 )
 
@@ -145,16 +146,17 @@ func TestPruneWhileTheRelayAndWritersRunLosesNothing(t *testing.T) {
 	}
 	want := w.Counts(t)
 	events := relaytest.Total(want)
-	relaytest.WaitFor(t, "every event published", 60*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 60*time.Second, "every event published", func() bool { return b.pending(t) == 0 })
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, events))
 	if len(copies) != events {
 		t.Fatalf("%d distinct events on the topic, want %d", len(copies), events)
 	}
 	relaytest.CheckCommitOrder(t, perKey, want)
-	relaytest.WaitFor(t, "the published rows to be pruned", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "the published rows to be pruned", func() bool {
 		return b.count(t, "SELECT count(*) FROM outbox") == 0
 	})
-	relaytest.WaitFor(t, "the pruned counter", 10*time.Second, func() bool { return gauge(t, reg, relay.MetricPruned) == float64(events) })
+
+	testkit.Eventually(t, 10*time.Second, "the pruned counter", func() bool { return gauge(t, reg, relay.MetricPruned) == float64(events) })
 	if size := gauge(t, reg, relay.MetricTableBytes); size <= 0 {
 		t.Errorf("%s = %v, want the table's size", relay.MetricTableBytes, size)
 	}

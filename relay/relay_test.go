@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport"
@@ -245,7 +246,7 @@ func TestTwoRelaysEightWritersKeepCommitOrder(t *testing.T) {
 	if err := w.Run(ctx, 8, 50, 3); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 30*time.Second, "every row published", func() bool { return b.pending(t) == 0 })
 	t.Logf("written and relayed in %v", time.Since(t0))
 
 	want := w.Counts(t)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/relay"
 )
 
@@ -38,10 +39,10 @@ func TestNotifyWakesTheRelay(t *testing.T) {
 		t.Fatal("the relay never started listening")
 	}
 	published := func() bool { return b.pending(t) == 0 }
-	relaytest.WaitFor(t, "the first event", 20*time.Second, published)
+	testkit.Eventually(t, 20*time.Second, "the first event", published)
 	for i := 2; i <= 6; i++ {
 		b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: i})
-		relaytest.WaitFor(t, "a notified event", 20*time.Second, published)
+		testkit.Eventually(t, 20*time.Second, "a notified event", published)
 	}
 	perKey, _ := relaytest.FirstSeqs(t, b.read(t, 6))
 	relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": 6})
@@ -60,19 +61,19 @@ func TestShardsAreRebalancedWhenInstancesComeAndGo(t *testing.T) {
 			cfg.ApplicationName)
 	}
 	stopA := start(t, a)
-	relaytest.WaitFor(t, "A to own every shard", 20*time.Second, func() bool { return a.OwnedShards() == relay.ShardCount })
+	testkit.Eventually(t, 20*time.Second, "A to own every shard", func() bool { return a.OwnedShards() == relay.ShardCount })
 	if _, err := a.RunOnce(context.Background()); !errors.Is(err, relay.ErrRunning) {
 		t.Fatalf("RunOnce during Run: %v, want ErrRunning", err)
 	}
 	start(t, c)
-	relaytest.WaitFor(t, "A and C to own 32 each", 20*time.Second, func() bool { return a.OwnedShards() == 32 && c.OwnedShards() == 32 })
+	testkit.Eventually(t, 20*time.Second, "A and C to own 32 each", func() bool { return a.OwnedShards() == 32 && c.OwnedShards() == 32 })
 	if h := held(); h != relay.ShardCount {
 		t.Fatalf("%d shard locks held in the server, want %d", h, relay.ShardCount)
 	}
 	if err := stopA(); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "C to own every shard", 20*time.Second, func() bool { return c.OwnedShards() == relay.ShardCount })
+	testkit.Eventually(t, 20*time.Second, "C to own every shard", func() bool { return c.OwnedShards() == relay.ShardCount })
 	if h := held(); h != relay.ShardCount {
 		t.Fatalf("%d shard locks held in the server, want %d", h, relay.ShardCount)
 	}

@@ -22,6 +22,7 @@ import (
 // the error reply must say it is a bad request, not invite the requester to
 // retry (R5), and the effect must not run.
 func TestIdempotentRequestIDThatCannotBeAKeyIsABadRequest(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewSchema(t)
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, db.Pool, db.Names(), migrate.Inbox, requestreply.Migrations); err != nil {
@@ -54,6 +55,7 @@ func TestIdempotentRequestIDThatCannotBeAKeyIsABadRequest(t *testing.T) {
 // stored is a new request: the effect runs and the new response replaces the
 // old one, instead of every attempt failing on the response's primary key.
 func TestIdempotentRequestWhoseKeyWasPurgedBeforeItsResponseRunsAgain(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewSchema(t)
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, db.Pool, db.Names(), migrate.Inbox, requestreply.Migrations); err != nil {
@@ -84,6 +86,7 @@ func TestIdempotentRequestWhoseKeyWasPurgedBeforeItsResponseRunsAgain(t *testing
 // the younger ones; an age that is not positive is refused and deletes
 // nothing (it would take the response of every request still retrying).
 func TestPurgeResponsesDeletesOnlyOldResponses(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewSchema(t)
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, db.Pool, db.Names(), migrate.Inbox, requestreply.Migrations); err != nil {

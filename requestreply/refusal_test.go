@@ -17,6 +17,7 @@ import (
 // text, and a refusal of the request's values (SQLSTATE classes 22, 54, 23
 // but 23505) is permanent: every retry would fail the same way.
 func TestDatabaseErrorsAreRedactedAndDataErrorsArePermanent(t *testing.T) {
+	t.Parallel()
 	log := slog.New(slog.DiscardHandler)
 	cases := []struct {
 		code      string
@@ -58,6 +59,7 @@ func TestDatabaseErrorsAreRedactedAndDataErrorsArePermanent(t *testing.T) {
 // requester recognises with errors.Is(err, ErrConflict); other error replies
 // are not conflicts.
 func TestConflictIsADistinctNonRetryableReply(t *testing.T) {
+	t.Parallel()
 	log := slog.New(slog.DiscardHandler)
 	h := func(context.Context, *requestreply.Request) ([]byte, error) {
 		return nil, requestreply.Conflict(errors.New("conflict: order P-2026-000951 already holds another authorisation"))
@@ -79,6 +81,7 @@ func TestConflictIsADistinctNonRetryableReply(t *testing.T) {
 
 // CheckID refuses, before any SQL, ids PostgreSQL would refuse or choke on.
 func TestCheckIDRefusesUnstorableIDs(t *testing.T) {
+	t.Parallel()
 	for _, id := range []string{"", "P-2026-\x00", "P-\xff", "P-2026-\n1", strings.Repeat("P", 8<<10)} {
 		err := requestreply.CheckID("comanda_id", id, 0)
 		if err == nil || !strings.Contains(err.Error(), "comanda_id") {

@@ -12,6 +12,7 @@ import (
 )
 
 func TestServeTurnsErrorsAndPanicsIntoErrorReplies(t *testing.T) {
+	t.Parallel()
 	log := slog.New(slog.DiscardHandler)
 	cases := []struct {
 		name      string
@@ -53,6 +54,7 @@ func TestServeTurnsErrorsAndPanicsIntoErrorReplies(t *testing.T) {
 }
 
 func TestTimeoutErrorIsErrTimeoutAndDeadlineExceeded(t *testing.T) {
+	t.Parallel()
 	var err error = &requestreply.TimeoutError{Service: "s", RequestID: "r"}
 	if !errors.Is(err, requestreply.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatal("TimeoutError must match ErrTimeout and context.DeadlineExceeded")
@@ -63,6 +65,7 @@ func TestTimeoutErrorIsErrTimeoutAndDeadlineExceeded(t *testing.T) {
 // member, a member named like a field but for case, invalid UTF-8) is a bad
 // request, not the last or the case-folded value.
 func TestDecodeJSONRefusesAmbiguousBodies(t *testing.T) {
+	t.Parallel()
 	var v struct {
 		ID string `json:"id"`
 	}

@@ -12,6 +12,7 @@ import (
 // A key shorter than 32 bytes is refused, with its length and never its
 // bytes in the error; no key means unsigned, and 32 bytes are enough.
 func TestShortKeyIsRefused(t *testing.T) {
+	t.Parallel()
 	short := bytes.Repeat([]byte("k"), 16)
 	err := requestreply.CheckKey(short)
 	if !errors.Is(err, requestreply.ErrKeyTooShort) || !strings.Contains(err.Error(), "16 bytes") || strings.Contains(err.Error(), string(short)) {
@@ -33,6 +34,7 @@ func TestShortKeyIsRefused(t *testing.T) {
 
 // A request's signature never verifies as a reply's: the two are tagged.
 func TestRequestAndReplySignaturesDiffer(t *testing.T) {
+	t.Parallel()
 	key := bytes.Repeat([]byte("k"), 32)
 	if requestreply.Sign(key, "", "a", "b", "c", "d", nil) == requestreply.SignReply(key, "a", "b", "c", "d", nil) {
 		t.Fatal("a request and a reply over the same fields sign the same bytes")

@@ -42,6 +42,7 @@ func lineProps(d map[string]any) map[string]any {
 
 // Each rule, allowed and refused, on the same versio.
 func TestCompareRules(t *testing.T) {
+	t.Parallel()
 	k := schema.Key{Type: "comanda.creada", Version: 1}
 	cases := []struct {
 		name  string
@@ -124,6 +125,7 @@ func TestCompareRules(t *testing.T) {
 }
 
 func TestCompareSets(t *testing.T) {
+	t.Parallel()
 	v1 := []byte(baseDoc)
 	k1 := schema.Key{Type: "comanda.creada", Version: 1}
 	k2 := schema.Key{Type: "comanda.creada", Version: 2}
@@ -168,6 +170,7 @@ func TestCompareSets(t *testing.T) {
 // comanda.creada is, schema-wise, only an added optional field: the contract
 // bumps the versio for what it means to repartiment, not for its shape.
 func TestEmbeddedComandaCreadaV2IsV1PlusAnOptionalField(t *testing.T) {
+	t.Parallel()
 	reg := registry(t)
 	v1 := reg.Document(schema.Key{Type: "comanda.creada", Version: 1})
 	v2 := reg.Document(schema.Key{Type: "comanda.creada", Version: 2})

@@ -109,6 +109,7 @@ func handlersDecoder(t testing.TB) *schema.Decoder {
 // without any optional field; both decode, and the handler sees the known
 // fields with their values and the optional ones absent.
 func TestHandlersReadTolerantly(t *testing.T) {
+	t.Parallel()
 	reg := registry(t)
 	d := handlersDecoder(t)
 	shapes := map[string]func() any{
@@ -163,6 +164,7 @@ func isObjectOrArray(v any) bool {
 }
 
 func TestDecodeUpcastsV1ToV2(t *testing.T) {
+	t.Parallel()
 	d := handlersDecoder(t)
 	in := event(t, "comanda.creada", 1, examples(t)[schema.Key{Type: "comanda.creada", Version: 1}])
 	env, err := d.Decode(in)
@@ -187,6 +189,7 @@ func TestDecodeUpcastsV1ToV2(t *testing.T) {
 }
 
 func TestDecodeValidationFailureIsPermanent(t *testing.T) {
+	t.Parallel()
 	d := handlersDecoder(t)
 	cases := map[string]struct {
 		in   []byte
@@ -218,6 +221,7 @@ func TestDecodeValidationFailureIsPermanent(t *testing.T) {
 }
 
 func TestDecodeUnsupportedVersionIsPermanent(t *testing.T) {
+	t.Parallel()
 	d := handlersDecoder(t)
 	_, err := d.Decode(event(t, "comanda.creada", 3, `{"id":"P-1"}`))
 	var ve *schema.VersionError
@@ -237,6 +241,7 @@ func TestDecodeUnsupportedVersionIsPermanent(t *testing.T) {
 // requirement on comanda.pagada, or as a minimum versio on comanda.creada,
 // it is a permanent "esquema: " failure instead of a KeyError.
 func TestDecodeConsumerRequirements(t *testing.T) {
+	t.Parallel()
 	rep, err := schema.NewDecoder(schema.DecoderConfig{
 		Handles: map[string]int{"comanda.pagada": 1},
 		Require: map[string]string{"comanda.pagada": `{"required": ["adreca_lliurament"]}`},
@@ -282,6 +287,7 @@ func TestDecodeConsumerRequirements(t *testing.T) {
 }
 
 func TestDecodeUpcastFailuresArePermanent(t *testing.T) {
+	t.Parallel()
 	v1 := examples(t)[schema.Key{Type: "comanda.creada", Version: 1}]
 	k1 := schema.Key{Type: "comanda.creada", Version: 1}
 	cases := map[string]struct {
@@ -315,6 +321,7 @@ func TestDecodeUpcastFailuresArePermanent(t *testing.T) {
 }
 
 func TestDecodePassesOtherTipusThrough(t *testing.T) {
+	t.Parallel()
 	d := handlersDecoder(t)
 	env, err := d.Decode(event(t, "producte.afegit", 7, `{"qualsevol":"cosa"}`))
 	if err != nil || env.Type != "producte.afegit" || env.Version != 7 {
@@ -335,6 +342,7 @@ func TestDecodePassesOtherTipusThrough(t *testing.T) {
 }
 
 func TestNewDecoderRefusesBadConfig(t *testing.T) {
+	t.Parallel()
 	k := func(v int) schema.Key { return schema.Key{Type: "comanda.creada", Version: v} }
 	cases := map[string]schema.DecoderConfig{
 		"no handles":             {},
@@ -357,6 +365,7 @@ func TestNewDecoderRefusesBadConfig(t *testing.T) {
 }
 
 func TestDropFields(t *testing.T) {
+	t.Parallel()
 	e := &envelope.Envelope{ID: "x", Type: "comanda.creada", Version: 2, Data: json.RawMessage(`{"id":"P-1","adreca_lliurament":{"ciutat":"Girona"}}`)}
 	out, err := schema.DropFields(1, "adreca_lliurament")(e)
 	if err != nil || out.Version != 1 || string(out.Data) != `{"id":"P-1"}` || e.Version != 2 || strings.Contains(string(out.Data), "adreca") == true {

@@ -53,6 +53,7 @@ func encode(t testing.TB, e *envelope.Envelope) []byte {
 // republication, and one correlacio; a consumer accepting both versions
 // decodes both and, keyed by the correlacio, applies the effect once.
 func TestDualPublishPairIsHandledOnce(t *testing.T) {
+	t.Parallel()
 	tr := dualComandaCreada(t)
 	r := row(t, "comanda.creada", 2, examples(t)[schema.Key{Type: "comanda.creada", Version: 2}])
 	envs, err := tr(r, r.Envelope("comandes"))
@@ -129,6 +130,7 @@ func TestDualPublishPairIsHandledOnce(t *testing.T) {
 // (ErrIgnored, no outcome) and handles the v1 copy; a plain v2 event, not
 // part of a pair, is still a permanent "versio 2 no suportada".
 func TestOldConsumerSkipsTheNewerCopy(t *testing.T) {
+	t.Parallel()
 	old, err := schema.NewDecoder(schema.DecoderConfig{Handles: map[string]int{"comanda.creada": 1}})
 	if err != nil {
 		t.Fatal(err)
@@ -158,6 +160,7 @@ func TestOldConsumerSkipsTheNewerCopy(t *testing.T) {
 }
 
 func TestDualPublishLeavesOtherRowsAlone(t *testing.T) {
+	t.Parallel()
 	tr := dualComandaCreada(t)
 	for _, r := range []*outbox.Row{
 		row(t, "pagament.confirmat", 1, examples(t)[schema.Key{Type: "pagament.confirmat", Version: 1}]),
@@ -172,6 +175,7 @@ func TestDualPublishLeavesOtherRowsAlone(t *testing.T) {
 }
 
 func TestDualPublishRefusesAnInvalidCopy(t *testing.T) {
+	t.Parallel()
 	tr, err := schema.DualPublish(nil, schema.Dual{Type: "comanda.creada", Version: 2, Also: 1,
 		Convert: schema.DropFields(1, "client")})
 	if err != nil {
@@ -207,6 +211,7 @@ func TestDualPublishRefusesAnInvalidCopy(t *testing.T) {
 // refuse it at every attempt. The id_esdeveniment, which Decode checked, is
 // the key instead, as consumer.IdempotencyKey does.
 func TestIdempotencyKeyIgnoresACorrelacioThatCannotBeAKey(t *testing.T) {
+	t.Parallel()
 	for _, corr := range []string{`"a\u0000b"`, `"` + strings.Repeat("c", envelope.MaxIDBytes+1) + `"`} {
 		env, err := envelope.Decode([]byte(`{"id_esdeveniment":"e-1","tipus":"t","versio":1,"dades":{},"correlacio":` + corr + `}`))
 		if err != nil {

@@ -76,6 +76,7 @@ func mutations(v any) []any {
 }
 
 func TestFastPathAgreesWithLibraryOnMutations(t *testing.T) {
+	t.Parallel()
 	r := embedded(t)
 	b, err := os.ReadFile("testdata/examples.json")
 	if err != nil {
@@ -116,6 +117,7 @@ func mustCompile(t testing.TB, src string) *jsonschema.Schema {
 }
 
 func TestFastPathSyntax(t *testing.T) {
+	t.Parallel()
 	r := embedded(t)
 	c := r.schemas[Key{"estoc.actualitzat", 1}]
 	for _, in := range []string{
@@ -147,6 +149,7 @@ func TestFastPathSyntax(t *testing.T) {
 }
 
 func TestFastSubset(t *testing.T) {
+	t.Parallel()
 	for src, want := range map[string]bool{
 		`{"type":"object","properties":{"a":{"type":["string","null"],"maxLength":3}}}`: true,
 		`{"type":"integer","minimum":0,"maximum":10}`:                                   true,

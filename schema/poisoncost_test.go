@@ -27,6 +27,7 @@ func BenchmarkValidateHostile(b *testing.B) {
 // counts the rest, so that rejecting it costs a bounded amount of memory
 // (before: one Problem per offending field, a million here, ~600 MB).
 func TestHostileDocumentKeepsABoundedSampleOfProblems(t *testing.T) {
+	t.Parallel()
 	reg := registry(t)
 	const items = 100_000
 	in := []byte(`{"id":"P-1","client":"c","mercat":"m","linies":[` + strings.TrimSuffix(strings.Repeat("{},", items), ",") + `]}`)

@@ -58,6 +58,7 @@ func mustJSON(t testing.TB, v any) []byte {
 }
 
 func TestEmbeddedSchemasCompileAndEachHasAnExample(t *testing.T) {
+	t.Parallel()
 	reg := registry(t)
 	ex := examples(t)
 	var keys []schema.Key
@@ -122,6 +123,7 @@ func minimal(t testing.TB, reg *schema.Registry, k schema.Key, v map[string]any)
 }
 
 func TestSchemasAreTolerantReaders(t *testing.T) {
+	t.Parallel()
 	reg := registry(t)
 	for k, ex := range examples(t) {
 		t.Run(k.String(), func(t *testing.T) {
@@ -140,6 +142,7 @@ func TestSchemasAreTolerantReaders(t *testing.T) {
 }
 
 func TestValidateNamesTheField(t *testing.T) {
+	t.Parallel()
 	reg := registry(t)
 	cases := []struct {
 		name, tipus string
@@ -189,6 +192,7 @@ func TestValidateNamesTheField(t *testing.T) {
 }
 
 func TestValidateRefusesUnknownSchemas(t *testing.T) {
+	t.Parallel()
 	reg := registry(t)
 	for _, k := range []schema.Key{{Type: "comanda.esborrada", Version: 1}, {Type: "comanda.creada", Version: 3}} {
 		err := reg.Validate(k.Type, k.Version, []byte(`{}`))
@@ -203,6 +207,7 @@ func TestValidateRefusesUnknownSchemas(t *testing.T) {
 // invalid event with an error naming the field and writes nothing, so the
 // relay can never publish it.
 func TestOutboxRefusesInvalidEvents(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	ctx := context.Background()
 	ob := outbox.New(outbox.Config{Names: s.Names(), Validate: registry(t).Validate})
@@ -246,6 +251,7 @@ func countRows(t *testing.T, s *pgtest.Schema) int {
 }
 
 func TestNewOverlaysADirectoryAndNamesBadFiles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(p, s string) {
 		t.Helper()
@@ -285,6 +291,7 @@ func TestNewOverlaysADirectoryAndNamesBadFiles(t *testing.T) {
 }
 
 func TestParsePath(t *testing.T) {
+	t.Parallel()
 	for p, want := range map[string]schema.Key{
 		"comanda.creada/v2.json":             {Type: "comanda.creada", Version: 2},
 		"schemas/estoc.actualitzat/v10.json": {Type: "estoc.actualitzat", Version: 10},

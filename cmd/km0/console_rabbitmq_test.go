@@ -17,6 +17,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // km0 up --console with the events on RabbitMQ, and with them on both
@@ -95,11 +96,12 @@ func TestUpConsoleListsTheSystemsRabbitMQDeadLetters(t *testing.T) {
 				return resp.StatusCode, string(b)
 			}
 			var page string
-			waitFor(t, "the console's overview to count the dead letter", func() bool {
+			testkit.Eventually(t, time.Minute, "the console's overview to count the dead letter", func() bool {
 				code, b := get("/")
 				page = b
 				return code == http.StatusOK && strings.Contains(b, `data-topic="`+dlqName+`"`) && strings.Contains(b, `<td class="num count">1</td>`)
 			})
+
 			if !strings.Contains(page, tc.column) {
 				t.Errorf("the overview's DLQ column is not headed %s:\n%s", tc.column, page)
 			}

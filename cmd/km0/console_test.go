@@ -30,6 +30,7 @@ import (
 	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -198,14 +199,10 @@ func TestServeConsole(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	var metrics string
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(metrics, `km0_consumer_group_lag{grup="`+lagGroup+`",particio="2",topic="comandes.esdeveniments"} 4`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no group lag on /metrics:\n%s", metrics)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
+	testkit.Eventuallyf(t, 30*time.Second, "the group lag on /metrics", func() (bool, string) {
 		_, metrics = get("/metrics", "")
-	}
+		return strings.Contains(metrics, `km0_consumer_group_lag{grup="`+lagGroup+`",particio="2",topic="comandes.esdeveniments"} 4`), metrics
+	})
 	if !strings.Contains(metrics, `km0_outbox_pending_rows{outbox="comandes"} 2`) {
 		t.Fatalf("no outbox lag on /metrics:\n%s", metrics)
 	}
@@ -279,12 +276,13 @@ func TestConsoleCommandIndexesAndServes(t *testing.T) {
 	}()
 	urlRE := regexp.MustCompile(`console at (http://[0-9.:]+)/`)
 	var base string
-	waitUntil(t, "the console's URL", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the console's URL", func() bool {
 		if m := urlRE.FindStringSubmatch(errOut.String()); m != nil {
 			base = m[1]
 		}
 		return base != ""
 	})
+
 	h.dead("P-9", "permanent: esquema: falta client", []byte(`{}`))
 	get := func(path string) string {
 		resp, err := http.Get(base + path)
@@ -295,9 +293,10 @@ func TestConsoleCommandIndexesAndServes(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
-	waitUntil(t, "the letter in the console", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the letter in the console", func() bool {
 		return strings.Contains(get("/"), `<td class="num count">1</td>`)
 	})
+
 	if m := get("/metrics"); !strings.Contains(m, `km0_dlq_letters_total{motiu="permanent: esquema",topic="comandes.esdeveniments"} 1`) {
 		t.Fatalf("no dead-letter counter on /metrics:\n%s", m)
 	}
@@ -331,17 +330,6 @@ func TestConsoleCommandIndexesAndServes(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("km0 console: %v\n%s", err, errOut.String())
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
@@ -140,7 +141,7 @@ func (r *rabbitDLQ) effects(id string) (all, forID int) {
 func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	r := newRabbitDLQ(t)
 	perm, trans := r.publish("perm"), r.publish("trans")
-	amqptest.WaitFor(t, 20*time.Second, "2 dead letters in the DLQ", func() bool { return r.onBroker() == 2 })
+	testkit.Eventually(t, 20*time.Second, "2 dead letters in the DLQ", func() bool { return r.onBroker() == 2 })
 	if n := r.indexed(); n != 0 {
 		t.Fatalf("index holds %d letters before any km0 dlq command", n)
 	}
@@ -186,7 +187,7 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	if err != nil || !strings.Contains(out, "2 selected, 2 replayed, 0 refused") {
 		t.Fatalf("replay: %v\n%s", err, out)
 	}
-	amqptest.WaitFor(t, 20*time.Second, "2 effects after the replay", func() bool { n, _ := r.effects(""); return n == 2 })
+	testkit.Eventually(t, 20*time.Second, "2 effects after the replay", func() bool { n, _ := r.effects(""); return n == 2 })
 	for _, id := range []string{perm, trans} {
 		if _, n := r.effects(id); n != 1 {
 			t.Fatalf("event %s applied %d times, want 1 (same id_esdeveniment)", id, n)
@@ -197,7 +198,7 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	if out, err := r.run("replay", "--id", ids[trans], "--force"); err != nil || !strings.Contains(out, "1 replayed") {
 		t.Fatalf("forced replay: %v\n%s", err, out)
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the inbox to report the duplicate", func() bool { return r.cons.Stats().Duplicates == dup+1 })
+	testkit.Eventually(t, 20*time.Second, "the inbox to report the duplicate", func() bool { return r.cons.Stats().Duplicates == dup+1 })
 	if all, n := r.effects(trans); all != 2 || n != 1 {
 		t.Fatalf("after replaying an applied event: %d effects, %d for it; want 2 and 1", all, n)
 	}
@@ -238,7 +239,7 @@ func TestDLQRabbitMQFlags(t *testing.T) {
 func TestDLQCommandsOverTLS(t *testing.T) {
 	r := newRabbitDLQ(t)
 	r.publish("perm")
-	amqptest.WaitFor(t, 20*time.Second, "1 dead letter in the DLQ", func() bool { return r.onBroker() == 1 })
+	testkit.Eventually(t, 20*time.Second, "1 dead letter in the DLQ", func() bool { return r.onBroker() == 1 })
 	b := amqptest.NewTLSBroker(t, false)
 	out, err := r.run("ls", "--amqp-url", b.URL, "--amqp-tls-ca-file", b.CA.CertFile, "--amqp-tls-server-name", b.ServerName)
 	if err != nil || !strings.Contains(out, "1 new dead letter(s) indexed") {

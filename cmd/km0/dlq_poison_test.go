@@ -10,7 +10,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/contract"
-	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -47,7 +47,7 @@ func TestDLQLsOnRabbitMQSurvivesForgedLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "3 letters on the DLQ", func() bool { return r.onBroker() == 3 })
+	testkit.Eventually(t, 10*time.Second, "3 letters on the DLQ", func() bool { return r.onBroker() == 3 })
 	out, err := r.run("ls")
 	if err != nil || !strings.Contains(out, "2 new dead letter(s) indexed") || !strings.Contains(out, "2 dead letter(s)") ||
 		!strings.Contains(out, "1 letter(s) refused by the index, set aside in table cartes_refusades") ||

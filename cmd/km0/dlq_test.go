@@ -21,6 +21,7 @@ import (
 	"github.com/km0/km0/internal/dlqcli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
@@ -230,10 +231,11 @@ func TestDLQIndexHTTPChecksTheHostAndTheToken(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	waitUntil(t, "the letter in the index's API", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the letter in the index's API", func() bool {
 		code, body := get("/dlq/letters/"+id, "", "t0k3n-of-the-index")
 		return code == http.StatusOK && strings.Contains(body, "12345678Z")
 	})
+
 	for _, host := range []string{"attacker.example", "attacker.example:" + strings.Split(addr, ":")[1]} {
 		for _, p := range []string{"/dlq/letters/" + id, "/dlq/letters", "/metrics"} {
 			if code, body := get(p, host, "t0k3n-of-the-index"); code != http.StatusMisdirectedRequest || strings.Contains(body, "12345678Z") {

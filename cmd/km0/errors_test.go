@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/testkit"
+
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
@@ -118,7 +120,7 @@ func TestRelayAndUpWaitForKafkaWithAWarning(t *testing.T) {
 		{relayP, `msg="km0 relay: cannot create or check the topic; retrying" topic=comandes.esdeveniments`},
 		{upP, `msg="km0 up: Kafka does not answer; retrying" brokers=` + addr + ` err=`},
 	} {
-		waitFor(t, "the warning "+w.want, func() bool {
+		testkit.Eventually(t, time.Minute, "the warning "+w.want, func() bool {
 			select {
 			case <-w.p.exited:
 				t.Fatalf("exited while Kafka was down: %v\n%s", w.p.err, w.p.log())
@@ -130,5 +132,5 @@ func TestRelayAndUpWaitForKafkaWithAWarning(t *testing.T) {
 	stop := startKafkaCommand(t, addr)
 	defer stop()
 	upP.waitRunning(t, 90*time.Second)
-	waitFor(t, "the relay running", func() bool { return strings.Contains(relayP.log(), `msg="km0 relay: running"`) })
+	testkit.Eventually(t, time.Minute, "the relay running", func() bool { return strings.Contains(relayP.log(), `msg="km0 relay: running"`) })
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/kafka"
@@ -185,23 +187,19 @@ func TestCommandsRunOverSASLSSL(t *testing.T) {
 // want, and returns them.
 func consoleMetrics(t *testing.T, p *proc, want string) string {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
 	var last string
-	for time.Now().Before(deadline) {
+	testkit.Eventuallyf(t, 30*time.Second, fmt.Sprintf("%q on the console's /metrics", want), func() (bool, string) {
 		if _, rest, ok := strings.Cut(p.log(), "console at "); ok {
 			url, _, _ := strings.Cut(rest, "/ ")
 			if resp, err := http.Get(url + "/metrics"); err == nil {
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				if last = string(b); strings.Contains(last, want) {
-					return last
-				}
+				last = string(b)
 			}
 		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
-	}
-	t.Fatalf("the console's /metrics lack %q after 30 s:\n%s\n%s", want, last, p.log())
-	return ""
+		return strings.Contains(last, want), last + "\n" + p.log()
+	})
+	return last
 }
 
 // A wrong password, an unknown CA and a password flag end a command at

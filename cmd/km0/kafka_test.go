@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/testkit"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -28,35 +29,27 @@ func freeAddr(t *testing.T) string {
 // (what SIGINT/SIGTERM do through main's context) and waits until it answers.
 func startKafkaCommand(t *testing.T, addr string, args ...string) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- runKafka(ctx, append([]string{"--addr", addr}, args...)) }()
+	r := testkit.Start(t, "km0 kafka", func(ctx context.Context) error {
+		return runKafka(ctx, append([]string{"--addr", addr}, args...))
+	})
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		pctx, pcancel := context.WithTimeout(context.Background(), time.Second)
-		err := cl.Ping(pctx)
-		pcancel()
-		if err == nil {
-			break
-		}
+	testkit.Eventuallyf(t, 30*time.Second, "km0 kafka to answer at "+addr, func() (bool, string) {
 		select {
-		case err := <-done:
-			t.Fatalf("km0 kafka exited: %v", err)
+		case <-r.Done():
+			t.Fatalf("km0 kafka exited: %v", r.Err())
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("km0 kafka does not answer at %s: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		pctx, pcancel := context.WithTimeout(context.Background(), time.Second)
+		defer pcancel()
+		err := cl.Ping(pctx)
+		return err == nil, fmt.Sprint(err)
+	})
 	return func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := r.Stop(); err != nil {
 			t.Fatalf("km0 kafka: %v", err)
 		}
 	}

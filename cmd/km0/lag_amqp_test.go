@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 )
 
@@ -27,7 +28,7 @@ func TestLagCommandUnackedFromTheAMQPURL(t *testing.T) {
 		return out.String(), errOut.String(), err
 	}
 	var snap lag.Snapshot
-	amqptest.WaitFor(t, 30*time.Second, "3 unacked in km0 lag --json", func() bool {
+	testkit.Eventually(t, 30*time.Second, "3 unacked in km0 lag --json", func() bool {
 		out, errOut, err := run("--json")
 		snap = lag.Snapshot{}
 		if err != nil || json.Unmarshal([]byte(out), &snap) != nil {
@@ -35,6 +36,7 @@ func TestLagCommandUnackedFromTheAMQPURL(t *testing.T) {
 		}
 		return len(snap.Queues) == 1 && snap.Queues[0].Unacked == 3
 	})
+
 	if q0 := snap.Queues[0]; q0.Ready != 1 || q0.Consumers != 1 || len(snap.Notes) != 0 {
 		t.Fatalf("snapshot: %+v notes %v", snap.Queues, snap.Notes)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/tlstest"
 	"github.com/km0/km0/lag"
 )
@@ -38,7 +39,7 @@ func TestLagCommandOverTLS(t *testing.T) {
 		return out.String(), errOut.String(), err
 	}
 	var snap lag.Snapshot
-	amqptest.WaitFor(t, 30*time.Second, "3 unacked in km0 lag --json over TLS", func() bool {
+	testkit.Eventually(t, 30*time.Second, "3 unacked in km0 lag --json over TLS", func() bool {
 		out, errOut, err := run(b.CA.CertFile, "--json")
 		snap = lag.Snapshot{}
 		if err != nil || json.Unmarshal([]byte(out), &snap) != nil {
@@ -49,6 +50,7 @@ func TestLagCommandOverTLS(t *testing.T) {
 		}
 		return len(snap.Queues) == 1 && snap.Queues[0].Unacked == 3
 	})
+
 	if q0 := snap.Queues[0]; q0.Ready != 1 || q0.Consumers != 1 || len(snap.Errors) != 0 {
 		t.Fatalf("snapshot: %+v errors %v", snap.Queues, snap.Errors)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
@@ -76,14 +78,10 @@ func TestRelayCommandPrunesWithPruneOlderThan(t *testing.T) {
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
 		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms", "--prune-older-than", "1h")
 	var rows, pending int
-	deadline := time.Now().Add(30 * time.Second)
-	for rows != 10 || pending != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows left (want the 10 published now), %d pending (want 0)", rows, pending)
-		}
+	testkit.Eventuallyf(t, 30*time.Second, "the 10 rows published now left, none pending", func() (bool, string) {
 		_ = s.Pool.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE publicat_en IS NULL) FROM outbox").Scan(&rows, &pending)
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return rows == 10 && pending == 0, fmt.Sprintf("%d rows left, %d pending", rows, pending)
+	})
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 	"github.com/km0/km0/outbox"
 )
@@ -132,7 +133,7 @@ func TestProductionConnectionsEveryCommandAsAProcess(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "the order paid, its stock taken, its delivery assigned and analitica's counts", func() bool {
+	testkit.Eventually(t, time.Minute, "the order paid, its stock taken, its delivery assigned and analitica's counts", func() bool {
 		return one("comandes", `SELECT count(*) FROM comandes WHERE id = 'P-2026-000023' AND estat = 'pagada'`) == 1 &&
 			one("inventari", `SELECT unitats FROM estoc WHERE producte = 'carbasso'`) == 80-2 &&
 			one("pagaments", `SELECT count(*) FROM pagaments WHERE comanda_id = 'P-2026-000023'`) == 1 &&
@@ -140,6 +141,7 @@ func TestProductionConnectionsEveryCommandAsAProcess(t *testing.T) {
 			one("analitica", `SELECT coalesce(sum(n) FILTER (WHERE tipus = 'comanda.creada'), 0) FROM comptadors_tipus`) == 1 &&
 			one("analitica", `SELECT coalesce(sum(n) FILTER (WHERE tipus = 'comanda.pagada'), 0) FROM comptadors_tipus`) == 1
 	})
+
 	for _, service := range system.Services {
 		if all, ssl := tc.sslConnections(t, "km0_"+service); all == 0 || ssl != all {
 			t.Errorf("connections to km0_%s: %d, over TLS %d; want the service's, all over TLS", service, all, ssl)
@@ -189,10 +191,11 @@ func TestProductionConnectionsEveryCommandAsAProcess(t *testing.T) {
 		if got := kafkatest.ReadAllWith(t, sec.b.Broker, sec.b.Opts(t), relayTopic, 10*(i+1), 30*time.Second); len(got) != 10*(i+1) {
 			t.Fatalf("km0 relay --mode %s: %d records on %s, want %d\n%s", mode, len(got), relayTopic, 10*(i+1), p.log())
 		}
-		waitFor(t, "km0 relay --mode "+mode+" marked its rows", func() bool {
+		testkit.Eventually(t, time.Minute, "km0 relay --mode "+mode+" marked its rows", func() bool {
 			var pending int
 			return pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE publicat_en IS NULL").Scan(&pending) == nil && pending == 0
 		})
+
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		<-p.exited
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/pause"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -246,7 +247,8 @@ func checkMode(mode, outboxMode, slot, publication string, workers int, set map[
 // illegal name, no authorisation): retrying that would loop forever.
 func waitForTopic(ctx context.Context, log *slog.Logger, cl *kgo.Client, spec kafka.TopicSpec) (bool, error) {
 	topic := spec.Name
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+	for fails := 1; ; fails++ {
+		wait := pause.Backoff(time.Second, 30*time.Second, fails)
 		topicCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := kafka.EnsureTopicSpecs(topicCtx, cl, log, spec)
 		cancel()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay/cdc"
@@ -108,21 +110,21 @@ func TestRelayCommandCDCPublishesAndMarks(t *testing.T) {
 		}
 		return n
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for written := false; pending() != 0 || !written; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows pending after 30s", pending())
+	written := false
+	testkit.Eventuallyf(t, 30*time.Second, "P-2 written once the slot is active, and no row pending", func() (bool, string) {
+		if !written {
+			var slot bool
+			if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)", slotName).Scan(&slot); err != nil {
+				t.Fatal(err)
+			}
+			if slot {
+				write("P-2") // streamed
+				written = true
+			}
 		}
-		var slot bool
-		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)", slotName).Scan(&slot); err != nil {
-			t.Fatal(err)
-		}
-		if slot && !written {
-			write("P-2") // streamed
-			written = true
-		}
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		n := pending()
+		return written && n == 0, fmt.Sprintf("written %v, %d rows pending", written, n)
+	})
 	if recs := kafkatest.ReadAll(t, b, "comandes.esdeveniments", 2, 10*time.Second); len(recs) != 2 {
 		t.Fatalf("%d records on the topic, want 2", len(recs))
 	}

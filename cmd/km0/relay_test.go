@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
@@ -111,14 +113,10 @@ func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
 		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms")
 	var parked, pending int
-	deadline := time.Now().Add(30 * time.Second)
-	for parked != 1 || pending != 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("parked %d (want 1), pending %d (want 2: the big row and the P-1 row behind it)", parked, pending)
-		}
+	testkit.Eventuallyf(t, 30*time.Second, "one row parked and two pending (the big row and the P-1 row behind it)", func() (bool, string) {
 		_ = s.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_aparcats), (SELECT count(*) FROM outbox WHERE publicat_en IS NULL)").Scan(&parked, &pending)
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return parked == 1 && pending == 2, fmt.Sprintf("parked %d, pending %d", parked, pending)
+	})
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -158,14 +156,10 @@ func TestRelayCommandDeletePublishedKeepsOnlyPendingRows(t *testing.T) {
 	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
 		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms", "--delete-published")
 	var parked, rows, marked int
-	deadline := time.Now().Add(30 * time.Second)
-	for parked != 1 || rows != 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("parked %d (want 1), rows %d (want 2: the big row and the P-1 row behind it)", parked, rows)
-		}
+	testkit.Eventuallyf(t, 30*time.Second, "one row parked and two rows left (the big row and the P-1 row behind it)", func() (bool, string) {
 		_ = s.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_aparcats), (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL)").Scan(&parked, &rows, &marked)
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return parked == 1 && rows == 2, fmt.Sprintf("parked %d, rows %d", parked, rows)
+	})
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -241,9 +235,7 @@ func TestRelayCommandRefusesBadNumbersAtOnce(t *testing.T) {
 // returned stop is called; stop returns the command's error.
 func startRelay(t *testing.T, args ...string) (stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- runRelay(ctx, append([]string{"--database-url", pgtest.URL()}, args...)) }()
-	t.Cleanup(cancel)
-	return func() error { cancel(); return <-done }
+	return testkit.Start(t, "km0 relay", func(ctx context.Context) error {
+		return runRelay(ctx, append([]string{"--database-url", pgtest.URL()}, args...))
+	}).Stop
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -51,39 +52,30 @@ func TestServeProcessesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 		}
 	}
 	cp := pgtest.NewPool(t, comandesDB, 1)
-	waitFor(t, "comandes' outbox published", func() bool {
+	testkit.Eventually(t, time.Minute, "comandes' outbox published", func() bool {
 		var n int
 		return cp.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE publicat_en IS NULL`).Scan(&n) == nil && n == 0
 	})
+
 	inventari := startKm0(t, env, append([]string{"serve", "inventari"}, flags...)...)
 	inventari.waitRunning(t, 60*time.Second)
 	ip := pgtest.NewPool(t, inventariDB, 1)
-	waitFor(t, "inventari took the orders from stock", func() bool {
+	testkit.Eventually(t, time.Minute, "inventari took the orders from stock", func() bool {
 		var units, published int
 		err := ip.QueryRow(context.Background(), `SELECT (SELECT unitats FROM estoc WHERE producte = 'carbasso'),
 			(SELECT count(*) FROM outbox WHERE tipus = 'estoc.actualitzat' AND publicat_en IS NOT NULL)`).Scan(&units, &published)
 		return err == nil && units == 80-2*orders && published == orders
 	})
+
 	conn := amqptest.Dial(t)
-	waitFor(t, "cataleg's queues hold the stock events", func() bool {
+	testkit.Eventually(t, time.Minute, "cataleg's queues hold the stock events", func() bool {
 		n := 0
 		for i := range system.EventShards {
 			n += amqptest.QueueLen(t, conn, amqp.ShardQueueName(prefix+"cataleg.estoc_baix", i))
 		}
 		return n == orders
 	})
-}
 
-// waitFor polls ok until it holds, failing after 60 s.
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not after 60 s: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
 }
 
 // deleteEventsTopology deletes, when the test ends, the exchange and every

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // runMainEnv makes the test binary run km0's main instead of the tests, so
@@ -131,21 +133,17 @@ func (p *proc) waitRunning(t *testing.T, within time.Duration) {
 // waitGroup polls the consumer group until ok accepts its description.
 func waitGroup(t *testing.T, adm *kadm.Client, group, what string, ok func(kadm.DescribedGroup) bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 30*time.Second, "group "+group+" "+what, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		gs, err := adm.DescribeGroups(ctx, group)
 		cancel()
 		if err == nil {
 			if g, found := gs[group]; found && g.Err == nil && ok(g) {
-				return
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("group %s: not %s after 30 s (%v %+v)", group, what, err, gs[group])
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return false, fmt.Sprintf("%v %+v", err, gs[group])
+	})
 }
 
 // `km0 serve NAME` stops within the documented grace on SIGTERM, with no
@@ -257,20 +255,13 @@ func TestServeComandesRetryAfterACrashMidRequestGetsItsOrderOnce(t *testing.T) {
 	first.waitRunning(t, 60*time.Second)
 	go func() { _, _ = post(context.Background()) }() // never answered: the process dies under it
 	pool := pgtest.NewPool(t, comandesDB, 1)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 30*time.Second, "the key claimed (the request waiting for its authorisation)", func() (bool, string) {
 		var n int
 		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM peticions_idempotents WHERE clau = $1 AND estat_http = 0`, key).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 1 {
-			break // claimed; now waiting for the authorisation
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the key was never claimed\n%s", first.log())
-		}
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return n == 1, first.log()
+	})
 	if err := first.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/tlstest"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/transport/amqp"
@@ -157,7 +158,7 @@ func TestMigrateAndRelayOverTLS(t *testing.T) {
 		"relay", "--mode", "polling", "--topic", "comandes.esdeveniments", "--origin", "comandes", "--exchange", exchange,
 		"--amqp-tls-ca-file", rabbit.CA.CertFile, "--amqp-tls-cert-file", client.CertFile, "--amqp-tls-key-file", client.KeyFile,
 		"--amqp-tls-server-name", rabbit.ServerName)
-	waitFor(t, "every row published over TLS and marked", func() bool {
+	testkit.Eventually(t, time.Minute, "every row published over TLS and marked", func() bool {
 		select {
 		case <-relay.exited:
 			t.Fatalf("km0 relay exited: %v\n%s", relay.err, relay.log())
@@ -167,6 +168,7 @@ func TestMigrateAndRelayOverTLS(t *testing.T) {
 		return pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE publicat_en IS NULL").Scan(&pending) == nil && pending == 0 &&
 			amqptest.QueueLen(t, conn, queue) == rows
 	})
+
 	if all, ssl := tc.sslConnections(t, "km0tls"); all == 0 || ssl != all {
 		t.Fatalf("connections to km0tls: %d, over TLS %d; want all of them, at least the relay's", all, ssl)
 	}
@@ -186,7 +188,7 @@ func TestMigrateAndRelayOverTLS(t *testing.T) {
 	cdcRelay := startKm0(t, []string{"KM0_DATABASE_URL=" + adminURL, "KM0_AMQP_URL=" + rabbit.URL, "KM0_AMQP_TLS_CA_FILE=" + rabbit.CA.CertFile,
 		"KM0_AMQP_TLS_CERT_FILE=" + client.CertFile, "KM0_AMQP_TLS_KEY_FILE=" + client.KeyFile},
 		"relay", "--mode", "cdc", "--topic", "comandes.esdeveniments", "--origin", "comandes", "--exchange", exchange)
-	waitFor(t, "the CDC relay published the new rows over TLS and marked them", func() bool {
+	testkit.Eventually(t, time.Minute, "the CDC relay published the new rows over TLS and marked them", func() bool {
 		select {
 		case <-cdcRelay.exited:
 			t.Fatalf("km0 relay --mode cdc exited: %v\n%s", cdcRelay.err, cdcRelay.log())
@@ -196,6 +198,7 @@ func TestMigrateAndRelayOverTLS(t *testing.T) {
 		return pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE publicat_en IS NULL").Scan(&pending) == nil && pending == 0 &&
 			amqptest.QueueLen(t, conn, queue) == 2*rows
 	})
+
 	admin := pgtest.NewPool(t, tc.c.URL, 1)
 	var walsenders int
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
@@ -27,9 +29,10 @@ func TestRelayDefaultReplicationFactor(t *testing.T) {
 	env := []string{replicationFactorEnv + "=", "KM0_DATABASE_URL=" + pgtest.URL()}
 	p := startKm0(t, env, "relay", "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","), "--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms")
 	waitTopic(t, kafkatest.Client(t, b), kafka.TopicSpec{Name: "comandes.esdeveniments", Partitions: 6, ReplicationFactor: 1, MinInsyncReplicas: 1, RetentionMs: 1_209_600_000})
-	waitFor(t, "the small-cluster warning", func() bool {
+	testkit.Eventually(t, time.Minute, "the small-cluster warning", func() bool {
 		return strings.Contains(p.log(), "fewer brokers than a production replication factor needs")
 	})
+
 	_, errOut, err := runKm0(t, env, "relay", "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
 		"--topic", "comandes.altres", "--origin", "comandes", "--kafka-replication-factor", "3")
 	if err == nil || !strings.Contains(errOut, "INVALID_REPLICATION_FACTOR") || !strings.Contains(errOut, "comandes.altres") {
@@ -56,17 +59,15 @@ func TestRelayCreatesTheTopicForACluster(t *testing.T) {
 func waitTopic(t *testing.T, cl *kgo.Client, want kafka.TopicSpec) {
 	t.Helper()
 	var have kafka.TopicSpec
-	for deadline := time.Now().Add(20 * time.Second); have != want; time.Sleep(20 * time.Millisecond) { // polling with a deadline
-		if time.Now().After(deadline) {
-			t.Fatalf("topic %+v, want %+v", have, want)
-		}
+	testkit.Eventuallyf(t, 20*time.Second, fmt.Sprintf("topic %+v", want), func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		got, err := kafka.DescribeTopics(ctx, cl, want.Name)
 		cancel()
 		if err == nil {
 			have = got[want.Name]
 		}
-	}
+		return have == want, fmt.Sprintf("have %+v", have)
+	})
 }
 
 func TestKafkaReplicationFactorFlag(t *testing.T) {

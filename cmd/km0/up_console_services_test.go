@@ -22,6 +22,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/migrate"
 )
@@ -66,7 +67,7 @@ func TestUpConsoleShowsEveryServicesBlockedKeysAndPauses(t *testing.T) {
 	jar, _ := cookiejar.New(nil)
 	hc := &http.Client{Jar: jar, Timeout: 10 * time.Second}
 	base := "http://" + addr
-	waitFor(t, "the console", func() bool { r, err := hc.Get(base + "/"); return err == nil && r.Body.Close() == nil })
+	testkit.Eventually(t, time.Minute, "the console", func() bool { r, err := hc.Get(base + "/"); return err == nil && r.Body.Close() == nil })
 	if r, err := hc.PostForm(base+"/login", url.Values{"token": {tok}, "next": {"/"}}); err != nil || r.StatusCode != http.StatusOK {
 		t.Fatalf("login: %v %v", r, err)
 	}
@@ -101,23 +102,24 @@ func TestUpConsoleShowsEveryServicesBlockedKeysAndPauses(t *testing.T) {
 	if r, err := hc.PostForm(base+"/consumidors/pausar", form); err != nil || r.StatusCode != http.StatusOK {
 		t.Fatalf("pause: %v %v", r, err)
 	}
-	waitFor(t, "cataleg's /salut to list the paused group", func() bool { return slices.Equal(health(), []string{"cataleg.estoc_baix"}) })
+	testkit.Eventually(t, time.Minute, "cataleg's /salut to list the paused group", func() bool { return slices.Equal(health(), []string{"cataleg.estoc_baix"}) })
 	if r, err := hc.PostForm(base+"/consumidors/reprendre", form); err != nil || r.StatusCode != http.StatusOK {
 		t.Fatalf("resume: %v %v", r, err)
 	}
-	waitFor(t, "cataleg's /salut to list no paused group", func() bool { return len(health()) == 0 })
+	testkit.Eventually(t, time.Minute, "cataleg's /salut to list no paused group", func() bool { return len(health()) == 0 })
 }
 
 // svcAddr is the base URL of service's HTTP API as km0 serve printed it.
 func svcAddr(t *testing.T, p *proc, service string) string {
 	t.Helper()
 	var u string
-	waitFor(t, service+"'s address", func() bool {
+	testkit.Eventually(t, time.Minute, service+"'s address", func() bool {
 		m := regexp.MustCompile(`(?m)\b` + service + `\s+(http://\S+)`).FindStringSubmatch(p.output())
 		if m != nil {
 			u = strings.TrimSuffix(m[1], "/")
 		}
 		return m != nil
 	})
+
 	return u
 }

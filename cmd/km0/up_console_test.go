@@ -25,6 +25,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // The console of km0 up / km0 serve --console alerts on lag as km0 console
@@ -70,26 +71,20 @@ func TestUpConsoleAlertsOnLag(t *testing.T) {
 		"serve", "analitica", "--brokers", strings.Join(b.Addrs(), ","), "--database-url", pgtest.URL(), "--database-suffix", suffix,
 		"--console", "127.0.0.1:0", "--max-lag", "2", "--alert-for", "0s")
 	p.waitRunning(t, 60*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var got []dlq.LagNotice
+	testkit.Eventuallyf(t, 30*time.Second, "a lag alert on the webhook", func() (bool, string) {
 		mu.Lock()
-		var got []dlq.LagNotice
+		defer mu.Unlock()
+		got = nil
 		for _, n := range notices {
 			if n.Objecte == "grup "+lagGroup {
 				got = append(got, n)
 			}
 		}
-		mu.Unlock()
-		if len(got) > 0 {
-			if len(got) != 1 || got[0].Estat != "alerta" || got[0].Lag != 4 || got[0].MaxLag != 2 {
-				t.Fatalf("lag notices for %s: %+v", lagGroup, got)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no lag alert on the webhook after 30 s\n%s", p.log())
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
+		return len(got) > 0, p.log()
+	})
+	if len(got) != 1 || got[0].Estat != "alerta" || got[0].Lag != 4 || got[0].MaxLag != 2 {
+		t.Fatalf("lag notices for %s: %+v", lagGroup, got)
 	}
 }
 
@@ -118,10 +113,11 @@ func TestUpConsoleWithoutTokenMakesOneForTheRun(t *testing.T) {
 		"--console", console)
 	p.waitRunning(t, 60*time.Second)
 	var m []string
-	waitFor(t, "the token file's path and the console's URL", func() bool {
+	testkit.Eventually(t, time.Minute, "the token file's path and the console's URL", func() bool {
 		m = regexp.MustCompile(`admin token is in (\S+) \(mode 0600`).FindStringSubmatch(p.output())
 		return m != nil && strings.Contains(p.output(), "console at http://"+console+"/")
 	})
+
 	path := m[1]
 	t.Cleanup(func() { _ = os.Remove(path) }) // if the process was killed
 	fi, err := os.Stat(path)

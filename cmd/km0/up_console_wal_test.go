@@ -13,6 +13,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/lag"
 )
 
@@ -35,12 +36,12 @@ func TestUpConsoleShowsWALOutboxes(t *testing.T) {
 	jar, _ := cookiejar.New(nil)
 	hc := &http.Client{Jar: jar, Timeout: 10 * time.Second}
 	base := "http://" + addr
-	waitFor(t, "the console", func() bool { r, err := hc.Get(base + "/"); return err == nil && r.Body.Close() == nil })
+	testkit.Eventually(t, time.Minute, "the console", func() bool { r, err := hc.Get(base + "/"); return err == nil && r.Body.Close() == nil })
 	if r, err := hc.PostForm(base+"/login", url.Values{"token": {tok}, "next": {"/"}}); err != nil || r.StatusCode != http.StatusOK {
 		t.Fatalf("login: %v %v", r, err)
 	}
 	var o lag.OutboxLag
-	waitFor(t, "comandes's WAL outbox in /lag.json", func() bool {
+	testkit.Eventually(t, time.Minute, "comandes's WAL outbox in /lag.json", func() bool {
 		r, err := hc.Get(base + "/lag.json")
 		if err != nil {
 			return false
@@ -60,6 +61,7 @@ func TestUpConsoleShowsWALOutboxes(t *testing.T) {
 		}
 		return false
 	})
+
 	if o.Err != "" || o.WAL == nil || !strings.HasPrefix(o.WAL.Slot, "km0_wal_") || o.WAL.WALStatus == "" {
 		t.Fatalf("comandes: %+v %+v, want its WAL slot", o, o.WAL)
 	}

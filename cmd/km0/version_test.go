@@ -16,8 +16,8 @@ import (
 	"github.com/km0/km0/internal/buildinfo"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
-	"github.com/km0/km0/internal/relaytest"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
@@ -77,10 +77,11 @@ func TestRelayServesItsProbePathBesideMetrics(t *testing.T) {
 	}
 	var code int
 	var body []byte
-	relaytest.WaitFor(t, "the relay's "+relayHealthPath, 20*time.Second, func() bool {
+	testkit.Eventually(t, 20*time.Second, "the relay's "+relayHealthPath, func() bool {
 		code, body = get(relayHealthPath)
 		return code != 0
 	})
+
 	var h system.Health
 	if err := json.Unmarshal(body, &h); err != nil || code != http.StatusOK || h.Service != "relay" || h.State != "ok" || h.Version != buildinfo.Read().Short() {
 		t.Fatalf("GET %s: %d %s (%v), want 200 relay ok with the version", relayHealthPath, code, body, err)

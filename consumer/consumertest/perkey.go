@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/faults"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/keyorder"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
@@ -206,7 +207,7 @@ func (w *world) failingHead(t *testing.T, key string, ok *atomic.Bool, hooks fau
 	}
 	w.b.Publish(t, head)
 	r := w.run(w.perKey(h), hooks)
-	eventually(t, "the head blocks its key", func() bool { b, _ := w.storeRows(); return b == 1 })
+	testkit.Eventually(t, 30*time.Second, "the head blocks its key", func() bool { b, _ := w.storeRows(); return b == 1 })
 	return head, r, h
 }
 
@@ -259,7 +260,7 @@ func perKeyCrashParking(t *testing.T, w *world) {
 // effect is single.
 func (w *world) drained(t *testing.T, head *transport.Message) {
 	t.Helper()
-	eventually(t, "the store drained", func() bool { b, p := w.storeRows(); return b == 0 && p == 0 })
+	testkit.Eventually(t, 30*time.Second, "the store drained", func() bool { b, p := w.storeRows(); return b == 0 && p == 0 })
 	if n := w.count(`SELECT count(*) FROM efectes WHERE id = $1`, id(head)); n != 1 {
 		t.Fatalf("the head applied %d times, want 1", n)
 	}
@@ -299,7 +300,7 @@ func perKeyCrashReleasing(t *testing.T, w *world) {
 	headRef.Store(head)
 	behind := evOf(cancellada, "P-4", 1)
 	w.b.Publish(t, behind)
-	eventually(t, "the message behind parked", func() bool { _, p := w.storeRows(); return p == 1 })
+	testkit.Eventually(t, 30*time.Second, "the message behind parked", func() bool { _, p := w.storeRows(); return p == 1 })
 	ok.Store(true)
 	r.crashed(t)
 	if b, p := w.storeRows(); insideParked.Load() != 0 || insideEffects.Load() != 2 || b != 1 || p != 1 || w.effects() != 0 {
@@ -382,7 +383,7 @@ func perKeyCrashReleasedFailure(t *testing.T, w *world) {
 			return nil
 		},
 	})
-	eventually(t, "two parked", func() bool { _, p := w.storeRows(); return p == 2 })
+	testkit.Eventually(t, 30*time.Second, "two parked", func() bool { _, p := w.storeRows(); return p == 2 })
 	ok.Store(true)
 	r.crashed(t)
 	if b, p := w.storeRows(); b != 1 || p != 2 || w.effects() != 1 {
@@ -503,9 +504,9 @@ func perKeyBatchRefusal(t *testing.T, w *world) {
 		return out, nil
 	}
 	r := w.run(cfg, faults.Consumer[*consumer.Message]{})
-	eventually(t, "the first refusal", func() bool { return r.c.Stats().Retried >= 1 })
+	testkit.Eventually(t, 30*time.Second, "the first refusal", func() bool { return r.c.Stats().Retried >= 1 })
 	w.b.Publish(t, cancel)
-	eventually(t, "every event applied", func() bool { return w.effects() == 22 })
+	testkit.Eventually(t, 30*time.Second, "every event applied", func() bool { return w.effects() == 22 })
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}

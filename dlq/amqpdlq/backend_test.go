@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
@@ -139,12 +140,13 @@ func (r *rabbit) indexed(t *testing.T) []*dlq.Letter {
 // redeliveries, indexes nothing twice and acks them. A third Sync finds
 // nothing. Every event id is in the index exactly once at the end.
 func TestAMQPSyncAcksOnlyAfterCommit(t *testing.T) {
+	t.Parallel()
 	r := setupRabbit(t)
 	ctx := context.Background()
 	deadAt := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
 	r.exhausted(t, "e-transitori", deadAt)
 	r.native(t, "e-permanent")
-	amqptest.WaitFor(t, 10*time.Second, "2 letters in the DLQ", func() bool { return r.onBroker(t) == 2 })
+	testkit.Eventually(t, 10*time.Second, "2 letters in the DLQ", func() bool { return r.onBroker(t) == 2 })
 	b := r.backend(t, 0)
 
 	// Crash point A: the index transaction fails.
@@ -152,7 +154,7 @@ func TestAMQPSyncAcksOnlyAfterCommit(t *testing.T) {
 	if _, err := b.Sync(ctx, broken); err == nil {
 		t.Fatal("sync into a missing index table succeeded")
 	}
-	amqptest.WaitFor(t, 10*time.Second, "both letters back on the broker", func() bool { return r.onBroker(t) == 2 })
+	testkit.Eventually(t, 10*time.Second, "both letters back on the broker", func() bool { return r.onBroker(t) == 2 })
 	if n := len(r.indexed(t)); n != 0 {
 		t.Fatalf("%d letters indexed by a failed transaction", n)
 	}
@@ -164,7 +166,7 @@ func TestAMQPSyncAcksOnlyAfterCommit(t *testing.T) {
 	if !errors.Is(err, crash) || len(res.New) != 2 {
 		t.Fatalf("sync with a crash after the commit: %d new, %v", len(res.New), err)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "both letters requeued", func() bool { return r.onBroker(t) == 2 })
+	testkit.Eventually(t, 10*time.Second, "both letters requeued", func() bool { return r.onBroker(t) == 2 })
 	if n := len(r.indexed(t)); n != 2 {
 		t.Fatalf("%d letters indexed after the commit, want 2", n)
 	}
@@ -224,6 +226,7 @@ func hasHeader(l *dlq.Letter, key, prefix string) bool {
 // AMQP longs. Both letters index with their own dead time and first
 // failure, to the microsecond and to the millisecond.
 func TestAMQPLettersReadSecondsAndLegacyMilliseconds(t *testing.T) {
+	t.Parallel()
 	r := setupRabbit(t)
 	ctx := context.Background()
 	deadAt := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
@@ -243,7 +246,7 @@ func TestAMQPLettersReadSecondsAndLegacyMilliseconds(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	amqptest.WaitFor(t, 10*time.Second, "2 letters in the DLQ", func() bool { return r.onBroker(t) == 2 })
+	testkit.Eventually(t, 10*time.Second, "2 letters in the DLQ", func() bool { return r.onBroker(t) == 2 })
 	if _, err := r.backend(t, 0).Sync(ctx, r.store); err != nil {
 		t.Fatal(err)
 	}
@@ -262,6 +265,7 @@ func TestAMQPLettersReadSecondsAndLegacyMilliseconds(t *testing.T) {
 // Two Syncs at once on one DLQ (small batches, so they interleave) number
 // every letter once: 200 letters, IDs 0..199, none lost, none twice.
 func TestAMQPConcurrentSyncsNumberEachLetterOnce(t *testing.T) {
+	t.Parallel()
 	r := setupRabbit(t)
 	ctx := context.Background()
 	const n = 200
@@ -269,7 +273,7 @@ func TestAMQPConcurrentSyncsNumberEachLetterOnce(t *testing.T) {
 	for i := range n {
 		r.exhausted(t, "e-"+strconv.Itoa(i), now)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "200 letters in the DLQ", func() bool { return r.onBroker(t) == n })
+	testkit.Eventually(t, 10*time.Second, "200 letters in the DLQ", func() bool { return r.onBroker(t) == n })
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for i := range 2 {

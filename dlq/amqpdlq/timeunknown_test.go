@@ -10,6 +10,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/dlq"
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -19,6 +20,7 @@ import (
 // It is indexed with its time unknown, the next letter with it, the queue
 // is drained, and a second sync indexes nothing twice.
 func TestAMQPOutOfRangeTimestampIsIndexedAsUnknown(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	r := setupRabbit(t)
 	conn, err := amqp091.Dial(amqptest.URL())
@@ -37,7 +39,7 @@ func TestAMQPOutOfRangeTimestampIsIndexedAsUnknown(t *testing.T) {
 	}
 	good := time.Now().Truncate(time.Microsecond)
 	r.exhausted(t, "00000000-0000-4000-8000-000000000001", good)
-	amqptest.WaitFor(t, 10*time.Second, "2 letters on the DLQ", func() bool { return r.onBroker(t) == 2 })
+	testkit.Eventually(t, 10*time.Second, "2 letters on the DLQ", func() bool { return r.onBroker(t) == 2 })
 
 	b := r.backend(t, 0)
 	res, err := b.Sync(ctx, r.store)

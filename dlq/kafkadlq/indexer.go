@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/internal/pause"
 	"github.com/km0/km0/transport/kafka"
 )
 
@@ -31,7 +32,8 @@ type IndexerConfig struct {
 	// noticed. Default 10 s.
 	MetadataMaxAge time.Duration
 	// RetryBackoff is the first wait after a database error before the same
-	// batch is indexed again (doubling, at most 30 s). Default 1 s.
+	// batch is indexed again (doubling, at most 30 s, jittered down by up to
+	// a half). Default 1 s.
 	RetryBackoff time.Duration
 }
 
@@ -134,21 +136,19 @@ func (ix *Indexer) Run(ctx context.Context) error {
 }
 
 func (ix *Indexer) index(ctx context.Context, letters []*dlq.Letter) (added []*dlq.Letter, refused []dlq.Refusal, err error) {
-	wait := ix.cfg.RetryBackoff
-	for {
+	for fails := 1; ; fails++ {
 		added, refused, err := ix.cfg.Store.Index(ctx, letters)
 		if err == nil {
 			return added, refused, nil
 		}
 		ix.log.Error("dlq: indexer cannot write the index; retrying the batch", "letters", len(letters), "err", err)
-		t := time.NewTimer(wait)
+		t := time.NewTimer(pause.Backoff(ix.cfg.RetryBackoff, retryBackoffMax, fails))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil, nil, ctx.Err()
 		case <-t.C:
 		}
-		wait = min(2*wait, retryBackoffMax)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -246,23 +247,6 @@ func StartApp(t testing.TB) {
 	t.Errorf("RabbitMQ did not accept connections after start_app")
 }
 
-// WaitFor polls cond every 10 ms until it holds, or fails the test naming
-// what after timeout. It is how tests wait for asynchronous work.
-func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			t.Fatalf("timed out after %v waiting for: %s", timeout, what)
-		case <-tick.C:
-		}
-	}
-}
-
 // DLQLen returns the number of messages in the DLQ of the work queue queue.
 func DLQLen(t testing.TB, conn *amqp.Conn, queue string) int {
 	t.Helper()
@@ -384,7 +368,7 @@ func UnackedQueue(t testing.TB, prefix string, ready, unacked int) string {
 			t.Fatal(err)
 		}
 	}
-	WaitFor(t, 10*time.Second, "the messages in the queue", func() bool { return QueueLen(t, conn, q) == ready+unacked })
+	testkit.Eventually(t, 10*time.Second, "the messages in the queue", func() bool { return QueueLen(t, conn, q) == ready+unacked })
 	if unacked == 0 {
 		return q
 	}

@@ -72,6 +72,7 @@ var layers = map[string]Layer{
 	"internal/doctest":                   TestKit,
 	"internal/archtest":                  TestKit,
 	"internal/pgbouncer":                 TestKit,
+	"internal/testkit":                   TestKit,
 	"consumer/consumertest":              TestKit,
 	"transport/transporttest":            TestKit,
 	"internal/amqptest":                  TestKit,

@@ -23,19 +23,6 @@ import (
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
-// WaitFor polls cond every 10 ms until it holds or deadline passes, then
-// fails the test naming what it waited for.
-func WaitFor(t testing.TB, what string, deadline time.Duration, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %v waiting for %s", deadline, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling with a deadline, not waiting for work
-	}
-}
-
 // Read returns topic's records on b (in partition order), waiting up to
 // 20 s for at least n.
 func Read(t testing.TB, b *kafkaembed.Broker, topic string, n int) []*kgo.Record {

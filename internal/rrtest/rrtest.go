@@ -16,8 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/requestreply"
 )
@@ -121,21 +121,24 @@ func slowServer(t *testing.T, start Transport) {
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free)
-	s := start(t, func(ctx context.Context, req *requestreply.Request) ([]byte, error) {
+	// The request's deadline passes once the server holds the request, not
+	// after a fixed time: on a loaded machine a request can take longer than
+	// any short timeout to arrive, and the server drops an expired one unread.
+	ctx := &deadlineOnSignal{Context: context.Background(), done: make(chan struct{})}
+	s := start(t, func(_ context.Context, req *requestreply.Request) ([]byte, error) {
 		if string(req.Body) == `{"lent":true}` {
+			ctx.pass()
 			<-release
 		}
 		return []byte(`{"resposta":` + string(req.Body) + `}`), nil
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	_, err := s.Requester.Request(ctx, s.Service, "lenta-1", []byte(`{"lent":true}`))
-	cancel()
 	var te *requestreply.TimeoutError
 	if !errors.As(err, &te) || !errors.Is(err, requestreply.ErrTimeout) || te.RequestID != "lenta-1" {
 		t.Fatalf("want a *TimeoutError for lenta-1, got %v", err)
 	}
 	free() // the server answers now, after the deadline
-	waitFor(t, 20*time.Second, "the late reply to be counted", func() bool { return s.Late() == 1 })
+	testkit.Eventually(t, 20*time.Second, "the late reply to be counted", func() bool { return s.Late() == 1 })
 	resp, err := s.Requester.Request(context.Background(), s.Service, "rapida-1", []byte(`{"lent":false}`))
 	if err != nil || string(resp) != `{"resposta":{"lent":false}}` {
 		t.Fatalf("the next request got %s, %v; want its own reply", resp, err)
@@ -251,30 +254,36 @@ func oversized(t *testing.T, start Transport) {
 	}
 }
 
-var waitFor = amqptest.WaitFor
-
-// Background runs run (a server's Run) until the test ends, then cancels it
-// and fails the test if it returned an error.
-func Background(t *testing.T, run func(ctx context.Context) error) {
-	t.Helper()
-	t.Cleanup(Stoppable(t, run))
-}
-
 // Stoppable runs run (a server's Run) and returns the function that cancels
 // it and waits for it to return (failing the test if it returned an error).
 // Calling that function more than once is harmless.
 func Stoppable(t *testing.T, run func(ctx context.Context) error) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("server: %v", err)
-			}
-		})
+	r := testkit.Start(t, "server", run)
+	return sync.OnceFunc(func() {
+		if err := r.Stop(); err != nil {
+			t.Errorf("server: %v", err)
+		}
+	})
+}
+
+// deadlineOnSignal is a context whose deadline (a minute away, as the server
+// sees it) passes when pass is called: Done closes and Err is
+// context.DeadlineExceeded.
+type deadlineOnSignal struct {
+	context.Context
+	once sync.Once
+	done chan struct{}
+}
+
+func (c *deadlineOnSignal) Deadline() (time.Time, bool) { return time.Now().Add(time.Minute), true }
+func (c *deadlineOnSignal) Done() <-chan struct{}       { return c.done }
+func (c *deadlineOnSignal) pass()                       { c.once.Do(func() { close(c.done) }) }
+func (c *deadlineOnSignal) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
 	}
 }

@@ -35,6 +35,7 @@ type view struct {
 // TestRefused: each body encoding/json accepts, reading it differently from
 // other decoders, is refused with the path of the offending member.
 func TestRefused(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, body, path, reason string
 	}{
@@ -73,6 +74,7 @@ func TestRefused(t *testing.T) {
 // TestKelvinFold: encoding/json folds U+212A (Kelvin sign) to k; a member
 // "\u212a" would fill a field named "k", so it is refused like "K".
 func TestKelvinFold(t *testing.T) {
+	t.Parallel()
 	var v struct {
 		K int `json:"k"`
 	}
@@ -87,6 +89,7 @@ func TestKelvinFold(t *testing.T) {
 
 // TestAccepted: what is well formed decodes as encoding/json decodes it.
 func TestAccepted(t *testing.T) {
+	t.Parallel()
 	body := `{"id":"P-2026-000134","client":"Júlia \ud83d\ude00 \u00e9","linies":[{"producte":"carbasso","quantitat":2,"desconegut":[1,{"a":null}]}],` +
 		`"adreca_lliurament":{"ciutat":"Girona"},"extra":{"b":true},"etiquetes":{"a":1,"A":2},"altre":"x"}`
 	var got order
@@ -111,6 +114,7 @@ func TestAccepted(t *testing.T) {
 }
 
 func TestUnknownDisallowed(t *testing.T) {
+	t.Parallel()
 	var o order
 	err := strictjson.Options{DisallowUnknownFields: true}.Unmarshal([]byte(`{"id":"a","altre":1}`), &o)
 	var se *strictjson.Error
@@ -120,6 +124,7 @@ func TestUnknownDisallowed(t *testing.T) {
 }
 
 func TestDepth(t *testing.T) {
+	t.Parallel()
 	deep := strings.Repeat("[", strictjson.MaxDepth+2) + strings.Repeat("]", strictjson.MaxDepth+2)
 	var v any
 	if err := strictjson.Unmarshal([]byte(deep), &v); err == nil {
@@ -130,6 +135,7 @@ func TestDepth(t *testing.T) {
 // A refused body leaves the target as it was, even when encoding/json would
 // have filled part of it (a type error further on).
 func TestRefusedBodyLeavesTheTargetAlone(t *testing.T) {
+	t.Parallel()
 	o := order{ID: "abans"}
 	for _, body := range []string{`{"id":"P","id":"Q"}`, `{"id":"P","linies":[{"quantitat":"x"}]}`, `{"id":"P","client":"\udfff"}`} {
 		if err := strictjson.Unmarshal([]byte(body), &o); err == nil || o.ID != "abans" {

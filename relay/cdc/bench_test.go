@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/internal/faults"
-	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 )
 
@@ -45,12 +45,12 @@ func BenchmarkCatchUpThenStream(b *testing.B) {
 	b.ResetTimer()
 	t0 := time.Now()
 	start(b, r)
-	relaytest.WaitFor(b, "the catch-up", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
+	testkit.Eventually(b, 5*time.Minute, "the catch-up", func() bool { return bu.pending(b) == 0 })
 	catchUp := time.Since(t0)
 	t1 := time.Now()
 	write(b.N, b.N)
 	written := time.Since(t1)
-	relaytest.WaitFor(b, "the stream", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
+	testkit.Eventually(b, 5*time.Minute, "the stream", func() bool { return bu.pending(b) == 0 })
 	stream := time.Since(t1)
 	b.ReportMetric(float64(b.N)/catchUp.Seconds(), "catchup_rows/s")
 	b.ReportMetric(float64(b.N)/stream.Seconds(), "stream_rows/s")
@@ -87,6 +87,6 @@ func BenchmarkStream(b *testing.B) {
 	b.ResetTimer()
 	t0 := time.Now()
 	close(release)
-	relaytest.WaitFor(b, "the stream", 5*time.Minute, func() bool { return bu.pending(b) == 0 })
+	testkit.Eventually(b, 5*time.Minute, "the stream", func() bool { return bu.pending(b) == 0 })
 	b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "stream_rows/s")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
@@ -97,31 +98,33 @@ func TestStandbyProcessTakesOverWithin5sOfASIGKILL(t *testing.T) {
 	w := newWriters(t, b, 100)
 	appA, appB := "km0-cdc-a-"+b.s.Name, "km0-cdc-b-"+b.s.Name
 	a := b.startChild(t, appA)
-	relaytest.WaitFor(t, "process A to hold the slot", 20*time.Second, func() bool { return b.holder(t) == appA })
+	testkit.Eventually(t, 20*time.Second, "process A to hold the slot", func() bool { return b.holder(t) == appA })
 	b.startChild(t, appB)
-	relaytest.WaitFor(t, "process B to wait for the outbox's relay lock", 20*time.Second, func() bool {
+	testkit.Eventually(t, 20*time.Second, "process B to wait for the outbox's relay lock", func() bool {
 		return b.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1`, appB) == 1
 	})
+
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx, 2, 150, 21) }()
-	relaytest.WaitFor(t, "A to publish some rows", 20*time.Second, func() bool {
+	testkit.Eventually(t, 20*time.Second, "A to publish some rows", func() bool {
 		return b.count(t, "SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL") > 20
 	})
+
 	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
 	_ = a.Wait()
-	relaytest.WaitFor(t, "process B to take the slot over", 5*time.Second, func() bool { return b.holder(t) == appB })
+	testkit.Eventually(t, 5*time.Second, "process B to take the slot over", func() bool { return b.holder(t) == appB })
 	took := time.Since(killed)
 	t.Logf("takeover %v after the SIGKILL", took.Round(time.Millisecond))
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 30*time.Second, "every row published", func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, relaytest.Total(want)))
 	if len(copies) != relaytest.Total(want) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 )
 
@@ -34,11 +35,11 @@ func TestDeletePublishedLeavesOnlyPendingRows(t *testing.T) {
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	r := newRelay(t, cfg)
 	start(t, r)
-	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the relay to hold the slot", r.Active)
 	b.enqueue(t, "P", bigPayload{Seq: 1, Pad: "refuse-me"})
 	// Once P1 is parked: a later row in the very Publish the broker refused
 	// would be confirmed, and deleted (C8).
-	relaytest.WaitFor(t, "P1 parked", 10*time.Second, func() bool { return b.count(t, "SELECT count(*) FROM outbox_aparcats") == 1 })
+	testkit.Eventually(t, 10*time.Second, "P1 parked", func() bool { return b.count(t, "SELECT count(*) FROM outbox_aparcats") == 1 })
 	b.enqueue(t, "P", relaytest.SeqPayload{Seq: 2})
 	var wg sync.WaitGroup
 	for w := range writers {
@@ -57,9 +58,10 @@ func TestDeletePublishedLeavesOnlyPendingRows(t *testing.T) {
 		want[fmt.Sprintf("W-%d", w)] = perWriter
 	}
 	total := pre + writers*perWriter
-	relaytest.WaitFor(t, "every row but P's deleted", 20*time.Second, func() bool {
+	testkit.Eventually(t, 20*time.Second, "every row but P's deleted", func() bool {
 		return b.count(t, "SELECT count(*) FROM outbox") == 2
 	})
+
 	if p, parked := b.pending(t), b.count(t, "SELECT count(*) FROM outbox_aparcats"); p != 2 || parked != 1 {
 		t.Fatalf("%d pending, %d parked; want P's 2 pending, 1 parked", p, parked)
 	}

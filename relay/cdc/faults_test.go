@@ -13,6 +13,7 @@ import (
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // Crash point: the relay dies after the broker confirmed a batch and before
@@ -56,8 +57,8 @@ func TestCrashAfterBrokerConfirmBeforeMarkRepublishesSameIDs(t *testing.T) {
 			cfg = b.config()
 			cfg.DeletePublished = del
 			start(t, newRelay(t, cfg))
-			relaytest.WaitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
-			relaytest.WaitFor(t, "the slot to move past the batch", 10*time.Second, func() bool { return b.confirmedLSN(t) > lsn })
+			testkit.Eventually(t, 20*time.Second, "every row marked", func() bool { return b.pending(t) == 0 })
+			testkit.Eventually(t, 10*time.Second, "the slot to move past the batch", func() bool { return b.confirmedLSN(t) > lsn })
 			recs := b.read(t, len(first)+n)
 			perKey, copies := relaytest.FirstSeqs(t, recs)
 			relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": n})
@@ -151,11 +152,11 @@ func TestCrashAfterMarkBeforeConfirmLosesNothingAndRepeatsNoMarkedRow(t *testing
 			cfg = b.config()
 			cfg.DeletePublished = del
 			start(t, newRelay(t, cfg))
-			relaytest.WaitFor(t, "every row marked", 20*time.Second, func() bool { return b.pending(t) == 0 })
+			testkit.Eventually(t, 20*time.Second, "every row marked", func() bool { return b.pending(t) == 0 })
 			// Past every transaction of the crashed run: the stream has
 			// delivered them all again, and what was to be published twice
 			// is on the topic.
-			relaytest.WaitFor(t, "the slot to pass the writes", 20*time.Second, func() bool { return b.confirmedLSN(t) >= end })
+			testkit.Eventually(t, 20*time.Second, "the slot to pass the writes", func() bool { return b.confirmedLSN(t) >= end })
 			recs := kafkatest.ReadAll(t, b.b, topic, n+m, 8*time.Second) // at most n+m; a loaded machine may need seconds to fetch the first
 			perKey, copies := relaytest.FirstSeqs(t, recs)
 			relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": n})
@@ -182,7 +183,7 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	r := newRelay(t, b.config())
 	start(t, r)
 	ctx := context.Background()
-	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the relay to hold the slot", r.Active)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx, 2, 100, 7) }()
 	for range 3 {
@@ -195,7 +196,7 @@ func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 30*time.Second, "every row published", func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, relaytest.Total(want)))
 	if len(copies) != relaytest.Total(want) {

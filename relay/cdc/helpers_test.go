@@ -2,10 +2,8 @@ package cdc_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
@@ -138,28 +137,7 @@ func (w withFaults) Run(ctx context.Context) error { return w.r.Run(faults.WithC
 // Run's error. Cleanup stops it too.
 func start(t testing.TB, r runner) (stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(20 * time.Second):
-				err = errors.New("relay did not stop within 20s")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	})
-	return stop
+	return testkit.Start(t, "relay", r.Run).Stop
 }
 
 // runUntilError runs r until it returns (a crash hook) and returns its error.

@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -29,10 +30,11 @@ func migratedDatabase(t *testing.T) (*pgxpool.Pool, string) {
 	u := pgtest.NewDatabase(t)
 	pool := pgtest.NewPool(t, u, 4)
 	t.Cleanup(func() {
-		relaytest.WaitFor(t, "the database's slots dropped", 10*time.Second, func() bool {
+		testkit.Eventually(t, 10*time.Second, "the database's slots dropped", func() bool {
 			_, err := pool.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()")
 			return err == nil
 		})
+
 	})
 	if _, err := migrate.Up(context.Background(), pool, migrate.Names{}, migrate.Outbox); err != nil {
 		t.Fatal(err)
@@ -120,9 +122,10 @@ func TestRestartLogsTheResumePosition(t *testing.T) {
 	b := setup(t)
 	stop := start(t, newRelay(t, b.config()))
 	b.enqueue(t, "A", relaytest.SeqPayload{Seq: 1})
-	relaytest.WaitFor(t, "the row published and its position confirmed", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the row published and its position confirmed", func() bool {
 		return b.pending(t) == 0 && b.confirmedLSN(t) > 0
 	})
+
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -130,20 +133,21 @@ func TestRestartLogsTheResumePosition(t *testing.T) {
 	// which can be after the relay has closed its end: read the position
 	// once the slot is released.
 	var resume string
-	relaytest.WaitFor(t, "the slot released by the stopped relay", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the slot released by the stopped relay", func() bool {
 		var active bool
 		if err := b.s.Pool.QueryRow(context.Background(), "SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", b.slot()).Scan(&active, &resume); err != nil {
 			t.Fatal(err)
 		}
 		return !active
 	})
+
 	var logs testlog.Buffer
 	cfg := b.config()
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	r := newRelay(t, cfg)
 	start(t, r)
 	line := ""
-	relaytest.WaitFor(t, "the restarted relay to log that it holds the slot", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the restarted relay to log that it holds the slot", func() bool {
 		for _, l := range strings.Split(logs.String(), "\n") {
 			if strings.Contains(l, "holding the slot") {
 				line = l
@@ -151,6 +155,7 @@ func TestRestartLogsTheResumePosition(t *testing.T) {
 		}
 		return line != ""
 	})
+
 	if !strings.Contains(line, "start="+resume+" ") {
 		t.Fatalf("restart log %q, want start=%s (the slot's confirmed_flush_lsn)", line, resume)
 	}

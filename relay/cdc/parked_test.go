@@ -12,6 +12,7 @@ import (
 
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/transport"
@@ -67,21 +68,22 @@ func TestRowRefusedByTheBrokerIsParkedAndItsAggregateWaitsUntilReleased(t *testi
 	cfg.Publisher = pub
 	r := newRelay(t, cfg)
 	start(t, r)
-	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the relay to hold the slot", r.Active)
 	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 1})
 	x2 := b.enqueue(t, "X", bigPayload{Seq: 2, Pad: "refuse-me"})
-	relaytest.WaitFor(t, "X1 published, X2 parked", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "X1 published, X2 parked", func() bool {
 		return b.pending(t) == 1 && b.count(t, "SELECT count(*) FROM outbox_aparcats") == 1
 	})
+
 	// Written after X2 was refused: not in the Publish that refused it (a
 	// later row of the aggregate in that very Publish was confirmed by the
 	// broker, as with the polling relay's chunks).
 	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 3})
 	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 1})
-	relaytest.WaitFor(t, "Y1 published, X3 behind X2", 10*time.Second, func() bool { return b.pending(t) == 2 })
+	testkit.Eventually(t, 10*time.Second, "Y1 published, X3 behind X2", func() bool { return b.pending(t) == 2 })
 	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 4})
 	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 2})
-	relaytest.WaitFor(t, "Y2 published while X waits", 10*time.Second, func() bool { return b.pending(t) == 3 })
+	testkit.Eventually(t, 10*time.Second, "Y2 published while X waits", func() bool { return b.pending(t) == 3 })
 	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
 	if err != nil {
 		t.Fatal(err)
@@ -93,9 +95,9 @@ func TestRowRefusedByTheBrokerIsParkedAndItsAggregateWaitsUntilReleased(t *testi
 	if err := relay.Release(ctx, b.s.Pool, b.s.Names(), x2); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "X2..X4 published after the release", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "X2..X4 published after the release", func() bool { return b.pending(t) == 0 })
 	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 5})
-	relaytest.WaitFor(t, "X5 published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "X5 published", func() bool { return b.pending(t) == 0 })
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, 7))
 	if len(copies) != 7 {
 		t.Fatalf("%d distinct ids, want 7", len(copies))
@@ -124,7 +126,7 @@ func TestRabbitMQPublisherParksWhatAMQPCannotCarry(t *testing.T) {
 	cfg.Publisher, cfg.Topic = pub, queue
 	r := newRelay(t, cfg)
 	start(t, r)
-	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the relay to hold the slot", r.Active)
 	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 1})
 	long := &outbox.Event{Aggregate: "comanda", AggregateID: "X", Type: strings.Repeat("t", 300), Payload: relaytest.SeqPayload{Seq: 2}}
 	if err := pgx.BeginFunc(ctx, b.s.Pool, func(tx pgx.Tx) error { return b.ob.Enqueue(ctx, tx, long) }); err != nil {
@@ -132,8 +134,8 @@ func TestRabbitMQPublisherParksWhatAMQPCannotCarry(t *testing.T) {
 	}
 	b.enqueue(t, "X", relaytest.SeqPayload{Seq: 3})
 	b.enqueue(t, "Y", relaytest.SeqPayload{Seq: 1})
-	relaytest.WaitFor(t, "X1 and Y1 in the queue", 10*time.Second, func() bool { return amqptest.QueueLen(t, conn, queue) == 2 })
-	relaytest.WaitFor(t, "X2 parked, X3 behind it", 10*time.Second, func() bool { return b.pending(t) == 2 })
+	testkit.Eventually(t, 10*time.Second, "X1 and Y1 in the queue", func() bool { return amqptest.QueueLen(t, conn, queue) == 2 })
+	testkit.Eventually(t, 10*time.Second, "X2 parked, X3 behind it", func() bool { return b.pending(t) == 2 })
 	parked, err := relay.Parked(ctx, b.s.Pool, b.s.Names())
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
@@ -53,12 +54,12 @@ func TestPublishesInsertsWithEnvelopeKeyAndHeadersThenMarks(t *testing.T) {
 	b := setup(t)
 	r := newRelay(t, b.config())
 	start(t, r)
-	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the relay to hold the slot", r.Active)
 	ids := map[string]bool{}
 	for i := 1; i <= 3; i++ {
 		ids[b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: i}).String()] = true
 	}
-	relaytest.WaitFor(t, "3 rows marked", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "3 rows marked", func() bool { return b.pending(t) == 0 })
 	recs := b.read(t, 3)
 	for _, rec := range recs {
 		env, err := envelope.Decode(rec.Value)
@@ -103,7 +104,7 @@ func TestEightWritersKeepCommitOrder(t *testing.T) {
 	if err := w.Run(ctx, 8, 150, 2); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "every row published", 60*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 60*time.Second, "every row published", func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
 	n := relaytest.Total(want)
 	if rows := b.count(t, "SELECT count(*) FROM outbox"); rows != n || n < 8*250 {

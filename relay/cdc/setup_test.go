@@ -12,6 +12,7 @@ import (
 
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/relay"
 	"github.com/km0/km0/relay/cdc"
 )
@@ -83,9 +84,9 @@ func TestIdleOutboxAdvancesTheSlotAndExportsItsLag(t *testing.T) {
 	cfg.Metrics = reg
 	r := newRelay(t, cfg)
 	start(t, r)
-	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the relay to hold the slot", r.Active)
 	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 1})
-	relaytest.WaitFor(t, "the row published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the row published", func() bool { return b.pending(t) == 0 })
 	if _, err := b.s.Pool.Exec(ctx, "CREATE TABLE altra (n int)"); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestIdleOutboxAdvancesTheSlotAndExportsItsLag(t *testing.T) {
 	if err := b.s.Pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&target); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "the slot to advance past the other table's WAL", 15*time.Second, func() bool { return b.confirmedLSN(t) >= target })
+	testkit.Eventually(t, 15*time.Second, "the slot to advance past the other table's WAL", func() bool { return b.confirmedLSN(t) >= target })
 	got := gather(t, reg)
 	for _, name := range []string{cdc.MetricSlotLagBytes, cdc.MetricSlotRetained, cdc.MetricSlotLagSeconds, relay.MetricPending, relay.MetricTableBytes} {
 		if _, ok := got[name]; !ok {
@@ -145,9 +146,9 @@ func TestCapcaleresBecomeHeadersWhateverTheColumnOrder(t *testing.T) {
 	}
 	r := newRelay(t, b.config())
 	start(t, r)
-	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the relay to hold the slot", r.Active)
 	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 1}) // no capcaleres column yet
-	relaytest.WaitFor(t, "P-1 #1 published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "P-1 #1 published", func() bool { return b.pending(t) == 0 })
 	for _, stmt := range []string{"ALTER TABLE outbox ADD COLUMN extra TEXT", "ALTER TABLE outbox ADD COLUMN capcaleres JSONB",
 		"ALTER TABLE outbox DROP COLUMN extra"} {
 		if _, err := b.s.Pool.Exec(ctx, stmt); err != nil {
@@ -162,7 +163,7 @@ func TestCapcaleresBecomeHeadersWhateverTheColumnOrder(t *testing.T) {
 	if _, err := b.s.Pool.Exec(ctx, ins, 3, nil); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "3 rows published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "3 rows published", func() bool { return b.pending(t) == 0 })
 	recs := b.read(t, 3)
 	perKey, _ := relaytest.FirstSeqs(t, recs)
 	relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": 3})
@@ -197,7 +198,7 @@ func TestCapcaleresOfPendingRowsAtTheFirstStartBecomeHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, newRelay(t, b.config()))
-	relaytest.WaitFor(t, "the row published", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the row published", func() bool { return b.pending(t) == 0 })
 	rec := b.read(t, 1)[0]
 	for _, h := range rec.Headers {
 		if h.Key == "traceparent" && string(h.Value) == "00-abc-def-01" {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 )
@@ -34,7 +35,7 @@ func TestFirstStartWhileWritersWriteMissesAndRepeatsNothing(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "every row published", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 30*time.Second, "every row published", func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
 	n := relaytest.Total(want)
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, n))
@@ -71,7 +72,7 @@ func TestSwitchPollingToCDCAndBackLosesNothing(t *testing.T) {
 	t.Cleanup(polling.Close)
 	stop := start(t, polling)
 	write(2)
-	relaytest.WaitFor(t, "the polling relay to drain", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 20*time.Second, "the polling relay to drain", func() bool { return b.pending(t) == 0 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +82,7 @@ func TestSwitchPollingToCDCAndBackLosesNothing(t *testing.T) {
 	r := newRelay(t, b.config())
 	stop = start(t, r)
 	write(4)
-	relaytest.WaitFor(t, "the CDC relay to drain", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 20*time.Second, "the CDC relay to drain", func() bool { return b.pending(t) == 0 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestSwitchPollingToCDCAndBackLosesNothing(t *testing.T) {
 	t.Cleanup(polling2.Close)
 	start(t, polling2)
 	write(6)
-	relaytest.WaitFor(t, "the polling relay to drain again", 20*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 20*time.Second, "the polling relay to drain again", func() bool { return b.pending(t) == 0 })
 	want := w.Counts(t)
 	perKey, copies := relaytest.FirstSeqs(t, b.read(t, relaytest.Total(want)))
 	if len(copies) != relaytest.Total(want) {
@@ -114,11 +115,11 @@ func TestCDCWaitsForAPollingRelayOfTheSameTable(t *testing.T) {
 	}
 	t.Cleanup(polling.Close)
 	stop := start(t, polling)
-	relaytest.WaitFor(t, "the polling relay to own its shards", 10*time.Second, func() bool { return polling.OwnedShards() == relay.ShardCount })
+	testkit.Eventually(t, 10*time.Second, "the polling relay to own its shards", func() bool { return polling.OwnedShards() == relay.ShardCount })
 	r := newRelay(t, b.config())
 	start(t, r)
 	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 1})
-	relaytest.WaitFor(t, "the polling relay to publish", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the polling relay to publish", func() bool { return b.pending(t) == 0 })
 	if r.Active() || b.confirmedLSN(t) != 0 {
 		t.Fatal("the CDC relay streams while a polling relay of the table runs")
 	}
@@ -126,9 +127,9 @@ func TestCDCWaitsForAPollingRelayOfTheSameTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	polling.Close()
-	relaytest.WaitFor(t, "the CDC relay to take over", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the CDC relay to take over", r.Active)
 	b.enqueue(t, "P-1", relaytest.SeqPayload{Seq: 2})
-	relaytest.WaitFor(t, "the CDC relay to publish", 10*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the CDC relay to publish", func() bool { return b.pending(t) == 0 })
 	perKey, _ := relaytest.FirstSeqs(t, b.read(t, 2))
 	relaytest.CheckCommitOrder(t, perKey, map[string]int{"P-1": 2})
 }
@@ -162,7 +163,7 @@ func TestBatchesLargerThanAMarkStatementAreMarkedWhole(t *testing.T) {
 	start(t, withFaults{newRelay(t, cfg), faults.CDC{Streaming: func() { close(streaming) }}})
 	<-streaming
 	write() // one transaction of n rows in the stream
-	relaytest.WaitFor(t, "every row marked", 30*time.Second, func() bool { return b.pending(t) == 0 })
+	testkit.Eventually(t, 30*time.Second, "every row marked", func() bool { return b.pending(t) == 0 })
 	if got := b.count(t, "SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL"); got != 2*n {
 		t.Fatalf("%d rows marked, want %d", got, 2*n)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
 )
@@ -51,7 +52,7 @@ func TestSwitchTableToWALAndBackWithAWriterRunningLosesNothing(t *testing.T) {
 	}()
 	grow := func(what string, by int64) {
 		n := written.Load()
-		relaytest.WaitFor(t, what, 10*time.Second, func() bool { return written.Load() >= n+by })
+		testkit.Eventually(t, 10*time.Second, what, func() bool { return written.Load() >= n+by })
 	}
 	poll, err := relay.New(w.pollingConfig())
 	if err != nil {
@@ -64,7 +65,7 @@ func TestSwitchTableToWALAndBackWithAWriterRunningLosesNothing(t *testing.T) {
 	w.createSlot(t)
 	current.Store(wal)
 	grow("the writer to commit in WAL mode", 2)
-	relaytest.WaitFor(t, "the table drained", 10*time.Second, func() bool { return w.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the table drained", func() bool { return w.pending(t) == 0 })
 	if err := stopPoll(); err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func TestSwitchTableToWALAndBackWithAWriterRunningLosesNothing(t *testing.T) {
 	if err := w.s.Pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "the WAL slot past the last message", 10*time.Second, func() bool { return w.walConfirmed(t) >= end })
+	testkit.Eventually(t, 10*time.Second, "the WAL slot past the last message", func() bool { return w.walConfirmed(t) >= end })
 	if err := stopWAL(); err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +92,6 @@ func TestSwitchTableToWALAndBackWithAWriterRunningLosesNothing(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "the table drained", 10*time.Second, func() bool { return w.pending(t) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the table drained", func() bool { return w.pending(t) == 0 })
 	waitDistinct(t, w.b, seqs)
 }

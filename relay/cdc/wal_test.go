@@ -17,6 +17,7 @@ import (
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/relaytest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -59,10 +60,11 @@ func (w *walBundle) createSlot(t testing.TB) {
 func (w *walBundle) dropWALSlot(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
-	relaytest.WaitFor(t, "the WAL slot to be free to drop", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the WAL slot to be free to drop", func() bool {
 		_, err := w.s.Pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", w.slot)
 		return err == nil
 	})
+
 	if _, err := w.s.Pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{w.slot}.Sanitize()); err != nil {
 		t.Errorf("drop publication: %v", err)
 	}
@@ -103,9 +105,10 @@ func TestWALWritesAreRefusedUntilTheSlotExists(t *testing.T) {
 	if created, err := migrate.EnsureWALSlot(ctx, w.s.Pool, w.slot, ""); err != nil || created {
 		t.Fatalf("EnsureWALSlot a second time: created %v, %v; want false, nil", created, err)
 	}
-	relaytest.WaitFor(t, "Enqueue to accept once the slot exists", 5*time.Second, func() bool {
+	testkit.Eventually(t, 5*time.Second, "Enqueue to accept once the slot exists", func() bool {
 		return pgx.BeginFunc(ctx, w.s.Pool, func(tx pgx.Tx) error { return w.ob.Enqueue(ctx, tx, ev("C")) }) == nil
 	})
+
 	start(t, newRelay(t, w.walConfig()))
 	recs := w.read(t, 1)
 	if len(recs) != 1 || string(recs[0].Key) != "C" {
@@ -212,7 +215,7 @@ func TestWALRestartResumesFromTheConfirmedPosition(t *testing.T) {
 		t.Fatalf("the slot moved with no relay running")
 	}
 	start(t, newRelay(t, w.walConfig()))
-	relaytest.WaitFor(t, "the slot to move past the new events", 20*time.Second, func() bool { return w.walConfirmed(t) > before })
+	testkit.Eventually(t, 20*time.Second, "the slot to move past the new events", func() bool { return w.walConfirmed(t) > before })
 	recs := w.read(t, 30)
 	perKey, copies := relaytest.FirstSeqs(t, recs)
 	relaytest.CheckCommitOrder(t, perKey, map[string]int{"A": 30})
@@ -254,11 +257,12 @@ func TestWALNothingLostAcrossSIGKILLsOfTheRelayProcess(t *testing.T) {
 		app := "km0-cdc-wal-" + string(rune('a'+i)) + "-" + w.s.Name
 		before := w.walConfirmed(t)
 		child := w.startChild(t, app, "KM0_CDC_TEST_WAL=1")
-		relaytest.WaitFor(t, app+" to confirm a position", 20*time.Second, func() bool { return w.walConfirmed(t) > before })
+		testkit.Eventually(t, 20*time.Second, app+" to confirm a position", func() bool { return w.walConfirmed(t) > before })
 		if i < 3 && total > 10_000 { // mid-stream: after i+1 quarters of the writes
-			relaytest.WaitFor(t, "the writes to pass a quarter more", wait, func() bool {
+			testkit.Eventually(t, wait, "the writes to pass a quarter more", func() bool {
 				return w.count(t, "SELECT coalesce(sum(n), 0)::int FROM comptadors") >= (i+1)*total/4
 			})
+
 		}
 		if i == 3 {
 			break // the last one finishes the stream
@@ -275,7 +279,7 @@ func TestWALNothingLostAcrossSIGKILLsOfTheRelayProcess(t *testing.T) {
 	if err := w.s.Pool.QueryRow(context.Background(), "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "the slot to pass the last write", wait, func() bool { return w.walConfirmed(t) >= end })
+	testkit.Eventually(t, wait, "the slot to pass the last write", func() bool { return w.walConfirmed(t) >= end })
 	want := wr.Counts(t)
 	waitDistinctWithin(t, w.b, want, wait)
 	t.Logf("%d events of %d writers over %d aggregates, 3 SIGKILLs mid-stream: 0 missing, 0 order violations", relaytest.Total(want), writers, aggs)
@@ -295,7 +299,7 @@ func TestWALBrokerDownHoldsTheSlotUntilItConfirms(t *testing.T) {
 	cfg.PublishTimeout = 300 * time.Millisecond
 	r := newRelay(t, cfg)
 	start(t, r)
-	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the relay to hold the slot", r.Active)
 	w.enqueue(t, "A", relaytest.SeqPayload{Seq: 1})
 	w.read(t, 1)
 	up := w.b.Unreachable()
@@ -308,9 +312,10 @@ func TestWALBrokerDownHoldsTheSlotUntilItConfirms(t *testing.T) {
 			}
 		}
 	}
-	relaytest.WaitFor(t, "two failed sessions while the broker is down", 20*time.Second, func() bool {
+	testkit.Eventually(t, 20*time.Second, "two failed sessions while the broker is down", func() bool {
 		return gather(t, reg)[relay.MetricFailures] >= 2
 	})
+
 	if c := w.walConfirmed(t); c >= first {
 		t.Fatalf("confirmed_flush_lsn %d passed the first unconfirmed event (%d) while the broker was down", c, first)
 	}
@@ -321,7 +326,7 @@ func TestWALBrokerDownHoldsTheSlotUntilItConfirms(t *testing.T) {
 			cdc.MetricSlotRetained, got[cdc.MetricSlotRetained])
 	}
 	up()
-	relaytest.WaitFor(t, "the slot to pass the events", 20*time.Second, func() bool { return w.walConfirmed(t) >= first })
+	testkit.Eventually(t, 20*time.Second, "the slot to pass the events", func() bool { return w.walConfirmed(t) >= first })
 	waitDistinct(t, w.b, map[string]int{"A": 31})
 }
 
@@ -341,30 +346,33 @@ func TestWALRefusedMessageIsParkedAndItsAggregateWaitsUntilReleased(t *testing.T
 	stop := start(t, newRelay(t, cfg))
 	w.enqueue(t, "X", relaytest.SeqPayload{Seq: 1})
 	x2 := w.enqueue(t, "X", bigPayload{Seq: 2, Pad: "refuse-me"})
-	relaytest.WaitFor(t, "X2 parked", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "X2 parked", func() bool {
 		return w.count(t, "SELECT count(*) FROM outbox_wal_aparcats WHERE motiu LIKE 'broker: MESSAGE_TOO_LARGE%'") == 1
 	})
+
 	w.enqueue(t, "X", relaytest.SeqPayload{Seq: 3})
 	w.enqueue(t, "Y", relaytest.SeqPayload{Seq: 1})
 	w.read(t, 2) // X1, Y1
-	relaytest.WaitFor(t, "X3 kept behind X2", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "X3 kept behind X2", func() bool {
 		return w.count(t, "SELECT count(*) FROM outbox_wal_aparcats WHERE motiu IS NULL AND agregat_id = 'X'") == 1
 	})
+
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	start(t, newRelay(t, cfg))
 	w.enqueue(t, "X", relaytest.SeqPayload{Seq: 4})
 	w.enqueue(t, "Y", relaytest.SeqPayload{Seq: 2})
-	relaytest.WaitFor(t, "X4 kept after the restart", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "X4 kept after the restart", func() bool {
 		return w.count(t, "SELECT count(*) FROM outbox_wal_aparcats") == 3
 	})
+
 	w.read(t, 3) // Y2
 	var end int64
 	if err := w.s.Pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "the slot to move past the parked messages", 10*time.Second, func() bool { return w.walConfirmed(t) >= end })
+	testkit.Eventually(t, 10*time.Second, "the slot to move past the parked messages", func() bool { return w.walConfirmed(t) >= end })
 	parked, err := cdc.ParkedWAL(ctx, w.s.Pool, w.s.Names())
 	if err != nil || len(parked) != 1 || parked[0].ID != x2 || parked[0].AggregateID != "X" || parked[0].Waiting != 2 ||
 		!strings.HasPrefix(parked[0].Reason, "broker: MESSAGE_TOO_LARGE") {
@@ -377,9 +385,10 @@ func TestWALRefusedMessageIsParkedAndItsAggregateWaitsUntilReleased(t *testing.T
 	if err := cdc.ReleaseWAL(ctx, w.s.Pool, w.s.Names(), x2); !errors.Is(err, relay.ErrNotParked) {
 		t.Fatalf("second release: %v, want ErrNotParked", err)
 	}
-	relaytest.WaitFor(t, "the parking table emptied", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the parking table emptied", func() bool {
 		return w.count(t, "SELECT count(*) FROM outbox_wal_aparcats") == 0
 	})
+
 	recs := w.read(t, 6)
 	perKey, copies := relaytest.FirstSeqs(t, recs)
 	relaytest.CheckCommitOrder(t, perKey, map[string]int{"X": 4, "Y": 2})
@@ -427,7 +436,7 @@ func TestWALNothingLostAcrossAnImmediateShutdownOfPostgreSQL(t *testing.T) {
 		Topic: topic, Origin: "comandes", BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 		PublishTimeout: 300 * time.Millisecond, Logger: testLogger()}, StatusInterval: 100 * time.Millisecond, WAL: true})
 	start(t, r)
-	relaytest.WaitFor(t, "the relay to hold the slot", 10*time.Second, r.Active)
+	testkit.Eventually(t, 10*time.Second, "the relay to hold the slot", r.Active)
 	write(1)
 	relaytest.Read(t, b, topic, 1)
 	up := b.Unreachable()
@@ -438,11 +447,12 @@ func TestWALNothingLostAcrossAnImmediateShutdownOfPostgreSQL(t *testing.T) {
 	if err := c.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, "Enqueue to pass after the crash", 20*time.Second, func() bool {
+	testkit.Eventually(t, 20*time.Second, "Enqueue to pass after the crash", func() bool {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			return ob.Enqueue(ctx, tx, &outbox.Event{Aggregate: "comanda", AggregateID: "A", Type: "comanda.creada", Payload: relaytest.SeqPayload{Seq: 22}})
 		}) == nil
 	})
+
 	up()
 	waitDistinct(t, b, map[string]int{"A": 22})
 }
@@ -459,7 +469,7 @@ func waitDistinct(t *testing.T, b *kafkaembed.Broker, want map[string]int) {
 func waitDistinctWithin(t *testing.T, b *kafkaembed.Broker, want map[string]int, deadline time.Duration) {
 	t.Helper()
 	var perKey map[string][]int
-	relaytest.WaitFor(t, "every event on the topic", deadline, func() bool {
+	testkit.Eventually(t, deadline, "every event on the topic", func() bool {
 		perKey, _ = relaytest.FirstSeqs(t, kafkatest.ReadAll(t, b, topic, 1<<30, 500*time.Millisecond))
 		for agg, n := range want {
 			if len(perKey[agg]) < n {
@@ -468,5 +478,6 @@ func waitDistinctWithin(t *testing.T, b *kafkaembed.Broker, want map[string]int,
 		}
 		return true
 	})
+
 	relaytest.CheckCommitOrder(t, perKey, want)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/rrtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/transport/amqp"
@@ -28,7 +29,7 @@ func start(t *testing.T, h requestreply.Handler) (*amqprr.Server, *amqprr.Client
 		t.Fatal(err)
 	}
 	amqptest.DeleteQueuesAtCleanup(t, srv.Queues)
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn})
 	if err != nil {
 		t.Fatal(err)
@@ -41,6 +42,7 @@ func start(t *testing.T, h requestreply.Handler) (*amqprr.Server, *amqprr.Client
 // queue and with direct reply-to, and over a connection with coalesced
 // writes (amqp.Config.CoalesceWrites, as the system's).
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	t.Run("ExclusiveQueue", func(t *testing.T) { conformance(t, false, false) })
 	t.Run("DirectReplyTo", func(t *testing.T) { conformance(t, true, false) })
 	t.Run("CoalescedWrites", func(t *testing.T) { conformance(t, false, true) })
@@ -90,6 +92,7 @@ func conformance(t *testing.T, direct, coalesced bool) {
 }
 
 func TestRequestToAMissingQueueFailsAtOnceWithErrNoService(t *testing.T) {
+	t.Parallel()
 	_, cl, queue := start(t, func(context.Context, *requestreply.Request) ([]byte, error) { return nil, nil })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -99,6 +102,7 @@ func TestRequestToAMissingQueueFailsAtOnceWithErrNoService(t *testing.T) {
 }
 
 func TestRequestWithoutReplyToIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	srv, _, queue := start(t, func(context.Context, *requestreply.Request) ([]byte, error) { return []byte(`{}`), nil })
 	conn := amqptest.Dial(t)
 	pub, err := amqp.NewPublisher(context.Background(), conn, amqp.PublisherConfig{})
@@ -108,15 +112,17 @@ func TestRequestWithoutReplyToIsDeadLettered(t *testing.T) {
 	if err := pub.PublishRaw(context.Background(), "", queue, amqp091.Publishing{Body: []byte(`{}`), MessageId: "sense-resposta"}); err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 10*time.Second, "the request without reply_to in the DLQ", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the request without reply_to in the DLQ", func() bool {
 		return amqptest.DLQLen(t, conn, queue) == 1
 	})
+
 	if st := srv.Stats(); st.DeadLettered != 1 || st.Replied != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }
 
 func TestReplyToAGoneClientIsCountedAsOrphaned(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	srv, _, queue := start(t, func(context.Context, *requestreply.Request) ([]byte, error) {
 		<-release
@@ -135,13 +141,14 @@ func TestReplyToAGoneClientIsCountedAsOrphaned(t *testing.T) {
 	}
 	_ = cl.Close() // its exclusive reply queue goes with its channel
 	close(release)
-	amqptest.WaitFor(t, 10*time.Second, "the returned reply counted as orphaned", func() bool { return srv.Stats().Orphaned == 1 })
+	testkit.Eventually(t, 10*time.Second, "the returned reply counted as orphaned", func() bool { return srv.Stats().Orphaned == 1 })
 }
 
 // A request id or service name AMQP cannot carry (a shortstr: at most 255
 // bytes) is the caller's error alone: it must not take the connection, and
 // the other requests waiting on it, down with it.
 func TestOverlongRequestIDOrServiceFailsAloneWithAClearError(t *testing.T) {
+	t.Parallel()
 	inside, release := make(chan struct{}), make(chan struct{})
 	_, cl, queue := start(t, func(_ context.Context, req *requestreply.Request) ([]byte, error) {
 		if req.ID == "lenta" {

@@ -40,6 +40,7 @@ const (
 // returned (committed, nothing sent), or right after the ack was issued
 // (the reply and the ack at most queued in the connection).
 func TestIdempotentServerProcess(t *testing.T) {
+	t.Parallel()
 	queue := os.Getenv(envCrashQueue)
 	if queue == "" {
 		t.Skip("the server process of TestSIGKILLAroundTheAckLosesNoStoredResponse")
@@ -78,6 +79,7 @@ func TestIdempotentServerProcess(t *testing.T) {
 // the connection's buffer when the process dies: what must be durable is in
 // PostgreSQL before the ack is issued.)
 func TestSIGKILLAroundTheAckLosesNoStoredResponse(t *testing.T) {
+	t.Parallel()
 	for _, at := range []string{"handler", "ack"} {
 		t.Run(at, func(t *testing.T) { crashAround(t, at) })
 	}

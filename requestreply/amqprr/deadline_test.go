@@ -14,7 +14,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/internal/amqptest"
-	"github.com/km0/km0/internal/rrtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 )
@@ -24,6 +24,7 @@ import (
 // delivers it) is acked and counted, its handler never runs and no reply is
 // sent; a fresh request meanwhile is answered.
 func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
+	t.Parallel()
 	var ran sync.Map
 	srv, cl, queue := start(t, func(_ context.Context, r *requestreply.Request) ([]byte, error) {
 		ran.Store(r.ID, true)
@@ -42,7 +43,7 @@ func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the expired request counted", func() bool { return srv.Stats().Expired == 1 })
+	testkit.Eventually(t, 20*time.Second, "the expired request counted", func() bool { return srv.Stats().Expired == 1 })
 	if _, err := cl.Request(context.Background(), queue, "fresca", []byte(`{}`)); err != nil {
 		t.Fatalf("a fresh request: %v", err)
 	}
@@ -61,6 +62,7 @@ func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
 // expiration (milliseconds left), so that RabbitMQ drops a request still
 // queued when its requester has given up.
 func TestClientSendsItsDeadlineAsHeaderAndExpiration(t *testing.T) {
+	t.Parallel()
 	conn := amqptest.Dial(t)
 	queue := amqptest.Name("t.rr.espiat")
 	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue} })
@@ -80,7 +82,7 @@ func TestClientSendsItsDeadlineAsHeaderAndExpiration(t *testing.T) {
 	defer cancel()
 	go func() { _, _ = cl.Request(ctx, queue, "espiada", []byte(`{}`)) }()
 	var d amqp091.Delivery
-	amqptest.WaitFor(t, 10*time.Second, "the request in the queue", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the request in the queue", func() bool {
 		var ok bool
 		_ = conn.Do(context.Background(), func(ch *amqp091.Channel) error {
 			d, ok, err = ch.Get(queue, true)
@@ -88,6 +90,7 @@ func TestClientSendsItsDeadlineAsHeaderAndExpiration(t *testing.T) {
 		})
 		return ok
 	})
+
 	deadline, ok := amqprr.Deadline(&d)
 	want, _ := ctx.Deadline()
 	if !ok || deadline.Sub(want).Abs() > time.Millisecond {
@@ -104,6 +107,7 @@ func TestClientSendsItsDeadlineAsHeaderAndExpiration(t *testing.T) {
 // reply as replied, none as orphaned (RabbitMQ 3.10 returns a mandatory reply
 // to a direct reply-to consumer although it delivered it).
 func TestDirectReplyToClientGetsRepliesAndNoneIsOrphaned(t *testing.T) {
+	t.Parallel()
 	// The server's log says which reply came back (id_peticio).
 	logs := &syncBuffer{}
 	conn := amqptest.Dial(t)
@@ -115,7 +119,7 @@ func TestDirectReplyToClientGetsRepliesAndNoneIsOrphaned(t *testing.T) {
 		t.Fatal(err)
 	}
 	amqptest.DeleteQueuesAtCleanup(t, srv.Queues)
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	raw, err := amqp091.Dial(amqptest.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +164,7 @@ func TestDirectReplyToClientGetsRepliesAndNoneIsOrphaned(t *testing.T) {
 		ReplyTo: amqptest.Name("t.rr.cap"), CorrelationId: "barrera", MessageId: "barrera", Body: []byte(`0`)}); err != nil {
 		t.Fatal(err)
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the last reply returned", func() bool { return strings.Contains(logs.String(), "id_peticio=barrera") })
+	testkit.Eventually(t, 20*time.Second, "the last reply returned", func() bool { return strings.Contains(logs.String(), "id_peticio=barrera") })
 	if st := srv.Stats(); st.Replied != n+1 || st.Orphaned != 1 {
 		t.Fatalf("stats %+v, want %d replied and only the last one orphaned", st, n+1)
 	}

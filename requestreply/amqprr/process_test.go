@@ -14,6 +14,7 @@ import (
 
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/transport/amqp"
@@ -31,6 +32,7 @@ const (
 // every call, even of a process it killed. A request whose id starts with
 // "tinguda" is held forever.
 func TestServerProcess(t *testing.T) {
+	t.Parallel()
 	queue, logPath := os.Getenv(envQueue), os.Getenv(envLog)
 	if queue == "" {
 		t.Skip("the server process of TestSIGKILLedServerWithExpiredBacklog")
@@ -106,7 +108,7 @@ func TestSIGKILLedServerWithExpiredBacklog(t *testing.T) {
 	first := start()
 	// The queue exists once the server declared it; until then the
 	// request is returned (ErrNoService).
-	amqptest.WaitFor(t, 30*time.Second, "the first server process to answer", func() bool { return ask("inici", 2*time.Second) == nil })
+	testkit.Eventually(t, 30*time.Second, "the first server process to answer", func() bool { return ask("inici", 2*time.Second) == nil })
 	// Requests it holds (unacked) when it is killed.
 	const held = 5
 	var wg sync.WaitGroup
@@ -114,7 +116,7 @@ func TestSIGKILLedServerWithExpiredBacklog(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = ask(fmt.Sprintf("tinguda-%d", i), 300*time.Millisecond) }()
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the held requests in the handler", func() bool { return calls("tinguda") == held })
+	testkit.Eventually(t, 20*time.Second, "the held requests in the handler", func() bool { return calls("tinguda") == held })
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/rrtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/amqprr"
 	"github.com/km0/km0/transport/amqp"
@@ -24,7 +25,7 @@ func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*amqp.Conn,
 	if err != nil {
 		t.Fatal(err)
 	}
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{queue, contract.DLQName(queue)} })
 	return conn, srv, queue
 }
@@ -35,6 +36,7 @@ func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*amqp.Conn,
 // direct reply-to (whose address the server sees with a token the requester
 // never knew).
 func TestSigning(t *testing.T) {
+	t.Parallel()
 	for _, direct := range []bool{false, true} {
 		t.Run(map[bool]string{false: "ExclusiveQueue", true: "DirectReplyTo"}[direct], func(t *testing.T) {
 			rrtest.RunSigning(t, func(t *testing.T, h requestreply.Handler, key []byte) rrtest.Signed {
@@ -90,6 +92,7 @@ func rogue(t *testing.T, conn *amqp.Conn, queue string, key, body []byte) func()
 // reply_to. The same bytes with the reply_to they were signed for are
 // answered (the capture is genuine).
 func TestReplayToAnotherReplyQueueIsRefused(t *testing.T) {
+	t.Parallel()
 	var ran atomic.Int64
 	conn, srv, queue := signedServer(t, func(context.Context, *requestreply.Request) ([]byte, error) {
 		ran.Add(1)

@@ -12,5 +12,6 @@ import (
 // with a certificate of the test's own CA in front of the machine's
 // RabbitMQ.
 func TestConformanceOverTLS(t *testing.T) {
+	t.Parallel()
 	amqptest.RunSuitesOverTLS(t, "^TestConformance$", 3*time.Minute)
 }

@@ -18,6 +18,7 @@ import (
 // Close must report that the reply topic was not deleted (a per-topic error
 // in the DeleteTopics response), not return nil and leave it behind silently.
 func TestCloseReportsAReplyTopicItCouldNotDelete(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs()})
@@ -51,6 +52,7 @@ func TestCloseReportsAReplyTopicItCouldNotDelete(t *testing.T) {
 // A request to a service with no request topic fails with ErrNoService, as
 // a request RabbitMQ returns unroutable does (R6), not with a timeout.
 func TestRequestToAMissingTopicFailsWithErrNoService(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -11,9 +11,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/contract"
-	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/rrtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 )
@@ -31,6 +31,7 @@ func rawRequest(t *testing.T, pub *kgo.Client, id, replyTo string, deadline time
 // A request read after its no_despres is dropped and counted; its handler
 // never runs; a fresh request is answered.
 func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	var ran sync.Map
@@ -41,14 +42,14 @@ func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cl.Close() })
 	rawRequest(t, kafkatest.Client(t, b), "caducada", cl.ReplyTopic(), time.Now().Add(-time.Second))
-	amqptest.WaitFor(t, 20*time.Second, "the expired request counted", func() bool { return srv.Stats().Expired == 1 })
+	testkit.Eventually(t, 20*time.Second, "the expired request counted", func() bool { return srv.Stats().Expired == 1 })
 	if resp, err := cl.Request(ctx, kafkarr.TopicDefault, "fresca", []byte("hola")); err != nil || string(resp) != "hola" {
 		t.Fatalf("a fresh request: %q, %v", resp, err)
 	}
@@ -65,6 +66,7 @@ func TestExpiredRequestIsDroppedWithoutRunningTheHandler(t *testing.T) {
 // request is answered within its own timeout, and the failed reply is
 // counted as unanswerable.
 func TestReplyToAMissingTopicFailsFastAndBlocksNobody(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: b.Addrs(), Workers: 1,
@@ -72,7 +74,7 @@ func TestReplyToAMissingTopicFailsFastAndBlocksNobody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	// A client that got a reply (the server's producer knows its topic)
 	// and is gone (its reply topic deleted).
 	gone, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs()})
@@ -99,8 +101,8 @@ func TestReplyToAMissingTopicFailsFastAndBlocksNobody(t *testing.T) {
 			t.Fatalf("%s after a reply to a missing topic: %q, %v", id, resp, err)
 		}
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the undeliverable reply counted", func() bool { return srv.Stats().Unanswerable == 1 })
-	amqptest.WaitFor(t, 20*time.Second, "4 replies counted", func() bool { return srv.Stats().Replied == 4 })
+	testkit.Eventually(t, 20*time.Second, "the undeliverable reply counted", func() bool { return srv.Stats().Unanswerable == 1 })
+	testkit.Eventually(t, 20*time.Second, "4 replies counted", func() bool { return srv.Stats().Replied == 4 })
 }
 
 // Servers joining and leaving the group while requests flow: every request
@@ -108,6 +110,7 @@ func TestReplyToAMissingTopicFailsFastAndBlocksNobody(t *testing.T) {
 // stops: all) commits only what it finished, so the requests it had queued
 // go to the member that takes the partitions.
 func TestRequestsAreAnsweredWhileServersJoinAndLeave(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	var ran sync.Map
@@ -161,7 +164,7 @@ func TestRequestsAreAnsweredWhileServersJoinAndLeave(t *testing.T) {
 	}
 	servedSome := func(srv *kafkarr.Server, what string) {
 		t.Helper()
-		amqptest.WaitFor(t, 60*time.Second, what, func() bool { return srv.Stats().Replied > 100 })
+		testkit.Eventually(t, 60*time.Second, what, func() bool { return srv.Stats().Replied > 100 })
 	}
 	srvB, stopB := serve() // joins: A gives up some partitions
 	servedSome(srvB, "the second server to answer")
@@ -170,7 +173,7 @@ func TestRequestsAreAnsweredWhileServersJoinAndLeave(t *testing.T) {
 	servedSome(srvC, "the third server to answer")
 	stopB()
 	before := answered.Load()
-	amqptest.WaitFor(t, 60*time.Second, "more answers after the last change", func() bool { return answered.Load() > before+100 })
+	testkit.Eventually(t, 60*time.Second, "more answers after the last change", func() bool { return answered.Load() > before+100 })
 	close(enough)
 	wg.Wait()
 	close(errs)
@@ -185,6 +188,7 @@ func TestRequestsAreAnsweredWhileServersJoinAndLeave(t *testing.T) {
 // A server that stops with requests taken but not started (its one worker
 // busy) does not commit past them: the next server answers them.
 func TestRequestsQueuedAtStopAreAnsweredByTheNextServer(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	inside := make(chan struct{}, 1)
@@ -231,13 +235,13 @@ func TestRequestsQueuedAtStopAreAnsweredByTheNextServer(t *testing.T) {
 			results <- err
 		}()
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the requests taken behind the busy worker", func() bool { return kafkarr.InHand(srv) == queued+1 })
+	testkit.Eventually(t, 20*time.Second, "the requests taken behind the busy worker", func() bool { return kafkarr.InHand(srv) == queued+1 })
 	stop()
 	next, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: b.Addrs(), Handler: h, Workers: 1, MaxInFlight: 16, Partitions: 1, Topic: "t.una"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rrtest.Background(t, next.Run)
+	testkit.Background(t, "server", next.Run)
 	for range queued {
 		if err := <-results; err != nil {
 			t.Error(err)

@@ -2,6 +2,7 @@ package kafkarr_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/rrtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport/kafka"
@@ -17,6 +19,7 @@ import (
 
 // The proofs of rrtest over Kafka (kfake).
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	runConformance(t, func(t *testing.T) ([]string, []kgo.Opt) { return kafkatest.New(t).Addrs(), nil })
 }
 
@@ -24,6 +27,7 @@ func TestConformance(t *testing.T) {
 // SCRAM-SHA-512 over TLS (a test CA) and with SASL PLAIN, the server's and
 // the client's Kafka clients all given kafka.Security's options (KgoOpts).
 func TestConformanceSecured(t *testing.T) {
+	t.Parallel()
 	for _, cfg := range []kafkatest.SecureConfig{
 		{Mechanism: kafka.SASLScramSHA512, TLS: true},
 		{Mechanism: kafka.SASLPlain},
@@ -75,19 +79,15 @@ func waitServing(t *testing.T, brokers []string, opts []kgo.Opt) {
 	t.Helper()
 	group := kafkarr.TopicDefault + ".servidor"
 	adm := kadm.NewClient(kafkatest.ClientFor(t, brokers, opts...))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 30*time.Second, "group "+group+" Stable with an assigned member", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		gs, err := adm.DescribeGroups(ctx, group)
 		cancel()
 		if g, ok := gs[group]; err == nil && ok && g.Err == nil && g.State == "Stable" && len(g.Members) > 0 {
 			if _, assigned := g.Members[0].Assigned.AsConsumer(); assigned {
-				return
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("group %s not Stable after 30 s: %v %+v", group, err, gs[group])
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return false, fmt.Sprintf("%v %+v", err, gs[group])
+	})
 }

@@ -12,9 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/contract"
-	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/kafkatest"
-	"github.com/km0/km0/internal/rrtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 )
@@ -23,6 +22,7 @@ import (
 // requester must get a non-retryable error reply saying so, not a timeout
 // (R5), and the requests after it their own replies.
 func TestReplyTooLargeForKafkaGetsAnErrorReply(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	ctx := context.Background()
 	srv, err := kafkarr.NewServer(ctx, kafkarr.ServerConfig{Brokers: b.Addrs(), Handler: func(_ context.Context, r *requestreply.Request) ([]byte, error) {
@@ -34,7 +34,7 @@ func TestReplyTooLargeForKafkaGetsAnErrorReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs()})
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestReplyTooLargeForKafkaGetsAnErrorReply(t *testing.T) {
 		t.Fatalf("the next request got %q, %v", resp, err)
 	}
 	// The server counts a reply after its ack, which may come after the requester has it.
-	amqptest.WaitFor(t, 20*time.Second, "2 replies counted", func() bool { return srv.Stats().Replied == 2 })
+	testkit.Eventually(t, 20*time.Second, "2 replies counted", func() bool { return srv.Stats().Replied == 2 })
 	if st := srv.Stats(); st.Replied != 2 || st.ErrorReplies != 1 || st.Unanswerable != 0 {
 		t.Fatalf("stats %+v, want 2 replied, 1 error reply, 0 unanswerable", st)
 	}
@@ -61,6 +61,7 @@ func TestReplyTooLargeForKafkaGetsAnErrorReply(t *testing.T) {
 // and counted, and nothing is written there; a real client's request still
 // gets its reply.
 func TestServerRepliesOnlyToReplyTopics(t *testing.T) {
+	t.Parallel()
 	const business = "comandes.esdeveniments"
 	b := kafkatest.New(t, business)
 	ctx := context.Background()
@@ -69,7 +70,7 @@ func TestServerRepliesOnlyToReplyTopics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	pub := kafkatest.Client(t, b)
 	if err := pub.ProduceSync(ctx, &kgo.Record{Topic: kafkarr.TopicDefault, Key: []byte("x"), Value: []byte(`{"fals":true}`), Headers: []kgo.RecordHeader{
 		{Key: contract.HeaderCorrelator, Value: []byte("c-1")}, {Key: kafkarr.HeaderReplyTo, Value: []byte(business)},
@@ -85,10 +86,11 @@ func TestServerRepliesOnlyToReplyTopics(t *testing.T) {
 		t.Fatalf("a real request: %q, %v", resp, err)
 	}
 	// The server counts a reply after its ack, which may come after the requester has it.
-	amqptest.WaitFor(t, 20*time.Second, "the forged request and the reply counted", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the forged request and the reply counted", func() bool {
 		st := srv.Stats()
 		return st.Unanswerable == 1 && st.Replied == 1
 	})
+
 	adm := kadm.NewClient(pub)
 	ends, err := adm.ListEndOffsets(ctx, business)
 	if err != nil {

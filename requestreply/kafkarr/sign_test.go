@@ -12,6 +12,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/rrtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport/kafka"
@@ -24,7 +25,7 @@ func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*kafkaembed
 	if err != nil {
 		t.Fatal(err)
 	}
-	rrtest.Background(t, srv.Run)
+	testkit.Background(t, "server", srv.Run)
 	return b, srv
 }
 
@@ -32,6 +33,7 @@ func signedServer(t *testing.T, h requestreply.Handler, key []byte) (*kafkaembed
 // it, and its requesters take only its replies, whatever another reader of
 // the request topic answers first.
 func TestSigning(t *testing.T) {
+	t.Parallel()
 	rrtest.RunSigning(t, func(t *testing.T, h requestreply.Handler, key []byte) rrtest.Signed {
 		b, srv := signedServer(t, h, key)
 		ctx := context.Background()
@@ -96,6 +98,7 @@ func rogue(t *testing.T, b *kafkaembed.Broker, key, body []byte) func() int64 {
 // The same record with the respondre_a it was signed for is answered (the
 // capture is genuine).
 func TestReplayToAnotherReplyTopicIsRefused(t *testing.T) {
+	t.Parallel()
 	var ran atomic.Int64
 	b, srv := signedServer(t, func(context.Context, *requestreply.Request) ([]byte, error) {
 		ran.Add(1)

@@ -25,6 +25,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/km0/km0/internal/pause"
 	"github.com/km0/km0/internal/redact"
 	"github.com/km0/km0/transport"
 )
@@ -244,17 +245,25 @@ func errString(e *amqp.Error) string {
 	return e.Error()
 }
 
+// backoff is the wait before the next dial or subscription after the
+// failures-th in a row: ReconnectMin doubling to ReconnectMax, jittered, so
+// the connections and consumers an outage broke together do not come back in
+// lockstep.
+func (c *Conn) backoff(failures int) time.Duration {
+	return pause.Backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, failures)
+}
+
 // reconnect dials until it has a connection on which every registered
 // topology was redeclared, or until Close (then it returns nil).
 func (c *Conn) reconnect() *amqp.Connection {
-	wait := c.cfg.ReconnectMin
-	for {
+	wait := c.backoff(1)
+	for fails := 1; ; fails++ {
 		select {
 		case <-c.closed:
 			return nil
 		case <-time.After(wait):
 		}
-		wait = min(wait*2, c.cfg.ReconnectMax)
+		wait = c.backoff(fails + 1)
 		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 		conn, err := c.dial(ctx)
 		if err != nil {

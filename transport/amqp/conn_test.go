@@ -12,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
@@ -87,7 +88,7 @@ func TestReconnectLogsATopologyItCannotRedeclareAndKeepsTrying(t *testing.T) {
 		t.Fatal(err)
 	}
 	amqptest.CloseConnection(t, name)
-	waitFor(t, 30*time.Second, "an error log naming the queue and PRECONDITION_FAILED", func() bool {
+	testkit.Eventually(t, 30*time.Second, "an error log naming the queue and PRECONDITION_FAILED", func() bool {
 		for _, line := range strings.Split(logs.String(), "\n") {
 			if strings.Contains(line, "level=ERROR") && strings.Contains(line, q) && strings.Contains(line, "PRECONDITION_FAILED") {
 				return true
@@ -95,6 +96,7 @@ func TestReconnectLogsATopologyItCannotRedeclareAndKeepsTrying(t *testing.T) {
 		}
 		return false
 	})
+
 	if conn.Reconnects() != 0 {
 		t.Fatal("reconnected although the topology could not be declared")
 	}
@@ -103,7 +105,7 @@ func TestReconnectLogsATopologyItCannotRedeclareAndKeepsTrying(t *testing.T) {
 	if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the reconnection", func() bool { return conn.Reconnects() == 1 })
+	testkit.Eventually(t, 30*time.Second, "the reconnection", func() bool { return conn.Reconnects() == 1 })
 	if err := conn.Do(context.Background(), func(ch *amqp091.Channel) error {
 		_, err := ch.QueueDeclare(q, true, false, false, false, amqp091.Table{amqp.ArgMessageTTL: int32(60000)})
 		return err

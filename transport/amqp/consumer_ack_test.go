@@ -13,6 +13,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 )
 
@@ -43,7 +44,7 @@ func TestStopInsideTheEffectLeavesTheMessageOnTheBroker(t *testing.T) {
 	c, stop := startConsumer(t, cfg)
 	slow := event(t, b.queue, "lent", 0)
 	publish(t, b, slow)
-	waitFor(t, 10*time.Second, "the slow handler inside its transaction", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the slow handler inside its transaction", func() bool {
 		select {
 		case <-inside:
 			return true
@@ -51,10 +52,11 @@ func TestStopInsideTheEffectLeavesTheMessageOnTheBroker(t *testing.T) {
 			return false
 		}
 	})
+
 	publish(t, b, event(t, b.queue, "rapid", 1))
-	waitFor(t, 10*time.Second, "the fast message committed", func() bool { return c.Stats().Processed == 1 })
+	testkit.Eventually(t, 10*time.Second, "the fast message committed", func() bool { return c.Stats().Processed == 1 })
 	stop()
-	waitFor(t, 10*time.Second, "the slow message back on the broker", func() bool { return queueLen(t, b.conn, b.queue) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the slow message back on the broker", func() bool { return queueLen(t, b.conn, b.queue) == 1 })
 	if rows, _ := countEffects(t, b.db); rows != 1 {
 		t.Fatalf("%d effects after the stop, want 1 (the fast message only)", rows)
 	}
@@ -62,7 +64,7 @@ func TestStopInsideTheEffectLeavesTheMessageOnTheBroker(t *testing.T) {
 	c2, _ := startConsumer(t, b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		return recordEffect(ctx, tx, m, 0)
 	}))
-	waitFor(t, 10*time.Second, "the slow message applied by the next consumer", func() bool { return c2.Stats().Processed == 1 })
+	testkit.Eventually(t, 10*time.Second, "the slow message applied by the next consumer", func() bool { return c2.Stats().Processed == 1 })
 	rows, distinct := countEffects(t, b.db)
 	if rows != 2 || distinct != 2 || queueLen(t, b.conn, b.queue) != 0 {
 		t.Fatalf("%d effects (%d distinct), %d left in the queue; want 2, 2, 0", rows, distinct, queueLen(t, b.conn, b.queue))
@@ -88,7 +90,7 @@ func TestRetryCopyThatCannotBePublishedDeadLettersTheOriginal(t *testing.T) {
 		return nil
 	}))
 	publish(t, b, event(t, b.queue, "k", 1)) // declares the 100 ms wait queue
-	waitFor(t, 10*time.Second, "the first message retried and applied", func() bool { return c.Stats().Processed == 1 })
+	testkit.Eventually(t, 10*time.Second, "the first message retried and applied", func() bool { return c.Stats().Processed == 1 })
 	wait := contract.WaitQueueName(b.queue, 100*time.Millisecond)
 	if err := b.conn.Do(context.Background(), func(ch *amqp091.Channel) error {
 		_, err := ch.QueueDelete(wait, false, false, false)
@@ -99,7 +101,7 @@ func TestRetryCopyThatCannotBePublishedDeadLettersTheOriginal(t *testing.T) {
 	lost := event(t, b.queue, "k", 2)
 	publish(t, b, lost)
 	dlq := newTestDLQ(t, b.conn, b.queue)
-	waitFor(t, 10*time.Second, "the second message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
+	testkit.Eventually(t, 10*time.Second, "the second message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 	id, _ := lost.Header("id_esdeveniment")
 	dl, err := dlq.Show(context.Background(), id)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/inbox"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
@@ -52,9 +53,9 @@ func TestPoisonGoesToDLQAtFirstAttemptAndTheRestFlows(t *testing.T) {
 		msgs = append(msgs, event(t, b.queue, "k", i))
 	}
 	publish(t, b, msgs...)
-	waitFor(t, 30*time.Second, "500 effects", func() bool { n, _ := countEffects(t, b.db); return n == 500 })
+	testkit.Eventually(t, 30*time.Second, "500 effects", func() bool { n, _ := countEffects(t, b.db); return n == 500 })
 	dlq := newTestDLQ(t, b.conn, b.queue)
-	waitFor(t, 10*time.Second, "the poison message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
+	testkit.Eventually(t, 10*time.Second, "the poison message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 	st := c.Stats()
 	if st.Processed != 500 || st.DeadLettered != 1 || st.Retried != 0 || st.Panics != 0 {
 		t.Fatalf("stats %+v, want 500 processed, 1 dead-lettered, 0 retried", st)
@@ -89,7 +90,7 @@ func TestTransientFailureIsRetriedWithGrowingDelaysThenDeadLettered(t *testing.T
 	ev := event(t, b.queue, "k", 1)
 	publish(t, b, ev)
 	dlq := newTestDLQ(t, b.conn, b.queue)
-	waitFor(t, 20*time.Second, "the message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
+	testkit.Eventually(t, 20*time.Second, "the message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 	mu.Lock()
 	defer mu.Unlock()
 	if len(attempts) != 3 || attempts[0] != 1 || attempts[1] != 2 || attempts[2] != 3 {
@@ -139,7 +140,7 @@ func TestTransientFailureThenSuccessAppliesTheEffectOnce(t *testing.T) {
 		return nil
 	}))
 	publish(t, b, event(t, b.queue, "k", 1))
-	waitFor(t, 20*time.Second, "one effect", func() bool { n, _ := countEffects(t, b.db); return n == 1 })
+	testkit.Eventually(t, 20*time.Second, "one effect", func() bool { n, _ := countEffects(t, b.db); return n == 1 })
 	if st := c.Stats(); st.Processed != 1 || st.Retried != 2 || st.DeadLettered != 0 || calls.Load() != 3 {
 		t.Fatalf("stats %+v after %d calls", st, calls.Load())
 	}
@@ -172,9 +173,9 @@ func TestSlowMessageDoesNotStallTheMessagesBehindIt(t *testing.T) {
 		msgs = append(msgs, event(t, b.queue, "rapid", i))
 	}
 	publish(t, b, msgs...)
-	waitFor(t, 20*time.Second, "the 40 fast messages processed while the slow one waits", func() bool { return c.Stats().Processed == 40 })
+	testkit.Eventually(t, 20*time.Second, "the 40 fast messages processed while the slow one waits", func() bool { return c.Stats().Processed == 40 })
 	free()
-	waitFor(t, 10*time.Second, "the slow one", func() bool { return c.Stats().Processed == 41 })
+	testkit.Eventually(t, 10*time.Second, "the slow one", func() bool { return c.Stats().Processed == 41 })
 	stop() // unacked deliveries would now be requeued
 	if n := queueLen(t, b.conn, b.queue); n != 0 {
 		t.Fatalf("%d messages back in the queue: their acks never reached the broker", n)
@@ -199,7 +200,7 @@ func TestAtMostOnceCleanStopAppliesEveryAckedMessage(t *testing.T) {
 		msgs[i] = event(t, b.queue, "k", i)
 	}
 	publish(t, b, msgs...)
-	waitFor(t, 30*time.Second, "200 effects", func() bool { return c.Stats().Processed >= 200 })
+	testkit.Eventually(t, 30*time.Second, "200 effects", func() bool { return c.Stats().Processed >= 200 })
 	stop()
 	effects, distinct := countEffects(t, b.db)
 	// Unacked deliveries go back to the queue as the broker closes the
@@ -236,21 +237,22 @@ func TestConsumerRedeclaresItsQueueWhenItIsDeleted(t *testing.T) {
 		return msgs
 	}
 	publish(t, b, batch(0)...)
-	waitFor(t, 10*time.Second, "10 effects", func() bool { return c.Stats().Processed == 10 })
+	testkit.Eventually(t, 10*time.Second, "10 effects", func() bool { return c.Stats().Processed == 10 })
 	if err := b.conn.Do(context.Background(), func(ch *amqp091.Channel) error {
 		_, err := ch.QueueDelete(b.queue, false, false, false)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the queue declared again", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the queue declared again", func() bool {
 		return b.conn.Do(context.Background(), func(ch *amqp091.Channel) error {
 			_, err := ch.QueueDeclarePassive(b.queue, true, false, false, false, nil)
 			return err
 		}) == nil
 	})
+
 	publish(t, b, batch(10)...)
-	waitFor(t, 30*time.Second, "20 effects", func() bool { return c.Stats().Processed == 20 })
+	testkit.Eventually(t, 30*time.Second, "20 effects", func() bool { return c.Stats().Processed == 20 })
 	if rows, distinct := countEffects(t, b.db); rows != 20 || distinct != 20 {
 		t.Fatalf("%d effects (%d distinct), want 20", rows, distinct)
 	}
@@ -258,5 +260,5 @@ func TestConsumerRedeclaresItsQueueWhenItIsDeleted(t *testing.T) {
 	// still reaches the DLQ.
 	publish(t, b, &transport.Message{Topic: b.queue, Value: []byte(`{`)})
 	dlq := newTestDLQ(t, b.conn, b.queue)
-	waitFor(t, 10*time.Second, "the poison message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
+	testkit.Eventually(t, 10*time.Second, "the poison message in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 1 })
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/faults"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 )
@@ -155,25 +157,17 @@ func startConsumer(t *testing.T, cfg consumerConfig) (*testConsumer, func()) {
 		t.Fatal(err)
 	}
 	amqptest.DeleteQueuesAtCleanup(t, c.Queues)
-	runCtx, cancel := context.WithCancel(faults.WithConsumer(ctx, cfg.Hooks))
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, transport.ErrClosed) {
+	r := testkit.Start(t, "consumer Run", func(ctx context.Context) error {
+		return c.Run(faults.WithConsumer(ctx, cfg.Hooks))
+	})
+	stop := sync.OnceFunc(func() {
+		if err := r.Stop(); err != nil && !errors.Is(err, transport.ErrClosed) {
 			t.Errorf("consumer Run: %v", err)
 		}
-	}
+	})
 	t.Cleanup(stop)
 	return c, stop
 }
-
-var waitFor = amqptest.WaitFor
 
 // getAll drains queue with basic.get (auto-ack) and returns its messages.
 func getAll(t testing.TB, conn *amqp.Conn, queue string) []amqp091.Delivery {

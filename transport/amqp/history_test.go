@@ -12,6 +12,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 )
 
@@ -32,7 +33,7 @@ func TestDeadLetterCarriesTheAttemptHistory(t *testing.T) {
 	publishRaw(t, b, forged, forgedBody, amqp091.Table{"intents": "1", "primera_fallada": "NaN",
 		"data_original": "ahir", "historial_intents": "{no és json"})
 	dlq := newTestDLQ(t, b.conn, b.queue)
-	waitFor(t, 30*time.Second, "2 letters in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 2 })
+	testkit.Eventually(t, 30*time.Second, "2 letters in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 2 })
 	letters, err := dlq.List(context.Background(), nil)
 	if err != nil || len(letters) != 2 {
 		t.Fatalf("%d letters, %v", len(letters), err)

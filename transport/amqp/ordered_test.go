@@ -11,6 +11,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 )
@@ -62,13 +63,14 @@ func TestOrderedModeKeepsOrderPerKeyAcrossInstancesAndFailover(t *testing.T) {
 			}
 		}
 		if seq == perKey/2 {
-			waitFor(t, 60*time.Second, "instance 0 to process some messages", func() bool {
+			testkit.Eventually(t, 60*time.Second, "instance 0 to process some messages", func() bool {
 				return consumers[0].Stats().Processed > 0
 			})
+
 			stops[0]() // instance 0 leaves: its shard fails over
 		}
 	}
-	waitFor(t, 90*time.Second, "10,000 effects", func() bool { n, _ := countEffects(t, b.db); return n >= keys*perKey })
+	testkit.Eventually(t, 90*time.Second, "10,000 effects", func() bool { n, _ := countEffects(t, b.db); return n >= keys*perKey })
 
 	rows, distinct := countEffects(t, b.db)
 	if rows != keys*perKey || distinct != keys*perKey {

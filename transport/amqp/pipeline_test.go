@@ -12,6 +12,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport"
 )
@@ -37,7 +38,7 @@ func TestConflictIsRerunInPlaceWithoutSpendingAnAttempt(t *testing.T) {
 		return recordEffect(ctx, tx, m, 0)
 	}))
 	publish(t, b, event(t, b.queue, "k", 1))
-	waitFor(t, 10*time.Second, "the message processed", func() bool { return c.Stats().Processed == 1 })
+	testkit.Eventually(t, 10*time.Second, "the message processed", func() bool { return c.Stats().Processed == 1 })
 	st := c.Stats()
 	rows, _ := countEffects(t, b.db)
 	mu.Lock()
@@ -69,14 +70,14 @@ func TestHandleBatchTakesSeveralDeliveriesInOneTransaction(t *testing.T) {
 		// The first delivery comes alone; while it is handled, let the
 		// broker fill the prefetch window, so the next take is a batch.
 		first.Do(func() {
-			waitFor(t, 10*time.Second, "the prefetch window filled", func() bool { return queueLen(t, b.conn, b.queue) <= n-64 })
+			testkit.Eventually(t, 10*time.Second, "the prefetch window filled", func() bool { return queueLen(t, b.conn, b.queue) <= n-64 })
 		})
 		return recordEffect(ctx, tx, m, 0)
 	})
 	cfg.Prefetch, cfg.BatchSize = 64, 32
 	cfg.HandleBatch = func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
 		first.Do(func() {
-			waitFor(t, 10*time.Second, "the prefetch window filled", func() bool { return queueLen(t, b.conn, b.queue) <= n-64 })
+			testkit.Eventually(t, 10*time.Second, "the prefetch window filled", func() bool { return queueLen(t, b.conn, b.queue) <= n-64 })
 		})
 		if int64(len(ms)) > largest.Load() {
 			largest.Store(int64(len(ms)))
@@ -99,7 +100,7 @@ func TestHandleBatchTakesSeveralDeliveriesInOneTransaction(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, 30*time.Second, "every message processed", func() bool { return c.Stats().Processed == n })
+	testkit.Eventually(t, 30*time.Second, "every message processed", func() bool { return c.Stats().Processed == n })
 	rows, distinct := countEffects(t, b.db)
 	// How many deliveries the client holds when a worker takes depends on
 	// the machine's load; what must hold is that a take is a batch (more than
@@ -147,7 +148,7 @@ func TestDecodeHookUpcastsAndIgnoresOnRabbitMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(t, b, event(t, b.queue, "k", 1), future)
-	waitFor(t, 10*time.Second, "both deliveries settled", func() bool { st := c.Stats(); return st.Processed+st.Ignored == 2 })
+	testkit.Eventually(t, 10*time.Second, "both deliveries settled", func() bool { st := c.Stats(); return st.Processed+st.Ignored == 2 })
 	mu.Lock()
 	defer mu.Unlock()
 	if st := c.Stats(); st.Processed != 1 || st.Ignored != 1 || st.DeadLettered != 0 || fmt.Sprint(versions) != "[2]" {

@@ -16,6 +16,7 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 )
@@ -287,7 +288,7 @@ func TestPublishKeepsGoingThroughABurstOfOutOfOrderConfirms(t *testing.T) {
 	}
 	// Every fast message is in its queue: the broker has confirmed them,
 	// and the library holds the confirms back behind the slow one.
-	waitFor(t, time.Minute, "the fast queue to hold every message", func() bool { return queueLen(t, conn, fast) >= n })
+	testkit.Eventually(t, time.Minute, "the fast queue to hold every message", func() bool { return queueLen(t, conn, fast) >= n })
 	resume()
 	if err := <-big; err != nil {
 		t.Fatalf("the batch published before the burst: %v", err)

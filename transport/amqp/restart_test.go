@@ -12,6 +12,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/amqp"
 )
@@ -109,7 +110,7 @@ func TestBrokerRestartLosesNothingAndAppliesEveryEffectOnce(t *testing.T) {
 	release() // the gated effects commit now, with the broker down: their acks are lost
 	amqptest.StartApp(t)
 
-	waitFor(t, 90*time.Second, "every message processed", func() bool {
+	testkit.Eventually(t, 90*time.Second, "every message processed", func() bool {
 		select {
 		case <-pubDone:
 		default:
@@ -118,6 +119,7 @@ func TestBrokerRestartLosesNothingAndAppliesEveryEffectOnce(t *testing.T) {
 		rows, _ := countEffects(t, db)
 		return rows >= total
 	})
+
 	rows, distinct := countEffects(t, db)
 	if rows != total || distinct != total {
 		t.Fatalf("effects: %d rows, %d distinct ids; want %d of each", rows, distinct, total)

@@ -59,7 +59,7 @@ func (c *Conn) subscribe(ctx context.Context, cfg SubscribeConfig, batch int, fn
 	if cfg.Logger == nil {
 		cfg.Logger = c.log
 	}
-	wait := c.cfg.ReconnectMin
+	var fails int // consecutive interruptions: the backoff's count
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -88,15 +88,15 @@ func (c *Conn) subscribe(ctx context.Context, cfg SubscribeConfig, batch int, fn
 					cfg.Logger.Warn("amqp: queue was deleted; declared it again", "queue", cfg.Queue)
 				}
 			}
+			fails++
 			select {
-			case <-time.After(wait):
+			case <-time.After(c.backoff(fails)):
 			case <-ctx.Done():
 				return nil
 			}
-			wait = min(wait*2, c.cfg.ReconnectMax)
 			continue
 		}
-		wait = c.cfg.ReconnectMin
+		fails = 0
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/km0/km0/internal/amqptest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/tlstest"
 	"github.com/km0/km0/transport/amqp"
 )
@@ -47,10 +48,11 @@ func TestDialOverTLSWithAClientCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []amqp091.Delivery
-	amqptest.WaitFor(t, 10*time.Second, "the message back", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the message back", func() bool {
 		got = append(got, getAll(t, conn, q)...)
 		return len(got) >= 1
 	})
+
 	if len(got) != 1 || string(got[0].Body) != "over TLS" {
 		t.Fatalf("got %d messages, first %q", len(got), got[0].Body)
 	}

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // The RabbitMQ consumer runs the handler in a consumer span, the child of
@@ -38,9 +39,9 @@ func TestConsumerSpanIsTheChildOfTheProducersSpan(t *testing.T) {
 	m := event(t, b.queue, "k", 1)
 	m.SetHeader("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	publish(t, b, m)
-	waitFor(t, 10*time.Second, "the message handled", func() bool { n, _ := countEffects(t, b.db); return n == 1 })
+	testkit.Eventually(t, 10*time.Second, "the message handled", func() bool { n, _ := countEffects(t, b.db); return n == 1 })
 	var s sdktrace.ReadOnlySpan
-	waitFor(t, 10*time.Second, "its span ended", func() bool {
+	testkit.Eventually(t, 10*time.Second, "its span ended", func() bool {
 		for _, x := range sr.Ended() {
 			if x.SpanKind() == trace.SpanKindConsumer && x.SpanContext().TraceID().String() == "4bf92f3577b34da6a3ce929d0e0e4736" {
 				s = x
@@ -48,6 +49,7 @@ func TestConsumerSpanIsTheChildOfTheProducersSpan(t *testing.T) {
 		}
 		return s != nil
 	})
+
 	if s.Parent().SpanID().String() != "00f067aa0ba902b7" || s.Name() != "process "+b.queue {
 		t.Fatalf("span %q parent %v, want the child of 00f067aa0ba902b7", s.Name(), s.Parent().SpanID())
 	}

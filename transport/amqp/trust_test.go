@@ -17,6 +17,7 @@ import (
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport/amqp"
@@ -85,10 +86,11 @@ func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
 	publishRaw(t, b, word, wordBody, amqp091.Table{"intents": "tres"})
 	publishRaw(t, b, many, manyBody, amqp091.Table{"intents": "1000000"})
 	publishRaw(t, b, top, topBody, amqp091.Table{"intents": int64(math.MaxInt64)})
-	waitFor(t, 20*time.Second, "2 processed and 2 dead-lettered", func() bool {
+	testkit.Eventually(t, 20*time.Second, "2 processed and 2 dead-lettered", func() bool {
 		st := c.Stats()
 		return st.Processed == 2 && st.DeadLettered == 2
 	})
+
 	if st := c.Stats(); st.Retried != 0 {
 		t.Fatalf("stats %+v, want no retry", st)
 	}
@@ -100,7 +102,7 @@ func TestForgedRetryHeadersAreClampedToTheConfiguration(t *testing.T) {
 	}
 	mu.Unlock()
 	dlq := newTestDLQ(t, b.conn, b.queue)
-	waitFor(t, 10*time.Second, "2 letters in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 2 })
+	testkit.Eventually(t, 10*time.Second, "2 letters in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 2 })
 	letters, err := dlq.List(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -136,10 +138,11 @@ func TestTimeHeadersAreUnixSecondsAndOldMillisecondsStillRead(t *testing.T) {
 	// longs, no_abans with three decimals.
 	publishRaw(t, b, id, body, amqp091.Table{"intents": int64(1), "primera_fallada": legacyMS, "no_abans": "1789000000.123"})
 	dlq := newTestDLQ(t, b.conn, b.queue)
-	waitFor(t, 20*time.Second, "the dead letter", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the dead letter", func() bool {
 		n, _ := dlq.Count(context.Background())
 		return n == 1 && c.Stats().DeadLettered == 1
 	})
+
 	if st := c.Stats(); st.Retried != 1 || st.DeadLettered != 1 {
 		t.Fatalf("stats %+v, want 1 retried, 1 dead-lettered", st)
 	}
@@ -196,10 +199,11 @@ func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
 	publishRaw(t, b, skipped, skippedBody, amqp091.Table{"tipus": "prova.altra"})
 	publishRaw(t, b, bare, bareBody, amqp091.Table{})
 	publishRaw(t, b, good, goodBody, amqp091.Table{"tipus": "prova.feta"})
-	waitFor(t, 20*time.Second, "the 6 deliveries settled", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the 6 deliveries settled", func() bool {
 		st := c.Stats()
 		return st.Processed+st.Ignored+st.DeadLettered == 6
 	})
+
 	if st := c.Stats(); st.Processed != 1 || st.Ignored != 2 || st.DeadLettered != 3 || st.Retried != 0 {
 		t.Fatalf("stats %+v, want 1 processed, 2 ignored, 3 dead-lettered\n%s", st, logBuf.String())
 	}
@@ -207,7 +211,7 @@ func TestTipusHeaderThatDisagreesWithTheEnvelopeIsDeadLettered(t *testing.T) {
 		t.Fatalf("%d effects, want 1", rows)
 	}
 	dlq := newTestDLQ(t, b.conn, b.queue)
-	waitFor(t, 10*time.Second, "3 letters in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 3 })
+	testkit.Eventually(t, 10*time.Second, "3 letters in the DLQ", func() bool { n, _ := dlq.Count(context.Background()); return n == 3 })
 	want := map[string]string{
 		notUTF8: `permanent: esquema: header tipus not UTF-8 \"prova.feta\\xff\" does not match the envelope's \"prova.feta\"`,
 		other:   `permanent: esquema: header tipus \"prova.feta\" does not match the envelope's \"prova.altra\"`,

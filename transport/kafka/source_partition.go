@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/km0/km0/internal/pause"
 	"github.com/km0/km0/transport"
 )
 
@@ -302,25 +303,25 @@ const routesPerPartition = 4
 // commitNow commits p's mark synchronously, retrying until it succeeds, the
 // partition is stopped or the consumer crashes.
 func (s *Source) commitNow(p *partition) bool {
-	wait := 50 * time.Millisecond
+	var fails int
 	for {
 		err := s.commit(s.workCtx, []*partition{p})
 		if err == nil {
 			return true
 		}
 		s.log.Warn("consumer: at-most-once commit", "topic", p.topic, "partition", p.part, "err", err)
-		if !s.pause(p, &wait) {
+		if !s.pause(p, &fails) {
 			return false
 		}
 	}
 }
 
-// pause waits *wait (doubling it, up to 5 s) unless the partition stops or
-// the consumer crashes first; it reports whether to carry on.
-func (s *Source) pause(p *partition, wait *time.Duration) bool {
-	d := *wait
-	*wait = min(2**wait, 5*time.Second)
-	return s.sleep(p, d)
+// pause counts one more consecutive failure in *fails and waits its backoff
+// (50 ms doubling to 5 s, jittered) unless the partition stops or the
+// consumer crashes first; it reports whether to carry on.
+func (s *Source) pause(p *partition, fails *int) bool {
+	*fails++
+	return s.sleep(p, pause.Backoff(50*time.Millisecond, 5*time.Second, *fails))
 }
 
 // sleep waits d unless the partition stops or the consumer stops or crashes

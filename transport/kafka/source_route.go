@@ -133,7 +133,7 @@ func (s *Source) copyOf(r *kgo.Record, topic string, f contract.Failure) *kgo.Re
 // (topic_original, particio_original, offset_original), so the loss is never
 // silent and the original can still be read from its topic.
 func (s *Source) produceConfirmed(p *partition, recs []*kgo.Record) error {
-	wait := 50 * time.Millisecond
+	var fails int
 	todo := recs
 	slot := make(map[*kgo.Record]int, len(recs))
 	for i, r := range recs {
@@ -177,7 +177,7 @@ func (s *Source) produceConfirmed(p *partition, recs []*kgo.Record) error {
 			return err
 		}
 		s.log.Warn("consumer: producing retry/DLQ copies", "failed", len(again), "topic", again[0].Topic)
-		if !s.pause(p, &wait) {
+		if !s.pause(p, &fails) {
 			return errors.New("consumer: copies not confirmed; batch abandoned")
 		}
 		todo = again

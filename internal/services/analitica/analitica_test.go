@@ -17,6 +17,7 @@ import (
 )
 
 func TestCountsPerTipusAndMercat(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, analitica.Migrations)
 	s, _ := analitica.New(pool)
 	msgs := []struct {
@@ -46,6 +47,7 @@ func TestCountsPerTipusAndMercat(t *testing.T) {
 // A comanda.creada whose mercat another decoder reads differently (given
 // twice, or as "Mercat") counts under its tipus only, never under a market.
 func TestAmbiguousMarketIsNotCounted(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, analitica.Migrations)
 	s, _ := analitica.New(pool)
 	for _, d := range []string{`{"id":"P-2026-000001","mercat":"girona","mercat":"vic"}`, `{"id":"P-2026-000002","Mercat":"vic","mercat":"girona"}`} {
@@ -62,6 +64,7 @@ func TestAmbiguousMarketIsNotCounted(t *testing.T) {
 // TestCountsCancellationsPerMotiu: 2 client, 1 estoc_insuficient; one
 // without motiu counts under its tipus only.
 func TestCountsCancellationsPerMotiu(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, analitica.Migrations)
 	s, _ := analitica.New(pool)
 	for _, motiu := range []string{"client", "estoc_insuficient", "client", ""} {
@@ -79,6 +82,7 @@ func TestCountsCancellationsPerMotiu(t *testing.T) {
 // characters, 200 bytes, an operator's note) make one row, altres = 300,
 // beside the known client, the inventari refusals and ciutat_no_coberta.
 func TestAnyOtherMotiuCountsAsAltres(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, analitica.Migrations)
 	s, _ := analitica.New(pool)
 	motius := []string{comandes.ReasonClient, inventari.ErrInsufficient.Error(), inventari.ErrUnknownProduct.Error(), comandes.ReasonNotCovered}
@@ -112,6 +116,7 @@ func TestAnyOtherMotiuCountsAsAltres(t *testing.T) {
 // (1 per tipus, 1 per motiu). Another event of the same content but another
 // id counts (2).
 func TestACopyOfACountedEventIsNotCountedAgain(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, analitica.Migrations)
 	s, _ := analitica.New(pool)
 	m := svctest.Message(t, "comandes.esdeveniments", "comanda.cancellada", 1, map[string]any{"comanda_id": "P-2026-000001", "motiu": "client"})
@@ -143,6 +148,7 @@ func TestACopyOfACountedEventIsNotCountedAgain(t *testing.T) {
 // one batch transaction count once (1), and a copy after that batch
 // committed does not count (still 1).
 func TestACopyCountsWhenTheFirstCountRolledBack(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, analitica.Migrations)
 	s, _ := analitica.New(pool)
 	ctx := context.Background()

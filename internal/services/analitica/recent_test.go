@@ -10,6 +10,7 @@ import (
 // the oldest, which is then new again; a removed id is new again and its old
 // slot evicts nothing else; retake succeeds once, for the recorded xid only.
 func TestRecentIDsKeepsTheLatestSize(t *testing.T) {
+	t.Parallel()
 	r := newRecentIDs(3)
 	for i := range 3 {
 		if _, seen := r.reserve(fmt.Sprint(i)); seen {

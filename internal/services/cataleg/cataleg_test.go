@@ -11,6 +11,7 @@ import (
 )
 
 func TestFlagIsIdempotentByNature(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, cataleg.Migrations)
 	s, _ := cataleg.New(pool)
 	low := svctest.Message(t, "inventari.esdeveniments", "estoc.actualitzat", 1, map[string]any{"producte": "formatge-curat", "abans": 5, "despres": 3})
@@ -47,6 +48,7 @@ func TestFlagIsIdempotentByNature(t *testing.T) {
 // An estoc.actualitzat with a repeated despres, or one named "Despres", is
 // read differently by other decoders: permanent, and no flag is written.
 func TestAmbiguousStockUpdateIsPermanent(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, cataleg.Migrations)
 	s, _ := cataleg.New(pool)
 	for _, d := range []string{`{"producte":"carbasso","despres":3,"despres":50}`, `{"producte":"carbasso","Despres":3,"despres":50}`} {
@@ -64,6 +66,7 @@ func TestAmbiguousStockUpdateIsPermanent(t *testing.T) {
 // cancellation through inventari's estoc.actualitzat (motiu cancellacio):
 // 3 units (low) back to 5 (not low).
 func TestStockGivenBackByACancellationClearsTheFlag(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, cataleg.Migrations)
 	s, _ := cataleg.New(pool)
 	for _, d := range []map[string]any{

@@ -24,6 +24,7 @@ func orderN(n int) (string, string) {
 // capability, gets 401 with one body and one WWW-Authenticate for all 160
 // requests; nothing is cancelled and no comanda.cancellada is written.
 func TestAScanWithoutTheCapabilityGetsOne401ForEveryID(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	caps := map[string]string{}
 	for n := 1; n <= 3; n++ {
@@ -92,6 +93,7 @@ func TestAScanWithoutTheCapabilityGetsOne401ForEveryID(t *testing.T) {
 // 404 for an unknown one. Without Config.OperatorToken the same token is a
 // 401.
 func TestOnlyItsOwnCapabilityOrTheOperatorCancelsAPaidOrder(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	caps := map[string]string{}
 	for n := 1; n <= 3; n++ {
@@ -155,6 +157,7 @@ func TestOnlyItsOwnCapabilityOrTheOperatorCancelsAPaidOrder(t *testing.T) {
 // replay carry the same capacitat, which reads the order; the database holds
 // only its SHA-256 and a sealed copy, never the capability itself.
 func TestARetryUnderTheIdempotencyKeyGetsTheSameCapability(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	st, first := b.post(t, "k-capacitat", good)
 	st2, again := b.post(t, "k-capacitat", good)
@@ -202,6 +205,7 @@ func TestARetryUnderTheIdempotencyKeyGetsTheSameCapability(t *testing.T) {
 // bidi override, a zero-width space, a line separator or more than 200 bytes
 // is refused naming motiu, and the order stays as it was.
 func TestACancellationMotiuWithBidiOrInvisibleCharactersIsA400(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	st, out := b.post(t, "", good)
 	if st != 201 {

@@ -39,6 +39,7 @@ func (b *bundle) cancel(t *testing.T, cred, id, contentType, body string) (int, 
 // body that is not JSON 415; a payment confirmed after the cancellation
 // leaves it cancelled and emits no comanda.pagada.
 func TestCancellationIsIdempotentAndPublishesOnceWithTheStateChange(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	st, out := b.post(t, "", good)
 	if st != 201 {
@@ -104,6 +105,7 @@ func TestCancellationIsIdempotentAndPublishesOnceWithTheStateChange(t *testing.T
 // the order (motiu estoc_insuficient) and publishes comanda.cancellada; a
 // second refusal changes nothing; an unknown order is permanent.
 func TestStockRefusedCancelsTheOrderOnceWithItsReason(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	if st, _ := b.post(t, "", good); st != 201 {
 		t.Fatalf("create: %d", st)
@@ -134,6 +136,7 @@ func TestStockRefusedCancelsTheOrderOnceWithItsReason(t *testing.T) {
 // comandes.CancelRequest"; the codes and field names stay as the contract
 // spells them.
 func TestErrorBodiesSayTheCauseInEnglish(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	if st, _ := b.post(t, "", good); st != 201 {
 		t.Fatalf("create: %d", st)

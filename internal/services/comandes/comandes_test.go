@@ -85,6 +85,7 @@ const good = `{"id":"P-2026-000123","client":"anna","mercat":"girona","extra":"i
  "adreca_lliurament":{"ciutat":"Girona","codi_postal":"17001"}}`
 
 func TestPostRejectsBadInputNamingTheField(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	cases := []struct{ name, body, field string }{
 		{"malformed JSON", `{"id":`, "cos"},
@@ -151,6 +152,7 @@ func TestPostRejectsBadInputNamingTheField(t *testing.T) {
 // text/plain, a form or multipart: each is refused with 415 and stores
 // nothing, and no answer carries a CORS header that would let the page read it.
 func TestPostRefusesBodiesThatAreNotJSON(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	for _, ct := range []string{"", "text/plain", "text/plain; charset=utf-8", "application/x-www-form-urlencoded",
 		"multipart/form-data; boundary=x", "application/json; charset=latin1", "application/jsonx", "application/json; x=1"} {
@@ -219,6 +221,7 @@ func TestPostRefusesBodiesThatAreNotJSON(t *testing.T) {
 }
 
 func TestPostWritesOrderLinesAndEventInOneTransaction(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	status, out := b.post(t, "", good)
 	if status != http.StatusCreated || out["import_centims"] != float64(3200) || out["versio"] != float64(2) {
@@ -264,6 +267,7 @@ func TestPostWritesOrderLinesAndEventInOneTransaction(t *testing.T) {
 }
 
 func TestIdempotencyKeyReplaysTheFirstAnswerAndCreatesNothing(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	// Eight concurrent submissions of the same order with the same key.
 	var wg sync.WaitGroup
@@ -303,6 +307,7 @@ func (f authFunc) Authorize(ctx context.Context, id string, cents int64) error {
 }
 
 func TestAuthorisationRefusedIs402AndUnavailableIs503(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	answer := fmt.Errorf("targeta caducada: %w", comandes.ErrRefused)
 	b := setup(t, authFunc(func(_ context.Context, id string, cents int64) error {
@@ -342,6 +347,7 @@ func TestAuthorisationRefusedIs402AndUnavailableIs503(t *testing.T) {
 // refuses a second amount for an order it approved ("import_diferent"), and
 // that must not turn a duplicate id into a 402 stored under a new key.
 func TestDuplicateIDIs409BeforeAuthorisation(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	approved := map[string]int64{}
 	b := setup(t, authFunc(func(_ context.Context, id string, cents int64) error {
@@ -368,6 +374,7 @@ func TestDuplicateIDIs409BeforeAuthorisation(t *testing.T) {
 }
 
 func TestPaymentConfirmedMarksPaidAndEmitsComandaPagadaOnce(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	if status, _ := b.post(t, "", good); status != http.StatusCreated {
 		t.Fatal(status)
@@ -406,6 +413,7 @@ func TestPaymentConfirmedMarksPaidAndEmitsComandaPagadaOnce(t *testing.T) {
 // the key until its lease passes; then a retry with the key runs afresh and
 // creates the order once. Meanwhile another body under the key is a 422.
 func TestAClaimLeftByADeadRequestIsTakenOverAfterItsLease(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, migrate.Outbox, migrate.Inbox, comandes.Migrations)
 	s, err := comandes.New(comandes.Config{Pool: pool, Outbox: svctest.Outbox(t), KeyLease: time.Second})
 	if err != nil {
@@ -439,6 +447,7 @@ func TestAClaimLeftByADeadRequestIsTakenOverAfterItsLease(t *testing.T) {
 // (a repeated comanda_id, or "Comanda_id" besides it) is a permanent
 // "esquema" error and marks nothing paid.
 func TestPaymentConfirmedRefusesAmbiguousDades(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	if status, _ := b.post(t, "", good); status != http.StatusCreated {
 		t.Fatal(status)

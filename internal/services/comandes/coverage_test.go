@@ -42,6 +42,7 @@ func (b *bundle) postRaw(t *testing.T, body string) (int, string) {
 // (any case) is accepted; an older snapshot redelivered late changes nothing;
 // a newer one that adds Perpinyà lets it through.
 func TestUncoveredCityIsRefusedAtCreationFromTheCopyOfTheCoverage(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := context.Background()
 	if st, body := b.postRaw(t, orderTo("P-2026-000001", "Perpinyà")); st != 201 {
@@ -87,6 +88,7 @@ func TestUncoveredCityIsRefusedAtCreationFromTheCopyOfTheCoverage(t *testing.T) 
 // (what pagaments refunds and inventari puts back); a redelivery writes
 // nothing more; an unknown order is permanent.
 func TestDeliveryRejectionCancelsTheOrder(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := context.Background()
 	if st, body := b.postRaw(t, orderTo("P-2026-000004", "Figueres")); st != 201 {
@@ -126,6 +128,7 @@ func TestDeliveryRejectionCancelsTheOrder(t *testing.T) {
 // An array body to the cancellation endpoint is a 400 that names the JSON
 // kinds, never a Go type (comandes.CancelRequest).
 func TestCancellationWithAnArrayBodySaysWhatJSONItExpects(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	st, out := b.post(t, "", good)
 	if st != 201 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/km0/km0/internal/pause"
 )
 
 // KeyLeaseDefault is how long a request holds its Idempotency-Key while it
@@ -82,7 +83,8 @@ func (f *flights) wake(key string) <-chan struct{} {
 func (s *Service) claim(ctx context.Context, key, bodyHash string, reqBody []byte) (token string, a answer, answered bool, err error) {
 	token = newToken()
 	lease := fmt.Sprintf("%d microseconds", s.cfg.KeyLease.Microseconds())
-	for wait := waitMin; ; wait = min(2*wait, waitMax) {
+	for fails := 1; ; fails++ {
+		wait := pause.Backoff(waitMin, waitMax, fails)
 		var held bool
 		err := s.cfg.Pool.QueryRow(ctx, claimSQL, key, bodyHash, token, lease).Scan(&held)
 		if err == nil {

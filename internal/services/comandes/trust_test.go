@@ -19,6 +19,7 @@ import (
 // naming the line and the product, before pagaments is asked: nothing is
 // stored, authorised or charged, with or without an Idempotency-Key.
 func TestUnknownProductIs400NamingItAndStoresNothing(t *testing.T) {
+	t.Parallel()
 	var asked atomic.Int64
 	b := setup(t, authFunc(func(context.Context, string, int64) error { asked.Add(1); return nil }))
 	unicorn := strings.Replace(good, `"producte":"carbasso"`, `"producte":"unicorn"`, 1)
@@ -47,6 +48,7 @@ func TestUnknownProductIs400NamingItAndStoresNothing(t *testing.T) {
 // comandes' default catalogue is what inventari stocks from its first
 // migration.
 func TestProductsDefaultIsInventarisSeed(t *testing.T) {
+	t.Parallel()
 	want := make([]string, 0, len(inventari.InitialStock))
 	for p := range inventari.InitialStock {
 		want = append(want, p)
@@ -64,6 +66,7 @@ func TestProductsDefaultIsInventarisSeed(t *testing.T) {
 // other request's decision and not a 503; it is never stored under the
 // Idempotency-Key, so the key's retry asks again once the conflict is gone.
 func TestAuthorisationConflictIs409AndNotStoredUnderTheKey(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	conflict := true
 	b := setup(t, authFunc(func(context.Context, string, int64) error {

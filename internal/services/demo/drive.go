@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/km0/km0/internal/pause"
 )
 
 // Submissions counts what POST /comandes answered.
@@ -79,8 +81,7 @@ func (d *driver) post(ctx context.Context, p *planned) (answer, error) {
 // submit posts p until it gets a final answer: a 503 or a network error is
 // retried with the same Idempotency-Key, as a careful client does.
 func (d *driver) submit(ctx context.Context, p *planned) answer {
-	delay := 100 * time.Millisecond
-	for {
+	for fails := 1; ; fails++ {
 		a, err := d.post(ctx, p)
 		d.mu.Lock()
 		d.res.Requests++
@@ -94,9 +95,8 @@ func (d *driver) submit(ctx context.Context, p *planned) answer {
 		select {
 		case <-ctx.Done():
 			return answer{}
-		case <-time.After(delay):
+		case <-time.After(pause.Backoff(100*time.Millisecond, 2*time.Second, fails)):
 		}
-		delay = min(2*delay, 2*time.Second)
 	}
 }
 
@@ -212,8 +212,7 @@ func (d *driver) cancel(ctx context.Context, p *planned) {
 	d.mu.Unlock()
 	var bodies []string
 	for range 2 {
-		delay := 100 * time.Millisecond
-		for {
+		for fails := 1; ; fails++ {
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/comandes/"+p.order.ID+"/cancellacio", strings.NewReader(`{"motiu":"client"}`))
 			if err != nil {
 				return
@@ -241,9 +240,8 @@ func (d *driver) cancel(ctx context.Context, p *planned) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(delay):
+			case <-time.After(pause.Backoff(100*time.Millisecond, 2*time.Second, fails)):
 			}
-			delay = min(2*delay, 2*time.Second)
 		}
 	}
 	d.mu.Lock()

@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // startStock starts comandes, inventari and cataleg on a fresh broker and
@@ -105,20 +106,13 @@ func TestCatalogInvariantFailsWhenTheCatalogMissesAProduct(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait for cataleg to learn it, then lose it.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 60*time.Second, "cataleg to get carbasso", func() (bool, string) {
 		fs, err := sys.Cataleg.Flags(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(fs) == 1 && fs[0].Units == 83 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cataleg never got carbasso: %+v", fs)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(fs) == 1 && fs[0].Units == 83, fmt.Sprintf("flags %+v", fs)
+	})
 	if _, err := sys.Pool(cataleg.Name).Exec(ctx, `DELETE FROM indicadors`); err != nil {
 		t.Fatal(err)
 	}

@@ -45,6 +45,7 @@ func cancelled(t *testing.T, id string) *consumer.Message {
 // its creation: the creation takes nothing. D is created and cancelled in
 // one batch: net zero, and the events chain.
 func TestCancellationGivesBackExactlyWhatItsOrderTook(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	cheese, pumpkin := inventari.Line{Product: "formatge-curat", Quantity: 2}, inventari.Line{Product: "carbasso", Quantity: 3}
 	if out := batch(t, pool, s, created(t, "P-2026-000001", cheese, pumpkin)); out[0] != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/internal/svctest"
 	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/transport/kafka"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
@@ -117,20 +118,11 @@ func (w *world) runUntil(cfg consumer.Config, what string, done func(consumer.St
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
-	deadline := time.Now().Add(90 * time.Second)
-	for !done(c.Stats()) {
-		if time.Now().After(deadline) {
-			cancel()
-			<-errc
-			w.t.Fatalf("timed out waiting for %s; stats %+v", what, c.Stats())
-		}
-		time.Sleep(5 * time.Millisecond) // polling the stats, not waiting for work to happen
-	}
-	cancel()
-	if err := <-errc; err != nil {
+	r := testkit.Start(w.t, "consumer", c.Run)
+	testkit.Eventuallyf(w.t, 90*time.Second, what, func() (bool, string) {
+		return done(c.Stats()), fmt.Sprintf("stats %+v", c.Stats())
+	})
+	if err := r.Stop(); err != nil {
 		w.t.Fatal(err)
 	}
 	return c.Stats()
@@ -147,19 +139,14 @@ func (w *world) deadlocks(settled bool) int64 {
 		w.t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	deadline := time.Now().Add(30 * time.Second)
-	for settled {
-		var others int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
-			w.t.Fatal(err)
-		}
-		if others == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("%d backends of %s still connected", others, w.dbName)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if settled {
+		testkit.Eventuallyf(w.t, 30*time.Second, "every other backend of "+w.dbName+" to exit", func() (bool, string) {
+			var others int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
+				w.t.Fatal(err)
+			}
+			return others == 0, fmt.Sprintf("%d still connected", others)
+		})
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
 		w.t.Fatal(err)
@@ -212,6 +199,7 @@ func stockEvents(t *testing.T, pool *pgxpool.Pool) map[string][]inventari.StockU
 // chain (abans = the previous despres, from the initial stock to the final one)
 // and, per source partition, follow offset order.
 func TestHotRowsConcurrentBatchesNeverDeadlockAndStockIsExact(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 4)
 	ctx := context.Background()
 	// deadlock_timeout of this test's database only: a deadlock costs 50 ms
@@ -382,6 +370,7 @@ func header(r *kgo.Record, k string) string {
 // attempt with estoc_insuficient and without its key; the batch handler ran
 // once and the one-message Handle never.
 func TestBatchWithDuplicateAndShortOrderCommitsTheGoodOneAndDeadLettersTheShortOne(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, 4)
 	var batches, batchMsgs, singles atomic.Int64
 	cfg := w.config()
@@ -444,6 +433,7 @@ func TestBatchWithDuplicateAndShortOrderCommitsTheGoodOneAndDeadLettersTheShortO
 // the stock the orders before it left, in message order, and the events
 // chain in that order.
 func TestOrdersOfOneBatchTakeStockInMessageOrder(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	ctx := context.Background()
 	var msgs []*consumer.Message

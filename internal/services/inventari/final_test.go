@@ -12,6 +12,7 @@ import (
 // Insufficient stock and an unknown product are final (per-key order does
 // not block the order's key on them); bad data and a database error are not.
 func TestFinalIsTheStockRefusalOnly(t *testing.T) {
+	t.Parallel()
 	for _, err := range []error{
 		outcome.Permanent(fmt.Errorf("%w: formatge-curat (5 left, 6 asked)", inventari.ErrInsufficient)),
 		outcome.Permanent(fmt.Errorf("%w: trufa", inventari.ErrUnknownProduct)),

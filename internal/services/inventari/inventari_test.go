@@ -43,6 +43,7 @@ func units(t *testing.T, pool *pgxpool.Pool, p string) int {
 }
 
 func TestOrderCreatedTakesStockAndWritesEstocActualitzatPerProduct(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	m := svctest.Message(t, "comandes.esdeveniments", "comanda.creada", 2, order("P-2026-000001",
 		inventari.Line{Product: "tomaquet-rosa", Quantity: 3}, inventari.Line{Product: "formatge-curat", Quantity: 2},
@@ -92,6 +93,7 @@ func TestOrderCreatedTakesStockAndWritesEstocActualitzatPerProduct(t *testing.T)
 }
 
 func TestInsufficientOrUnknownIsPermanentAndChangesNothing(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	cases := []struct {
 		lines []inventari.Line
@@ -121,6 +123,7 @@ func TestInsufficientOrUnknownIsPermanentAndChangesNothing(t *testing.T) {
 // Quantities past what an INTEGER column holds are bad data, not a transient
 // failure, and two lines whose sum overflows must not add stock.
 func TestHugeQuantitiesArePermanentAndNeverAddStock(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	ctx := context.Background()
 	const maxInt = int(^uint(0) >> 1)
@@ -148,6 +151,7 @@ func TestHugeQuantitiesArePermanentAndNeverAddStock(t *testing.T) {
 }
 
 func TestConcurrentOrdersNeverTakeStockBelowZero(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -181,6 +185,7 @@ func TestConcurrentOrdersNeverTakeStockBelowZero(t *testing.T) {
 }
 
 func TestReserveIsIdempotentByIdReserva(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	ctx := context.Background()
 	req := []byte(`{"id_reserva":"R-1","linies":[{"producte":"vi-crianca","quantitat":10}]}`)
@@ -218,6 +223,7 @@ func TestReserveIsIdempotentByIdReserva(t *testing.T) {
 // 8 KB) is a permanent error reply that names the field and quotes nothing of
 // PostgreSQL, and it takes no stock.
 func TestReserveRefusesBadIDsPermanentlyWithoutDatabaseText(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	ctx := context.Background()
 	raw := make([]byte, 4500)

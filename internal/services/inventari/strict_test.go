@@ -19,6 +19,7 @@ import (
 // UTF-8) are refused as permanent "esquema" errors and take no stock: by
 // ReservarEstoc, by the single handler and by the batch handler.
 func TestAmbiguousBodiesAreRefusedAndTakeNoStock(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	ctx := context.Background()
 	bodies := []string{

@@ -16,6 +16,7 @@ import (
 // caused it (its message's Message.Context), not the batch's ctx: the
 // capcaleres of every event hold its own order's traceparent.
 func TestEachStockEventCarriesTheTraceOfItsOwnOrder(t *testing.T) {
+	t.Parallel()
 	pool, s := setup(t)
 	batchCtx := trace.ContextWithSpanContext(context.Background(), spanContext(99))
 	var msgs []*consumer.Message

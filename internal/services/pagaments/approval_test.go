@@ -21,6 +21,7 @@ import (
 // key) and the gateway is never called; an order authorised for its total
 // is charged.
 func TestChargeRefusesAnOrderWithoutStoredApproval(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s, err := pagaments.New(pagaments.Config{Pool: b.pool, Outbox: svctest.Outbox(t), RequireApproval: true,
 		Gateway: &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey(), Timeout: time.Second}})

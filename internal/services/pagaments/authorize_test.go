@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/requestreply"
 )
@@ -23,6 +23,7 @@ import (
 // different amounts (some over the limit), share commits: every order ends
 // with one stored decision, and every answer agrees with it.
 func TestConcurrentAuthorizationsAgreeWithTheOneStoredDecision(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
 	ctx := context.Background()
@@ -102,6 +103,7 @@ func TestConcurrentAuthorizationsAgreeWithTheOneStoredDecision(t *testing.T) {
 // One request PostgreSQL refuses (an order id too long for the key's index)
 // fails alone, even when it shares a batch with others: they are answered.
 func TestARefusedAuthorizationFailsAloneInItsBatch(t *testing.T) {
+	t.Parallel()
 	pagaments.RaiseOrderIDLimit(t, 20_000) // past Authorize's own bound, so that PostgreSQL refuses it
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
@@ -125,11 +127,12 @@ func TestARefusedAuthorizationFailsAloneInItsBatch(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		amqptest.WaitFor(t, 20*time.Second, fmt.Sprintf("%d batch writers waiting on the lock", w), func() bool {
+		testkit.Eventually(t, 20*time.Second, fmt.Sprintf("%d batch writers waiting on the lock", w), func() bool {
 			var n int
 			_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO autoritzacions%'`).Scan(&n)
 			return n == w
 		})
+
 	}
 	const good = 20
 	errs := make([]error, good+1)
@@ -146,7 +149,7 @@ func TestARefusedAuthorizationFailsAloneInItsBatch(t *testing.T) {
 			_, errs[i] = s.Authorize(ctx, []byte(fmt.Sprintf(`{"comanda_id":%q,"import_centims":1000}`, id)))
 		}()
 	}
-	amqptest.WaitFor(t, 20*time.Second, "the calls queued for one batch", func() bool { return pagaments.QueuedAuthorizations(s) == good+1 })
+	testkit.Eventually(t, 20*time.Second, "the calls queued for one batch", func() bool { return pagaments.QueuedAuthorizations(s) == good+1 })
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

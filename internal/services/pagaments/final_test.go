@@ -13,6 +13,7 @@ import (
 // A refused card is final (per-key order does not block the order's key on
 // it); an unavailable gateway or bad data is not.
 func TestFinalIsTheRefusedCardOnly(t *testing.T) {
+	t.Parallel()
 	refused := outcome.Permanent(fmt.Errorf("targeta_refusada: P-1: %w", passarella.ErrRefused))
 	if !pagaments.Final(refused) || refused.Error() != "targeta_refusada: P-1: "+passarella.ErrRefused.Error() {
 		t.Fatalf("Final(%q) = false, want true", refused)

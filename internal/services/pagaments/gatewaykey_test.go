@@ -13,6 +13,7 @@ import (
 // The gateway moves money: every route needs its API key, checked before
 // the body, and a request without it charges, refunds and shows nothing.
 func TestGatewayNeedsItsAPIKey(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	ctx := context.Background()
 	good := &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey()}

@@ -60,6 +60,7 @@ var anna = map[string]any{"id": "P-2026-000123", "client": "anna", "mercat": "gi
 	"linies": []map[string]any{{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}}}
 
 func TestCrashBetweenGatewayCallAndCommitChargesOnce(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	var crashes atomic.Int32
 	s := b.service(t, time.Second)
@@ -110,6 +111,7 @@ func TestCrashBetweenGatewayCallAndCommitChargesOnce(t *testing.T) {
 }
 
 func TestGatewayFailureAndHangAreTransientAndNeverChargeTwice(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{
 		Fail:    func(key string, attempt int) bool { return strings.HasSuffix(key, "000001") && attempt == 1 },
 		Hang:    func(key string, attempt int) bool { return strings.HasSuffix(key, "000002") && attempt == 1 },
@@ -138,6 +140,7 @@ func TestGatewayFailureAndHangAreTransientAndNeverChargeTwice(t *testing.T) {
 }
 
 func TestGatewayRejectsMissingKeyAndReusedKey(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	req, _ := http.NewRequest(http.MethodPost, b.url+"/cobraments", strings.NewReader(`{"comanda_id":"P-2026-000001","import_centims":1}`))
 	req.Header.Set("Content-Type", "application/json")
@@ -167,6 +170,7 @@ func TestGatewayRejectsMissingKeyAndReusedKey(t *testing.T) {
 // An amount that overflows int64 is bad data: it must not wrap into a small
 // (here zero) charge that confirms the order as paid.
 func TestOverflowingAmountIsPermanentAndChargesNothing(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
 	for i, lines := range [][]map[string]any{
@@ -188,6 +192,7 @@ func TestOverflowingAmountIsPermanentAndChargesNothing(t *testing.T) {
 }
 
 func TestAuthorizeDecidesOncePerOrder(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
 	ctx := context.Background()
@@ -226,6 +231,7 @@ func TestAuthorizeDecidesOncePerOrder(t *testing.T) {
 // 999999999 before the real 100, or a pre-approved 1 cent) is refused as a
 // conflict, a non-retryable error reply, and the stored decision stays.
 func TestAuthorizeRefusesAnotherAmountAsAConflict(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
 	ctx := context.Background()
@@ -259,6 +265,7 @@ func TestAuthorizeRefusesAnotherAmountAsAConflict(t *testing.T) {
 // before any SQL: a permanent error reply with a clear message and nothing
 // of PostgreSQL in it.
 func TestAuthorizeRefusesBadOrderIDsPermanentlyWithoutDatabaseText(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
 	ctx := context.Background()
@@ -284,6 +291,7 @@ func TestAuthorizeRefusesBadOrderIDsPermanentlyWithoutDatabaseText(t *testing.T)
 // (which makes its callers retry); and the charging handler refuses such an
 // order id permanently without calling the gateway.
 func TestBadIDsAre400AtTheGatewayAndPermanentInTheCharge(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	for _, c := range []struct{ key, body string }{
 		{"cobrament-P-2026-000001", `{"comanda_id":"P-2026-\u0000001","import_centims":1}`},

@@ -30,6 +30,7 @@ func cancellation(t *testing.T, id string) *consumer.Message {
 // last two with the same key), 1 refund recorded. A second cancellation
 // event asks the gateway nothing.
 func TestCancellationRefundsOnceEvenAfterACrashAndAGatewayFailure(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{Fail: func(key string, attempt int) bool {
 		return strings.HasPrefix(key, "reemborsament-") && attempt == 1
 	}})
@@ -88,6 +89,7 @@ func TestCancellationRefundsOnceEvenAfterACrashAndAGatewayFailure(t *testing.T) 
 // publishes no pagament.confirmat, and a charge request still in flight
 // with the key is refused.
 func TestACancellationBeforeTheCreationChargesNothing(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
 	if err := svctest.Run(t, b.pool, s.HandleOrder, cancellation(t, "P-2026-000123")); err != nil {
@@ -116,6 +118,7 @@ func TestACancellationBeforeTheCreationChargesNothing(t *testing.T) {
 // recorded); the cancellation comes before the retry: the gateway refunds
 // that charge (2900, once) and the retry charges nothing more.
 func TestACancellationAfterAHungChargeRefundsIt(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{HangFor: 2 * time.Second, Hang: func(key string, attempt int) bool {
 		return strings.HasPrefix(key, "cobrament-") && attempt == 1
 	}})
@@ -149,6 +152,7 @@ func TestACancellationAfterAHungChargeRefundsIt(t *testing.T) {
 // same refund, another refund key for it is refused, and so is a refund
 // naming another order.
 func TestRefundVoidsAnUnchargedKeyAndRefundsAChargeOnce(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	c := &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey()}
 	ctx := context.Background()

@@ -19,6 +19,7 @@ import (
 // of two members, a member named like a field but for case, invalid UTF-8)
 // is refused as permanent and stores no decision.
 func TestAuthorizeRefusesAmbiguousBodies(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
 	for _, body := range []string{
@@ -40,6 +41,7 @@ func TestAuthorizeRefusesAmbiguousBodies(t *testing.T) {
 // alone as the second order; the charging handler refuses it as permanent
 // and charges nothing.
 func TestChargeRefusesAmbiguousDades(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	s := b.service(t, time.Second)
 	for _, dades := range []string{
@@ -58,6 +60,7 @@ func TestChargeRefusesAmbiguousDades(t *testing.T) {
 
 // The gateway's POST takes JSON only (415 otherwise, nothing charged).
 func TestGatewayRefusesBodiesThatAreNotJSON(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	for _, ct := range []string{"", "text/plain", "application/x-www-form-urlencoded"} {
 		req, _ := http.NewRequest(http.MethodPost, b.url+"/cobraments", strings.NewReader(`{"comanda_id":"P-2026-000001","import_centims":1}`))
@@ -84,6 +87,7 @@ func TestGatewayRefusesBodiesThatAreNotJSON(t *testing.T) {
 // 100, at most 1000) and despres_de = the previous page's seguent; every
 // charge is listed once.
 func TestGatewayListsChargesInPages(t *testing.T) {
+	t.Parallel()
 	b := setup(t, passarella.Faults{})
 	cl := &passarella.Client{BaseURL: b.url, APIKey: b.gw.APIKey()}
 	const n = 205

@@ -26,6 +26,7 @@ func courierOf(t *testing.T, b *bundle, id string) (string, bool) {
 // it again; a cancellation before a comanda.pagada leaves a tombstone and
 // the payment assigns nothing (no maps call, no event).
 func TestCancellationReleasesTheCourierOnce(t *testing.T) {
+	t.Parallel()
 	var maps atomic.Int32 // calls to maps
 	b := setup(t, func(string, int) bool { maps.Add(1); return false }, nil)
 	ctx := context.Background()

@@ -17,6 +17,7 @@ import (
 // the order's key on it); a schema failure, maps down or a database error
 // are not.
 func TestFinalIsTheUncoveredCityOnly(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil, nil)
 	err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid("P-2026-000010", "Perpinyà")))
 	if !repartiment.Final(err) || !outcome.IsPermanent(err) {
@@ -57,6 +58,7 @@ func coverage(t *testing.T, b *bundle) []repartiment.Coverage {
 // revisio, in the transaction of the change; a comanda.pagada to it is then
 // rejected; a start republishes the same snapshot (same revisio).
 func TestSetCoveredPublishesASnapshotAndRejectsTheCity(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil, nil)
 	ctx := context.Background()
 	first, err := b.svc.PublishCoverage(ctx)
@@ -87,6 +89,7 @@ func TestSetCoveredPublishesASnapshotAndRejectsTheCity(t *testing.T) {
 // it rejects them in the same transaction (one repartiment.rebutjat each),
 // and leaves the other cities' deliveries alone.
 func TestWithdrawingACityRejectsItsPendingDeliveries(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil, nil)
 	ctx := context.Background()
 	if n, err := b.svc.SetCovered(ctx, "Portbou", true); err != nil || n != 0 {

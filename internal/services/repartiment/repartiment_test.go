@@ -64,6 +64,7 @@ func events(t *testing.T, b *bundle, tipus string) int {
 
 // Row 1: the maps service answers 503 → transient (retry with backoff, then DLQ).
 func TestRowMaps503IsTransient(t *testing.T) {
+	t.Parallel()
 	b := setup(t, func(_ string, attempt int) bool { return attempt == 1 }, nil)
 	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid("P-2026-000001", "Girona"))
 	err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, m)
@@ -84,6 +85,7 @@ func TestRowMaps503IsTransient(t *testing.T) {
 // Row 2: city not covered → permanent ciutat_no_coberta (DLQ) AND
 // repartiment.rebutjat committed, once, although the message is dead-lettered.
 func TestRowCityNotCoveredRejectsOnceAndDeadLetters(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil, nil)
 	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid("P-2026-000002", "Perpinyà"))
 	for i := range 2 { // the second delivery: the process died before the DLQ copy
@@ -102,6 +104,7 @@ func TestRowCityNotCoveredRejectsOnceAndDeadLetters(t *testing.T) {
 
 // Row 3: adreca_lliurament missing in a versio 1 event → permanent esquema + alert.
 func TestRowMissingAddressInVersio1IsSchemaAndAlerts(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil, nil)
 	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid("P-2026-000003", ""))
 	err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, m)
@@ -120,6 +123,7 @@ func TestRowMissingAddressInVersio1IsSchemaAndAlerts(t *testing.T) {
 // even begin its transaction; and the handler must not dead-letter an
 // uncovered order whose rejection it could not commit.
 func TestRowDatabaseRefusingConnectionsIsTransient(t *testing.T) {
+	t.Parallel()
 	down := pgtest.NewPool(t, "postgres://postgres@127.0.0.1:1/km0?sslmode=disable&connect_timeout=2", 2)
 	_, err := down.Begin(context.Background())
 	if err == nil {
@@ -142,6 +146,7 @@ func TestRowDatabaseRefusingConnectionsIsTransient(t *testing.T) {
 // Row 5: no courier free → persisted as pending, acked; the periodic assigner
 // assigns it when a courier is free again.
 func TestRowNoCourierFreeIsPendingThenAssigned(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil, nil)
 	// vic has one courier: the first order takes it, the second waits.
 	for _, id := range []string{"P-2026-000005", "P-2026-000006"} {
@@ -179,6 +184,7 @@ func TestRowNoCourierFreeIsPendingThenAssigned(t *testing.T) {
 // starve a city whose courier is free: the assigner only looked at the 50
 // oldest pending rows, all of them Girona, and never reached Vic.
 func TestAssignerIsNotStarvedByABusyCity(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil, nil)
 	ctx := context.Background()
 	run := func(id, city string) {
@@ -215,6 +221,7 @@ func TestAssignerIsNotStarvedByABusyCity(t *testing.T) {
 // A side pool shared with the consumer's transactions could deadlock (every
 // transaction waiting for a second connection): New refuses it.
 func TestNewRefusesASharedSidePool(t *testing.T) {
+	t.Parallel()
 	pool, _ := svctest.DB(t, repartiment.Migrations)
 	for _, side := range []*pgxpool.Pool{nil, pool} {
 		if _, err := repartiment.New(repartiment.Config{Pool: pool, SidePool: side, Maps: &repartiment.MapsClient{BaseURL: "http://127.0.0.1:1"}}); err == nil {
@@ -229,6 +236,7 @@ func TestNewRefusesASharedSidePool(t *testing.T) {
 // no-op even while maps is down (it used to ask maps first, so the no-op was
 // retried and dead-lettered).
 func TestPendingKeepsItsEstimateAndARepeatNeedsNoMaps(t *testing.T) {
+	t.Parallel()
 	var down atomic.Bool
 	b := setup(t, func(string, int) bool { return down.Load() }, nil)
 	ctx := context.Background()
@@ -270,6 +278,7 @@ func TestPendingKeepsItsEstimateAndARepeatNeedsNoMaps(t *testing.T) {
 // repeated member, or one named like a field but for case) is a permanent
 // "esquema" failure and assigns nothing.
 func TestAmbiguousOrderPaidIsSchema(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil, nil)
 	for _, d := range []string{
 		`{"comanda_id":"P-2026-000005","adreca_lliurament":{"ciutat":"Girona","codi_postal":"17001"},"adreca_lliurament":{"ciutat":"Paris","codi_postal":"75001"}}`,

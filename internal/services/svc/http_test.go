@@ -10,6 +10,7 @@ import (
 )
 
 func TestRequireJSON(t *testing.T) {
+	t.Parallel()
 	for ct, want := range map[string]bool{"application/json": true, "application/json; charset=utf-8": true, "APPLICATION/JSON;charset=UTF-8": true,
 		"": false, "text/plain": false, "application/json; charset=utf-16": false, "application/json; boundary=x": false, "application/json;;": false,
 		"multipart/form-data; boundary=x": false, "application/x-www-form-urlencoded": false} {

@@ -16,6 +16,7 @@ import (
 // read ?password=) or in a keyword/value DSN: none may reach an error or the
 // demo's progress line.
 func TestRedactHidesEveryFormOfPassword(t *testing.T) {
+	t.Parallel()
 	for _, u := range []string{
 		"postgres://anna:hunter2@127.0.0.1:1/postgres",
 		"postgres://anna@127.0.0.1:1/postgres?sslmode=disable&password=hunter2",
@@ -36,6 +37,7 @@ func TestRedactHidesEveryFormOfPassword(t *testing.T) {
 // host, user and TLS parameters, in the URL form and in the keyword/value
 // form (which used to lose everything but the database).
 func TestWithDatabaseKeepsTheTLSParameters(t *testing.T) {
+	t.Parallel()
 	ca := tlstest.NewCA(t, "km0 test CA")
 	cl := ca.Client(t, "anna")
 	tlsParams := "sslmode=verify-full&sslrootcert=" + ca.CertFile + "&sslcert=" + cl.CertFile + "&sslkey=" + cl.KeyFile

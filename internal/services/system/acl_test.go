@@ -67,6 +67,7 @@ func (c *aclCluster) opts(t *testing.T, user string) []kgo.Opt {
 // principal can neither read the payment requests nor join pagaments'
 // groups, nor write comandes' topic.
 func TestRequiredACLsAreEnoughAndNoMore(t *testing.T) {
+	t.Parallel()
 	c := newACLCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -172,6 +173,7 @@ func wantDenied(ctx context.Context, t *testing.T, what string, f func(context.C
 // The generated kafka-acls commands: one per principal and resource, the
 // payment requests readable by pagaments only, reply topics by prefix.
 func TestKafkaACLCommands(t *testing.T) {
+	t.Parallel()
 	acls := system.RequiredACLs(system.ACLOptions{})
 	cmds := kafkaacl.Commands(acls, "b:9092", "admin.properties")
 	all := strings.Join(cmds, "\n")

@@ -12,6 +12,7 @@ import (
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 )
 
 func post(t *testing.T, url, body string) int {
@@ -58,22 +59,6 @@ func orderBody(id, product string, n int) string {
 		"adreca_lliurament":{"ciutat":"Girona","codi_postal":"17001"}}`, id, product, n)
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 60 s (%s)", what, state)
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
-	}
-}
-
 // TestCancellationsAndTheStockRefusalCompensateEveryService runs the six
 // services over Kafka:
 //   - A (2 formatge-fresc) is served, charged, paid and assigned a courier,
@@ -87,6 +72,7 @@ func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 //
 // and analitica counts 3 cancellations, 1 per estoc_insuficient.
 func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
+	t.Parallel()
 	sys, _ := startWith(t, system.Services, func(c *system.Config) {
 		c.Backoff = 200 * time.Millisecond
 		c.AssignInterval = 100 * time.Millisecond
@@ -102,12 +88,13 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 	if st, caps["P-2026-000001"] = placeOrder(t, base+"/comandes", orderBody("P-2026-000001", "formatge-fresc", 2)); st != 201 {
 		t.Fatalf("A: %d", st)
 	}
-	waitFor(t, "A served, charged and assigned", func() (bool, string) {
+	testkit.Eventuallyf(t, time.Minute, "A served, charged and assigned", func() (bool, string) {
 		st, _ := sys.Inventari.Stock(ctx)
 		lz, _ := sys.Repartiment.Summary(ctx)
 		pay, _ := sys.Pagaments.Payments(ctx)
 		return st["formatge-fresc"] == 28 && lz["assignat"] == 1 && pay["P-2026-000001"].TotalCents == 1000, fmt.Sprintf("stock %v, deliveries %v", st, lz)
 	})
+
 	if st := post(t, base+"/comandes", orderBody("P-2026-000002", "formatge-curat", 6)); st != 201 {
 		t.Fatalf("B: %d", st)
 	}
@@ -128,7 +115,7 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 			t.Fatalf("cancel %s: %d", id, st)
 		}
 	}
-	waitFor(t, "every order cancelled and compensated", func() (bool, string) {
+	testkit.Eventuallyf(t, time.Minute, "every order cancelled and compensated", func() (bool, string) {
 		var states []string
 		for _, id := range []string{"P-2026-000001", "P-2026-000002", "P-2026-000003"} {
 			v, err := sys.Comandes.Get(ctx, id)
@@ -142,7 +129,7 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 		refunds, _ := sys.Gateway.Refunds(ctx)
 		charges, _ := sys.Gateway.Charges(ctx)
 		an, _ := sys.Analitica.Counters(ctx)
-		var owed int64 // charged and not refunded
+		var owed int64
 		for _, c := range charges {
 			owed += c.TotalCents
 		}
@@ -153,6 +140,7 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 				owed == 0 && len(refunds) >= 2 && an.PerCancelReason["client"] == 2 && an.PerCancelReason["estoc_insuficient"] == 1,
 			fmt.Sprintf("orders %v, stock %v, deliveries %v, charges %d refunds %d owed %d, analitica %v", states, st, lz, len(charges), len(refunds), owed, an.PerCancelReason)
 	})
+
 	refunds, _ := sys.Gateway.Refunds(ctx)
 	for _, r := range refunds {
 		if r.Calls < 1 {
@@ -170,7 +158,7 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 	// pagaments records a refund in the transaction that follows the
 	// gateway's answer: wait for the record of each charged order.
 	charges, _ := sys.Gateway.Charges(ctx)
-	waitFor(t, "pagaments recorded the refunds", func() (bool, string) {
+	testkit.Eventuallyf(t, time.Minute, "pagaments recorded the refunds", func() (bool, string) {
 		got, _ := sys.Pagaments.Refunds(ctx)
 		for _, id := range []string{"P-2026-000001", "P-2026-000002"} {
 			if _, charged := charges[pagaments.ChargeKey(id)]; charged && got[id] == 0 {
@@ -179,6 +167,7 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 		}
 		return true, ""
 	})
+
 	got, _ := sys.Pagaments.Refunds(ctx)
 	for id, cents := range map[string]int64{"P-2026-000001": 1000, "P-2026-000002": 3000} {
 		_, charged := charges[pagaments.ChargeKey(id)]
@@ -186,10 +175,13 @@ func TestCancellationsAndTheStockRefusalCompensateEveryService(t *testing.T) {
 			t.Errorf("%s: charged %v, recorded refunds %v; want charged ⇒ refunded %d", id, charged, got, cents)
 		}
 	}
-	// A's courier, and B's if B was paid before its refusal cancelled it.
-	var released, assigned, busy int
-	if err := sys.Pool("repartiment").QueryRow(ctx, `SELECT count(*) FILTER (WHERE alliberat), count(*) FILTER (WHERE repartidor_id IS NOT NULL),
-		(SELECT count(*) FROM repartidors WHERE ocupat_fins > now()) FROM lliuraments`).Scan(&released, &assigned, &busy); err != nil || released < 1 || released != assigned || busy != 0 {
-		t.Errorf("%d couriers released of %d assigned, %d still busy (%v); want every assigned one released, at least A's", released, assigned, busy, err)
-	}
+	// A's courier, and B's if B was paid before its refusal cancelled it:
+	// B's release follows its cancellation's event, so it is waited for.
+	testkit.Eventuallyf(t, time.Minute, "every assigned courier released, at least A's", func() (bool, string) {
+		var released, assigned, busy int
+		err := sys.Pool("repartiment").QueryRow(ctx, `SELECT count(*) FILTER (WHERE alliberat), count(*) FILTER (WHERE repartidor_id IS NOT NULL),
+			(SELECT count(*) FROM repartidors WHERE ocupat_fins > now()) FROM lliuraments`).Scan(&released, &assigned, &busy)
+		return err == nil && released >= 1 && released == assigned && busy == 0,
+			fmt.Sprintf("%d released of %d assigned, %d still busy (%v)", released, assigned, busy, err)
+	})
 }

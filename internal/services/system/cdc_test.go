@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 )
@@ -24,6 +26,7 @@ import (
 // the setting named, instead of a relay restarting for ever; an unknown mode
 // is refused before anything starts.
 func TestStartWithCDCRelaysRefusesAServerWithoutLogicalWAL(t *testing.T) {
+	t.Parallel()
 	_, err := system.Start(context.Background(), system.Config{Brokers: []string{"127.0.0.1:1"},
 		DatabaseURL: "postgres://127.0.0.1:1/x", RelayMode: "wal"})
 	if err == nil || !strings.Contains(err.Error(), "RelayMode") {
@@ -39,6 +42,7 @@ func TestStartWithCDCRelaysRefusesAServerWithoutLogicalWAL(t *testing.T) {
 // streams its outbox under the slot named after its database, and RelayLag
 // reads it as for the polling relay.
 func TestServeWithACDCRelayPublishesTheOutbox(t *testing.T) {
+	t.Parallel()
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("a private PostgreSQL cluster is required: %v", err)
@@ -55,17 +59,10 @@ func TestServeWithACDCRelayPublishesTheOutbox(t *testing.T) {
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, e) }); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 30*time.Second, "no row pending in the relay's lag", func() (bool, string) {
 		lag, err := sys.RelayLag(ctx)
-		if err == nil && len(lag) == 1 && lag[comandes.Name].Pending == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("relay lag %v (%v) after 30s, want 0 pending", lag, err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return err == nil && len(lag) == 1 && lag[comandes.Name].Pending == 0, fmt.Sprintf("relay lag %v (%v)", lag, err)
+	})
 	var slot string
 	if err := pool.QueryRow(ctx, "SELECT slot_name FROM pg_replication_slots WHERE active").Scan(&slot); err != nil {
 		t.Fatal(err)
@@ -110,6 +107,7 @@ func startWithErr(t *testing.T, url string, services []string, tweak func(*syste
 // moves past them) and the outbox table stays empty. A polling relay or
 // pruning with the WAL mode fails Start.
 func TestServeWithAWALModeOutboxPublishesIt(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []func(*system.Config){
 		func(c *system.Config) { c.OutboxMode, c.RelayMode = outbox.ModeWAL, system.RelayPolling },
 		func(c *system.Config) { c.OutboxMode, c.RelayDeletePublished = outbox.ModeWAL, true },
@@ -150,16 +148,13 @@ func TestServeWithAWALModeOutboxPublishesIt(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8").Scan(&end); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); confirmed < end; {
+	testkit.Eventuallyf(t, 30*time.Second, fmt.Sprintf("slot %s to confirm %d", slot, end), func() (bool, string) {
 		if err := pool.QueryRow(ctx, "SELECT coalesce(pg_wal_lsn_diff(confirmed_flush_lsn, '0/0'), 0)::int8 FROM pg_replication_slots WHERE slot_name = $1",
 			slot).Scan(&confirmed); err != nil {
 			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot %s confirmed %d after 30s, want at least %d", slot, confirmed, end)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return confirmed >= end, fmt.Sprintf("confirmed %d", confirmed)
+	})
 	var rows int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("outbox rows %d (%v), want 0", rows, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/pagaments/passarella"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 )
 
 func orderTo(id, city string) string {
@@ -46,6 +47,7 @@ func postBody(t *testing.T, url, body string) (int, string) {
 //     parked or dead-lettered as blocked (morta_per_bloqueig);
 //   - comandes's copy then lacks Figueres: a new order to it is refused.
 func TestUncoveredCityIsRefusedAtCreationAndARejectionAfterAcceptanceIsRefunded(t *testing.T) {
+	t.Parallel()
 	const x = "P-2026-000031"
 	var withdrawn atomic.Bool
 	sys, _ := startWith(t, system.Services, func(c *system.Config) {
@@ -58,10 +60,11 @@ func TestUncoveredCityIsRefusedAtCreationAndARejectionAfterAcceptanceIsRefunded(
 	t.Cleanup(sys.Close)
 	ctx := context.Background()
 	base := sys.Addrs()["comandes"]
-	waitFor(t, "comandes has repartiment's coverage", func() (bool, string) {
+	testkit.Eventuallyf(t, time.Minute, "comandes has repartiment's coverage", func() (bool, string) {
 		cities, rev, err := sys.Comandes.Coverage(ctx)
 		return rev > 0 && len(cities) == 6, fmt.Sprintf("%v rev %d %v", cities, rev, err)
 	})
+
 	st, body := postBody(t, base+"/comandes", orderTo("P-2026-000030", "Perpinyà"))
 	var e struct{ Codi, Camp, Error string }
 	if _ = json.Unmarshal([]byte(body), &e); st != http.StatusUnprocessableEntity || e.Codi != "ciutat_no_coberta" || e.Camp != "adreca_lliurament.ciutat" ||
@@ -76,7 +79,7 @@ func TestUncoveredCityIsRefusedAtCreationAndARejectionAfterAcceptanceIsRefunded(
 	}
 	withdrawn.Store(true)
 	var cancelEvent string
-	waitFor(t, "X rejected, cancelled, refunded, stock back", func() (bool, string) {
+	testkit.Eventuallyf(t, time.Minute, "X rejected, cancelled, refunded, stock back", func() (bool, string) {
 		v, err := sys.Comandes.Get(ctx, x)
 		if err != nil || v.State != "cancellada" || v.CancelReason == nil || *v.CancelReason != "ciutat_no_coberta" {
 			return false, fmt.Sprintf("X %+v %v", v, err)
@@ -94,10 +97,12 @@ func TestUncoveredCityIsRefusedAtCreationAndARejectionAfterAcceptanceIsRefunded(
 			fmt.Sprintf("charges %v refunds %v booked %v stock %d deliveries %v cancellation applied by repartiment %d",
 				charges, refunds, booked, stock["carbasso"], lz, applied)
 	})
-	waitFor(t, "analitica counted the cancellation under its motiu", func() (bool, string) {
+
+	testkit.Eventuallyf(t, time.Minute, "analitica counted the cancellation under its motiu", func() (bool, string) {
 		an, err := sys.Analitica.Counters(ctx)
 		return an.PerCancelReason["ciutat_no_coberta"] == 1 && an.PerCancelReason["altres"] == 0, fmt.Sprintf("%v %v", an.PerCancelReason, err)
 	})
+
 	var blocked, parked, letters int
 	rp := sys.Pool("repartiment")
 	if err := rp.QueryRow(ctx, `SELECT (SELECT count(*) FROM claus_bloquejades), (SELECT count(*) FROM missatges_aparcats),
@@ -108,10 +113,11 @@ func TestUncoveredCityIsRefusedAtCreationAndARejectionAfterAcceptanceIsRefunded(
 	if _, ok := charges[pagaments.ChargeKey("P-2026-000030")]; ok || len(charges) != 1 {
 		t.Fatalf("charges %v, want X's only (Perpinyà refused before any charge)", charges)
 	}
-	waitFor(t, "comandes's copy without figueres", func() (bool, string) {
+	testkit.Eventuallyf(t, time.Minute, "comandes's copy without figueres", func() (bool, string) {
 		cities, _, err := sys.Comandes.Coverage(ctx)
 		return len(cities) == 5 && !strings.Contains(strings.Join(cities, ","), "figueres"), fmt.Sprintf("%v %v", cities, err)
 	})
+
 	if st, body := postBody(t, base+"/comandes", orderTo("P-2026-000032", "Figueres")); st != http.StatusUnprocessableEntity || !strings.Contains(body, `"codi":"ciutat_no_coberta"`) {
 		t.Fatalf("Figueres after the change: %d %s, want 422", st, body)
 	}

@@ -3,6 +3,7 @@ package system_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // Each service deployed on its own: inventari and cataleg on databases of
@@ -27,6 +29,7 @@ import (
 // to cataleg under the renamed group; the contract's topic stays empty and
 // its group never exists.
 func TestServicesRunOnTheirOwnDatabasesWithRenamedTopicAndGroup(t *testing.T) {
+	t.Parallel()
 	const topic, group = "prod.inventari.v1", "cataleg-prod"
 	b := kafkatest.New(t)
 	// With a password (the local server trusts and ignores it): it is never logged.
@@ -62,20 +65,13 @@ func TestServicesRunOnTheirOwnDatabasesWithRenamedTopicAndGroup(t *testing.T) {
 	if err := sys.Inventari.Restock(ctx, "carbasso", 1); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 30*time.Second, "cataleg to flag carbasso after the restock", func() (bool, string) {
 		flags, err := sys.Cataleg.Flags(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(flags) == 1 && flags[0].Product == "carbasso" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cataleg has %v 30 s after the restock, want carbasso", flags)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return len(flags) == 1 && flags[0].Product == "carbasso", fmt.Sprintf("flags %v", flags)
+	})
 	adm := kadm.NewClient(kafkatest.Client(t, b))
 	ends, err := adm.ListEndOffsets(ctx, topic, inventari.Topic)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/km0/km0/internal/services/pagaments"
 	"github.com/km0/km0/internal/services/repartiment"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/amqp"
 )
 
@@ -131,8 +132,7 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 		}
 		return n
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.Eventuallyf(t, 60*time.Second, "every order settled", func() (bool, string) {
 		paid := count(comandes.Name, `SELECT count(*) FROM comandes WHERE estat = 'pagada'`)
 		sum, err := sys.Repartiment.Summary(ctx)
 		if err != nil {
@@ -158,14 +158,11 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 		refunded := count(pagaments.Name, `SELECT count(*) FROM reemborsaments WHERE comanda_id = 'P-2026-000007'`)
 		if paid == orders-1 && cancelled == 1 && refunded == 1 && sum[repartiment.StateAssigned] == orders-1 && pending == 0 && counted &&
 			sys.ConsumerStats()[inventari.ConsumerDecrement].DeadLettered == 1 {
-			break
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not settled after 60 s: %d paid, %v deliveries, %d outbox rows pending, analitica %v, stats %+v",
-				paid, sum, pending, c.PerType, sys.ConsumerStats())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("%d paid, %v deliveries, %d outbox rows pending, analitica %v, stats %+v",
+			paid, sum, pending, c.PerType, sys.ConsumerStats())
+	})
 
 	stock, err := sys.Inventari.Stock(ctx)
 	if err != nil {

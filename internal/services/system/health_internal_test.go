@@ -17,6 +17,7 @@ import (
 // GET /salut answers 200 while the service's database answers, and 503
 // with a short reason (no internals) when it does not or the system stops.
 func TestHealthEndpoint(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.NewPool(t, pgtest.URL(), 2)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

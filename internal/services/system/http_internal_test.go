@@ -10,6 +10,7 @@ import (
 // answers only its own Host names plus Config.AllowedHosts and the name it
 // was configured with.
 func TestHTTPServersHaveTimeoutsAndCheckTheHost(t *testing.T) {
+	t.Parallel()
 	s := &System{cfg: Config{AllowedHosts: []string{"api.example"}}}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -45,6 +45,7 @@ func postOrder(t *testing.T, base, key, body string) reply {
 // few in flight at once; every fifth order is over the authorisation limit
 // (a 402, stored under the key like a 201).
 func TestSameKeyPairsUnderAuthorisationGetTheFirstAnswer(t *testing.T) {
+	t.Parallel()
 	sys, _ := startWith(t, []string{comandes.Name, pagaments.Name}, func(c *system.Config) { c.Authorize = true })
 	t.Cleanup(sys.Close)
 	base := sys.Addrs()[comandes.Name]

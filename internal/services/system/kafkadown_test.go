@@ -14,6 +14,7 @@ import (
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
@@ -72,14 +73,10 @@ func TestKafkaDownInventariOnRabbitMQKeepsWorkingAndNothingIsLost(t *testing.T) 
 			if tc.orders == system.EventsRabbitMQ {
 				// Inventari keeps working: every order taken from stock, its
 				// events waiting in the outbox for Kafka.
-				deadline := time.Now().Add(30 * time.Second)
-				for s := stock(); s["carbasso"] != 80-orders || s["tomaquet-rosa"] != 120-2*orders || pendingStock() != 2*orders; s = stock() {
-					if time.Now().After(deadline) {
-						t.Fatalf("Kafka down, orders on RabbitMQ: stock %v, %d estoc.actualitzat pending; want every order taken and %d pending",
-							s, pendingStock(), 2*orders)
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+				testkit.Eventuallyf(t, 30*time.Second, fmt.Sprintf("Kafka down, orders on RabbitMQ: every order taken from stock and %d estoc.actualitzat pending", 2*orders), func() (bool, string) {
+					s, pending := stock(), pendingStock()
+					return s["carbasso"] == 80-orders && s["tomaquet-rosa"] == 120-2*orders && pending == 2*orders, fmt.Sprintf("stock %v, %d pending", s, pending)
+				})
 			} else {
 				// Inventari stops: its orders wait in comandes' outbox.
 				deadline := time.Now().Add(2 * time.Second)
@@ -97,25 +94,18 @@ func TestKafkaDownInventariOnRabbitMQKeepsWorkingAndNothingIsLost(t *testing.T) 
 				t.Fatalf("cataleg flags %v (%v) while Kafka is down, want none", flags, err)
 			}
 			up()
-			deadline := time.Now().Add(60 * time.Second)
-			for {
+			testkit.Eventuallyf(t, 60*time.Second, "Kafka back: stock, cataleg and the outbox settled", func() (bool, string) {
 				flags, err := sys.Cataleg.Flags(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
-				s := stock()
-				done := pendingStock() == 0 && len(flags) == 2 && s["carbasso"] == 80-orders && s["tomaquet-rosa"] == 120-2*orders
+				s, pending := stock(), pendingStock()
+				done := pending == 0 && len(flags) == 2 && s["carbasso"] == 80-orders && s["tomaquet-rosa"] == 120-2*orders
 				for _, f := range flags {
 					done = done && f.Units == s[f.Product]
 				}
-				if done {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("Kafka back for 60 s: stock %v, cataleg %v, %d estoc.actualitzat pending", s, flags, pendingStock())
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+				return done, fmt.Sprintf("stock %v, cataleg %v, %d estoc.actualitzat pending", s, flags, pending)
+			})
 			if n := count(inventari.Name, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE tipus = 'estoc.actualitzat'
 				GROUP BY carrega->>'comanda_id', carrega->>'producte' HAVING count(*) > 1) d`); n != 0 {
 				t.Errorf("%d (order, product) pairs decremented twice", n)

@@ -18,6 +18,7 @@ import (
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/migrate"
 )
 
@@ -66,15 +67,16 @@ func TestPausedGroupTakesNoBatchUntilResumed(t *testing.T) {
 	}
 	// The consumer runs: a first event is applied.
 	publish("carbasso")
-	waitFor(t, "the first event applied", func() (bool, string) { n := rows("carbasso"); return n == 1, fmt.Sprintf("%d row(s)", n) })
+	testkit.Eventuallyf(t, time.Minute, "the first event applied", func() (bool, string) { n := rows("carbasso"); return n == 1, fmt.Sprintf("%d row(s)", n) })
 
 	if err := consumer.PauseGroup(ctx, pool, migrate.SchemaDefault, group, "test session"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the pause to reach the service", func() (bool, string) {
+	testkit.Eventuallyf(t, time.Minute, "the pause to reach the service", func() (bool, string) {
 		h := health()
 		return slices.Equal(h.Paused, []string{group}), fmt.Sprintf("%+v", h)
 	})
+
 	if v := gauge(t, group); v != 1 {
 		t.Fatalf("%s{grup=%q} = %v, want 1", system.MetricPaused, group, v)
 	}
@@ -89,10 +91,11 @@ func TestPausedGroupTakesNoBatchUntilResumed(t *testing.T) {
 	if err := consumer.ResumeGroup(ctx, pool, migrate.SchemaDefault, group); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the event applied after the resume", func() (bool, string) {
+	testkit.Eventuallyf(t, time.Minute, "the event applied after the resume", func() (bool, string) {
 		n := rows("formatge-curat")
 		return n == 1, fmt.Sprintf("%d row(s)", n)
 	})
+
 	if h := health(); len(h.Paused) != 0 {
 		t.Fatalf("health after the resume: %+v", h)
 	}

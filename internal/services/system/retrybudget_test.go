@@ -3,6 +3,7 @@ package system
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -26,6 +28,7 @@ import (
 // attempts (waits of 1 and 2 backoffs) dead-lettered them. Time is scaled:
 // backoff 60 ms for 1 s, so the 1.5 s lock stands for 25 s.
 func TestDefaultRetryBudgetOutlastsALock(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewMigratedSchema(t)
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE efectes (id TEXT PRIMARY KEY)`); err != nil {
@@ -77,20 +80,16 @@ func TestDefaultRetryBudgetOutlastsALock(t *testing.T) {
 	if err := kafka.NewPublisher(kafkatest.Client(t, b)).Publish(ctx, msgs); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for c.Stats().Retried == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond) // polling: the outage must be felt before it ends
-	}
+	// The outage must be felt before it ends.
+	testkit.Eventually(t, 30*time.Second, "a first retry during the outage", func() bool { return c.Stats().Retried > 0 })
 	time.Sleep(1500 * time.Millisecond) // the outage's length, not a wait for work
 	if err := lock.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for st := c.Stats(); st.Processed+st.DeadLettered < 5; st = c.Stats() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out: %+v", st)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
-	}
+	testkit.Eventuallyf(t, 30*time.Second, "the 5 events processed or dead-lettered", func() (bool, string) {
+		st := c.Stats()
+		return st.Processed+st.DeadLettered >= 5, fmt.Sprintf("stats %+v", st)
+	})
 	var n int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM efectes`).Scan(&n); err != nil {
 		t.Fatal(err)

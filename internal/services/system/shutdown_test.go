@@ -76,6 +76,7 @@ func closeWithin(s *System, d time.Duration) bool {
 // behind, as Close promises: Close must still return (closing a pgxpool
 // waits for every acquired connection).
 func TestCloseReturnsWhenAWorkerHoldsAConnectionForever(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	s := startStuck(t, func(context.Context) { <-release })
 	t.Cleanup(func() { close(release) })
@@ -88,6 +89,7 @@ func TestCloseReturnsWhenAWorkerHoldsAConnectionForever(t *testing.T) {
 // within Close's grace: it returns (its work rolled back, to be redelivered)
 // instead of being left behind.
 func TestCloseStopsAConsumerStuckInFlightWithinTheGrace(t *testing.T) {
+	t.Parallel()
 	s := startStuck(t, func(ctx context.Context) { <-ctx.Done() })
 	if !closeWithin(s, 2*ShutdownGraceDefault+5*time.Second) {
 		t.Fatalf("Close did not return; still running: %v", s.sup.stillRunning())

@@ -15,11 +15,13 @@ import (
 	"github.com/km0/km0/internal/services/inventari"
 	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/services/system"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply/kafkarr"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 func TestStartRefusesAnUnknownServiceAndMissingConfig(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	if _, err := system.Start(ctx, system.Config{}); err == nil {
 		t.Fatal("no database and no brokers accepted")
@@ -33,6 +35,7 @@ func TestStartRefusesAnUnknownServiceAndMissingConfig(t *testing.T) {
 // km0 serve cataleg: one service, its own database created and migrated,
 // its consumer and its HTTP API; Close drops nothing and returns.
 func TestServeOneServiceCreatesItsDatabaseAndServesHTTP(t *testing.T) {
+	t.Parallel()
 	sys, _ := startOne(t, "cataleg")
 	addrs := sys.Addrs()
 	if len(addrs) != 1 || addrs["cataleg"] == "" || sys.Pool("comandes") != nil {
@@ -63,6 +66,7 @@ func TestServeOneServiceCreatesItsDatabaseAndServesHTTP(t *testing.T) {
 // ReservarEstoc over request/reply (Kafka here): a repeated id_reserva gets
 // the stored answer and takes stock once.
 func TestReservarEstocOverRequestReplyIsIdempotent(t *testing.T) {
+	t.Parallel()
 	sys, b := startOne(t, "inventari")
 	t.Cleanup(sys.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -94,6 +98,7 @@ func TestReservarEstocOverRequestReplyIsIdempotent(t *testing.T) {
 // past KeyRetention (CONTRACT.md: 14 days) and stored Idempotency-Key answers
 // past RequestKeyRetention, and nothing younger.
 func TestHousekeepingPurgesExpiredKeysOnly(t *testing.T) {
+	t.Parallel()
 	sys, _ := startOneWith(t, "comandes", func(c *system.Config) { c.PurgeInterval = 50 * time.Millisecond })
 	t.Cleanup(sys.Close)
 	ctx := context.Background()
@@ -116,13 +121,9 @@ func TestHousekeepingPurgesExpiredKeysOnly(t *testing.T) {
 		}
 		return n
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = 'vell'`)+count(`SELECT count(*) FROM peticions_idempotents WHERE clau = 'vella'`) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("expired rows still there after 30 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 30*time.Second, "the expired rows deleted", func() bool {
+		return count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = 'vell'`)+count(`SELECT count(*) FROM peticions_idempotents WHERE clau = 'vella'`) == 0
+	})
 	if k, r := count(`SELECT count(*) FROM missatges_processats WHERE id_missatge = 'nou'`), count(`SELECT count(*) FROM peticions_idempotents WHERE clau = 'nova'`); k != 1 || r != 1 {
 		t.Fatalf("young rows deleted: %d key(s), %d request(s) left, want 1 and 1", k, r)
 	}
@@ -171,6 +172,7 @@ func startWith(t *testing.T, services []string, tweak func(*system.Config)) (*sy
 // pagaments serves no HTTP API of its own, but it has a health entry: its
 // server answers GET /salut with 200 and nothing else.
 func TestPagamentsHasHealth(t *testing.T) {
+	t.Parallel()
 	sys, _ := startOne(t, "pagaments")
 	t.Cleanup(sys.Close)
 	base := sys.Addrs()["pagaments"]

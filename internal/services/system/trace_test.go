@@ -2,6 +2,7 @@ package system_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/km0/km0/internal/services/cataleg"
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/inventari"
+	"github.com/km0/km0/internal/testkit"
 )
 
 // One trace from the HTTP request to the last consumer: POST /comandes runs
@@ -58,13 +60,9 @@ func TestOneTraceFromPostComandesToCataleg(t *testing.T) {
 		}
 		return out
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for len(byName("process "+inventari.Topic)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no span of cataleg's consumer in the request's trace within 60 s; spans of the trace: %v", names(sr, tid))
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+	testkit.Eventuallyf(t, 60*time.Second, "a span of cataleg's consumer in the request's trace", func() (bool, string) {
+		return len(byName("process "+inventari.Topic)) > 0, fmt.Sprintf("spans of the trace: %v", names(sr, tid))
+	})
 	inv := byName("process " + comandes.Topic)
 	cat := byName("process " + inventari.Topic)
 	if len(inv) != 1 || len(cat) != 1 {
