@@ -3,6 +3,7 @@ package dlq
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,11 +53,13 @@ func (s *Service) audit(ctx context.Context, actor, action string, letters []str
 	return nil
 }
 
-func firstIDs(ids []string, n int) []string {
+// firstIDs is the log line's list of the letters an entry acted on: the
+// first n, comma separated, and how many more (the audit table keeps all).
+func firstIDs(ids []string, n int) string {
 	if len(ids) > n {
-		return ids[:n]
+		return strings.Join(ids[:n], ", ") + fmt.Sprintf(" and %d more", len(ids)-n)
 	}
-	return ids
+	return strings.Join(ids, ", ")
 }
 
 // AuditFilter selects audit entries; the zero value the newest 100.
