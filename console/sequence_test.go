@@ -8,11 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/km0/km0/dlq"
-	"github.com/km0/km0/keyorder"
-	"github.com/km0/km0/migrate"
 )
 
 // The page of a letter that is a key's blocked head shows the key's
@@ -22,45 +18,8 @@ import (
 func TestLetterPageShowsAndReplaysABlockedSequence(t *testing.T) {
 	t.Parallel()
 	b := setup(t, token)
-	if _, err := migrate.Up(b.ctx, b.schema.Pool, b.schema.Names(), keyorder.Migrations); err != nil {
-		t.Fatal(err)
-	}
-	ko, err := keyorder.New(keyorder.Config{Schema: b.schema.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := b.schema.Pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ko.MarkHeadBlocked(b.ctx, tx, "pagaments.comandes", "P-2026-9", keyorder.Head{MessageID: "e-cap",
-		Reason: keyorder.ReasonDeadLettered, LastError: "passarel·la: 503"}); err != nil {
-		t.Fatal(err)
-	}
-	for i, id := range []string{"e-darrere-1", "e-darrere-2"} {
-		if _, _, err := ko.Park(b.ctx, tx, "pagaments.comandes", "P-2026-9", keyorder.Message{ID: id, Topic: comandes,
-			Offset: int64(i), Value: []byte(`{}`), Headers: []keyorder.Header{{Key: "tipus", Value: "comanda.cancellada"}}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	letter := func(eid, motiu string) string {
-		r := &kgo.Record{Topic: comandesDLQ, Key: []byte("P-2026-9"), Value: []byte(`{"id_esdeveniment":"` + eid +
-			`","tipus":"comanda.creada","versio":1,"data_ms":` + jsonMS() + `,"origen":"comandes","dades":{"client":"` + customer + `"}}`),
-			Timestamp: time.Now(), Headers: []kgo.RecordHeader{{Key: "motiu", Value: []byte(motiu)}, {Key: "intents", Value: []byte("3")},
-				{Key: "topic_original", Value: []byte(comandes)}, {Key: "id_esdeveniment", Value: []byte(eid)}}}
-		if err := b.client.ProduceSync(b.ctx, r).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-		return dlq.KafkaID(r.Topic, r.Partition, r.Offset)
-	}
-	head := letter("e-cap", "transitori esgotat: passarel·la: 503")
-	behind := letter("e-darrere-1", keyorder.BlockedReason("e-cap"))
-	if _, err := b.svc.Sync(b.ctx); err != nil {
-		t.Fatal(err)
-	}
+	head, behind := b.blockKeyWith(t, blockedHead{lastError: "passarel·la: 503", motiu: "transitori esgotat: passarel·la: 503",
+		tipus: "comanda.creada", attempts: "3"})
 
 	br := b.browser(t)
 	if resp, _ := br.get("/carta?id=" + url.QueryEscape(head)); resp.StatusCode != http.StatusSeeOther {

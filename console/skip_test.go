@@ -14,11 +14,26 @@ import (
 	"github.com/km0/km0/migrate"
 )
 
+// blockedHead is how blockKeyWith's head failed.
+type blockedHead struct {
+	lastError string // keyorder.Head.LastError
+	motiu     string // the head letter's motiu
+	tipus     string // the letters' tipus
+	attempts  string // the letters' intents header
+}
+
 // blockKey blocks key P-2026-9 of pagaments.comandes behind the
-// dead-lettered head e-cap, with e-darrere-1 and e-darrere-2 parked behind
-// it, and dead-letters e-cap and e-darrere-1 (blocked); it returns their
-// letters.
+// dead-lettered head e-cap (a v1 comanda.pagada without an address), with
+// e-darrere-1 and e-darrere-2 parked behind it, and dead-letters e-cap and
+// e-darrere-1 (blocked); it returns their letters.
 func (b *bundle) blockKey(t *testing.T) (head, behind string) {
+	t.Helper()
+	return b.blockKeyWith(t, blockedHead{lastError: "esquema: falta l'adreça", motiu: "permanent: esquema: falta l'adreça",
+		tipus: "comanda.pagada", attempts: "1"})
+}
+
+// blockKeyWith is blockKey with the head's failure h.
+func (b *bundle) blockKeyWith(t *testing.T, h blockedHead) (head, behind string) {
 	t.Helper()
 	if _, err := migrate.Up(b.ctx, b.schema.Pool, b.schema.Names(), keyorder.Migrations); err != nil {
 		t.Fatal(err)
@@ -33,7 +48,7 @@ func (b *bundle) blockKey(t *testing.T) (head, behind string) {
 	}
 	defer tx.Rollback(b.ctx) //nolint:errcheck
 	if err := ko.MarkHeadBlocked(b.ctx, tx, "pagaments.comandes", "P-2026-9", keyorder.Head{MessageID: "e-cap",
-		Reason: keyorder.ReasonDeadLettered, LastError: "esquema: falta l'adreça"}); err != nil {
+		Reason: keyorder.ReasonDeadLettered, LastError: h.lastError}); err != nil {
 		t.Fatal(err)
 	}
 	for i, id := range []string{"e-darrere-1", "e-darrere-2"} {
@@ -47,15 +62,15 @@ func (b *bundle) blockKey(t *testing.T) (head, behind string) {
 	}
 	letter := func(eid, motiu string) string {
 		r := &kgo.Record{Topic: comandesDLQ, Key: []byte("P-2026-9"), Value: []byte(`{"id_esdeveniment":"` + eid +
-			`","tipus":"comanda.pagada","versio":1,"data_ms":` + jsonMS() + `,"origen":"comandes","dades":{"client":"` + customer + `"}}`),
-			Timestamp: time.Now(), Headers: []kgo.RecordHeader{{Key: "motiu", Value: []byte(motiu)}, {Key: "intents", Value: []byte("1")},
+			`","tipus":"` + h.tipus + `","versio":1,"data_ms":` + jsonMS() + `,"origen":"comandes","dades":{"client":"` + customer + `"}}`),
+			Timestamp: time.Now(), Headers: []kgo.RecordHeader{{Key: "motiu", Value: []byte(motiu)}, {Key: "intents", Value: []byte(h.attempts)},
 				{Key: "topic_original", Value: []byte(comandes)}, {Key: "id_esdeveniment", Value: []byte(eid)}}}
 		if err := b.client.ProduceSync(b.ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 		return dlq.KafkaID(r.Topic, r.Partition, r.Offset)
 	}
-	head = letter("e-cap", "permanent: esquema: falta l'adreça")
+	head = letter("e-cap", h.motiu)
 	behind = letter("e-darrere-1", keyorder.BlockedReason("e-cap"))
 	if _, err := b.svc.Sync(b.ctx); err != nil {
 		t.Fatal(err)
