@@ -58,28 +58,36 @@ type replayJob struct {
 
 // jobStatus is job id's status from the index and this console's memory.
 func (c *Console) jobStatus(ctx context.Context, id string) (replayJob, error) {
+	// The runner's flag is read before the index: RunJob records the job
+	// finished before it clears the flag, so a runner seen stopped here
+	// has either finished (the index says so below) or stopped early.
+	// Read the other way round, a job finishing in between showed
+	// "pending" with its last letter left.
+	c.jobsMu.Lock()
+	j := c.jobs[id]
+	c.jobsMu.Unlock()
+	running, errText := false, ""
+	var arrived int
+	var selection string
+	if j != nil {
+		j.mu.Lock()
+		running, errText = j.running, j.err
+		j.mu.Unlock()
+		arrived, selection = j.arrived, j.Selection
+	}
 	st, err := c.cfg.Source.JobStatus(ctx, id)
 	if err != nil {
 		return replayJob{}, err
 	}
 	s := replayJob{ID: st.ID, Rate: st.Rate, Total: st.Total, Republished: st.Done, Failed: st.Refused, Left: st.Left,
-		Actor: dlq.Safe(st.Actor), Started: st.Created, Selection: "resumed after a restart of the console"}
+		Actor: dlq.Safe(st.Actor), Started: st.Created, Selection: "resumed after a restart of the console",
+		Error: errText, Arrived: arrived}
 	if !st.Finished.IsZero() {
 		f := st.Finished
 		s.Finished = &f
 	}
-	c.jobsMu.Lock()
-	j := c.jobs[id]
-	c.jobsMu.Unlock()
-	running := false
-	if j != nil {
-		j.mu.Lock()
-		running, s.Error = j.running, j.err
-		j.mu.Unlock()
-		s.Arrived = j.arrived
-		if j.Selection != "" {
-			s.Selection = j.Selection
-		}
+	if selection != "" {
+		s.Selection = selection
 	}
 	switch {
 	case st.State == dlq.JobFinished:
