@@ -14,6 +14,9 @@ import (
 // Host names of its HTTP servers from (comma separated; see Wrap).
 const AllowedHostsEnv = "KM0_HTTP_ALLOWED_HOSTS"
 
+// codeUnknownHost is the codi of the 421 answer: svc.CodeUnknownHost.
+const codeUnknownHost = "host_desconegut"
+
 // Wrap wraps h so that it answers only requests whose Host header names
 // this server, which defeats DNS rebinding (a web page whose own host name
 // resolves to this server's address reading its API through the visitor's
@@ -64,7 +67,13 @@ func (g *hostGuard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !g.allows(r.Host) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusMisdirectedRequest)
-		_ = json.NewEncoder(w).Encode(map[string]string{"error": "this server does not answer to this host name (see " + AllowedHostsEnv + ")", "camp": "Host"})
+		// The services' error body (svc.ErrorBody), written here without
+		// importing them.
+		_ = json.NewEncoder(w).Encode(struct {
+			Error string `json:"error"`
+			Code  string `json:"codi"`
+			Field string `json:"camp"`
+		}{"this server does not answer to this host name (see " + AllowedHostsEnv + ")", codeUnknownHost, "Host"})
 		return
 	}
 	g.h.ServeHTTP(w, r)

@@ -135,13 +135,13 @@ func (s *Service) postCancel(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	if !idRE.MatchString(id) {
-		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q is not of the form P-YYYY-NNNNNN", clip(id)))
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidID, "id", fmt.Sprintf("%q is not of the form P-YYYY-NNNNNN", clip(id)))
 		return
 	}
 	if err := s.authorize(r.Context(), r, id); err != nil {
 		if !errors.Is(err, errUnauthorized) {
 			s.cfg.Logger.Error("comandes: authorize", "comanda", id, "err", err)
-			svc.WriteError(w, http.StatusServiceUnavailable, "", "could not check the credential; try again")
+			svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "could not check the credential; try again")
 			return
 		}
 		writeUnauthorized(w)
@@ -149,18 +149,13 @@ func (s *Service) postCancel(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
 	if err != nil {
-		svc.WriteError(w, http.StatusRequestEntityTooLarge, "", "the body is over 4096 bytes")
+		svc.WriteError(w, http.StatusRequestEntityTooLarge, svc.CodeBodyTooLarge, "", "the body is over 4096 bytes")
 		return
 	}
 	req := CancelRequest{}
 	if len(strings.TrimSpace(string(body))) > 0 {
 		if err := svc.DecodeJSON(body, &req); err != nil {
-			var fe *svc.FieldError
-			if errors.As(err, &fe) {
-				svc.WriteError(w, http.StatusBadRequest, fe.Field, fe.Error())
-			} else {
-				svc.WriteError(w, http.StatusBadRequest, "", err.Error())
-			}
+			svc.WriteFieldError(w, err)
 			return
 		}
 	}
@@ -168,19 +163,19 @@ func (s *Service) postCancel(w http.ResponseWriter, r *http.Request) {
 		req.Reason = ReasonClient
 	}
 	if err := checkReason(req.Reason); err != nil {
-		svc.WriteError(w, http.StatusBadRequest, "motiu", err.Error())
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidField, "motiu", err.Error())
 		return
 	}
 	c, err := s.Cancel(r.Context(), id, req.Reason, "")
 	switch {
 	case errors.Is(err, errNoOrder):
-		svc.WriteError(w, http.StatusNotFound, "id", "no order "+id)
+		svc.WriteError(w, http.StatusNotFound, svc.CodeUnknownOrder, "id", "no order "+id)
 		return
 	case err != nil:
 		if r.Context().Err() == nil {
 			s.cfg.Logger.Error("comandes: cancel", "comanda", id, "err", err)
 		}
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "could not cancel the order; try again")
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "could not cancel the order; try again")
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, c)

@@ -131,10 +131,11 @@ func TestStockRefusedCancelsTheOrderOnceWithItsReason(t *testing.T) {
 }
 
 // TestErrorBodiesSayTheCauseInEnglish: an error body names its field
-// (camp) and says the cause in English, with no Go type name: an array
-// to the cancellation endpoint is "wrong type", not "s'esperava
-// comandes.CancelRequest"; the codes and field names stay as the contract
-// spells them.
+// (camp), says the cause in English, with no Go type name (an array to the
+// cancellation endpoint is "wrong type", not "s'esperava
+// comandes.CancelRequest"), and carries the stable codi of the cause (the
+// table in docs/contract.md); the codes and field names stay as the
+// contract spells them.
 func TestErrorBodiesSayTheCauseInEnglish(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -146,26 +147,43 @@ func TestErrorBodiesSayTheCauseInEnglish(t *testing.T) {
 		status   int
 		want     string
 	}{
-		{"P-2026-000123", `[1]`, 400, `{"error":"cos: wrong type: expected an object, got array","camp":"cos"}`},
-		{"P-2026-000123", `{"motiu":7}`, 400, `{"error":"motiu: wrong type: expected a string, got number","camp":"motiu"}`},
-		{"P-2026-999999", `{}`, 404, `{"error":"no order P-2026-999999","camp":"id"}`},
-		{"X-1", `{}`, 400, `{"error":"\"X-1\" is not of the form P-YYYY-NNNNNN","camp":"id"}`},
+		{"P-2026-000123", `[1]`, 400, `{"error":"cos: wrong type: expected an object, got array","codi":"camp_invalid","camp":"cos"}`},
+		{"P-2026-000123", `{"motiu":7}`, 400, `{"error":"motiu: wrong type: expected a string, got number","codi":"camp_invalid","camp":"motiu"}`},
+		{"P-2026-000123", `{"motiu":"a\u202eb"}`, 400,
+			`{"error":"character U+202E at byte 1: no control, format (bidi, zero-width) or separator characters","codi":"camp_invalid","camp":"motiu"}`},
+		{"P-2026-999999", `{}`, 404, `{"error":"no order P-2026-999999","codi":"comanda_desconeguda","camp":"id"}`},
+		{"X-1", `{}`, 400, `{"error":"\"X-1\" is not of the form P-YYYY-NNNNNN","codi":"id_invalid","camp":"id"}`},
 	} {
 		st, body := b.cancel(t, operatorToken, tc.id, "application/json", tc.body)
 		if st != tc.status || strings.TrimSpace(body) != tc.want {
 			t.Errorf("POST /comandes/%s/cancellacio %s: %d %s, want %d %s", tc.id, tc.body, st, body, tc.status, tc.want)
 		}
 	}
-	for _, tc := range []struct{ body, want string }{
+	if st, body := b.cancel(t, "", "P-2026-000123", "application/json", `{}`); st != 401 || strings.TrimSpace(body) !=
+		`{"error":"a credential is required: Authorization: Bearer \u003cthe order's capacitat, or the operator token\u003e","codi":"credencial_requerida","camp":"Authorization"}` {
+		t.Errorf("cancel without a credential: %d %s", st, body)
+	}
+	if st, body := b.cancel(t, operatorToken, "P-2026-000123", "text/plain", `{}`); st != 415 || strings.TrimSpace(body) !=
+		`{"error":"the body must be application/json (UTF-8)","codi":"cos_no_json","camp":"Content-Type"}` {
+		t.Errorf("cancel as text/plain: %d %s", st, body)
+	}
+	for _, tc := range []struct{ body, code, field, want string }{
 		{`{"id":"P-2026-000001","client":"anna","mercat":"paris","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`,
-			`mercat: unknown market "paris" (known: `},
-		{`{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[]}`, `linies: the order has no line`},
+			"mercat_desconegut", "mercat", `mercat: unknown market "paris" (known: `},
+		{`{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[]}`, "camp_invalid", "linies", `linies: the order has no line`},
 		{`{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":0,"preu_centims":1}]}`,
-			`linies[0].quantitat: must be positive, is 0`},
+			"camp_invalid", "linies[0].quantitat", `linies[0].quantitat: must be positive, is 0`},
+		{`{"id":"P-2026-000001","client":"anna","mercat":"girona","linies":[{"producte":"unicorn","quantitat":1,"preu_centims":1}]}`,
+			"producte_desconegut", "linies[0].producte", `linies[0].producte: unknown product "unicorn": inventari does not stock it`},
+		{`{"id":"P-1","client":"anna","mercat":"girona","linies":[{"producte":"carbasso","quantitat":1,"preu_centims":1}]}`,
+			"id_invalid", "id", `id: "P-1" is not of the form P-YYYY-NNNNNN`},
+		{`{"id":"P-2026-000001","client":"anna"`, "camp_invalid", "cos", `cos: `},
+		{good, "comanda_existent", "id", `an order P-2026-000123 already exists`},
 	} {
 		st, out := b.post(t, "", tc.body)
-		if msg, _ := out["error"].(string); st != 400 || !strings.HasPrefix(msg, tc.want) {
-			t.Errorf("POST /comandes %s: %d %q, want 400 %q…", tc.body, st, msg, tc.want)
+		msg, _ := out["error"].(string)
+		if st/100 != 4 || !strings.HasPrefix(msg, tc.want) || out["codi"] != tc.code || out["camp"] != tc.field {
+			t.Errorf("POST /comandes %s: %d %v, want codi %s, camp %s, %q…", tc.body, st, out, tc.code, tc.field, tc.want)
 		}
 	}
 }

@@ -127,6 +127,6 @@ func (s *Service) authorize(ctx context.Context, r *http.Request, id string) err
 // writeUnauthorized answers 401 with one body for every refused credential.
 func writeUnauthorized(w http.ResponseWriter) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="comandes"`)
-	svc.WriteError(w, http.StatusUnauthorized, "Authorization",
+	svc.WriteError(w, http.StatusUnauthorized, svc.CodeCredentialRequired, "Authorization",
 		"a credential is required: Authorization: Bearer <the order's capacitat, or the operator token>")
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -132,13 +133,13 @@ func TestPostRejectsBadInputNamingTheField(t *testing.T) {
 		var out map[string]any
 		_ = json.NewDecoder(resp.Body).Decode(&out)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || out["camp"] != "Idempotency-Key" {
-			t.Errorf("non-UTF-8 Idempotency-Key: got %d %v, want 400 naming Idempotency-Key", resp.StatusCode, out)
+		if resp.StatusCode != http.StatusBadRequest || out["camp"] != "Idempotency-Key" || out["codi"] != "clau_idempotencia_invalida" {
+			t.Errorf("non-UTF-8 Idempotency-Key: got %d %v, want 400 clau_idempotencia_invalida naming Idempotency-Key", resp.StatusCode, out)
 		}
 	}
 	big := `{"id":"P-2026-000001","client":"` + strings.Repeat("a", comandes.MaxBodyBytesDefault) + `"}`
-	if status, _ := b.post(t, "", big); status != http.StatusRequestEntityTooLarge {
-		t.Errorf("body too large: got %d, want 413", status)
+	if status, out := b.post(t, "", big); status != http.StatusRequestEntityTooLarge || out["codi"] != "cos_massa_gran" {
+		t.Errorf("body too large: got %d %v, want 413 cos_massa_gran", status, out)
 	}
 	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM comandes"); n != 0 {
 		t.Fatalf("bad input created %d orders", n)
@@ -168,8 +169,8 @@ func TestPostRefusesBodiesThatAreNotJSON(t *testing.T) {
 		var out map[string]any
 		_ = json.NewDecoder(resp.Body).Decode(&out)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusUnsupportedMediaType || out["camp"] != "Content-Type" {
-			t.Errorf("Content-Type %q: got %d %v, want 415 naming Content-Type", ct, resp.StatusCode, out)
+		if resp.StatusCode != http.StatusUnsupportedMediaType || out["camp"] != "Content-Type" || out["codi"] != "cos_no_json" {
+			t.Errorf("Content-Type %q: got %d %v, want 415 cos_no_json naming Content-Type", ct, resp.StatusCode, out)
 		}
 		for k := range resp.Header {
 			if strings.HasPrefix(k, "Access-Control-") {
@@ -295,7 +296,7 @@ func TestIdempotencyKeyReplaysTheFirstAnswerAndCreatesNothing(t *testing.T) {
 	}
 	// The same key with another body is refused.
 	other := strings.Replace(good, `"quantitat":2`, `"quantitat":3`, 1)
-	if status, out := b.post(t, "clau-1", other); status != http.StatusUnprocessableEntity || out["camp"] != "Idempotency-Key" {
+	if status, out := b.post(t, "clau-1", other); status != http.StatusUnprocessableEntity || out["camp"] != "Idempotency-Key" || out["codi"] != "clau_idempotencia_reutilitzada" {
 		t.Fatalf("reused key: %d %v", status, out)
 	}
 }
@@ -318,21 +319,22 @@ func TestAuthorisationRefusedIs402AndUnavailableIs503(t *testing.T) {
 		}
 		return answer
 	}))
-	if status, out := b.post(t, "k-402", good); status != http.StatusPaymentRequired {
-		t.Fatalf("refused: %d %v", status, out)
+	want402 := map[string]any{"error": "payment refused: targeta caducada: comandes: payment refused", "codi": "pagament_refusat", "camp": "targeta"}
+	if status, out := b.post(t, "k-402", good); status != http.StatusPaymentRequired || !maps.Equal(out, want402) {
+		t.Fatalf("refused: %d %v, want 402 %v", status, out, want402)
 	}
 	mu.Lock()
 	answer = errors.New("timeout waiting for pagaments")
 	mu.Unlock()
-	if status, _ := b.post(t, "k-503", good); status != http.StatusServiceUnavailable {
-		t.Fatalf("unavailable: %d", status)
+	if status, out := b.post(t, "k-503", good); status != http.StatusServiceUnavailable || out["codi"] != "no_disponible" {
+		t.Fatalf("unavailable: %d %v, want 503 no_disponible", status, out)
 	}
 	mu.Lock()
 	answer = nil
 	mu.Unlock()
 	// The refusal was the first answer for k-402: it is replayed.
-	if status, _ := b.post(t, "k-402", good); status != http.StatusPaymentRequired {
-		t.Fatalf("replayed refusal: %d", status)
+	if status, out := b.post(t, "k-402", good); status != http.StatusPaymentRequired || !maps.Equal(out, want402) {
+		t.Fatalf("replayed refusal: %d %v, want the first answer", status, out)
 	}
 	// A 503 is not stored: the retry with k-503 succeeds.
 	if status, _ := b.post(t, "k-503", good); status != http.StatusCreated {

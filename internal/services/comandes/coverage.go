@@ -154,7 +154,7 @@ func (s *Service) checkCoverage(ctx context.Context, o *Order) error {
 
 // writeNotCovered answers 422 with codi ciutat_no_coberta.
 func writeNotCovered(w http.ResponseWriter, e *errNotCovered) {
-	svc.WriteErrorCode(w, http.StatusUnprocessableEntity, ReasonNotCovered, "adreca_lliurament.ciutat", e.Error())
+	svc.WriteError(w, http.StatusUnprocessableEntity, svc.CodeCityNotCovered, "adreca_lliurament.ciutat", e.Error())
 }
 
 // normalizeCity compares cities as repartiment does (repartiment.NormalizeCity):

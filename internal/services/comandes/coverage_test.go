@@ -136,7 +136,7 @@ func TestCancellationWithAnArrayBodySaysWhatJSONItExpects(t *testing.T) {
 	}
 	capability, _ := out["capacitat"].(string)
 	st, body := b.cancel(t, capability, "P-2026-000123", "application/json", `[1]`)
-	if want := `{"error":"cos: wrong type: expected an object, got array","camp":"cos"}` + "\n"; st != 400 || body != want {
+	if want := `{"error":"cos: wrong type: expected an object, got array","codi":"camp_invalid","camp":"cos"}` + "\n"; st != 400 || body != want {
 		t.Fatalf("array body: %d %q, want 400 %q", st, body, want)
 	}
 }

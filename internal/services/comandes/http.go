@@ -27,6 +27,9 @@ const maxKeyLen = 200
 //	GET  /comandes/{id}   read an order (200, 400, 401, 404, 503)
 //	POST /comandes/{id}/cancellacio   cancel an order (200, the same body for a repeat; 400, 401, 404, 413, 415, 503)
 //
+// Every error answer is an svc.ErrorBody: an English error, a stable codi
+// (svc.Code) and, when one field is at fault, its camp.
+//
 // The two endpoints of one order need "Authorization: Bearer <credential>":
 // the capacitat of the order's 201, or Config.OperatorToken. Without either
 // they answer 401 with one body whether or not the order exists (authorize);
@@ -51,10 +54,10 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			svc.WriteError(w, http.StatusRequestEntityTooLarge, "", fmt.Sprintf("the body is over %d bytes", s.cfg.MaxBodyBytes))
+			svc.WriteError(w, http.StatusRequestEntityTooLarge, svc.CodeBodyTooLarge, "", fmt.Sprintf("the body is over %d bytes", s.cfg.MaxBodyBytes))
 			return
 		}
-		svc.WriteError(w, http.StatusBadRequest, "", "could not read the body: "+err.Error())
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeUnreadableBody, "", "could not read the body: "+err.Error())
 		return
 	}
 	o, ferr := DecodeOrder(body)
@@ -65,12 +68,7 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 		ferr = s.checkProducts(o)
 	}
 	if ferr != nil {
-		var fe *svc.FieldError
-		if errors.As(ferr, &fe) {
-			svc.WriteError(w, http.StatusBadRequest, fe.Field, fe.Error())
-		} else {
-			svc.WriteError(w, http.StatusBadRequest, "", ferr.Error())
-		}
+		svc.WriteFieldError(w, ferr)
 		return
 	}
 	if err := s.checkCoverage(r.Context(), o); err != nil {
@@ -82,38 +80,38 @@ func (s *Service) postOrder(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() == nil {
 			s.cfg.Logger.Error("comandes: check coverage", "comanda", o.ID, "err", err)
 		}
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "could not check the delivery city; try again")
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "could not check the delivery city; try again")
 		return
 	}
 	key := r.Header.Get("Idempotency-Key")
 	if len(key) > maxKeyLen {
-		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", fmt.Sprintf("more than %d characters", maxKeyLen))
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidIdempotencyKey, "Idempotency-Key", fmt.Sprintf("more than %d characters", maxKeyLen))
 		return
 	}
 	if !storable(key) {
-		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "must be valid UTF-8")
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidIdempotencyKey, "Idempotency-Key", "must be valid UTF-8")
 		return
 	}
 	a, err := s.create(r.Context(), o, key, body)
 	switch {
 	case errors.Is(err, errDuplicateID):
-		svc.WriteError(w, http.StatusConflict, "id", "an order "+o.ID+" already exists")
+		svc.WriteError(w, http.StatusConflict, svc.CodeOrderExists, "id", "an order "+o.ID+" already exists")
 		return
 	case errors.Is(err, ErrAuthConflict):
 		// Not stored under the Idempotency-Key, and not a 503: retrying the
 		// same request cannot succeed while pagaments holds the other one.
 		s.cfg.Logger.Warn("comandes: authorisation conflict: pagaments holds another request for this order id", "comanda", o.ID)
-		svc.WriteError(w, http.StatusConflict, "id", "pagaments already holds another authorisation for order "+o.ID+"; nothing was stored")
+		svc.WriteError(w, http.StatusConflict, svc.CodeAuthorisationConflict, "id", "pagaments already holds another authorisation for order "+o.ID+"; nothing was stored")
 		return
 	case errors.Is(err, errUnavailable):
 		w.Header().Set("Retry-After", "1")
-		svc.WriteError(w, http.StatusServiceUnavailable, "", err.Error())
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", err.Error())
 		return
 	case err != nil:
 		if r.Context().Err() == nil { // else the client has gone
 			s.cfg.Logger.Error("comandes: create", "comanda", o.ID, "err", err)
 		}
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "could not store the order; try again with the same Idempotency-Key")
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "could not store the order; try again with the same Idempotency-Key")
 		return
 	}
 	if a.Replay {
@@ -152,13 +150,13 @@ type OrderView struct {
 func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !idRE.MatchString(id) {
-		svc.WriteError(w, http.StatusBadRequest, "id", fmt.Sprintf("%q is not of the form P-YYYY-NNNNNN", clip(id)))
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidID, "id", fmt.Sprintf("%q is not of the form P-YYYY-NNNNNN", clip(id)))
 		return
 	}
 	if err := s.authorize(r.Context(), r, id); err != nil {
 		if !errors.Is(err, errUnauthorized) {
 			s.cfg.Logger.Error("comandes: authorize", "comanda", id, "err", err)
-			svc.WriteError(w, http.StatusServiceUnavailable, "", "could not check the credential; try again")
+			svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "could not check the credential; try again")
 			return
 		}
 		writeUnauthorized(w)
@@ -166,12 +164,12 @@ func (s *Service) getOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	v, err := s.Get(r.Context(), id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		svc.WriteError(w, http.StatusNotFound, "id", "no order "+id)
+		svc.WriteError(w, http.StatusNotFound, svc.CodeUnknownOrder, "id", "no order "+id)
 		return
 	}
 	if err != nil {
 		s.cfg.Logger.Error("comandes: get", "comanda", id, "err", err)
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "could not read the order")
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "could not read the order")
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store") // customer data

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/km0/km0/internal/pause"
+	"github.com/km0/km0/internal/services/svc"
 )
 
 // KeyLeaseDefault is how long a request holds its Idempotency-Key while it
@@ -108,7 +109,7 @@ func (s *Service) claim(ctx context.Context, key, bodyHash string, reqBody []byt
 		case err != nil:
 			return "", answer{}, false, err
 		case hash != bodyHash:
-			return "", answer{Status: 422, Body: errorBody("Idempotency-Key", "the key was already used with another body")}, true, nil
+			return "", answer{Status: 422, Body: errorBody(svc.CodeIdempotencyKeyReused, "Idempotency-Key", "the key was already used with another body")}, true, nil
 		case status > 0:
 			if status == 201 && sealed != nil {
 				c, err := openCapability(key, reqBody, sealed)
@@ -180,7 +181,7 @@ func (s *Service) createHolding(ctx context.Context, o *Order, key, bodyHash, to
 			if !errors.Is(err, ErrRefused) {
 				return answer{}, fmt.Errorf("%w: %w", errUnavailable, err)
 			}
-			body := errorBody("targeta", "pagament refusat: "+err.Error())
+			body := errorBody(svc.CodePaymentRefused, "targeta", "payment refused: "+err.Error())
 			// The answer is given as stored (JSONB's text), byte for byte what a retry gets.
 			err := s.cfg.Pool.QueryRow(ctx, `UPDATE peticions_idempotents SET estat_http = 402, resposta = $3
 				WHERE clau = $1 AND titular = $2 AND estat_http = 0 RETURNING resposta`, key, token, string(body)).Scan(&body)

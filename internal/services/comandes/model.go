@@ -56,12 +56,12 @@ var MarketsDefault = []string{"girona", "barcelona", "tarragona", "lleida", "vic
 // inventari stocks from its first migration (CONTRACT.md's initial stock).
 var ProductsDefault = []string{"tomaquet-rosa", "carbasso", "formatge-curat", "formatge-fresc", "vi-crianca"}
 
-// checkProducts returns a *FieldError naming the first line whose producte
-// is not in the catalogue.
+// checkProducts returns a *FieldError (codi producte_desconegut) naming the
+// first line whose producte is not in the catalogue.
 func (s *Service) checkProducts(o *Order) error {
 	for i, l := range o.Lines {
 		if !s.products[l.Product] {
-			return fieldf("linies["+itoa(i)+"].producte", "unknown product %q: inventari does not stock it", clip(l.Product))
+			return codedf(svc.CodeUnknownProduct, "linies["+itoa(i)+"].producte", "unknown product %q: inventari does not stock it", clip(l.Product))
 		}
 	}
 	return nil
@@ -139,13 +139,15 @@ const (
 	maxTextLen    = 100
 )
 
-// Validate checks o and returns a *FieldError naming the first bad field, or nil.
+// Validate checks o and returns a *FieldError naming the first bad field, or
+// nil: codi id_invalid for a malformed id, mercat_desconegut for an unknown
+// market, camp_invalid for anything else.
 func Validate(o *Order, markets []string) error {
 	switch {
 	case o.ID == "":
 		return fieldf("id", "required")
 	case !idRE.MatchString(o.ID):
-		return fieldf("id", "%q is not of the form P-YYYY-NNNNNN", clip(o.ID))
+		return codedf(svc.CodeInvalidID, "id", "%q is not of the form P-YYYY-NNNNNN", clip(o.ID))
 	case strings.TrimSpace(o.Client) == "":
 		return fieldf("client", "required")
 	case len(o.Client) > maxTextLen:
@@ -156,7 +158,7 @@ func Validate(o *Order, markets []string) error {
 		return fieldf("mercat", "required")
 	}
 	if !contains(markets, o.Market) {
-		return fieldf("mercat", "unknown market %q (known: %s)", clip(o.Market), strings.Join(markets, ", "))
+		return codedf(svc.CodeUnknownMarket, "mercat", "unknown market %q (known: %s)", clip(o.Market), strings.Join(markets, ", "))
 	}
 	if len(o.Lines) == 0 {
 		return fieldf("linies", "the order has no line")
@@ -200,6 +202,13 @@ var (
 	fieldf = svc.Fieldf
 	itoa   = strconv.Itoa
 )
+
+// codedf is fieldf with a codi other than svc.CodeInvalidField.
+func codedf(code svc.Code, field, format string, args ...any) *svc.FieldError {
+	fe := fieldf(field, format, args...)
+	fe.Code = code
+	return fe
+}
 
 // storable reports whether PostgreSQL accepts s as text (and as a JSONB
 // string): valid UTF-8 without NUL.

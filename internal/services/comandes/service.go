@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/consumer"
+	"github.com/km0/km0/internal/services/svc"
 	"github.com/km0/km0/internal/strictjson"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/outcome"
@@ -176,7 +177,7 @@ func (s *Service) create(ctx context.Context, o *Order, key string, body []byte)
 			case errors.Is(err, ErrAuthConflict):
 				return answer{}, err
 			case errors.Is(err, ErrRefused):
-				return answer{Status: 402, Body: errorBody("targeta", "pagament refusat: "+err.Error())}, nil
+				return answer{Status: 402, Body: errorBody(svc.CodePaymentRefused, "targeta", "payment refused: "+err.Error())}, nil
 			}
 			return answer{}, fmt.Errorf("%w: %w", errUnavailable, err)
 		}
@@ -233,8 +234,9 @@ func insertOrder(ctx context.Context, tx pgx.Tx, o *Order, capabilityHash []byte
 	return tx.SendBatch(ctx, b).Close()
 }
 
-func errorBody(field, msg string) json.RawMessage {
-	b, _ := json.Marshal(map[string]string{"error": msg, "camp": field})
+// errorBody is an error answer stored under an Idempotency-Key (svc.ErrorBody).
+func errorBody(code svc.Code, field, msg string) json.RawMessage {
+	b, _ := json.Marshal(svc.NewErrorBody(code, field, msg))
 	return b
 }
 

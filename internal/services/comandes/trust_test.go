@@ -78,8 +78,8 @@ func TestAuthorisationConflictIs409AndNotStoredUnderTheKey(t *testing.T) {
 		return nil
 	}))
 	for _, key := range []string{"", "k-conflicte"} {
-		if status, out := b.post(t, key, good); status != http.StatusConflict || out["camp"] != "id" {
-			t.Fatalf("key %q: %d %v, want 409 on id", key, status, out)
+		if status, out := b.post(t, key, good); status != http.StatusConflict || out["camp"] != "id" || out["codi"] != "autoritzacio_en_conflicte" {
+			t.Fatalf("key %q: %d %v, want 409 autoritzacio_en_conflicte on id", key, status, out)
 		}
 	}
 	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM peticions_idempotents"); n != 0 {

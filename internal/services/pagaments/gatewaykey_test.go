@@ -2,6 +2,7 @@ package pagaments_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -38,7 +39,12 @@ func TestGatewayNeedsItsAPIKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var e struct{ Codi, Camp string }
+		_ = json.NewDecoder(resp.Body).Decode(&e)
 		resp.Body.Close()
+		if resp.StatusCode == http.StatusUnauthorized && (e.Codi != "credencial_requerida" || e.Camp != "Authorization") {
+			t.Errorf("%s %s with %q: 401 with codi %q camp %q, want credencial_requerida Authorization", method, path, auth, e.Codi, e.Camp)
+		}
 		return resp.StatusCode
 	}
 	for _, auth := range []string{"", "Bearer ", "Bearer " + b.gw.APIKey()[:40], "Basic " + b.gw.APIKey(), "Bearer " + b.gw.APIKey() + "x"} {

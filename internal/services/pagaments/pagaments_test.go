@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -293,10 +294,13 @@ func TestAuthorizeRefusesBadOrderIDsPermanentlyWithoutDatabaseText(t *testing.T)
 func TestBadIDsAre400AtTheGatewayAndPermanentInTheCharge(t *testing.T) {
 	t.Parallel()
 	b := setup(t, passarella.Faults{})
-	for _, c := range []struct{ key, body string }{
-		{"cobrament-P-2026-000001", `{"comanda_id":"P-2026-\u0000001","import_centims":1}`},
-		{"cobrament-P-2026-000001", `{"comanda_id":"` + strings.Repeat("P", 8<<10) + `","import_centims":1}`},
-		{"cobrament-\xff", `{"comanda_id":"P-2026-000001","import_centims":1}`},
+	for _, c := range []struct{ key, body, want string }{
+		{"cobrament-P-2026-000001", `{"comanda_id":"P-2026-\u0000001","import_centims":1}`,
+			`{"error":"up to 200 bytes of UTF-8 without control characters (NUL included)","codi":"camp_invalid","camp":"comanda_id"}`},
+		{"cobrament-P-2026-000001", `{"comanda_id":"` + strings.Repeat("P", 8<<10) + `","import_centims":1}`,
+			`{"error":"expected {comanda_id, import_centims ≥ 0}","codi":"camp_invalid","camp":"cos"}`},
+		{"cobrament-\xff", `{"comanda_id":"P-2026-000001","import_centims":1}`,
+			`{"error":"required: up to 200 bytes of UTF-8 without control characters","codi":"clau_idempotencia_invalida","camp":"Idempotency-Key"}`},
 	} {
 		req, _ := http.NewRequest(http.MethodPost, b.url+"/cobraments", strings.NewReader(c.body))
 		req.Header["Idempotency-Key"] = []string{c.key}
@@ -306,9 +310,10 @@ func TestBadIDsAre400AtTheGatewayAndPermanentInTheCharge(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Errorf("key %.20q body %.40s: %d, want 400", c.key, c.body, resp.StatusCode)
+		if resp.StatusCode != http.StatusBadRequest || strings.TrimSpace(string(body)) != c.want {
+			t.Errorf("key %.20q body %.40s: %d %s, want 400 %s", c.key, c.body, resp.StatusCode, body, c.want)
 		}
 	}
 	s := b.service(t, time.Second)

@@ -159,8 +159,9 @@ func TestRefundVoidsAnUnchargedKeyAndRefundsAChargeOnce(t *testing.T) {
 	if rf, err := c.Refund(ctx, "r0", "P-2026-000009", "cobrament-P-2026-000009"); err != nil || !rf.Void || rf.TotalCents != 0 {
 		t.Fatalf("refund of an uncharged key: %+v %v, want a void", rf, err)
 	}
-	if _, err := c.Charge(ctx, "cobrament-P-2026-000009", "P-2026-000009", 100); !errors.Is(err, passarella.ErrRefused) {
-		t.Fatalf("charge with a voided key: %v", err)
+	if _, err := c.Charge(ctx, "cobrament-P-2026-000009", "P-2026-000009", 100); !errors.Is(err, passarella.ErrRefused) ||
+		!strings.Contains(err.Error(), `"codi":"clau_anullada","camp":"Idempotency-Key"`) {
+		t.Fatalf("charge with a voided key: %v, want 422 clau_anullada", err)
 	}
 	ch, err := c.Charge(ctx, "cobrament-P-2026-000001", "P-2026-000001", 100)
 	if err != nil {
@@ -170,14 +171,16 @@ func TestRefundVoidsAnUnchargedKeyAndRefundsAChargeOnce(t *testing.T) {
 	if err != nil || first.Void || first.TotalCents != 100 || first.ChargeRef != ch.Ref {
 		t.Fatalf("refund: %+v %v", first, err)
 	}
-	if _, err := c.Refund(ctx, "k2", "P-2026-000001", "cobrament-P-2026-000001"); !errors.Is(err, passarella.ErrRefused) {
-		t.Fatalf("second key on a refunded charge: %v", err)
+	if _, err := c.Refund(ctx, "k2", "P-2026-000001", "cobrament-P-2026-000001"); !errors.Is(err, passarella.ErrRefused) ||
+		!strings.Contains(err.Error(), `"codi":"reemborsament_refusat","camp":"clau_cobrament"`) {
+		t.Fatalf("second key on a refunded charge: %v, want 422 reemborsament_refusat", err)
 	}
 	if again, err := c.Refund(ctx, "k1", "P-2026-000001", "cobrament-P-2026-000001"); err != nil || again.Ref != first.Ref {
 		t.Fatalf("same key again: %+v %v", again, err)
 	}
-	if _, err := c.Refund(ctx, "k3", "P-2026-000002", "cobrament-P-2026-000001"); !errors.Is(err, passarella.ErrRefused) {
-		t.Fatalf("another order's charge key: %v", err)
+	if _, err := c.Refund(ctx, "k3", "P-2026-000002", "cobrament-P-2026-000001"); !errors.Is(err, passarella.ErrRefused) ||
+		!strings.Contains(err.Error(), `"codi":"reemborsament_refusat"`) {
+		t.Fatalf("another order's charge key: %v, want 422 reemborsament_refusat", err)
 	}
 	if st := b.gw.Stats(); st.Refunded != 2 {
 		t.Fatalf("gateway %+v, want 2 refunds (one a void)", st)

@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/km0/km0/internal/services/svc"
 )
 
 // ErrMapsUnavailable: the maps service answered 5xx or did not answer (transient).
@@ -46,7 +48,7 @@ func (s *MapsServer) Handler() http.Handler {
 		}
 		s.mu.Unlock()
 		if fail {
-			http.Error(w, "mapes: 503 (simulat)", http.StatusServiceUnavailable)
+			svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "mapes unavailable (simulated)")
 			return
 		}
 		minutes := 15 + len(q.Get("codi_postal"))*3 + len(q.Get("ciutat"))

@@ -136,10 +136,12 @@ func Migrate(ctx context.Context, db contract.Beginner, sets ...migrate.Set) err
 	return nil
 }
 
-// FieldError is a 400 answer naming the offending field.
+// FieldError is a 400 answer naming the offending field (WriteFieldError).
 type FieldError struct {
 	Field  string // e.g. "linies[0].quantitat"
 	Reason string
+	// Code is the answer's codi; the zero Code is CodeInvalidField.
+	Code Code
 }
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
@@ -176,7 +178,7 @@ func RequireJSON(w http.ResponseWriter, r *http.Request) bool {
 	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	utf8Only := len(params) == 0 || (len(params) == 1 && strings.EqualFold(params["charset"], "utf-8"))
 	if err != nil || mt != "application/json" || !utf8Only {
-		WriteError(w, http.StatusUnsupportedMediaType, "Content-Type", "the body must be application/json (UTF-8)")
+		WriteError(w, http.StatusUnsupportedMediaType, CodeNotJSON, "Content-Type", "the body must be application/json (UTF-8)")
 		return false
 	}
 	return true
@@ -189,33 +191,15 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// ErrorBody is the JSON body of every error answer.
-type ErrorBody struct {
-	Error string `json:"error"`
-	Field string `json:"camp,omitempty"`
-	// Code, when set, is a stable machine code (e.g. ciutat_no_coberta):
-	// clients test it, not the English message.
-	Code string `json:"codi,omitempty"`
-}
-
-// WriteError writes {"error": msg, "camp": field} with status.
-func WriteError(w http.ResponseWriter, status int, field, msg string) {
-	WriteJSON(w, status, ErrorBody{Error: msg, Field: field})
-}
-
-// WriteErrorCode writes {"error": msg, "camp": field, "codi": code} with status.
-func WriteErrorCode(w http.ResponseWriter, status int, code, field, msg string) {
-	WriteJSON(w, status, ErrorBody{Error: msg, Field: field, Code: code})
-}
-
 // GetJSON returns a handler serving GET pattern with the JSON of read's
-// result; a read error answers 503 with failMsg (the error is not shown).
+// result; a read error answers 503 (CodeUnavailable) with failMsg (the
+// error is not shown).
 func GetJSON(pattern, failMsg string, read func(ctx context.Context) (any, error)) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+pattern, func(w http.ResponseWriter, r *http.Request) {
 		v, err := read(r.Context())
 		if err != nil {
-			WriteError(w, http.StatusServiceUnavailable, "", failMsg)
+			WriteError(w, http.StatusServiceUnavailable, CodeUnavailable, "", failMsg)
 			return
 		}
 		WriteJSON(w, http.StatusOK, v)

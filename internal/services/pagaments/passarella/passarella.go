@@ -134,7 +134,7 @@ func (s *Server) requireKey(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="passarella"`)
-			svc.WriteError(w, http.StatusUnauthorized, "Authorization", "the gateway's API key is required: Authorization: Bearer <key>")
+			svc.WriteError(w, http.StatusUnauthorized, svc.CodeCredentialRequired, "Authorization", "the gateway's API key is required: Authorization: Bearer <key>")
 			return
 		}
 		h(w, r)
@@ -193,7 +193,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for k := range q {
 		if k != "limit" && k != "despres_de" {
-			svc.WriteError(w, http.StatusBadRequest, k, "unknown parameter (known: limit, despres_de)")
+			svc.WriteError(w, http.StatusBadRequest, svc.CodeUnknownParameter, k, "unknown parameter (known: limit, despres_de)")
 			return
 		}
 	}
@@ -201,14 +201,14 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > PageLimitMax {
-			svc.WriteError(w, http.StatusBadRequest, "limit", fmt.Sprintf("must be an integer from 1 to %d", PageLimitMax))
+			svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidField, "limit", fmt.Sprintf("must be an integer from 1 to %d", PageLimitMax))
 			return
 		}
 		limit = n
 	}
 	after := q.Get("despres_de")
 	if len(after) > 200 {
-		svc.WriteError(w, http.StatusBadRequest, "despres_de", "more than 200 characters")
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidField, "despres_de", "more than 200 characters")
 		return
 	}
 	cs, next, err := s.ChargesPage(r.Context(), after, limit)
@@ -216,7 +216,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() == nil {
 			s.cfg.Logger.Error("passarella: list charges", "err", err)
 		}
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella: error intern")
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "passarella: internal error")
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, Page{Charges: cs, Next: next})
@@ -236,7 +236,7 @@ func (s *Server) Stats() Stats {
 func keyedRequest(w http.ResponseWriter, r *http.Request, req any) (key string, ok bool, err error) {
 	key = r.Header.Get("Idempotency-Key")
 	if !storableID(key) {
-		svc.WriteError(w, http.StatusBadRequest, "Idempotency-Key", "required: up to 200 bytes of UTF-8 without control characters")
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidIdempotencyKey, "Idempotency-Key", "required: up to 200 bytes of UTF-8 without control characters")
 		return "", false, nil
 	}
 	if !svc.RequireJSON(w, r) {
@@ -256,13 +256,13 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil || req.OrderID == "" || req.TotalCents < 0 {
-		svc.WriteError(w, http.StatusBadRequest, "cos", "expected {comanda_id, import_centims ≥ 0}")
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidField, "cos", "expected {comanda_id, import_centims ≥ 0}")
 		return
 	}
 	// Checked before any SQL: PostgreSQL would refuse it, and a refusal is
 	// the caller's bad data (400), not the gateway being down (503).
 	if !storableID(req.OrderID) {
-		svc.WriteError(w, http.StatusBadRequest, "comanda_id", "up to 200 bytes of UTF-8 without control characters (NUL included)")
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidField, "comanda_id", "up to 200 bytes of UTF-8 without control characters (NUL included)")
 		return
 	}
 	s.mu.Lock()
@@ -276,17 +276,21 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	if fail {
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella unavailable (simulated)")
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "passarella unavailable (simulated)")
 		return
 	}
 	c, created, err := s.record(r.Context(), key, req)
 	if errors.Is(err, errMismatch) || errors.Is(err, errVoided) {
-		svc.WriteError(w, http.StatusUnprocessableEntity, "Idempotency-Key", err.Error())
+		code := svc.CodeIdempotencyKeyReused
+		if errors.Is(err, errVoided) {
+			code = svc.CodeKeyVoided
+		}
+		svc.WriteError(w, http.StatusUnprocessableEntity, code, "Idempotency-Key", err.Error())
 		return
 	}
 	if err != nil {
 		s.cfg.Logger.Error("passarella: record", "key", key, "err", err)
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella: error intern")
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "passarella: internal error")
 		return
 	}
 	s.mu.Lock()

@@ -53,7 +53,7 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil || !storableID(req.OrderID) || !storableID(req.ChargeKey) {
-		svc.WriteError(w, http.StatusBadRequest, "cos", "expected {comanda_id, clau_cobrament}")
+		svc.WriteError(w, http.StatusBadRequest, svc.CodeInvalidField, "cos", "expected {comanda_id, clau_cobrament}")
 		return
 	}
 	s.mu.Lock()
@@ -66,17 +66,17 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	if fail {
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella unavailable (simulated)")
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "passarella unavailable (simulated)")
 		return
 	}
 	rf, created, err := s.recordRefund(r.Context(), key, req)
 	switch {
 	case errors.Is(err, errNoCharge), errors.Is(err, errMismatch):
-		svc.WriteError(w, http.StatusUnprocessableEntity, "clau_cobrament", err.Error())
+		svc.WriteError(w, http.StatusUnprocessableEntity, svc.CodeRefundRefused, "clau_cobrament", err.Error())
 		return
 	case err != nil:
 		s.cfg.Logger.Error("passarella: record refund", "key", key, "err", err)
-		svc.WriteError(w, http.StatusServiceUnavailable, "", "passarella: error intern")
+		svc.WriteError(w, http.StatusServiceUnavailable, svc.CodeUnavailable, "", "passarella: internal error")
 		return
 	}
 	s.mu.Lock()
