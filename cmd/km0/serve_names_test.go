@@ -56,6 +56,8 @@ func TestHTTPAddrsNamesOnlyServersThisProcessRuns(t *testing.T) {
 
 // An error of one service carries one prefix, the service's, after the
 // command's own (main prints "km0 up: "): not "system: comandes: svc: …".
+// A configuration error carries none (not "system: …"), and names the known
+// values as a list, not a printed Go slice.
 func TestUpErrorHasOnePrefixPerLayer(t *testing.T) {
 	t.Setenv("KM0_COMANDES_DATABASE_URL", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -64,5 +66,16 @@ func TestUpErrorHasOnePrefixPerLayer(t *testing.T) {
 	const want = "comandes: connect to postgres://postgres@127.0.0.1:1/postgres: failed to connect to `user=postgres database=postgres`"
 	if err == nil || !strings.HasPrefix(err.Error(), want) || strings.Contains(err.Error(), "system:") || strings.Contains(err.Error(), "svc:") {
 		t.Fatalf("km0 up with a server that refuses: %v, want it to start %q with no system: or svc: prefix", err, want)
+	}
+	for _, c := range []struct{ flag, value, want string }{
+		{"--topics", "nope=x", `rename of unknown topic "nope" (known: comandes.esdeveniments, inventari.esdeveniments, pagaments.esdeveniments, repartiment.esdeveniments)`},
+		{"--groups", "nope=x", `rename of unknown consumer group "nope" (known: comandes.confirmacio_pagament, inventari.descompte_estoc, ` +
+			`pagaments.cobrament, repartiment.assignacio, analitica.comptadors, cataleg.estoc_baix, comandes.refus_estoc, comandes.repartiment)`},
+		{"--topics", "comandes.esdeveniments=a/b", `topic comandes.esdeveniments renamed to "a/b": a topic name is 1 to 243 of a-z A-Z 0-9 . _ -`},
+	} {
+		err := runServices(ctx, "up", []string{"comandes"}, []string{"--database-url", "postgres://postgres@127.0.0.1:1/postgres", "--embedded-kafka", c.flag, c.value})
+		if err == nil || err.Error() != c.want {
+			t.Errorf("km0 up %s %s: %v, want %q (main adds \"km0 up: \")", c.flag, c.value, err, c.want)
+		}
 	}
 }

@@ -204,7 +204,7 @@ func EnsureTopicSpecs(ctx context.Context, cl *kgo.Client, log *slog.Logger, spe
 func warnDifferences(ctx context.Context, cl *kgo.Client, log *slog.Logger, specs map[string]TopicSpec, existing []string) {
 	have, err := DescribeTopics(ctx, cl, existing...)
 	if err != nil {
-		log.Info("kafka: existing topics not compared with km0's settings", "topics", existing, "err", err)
+		log.Info("kafka: existing topics not compared with km0's settings", "topics", strings.Join(existing, ", "), "err", err)
 		return
 	}
 	for _, name := range existing {

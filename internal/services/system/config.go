@@ -76,24 +76,24 @@ var topicRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,243}$`)
 func (cfg *Config) validateNames() error {
 	for k := range cfg.DatabaseURLs {
 		if !slices.Contains(Services, k) {
-			return fmt.Errorf("system: database URL of unknown service %q (known: %v)", k, Services)
+			return fmt.Errorf("database URL of unknown service %q (known: %s)", k, strings.Join(Services, ", "))
 		}
 	}
 	contract := slices.Sorted(maps.Values(Topics))
 	for k, v := range cfg.Topics {
 		if !slices.Contains(contract, k) {
-			return fmt.Errorf("system: rename of unknown topic %q (known: %v)", k, contract)
+			return fmt.Errorf("rename of unknown topic %q (known: %s)", k, strings.Join(contract, ", "))
 		}
 		if !topicRE.MatchString(v) {
-			return fmt.Errorf("system: topic %s renamed to %q: a topic name is 1 to 243 of a-z A-Z 0-9 . _ -", k, v)
+			return fmt.Errorf("topic %s renamed to %q: a topic name is 1 to 243 of a-z A-Z 0-9 . _ -", k, v)
 		}
 	}
 	for k, v := range cfg.Groups {
 		if !slices.Contains(ConsumerNames, k) {
-			return fmt.Errorf("system: rename of unknown consumer group %q (known: %v)", k, ConsumerNames)
+			return fmt.Errorf("rename of unknown consumer group %q (known: %s)", k, strings.Join(ConsumerNames, ", "))
 		}
 		if strings.TrimSpace(v) == "" || len(v) > 255 || strings.ContainsFunc(v, unicode.IsControl) {
-			return fmt.Errorf("system: consumer group %s renamed to %q: want 1 to 255 printable characters", k, v)
+			return fmt.Errorf("consumer group %s renamed to %q: want 1 to 255 printable characters", k, v)
 		}
 	}
 	return nil
@@ -307,7 +307,7 @@ type Config struct {
 
 // ErrConfig is wrapped by every error Start returns for request/reply
 // settings that cannot work or are unsafe (see validateRR).
-var ErrConfig = errors.New("system: invalid configuration")
+var ErrConfig = errors.New("invalid configuration")
 
 // usesRR reports whether the process serves authorisations or asks for them.
 func (cfg *Config) usesRR() bool {

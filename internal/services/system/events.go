@@ -70,16 +70,16 @@ func (cfg *Config) validateEvents() error {
 		return err
 	}
 	if cfg.onRabbitMQ() && cfg.AMQPURL == "" {
-		return errors.New("system: events over RabbitMQ need Config.AMQPURL")
+		return errors.New("events over RabbitMQ need Config.AMQPURL")
 	}
 	if !amqpNameRE.MatchString(cfg.EventsExchange) || strings.HasPrefix(cfg.EventsExchange, "amq.") {
-		return fmt.Errorf("system: Config.EventsExchange %q: want at most 200 of a-z A-Z 0-9 . _ : - (amq.* is reserved)", cfg.EventsExchange)
+		return fmt.Errorf("Config.EventsExchange %q: want at most 200 of a-z A-Z 0-9 . _ : - (amq.* is reserved)", cfg.EventsExchange)
 	}
 	if !amqpNameRE.MatchString(cfg.EventsQueuePrefix) || strings.HasPrefix(cfg.EventsQueuePrefix, "amq.") {
-		return fmt.Errorf("system: Config.EventsQueuePrefix %q: want at most 200 of a-z A-Z 0-9 . _ : - (amq.* is reserved)", cfg.EventsQueuePrefix)
+		return fmt.Errorf("Config.EventsQueuePrefix %q: want at most 200 of a-z A-Z 0-9 . _ : - (amq.* is reserved)", cfg.EventsQueuePrefix)
 	}
 	if len(cfg.Brokers) == 0 && (cfg.onKafka() || cfg.AMQPURL == "") {
-		return errors.New("system: Config.Brokers is required (Kafka carries events or request/reply)")
+		return errors.New("Config.Brokers is required (Kafka carries events or request/reply)")
 	}
 	return nil
 }
@@ -88,15 +88,15 @@ func (cfg *Config) validateEvents() error {
 func (cfg *Config) validateEventBrokers() error {
 	valid := func(b string) bool { return b == EventsKafka || b == EventsRabbitMQ }
 	if cfg.Events != "" && !valid(cfg.Events) {
-		return fmt.Errorf("system: Config.Events %q: want %q or %q", cfg.Events, EventsKafka, EventsRabbitMQ)
+		return fmt.Errorf("Config.Events %q: want %q or %q", cfg.Events, EventsKafka, EventsRabbitMQ)
 	}
 	contract := slices.Sorted(maps.Values(Topics))
 	for t, b := range cfg.EventsByTopic {
 		if !slices.Contains(contract, t) {
-			return fmt.Errorf("system: events broker of unknown topic %q (known: %v)", t, contract)
+			return fmt.Errorf("events broker of unknown topic %q (known: %s)", t, strings.Join(contract, ", "))
 		}
 		if !valid(b) {
-			return fmt.Errorf("system: events broker %q of %s: want %q or %q", b, t, EventsKafka, EventsRabbitMQ)
+			return fmt.Errorf("events broker %q of %s: want %q or %q", b, t, EventsKafka, EventsRabbitMQ)
 		}
 	}
 	return nil
@@ -190,12 +190,12 @@ func (s *System) rabbitTopics(topics []string) []string {
 func (s *System) startEvents(ctx context.Context) error {
 	conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-events", Logger: s.log, TLS: s.cfg.AMQPTLS})
 	if err != nil {
-		return fmt.Errorf("system: events over RabbitMQ: %w", err)
+		return fmt.Errorf("events over RabbitMQ: %w", err)
 	}
 	s.events = conn
 	topo := EventsTopology(s.cfg)
 	if err := conn.Declare(ctx, topo); err != nil {
-		return fmt.Errorf("system: events topology: %w", err)
+		return fmt.Errorf("events topology: %w", err)
 	}
 	s.sup.noteQueues(topo.QueueNames())
 	pub, err := amqp.NewPublisher(ctx, conn, amqp.PublisherConfig{Exchange: s.exchange(), Logger: s.log})

@@ -52,7 +52,7 @@ func newRR(ctx context.Context, s *System) (*rrStack, error) {
 		// out together (amqp.Config.CoalesceWrites).
 		conn, err := amqp.Dial(ctx, amqp.Config{URL: s.cfg.AMQPURL, Name: "km0-system", Logger: s.log, CoalesceWrites: true, TLS: s.cfg.AMQPTLS})
 		if err != nil {
-			return nil, fmt.Errorf("system: request/reply over RabbitMQ: %w", err)
+			return nil, fmt.Errorf("request/reply over RabbitMQ: %w", err)
 		}
 		r.conn = conn
 		r.closers = append(r.closers, conn.Close)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,30 +93,30 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	}
 	for _, s := range cfg.Services {
 		if !slices.Contains(Services, s) {
-			return nil, fmt.Errorf("system: unknown service %q (known: %v)", s, Services)
+			return nil, fmt.Errorf("unknown service %q (known: %s)", s, strings.Join(Services, ", "))
 		}
 		if cfg.DatabaseURL == "" && cfg.DatabaseURLs[s] == "" {
-			return nil, fmt.Errorf("system: %s has no database: Config.DatabaseURL (an admin URL) or Config.DatabaseURLs[%q] is required", s, s)
+			return nil, fmt.Errorf("%s has no database: Config.DatabaseURL (an admin URL) or Config.DatabaseURLs[%q] is required", s, s)
 		}
 	}
 	if cfg.RelayMode != "" && cfg.RelayMode != RelayPolling && cfg.RelayMode != RelayCDC {
-		return nil, fmt.Errorf("system: Config.RelayMode %q: want %q or %q", cfg.RelayMode, RelayPolling, RelayCDC)
+		return nil, fmt.Errorf("Config.RelayMode %q: want %q or %q", cfg.RelayMode, RelayPolling, RelayCDC)
 	}
 	switch cfg.OutboxMode {
 	case "", outbox.ModeTable:
 	case outbox.ModeWAL:
 		switch {
 		case cfg.RelayMode == RelayPolling:
-			return nil, fmt.Errorf("system: Config.OutboxMode %q is streamed by the CDC relay, not RelayMode %q", cfg.OutboxMode, cfg.RelayMode)
+			return nil, fmt.Errorf("Config.OutboxMode %q is streamed by the CDC relay, not RelayMode %q", cfg.OutboxMode, cfg.RelayMode)
 		case cfg.RelayPruneOlderThan != 0 || cfg.RelayDeletePublished:
-			return nil, fmt.Errorf("system: Config.OutboxMode %q has no outbox rows: RelayPruneOlderThan and RelayDeletePublished do not apply", cfg.OutboxMode)
+			return nil, fmt.Errorf("Config.OutboxMode %q has no outbox rows: RelayPruneOlderThan and RelayDeletePublished do not apply", cfg.OutboxMode)
 		}
 		cfg.RelayMode = RelayCDC
 	default:
-		return nil, fmt.Errorf("system: Config.OutboxMode %q: want %q or %q", cfg.OutboxMode, outbox.ModeTable, outbox.ModeWAL)
+		return nil, fmt.Errorf("Config.OutboxMode %q: want %q or %q", cfg.OutboxMode, outbox.ModeTable, outbox.ModeWAL)
 	}
 	if cfg.RelayPruneOlderThan < 0 {
-		return nil, fmt.Errorf("system: Config.RelayPruneOlderThan %v is negative (0 turns pruning off)", cfg.RelayPruneOlderThan)
+		return nil, fmt.Errorf("Config.RelayPruneOlderThan %v is negative (0 turns pruning off)", cfg.RelayPruneOlderThan)
 	}
 	if err := cfg.validateNames(); err != nil {
 		return nil, err
@@ -166,7 +167,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			specs = append(specs, cfg.TopicSettings.Spec(t, kafka.PartitionsDefault))
 		}
 		if err := kafka.EnsureTopicSpecs(ctx, s.kcl, s.log, specs...); err != nil {
-			return nil, fmt.Errorf("system: topics: %w", err)
+			return nil, fmt.Errorf("topics: %w", err)
 		}
 	}
 	if cfg.onRabbitMQ() {
