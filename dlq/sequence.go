@@ -27,6 +27,11 @@ type Sequence struct {
 // ErrNotBlocked is returned for a key its consumer does not block.
 var ErrNotBlocked = errors.New("dlq: key not blocked by this consumer")
 
+// ErrNoHeadLetter is returned by ReplaySequence and EditSequence for a key
+// whose head has no pending dead letter (it waits for a retry, or its letter
+// was replayed already): nothing is changed.
+var ErrNoHeadLetter = errors.New("dlq: nothing to replay")
+
 // KeySequence reads consumer's sequence for key from the keyorder store ko
 // (in db) and the dead letters of its messages from src, and records the
 // head's newest pending letter as its id_carta (keyorder.Store.SetLetter). It returns an error
@@ -78,8 +83,8 @@ func KeySequence(ctx context.Context, src Source, ko *keyorder.Store, db keyorde
 // already replayed) is refused: nothing is changed.
 func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOptions) (*Report, error) {
 	if len(seq.HeadLetters) == 0 {
-		return nil, fmt.Errorf("dlq: the head %s of key %q has no pending dead letter (motiu %s): nothing to replay",
-			Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)
+		return nil, fmt.Errorf("%w: the head %s of key %q has no pending dead letter (motiu %s)",
+			ErrNoHeadLetter, Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)
 	}
 	head := seq.newestHead()
 	rep, err := src.Replay(ctx, Filter{IDs: []string{head.ID}}, o)
@@ -87,6 +92,70 @@ func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOpti
 		return rep, err
 	}
 	return seq.purgeBehind(ctx, src, head, rep, o.Actor)
+}
+
+// SequenceReplay is what ReplaySequences did with one blocked key.
+type SequenceReplay struct {
+	Key string
+	// Report is ReplaySequence's report: the head's replay first, then the
+	// letters it marked purged. Nil when nothing was replayed.
+	Report *Report
+	// Err is why the head was not replayed (ErrNoHeadLetter: nothing to
+	// replay), or, with a Report, why marking the letters behind it failed.
+	Err error
+}
+
+// Replayed reports whether the key's head went back to its topic and every
+// letter behind it was marked.
+func (r SequenceReplay) Replayed() bool {
+	return r.Err == nil && r.Report != nil && r.Report.Done > 0 && r.Report.Refused == 0
+}
+
+// sequencesPage is how many blocked keys ReplaySequences reads at a time.
+const sequencesPage = 500
+
+// ReplaySequences replays, each as one (ReplaySequence), the keys that
+// consumer blocks in the keyorder store ko (in db): the keys named, or every
+// key it blocks when keys is nil, in key order. A key that is not blocked (any
+// more) is passed over. A key whose head cannot be replayed is reported with
+// its Err and the others are still replayed; the error returned is only one
+// that stops the walk (the blocked keys or a sequence could not be read), with
+// what was done until then. Watch the reports (Service.Watch) to learn which
+// heads were dead-lettered again.
+func ReplaySequences(ctx context.Context, src Source, ko *keyorder.Store, db keyorder.DBTX, consumer string, keys []string,
+	o ReplayOptions) ([]SequenceReplay, error) {
+	var out []SequenceReplay
+	replay := func(ks []string) error {
+		for _, k := range ks {
+			seq, err := KeySequence(ctx, src, ko, db, consumer, k)
+			if errors.Is(err, ErrNotBlocked) {
+				continue // released meanwhile
+			}
+			if err != nil {
+				return err
+			}
+			rep, err := ReplaySequence(ctx, src, seq, o)
+			out = append(out, SequenceReplay{Key: k, Report: rep, Err: err})
+		}
+		return nil
+	}
+	if keys != nil {
+		return out, replay(keys)
+	}
+	after := ""
+	for {
+		ks, err := ko.BlockedKeys(ctx, db, consumer, after, sequencesPage)
+		if err != nil {
+			return out, err
+		}
+		if err := replay(ks); err != nil {
+			return out, err
+		}
+		if len(ks) < sequencesPage {
+			return out, nil
+		}
+		after = ks[len(ks)-1]
+	}
 }
 
 // EditSequence is ReplaySequence with the head's payload edited: the head's
@@ -97,8 +166,8 @@ func ReplaySequence(ctx context.Context, src Source, seq *Sequence, o ReplayOpti
 // edited head, then every message behind it.
 func EditSequence(ctx context.Context, svc Source, seq *Sequence, value []byte, o EditOptions) (*Report, error) {
 	if len(seq.HeadLetters) == 0 {
-		return nil, fmt.Errorf("dlq: the head %s of key %q has no pending dead letter (motiu %s): nothing to replay",
-			Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)
+		return nil, fmt.Errorf("%w: the head %s of key %q has no pending dead letter (motiu %s)",
+			ErrNoHeadLetter, Safe(seq.Head.MessageID), Safe(seq.Key), seq.Head.Reason)
 	}
 	head := seq.newestHead()
 	rep, err := svc.ReplayEdited(ctx, head.ID, value, o)

@@ -229,45 +229,30 @@ func notTaken(takes []dlq.Take) error {
 }
 
 // replayAllSequences replays every key consumer blocks, each as one
-// (dlq.ReplaySequence), then watches them together.
+// (dlq.ReplaySequences), then watches them together.
 func (c *CLI) replayAllSequences(ctx context.Context, env *Env, ko *keyorder.Store, consumer string, o dlq.ReplayOptions,
 	watch time.Duration, asJSON bool) error {
+	res, err := dlq.ReplaySequences(ctx, env.Svc, ko, env.Pool, consumer, nil, o)
+	if err != nil {
+		return err
+	}
 	var reps []*dlq.Report
-	after, replayed, refused := "", 0, 0
-	for {
-		keys, err := ko.BlockedKeys(ctx, env.Pool, consumer, after, 500)
-		if err != nil {
-			return err
+	replayed, refused := 0, 0
+	for _, r := range res {
+		if r.Err != nil {
+			refused++
+			fmt.Fprintf(c.ErrOut, "key %q: %v\n", dlq.Safe(r.Key), r.Err)
+			continue
 		}
-		for _, k := range keys {
-			seq, err := dlq.KeySequence(ctx, env.Svc, ko, env.Pool, consumer, k)
-			if errors.Is(err, dlq.ErrNotBlocked) {
-				continue // released meanwhile
-			}
-			if err != nil {
-				return err
-			}
-			rep, err := dlq.ReplaySequence(ctx, env.Svc, seq, o)
-			if err != nil {
-				refused++
-				fmt.Fprintf(c.ErrOut, "key %q: %v\n", dlq.Safe(k), err)
-				continue
-			}
-			if rep.Done == 0 || rep.Refused > 0 {
-				refused++
-			} else {
-				replayed++
-			}
-			reps = append(reps, rep)
+		if r.Replayed() {
+			replayed++
+		} else {
+			refused++
 		}
-		if len(keys) < 500 {
-			break
-		}
-		after = keys[len(keys)-1]
+		reps = append(reps, r.Report)
 	}
 	var takes []dlq.Take
 	if !o.DryRun && watch > 0 && replayed > 0 {
-		var err error
 		if takes, err = env.Svc.Watch(ctx, watch, 0, reps...); err != nil {
 			return err
 		}
