@@ -49,6 +49,8 @@ var staticFS embed.FS
 const (
 	SessionTTLDefault    = 8 * time.Hour
 	HealthTimeoutDefault = 2 * time.Second
+	// replayWatchDefault is Config.ReplayWatch's default.
+	replayWatchDefault = 5 * time.Second
 )
 
 // Service is one service whose health the console shows: GET URL + Path
@@ -104,8 +106,14 @@ type Config struct {
 	SessionTTL time.Duration
 	// HealthTimeout bounds each health probe. Default HealthTimeoutDefault.
 	HealthTimeout time.Duration
-	Logger        *slog.Logger
-	Now           func() time.Time
+	// ReplayWatch is how long the console watches a replay whose result it
+	// shows at once (an edited letter, a blocked key's sequence, every
+	// blocked sequence of a consumer) for the consumer dead-lettering the
+	// event again (dlq.Source.Watch); it answers as soon as every replayed
+	// letter died again. Default 5 s.
+	ReplayWatch time.Duration
+	Logger      *slog.Logger
+	Now         func() time.Time
 }
 
 // Console is the console's HTTP handler and its background replay jobs.
@@ -131,6 +139,7 @@ func New(cfg Config) (*Console, error) {
 	cfg.Retention = cmp.Or(cfg.Retention, inbox.RetentionDefault)
 	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, SessionTTLDefault)
 	cfg.HealthTimeout = cmp.Or(cfg.HealthTimeout, HealthTimeoutDefault)
+	cfg.ReplayWatch = cmp.Or(cfg.ReplayWatch, replayWatchDefault)
 	cfg.Broker = cmp.Or(cfg.Broker, "Kafka")
 	cfg.KeyOrderSchema = cmp.Or(cfg.KeyOrderSchema, migrate.SchemaDefault)
 	if cfg.Logger == nil {

@@ -524,7 +524,9 @@ func (c *Console) blockedSequence(ctx context.Context, w http.ResponseWriter, r 
 
 // replaySequence replays a blocked key's sequence as one (dlq.ReplaySequence):
 // the head's letter goes back to its topic, the consumer then applies the
-// messages behind it in order, and their letters are marked purged.
+// messages behind it in order, and their letters are marked purged. It then
+// watches the head for Config.ReplayWatch (dlq.Source.Watch) and says
+// whether the replay took or the consumer dead-lettered the head again.
 func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 	if !c.needSource(w, r) {
 		return
@@ -543,18 +545,32 @@ func (c *Console) replaySequence(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rep, err := dlq.ReplaySequence(ctx, c.cfg.Source, seq, dlq.ReplayOptions{Retention: c.cfg.Retention, Actor: actorOf(r)})
-	if err != nil && rep == nil {
+	if errors.Is(err, dlq.ErrNoHeadLetter) {
 		c.cfg.Logger.Warn("console: sequence replay refused", "consumidor", consumer, "err", err)
 		c.errorPage(w, r, http.StatusConflict, "the sequence was not replayed: its head has no pending dead letter")
+		return
+	}
+	if err != nil && rep == nil {
+		c.fail(w, r, err)
 		return
 	}
 	if err != nil {
 		c.cfg.Logger.Error("console: sequence replay", "err", err)
 	}
+	data := map[string]any{"Service": service, "Consumer": dlq.Safe(consumer), "Key": dlq.Safe(key), "Report": rep,
+		"Behind": len(seq.Behind) - ownRow(seq), "Failed": err != nil, "Watch": c.cfg.ReplayWatch.String()}
+	if len(rep.Items) > 0 && rep.Items[0].Done {
+		takes, werr := c.cfg.Source.Watch(ctx, c.cfg.ReplayWatch, 0, rep)
+		switch {
+		case werr != nil:
+			c.cfg.Logger.Warn("console: watch of a sequence replay", "consumidor", consumer, "err", werr)
+			data["WatchFailed"] = true
+		case len(takes) == 1:
+			data["Take"] = takes[0]
+		}
+	}
 	c.cfg.Logger.Info("console: sequence replay", "consumidor", consumer, "done", rep.Done, "refused", rep.Refused)
-	c.renderPage(w, r, http.StatusOK, "seqreplayed", page{Title: "Sequence replay: result", Data: map[string]any{
-		"Consumer": dlq.Safe(consumer), "Key": dlq.Safe(key), "Report": rep, "Behind": len(seq.Behind), "Failed": err != nil,
-	}})
+	c.renderPage(w, r, http.StatusOK, "seqreplayed", page{Title: "Sequence replay: result", Data: data})
 }
 
 // selection is the preamble of every selection form: the dead letters'

@@ -5,15 +5,9 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/km0/km0/dlq"
 )
-
-// EditWatch is how long the console watches an edited replay for its
-// consumer dead-lettering the event again before it shows the result (it
-// answers as soon as the consumer did).
-var EditWatch = 5 * time.Second
 
 // editPage is the edit-and-replay form of a letter: its envelope as JSON,
 // to edit and send in place of the original (dlq.Source.ReplayEdited).
@@ -38,7 +32,7 @@ func (c *Console) editPage(w http.ResponseWriter, r *http.Request) {
 func (c *Console) renderEdit(w http.ResponseWriter, r *http.Request, code int, l *dlq.Letter, value, problem string) {
 	original, _ := dlq.PrettyValue(l.Value, 1<<20)
 	c.renderPage(w, r, code, "edit", page{Title: "Edit and replay " + l.ID, Data: map[string]any{
-		"L": l, "Value": value, "Original": original, "Problem": problem, "Watch": EditWatch.String(),
+		"L": l, "Value": value, "Original": original, "Problem": problem, "Watch": c.cfg.ReplayWatch.String(),
 	}})
 }
 
@@ -72,9 +66,9 @@ func (c *Console) editReplay(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	data := map[string]any{"L": l, "Report": rep, "Watch": EditWatch.String()}
+	data := map[string]any{"L": l, "Report": rep, "Watch": c.cfg.ReplayWatch.String()}
 	if rep.Done == 1 {
-		takes, err := c.cfg.Source.Watch(ctx, EditWatch, 0, rep)
+		takes, err := c.cfg.Source.Watch(ctx, c.cfg.ReplayWatch, 0, rep)
 		if err != nil {
 			c.cfg.Logger.Warn("console: watch of an edited replay", "id", id, "err", err)
 			data["WatchFailed"] = true

@@ -87,14 +87,9 @@ func (b *bundle) runRefusingConsumer(t *testing.T) (applied func() []string) {
 // dead-lettered again"; a good edit is applied once and shown as taken. The
 // original bytes stay, and the audit log page shows the edits by the
 // session.
-//
-// Not parallel: it shortens EditWatch, a package variable the other edit
-// pages read (the parallel tests run once this one has ended).
 func TestEditAndReplayPageValidatesAndSaysWhetherItTook(t *testing.T) {
-	old := console.EditWatch
-	console.EditWatch = 2 * time.Second
-	t.Cleanup(func() { console.EditWatch = old })
-	b := setup(t, token)
+	t.Parallel()
+	b := setupWith(t, token, func(c *console.Config) { c.ReplayWatch = 2 * time.Second })
 	applied := b.runRefusingConsumer(t)
 	id := uuid.NewString()
 	if err := kafka.NewPublisher(b.client).Publish(b.ctx, []*transport.Message{{Topic: comandes, Key: []byte("P-2026-7"),

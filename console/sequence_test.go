@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
 )
 
@@ -17,7 +20,7 @@ import (
 // its topic alone and the blocked letter is marked purged.
 func TestLetterPageShowsAndReplaysABlockedSequence(t *testing.T) {
 	t.Parallel()
-	b := setup(t, token)
+	b := setupWith(t, token, func(c *console.Config) { c.ReplayWatch = time.Second })
 	head, behind := b.blockKeyWith(t, blockedHead{lastError: "passarel·la: 503", motiu: "transitori esgotat: passarel·la: 503",
 		tipus: "comanda.creada", attempts: "3"})
 
@@ -41,7 +44,8 @@ func TestLetterPageShowsAndReplaysABlockedSequence(t *testing.T) {
 	}
 	form.Set("csrf", csrf)
 	resp, body := br.post("/sequencia/reproduir", form)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `<b id="replayed-head">`+head+`</b>`) {
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `<b id="replayed-head">`+head+`</b>`) ||
+		!strings.Contains(body, `id="seq-took"`) || !strings.Contains(body, `<b id="behind">2</b>`) {
 		t.Fatalf("replay: %d\n%s", resp.StatusCode, body)
 	}
 	if n := b.records(t, comandes); n != 1 {
@@ -50,6 +54,65 @@ func TestLetterPageShowsAndReplaysABlockedSequence(t *testing.T) {
 	if l, err := b.svc.Get(b.ctx, behind); err != nil || l.State != dlq.StatePurged {
 		t.Fatalf("the blocked letter: %v %v, want purged", l, err)
 	}
+}
+
+// A sequence replay whose head fails again is reported as not taken: the
+// consumer (here the test, once the head is on the topic) dead-letters the
+// head's event again while the console watches, and the result page says
+// "did not take: dead-lettered again: <motiu> (letter <new letter>)", links
+// the new letter to edit and offers the skip, instead of claiming success.
+func TestSequenceReplayThatDoesNotTakeIsReported(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, token, func(c *console.Config) { c.ReplayWatch = 20 * time.Second })
+	h := blockedHead{lastError: "esquema: falta adreca", motiu: "permanent: esquema: falta adreca", tipus: "comanda.pagada", attempts: "1"}
+	head, _ := b.blockKeyWith(t, h)
+	br := b.browser(t)
+	csrf := br.login(token)
+	again := b.failAgain(t, 1, "P-2026-9", "e-cap", h)
+	start := time.Now()
+	resp, body := br.post("/sequencia/reproduir", url.Values{"csrf": {csrf}, "consumidor": {"pagaments.comandes"}, "clau": {"P-2026-9"}})
+	letter := <-again
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `<b id="replayed-head">`+head+`</b>`) ||
+		!strings.Contains(body, `id="seq-not-taken"`) || strings.Contains(body, `id="seq-took"`) ||
+		!strings.Contains(body, "did not take: dead-lettered again: permanent: esquema: falta adreca (letter "+letter+")") ||
+		!strings.Contains(body, `href="/carta/editar?id=`+strings.ReplaceAll(letter, "/", "%2f")+`"`) || !strings.Contains(body, `class="skip-head"`) {
+		t.Fatalf("replay of a head that fails again: %d\n%s", resp.StatusCode, body)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("the answer took %s: the watch should end once the head died again, not at its 20 s bound", d)
+	}
+	if l, err := b.svc.Get(b.ctx, letter); err != nil || l.State != dlq.StatePending {
+		t.Fatalf("the new letter of the head: %v %v, want pending", l, err)
+	}
+}
+
+// failAgain stands for a consumer whose head fails again: once n records are
+// on the topic (the replayed heads), it dead-letters event eid of key again
+// and sends the new letter's id ("" after a failure, reported).
+func (b *bundle) failAgain(t *testing.T, n int64, key, eid string, h blockedHead) <-chan string {
+	out := make(chan string, 1)
+	go func() {
+		id := ""
+		defer func() { out <- id }()
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			ends, err := b.adm.ListEndOffsets(b.ctx, comandes)
+			var got int64
+			if err == nil && ends.Error() == nil {
+				ends.Each(func(o kadm.ListedOffset) { got += o.Offset })
+			}
+			if got >= n {
+				var err error
+				if id, err = b.keyLetter(key, eid, h.motiu, h); err != nil {
+					t.Errorf("dead-letter %s again: %v", eid, err)
+				}
+				return
+			}
+			time.Sleep(20 * time.Millisecond) // polling the broker, as a consumer does
+		}
+		t.Errorf("%d record(s) never reached %s", n, comandes)
+	}()
+	return out
 }
 
 func jsonMS() string { return strconv.FormatInt(time.Now().UnixMilli(), 10) }

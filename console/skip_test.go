@@ -61,14 +61,11 @@ func (b *bundle) blockKeyWith(t *testing.T, h blockedHead) (head, behind string)
 		t.Fatal(err)
 	}
 	letter := func(eid, motiu string) string {
-		r := &kgo.Record{Topic: comandesDLQ, Key: []byte("P-2026-9"), Value: []byte(`{"id_esdeveniment":"` + eid +
-			`","tipus":"` + h.tipus + `","versio":1,"data_ms":` + jsonMS() + `,"origen":"comandes","dades":{"client":"` + customer + `"}}`),
-			Timestamp: time.Now(), Headers: []kgo.RecordHeader{{Key: "motiu", Value: []byte(motiu)}, {Key: "intents", Value: []byte(h.attempts)},
-				{Key: "topic_original", Value: []byte(comandes)}, {Key: "id_esdeveniment", Value: []byte(eid)}}}
-		if err := b.client.ProduceSync(b.ctx, r).FirstErr(); err != nil {
+		id, err := b.keyLetter("P-2026-9", eid, motiu, h)
+		if err != nil {
 			t.Fatal(err)
 		}
-		return dlq.KafkaID(r.Topic, r.Partition, r.Offset)
+		return id
 	}
 	head = letter("e-cap", h.motiu)
 	behind = letter("e-darrere-1", keyorder.BlockedReason("e-cap"))
@@ -76,6 +73,22 @@ func (b *bundle) blockKeyWith(t *testing.T, h blockedHead) (head, behind string)
 		t.Fatal(err)
 	}
 	return head, behind
+}
+
+// keyLetter writes a dead letter of event eid of key to the DLQ, as the
+// per-key order consumer pagaments.comandes writes it (no consumer group
+// header: a replay goes back to the topic), and returns its id. It does not
+// sync the index; it does not fail the test, so a goroutine standing for the
+// consumer may call it.
+func (b *bundle) keyLetter(key, eid, motiu string, h blockedHead) (string, error) {
+	r := &kgo.Record{Topic: comandesDLQ, Key: []byte(key), Value: []byte(`{"id_esdeveniment":"` + eid +
+		`","tipus":"` + h.tipus + `","versio":1,"data_ms":` + jsonMS() + `,"origen":"comandes","dades":{"client":"` + customer + `"}}`),
+		Timestamp: time.Now(), Headers: []kgo.RecordHeader{{Key: "motiu", Value: []byte(motiu)}, {Key: "intents", Value: []byte(h.attempts)},
+			{Key: "topic_original", Value: []byte(comandes)}, {Key: "id_esdeveniment", Value: []byte(eid)}}}
+	if err := b.client.ProduceSync(b.ctx, r).FirstErr(); err != nil {
+		return "", err
+	}
+	return dlq.KafkaID(r.Topic, r.Partition, r.Offset), nil
 }
 
 // The blocked keys page offers to skip a dead-lettered head, with a
