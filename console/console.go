@@ -209,6 +209,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /purgar", c.withSession(c.purge))
 	mux.HandleFunc("POST /sequencia/reproduir", c.withSession(c.replaySequence))
 	mux.HandleFunc("POST /sequencia/saltar", c.withSession(c.skipSequence))
+	mux.HandleFunc("POST /sequencies/reproduir", c.withSession(c.replaySequences))
 	mux.HandleFunc("GET /carta/editar", c.withSession(c.editPage))
 	mux.HandleFunc("POST /carta/editar", c.withSession(c.editReplay))
 	mux.HandleFunc("GET /auditoria", c.withSession(c.auditPage))

@@ -8,10 +8,11 @@ import (
 // A plan binds a confirmation to what its dry run listed: the exact letter
 // IDs the operator saw. The replay or purge it confirms acts on those IDs,
 // never on the group or filter resolved again, and says how many letters
-// arrived since (dlq.Source.Arrived).
+// arrived since (dlq.Source.Arrived). A plan of kind "sequences" holds the
+// blocked keys of one consumer its confirm page listed (sequences.go).
 type plan struct {
-	kind    string // "replay" or "purge"
-	sel     string // the selection's Describe, for the log
+	kind    string // "replay", "purge" or "sequences"
+	sel     string // the selection's Describe, for the log; for "sequences", the service and consumer
 	ids     []string
 	created time.Time
 }

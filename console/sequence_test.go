@@ -3,6 +3,7 @@ package console_test
 import (
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
+	"github.com/km0/km0/keyorder"
 )
 
 // The page of a letter that is a key's blocked head shows the key's
@@ -116,3 +118,109 @@ func (b *bundle) failAgain(t *testing.T, n int64, key, eid string, h blockedHead
 }
 
 func jsonMS() string { return strconv.FormatInt(time.Now().UnixMilli(), 10) }
+
+// The blocked keys page replays every blocked sequence of a consumer at
+// once (as `km0 dlq sequence --replay` without --key), behind the login, the
+// form token and a confirm step bound to the keys it listed. Three keys are
+// blocked: P-2026-9 (its head fails again), P-2026-8 (its head takes) and
+// P-2026-7 (its head waits for a retry: nothing to replay). The result says
+// 2 replayed, 1 of them did not take, 1 refused, and names each key's fate;
+// the two heads are on the topic, once each.
+func TestBlockedKeysPageReplaysEverySequenceOfAConsumer(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, token, func(c *console.Config) { c.ReplayWatch = 3 * time.Second })
+	h := blockedHead{lastError: "esquema: falta adreca", motiu: "permanent: esquema: falta adreca", tipus: "comanda.pagada", attempts: "1"}
+	b.blockKeyWith(t, h)
+	ko, err := keyorder.New(keyorder.Config{Schema: b.schema.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.schema.Pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, head := range map[string]keyorder.Head{
+		"P-2026-8": {MessageID: "e-cap-8", Reason: keyorder.ReasonDeadLettered, LastError: "db: permission denied"},
+		"P-2026-7": {MessageID: "e-cap-7", Reason: keyorder.ReasonRetry, LastError: "db: permission denied"},
+	} {
+		if err := ko.MarkHeadBlocked(b.ctx, tx, "pagaments.comandes", key, head); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	head8, err := b.keyLetter("P-2026-8", "e-cap-8", "transitori esgotat: permission denied", h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.svc.Sync(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	form := url.Values{"servei": {""}, "consumidor": {"pagaments.comandes"}}
+	if resp, _ := b.browser(t).post("/sequencies/reproduir", form); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("replay of every sequence without login: %d, want 401", resp.StatusCode)
+	}
+	br := b.browser(t)
+	csrf := br.login(token)
+	if _, body := br.get("/claus"); !strings.Contains(body, `data-consumer="pagaments.comandes"`) || !strings.Contains(body, `class="replay-all-sequences"`) {
+		t.Fatalf("the blocked keys page offers no replay of every sequence of the consumer:\n%s", body)
+	}
+	if resp, _ := br.post("/sequencies/reproduir", form); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("without the form token: %d, want 403", resp.StatusCode)
+	}
+	form.Set("csrf", csrf)
+	resp, body := br.post("/sequencies/reproduir", form)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `<b id="seqall-count">3</b>`) || !strings.Contains(body, `id="seqall-confirm"`) ||
+		!strings.Contains(body, "<code>P-2026-7</code>") || !strings.Contains(body, "<code>P-2026-9</code>") {
+		t.Fatalf("confirm step: %d\n%s", resp.StatusCode, body)
+	}
+	plan := planOf(t, body)
+	form.Set("confirmo", "1")
+	if resp, _ := br.post("/sequencies/reproduir", form); resp.StatusCode != http.StatusConflict {
+		t.Fatalf("confirmed without the confirm page's plan: %d, want 409", resp.StatusCode)
+	}
+	if n := b.records(t, comandes); n != 0 {
+		t.Fatalf("%d record(s) published before the confirmation", n)
+	}
+	form.Set("pla", plan)
+	again := b.failAgain(t, 2, "P-2026-9", "e-cap", h) // the keys go in order: P-2026-9's head is the second on the topic
+	resp, body = br.post("/sequencies/reproduir", form)
+	letter := <-again
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `<b id="seqall-replayed">2</b>`) ||
+		!strings.Contains(body, `<b id="seqall-not-taken">1</b>`) || !strings.Contains(body, `<b id="seqall-refused">1</b>`) {
+		t.Fatalf("replay of every sequence: %d\n%s", resp.StatusCode, body)
+	}
+	rows := map[string]string{}
+	for _, m := range regexp.MustCompile(`<tr class="seqall-outcome" data-key="([^"]+)">([\s\S]*?)</tr>`).FindAllStringSubmatch(body, -1) {
+		rows[m[1]] = m[2]
+	}
+	if len(rows) != 3 || !strings.Contains(rows["P-2026-9"], "did not take: dead-lettered again: permanent: esquema: falta adreca (letter "+letter+")") ||
+		!strings.Contains(rows["P-2026-8"], "replayed: no new dead letter") || !strings.Contains(rows["P-2026-8"], head8) ||
+		!strings.Contains(rows["P-2026-7"], "refused: nothing to replay") {
+		t.Fatalf("the outcome of each key: %v\n%s", rows, body)
+	}
+	if n := b.records(t, comandes); n != 2 {
+		t.Fatalf("%d record(s) on %s, want the two heads once each", n, comandes)
+	}
+	log, err := b.svc.AuditLog(b.ctx, dlq.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replays := 0
+	for _, e := range log {
+		if e.Action == dlq.ActionReplay {
+			replays++
+			if !strings.HasPrefix(e.Actor, "console:") {
+				t.Fatalf("replay audit entry not by the console session: %+v", e)
+			}
+		}
+	}
+	if replays != 2 {
+		t.Fatalf("%d replay entries in the audit log, want 2: %+v", replays, log)
+	}
+	if resp, _ := br.post("/sequencies/reproduir", form); resp.StatusCode != http.StatusConflict || b.records(t, comandes) != 2 {
+		t.Fatalf("the same confirmation again: %d, want 409 and nothing published (a plan is used once)", resp.StatusCode)
+	}
+}

@@ -96,8 +96,16 @@ func blockedKeys(ctx context.Context, sdb ServiceDB) ([]blockedKey, error) {
 	})
 }
 
+// blockingConsumer is a consumer of a service that blocks keys: a row of
+// the blocked keys page's per-consumer actions.
+type blockingConsumer struct {
+	Service, Consumer string
+	Keys              int // its keys the page shows
+}
+
 // blockedPage lists every service's blocked keys, each with its head and the
-// count parked behind it, and offers to replay each sequence as one.
+// count parked behind it, and offers to replay each sequence as one, or
+// every sequence of a consumer at once (replaySequences).
 func (c *Console) blockedPage(w http.ResponseWriter, r *http.Request) {
 	var keys []blockedKey
 	var errs []string
@@ -110,8 +118,19 @@ func (c *Console) blockedPage(w http.ResponseWriter, r *http.Request) {
 		}
 		keys = append(keys, ks...)
 	}
+	var consumers []blockingConsumer
+	at := map[[2]string]int{}
+	for _, k := range keys {
+		id := [2]string{k.Service, k.Consumer}
+		i, ok := at[id]
+		if !ok {
+			i, at[id] = len(consumers), len(consumers)
+			consumers = append(consumers, blockingConsumer{Service: k.Service, Consumer: k.Consumer})
+		}
+		consumers[i].Keys++
+	}
 	c.renderPage(w, r, http.StatusOK, "blocked", page{Title: "Blocked keys", Refresh: refreshSeconds, Data: map[string]any{
-		"Keys": keys, "Errors": errs, "Services": len(c.serviceDBs()), "HasDLQ": c.cfg.Source != nil,
+		"Keys": keys, "Consumers": consumers, "Errors": errs, "Services": len(c.serviceDBs()), "HasDLQ": c.cfg.Source != nil,
 	}})
 }
 
