@@ -336,7 +336,9 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	const limit = 500
-	f := dlq.Filter{Topic: topic, Class: class, States: states, Limit: limit}
+	// One row per event and consumer: duplicate letters fold into it, and
+	// a row stands for all its copies (copies.go).
+	f := dlq.Filter{Topic: topic, Class: class, States: states, Limit: limit, Fold: true}
 	consumerFilter(&f, n.Consumer)
 	n.apply(&f)
 	ls, err := c.cfg.Source.List(r.Context(), f)
@@ -345,6 +347,11 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	count := total(ls)
+	shown, folded := 0, 0 // letters in the rows shown, and copies beyond the first
+	for _, l := range ls.Letters {
+		shown += l.Copies
+		folded += l.Copies - 1
+	}
 	title := topic + " · " + class
 	if n.Consumer != "" {
 		title = topic + " · " + n.Consumer + " · " + class
@@ -353,7 +360,7 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	consumerOnly.Consumer = ""
 	c.renderPage(w, r, http.StatusOK, "group", page{Title: title, Data: map[string]any{
 		"Topic": topic, "Consumer": n.Consumer, "Class": class, "Estat": estat, "Count": count, "Letters": ls.Letters,
-		"Shown": len(ls.Letters), "Pending": estat == string(dlq.StatePending), "Rabbit": c.cfg.Broker == "RabbitMQ",
+		"Shown": shown, "Folded": folded, "Pending": estat == string(dlq.StatePending), "Rabbit": c.cfg.Broker == "RabbitMQ",
 		"N": n, "Rest": consumerOnly.Describe(), "NoneTicked": q.Get("avis") == "cap",
 	}})
 }
@@ -628,20 +635,31 @@ func (c *Console) replayPreview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	items := rep.Items
-	if len(items) > 200 {
-		items = items[:200]
+	ids, copies, err := c.foldReplay(r.Context(), sel, rep)
+	if err != nil {
+		c.fail(w, r, err)
+		return
 	}
-	var ids []string
-	for _, it := range rep.Items {
-		if it.Done {
-			ids = append(ids, it.ID)
-		}
+	isCopy := map[string]bool{}
+	for _, id := range copies {
+		isCopy[id] = true
 	}
-	tok := c.savePlan(&plan{kind: "replay", sel: sel.Describe(), ids: ids, created: c.cfg.Now()})
+	items := make([]previewItem, 0, min(len(rep.Items), 200))
+	for _, it := range rep.Items[:min(len(rep.Items), 200)] {
+		items = append(items, previewItem{Item: it, Copy: isCopy[it.ID]})
+	}
+	tok := c.savePlan(&plan{kind: "replay", sel: sel.Describe(), ids: ids, copies: copies, created: c.cfg.Now()})
 	c.renderPage(w, r, http.StatusOK, "preview", page{Title: "Replay: dry run", Data: map[string]any{
 		"Sel": sel, "Report": rep, "Items": items, "More": len(rep.Items) - len(items), "Plan": tok,
+		"Would": len(ids), "Copies": copies[:min(len(copies), 200)], "CopyCount": len(copies),
 	}})
+}
+
+// previewItem is a row of a dry run: Copy marks a duplicate copy, marked
+// purged when the replay of another copy of its event is confirmed.
+type previewItem struct {
+	dlq.Item
+	Copy bool
 }
 
 // purgeable is f as a purge selects by it: pending and replayed letters
@@ -663,9 +681,15 @@ func (c *Console) purgeConfirm(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
+	copies, err := c.purgeCopies(r.Context(), sel, ids)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	ids = append(ids, copies...)
 	tok := c.savePlan(&plan{kind: "purge", sel: sel.Describe(), ids: ids, created: c.cfg.Now()})
 	c.renderPage(w, r, http.StatusOK, "purgeconfirm", page{Title: "Purge: confirm", Data: map[string]any{
-		"Sel": sel, "Count": len(ids), "Rabbit": c.cfg.Broker == "RabbitMQ", "Plan": tok,
+		"Sel": sel, "Count": len(ids), "Copies": len(copies), "Rabbit": c.cfg.Broker == "RabbitMQ", "Plan": tok,
 	}})
 }
 
@@ -694,8 +718,10 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := map[string]any{"Sel": sel, "Report": rep, "Rabbit": c.cfg.Broker == "RabbitMQ", "Deleted": del}
-	if n, aerr := c.cfg.Source.Arrived(ctx, purgeable(sel.filter()), p.ids); aerr == nil && n > 0 {
-		data["Arrived"] = n
+	if sel.Scope != "seleccio" { // ticked letters: nothing can arrive in them
+		if n, aerr := c.cfg.Source.Arrived(ctx, purgeable(sel.filter()), p.ids); aerr == nil && n > 0 {
+			data["Arrived"] = n
+		}
 	}
 	if err != nil {
 		c.cfg.Logger.Error("console: purge", "err", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -28,6 +29,7 @@ type job struct {
 	Selection string // "" for a job resumed after a restart
 	Force     bool
 	arrived   int // letters of the selection that died after the dry run: not replayed
+	copies    int // duplicate copies marked purged at the confirmation (copies.go)
 
 	mu      sync.Mutex
 	running bool
@@ -49,7 +51,11 @@ type replayJob struct {
 	// Arrived counts the letters of the selection that died after the dry
 	// run: the job leaves them alone (a confirmation acts on what the
 	// operator saw).
-	Arrived  int        `json:"arribades_despres"`
+	Arrived int `json:"arribades_despres"`
+	// Copies counts the duplicate copies of the replayed letters (the same
+	// event dead in the same consumer) marked purged at the confirmation:
+	// one copy is replayed.
+	Copies   int        `json:"copies_purgades"`
 	Error    string     `json:"error,omitempty"`
 	Actor    string     `json:"qui"`
 	Started  time.Time  `json:"iniciada"`
@@ -67,13 +73,13 @@ func (c *Console) jobStatus(ctx context.Context, id string) (replayJob, error) {
 	j := c.jobs[id]
 	c.jobsMu.Unlock()
 	running, errText := false, ""
-	var arrived int
+	var arrived, copies int
 	var selection string
 	if j != nil {
 		j.mu.Lock()
 		running, errText = j.running, j.err
 		j.mu.Unlock()
-		arrived, selection = j.arrived, j.Selection
+		arrived, copies, selection = j.arrived, j.copies, j.Selection
 	}
 	st, err := c.cfg.Source.JobStatus(ctx, id)
 	if err != nil {
@@ -81,7 +87,7 @@ func (c *Console) jobStatus(ctx context.Context, id string) (replayJob, error) {
 	}
 	s := replayJob{ID: st.ID, Rate: st.Rate, Total: st.Total, Republished: st.Done, Failed: st.Refused, Left: st.Left,
 		Actor: dlq.Safe(st.Actor), Started: st.Created, Selection: "resumed after a restart of the console",
-		Error: errText, Arrived: arrived}
+		Error: errText, Arrived: arrived, Copies: copies}
 	if !st.Finished.IsZero() {
 		f := st.Finished
 		s.Finished = &f
@@ -118,28 +124,40 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 		}
 		rate = f
 	}
-	planned := sel.IDs
-	if sel.Scope != "seleccio" {
-		p := c.takePlan(r.PostFormValue("pla"), "replay")
-		if p == nil {
-			c.errorPage(w, r, http.StatusConflict, errNoPlan)
-			return
-		}
-		planned = p.ids
+	p := c.takePlan(r.PostFormValue("pla"), "replay")
+	if p == nil {
+		c.errorPage(w, r, http.StatusConflict, errNoPlan)
+		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
+	planned := p.ids
+	if len(planned) > dlq.JobMaxLetters {
+		c.errorPage(w, r, http.StatusRequestEntityTooLarge, "too many letters for one replay job: at most "+strconv.Itoa(dlq.JobMaxLetters)+"; narrow the selection")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	arrived := 0
 	if sel.Scope != "seleccio" {
 		f := sel.filter()
 		f.States = []dlq.State{dlq.StatePending}
-		n, err := c.cfg.Source.Arrived(ctx, f, planned)
+		n, err := c.cfg.Source.Arrived(ctx, f, append(slices.Clone(planned), p.copies...))
 		if err != nil {
 			c.cfg.Logger.Error("console: replay: count the letters arrived since the dry run", "err", err)
 			c.errorPage(w, r, http.StatusServiceUnavailable, "the dead-letter index is unavailable; nothing was replayed")
 			return
 		}
 		arrived = n
+	}
+	copies := 0
+	if len(p.copies) > 0 {
+		// Before the job: should it not start, one copy of each event is
+		// still pending, and nothing is lost.
+		rep, err := c.cfg.Source.Purge(ctx, dlq.Filter{IDs: p.copies}, dlq.PurgeOptions{Confirmed: true, Actor: actorOf(r)})
+		if err != nil {
+			c.fail(w, r, err)
+			return
+		}
+		copies = rep.Done
 	}
 	id, err := c.cfg.Source.CreateJob(ctx, planned, rate, actorOf(r))
 	if errors.Is(err, dlq.ErrJobTooLarge) {
@@ -150,7 +168,7 @@ func (c *Console) replayStart(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	j := &job{ID: id, Selection: sel.Describe(), Force: sel.Force, arrived: arrived}
+	j := &job{ID: id, Selection: sel.Describe(), Force: sel.Force, arrived: arrived, copies: copies}
 	c.startJob(j)
 	http.Redirect(w, r, "/feina?id="+id, http.StatusSeeOther)
 }

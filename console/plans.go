@@ -11,9 +11,14 @@ import (
 // arrived since (dlq.Source.Arrived). A plan of kind "sequences" holds the
 // blocked keys of one consumer its confirm page listed (sequences.go).
 type plan struct {
-	kind    string // "replay", "purge" or "sequences"
-	sel     string // the selection's Describe, for the log; for "sequences", the service and consumer
-	ids     []string
+	kind string // "replay", "purge" or "sequences"
+	sel  string // the selection's Describe, for the log; for "sequences", the service and consumer
+	ids  []string
+	// copies are, for a replay, the other pending copies of the letters in
+	// ids (the same event dead in the same consumer more than once): the
+	// replay of one covers them, and they are marked purged when it is
+	// confirmed (folded rows, copies.go).
+	copies  []string
 	created time.Time
 }
 

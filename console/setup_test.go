@@ -110,30 +110,38 @@ func (b *bundle) produceDeadBy(t *testing.T, n int, reason string, now time.Time
 	t.Helper()
 	var ids []string
 	for i := 0; i < n; i++ {
-		eid := uuid.NewString()
-		e := &envelope.Envelope{ID: eid, Type: "comanda.creada", Version: 1, TimeMS: now.UnixMilli(), Origin: "comandes",
-			Data: json.RawMessage(`{"id":"P-2026-` + strconv.Itoa(100+i) + `","client":"` + customer + `","mercat":"girona","linies":[]}`)}
-		val, err := e.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := strconv.FormatFloat(float64(now.UnixMicro())/1e6, 'f', 6, 64)
-		r := &kgo.Record{Topic: comandesDLQ, Key: []byte("P-2026-" + strconv.Itoa(100+i)), Value: val, Timestamp: now, Headers: []kgo.RecordHeader{
-			{Key: "intents", Value: []byte("3")}, {Key: "motiu", Value: []byte(reason)},
-			{Key: "topic_original", Value: []byte(comandes)}, {Key: "particio_original", Value: []byte("0")},
-			{Key: "offset_original", Value: []byte(strconv.Itoa(i))}, {Key: "primera_fallada", Value: []byte(ts)},
-			{Key: "grup_consumidor", Value: []byte(group)}, {Key: "tipus", Value: []byte("comanda.creada")},
-			{Key: "id_esdeveniment", Value: []byte(eid)},
-		}}
-		if err := b.client.ProduceSync(b.ctx, r).FirstErr(); err != nil {
-			t.Fatalf("produce: %v", err)
-		}
-		ids = append(ids, dlq.KafkaID(r.Topic, r.Partition, r.Offset))
+		ids = append(ids, b.deadLetter(t, uuid.NewString(), i, reason, now, group))
 	}
 	if _, err := b.svc.Sync(b.ctx); err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 	return ids
+}
+
+// deadLetter writes the dead letter of event eid (order P-2026-<100+i>),
+// dead at now in consumer group with reason, to the DLQ, without syncing
+// the index, and returns its id. Two calls with one eid and group write two
+// copies of one letter.
+func (b *bundle) deadLetter(t *testing.T, eid string, i int, reason string, now time.Time, group string) string {
+	t.Helper()
+	e := &envelope.Envelope{ID: eid, Type: "comanda.creada", Version: 1, TimeMS: now.UnixMilli(), Origin: "comandes",
+		Data: json.RawMessage(`{"id":"P-2026-` + strconv.Itoa(100+i) + `","client":"` + customer + `","mercat":"girona","linies":[]}`)}
+	val, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := strconv.FormatFloat(float64(now.UnixMicro())/1e6, 'f', 6, 64)
+	r := &kgo.Record{Topic: comandesDLQ, Key: []byte("P-2026-" + strconv.Itoa(100+i)), Value: val, Timestamp: now, Headers: []kgo.RecordHeader{
+		{Key: "intents", Value: []byte("3")}, {Key: "motiu", Value: []byte(reason)},
+		{Key: "topic_original", Value: []byte(comandes)}, {Key: "particio_original", Value: []byte("0")},
+		{Key: "offset_original", Value: []byte(strconv.Itoa(i))}, {Key: "primera_fallada", Value: []byte(ts)},
+		{Key: "grup_consumidor", Value: []byte(group)}, {Key: "tipus", Value: []byte("comanda.creada")},
+		{Key: "id_esdeveniment", Value: []byte(eid)},
+	}}
+	if err := b.client.ProduceSync(b.ctx, r).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	return dlq.KafkaID(r.Topic, r.Partition, r.Offset)
 }
 
 // pending counts the index's pending letters.
