@@ -82,7 +82,8 @@ func TestGroupPageFoldsDuplicateLetters(t *testing.T) {
 // Replaying a folded row replays one copy (the consumer gets the event once,
 // and one is enough) and marks the other copy purged when the replay is
 // confirmed: the dry run says so and the job's page counts it. The group's
-// replay folds the same way: of the 3 letters of 2 events, 2 are replayed.
+// replay folds the same way: of its 4 pending letters of 3 events, 3 are
+// replayed and the copy is purged.
 func TestReplayOfAFoldedRowReplaysOneCopy(t *testing.T) {
 	t.Parallel()
 	b := setup(t, token)
