@@ -95,31 +95,14 @@ func (c *Console) replaySequences(w http.ResponseWriter, r *http.Request) {
 	byLetter := map[string]int{}
 	replayed, refused := 0, 0
 	for i, sr := range res {
-		o := sequenceOutcome{Key: dlq.Safe(sr.Key)}
-		if sr.Report != nil && len(sr.Report.Items) > 0 {
-			head := sr.Report.Items[0]
-			o.Head, o.Replayed, o.Refused = head.ID, head.Done, head.Refused
-		}
-		switch {
-		case o.Replayed:
+		out[i] = c.outcomeOf(consumer, sr)
+		if out[i].Replayed {
 			replayed++
 			reps = append(reps, sr.Report)
-			byLetter[o.Head] = i
-			if sr.Err != nil {
-				c.cfg.Logger.Error("console: sequence replay", "consumidor", consumer, "err", sr.Err)
-				o.Refused = "the head was replayed, but marking the letters behind it failed (the server log has the details)"
-			}
-		case errors.Is(sr.Err, dlq.ErrNoHeadLetter):
-			refused++
-			o.Refused = "nothing to replay: its head has no pending dead letter (it waits for a retry, or was replayed already)"
-		case sr.Err != nil:
-			refused++
-			c.cfg.Logger.Error("console: sequence replay", "consumidor", consumer, "err", sr.Err)
-			o.Refused = "the dead-letter index or the broker is unavailable; the server log has the details"
-		default:
+			byLetter[out[i].Head] = i
+		} else {
 			refused++
 		}
-		out[i] = o
 	}
 	notTaken := 0
 	if len(reps) > 0 {
@@ -145,4 +128,27 @@ func (c *Console) replaySequences(w http.ResponseWriter, r *http.Request) {
 		view["Released"] = len(p.ids) - len(res) // no longer blocked when their turn came
 	}
 	c.renderPage(w, r, http.StatusOK, "seqallreplayed", page{Title: "Replay every blocked sequence: result", Data: view})
+}
+
+// outcomeOf is what the result page says of one key's replay sr: its head's
+// letter, whether it went back to its topic, and why not, without internals
+// (the log has them).
+func (c *Console) outcomeOf(consumer string, sr dlq.SequenceReplay) sequenceOutcome {
+	o := sequenceOutcome{Key: dlq.Safe(sr.Key)}
+	if sr.Report != nil && len(sr.Report.Items) > 0 {
+		head := sr.Report.Items[0]
+		o.Head, o.Replayed, o.Refused = head.ID, head.Done, head.Refused
+	}
+	switch {
+	case sr.Err == nil:
+	case o.Replayed:
+		c.cfg.Logger.Error("console: sequence replay", "consumidor", consumer, "err", sr.Err)
+		o.Refused = "the head was replayed, but marking the letters behind it failed (the server log has the details)"
+	case errors.Is(sr.Err, dlq.ErrNoHeadLetter):
+		o.Refused = "nothing to replay: its head has no pending dead letter (it waits for a retry, or was replayed already)"
+	default:
+		c.cfg.Logger.Error("console: sequence replay", "consumidor", consumer, "err", sr.Err)
+		o.Refused = "the dead-letter index or the broker is unavailable; the server log has the details"
+	}
+	return o
 }
