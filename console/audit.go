@@ -6,13 +6,9 @@ import (
 	"github.com/km0/km0/dlq"
 )
 
-// auditActions are the audit log's actions as the page names them.
-var auditActions = map[string]string{dlq.ActionReplay: "replay", dlq.ActionPurge: "purge", dlq.ActionEdit: "edit and replay",
-	dlq.ActionSkip: "skip"}
-
 type auditRow struct {
 	dlq.AuditEntry
-	What  string   // the action for people
+	What  string   // the action for people (dlq.ActionEnglish); Action keeps the stored value
 	Shown []string // the first letters
 	More  int      // how many letters are not shown
 }
@@ -37,11 +33,9 @@ func (c *Console) auditPage(w http.ResponseWriter, r *http.Request) {
 	}
 	rows := make([]auditRow, len(log))
 	for i, e := range log {
-		e.Actor, e.Result = dlq.Safe(e.Actor), dlq.Safe(e.Result)
-		row := auditRow{AuditEntry: e, What: auditActions[e.Action], Shown: e.Letters}
-		if row.What == "" {
-			row.What = dlq.Safe(e.Action)
-		}
+		// What people read is English; the stored Catalan (accio, resultat) stays in the index.
+		e.Actor, e.Result = dlq.Safe(e.Actor), dlq.Safe(dlq.ResultEnglish(e.Result))
+		row := auditRow{AuditEntry: e, What: dlq.Safe(dlq.ActionEnglish(e.Action)), Shown: e.Letters}
 		if len(row.Shown) > 10 {
 			row.Shown, row.More = row.Shown[:10], len(e.Letters)-10
 		}

@@ -210,7 +210,7 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 		!strings.Contains(out, "left the broker") {
 		t.Fatalf("purge --yes: %v\n%s", err, out)
 	}
-	if out, err := r.run("ls"); err != nil || !strings.Contains(out, "0 dead letter(s) (state pendent)") {
+	if out, err := r.run("ls"); err != nil || !strings.Contains(out, "0 dead letter(s) (state pending)") {
 		t.Fatalf("ls after purge: %v\n%s", err, out)
 	}
 	if b, i := r.onBroker(), r.indexed(); b != 0 || i != 2 {

@@ -46,7 +46,7 @@ func TestDLQPurgeConfirmationActsOnTheLettersItCounted(t *testing.T) {
 	}}
 	var out bytes.Buffer
 	c := &dlqcli.CLI{Out: &out, ErrOut: &out, In: in, TTY: true, Now: time.Now}
-	args := append(append([]string{"purge"}, h.base...), "--motiu", "permanent: esquema")
+	args := append(append([]string{"purge"}, h.base...), "--reason", "permanent: esquema")
 	if err := c.Run(context.Background(), args); err != nil {
 		t.Fatalf("purge: %v\n%s", err, out.String())
 	}
@@ -54,7 +54,7 @@ func TestDLQPurgeConfirmationActsOnTheLettersItCounted(t *testing.T) {
 		!strings.Contains(s, "2 letter(s) arrived while the question waited and were not purged") {
 		t.Fatalf("purge output:\n%s", s)
 	}
-	if out, err := h.run("", false, "ls", "--estat", "pendent"); err != nil || !strings.Contains(out, "2 dead letter(s)") {
+	if out, err := h.run("", false, "ls", "--state", "pending"); err != nil || !strings.Contains(out, "2 dead letter(s)") {
 		t.Fatalf("pending after the purge: %v\n%s", err, out)
 	}
 }
@@ -71,7 +71,7 @@ func TestDLQReplayPlanActsOnTheLettersTheDryRunListed(t *testing.T) {
 	}
 	var stdout, stderr bytes.Buffer
 	c := &dlqcli.CLI{Out: &stdout, ErrOut: &stderr, In: strings.NewReader(""), Now: time.Now}
-	if err := c.Run(context.Background(), append(append([]string{"replay"}, h.base...), "--motiu", "permanent: esquema", "--dry-run", "--json")); err != nil {
+	if err := c.Run(context.Background(), append(append([]string{"replay"}, h.base...), "--reason", "permanent: esquema", "--dry-run", "--json")); err != nil {
 		t.Fatalf("dry run: %v\n%s%s", err, stdout.String(), stderr.String())
 	}
 	plan := t.TempDir() + "/plan.json"
@@ -80,12 +80,12 @@ func TestDLQReplayPlanActsOnTheLettersTheDryRunListed(t *testing.T) {
 	}
 	h.dead("P-2", "permanent: esquema: y", []byte(value))
 	h.dead("P-2", "permanent: esquema: y", []byte(value))
-	out, err := h.run("", false, "replay", "--motiu", "permanent: esquema", "--plan", plan)
+	out, err := h.run("", false, "replay", "--reason", "permanent: esquema", "--plan", plan)
 	if err != nil || !strings.Contains(out, "3 selected, 3 replayed, 0 refused") ||
 		!strings.Contains(out, "2 letter(s) of the selection arrived after the dry run and were not replayed") {
 		t.Fatalf("replay --plan: %v\n%s", err, out)
 	}
-	if out, err := h.run("", false, "ls", "--estat", "pendent"); err != nil || !strings.Contains(out, "2 dead letter(s)") {
+	if out, err := h.run("", false, "ls", "--state", "pending"); err != nil || !strings.Contains(out, "2 dead letter(s)") {
 		t.Fatalf("pending after the planned replay: %v\n%s", err, out)
 	}
 }

@@ -25,7 +25,7 @@ func TestDLQShowPrintsTheAttemptHistory(t *testing.T) {
 	r := &kgo.Record{Topic: "comandes.esdeveniments.dlq", Key: []byte("P-7"), Value: []byte(good), Timestamp: at.Add(90 * time.Second)}
 	for _, kv := range [][2]string{{contract.HeaderAttempts, "2"}, {contract.HeaderReason, "permanent: esquema: preu negatiu"},
 		{contract.HeaderOriginalTopic, "comandes.esdeveniments"}, {"tipus", "comanda.creada"}, {"id_esdeveniment", "e-7"},
-		{contract.HeaderFirstFailure, contract.FormatTime(at)}, {contract.HeaderGroup, "inventari.comandes"}, {contract.HeaderHistory, history}} {
+		{contract.HeaderFirstFailure, contract.FormatTime(at)}, {contract.HeaderGroup, "inventari.descompte_estoc"}, {contract.HeaderHistory, history}} {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: kv[0], Value: []byte(kv[1])})
 	}
 	if err := h.cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
@@ -37,7 +37,7 @@ func TestDLQShowPrintsTheAttemptHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "id:               " + id + "\n" +
-		"state:            pendent (replays 0)\n" +
+		"state:            pending (replays 0)\n" +
 		"original topic:   comandes.esdeveniments (partition -, offset -)\n" +
 		"motiu (reason):   permanent: esquema: preu negatiu\n" +
 		"attempts:         2\n" +
@@ -47,7 +47,7 @@ func TestDLQShowPrintsTheAttemptHistory(t *testing.T) {
 		"first failure:    2026-03-01 10:00:00Z\n" +
 		"event time:       2026-03-01 10:00:00Z\n" +
 		"dead at:          2026-03-01 10:01:30Z\n" +
-		"consumer group:   inventari.comandes\n" +
+		"consumer group:   inventari.descompte_estoc\n" +
 		"\nattempt history (last 2, oldest first):\n" +
 		"ATTEMPT  FAILED_AT             ERROR\n" +
 		"1        2026-03-01 10:00:00Z  transient: timeout calling pagaments\n" +

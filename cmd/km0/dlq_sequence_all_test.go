@@ -23,7 +23,7 @@ func TestDLQSequenceReplaySaysWhenItDidNotTake(t *testing.T) {
 		kafkatest.ReadAll(t, h.broker, "comandes.esdeveniments", 1, 20*time.Second)
 		again <- h.dead("P-9", "permanent: preu negatiu", value, "tipus", "comanda.creada", "id_esdeveniment", "e-H")
 	}()
-	out, err := h.run("", false, "sequence", "--consumer", "inventari.comandes", "--key", "P-9", "--replay", "--watch", "20s")
+	out, err := h.run("", false, "sequence", "--consumer", "inventari.descompte_estoc", "--key", "P-9", "--replay", "--watch", "20s")
 	letter := <-again
 	if err == nil || !strings.Contains(err.Error(), "1 replay(s) did not take") ||
 		!strings.Contains(out, "did not take: dead-lettered again: permanent: preu negatiu (letter "+letter+")") {
@@ -49,7 +49,7 @@ func TestDLQSequenceReplayWithoutKeyReplaysEveryBlockedKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ko.MarkHeadBlocked(ctx, tx, "inventari.comandes", "P-8", keyorder.Head{MessageID: "e-H8",
+	if err := ko.MarkHeadBlocked(ctx, tx, "inventari.descompte_estoc", "P-8", keyorder.Head{MessageID: "e-H8",
 		Reason: keyorder.ReasonDeadLettered, LastError: "db: permission denied"}); err != nil {
 		t.Fatal(err)
 	}
@@ -59,8 +59,8 @@ func TestDLQSequenceReplayWithoutKeyReplaysEveryBlockedKey(t *testing.T) {
 	h.dead("P-8", "transitori esgotat: permission denied", []byte(`{"id_esdeveniment":"e-H8","tipus":"comanda.creada","versio":1,"data_ms":`+
 		jsonNumber(time.Now().UnixMilli())+`,"origen":"comandes","dades":{"id":"P-8"}}`), "tipus", "comanda.creada", "id_esdeveniment", "e-H8")
 
-	out, err := h.run("", false, "sequence", "--consumer", "inventari.comandes", "--replay", "--watch", "0")
-	if err != nil || !strings.Contains(out, "replayed 2 blocked sequence(s) of inventari.comandes, 0 refused") {
+	out, err := h.run("", false, "sequence", "--consumer", "inventari.descompte_estoc", "--replay", "--watch", "0")
+	if err != nil || !strings.Contains(out, "replayed 2 blocked sequence(s) of inventari.descompte_estoc, 0 refused") {
 		t.Fatalf("sequence --replay without --key: %v\n%s", err, out)
 	}
 	recs := kafkatest.ReadAll(t, h.broker, "comandes.esdeveniments", 2, 10*time.Second)
@@ -71,10 +71,13 @@ func TestDLQSequenceReplayWithoutKeyReplaysEveryBlockedKey(t *testing.T) {
 	if len(recs) != 2 || !heads["P-8"] || !heads["P-9"] {
 		t.Fatalf("records on the topic: %d (keys %v), want the two heads", len(recs), heads)
 	}
-	if out, err := h.run("", false, "ls", "--estat", "pendent"); err != nil || !strings.Contains(out, "0 dead letter(s)") {
+	if out, err := h.run("", false, "ls", "--state", "pending"); err != nil || !strings.Contains(out, "0 dead letter(s)") {
 		t.Fatalf("pending after replaying every sequence: %v\n%s", err, out)
 	}
-	if out, err := h.run("", false, "audit"); err != nil || strings.Count(out, "reproduccio") != 2 || !strings.Contains(out, "cli:") {
+	// The index stores accio reproduccio and resultat fet; people read English
+	// (three entries: the two heads' replays and the purge of e-B1's letter).
+	if out, err := h.run("", false, "audit"); err != nil || strings.Count(out, "  replay  ") != 2 || strings.Count(out, "  done\n") != 3 ||
+		!strings.Contains(out, "cli:") || strings.Contains(out, "reproduccio") {
 		t.Fatalf("audit log: %v\n%s", err, out)
 	}
 }

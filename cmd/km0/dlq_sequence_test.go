@@ -11,7 +11,7 @@ import (
 	"github.com/km0/km0/migrate"
 )
 
-// blockSequence blocks key P-9 of consumer inventari.comandes behind the
+// blockSequence blocks key P-9 of consumer inventari.descompte_estoc behind the
 // dead-lettered head e-H, with e-B1 and e-B2 parked behind it, as a per-key
 // order consumer leaves it, and dead-letters the head and e-B1 (blocked).
 func (h *dlqHarness) blockSequence() (head, b1 string) {
@@ -29,14 +29,14 @@ func (h *dlqHarness) blockSequence() (head, b1 string) {
 		h.t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	if err := ko.MarkHeadBlocked(ctx, tx, "inventari.comandes", "P-9", keyorder.Head{MessageID: "e-H",
+	if err := ko.MarkHeadBlocked(ctx, tx, "inventari.descompte_estoc", "P-9", keyorder.Head{MessageID: "e-H",
 		Reason: keyorder.ReasonDeadLettered, LastError: "preu negatiu"}); err != nil {
 		h.t.Fatal(err)
 	}
 	for i, id := range []string{"e-B1", "e-B2"} {
 		m := keyorder.Message{ID: id, Topic: "comandes.esdeveniments", Partition: 2, Offset: int64(10 + i), Value: []byte(`{}`),
 			Headers: []keyorder.Header{{Key: "tipus", Value: "comanda.cancellada"}, {Key: "id_esdeveniment", Value: id}}}
-		if _, _, err := ko.Park(ctx, tx, "inventari.comandes", "P-9", m); err != nil {
+		if _, _, err := ko.Park(ctx, tx, "inventari.descompte_estoc", "P-9", m); err != nil {
 			h.t.Fatal(err)
 		}
 	}
@@ -58,7 +58,7 @@ func (h *dlqHarness) blockSequence() (head, b1 string) {
 func TestDLQSequenceShowsAndReplaysAKeyAsOne(t *testing.T) {
 	h := newDLQHarness(t)
 	headLetter, b1Letter := h.blockSequence()
-	out, err := h.run("", false, "sequence", "--consumer", "inventari.comandes", "--key", "P-9")
+	out, err := h.run("", false, "sequence", "--consumer", "inventari.descompte_estoc", "--key", "P-9")
 	if err != nil {
 		t.Fatalf("sequence: %v\n%s", err, out)
 	}
@@ -71,16 +71,16 @@ func TestDLQSequenceShowsAndReplaysAKeyAsOne(t *testing.T) {
 	if iB1 < 0 || iB2 < iB1 {
 		t.Fatalf("the messages behind are not listed in order:\n%s", out)
 	}
-	out, err = h.run("", false, "sequence", "--consumer", "inventari.comandes")
-	if err != nil || !strings.Contains(out, "1 key(s) blocked by inventari.comandes") || !strings.Contains(out, `"P-9"`) {
+	out, err = h.run("", false, "sequence", "--consumer", "inventari.descompte_estoc")
+	if err != nil || !strings.Contains(out, "1 key(s) blocked by inventari.descompte_estoc") || !strings.Contains(out, `"P-9"`) {
 		t.Fatalf("sequence without --key: %v\n%s", err, out)
 	}
-	out, err = h.run("", false, "sequence", "--consumer", "inventari.comandes", "--key", "P-1")
+	out, err = h.run("", false, "sequence", "--consumer", "inventari.descompte_estoc", "--key", "P-1")
 	if err != nil || !strings.Contains(out, "not blocked") {
 		t.Fatalf("sequence of a free key: %v\n%s", err, out)
 	}
 
-	out, err = h.run("", false, "sequence", "--consumer", "inventari.comandes", "--key", "P-9", "--replay")
+	out, err = h.run("", false, "sequence", "--consumer", "inventari.descompte_estoc", "--key", "P-9", "--replay")
 	if err != nil || !strings.Contains(out, "replayed the head "+headLetter) || !strings.Contains(out, "marked purged "+b1Letter) {
 		t.Fatalf("sequence --replay: %v\n%s", err, out)
 	}
@@ -88,12 +88,12 @@ func TestDLQSequenceShowsAndReplaysAKeyAsOne(t *testing.T) {
 	if len(recs) != 1 || string(recs[0].Key) != "P-9" || !strings.Contains(string(recs[0].Value), `"e-H"`) {
 		t.Fatalf("%d records on the original topic, want the head alone", len(recs))
 	}
-	out, err = h.run("", false, "ls", "--estat", "pendent")
+	out, err = h.run("", false, "ls", "--state", "pending")
 	if err != nil || !strings.Contains(out, "0 dead letter(s)") {
 		t.Fatalf("after the replay the head's and the blocked letter must not be pending: %v\n%s", err, out)
 	}
 	// The head has no pending letter any more: a second replay is refused.
-	if out, err = h.run("", false, "sequence", "--consumer", "inventari.comandes", "--key", "P-9", "--replay"); err == nil ||
+	if out, err = h.run("", false, "sequence", "--consumer", "inventari.descompte_estoc", "--key", "P-9", "--replay"); err == nil ||
 		!strings.Contains(err.Error(), "no pending dead letter") {
 		t.Fatalf("second replay: %v\n%s", err, out)
 	}

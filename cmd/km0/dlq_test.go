@@ -77,7 +77,7 @@ func TestDLQCommands(t *testing.T) {
 		!strings.Contains(out, "permanent: envelope") {
 		t.Fatalf("ls: %v\n%s", err, out)
 	}
-	out, err = h.run("", false, "ls", "--json", "--motiu", "permanent: esquema")
+	out, err = h.run("", false, "ls", "--json", "--reason", "permanent: esquema")
 	var ls struct {
 		Groups  []dlq.Group      `json:"grups"`
 		Letters []dlq.LetterView `json:"cartes"`
@@ -120,7 +120,7 @@ func TestDLQCommands(t *testing.T) {
 	if err != nil || !strings.Contains(out, "1 selected, 1 would replay, 0 refused") {
 		t.Fatalf("replay --dry-run: %v\n%s", err, out)
 	}
-	if out, err := h.run("", false, "replay", "--motiu", "permanent: esquema"); err != nil || !strings.Contains(out, "1 replayed") {
+	if out, err := h.run("", false, "replay", "--reason", "permanent: esquema"); err != nil || !strings.Contains(out, "1 replayed") {
 		t.Fatalf("replay: %v\n%s", err, out)
 	}
 	if out, err := h.run("", false, "replay", "--id", poison); err == nil || !strings.Contains(out, "refused") {
@@ -170,7 +170,7 @@ func TestDLQPurgeQuestionDoesNotLoadTheLetters(t *testing.T) {
 	}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	out, err := h.run("n\n", true, "purge", "--motiu", "permanent: esquema")
+	out, err := h.run("n\n", true, "purge", "--reason", "permanent: esquema")
 	runtime.ReadMemStats(&after)
 	if err == nil || !strings.Contains(out, "Purge 200 dead letter(s)?") {
 		t.Fatalf("purge answered n: %v\n%s", err, out)
@@ -191,7 +191,7 @@ func TestDLQReplayAndPurgeNeedAnExplicitAll(t *testing.T) {
 			t.Errorf("km0 dlq %v without a filter: %v, want a refusal naming --all", args, err)
 		}
 	}
-	for _, args := range [][]string{{"replay", "--all", "--motiu", "x"}, {"purge", "--all", "--id", "a.dlq/0/1", "--yes"}} {
+	for _, args := range [][]string{{"replay", "--all", "--reason", "x"}, {"purge", "--all", "--id", "a.dlq/0/1", "--yes"}} {
 		err := c.Run(context.Background(), append(args, conn...))
 		if err == nil || !strings.Contains(err.Error(), "--all selects every letter") {
 			t.Errorf("km0 dlq %v: %v, want a refusal of --all with a filter", args, err)

@@ -5,7 +5,6 @@ package dlqcli
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -336,7 +335,7 @@ func (c *CLI) start(ctx context.Context, fs *flag.FlagSet, o *Opts, ff *filterFl
 func (c *CLI) ls(ctx context.Context, args []string) error {
 	fs, o := c.flags("ls", "list dead letters grouped by topic and motiu (counts), then the rows")
 	ff := addFilterFlags(fs)
-	state := fs.String("state", "pendent", "pendent, reproduida, purgada or totes")
+	state := fs.String("state", "pending", "pending, replayed, purged or all (the index's pendent, reproduida, purgada, totes are accepted too)")
 	limit := fs.Int("limit", 200, "rows to print at most (0 = all); the counts always cover every letter")
 	f, env, err := c.start(ctx, fs, o, ff, args, func(f *dlq.Filter) (err error) {
 		f.Limit, f.Fold = *limit, true
@@ -358,7 +357,7 @@ func (c *CLI) ls(ctx context.Context, args []string) error {
 	for _, g := range ls.Groups {
 		total += g.Count
 	}
-	fmt.Fprintf(c.Out, "%d dead letter(s) (state %s)\n", total, cmp.Or(*state, "totes"))
+	fmt.Fprintf(c.Out, "%d dead letter(s) (state %s)\n", total, statesEnglish(f.States))
 	if ls.Refused > 0 {
 		fmt.Fprintf(c.Out, "%d letter(s) refused by the index, set aside in table %s (the error log names each)\n",
 			ls.Refused, dlq.RefusedTable)
@@ -379,7 +378,7 @@ func (c *CLI) ls(ctx context.Context, args []string) error {
 			id += fmt.Sprintf(" (+%d)", l.Copies-1)
 			folded += l.Copies - 1
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", id, deadStamp(l), l.Attempts, l.State,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", id, deadStamp(l), l.Attempts, l.State.English(),
 			orDash(dlq.Safe(l.Type)), orDash(dlq.Safe(l.EventID)), clip(dlq.Safe(l.Reason), 80))
 	}
 	if err := tw.Flush(); err != nil {
@@ -425,7 +424,7 @@ func (c *CLI) show(ctx context.Context, args []string) error {
 	tw := tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("id", l.ID)
-	row("state", fmt.Sprintf("%s (replays %d%s%s)", l.State, l.Replays, at(", last ", l.ReplayedAt), at(", purged ", l.PurgedAt)))
+	row("state", fmt.Sprintf("%s (replays %d%s%s)", l.State.English(), l.Replays, at(", last ", l.ReplayedAt), at(", purged ", l.PurgedAt)))
 	row("original topic", fmt.Sprintf("%s (partition %s, offset %s)", l.OriginalTopic, orDash(num(int64(l.OriginalPartition))), orDash(num(l.OriginalOffset))))
 	row("motiu (reason)", dlq.Safe(l.Reason))
 	row("attempts", fmt.Sprint(l.Attempts))
@@ -727,6 +726,19 @@ func num(n int64) string {
 	return fmt.Sprint(n)
 }
 
+// statesEnglish names the states a listing covers as people read them:
+// "all" for every state (none given), else each in English, comma separated.
+func statesEnglish(states []dlq.State) string {
+	if len(states) == 0 {
+		return "all"
+	}
+	words := make([]string, len(states))
+	for i, st := range states {
+		words[i] = st.English()
+	}
+	return strings.Join(words, ", ")
+}
+
 func orDash(s string) string {
 	if s == "" {
 		return "-"
@@ -768,7 +780,8 @@ func (c *CLI) auditLog(ctx context.Context, args []string) error {
 		if len(e.Letters) > 3 {
 			letters = strings.Join(e.Letters[:3], " ") + fmt.Sprintf(" … (%d in all)", len(e.Letters))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", stamp(e.At), dlq.Safe(e.Actor), e.Action, orDash(letters), e.Refused, dlq.Safe(e.Result))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", stamp(e.At), dlq.Safe(e.Actor), dlq.Safe(dlq.ActionEnglish(e.Action)), orDash(letters), e.Refused,
+			dlq.Safe(dlq.ResultEnglish(e.Result)))
 	}
 	return tw.Flush()
 }
