@@ -207,7 +207,7 @@ func add(a, b consumer.Stats) consumer.Stats {
 	return consumer.Stats{
 		Processed: a.Processed + b.Processed, Duplicates: a.Duplicates + b.Duplicates, Ignored: a.Ignored + b.Ignored,
 		Foreign: a.Foreign + b.Foreign, Retried: a.Retried + b.Retried, DeadLettered: a.DeadLettered + b.DeadLettered,
-		Panics: a.Panics + b.Panics, Conflicts: a.Conflicts + b.Conflicts,
+		Panics: a.Panics + b.Panics, Conflicts: a.Conflicts + b.Conflicts, Parked: a.Parked + b.Parked, Released: a.Released + b.Released,
 	}
 }
 
