@@ -22,13 +22,28 @@ type groupRow struct {
 	Sample *dlq.Letter // logged in only
 }
 
+// stateParam reads the estat parameter of the overview and a group page
+// (pendent when absent; dlq.ParseState takes the English words too). It
+// returns the stored word the page's links and forms carry on (pendent,
+// reproduida, purgada or totes), the states it selects, and the English
+// that people read (pending, replayed, purged or all).
+func stateParam(v string) (estat string, states []dlq.State, showing string, err error) {
+	if v == "" {
+		v = string(dlq.StatePending)
+	}
+	states, err = dlq.ParseState(v)
+	switch {
+	case err != nil:
+		return "", nil, "", err
+	case len(states) == 0:
+		return "totes", nil, "all", nil
+	}
+	return string(states[0]), states, states[0].English(), nil
+}
+
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	estat := q.Get("estat")
-	if estat == "" {
-		estat = string(dlq.StatePending)
-	}
-	states, err := dlq.ParseState(estat)
+	estat, states, showing, err := stateParam(q.Get("estat"))
 	if err != nil {
 		c.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return
@@ -45,7 +60,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, http.StatusUnauthorized, "log in to filter by motiu: reasons may hold customer data")
 		return
 	}
-	data := map[string]any{"Estat": estat, "HasDLQ": c.cfg.Source != nil, "N": n, "Pending": estat == string(dlq.StatePending)}
+	data := map[string]any{"Estat": estat, "Showing": showing, "HasDLQ": c.cfg.Source != nil, "N": n, "Pending": estat == string(dlq.StatePending)}
 	if c.cfg.Source != nil {
 		f := dlq.Filter{States: states, Limit: 1}
 		n.apply(&f)
@@ -316,11 +331,7 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	topic, err1 := text(q.Get("topic"))
 	class, err2 := text(q.Get("classe"))
-	estat := q.Get("estat")
-	if estat == "" {
-		estat = string(dlq.StatePending)
-	}
-	states, err3 := dlq.ParseState(estat)
+	estat, states, showing, err3 := stateParam(q.Get("estat"))
 	if err1 != nil || err2 != nil || err3 != nil || topic == "" || class == "" {
 		c.errorPage(w, r, http.StatusBadRequest, "a group page needs topic and classe (and estat pendent, reproduida, purgada or totes)")
 		return
@@ -359,7 +370,7 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	consumerOnly := n
 	consumerOnly.Consumer = ""
 	c.renderPage(w, r, http.StatusOK, "group", page{Title: title, Data: map[string]any{
-		"Topic": topic, "Consumer": n.Consumer, "Class": class, "Estat": estat, "Count": count, "Letters": ls.Letters,
+		"Topic": topic, "Consumer": n.Consumer, "Class": class, "Estat": estat, "Showing": showing, "Count": count, "Letters": ls.Letters,
 		"Shown": shown, "Folded": folded, "Pending": estat == string(dlq.StatePending), "Rabbit": c.cfg.Broker == "RabbitMQ",
 		"N": n, "Rest": consumerOnly.Describe(), "NoneTicked": q.Get("avis") == "cap",
 	}})
@@ -430,10 +441,12 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
 
 // seqView is a blocked key's sequence as the letter page shows it.
 type seqView struct {
-	Service                                  string // its ServiceDB's name
-	Consumer, Key, HeadID, Reason, LastError string
-	Since                                    time.Time
-	Behind                                   []seqRow
+	Service                          string // its ServiceDB's name
+	Consumer, Key, HeadID, LastError string
+	Reason                           string // claus_bloquejades.motiu as stored: reintent or dlq
+	Why                              string // Reason for people (keyorder.Reason.English)
+	Since                            time.Time
+	Behind                           []seqRow
 }
 
 type seqRow struct {
@@ -479,12 +492,12 @@ func (c *Console) sequencesIn(ctx context.Context, sdb ServiceDB, l *dlq.Letter)
 			return nil, err
 		}
 		v := seqView{Service: sdb.Name, Consumer: dlq.Safe(seq.Consumer), Key: dlq.Safe(seq.Key), HeadID: dlq.Safe(seq.Head.MessageID),
-			Reason: string(seq.Head.Reason), LastError: dlq.Safe(seq.Head.LastError), Since: seq.Head.Since}
+			Reason: string(seq.Head.Reason), Why: seq.Head.Reason.English(), LastError: dlq.Safe(seq.Head.LastError), Since: seq.Head.Since}
 		for _, p := range seq.Behind {
 			if p.ID == seq.Head.MessageID {
 				continue
 			}
-			row := seqRow{Seq: p.Seq, ID: dlq.Safe(p.ID), State: string(p.State),
+			row := seqRow{Seq: p.Seq, ID: dlq.Safe(p.ID), State: p.State.English(),
 				Where: dlq.Safe(p.Topic) + "/" + strconv.Itoa(int(p.Partition)) + "/" + strconv.FormatInt(p.Offset, 10)}
 			for _, h := range p.Headers {
 				if h.Key == "tipus" {

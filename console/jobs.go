@@ -62,6 +62,19 @@ type replayJob struct {
 	Finished *time.Time `json:"acabada,omitempty"`
 }
 
+// jobEnded names for people the state RunJob leaves a job in: done,
+// cancelled, else pending (the index's estat is acabada, cancellada or
+// pendent).
+func jobEnded(state string) string {
+	switch state {
+	case dlq.JobFinished:
+		return "done"
+	case dlq.JobCancelled:
+		return "cancelled"
+	}
+	return "pending"
+}
+
 // jobStatus is job id's status from the index and this console's memory.
 func (c *Console) jobStatus(ctx context.Context, id string) (replayJob, error) {
 	// The runner's flag is read before the index: RunJob records the job
@@ -96,10 +109,8 @@ func (c *Console) jobStatus(ctx context.Context, id string) (replayJob, error) {
 		s.Selection = selection
 	}
 	switch {
-	case st.State == dlq.JobFinished:
-		s.State = "done"
-	case st.State == dlq.JobCancelled:
-		s.State = "cancelled"
+	case st.State == dlq.JobFinished || st.State == dlq.JobCancelled:
+		s.State = jobEnded(st.State)
 	case running:
 		s.State = "running"
 	case s.Error != "":
@@ -210,7 +221,7 @@ func (c *Console) startJob(j *job) {
 		case err != nil:
 			c.cfg.Logger.Error("console: replay job", "job", j.ID, "err", err)
 		default:
-			c.cfg.Logger.Info("console: replay job ended", "job", j.ID, "state", st.State, "done", st.Done, "refused", st.Refused, "left", st.Left)
+			c.cfg.Logger.Info("console: replay job ended", "job", j.ID, "state", jobEnded(st.State), "done", st.Done, "refused", st.Refused, "left", st.Left)
 		}
 	}()
 }

@@ -37,6 +37,12 @@ func TestLetterPageShowsAndReplaysABlockedSequence(t *testing.T) {
 		!strings.Contains(body, `id="replay-sequence"`) || !strings.Contains(body, behind) {
 		t.Fatalf("the head's page lacks its sequence in order:\n%s", body)
 	}
+	// The stored motiu (dlq) and estat (morta_per_bloqueig, darrere_dlq) read in English.
+	for _, want := range []string{"(dead-lettered since", "<td>dead-lettered as blocked</td>"} {
+		if !strings.Contains(body, want) || strings.Contains(body, "morta_per_bloqueig") || strings.Contains(body, "darrere_dlq") {
+			t.Fatalf("the head's page lacks %q or shows a stored estat:\n%s", want, body)
+		}
+	}
 	if _, body := br.get("/carta?id=" + url.QueryEscape(behind)); strings.Contains(body, "replay-sequence") {
 		t.Fatalf("a letter that is not a head offers a sequence replay:\n%s", body)
 	}
@@ -164,8 +170,9 @@ func TestBlockedKeysPageReplaysEverySequenceOfAConsumer(t *testing.T) {
 	}
 	br := b.browser(t)
 	csrf := br.login(token)
-	if _, body := br.get("/claus"); !strings.Contains(body, `data-consumer="pagaments.comandes"`) || !strings.Contains(body, `class="replay-all-sequences"`) {
-		t.Fatalf("the blocked keys page offers no replay of every sequence of the consumer:\n%s", body)
+	if _, body := br.get("/claus"); !strings.Contains(body, `data-consumer="pagaments.comandes"`) || !strings.Contains(body, `class="replay-all-sequences"`) ||
+		!strings.Contains(body, "<td>dead-lettered") {
+		t.Fatalf("the blocked keys page offers no replay of every sequence of the consumer, or does not say why in English:\n%s", body)
 	}
 	if resp, _ := br.post("/sequencies/reproduir", form); resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("without the form token: %d, want 403", resp.StatusCode)

@@ -61,9 +61,11 @@ func (c *Console) serviceDB(name string) (ServiceDB, bool) {
 
 // blockedKey is a row of the blocked keys page.
 type blockedKey struct {
-	Service, Consumer, Key, HeadID, Reason, LastError, Letter string
-	Since                                                     time.Time
-	Behind                                                    int
+	Service, Consumer, Key, HeadID, LastError, Letter string
+	Reason                                            string // claus_bloquejades.motiu as stored: reintent or dlq
+	Why                                               string // Reason for people (keyorder.Reason.English)
+	Since                                             time.Time
+	Behind                                            int
 }
 
 // blockedKeysLimit caps the blocked keys one service shows.
@@ -92,6 +94,7 @@ func blockedKeys(ctx context.Context, sdb ServiceDB) ([]blockedKey, error) {
 		var key []byte
 		err := r.Scan(&k.Consumer, &key, &k.HeadID, &k.Reason, &k.LastError, &k.Letter, &k.Since, &k.Behind)
 		k.Consumer, k.Key, k.HeadID, k.LastError = dlq.Safe(k.Consumer), dlq.Safe(string(key)), dlq.Safe(k.HeadID), dlq.Safe(k.LastError)
+		k.Why = dlq.Safe(keyorder.Reason(k.Reason).English())
 		return k, err
 	})
 }

@@ -39,7 +39,7 @@ func (c *Console) skipSequence(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	view := map[string]any{"Service": sdb.Name, "Consumer": dlq.Safe(consumer), "Key": dlq.Safe(key),
-		"HeadID": dlq.Safe(seq.Head.MessageID), "LastError": dlq.Safe(seq.Head.LastError), "HeadReason": string(seq.Head.Reason),
+		"HeadID": dlq.Safe(seq.Head.MessageID), "LastError": dlq.Safe(seq.Head.LastError), "HeadReason": seq.Head.Reason.English(),
 		"Behind": len(seq.Behind) - ownRow(seq), "Reason": reason}
 	var heads []string
 	for _, l := range seq.HeadLetters {

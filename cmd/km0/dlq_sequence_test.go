@@ -63,7 +63,7 @@ func TestDLQSequenceShowsAndReplaysAKeyAsOne(t *testing.T) {
 		t.Fatalf("sequence: %v\n%s", err, out)
 	}
 	iB1, iB2 := strings.Index(out, "e-B1"), strings.Index(out, "e-B2")
-	for _, want := range []string{"head:", "e-H (dlq", "preu negatiu", headLetter, "2 message(s) behind it", b1Letter, "comanda.cancellada"} {
+	for _, want := range []string{"head:", "e-H (dead-lettered, since", "dead-lettered as blocked", "preu negatiu", headLetter, "2 message(s) behind it", b1Letter, "comanda.cancellada"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("sequence output lacks %q:\n%s", want, out)
 		}

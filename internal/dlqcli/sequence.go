@@ -117,7 +117,7 @@ func (c *CLI) sequence(ctx context.Context, args []string) error {
 	}
 	tw := tabwriter.NewWriter(c.Out, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "consumer:\t%s\nkey:\t%q\n", dlq.Safe(seq.Consumer), seq.Key)
-	fmt.Fprintf(tw, "head:\t%s (%s, since %s)\n", dlq.Safe(seq.Head.MessageID), seq.Head.Reason, stamp(seq.Head.Since))
+	fmt.Fprintf(tw, "head:\t%s (%s, since %s)\n", dlq.Safe(seq.Head.MessageID), seq.Head.Reason.English(), stamp(seq.Head.Since))
 	fmt.Fprintf(tw, "last error:\t%s\n", orDash(dlq.Safe(seq.Head.LastError)))
 	for _, l := range seq.HeadLetters {
 		fmt.Fprintf(tw, "head letter:\t%s\n", l.ID)
@@ -131,7 +131,7 @@ func (c *CLI) sequence(ctx context.Context, args []string) error {
 		if ls := seq.BehindLetters[p.ID]; len(ls) > 0 {
 			letter = ls[0].ID
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", p.Seq, dlq.Safe(p.ID), orDash(dlq.Safe(tipusOf(p))), p.State,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", p.Seq, dlq.Safe(p.ID), orDash(dlq.Safe(tipusOf(p))), p.State.English(),
 			fmt.Sprintf("%s/%d/%s", dlq.Safe(p.Topic), p.Partition, num(p.Offset)), letter)
 	}
 	return tw.Flush()
