@@ -96,7 +96,7 @@ func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, m *consum
 	case errors.Is(err, passarella.ErrRefused):
 		return outcome.Permanentf("reemborsament_refusat: %s: %v", c.OrderID, err)
 	case err != nil:
-		return outcome.Transient(fmt.Errorf("passarella: reemborsament %s: %w", c.OrderID, err))
+		return outcome.Transient(fmt.Errorf("passarella: refund %s: %w", c.OrderID, err))
 	}
 	if h := faults.PaymentsFrom(ctx).AfterRefund; h != nil {
 		if err := h(c.OrderID); err != nil {

@@ -18,7 +18,7 @@ var (
 	// same key is safe (transient).
 	ErrUnavailable = errors.New("passarella unavailable")
 	// ErrRefused: the gateway refused the request (4xx). Retrying cannot help.
-	ErrRefused = errors.New("passarella: cobrament refusat")
+	ErrRefused = errors.New("passarella: request refused")
 )
 
 // TimeoutDefault bounds one Charge call.
