@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/transport/kafka"
@@ -79,6 +80,51 @@ func ReadAllWith(t testing.TB, b *kafkaembed.Broker, opts []kgo.Opt, topic strin
 			break
 		}
 		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	}
+	return out
+}
+
+// ReadTopic reads every record topic holds now: it lists the partitions'
+// end offsets first, then reads until each partition reaches its end, so
+// the count is exact (a duplicate shows as an extra record) without a
+// quiet window to wait out. It fails the test if timeout passes first (a
+// loaded machine may need seconds before the first fetch: give it tens).
+func ReadTopic(t testing.TB, b *kafkaembed.Broker, topic string, timeout time.Duration) []*kgo.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	adm := kadm.NewClient(Client(t, b))
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatalf("kafkatest: end offsets of %s: %v", topic, err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			t.Fatalf("kafkatest: end offset of %s/%d: %v", topic, o.Partition, o.Err)
+		}
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("kafkatest: %s: %d records read in %v, partitions not read to their end: %v", topic, len(out), timeout, want)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			out = append(out, r)
+			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
+				delete(want, r.Partition)
+			}
+		})
 	}
 	return out
 }

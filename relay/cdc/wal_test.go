@@ -470,7 +470,7 @@ func waitDistinctWithin(t *testing.T, b *kafkaembed.Broker, want map[string]int,
 	t.Helper()
 	var perKey map[string][]int
 	testkit.Eventually(t, deadline, "every event on the topic", func() bool {
-		perKey, _ = relaytest.FirstSeqs(t, kafkatest.ReadAll(t, b, topic, 1<<30, 500*time.Millisecond))
+		perKey, _ = relaytest.FirstSeqs(t, kafkatest.ReadTopic(t, b, topic, 30*time.Second))
 		for agg, n := range want {
 			if len(perKey[agg]) < n {
 				return false
