@@ -43,5 +43,5 @@ func TestHealthEndpoint(t *testing.T) {
 	pool.Close()
 	check(http.StatusServiceUnavailable, "the database does not answer")
 	cancel()
-	check(http.StatusServiceUnavailable, "aturant-se")
+	check(http.StatusServiceUnavailable, "stopping")
 }

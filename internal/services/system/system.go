@@ -255,7 +255,10 @@ func (s *System) serve(name string, h http.Handler) error {
 
 // HealthPath is the health endpoint of every HTTP server Start runs: 200
 // {"servei": name, "estat": "ok"} while the service's database answers a
-// ping within HealthTimeout, else 503 with a short reason (no internals).
+// ping within HealthTimeout, else 503 with a short reason in English, for
+// people (no internals): "stopping" once the system shuts down, "the
+// database does not answer". Probes read the status code; only "ok" is
+// stable.
 const HealthPath = "/salut"
 
 // HealthTimeout bounds the database ping of a health check.
@@ -264,7 +267,7 @@ const HealthTimeout = 2 * time.Second
 // Health is the body of HealthPath.
 type Health struct {
 	Service string `json:"servei"`
-	State   string `json:"estat"` // "ok", or why not
+	State   string `json:"estat"` // "ok", or why not (English, for people)
 	// UnsignedRequests: the process serves or asks for authorisations
 	// without a signing key (Config.AcceptUnsignedRequests); absent otherwise.
 	UnsignedRequests bool `json:"peticions_sense_signar,omitempty"`
@@ -280,7 +283,7 @@ func (s *System) health(name string, pool *pgxpool.Pool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, code := Health{Service: name, State: "ok", Version: buildinfo.Read().Short(), UnsignedRequests: s.rr != nil && s.rr.unsigned(), Paused: s.Paused(name)}, http.StatusOK
 		if s.ctx.Err() != nil {
-			h.State, code = "aturant-se", http.StatusServiceUnavailable
+			h.State, code = "stopping", http.StatusServiceUnavailable
 		} else if pool != nil {
 			ctx, cancel := context.WithTimeout(r.Context(), HealthTimeout)
 			defer cancel()
