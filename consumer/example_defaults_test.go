@@ -77,8 +77,8 @@ func ExamplePauseGroup() {
 		log.Fatal(err)
 	}
 	var db consumer.PauseDB = pool
-	if err := consumer.PauseGroup(ctx, db, "public", "inventari.comandes", "oncall"); err != nil {
+	if err := consumer.PauseGroup(ctx, db, "public", "inventari.descompte_estoc", "oncall"); err != nil {
 		log.Fatal(err)
 	}
-	defer consumer.ResumeGroup(ctx, db, "public", "inventari.comandes")
+	defer consumer.ResumeGroup(ctx, db, "public", "inventari.descompte_estoc")
 }

@@ -175,7 +175,7 @@ func Example_rabbitMQ() {
 		return
 	}
 	defer conn.Close()
-	queue := fmt.Sprintf("inventari.comandes.exemple-%d", time.Now().UnixNano())
+	queue := fmt.Sprintf("inventari.descompte_estoc.exemple-%d", time.Now().UnixNano())
 	src, err := amqp.NewSource(ctx, amqp.SourceConfig{Conn: conn, Queue: queue})
 	if err != nil {
 		fmt.Println(err)

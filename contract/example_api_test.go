@@ -15,8 +15,9 @@ import (
 func ExampleCopyHeaders() {
 	now := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
 	var headers []contract.KV = contract.CopyHeaders(contract.Failure{
-		Dead: true, Attempt: 1, LastError: "estoc insuficient", Reason: "permanent: estoc",
-		Origin: "comandes.esdeveniments", Partition: 5, Offset: 120, Group: "inventari.comandes", Now: now,
+		Dead: true, Attempt: 1, LastError: "estoc_insuficient: formatge-curat (1 left, 2 asked)",
+		Reason: "permanent: estoc_insuficient: formatge-curat (1 left, 2 asked)",
+		Origin: "comandes.esdeveniments", Partition: 5, Offset: 120, Group: "inventari.descompte_estoc", Now: now,
 	})
 	for _, h := range headers {
 		if h.Key == contract.HeaderHistory {
@@ -29,13 +30,13 @@ func ExampleCopyHeaders() {
 	fmt.Println(len(contract.ParseHistory(long)[0].Error) == contract.MaxHistoryError, contract.MaxHistory)
 	// Output:
 	// intents 1
-	// ultim_error estoc insuficient
-	// motiu permanent: estoc
+	// ultim_error estoc_insuficient: formatge-curat (1 left, 2 asked)
+	// motiu permanent: estoc_insuficient: formatge-curat (1 left, 2 asked)
 	// topic_original comandes.esdeveniments
 	// particio_original 5
 	// offset_original 120
 	// primera_fallada 1772355600.000000
-	// grup_consumidor inventari.comandes
+	// grup_consumidor inventari.descompte_estoc
 	// mort_en 1772355600.000000
 	// historial_intents 1
 	// true 10

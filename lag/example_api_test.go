@@ -67,13 +67,13 @@ func ExampleWatch() {
 	}
 	w := lag.NewWatch(lag.Rule{MaxLag: 100}, alerter)
 	w.Evaluate(context.Background(), &lag.Snapshot{At: time.Now(), Groups: []lag.GroupLag{
-		{Group: "inventari.comandes", Total: 250},
-		{Group: "repartiment.comandes", Total: 3},
+		{Group: "inventari.descompte_estoc", Total: 250},
+		{Group: "repartiment.assignacio", Total: 3},
 	}})
 	fmt.Println(w.Firing())
 	fmt.Println(lag.IntervalDefault, lag.WindowDefault)
 	// Output:
-	// [grup inventari.comandes]
+	// [grup inventari.descompte_estoc]
 	// 15s 1h0m0s
 }
 

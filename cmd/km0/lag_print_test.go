@@ -12,7 +12,7 @@ import (
 // caught up on eight partitions of its .retry topic, a group that could
 // not be described, and a queue without the management API.
 func lagSample() *lag.Snapshot {
-	g := lag.GroupLag{Group: "inventari", State: "Stable", Members: 1, Total: 3, OldestSeconds: 75,
+	g := lag.GroupLag{Group: "inventari.descompte_estoc", State: "Stable", Members: 1, Total: 3, OldestSeconds: 75,
 		Partitions: []lag.PartitionLag{
 			{Topic: "comandes.esdeveniments", Partition: 0, Committed: 2, End: 5, Lag: 3, OldestSeconds: 75},
 			{Topic: "comandes.esdeveniments", Partition: 1, Committed: -1, End: 0},
@@ -22,8 +22,8 @@ func lagSample() *lag.Snapshot {
 	}
 	return &lag.Snapshot{
 		Outboxes: []lag.OutboxLag{{Name: "comandes", Pending: 2, OldestSeconds: 90}},
-		Groups:   []lag.GroupLag{g, {Group: "repartiment", Err: "cannot be described"}},
-		Queues:   []lag.QueueLag{{Queue: "repartiment.comandes", Ready: 4, Unacked: -1, Consumers: 1}},
+		Groups:   []lag.GroupLag{g, {Group: "repartiment.assignacio", Err: "cannot be described"}},
+		Queues:   []lag.QueueLag{{Queue: "repartiment.assignacio.3", Ready: 4, Unacked: -1, Consumers: 1}},
 		Notes:    []string{lag.NoteNoManagement},
 	}
 }
@@ -37,12 +37,12 @@ func TestLagOutput(t *testing.T) {
 	want := `OUTBOX    PENDING  OLDEST
 comandes  2        1m30s
 
-GROUP        STATE   MEMBERS  PARTITIONS  LAG  OLDEST
-inventari    Stable  1        10          3    1m15s
-repartiment  error: cannot be described
+GROUP                      STATE   MEMBERS  PARTITIONS  LAG  OLDEST
+inventari.descompte_estoc  Stable  1        10          3    1m15s
+repartiment.assignacio     error: cannot be described
 
-QUEUE                 READY  UNACKED  CONSUMERS
-repartiment.comandes  4      -        1
+QUEUE                     READY  UNACKED  CONSUMERS
+repartiment.assignacio.3  4      -        1
 note: ` + lag.NoteNoManagement + "\n"
 	if got := b.String(); got != want {
 		t.Fatalf("km0 lag:\n%s\nwant:\n%s", got, want)
@@ -52,15 +52,15 @@ note: ` + lag.NoteNoManagement + "\n"
 	want = `OUTBOX    PENDING  OLDEST
 comandes  2        1m30s
 
-GROUP        TOPIC                         PARTITION     COMMITTED  END  LAG  OLDEST
-inventari    comandes.esdeveniments        0             2          5    3    1m15s
-inventari    comandes.esdeveniments        1             -          0    0    -
-inventari    comandes.esdeveniments.retry  8 partitions                  0    -
-inventari    total (Stable, 1 member)                                    3    1m15s
-repartiment  error: cannot be described
+GROUP                      TOPIC                         PARTITION     COMMITTED  END  LAG  OLDEST
+inventari.descompte_estoc  comandes.esdeveniments        0             2          5    3    1m15s
+inventari.descompte_estoc  comandes.esdeveniments        1             -          0    0    -
+inventari.descompte_estoc  comandes.esdeveniments.retry  8 partitions                  0    -
+inventari.descompte_estoc  total (Stable, 1 member)                                    3    1m15s
+repartiment.assignacio     error: cannot be described
 
-QUEUE                 READY  UNACKED  CONSUMERS
-repartiment.comandes  4      -        1
+QUEUE                     READY  UNACKED  CONSUMERS
+repartiment.assignacio.3  4      -        1
 note: ` + lag.NoteNoManagement + "\n"
 	if got := b.String(); got != want {
 		t.Fatalf("km0 lag --partitions:\n%s\nwant:\n%s", got, want)

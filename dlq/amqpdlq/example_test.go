@@ -29,7 +29,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
-	backend, err := amqpdlq.New(amqpdlq.Config{Conn: conn, Queues: []string{"repartiment.comandes"}})
+	backend, err := amqpdlq.New(amqpdlq.Config{Conn: conn, Queues: []string{"repartiment.assignacio"}})
 	if err != nil {
 		log.Fatal(err)
 	}

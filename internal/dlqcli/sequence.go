@@ -20,7 +20,7 @@ import (
 // dead letters; with --replay, the sequence replayed as one.
 func (c *CLI) sequence(ctx context.Context, args []string) error {
 	fs, o := c.flags("sequence", "show a key blocked by a per-key order consumer (its head and the messages behind it); --replay replays it as one")
-	consumer := fs.String("consumer", "", "the consumer's Name (consumidor), e.g. inventari.comandes (required)")
+	consumer := fs.String("consumer", "", "the consumer's Name (consumidor), e.g. inventari.descompte_estoc (required)")
 	key := fs.String("key", "", "the message key (agregat_id), e.g. P-2026-000123 (without it: the consumer's blocked keys; with --replay: every one of them)")
 	replay := fs.Bool("replay", false, "replay the head's dead letter; its consumer then applies every message behind it in order, and their letters are marked purged (without --key: every blocked key of the consumer)")
 	edit := fs.String("edit", "", "with --replay and --key: replay the head with the envelope in this file instead of its own (validated against the event's JSON Schema first; the original is kept)")

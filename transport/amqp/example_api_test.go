@@ -77,15 +77,15 @@ func ExampleExchangeBinding() {
 func ExampleXDeaths() {
 	h := amqp091.Table{
 		amqp.HeaderKey: "c-1",
-		"x-death": []any{amqp091.Table{"queue": "inventari.comandes", "reason": "rejected", "count": int64(3),
-			"exchange": "comandes", "time": time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)}},
+		"x-death": []any{amqp091.Table{"queue": "inventari.descompte_estoc.3", "reason": "rejected", "count": int64(3),
+			"exchange": "km0.esdeveniments", "time": time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)}},
 	}
 	var deaths []amqp.XDeath = amqp.XDeaths(h)
 	for _, d := range deaths {
 		fmt.Println(h[amqp.HeaderKey], d.Queue, d.Reason, d.Count, d.Time.Format(time.RFC3339))
 	}
 	// Output:
-	// c-1 inventari.comandes rejected 3 2026-03-01T09:00:00Z
+	// c-1 inventari.descompte_estoc.3 rejected 3 2026-03-01T09:00:00Z
 }
 
 // A Source is the transport.Source of one work queue for the consumer.
@@ -97,7 +97,7 @@ func ExampleNewSource() {
 	}
 	defer conn.Close()
 	var src *amqp.Source
-	if src, err = amqp.NewSource(ctx, amqp.SourceConfig{Conn: conn, Queue: "inventari.comandes", Workers: 1}); err != nil {
+	if src, err = amqp.NewSource(ctx, amqp.SourceConfig{Conn: conn, Queue: "inventari.descompte_estoc", Workers: 1}); err != nil {
 		log.Fatal(err)
 	}
 	var _ transport.Source = src // what consumer.Config.Source takes

@@ -21,7 +21,7 @@ import (
 //     ordered consumer routes on the header through its own headers exchange
 //     to its shard queue (SourceConfig.Topology);
 //   - to the default exchange: ".<shard>" is appended to Topic, the queue
-//     name: Topic "inventari.comandes" becomes the queue "inventari.comandes.3".
+//     name: Topic "inventari.descompte_estoc" becomes the queue "inventari.descompte_estoc.3".
 //
 // All messages of one key go to one queue, which has a single active
 // consumer, so they are processed in the order they were published. It

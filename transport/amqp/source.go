@@ -29,7 +29,7 @@ const (
 // SourceConfig configures a RabbitMQ Source.
 type SourceConfig struct {
 	Conn  *Conn  // required
-	Queue string // required: the work queue, e.g. "inventari.comandes"
+	Queue string // required: the work queue, e.g. "inventari.descompte_estoc"
 
 	// Exchange and RoutingKeys bind the work queue to Exchange, declared
 	// durable of kind ExchangeKind (default "topic"); in ordered mode the
