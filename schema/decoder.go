@@ -33,7 +33,7 @@ type DecoderConfig struct {
 	Registry *Registry
 	// Handles maps each tipus the handler handles to the versio it is written
 	// against: the newest it knows. An event of a newer versio is a permanent
-	// VersionError ("esquema: versio N no suportada"); an older one is
+	// VersionError ("esquema: versio N not supported"); an older one is
 	// validated against its own schema and upcast. A tipus not listed passes
 	// through decoded but unvalidated, for the consumer to ignore.
 	Handles map[string]int
@@ -60,7 +60,7 @@ type DecoderConfig struct {
 
 // RequireContext is the ValidationError.Context of a DecoderConfig.Require
 // failure.
-const RequireContext = "requisit del consumidor"
+const RequireContext = "consumer's requirement"
 
 // Decoder decodes, validates and upcasts envelopes for one handler. Build it
 // with NewDecoder; it is immutable and safe for concurrent use.

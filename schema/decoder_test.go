@@ -228,10 +228,10 @@ func TestDecodeUnsupportedVersionIsPermanent(t *testing.T) {
 	if !errors.As(err, &ve) || !outcome.IsPermanent(err) || !errors.Is(err, schema.ErrSchema) {
 		t.Fatalf("got %T %v", err, err)
 	}
-	if err.Error() != "esquema: versio 3 no suportada" {
+	if err.Error() != "esquema: versio 3 not supported" {
 		t.Fatalf("message %q", err)
 	}
-	if r := outcome.Reason(outcome.KindPermanent, err); r != "permanent: esquema: versio 3 no suportada" {
+	if r := outcome.Reason(outcome.KindPermanent, err); r != "permanent: esquema: versio 3 not supported" {
 		t.Fatalf("motiu %q", r)
 	}
 }
@@ -250,7 +250,7 @@ func TestDecodeConsumerRequirements(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = rep.Decode(event(t, "comanda.pagada", 1, `{"comanda_id":"P-1","import_centims":2900}`))
-	want := "esquema: comanda.pagada v1 (requisit del consumidor): /adreca_lliurament: required field missing"
+	want := "esquema: comanda.pagada v1 (consumer's requirement): /adreca_lliurament: required field missing"
 	if !outcome.IsPermanent(err) || err == nil || err.Error() != want {
 		t.Fatalf("got %v, want permanent %q", err, want)
 	}
@@ -267,7 +267,7 @@ func TestDecodeConsumerRequirements(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = min.Decode(event(t, "comanda.creada", 1, examples(t)[schema.Key{Type: "comanda.creada", Version: 1}]))
-	if !outcome.IsPermanent(err) || err == nil || err.Error() != "esquema: versio 1 no suportada (minima 2)" {
+	if !outcome.IsPermanent(err) || err == nil || err.Error() != "esquema: versio 1 not supported (minimum 2)" {
 		t.Fatalf("got %v", err)
 	}
 	// Require runs on the upcast shape, also with SkipValidation.
@@ -281,7 +281,7 @@ func TestDecodeConsumerRequirements(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = up.Decode(event(t, "comanda.creada", 1, examples(t)[schema.Key{Type: "comanda.creada", Version: 1}]))
-	if !outcome.IsPermanent(err) || err == nil || err.Error() != "esquema: comanda.creada v2 (requisit del consumidor): /adreca_lliurament: required field missing" {
+	if !outcome.IsPermanent(err) || err == nil || err.Error() != "esquema: comanda.creada v2 (consumer's requirement): /adreca_lliurament: required field missing" {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -336,7 +336,7 @@ func TestDecodePassesOtherTipusThrough(t *testing.T) {
 	if env, err := skip.Decode(event(t, "comanda.creada", 1, `{"linies":[]}`)); err != nil || env.Version != 2 {
 		t.Fatalf("skip validation: %+v %v", env, err)
 	}
-	if _, err := skip.Decode(event(t, "comanda.creada", 3, `{}`)); err == nil || err.Error() != "esquema: versio 3 no suportada" {
+	if _, err := skip.Decode(event(t, "comanda.creada", 3, `{}`)); err == nil || err.Error() != "esquema: versio 3 not supported" {
 		t.Fatalf("skip validation, newer versio: %v", err)
 	}
 }

@@ -128,7 +128,7 @@ func TestDualPublishPairIsHandledOnce(t *testing.T) {
 
 // A consumer that knows only v1 during the transition skips the v2 copy
 // (ErrIgnored, no outcome) and handles the v1 copy; a plain v2 event, not
-// part of a pair, is still a permanent "versio 2 no suportada".
+// part of a pair, is still a permanent "versio 2 not supported".
 func TestOldConsumerSkipsTheNewerCopy(t *testing.T) {
 	t.Parallel()
 	old, err := schema.NewDecoder(schema.DecoderConfig{Handles: map[string]int{"comanda.creada": 1}})
@@ -148,7 +148,7 @@ func TestOldConsumerSkipsTheNewerCopy(t *testing.T) {
 	if err != nil || env.Version != 1 {
 		t.Fatalf("v1 copy: %+v %v", env, err)
 	}
-	if _, err := old.Decode(encode(t, r.Envelope("comandes"))); !outcome.IsPermanent(err) || err.Error() != "esquema: versio 2 no suportada" {
+	if _, err := old.Decode(encode(t, r.Envelope("comandes"))); !outcome.IsPermanent(err) || err.Error() != "esquema: versio 2 not supported" {
 		t.Fatalf("lone v2: %v", err)
 	}
 	// A pair whose every copy is newer than the consumer knows goes to the DLQ.

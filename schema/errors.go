@@ -32,7 +32,7 @@ const MaxProblemsShown = 3
 type ValidationError struct {
 	Key Key
 	// Context is "" for the published schema, or the name of a consumer's
-	// own requirement (DecoderConfig.Require), e.g. "requisit del consumidor".
+	// own requirement (DecoderConfig.Require): RequireContext.
 	Context  string
 	Problems []Problem // sorted by path; never empty; at most MaxProblemsKept
 	// More counts the problems found beyond Problems: a hostile document
@@ -169,9 +169,10 @@ func rat(s string) string {
 // VersionError says the consumer does not handle an event's versio: newer
 // than any it knows, or older than the minimum it requires
 // (DecoderConfig.MinVersion). The message for a newer versio is exactly
-// "esquema: versio N no suportada" (CONTRACT.md's DLQ motiu); after a consumer
-// upgrade, km0 dlq replay brings the event back. For an older one it adds the
-// minimum: "esquema: versio 1 no suportada (minima 2)".
+// "esquema: versio N not supported" (the DLQ motiu's code esquema, as the
+// contract spells it, then English); after a consumer upgrade, km0 dlq replay
+// brings the event back. For an older one it adds the minimum: "esquema:
+// versio 1 not supported (minimum 2)".
 type VersionError struct {
 	Key Key // the event's tipus and versio
 	Min int // the oldest versio the consumer accepts
@@ -179,9 +180,9 @@ type VersionError struct {
 }
 
 func (e *VersionError) Error() string {
-	msg := "esquema: versio " + strconv.Itoa(e.Key.Version) + " no suportada"
+	msg := "esquema: versio " + strconv.Itoa(e.Key.Version) + " not supported"
 	if e.Key.Version < e.Min {
-		msg += " (minima " + strconv.Itoa(e.Min) + ")"
+		msg += " (minimum " + strconv.Itoa(e.Min) + ")"
 	}
 	return msg
 }

@@ -54,6 +54,6 @@ func ExampleDecoder() {
 	fmt.Println(err)
 	// Output:
 	// comanda.creada 2 <nil>
-	// esquema: comanda.pagada v1 (requisit del consumidor): /adreca_lliurament: required field missing
-	// esquema: versio 2 no suportada
+	// esquema: comanda.pagada v1 (consumer's requirement): /adreca_lliurament: required field missing
+	// esquema: versio 2 not supported
 }

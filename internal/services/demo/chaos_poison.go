@@ -49,8 +49,8 @@ var (
 const (
 	motiuMalformed = "permanent: envelope: malformed JSON"
 	motiuNoID      = "permanent: envelope: id_esdeveniment: missing"
-	motiuVersion   = "permanent: esquema: versio 99 no suportada"
-	motiuNoAddress = "permanent: esquema: adreca_lliurament absent a comanda.pagada versio 1"
+	motiuVersion   = "permanent: esquema: versio 99 not supported"
+	motiuNoAddress = "permanent: esquema: adreca_lliurament missing in comanda.pagada versio 1"
 )
 
 // poisonPerBatch is len(poisonBatch(b)).

@@ -160,7 +160,7 @@ func (s *Service) HandleOrderPaid(ctx context.Context, tx pgx.Tx, m *consumer.Me
 		return s.schemaFailure(ctx, m, fmt.Sprintf("comanda.pagada unreadable or without comanda_id: %v", err))
 	}
 	if o.Address == nil || strings.TrimSpace(o.Address.City) == "" {
-		return s.schemaFailure(ctx, m, fmt.Sprintf("adreca_lliurament absent a comanda.pagada versio %d (%s)", m.Envelope.Version, o.ID))
+		return s.schemaFailure(ctx, m, fmt.Sprintf("adreca_lliurament missing in comanda.pagada versio %d (%s)", m.Envelope.Version, o.ID))
 	}
 	// Cancelled first (the cancellation overtook this message's retry):
 	// nothing to assign, nothing to reject.

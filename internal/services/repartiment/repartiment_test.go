@@ -108,7 +108,7 @@ func TestRowMissingAddressInVersio1IsSchemaAndAlerts(t *testing.T) {
 	b := setup(t, nil, nil)
 	m := svctest.Message(t, "comandes.esdeveniments", "comanda.pagada", 1, paid("P-2026-000003", ""))
 	err := svctest.Run(t, b.pool, b.svc.HandleOrderPaid, m)
-	if !outcome.IsPermanent(err) || !strings.HasPrefix(err.Error(), "esquema: adreca_lliurament absent a comanda.pagada versio 1") {
+	if !outcome.IsPermanent(err) || !strings.HasPrefix(err.Error(), "esquema: adreca_lliurament missing in comanda.pagada versio 1") {
 		t.Fatalf("v1 without address: %v", err)
 	}
 	if n := svctest.Count(t, b.pool, "SELECT count(*) FROM alertes WHERE tipus = 'esquema' AND id_esdeveniment = $1", m.Envelope.ID); n != 1 || b.svc.Alerts() != 1 {
