@@ -61,13 +61,13 @@ const OtherClass = "altres"
 // grouping of dead letters km0 uses (consumer metrics, package dlq, the
 // demo): the prefix ("permanent" or "transitori esgotat"), followed by ": "
 // and the first segment of the reason (up to the next ':') when it is a short
-// word-like class such as "esquema", "envelope" or "estoc insuficient"
+// word-like class such as "esquema", "envelope" or "estoc_insuficient"
 // (letters, spaces, '_', '-', '.', at most 32 bytes), lowercased. Anything
 // else (ids, numbers, addresses, long text) is dropped. A motiu without a
 // known prefix maps to OtherClass.
 //
-//	ReasonClass("permanent: esquema: falta adreca_lliurament") == "permanent: esquema"
-//	ReasonClass("transitori esgotat: timeout after 5s")         == "transitori esgotat"
+//	ReasonClass("permanent: esquema: adreca_lliurament missing") == "permanent: esquema"
+//	ReasonClass("transitori esgotat: timeout after 5s")          == "transitori esgotat"
 func ReasonClass(motiu string) string {
 	var prefix, rest string
 	switch {

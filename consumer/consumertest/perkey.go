@@ -131,7 +131,7 @@ func perKeyDeadHead(t *testing.T, w *world, behind consumer.Behind) {
 	poison.Store(true)
 	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if m.Envelope.ID == id(head) && poison.Load() {
-			return outcome.Permanentf("preu negatiu")
+			return outcome.Permanentf("negative price")
 		}
 		return effect(ctx, tx, m)
 	}
