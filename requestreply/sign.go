@@ -98,7 +98,7 @@ func SignReply(key []byte, id, corr, replyTo, result string, body []byte) string
 
 // ErrUnauthenticated is the error reply (not retryable) to a request that a
 // Verifier refused: unsigned, or signed with another key or over other bytes.
-var ErrUnauthenticated = errors.New("bad request: no autenticada: signatura absent o incorrecta (" + HeaderSignature + ")")
+var ErrUnauthenticated = errors.New("bad request: unauthenticated: signature missing or wrong (" + HeaderSignature + ")")
 
 // MetricUnauthenticated counts the requests a Verifier refused, by queue
 // (cua) and motiu (sense_signatura, signatura_incorrecta).
