@@ -295,10 +295,7 @@ func DeadLetter(t testing.TB, conn *amqp.Conn, queue, id string) *amqp.DeadLette
 // skips it otherwise (the plugin is optional on a developer's broker).
 func ManagementURL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv("KM0_TEST_AMQP_MANAGEMENT_URL")
-	if u == "" {
-		u = "http://guest:guest@127.0.0.1:15672"
-	}
+	u := managementURLEnv()
 	err := probeManagement(u)
 	if err == nil {
 		return u
