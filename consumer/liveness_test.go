@@ -238,28 +238,6 @@ func livenessRun(t *testing.T, killBroker bool) {
 	}
 }
 
-// describeGroup is lvGroup's state and members, with their partitions.
-func describeGroup(ctx context.Context, cl *kgo.Client) string {
-	req := kmsg.NewPtrDescribeGroupsRequest()
-	req.Groups = []string{lvGroup}
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil || len(resp.Groups) != 1 {
-		return fmt.Sprintf("not described: %v", err)
-	}
-	g := resp.Groups[0]
-	out := g.State
-	for _, m := range g.Members {
-		var a kmsg.ConsumerMemberAssignment
-		_ = a.ReadFrom(m.MemberAssignment)
-		var parts []int32
-		for _, at := range a.Topics {
-			parts = append(parts, at.Partitions...)
-		}
-		out += fmt.Sprintf(" [%s %v]", m.ClientID, parts)
-	}
-	return out
-}
-
 // groupLag describes the partitions of lvTopic whose committed offset is not
 // at the log end ("" if none).
 func groupLag(ctx context.Context, adm *kadm.Client) string {
