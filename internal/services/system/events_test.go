@@ -28,36 +28,19 @@ import (
 )
 
 // rabbitEvents makes a config carry every domain event over the machine's
-// RabbitMQ, with an exchange and queues of the test's own, deleted when the
-// test ends (after the system closed), and no Kafka at all.
+// RabbitMQ, on a vhost of the test's own (amqptest.VHost: request/reply's
+// fixed queues, km0.dlx and the events' exchange and queues are the test's
+// alone, and go with the vhost when the test ends), and no Kafka at all. The
+// func it returns closes the system at cleanup, before the vhost goes.
 func rabbitEvents(t *testing.T, c *system.Config) func(*system.System) {
 	t.Helper()
-	amqptest.Shared(t)
 	prefix := amqptest.Name("km0.test.ev")
 	c.Brokers = nil
 	c.Events = system.EventsRabbitMQ
-	c.AMQPURL = amqptest.URL()
+	c.AMQPURL = amqptest.VHost(t)
 	c.EventsExchange = prefix + ".esdeveniments"
 	c.EventsQueuePrefix = prefix + "."
-	return func(sys *system.System) {
-		amqptest.DeleteQueuesAtCleanup(t, sys.EventQueues)
-		t.Cleanup(func() {
-			conn, err := amqp091.Dial(amqptest.URL())
-			if err != nil {
-				t.Errorf("cleanup: %v", err)
-				return
-			}
-			defer conn.Close()
-			ch, err := conn.Channel()
-			if err == nil {
-				err = ch.ExchangeDelete(c.EventsExchange, false, false)
-			}
-			if err != nil {
-				t.Errorf("cleanup: delete exchange %s: %v", c.EventsExchange, err)
-			}
-		})
-		t.Cleanup(sys.Close) // runs first: nothing consumes while the queues go
-	}
+	return func(sys *system.System) { t.Cleanup(sys.Close) }
 }
 
 // The six services with their domain events on RabbitMQ and no Kafka: 120
@@ -72,12 +55,14 @@ func rabbitEvents(t *testing.T, c *system.Config) func(*system.System) {
 // cataleg's units equal to inventari's (per-key order kept), analitica's
 // counts exact.
 func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
+	t.Parallel()
 	var cleanup func(*system.System)
 	var crashed atomic.Bool
-	var reader string
+	var reader, amqpURL string
 	sys, _ := startWith(t, system.Services, func(c *system.Config) {
 		cleanup = rabbitEvents(t, c)
-		reader = foreignReader(t, c.EventsExchange, comandes.Topic)
+		amqpURL = c.AMQPURL
+		reader = foreignReader(t, amqpURL, c.EventsExchange, comandes.Topic)
 		c.Backoff = 50 * time.Millisecond
 		c.AssignInterval = 50 * time.Millisecond
 		c.DeliveryTime = time.Millisecond
@@ -240,7 +225,7 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 			t.Errorf("motiu %q", m)
 		}
 	}
-	conn := amqptest.Dial(t)
+	conn := amqptest.DialURL(t, amqpURL)
 	// A reader of another language binds a queue with the bare topic name:
 	// it receives every event of comandes' outbox (republications may repeat one).
 	var ids []string
@@ -289,16 +274,15 @@ func TestSixServicesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 	}
 }
 
-// foreignReader declares, before the system starts, a queue bound to the
-// events' exchange with the bare topic name, as a program of another
-// language reads the events (CONTRACT.md); it is deleted at cleanup.
-func foreignReader(t *testing.T, exchange, topic string) string {
+// foreignReader declares on the broker at amqpURL, before the system
+// starts, a queue bound to the events' exchange with the bare topic name, as
+// a program of another language reads the events (CONTRACT.md).
+func foreignReader(t *testing.T, amqpURL, exchange, topic string) string {
 	t.Helper()
 	q := amqptest.Name("km0.test.lector")
-	conn := amqptest.Dial(t)
+	conn := amqptest.DialURL(t, amqpURL)
 	topo := amqp.Topology{Exchanges: []amqp.Exchange{{Name: exchange, Kind: amqp091.ExchangeTopic, Durable: true}},
 		Queues: []amqp.Queue{{Name: q, Durable: true}}, Bindings: []amqp.Binding{{Queue: q, Exchange: exchange, Key: topic}}}
-	amqptest.DeleteQueuesAtCleanup(t, func() []string { return []string{q} })
 	if err := conn.Declare(context.Background(), topo); err != nil {
 		t.Fatal(err)
 	}

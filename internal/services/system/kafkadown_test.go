@@ -29,11 +29,13 @@ import (
 // falls along its partition), cataleg ends equal to inventari, and no order
 // is decremented twice.
 func TestKafkaDownInventariOnRabbitMQKeepsWorkingAndNothingIsLost(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		orders string // broker of comandes.esdeveniments
 	}{{"inventari reads RabbitMQ", system.EventsRabbitMQ}, {"inventari reads Kafka", system.EventsKafka}} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			var cleanup func(*system.System)
 			sys, b := startWith(t, []string{comandes.Name, inventari.Name, cataleg.Name}, func(c *system.Config) {
 				brokers := c.Brokers
