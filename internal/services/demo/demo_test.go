@@ -29,16 +29,17 @@ func TestSystemDemoReconciles(t *testing.T) {
 }
 
 // TestSystemDemoReconcilesWithEventsOnRabbitMQ is the same scenario with
-// every domain event on the machine's RabbitMQ and no Kafka: the same
-// invariants and numbers hold, and the run's exchange and queues are gone
-// afterwards.
+// every domain event on the machine's RabbitMQ, on a vhost of the test's
+// own, and no Kafka: the same invariants and numbers hold, and the run's
+// exchange and queues are gone afterwards.
 func TestSystemDemoReconcilesWithEventsOnRabbitMQ(t *testing.T) {
-	amqptest.Shared(t)
-	r := checkDemo(t, demo.Config{Events: system.EventsRabbitMQ, AMQPURL: amqptest.URL()})
+	t.Parallel()
+	vhost := amqptest.VHost(t)
+	r := checkDemo(t, demo.Config{Events: system.EventsRabbitMQ, AMQPURL: vhost})
 	if r.EventsBroker != "RabbitMQ" || r.RequestReply != "RabbitMQ" {
 		t.Errorf("events on %q, request/reply on %q", r.EventsBroker, r.RequestReply)
 	}
-	conn, err := amqp091.Dial(amqptest.URL())
+	conn, err := amqp091.Dial(vhost)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,13 +58,14 @@ func TestSystemDemoReconcilesWithEventsOnRabbitMQ(t *testing.T) {
 }
 
 // TestSystemDemoKafkaDownWhileInventariReadsRabbitMQ runs the scenario with
-// the orders (comandes.esdeveniments) on RabbitMQ, the other events on the
-// embedded Kafka, and Kafka unreachable for 3 s once a third of the orders
-// are in: inventari keeps taking stock meanwhile, its estoc.actualitzat
-// wait in its outbox, and every invariant holds once Kafka is back.
+// the orders (comandes.esdeveniments) on RabbitMQ (a vhost of the test's
+// own), the other events on the embedded Kafka, and Kafka unreachable for
+// 3 s once a third of the orders are in: inventari keeps taking stock
+// meanwhile, its estoc.actualitzat wait in its outbox, and every invariant
+// holds once Kafka is back.
 func TestSystemDemoKafkaDownWhileInventariReadsRabbitMQ(t *testing.T) {
-	amqptest.Shared(t)
-	r := checkDemo(t, demo.Config{EventsByTopic: map[string]string{"comandes.esdeveniments": system.EventsRabbitMQ}, AMQPURL: amqptest.URL(),
+	t.Parallel()
+	r := checkDemo(t, demo.Config{EventsByTopic: map[string]string{"comandes.esdeveniments": system.EventsRabbitMQ}, AMQPURL: amqptest.VHost(t),
 		KafkaDown: 3 * time.Second})
 	k := r.KafkaOutage
 	if k == nil || k.InventariReads != system.EventsRabbitMQ || k.StockEvents == 0 || k.InventariPending == 0 {
