@@ -2,6 +2,7 @@ package lag_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -38,6 +39,34 @@ func TestMeasureQueueUnackedThroughTheManagementAPI(t *testing.T) {
 	if last.Err != "" {
 		t.Fatalf("queue: %+v", last)
 	}
+}
+
+// A queue on a virtual host other than "/", named with a "/" as RabbitMQ
+// allows: the vhost comes from the AMQP URL (amqplag.ManagementURLFor, as
+// km0 lag and km0 console derive it), is escaped in the management API's
+// path (km0%2Fprod…), and the unacked count is the vhost's queue's.
+func TestMeasureQueueUnackedOnAVHost(t *testing.T) {
+	t.Parallel()
+	mgmt := amqptest.ManagementURL(t)
+	vhostURL := amqptest.OnVHost(amqptest.URL(), amqptest.NewVHostNamed(t, "km0/lagtest"))
+	q := amqptest.UnackedQueueAt(t, vhostURL, "km0.lagtest.vhost", 1, 2)
+	_, vhost, err := amqplag.ManagementURLFor(vhostURL)
+	if err != nil || !strings.HasPrefix(vhost, "km0/lagtest.") {
+		t.Fatalf("ManagementURLFor: vhost %q, %v", vhost, err)
+	}
+	m, err := lag.NewMeasurer(lag.Config{RabbitMQ: amqplag.New(amqptest.DialURL(t, vhostURL)), Queues: []string{q}, ManagementURL: mgmt,
+		VHost: vhost, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventuallyf(t, 30*time.Second, "2 unacked and 1 ready on the vhost", func() (bool, string) {
+		s, err := m.Measure(context.Background())
+		if err != nil || len(s.Errors) > 0 || len(s.Queues) != 1 {
+			t.Fatalf("measure: %v %v %+v", err, s.Errors, s.Queues)
+		}
+		l := s.Queues[0]
+		return l.Unacked == 2 && l.Ready == 1 && l.Consumers == 1 && l.Err == "", fmt.Sprintf("%+v", l)
+	})
 }
 
 // A management API that does not answer: named in the snapshot's errors

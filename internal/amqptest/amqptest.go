@@ -112,8 +112,12 @@ func QueueLen(t testing.TB, conn *amqp.Conn, queue string) int {
 // on a fresh connection (the test's may be closed by then).
 func DeleteQueuesAtCleanup(t testing.TB, names func() []string) {
 	t.Helper()
+	deleteQueuesAtCleanup(t, URL(), names)
+}
+
+func deleteQueuesAtCleanup(t testing.TB, amqpURL string, names func() []string) {
 	t.Cleanup(func() {
-		conn, err := amqp091.Dial(URL())
+		conn, err := amqp091.Dial(amqpURL)
 		if err != nil {
 			t.Errorf("amqptest: cleanup: %v", err)
 			return
@@ -345,10 +349,16 @@ func probeManagement(u string) error {
 // at cleanup.
 func UnackedQueue(t testing.TB, prefix string, ready, unacked int) string {
 	t.Helper()
-	conn := Dial(t)
+	return UnackedQueueAt(t, URL(), prefix, ready, unacked)
+}
+
+// UnackedQueueAt is UnackedQueue on the broker of amqpURL (a VHost URL).
+func UnackedQueueAt(t testing.TB, amqpURL, prefix string, ready, unacked int) string {
+	t.Helper()
+	conn := DialURL(t, amqpURL)
 	q := Name(prefix)
-	DeleteQueuesAtCleanup(t, func() []string { return []string{q} })
-	raw, err := amqp091.Dial(URL())
+	deleteQueuesAtCleanup(t, amqpURL, func() []string { return []string{q} })
+	raw, err := amqp091.Dial(amqpURL)
 	if err != nil {
 		t.Fatalf("RabbitMQ is required and did not answer: %v (start it with: rabbitmq-server -detached)", err)
 	}

@@ -42,6 +42,13 @@ func VHost(t testing.TB) string {
 // the system need the plugin (README).
 func NewVHost(t testing.TB) string {
 	t.Helper()
+	return NewVHostNamed(t, vhostPrefix(t.Name()))
+}
+
+// NewVHostNamed is NewVHost with a name of prefix + "." + random hex, prefix
+// as given: a test of how code escapes a vhost gives one with a "/".
+func NewVHostNamed(t testing.TB, prefix string) string {
+	t.Helper()
 	Shared(t)
 	mgmt := managementURLEnv()
 	if err := probeManagement(mgmt); err != nil {
@@ -52,7 +59,7 @@ func NewVHost(t testing.TB) string {
 	if u, err := amqp091.ParseURI(URL()); err == nil {
 		user = u.Username
 	}
-	name := vhostName(t.Name())
+	name := Name(prefix)
 	path := "/api/vhosts/" + url.PathEscape(name)
 	if err := managementDo(mgmt, http.MethodPut, path, map[string]string{"description": "km0 test " + t.Name()}); err != nil {
 		t.Fatalf("amqptest: create vhost %s: %v", name, err)
@@ -98,14 +105,15 @@ func DialURL(t testing.TB, amqpURL string) *amqp.Conn {
 // vhostNameRE is what a vhost name keeps of a test's name.
 var vhostNameRE = regexp.MustCompile(`[^a-zA-Z0-9]+`)
 
-// vhostName is km0.test.<the test's name, shortened>.<random hex>: unique,
-// and a leftover (a killed test binary) says which test made it.
-func vhostName(test string) string {
+// vhostPrefix is km0.test.<the test's name, shortened>: with the random
+// hex NewVHostNamed adds, a leftover vhost (a killed test binary) says which
+// test made it.
+func vhostPrefix(test string) string {
 	s := strings.Trim(vhostNameRE.ReplaceAllString(test, "-"), "-")
 	if len(s) > 60 {
 		s = s[:60]
 	}
-	return Name("km0.test." + s)
+	return "km0.test." + s
 }
 
 // managementURLEnv is KM0_TEST_AMQP_MANAGEMENT_URL, else the plugin's
