@@ -34,8 +34,12 @@ func init() {
 // processes (km0 kafka, km0 relay, km0 serve inventari and pagaments, the
 // ports), prints JSON lines whose counts match what was asked, and leaves no
 // database behind. It keeps the harness from rotting; it measures nothing.
+// Its km0 serve pagaments and inventari run on a vhost of the test's own
+// (amqptest.VHost): pagaments.autoritzacions and inventari.reserves are fixed
+// names, which a system test of another package may be serving meanwhile.
 func TestBenchSystemEndToEnd(t *testing.T) {
-	amqptest.Shared(t)
+	t.Parallel()
+	amqpURL := amqptest.VHost(t)
 	ctx := context.Background()
 	admin := pgtest.URL()
 	conn, err := pgx.Connect(ctx, admin)
@@ -82,7 +86,7 @@ func TestBenchSystemEndToEnd(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, exe, "bench", "system", "--only", strings.Join(parts, ","), "--n", "300", "--rounds", "1",
 		"--rr-serial", "20", "--rr-requests", "200", "--rr-callers", "8", "--timeout", "2m",
-		"--database-url", admin, "--amqp-url", amqptest.URL())
+		"--database-url", admin, "--amqp-url", amqpURL)
 	cmd.Env = append(os.Environ(), envRunMain+"=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -26,9 +26,12 @@ import (
 // cheese than there is reaches inventari over RabbitMQ and is dead-lettered
 // there (a native nack to its <group>.dlq); over HTTP, the console's
 // overview counts it under that queue and its letters endpoint lists it,
-// the order's comanda.creada with the order as key.
+// the order's comanda.creada with the order as key. Each km0 up runs on a
+// vhost of its own (amqptest.VHost), so the fixed names it declares
+// (pagaments.autoritzacions, inventari.reserves, km0.dlx) are not another
+// test's.
 func TestUpConsoleListsTheSystemsRabbitMQDeadLetters(t *testing.T) {
-	amqptest.Shared(t)
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		events []string
@@ -38,9 +41,9 @@ func TestUpConsoleListsTheSystemsRabbitMQDeadLetters(t *testing.T) {
 		{"Mixed", []string{"--events", "kafka,comandes.esdeveniments=rabbitmq", "--embedded-kafka"}, "<th>topic or queue</th>"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			amqpURL := amqptest.VHost(t) // deleted, with all in it, after km0 up stops
 			name := amqptest.Name("km0.test.console")
 			exchange, prefix := name+".esdeveniments", name+"."
-			deleteEventsTopology(t, exchange, prefix)
 			suffix := "t" + strings.ReplaceAll(name[len("km0.test.console."):], ".", "")
 			t.Cleanup(func() { // after the process stopped (cleanups run last first)
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -52,7 +55,7 @@ func TestUpConsoleListsTheSystemsRabbitMQDeadLetters(t *testing.T) {
 				}
 			})
 			api, console := freeAddr(t), freeAddr(t)
-			args := append([]string{"up", "--database-url", pgtest.URL(), "--database-suffix", suffix, "--amqp-url", amqptest.URL(),
+			args := append([]string{"up", "--database-url", pgtest.URL(), "--database-suffix", suffix, "--amqp-url", amqpURL,
 				"--events-exchange", exchange, "--events-queue-prefix", prefix, "--http", "comandes=" + api, "--console", console}, tc.events...)
 			const adminToken = "t0k3n-of-the-rabbitmq-console-test"
 			up := startKm0(t, []string{dlqcli.AdminTokenEnv + "=" + adminToken}, args...)

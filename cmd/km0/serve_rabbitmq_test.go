@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	amqp091 "github.com/rabbitmq/amqp091-go"
-
-	"github.com/km0/km0/contract"
 	"github.com/km0/km0/internal/amqptest"
 	"github.com/km0/km0/internal/pgtest"
 	"github.com/km0/km0/internal/services/system"
@@ -23,17 +20,18 @@ import (
 // never run are not lost (comandes' process declared every consumer's
 // queues before its relay published), and once inventari starts it takes
 // them from stock, and its estoc.actualitzat wait in cataleg's queues,
-// though cataleg never ran either.
+// though cataleg never ran either. The processes run on a vhost of the
+// test's own (amqptest.VHost): the fixed names they declare
+// (pagaments.autoritzacions, km0.dlx) are not another test's.
 func TestServeProcessesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 	t.Parallel()
-	amqptest.Shared(t)
+	amqpURL := amqptest.VHost(t) // deleted, with all in it, after the processes stop
 	name := amqptest.Name("km0.test.serve")
 	exchange, prefix := name+".esdeveniments", name+"."
-	deleteEventsTopology(t, exchange, prefix)
 	comandesDB, inventariDB := pgtest.NewDatabase(t), pgtest.NewDatabase(t)
 	env := []string{serviceDatabaseEnv("comandes") + "=" + comandesDB, serviceDatabaseEnv("inventari") + "=" + inventariDB}
 	addr := freeAddr(t)
-	flags := []string{"--events", "rabbitmq", "--amqp-url", amqptest.URL(), "--events-exchange", exchange, "--events-queue-prefix", prefix}
+	flags := []string{"--events", "rabbitmq", "--amqp-url", amqpURL, "--events-exchange", exchange, "--events-queue-prefix", prefix}
 	comandes := startKm0(t, env, append([]string{"serve", "comandes", "--http", "comandes=" + addr}, flags...)...)
 	comandes.waitRunning(t, 60*time.Second)
 	const orders = 5
@@ -67,45 +65,12 @@ func TestServeProcessesCarryTheirEventsOverRabbitMQ(t *testing.T) {
 		return err == nil && units == 80-2*orders && published == orders
 	})
 
-	conn := amqptest.Dial(t)
+	conn := amqptest.DialURL(t, amqpURL)
 	testkit.Eventually(t, time.Minute, "cataleg's queues hold the stock events", func() bool {
 		n := 0
 		for i := range system.EventShards {
 			n += amqptest.QueueLen(t, conn, amqp.ShardQueueName(prefix+"cataleg.estoc_baix", i))
 		}
 		return n == orders
-	})
-
-}
-
-// deleteEventsTopology deletes, when the test ends, the exchange and every
-// queue the system declares behind prefix (work, shard, dead-letter queues).
-func deleteEventsTopology(t *testing.T, exchange, prefix string) {
-	t.Helper()
-	amqptest.DeleteQueuesAtCleanup(t, func() []string {
-		var out []string
-		for _, name := range system.ConsumerNames {
-			q := prefix + name
-			out = append(out, q, contract.DLQName(q))
-			for i := range system.EventShards {
-				out = append(out, amqp.ShardQueueName(q, i))
-			}
-		}
-		return out
-	})
-	t.Cleanup(func() {
-		conn, err := amqp091.Dial(amqptest.URL())
-		if err != nil {
-			t.Errorf("cleanup: %v", err)
-			return
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err == nil {
-			err = ch.ExchangeDelete(exchange, false, false)
-		}
-		if err != nil {
-			t.Errorf("cleanup: delete exchange %s: %v", exchange, err)
-		}
 	})
 }
