@@ -211,15 +211,16 @@ func TestMigrateAndRelayOverTLS(t *testing.T) {
 // keyword/value form with sslmode=verify-full and sslrootcert, and RabbitMQ
 // over amqps:// with the CA from KM0_AMQP_TLS_CA_FILE: the database
 // km0_cataleg it derives is created, migrated and used over TLS (the
-// server refuses plain TCP).
+// server refuses plain TCP). It runs on a vhost of its own (amqptest.NewVHost).
 func TestServeOverTLSDerivesItsDatabaseWithTheTLSParameters(t *testing.T) {
+	t.Parallel()
 	tc := startTLSCluster(t)
 	rabbit := amqptest.NewTLSBroker(t, false)
+	amqpURL := amqptest.OnVHost(rabbit.URL, amqptest.NewVHost(t)) // deleted, with all in it, after the process stops
 	name := amqptest.Name("km0.test.tlsserve")
 	exchange, prefix := name+".esdeveniments", name+"."
-	deleteEventsTopology(t, exchange, prefix)
 	admin := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=verify-full sslrootcert='%s'", tc.c.Port, tc.ca.CertFile)
-	cataleg := startKm0(t, []string{"KM0_DATABASE_URL=" + admin, "KM0_AMQP_URL=" + rabbit.URL, "KM0_AMQP_TLS_CA_FILE=" + rabbit.CA.CertFile},
+	cataleg := startKm0(t, []string{"KM0_DATABASE_URL=" + admin, "KM0_AMQP_URL=" + amqpURL, "KM0_AMQP_TLS_CA_FILE=" + rabbit.CA.CertFile},
 		"serve", "cataleg", "--events", "rabbitmq", "--events-exchange", exchange, "--events-queue-prefix", prefix)
 	cataleg.waitRunning(t, 60*time.Second)
 	pool := pgtest.NewPool(t, strings.Replace(tc.c.URL, "/postgres?", "/km0_cataleg?", 1), 2)
