@@ -21,6 +21,7 @@ import (
 // (https, the same CA and server name). Another CA fails at once, naming
 // the cause.
 func TestLagCommandOverTLS(t *testing.T) {
+	t.Parallel()
 	mgmtPlain := amqptest.ManagementURL(t)
 	b := amqptest.NewTLSBroker(t, false)
 	q := amqptest.UnackedQueue(t, "km0.lagtls", 1, 3)
@@ -30,8 +31,8 @@ func TestLagCommandOverTLS(t *testing.T) {
 	}
 	mgmt := tlstest.Proxy(t, pu.Host, b.CA.Server(t, "127.0.0.1", b.ServerName), nil)
 	mgmtURL := "https://" + pu.User.String() + "@" + mgmt.Addr
-	t.Setenv("KM0_AMQP_MANAGEMENT_URL", "")
-	t.Setenv("KM0_AMQP_TLS_CA_FILE", "")
+	// Every run names the management API and the CA on the command line,
+	// which replaces $KM0_AMQP_MANAGEMENT_URL and $KM0_AMQP_TLS_CA_FILE.
 	run := func(ca string, args ...string) (string, string, error) {
 		var out, errOut bytes.Buffer
 		err := lagCmd(context.Background(), &out, &errOut, append([]string{"--brokers", "", "--amqp-url", b.URL, "--queue", q,

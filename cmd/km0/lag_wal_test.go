@@ -21,6 +21,7 @@ import (
 // the default slot, and "no relay"; --json carries the same. On a cluster
 // of its own (wal_level = logical).
 func TestLagCommandWALOutbox(t *testing.T) {
+	t.Parallel()
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("a private PostgreSQL cluster is required: %v", err)
@@ -48,7 +49,8 @@ func TestLagCommandWALOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(outboxesEnv, "")
+	// Every run names the outbox with --outbox, which replaces $KM0_OUTBOXES
+	// (TestOutboxForms).
 	run := func(args ...string) string {
 		t.Helper()
 		var out, errOut bytes.Buffer

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 // refuses and the relay exits at once naming the cause instead of creating
 // an unreplicated topic.
 func TestRelayDefaultReplicationFactor(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t)
 	s := pgtest.NewMigratedSchema(t)
 	env := []string{replicationFactorEnv + "=", "KM0_DATABASE_URL=" + pgtest.URL()}
@@ -42,16 +44,25 @@ func TestRelayDefaultReplicationFactor(t *testing.T) {
 
 // On a three-broker cluster the relay's topic gets, by default,
 // replication factor 3, min.insync.replicas 2 and the contract's 14 days of
-// retention.
+// retention. The relay is a process, so that its environment has no
+// replication factor (the default) while other tests run.
 func TestRelayCreatesTheTopicForACluster(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.NewWith(t, kafkaembed.Config{Extra: []kfake.Opt{kfake.NumBrokers(3), kfake.Ports(0, 0, 0)}})
 	s := pgtest.NewMigratedSchema(t)
-	t.Setenv(replicationFactorEnv, "") // the default
-	stop := startRelay(t, "--schema", s.Name, "--brokers", strings.Join(b.Addrs(), ","),
-		"--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms")
+	p := startKm0(t, []string{replicationFactorEnv + "=", "KM0_DATABASE_URL=" + pgtest.URL()}, "relay", "--schema", s.Name,
+		"--brokers", strings.Join(b.Addrs(), ","), "--topic", "comandes.esdeveniments", "--origin", "comandes", "--poll", "20ms")
 	waitTopic(t, kafkatest.Client(t, b), kafka.TopicSpec{Name: "comandes.esdeveniments", Partitions: 6, ReplicationFactor: 3, MinInsyncReplicas: 2, RetentionMs: 1_209_600_000})
-	if err := stop(); err != nil {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(testkit.StopTimeout):
+		t.Fatalf("km0 relay still running %v after SIGTERM\n%s", testkit.StopTimeout, p.log())
+	}
+	if p.err != nil {
+		t.Fatalf("km0 relay: %v\n%s", p.err, p.log())
 	}
 }
 
@@ -70,6 +81,8 @@ func waitTopic(t *testing.T, cl *kgo.Client, want kafka.TopicSpec) {
 	})
 }
 
+// Not parallel: t.Setenv, for the environment the flag set
+// ($KM0_KAFKA_REPLICATION_FACTOR) reads in this process.
 func TestKafkaReplicationFactorFlag(t *testing.T) {
 	for _, c := range []struct {
 		env, arg string
