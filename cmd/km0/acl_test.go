@@ -20,6 +20,9 @@ import (
 // km0 acl --apply creates every ACL of system.RequiredACLs on a cluster
 // with ACLs enforced, as its superuser authenticated by SCRAM-SHA-512 (the
 // password from the environment); a second run changes nothing.
+//
+// Not parallel: t.Setenv, for the environment aclCmd (the SASL password)
+// reads in this process.
 func TestACLCommandApplies(t *testing.T) {
 	pass := rand.Text()
 	b := kafkatest.NewWith(t, kafkaembed.Config{Extra: []kfake.Opt{kfake.EnableSASL(), kfake.EnableACLs(), kfake.Superuser(kafka.SASLScramSHA512, "admin", pass)}})
@@ -57,6 +60,7 @@ func TestACLCommandApplies(t *testing.T) {
 // Without --apply it prints one kafka-acls command per principal and
 // resource; --rabbitmq prints set_permissions; bad input is refused.
 func TestACLCommandPrints(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	var out, errOut bytes.Buffer
 	if err := aclCmd(ctx, &out, &errOut, []string{"--brokers", "k:9093", "--services", "pagaments", "--principals", "pagaments=User:pag-prod", "--topics", "comandes.esdeveniments=prod.comandes"}); err != nil {

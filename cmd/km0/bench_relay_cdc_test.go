@@ -23,6 +23,7 @@ import (
 // latency lines, every count as asked. It keeps the harness from rotting;
 // it measures nothing.
 func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
+	t.Parallel()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -72,6 +73,7 @@ func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 // and theirs side by side. It
 // keeps the harness from rotting; it measures nothing.
 func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
+	t.Parallel()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

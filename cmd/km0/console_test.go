@@ -105,6 +105,7 @@ func groupNames(snap *lag.Snapshot) []string {
 }
 
 func TestLagCommand(t *testing.T) {
+	t.Parallel()
 	brokers, s := lagFixture(t)
 	base := []string{"--brokers", brokers, "--outbox", "comandes=" + s.URL, "--outbox-schema", s.Name}
 	run := func(args ...string) (string, string, error) {
@@ -171,6 +172,7 @@ func TestLagCommand(t *testing.T) {
 // The console's server: the page, and /metrics with the consumer-group and
 // outbox lag; another Host gets 421.
 func TestServeConsole(t *testing.T) {
+	t.Parallel()
 	brokers, s := lagFixture(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -264,6 +266,9 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 // and its metrics, and it stops cleanly with its context. Its /dlq/ API
 // needs the token, and shares the login's attempt budget: wrong bearer
 // tokens there throttle a login from the same address.
+//
+// Not parallel: t.Setenv, for the environment the console (its admin token)
+// reads in this process.
 func TestConsoleCommandIndexesAndServes(t *testing.T) {
 	h := newDLQHarness(t)
 	t.Setenv(dlqcli.AdminTokenEnv, "t0k3n-of-the-console")
@@ -337,6 +342,7 @@ func TestConsoleCommandIndexesAndServes(t *testing.T) {
 // group has lag 4; without the flag (off) it exits 0; --max-age 0 is a
 // threshold as well. The exit status of the binary, as a script sees it.
 func TestLagMaxLagZeroExitStatus(t *testing.T) {
+	t.Parallel()
 	brokers, s := lagFixture(t)
 	exit := func(args ...string) (int, string) {
 		t.Helper()
@@ -372,6 +378,7 @@ func TestLagMaxLagZeroExitStatus(t *testing.T) {
 // yet: that outbox is an error of each sample, and once the database is
 // there (created, migrated) the next sample measures it.
 func TestConsoleStartsWithAnOutboxDatabaseMissing(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	name := "km0t_absent_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	u, err := url.Parse(pgtest.URL())
@@ -425,6 +432,9 @@ func TestConsoleStartsWithAnOutboxDatabaseMissing(t *testing.T) {
 // km0 console --service-db: each service's database with its consumer
 // groups (as $KM0_GROUPS renames them), opened without connecting; a
 // malformed URL is refused without showing it.
+//
+// Not parallel: t.Setenv, for the environment serviceDatabases ($KM0_GROUPS)
+// reads in this process.
 func TestServiceDatabases(t *testing.T) {
 	t.Setenv("KM0_GROUPS", "comandes.refus_estoc=c-refus")
 	m := &mapFlag{secret: true, name: "service-db"}

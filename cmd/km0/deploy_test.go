@@ -216,6 +216,8 @@ func readObjects(t *testing.T, path string) []k8sObject {
 	}
 }
 
+// Not parallel: it sets cli.ParseOnly, a package variable every command's
+// flag parsing reads.
 func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 	cli.ParseOnly = true
 	defer func() { cli.ParseOnly = false }()
@@ -345,6 +347,8 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 	}
 }
 
+// Not parallel: it sets cli.ParseOnly, a package variable every command's
+// flag parsing reads.
 func TestComposeFileMatchesTheBinary(t *testing.T) {
 	cli.ParseOnly = true
 	defer func() { cli.ParseOnly = false }()
@@ -399,6 +403,7 @@ func TestComposeFileMatchesTheBinary(t *testing.T) {
 // stage with no shell (distroless static or scratch) as a non-root user,
 // with /km0 as the entrypoint, on the Go of go.mod.
 func TestDockerfileBuildsAStaticNonRootImageWithoutAShell(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../../deploy/Dockerfile")
 	if err != nil {
 		t.Fatal(err)

@@ -139,6 +139,7 @@ func (r *rabbitDLQ) effects(id string) (all, forID int) {
 // fixed, each effect is applied; a forced second replay is a duplicate for
 // the inbox and the effect count stays 1; purge needs a confirmation.
 func TestDLQCommandsOnRabbitMQ(t *testing.T) {
+	t.Parallel()
 	r := newRabbitDLQ(t)
 	perm, trans := r.publish("perm"), r.publish("trans")
 	testkit.Eventually(t, 20*time.Second, "2 dead letters in the DLQ", func() bool { return r.onBroker() == 2 })
@@ -219,6 +220,9 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 }
 
 // --amqp-url alone is not enough, and --help never prints $KM0_AMQP_URL.
+//
+// Not parallel: t.Setenv, for the environment km0 dlq ($KM0_AMQP_URL) reads
+// in this process.
 func TestDLQRabbitMQFlags(t *testing.T) {
 	t.Setenv("KM0_AMQP_URL", "amqp://u:s3cr3t@127.0.0.1:5672/")
 	var out, errOut bytes.Buffer
@@ -237,6 +241,7 @@ func TestDLQRabbitMQFlags(t *testing.T) {
 // front of the broker) takes the DLQ's letter into the index: broker 1 +
 // index 0 → broker 0 + index 1.
 func TestDLQCommandsOverTLS(t *testing.T) {
+	t.Parallel()
 	r := newRabbitDLQ(t)
 	r.publish("perm")
 	testkit.Eventually(t, 20*time.Second, "1 dead letter in the DLQ", func() bool { return r.onBroker() == 1 })

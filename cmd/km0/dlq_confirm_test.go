@@ -31,6 +31,7 @@ func (o *onRead) Read(p []byte) (int, error) {
 // letters that die and are indexed while the question waits stay pending,
 // and the output says so.
 func TestDLQPurgeConfirmationActsOnTheLettersItCounted(t *testing.T) {
+	t.Parallel()
 	h := newDLQHarness(t)
 	value := `{"id_esdeveniment":"e-1","tipus":"comanda.creada","versio":1,"data_ms":` +
 		jsonNumber(time.Now().UnixMilli()) + `,"origen":"comandes","dades":{"id":"P-1"}}`
@@ -63,6 +64,7 @@ func TestDLQPurgeConfirmationActsOnTheLettersItCounted(t *testing.T) {
 // listed: the dry run lists 3, 2 more die, the replay with the plan replays
 // the 3, leaves the 2 pending and says they arrived.
 func TestDLQReplayPlanActsOnTheLettersTheDryRunListed(t *testing.T) {
+	t.Parallel()
 	h := newDLQHarness(t)
 	value := `{"id_esdeveniment":"e-1","tipus":"comanda.creada","versio":1,"data_ms":` +
 		jsonNumber(time.Now().UnixMilli()) + `,"origen":"comandes","dades":{"id":"P-1"}}`

@@ -15,6 +15,7 @@ import (
 // km0 dlq show prints a letter's attempt history (historial_intents) as a
 // table, oldest first, with its errors escaped; --json carries it too.
 func TestDLQShowPrintsTheAttemptHistory(t *testing.T) {
+	t.Parallel()
 	h := newDLQHarness(t)
 	at := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	history := contract.FormatHistory([]contract.FailedAttempt{

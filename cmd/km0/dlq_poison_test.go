@@ -19,6 +19,7 @@ import (
 // and cut, sets aside one it refuses (here by a CHECK the test adds), and
 // ls lists the good letters and says how many were set aside.
 func TestDLQLsOnRabbitMQSurvivesForgedLetters(t *testing.T) {
+	t.Parallel()
 	r := newRabbitDLQ(t)
 	ctx := context.Background()
 	if _, err := r.db.Pool.Exec(ctx, `ALTER TABLE cartes_mortes ADD CONSTRAINT prova_verinos

@@ -14,6 +14,7 @@ import (
 // head again while `km0 dlq sequence --replay` watches, and the command
 // fails with "did not take: dead-lettered again: <motiu>".
 func TestDLQSequenceReplaySaysWhenItDidNotTake(t *testing.T) {
+	t.Parallel()
 	h := newDLQHarness(t)
 	h.blockSequence()
 	value := []byte(`{"id_esdeveniment":"e-H","tipus":"comanda.creada","versio":1,"data_ms":` +
@@ -38,6 +39,7 @@ func TestDLQSequenceReplaySaysWhenItDidNotTake(t *testing.T) {
 // blocks, each as one: two blocked keys, two heads on the topic, no pending
 // letter left; the audit log names the CLI's user.
 func TestDLQSequenceReplayWithoutKeyReplaysEveryBlockedKey(t *testing.T) {
+	t.Parallel()
 	h := newDLQHarness(t)
 	h.blockSequence() // P-9: head e-H, e-B1 and e-B2 behind
 	ctx := context.Background()

@@ -56,6 +56,7 @@ func (h *dlqHarness) blockSequence() (head, b1 string) {
 // with their letters; --replay replays the head alone (the consumer releases
 // the rest from its store) and marks the blocked letter purged.
 func TestDLQSequenceShowsAndReplaysAKeyAsOne(t *testing.T) {
+	t.Parallel()
 	h := newDLQHarness(t)
 	headLetter, b1Letter := h.blockSequence()
 	out, err := h.run("", false, "sequence", "--consumer", "inventari.descompte_estoc", "--key", "P-9")

@@ -14,6 +14,7 @@ import (
 // e-B1, which becomes the head: its consumer applies it and releases e-B2.
 // Without --reason it refuses and changes nothing.
 func TestDLQSequenceSkipGivesUpTheHeadAndReleasesTheRest(t *testing.T) {
+	t.Parallel()
 	h := newDLQHarness(t)
 	headLetter, b1Letter := h.blockSequence()
 	if out, err := h.run("", false, "sequence", "--consumer", "inventari.descompte_estoc", "--key", "P-9", "--skip"); err == nil {

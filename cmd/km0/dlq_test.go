@@ -66,6 +66,7 @@ func (h *dlqHarness) dead(key, reason string, value []byte, headers ...string) s
 }
 
 func TestDLQCommands(t *testing.T) {
+	t.Parallel()
 	h := newDLQHarness(t)
 	good := `{"id_esdeveniment":"e-1","tipus":"comanda.creada","versio":1,"data_ms":` +
 		jsonNumber(time.Now().UnixMilli()) + `,"origen":"comandes","dades":{"id":"P-1"}}`
@@ -129,6 +130,7 @@ func TestDLQCommands(t *testing.T) {
 }
 
 func TestDLQHelpAndUsage(t *testing.T) {
+	t.Parallel()
 	c := &dlqcli.CLI{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}, In: strings.NewReader(""), Now: time.Now}
 	for _, sub := range []string{"ls", "show", "replay", "purge", "index"} {
 		if err := c.Run(context.Background(), []string{sub, "--help"}); !errors.Is(err, flag.ErrHelp) {
@@ -154,6 +156,9 @@ func jsonNumber(n int64) string { b, _ := json.Marshal(n); return string(b) }
 // The y/N question of purge counts the letters it would purge; counting
 // must not load them (200 letters of 256 KiB = 50 MiB of values; the whole
 // command, answered n, may allocate at most a fifth of that).
+//
+// Not parallel: it measures the allocations of the whole test binary
+// (runtime.MemStats), which parallel tests would add to.
 func TestDLQPurgeQuestionDoesNotLoadTheLetters(t *testing.T) {
 	h := newDLQHarness(t)
 	if out, err := h.run("", false, "ls"); err != nil { // creates the index
@@ -183,6 +188,7 @@ func TestDLQPurgeQuestionDoesNotLoadTheLetters(t *testing.T) {
 // replay and purge without any filter refuse, naming --all, before they
 // connect to anything; --all with a filter is refused as ambiguous.
 func TestDLQReplayAndPurgeNeedAnExplicitAll(t *testing.T) {
+	t.Parallel()
 	c := &dlqcli.CLI{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}, In: strings.NewReader(""), Now: time.Now}
 	conn := []string{"--brokers", "127.0.0.1:1", "--database-url", "postgres://nobody@127.0.0.1:1/none"}
 	for _, args := range [][]string{{"replay"}, {"replay", "--dry-run"}, {"purge", "--yes"}, {"purge", "--yes", "--delete-records"}} {
@@ -202,6 +208,9 @@ func TestDLQReplayAndPurgeNeedAnExplicitAll(t *testing.T) {
 // km0 dlq index --http-addr checks the Host header as the other servers do
 // (a DNS-rebinding page sends Host: attacker.example: 421, nothing of the
 // letter, even with the right token), and its /dlq/ API needs the token.
+//
+// Not parallel: t.Setenv, for the environment km0 dlq index (its admin token)
+// reads in this process.
 func TestDLQIndexHTTPChecksTheHostAndTheToken(t *testing.T) {
 	h := newDLQHarness(t)
 	id := h.dead("P-7", "permanent: esquema: DNI 12345678Z", []byte(`{}`))

@@ -103,6 +103,7 @@ func mapKeys(m map[string]string) []string {
 // group, a slot whose WAL was removed (lost). The
 // credentials never show in what it prints.
 func TestDoctorNamesEachFault(t *testing.T) {
+	t.Parallel()
 	good, err := pgcluster.Start(pgcluster.Options{Settings: map[string]string{
 		"max_slot_wal_keep_size": "1MB", "wal_keep_size": "0", "max_wal_size": "32MB", "min_wal_size": "32MB"}})
 	if err != nil {
@@ -305,6 +306,7 @@ func loseSlot(t *testing.T, url, name string) {
 // bindings to km0.dlx) through the management API: all ok once declared,
 // and one failure naming the binding when a DLQ's binding is gone.
 func TestDoctorChecksTheRabbitMQTopology(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	prefix := "doctor" + strings.ToLower(rand.Text()[:8]) + "."
 	cfg := system.Config{Events: system.EventsRabbitMQ, EventsQueuePrefix: prefix}

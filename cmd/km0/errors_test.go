@@ -23,6 +23,7 @@ import (
 // as processes: one line, the cause first, no password, no pgx chain (no
 // line per address and TLS mode tried).
 func TestDatabaseErrorsNameTheCause(t *testing.T) {
+	t.Parallel()
 	base, err := url.Parse(pgtest.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +61,7 @@ func TestDatabaseErrorsNameTheCause(t *testing.T) {
 // A service's own database (KM0_<SERVICE>_DATABASE_URL) is used as is,
 // never created: one that does not exist is named, with the service.
 func TestServeNamesAMissingOwnDatabase(t *testing.T) {
+	t.Parallel()
 	base, err := url.Parse(pgtest.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -77,6 +79,7 @@ func TestServeNamesAMissingOwnDatabase(t *testing.T) {
 // A flag error prints the error and one line pointing to --help, exit 2,
 // not the whole help (which --help still prints).
 func TestFlagErrorPointsToHelp(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		argv []string
 		want string
@@ -103,6 +106,7 @@ func TestFlagErrorPointsToHelp(t *testing.T) {
 // each logs a warning naming the brokers and retries, and runs once the
 // broker is there (docs/operations.md, "A broker that cannot be reached").
 func TestRelayAndUpWaitForKafkaWithAWarning(t *testing.T) {
+	t.Parallel()
 	addr := freeAddr(t) // nothing listens there yet
 	s := pgtest.NewMigratedSchema(t)
 	suffix := fmt.Sprintf("wait_%d", os.Getpid())

@@ -30,6 +30,9 @@ func flagNames(help string) []string {
 // --embedded-kafka-addr), lists no old spelling, names its flags in
 // English, and --authorize says why its default differs between km0 demo
 // and km0 up/serve.
+//
+// Not parallel: captureStderr swaps os.Stdout and os.Stderr of the whole test
+// binary.
 func TestHelpSpellsFlagsOneWay(t *testing.T) {
 	argvs := [][]string{}
 	for name := range commands {
@@ -85,6 +88,9 @@ func TestHelpSpellsFlagsOneWay(t *testing.T) {
 
 // The old spelling of a renamed flag still sets the new one, and --help
 // does not list it.
+//
+// Not parallel: captureStderr swaps os.Stdout and os.Stderr of the whole test
+// binary.
 func TestOldFlagNamesAreHiddenAliases(t *testing.T) {
 	for _, c := range []struct{ cmd, old, name string }{
 		{"up", "http", "http-addr"}, {"up", "console", "console-addr"}, {"serve cataleg", "http", "http-addr"},

@@ -15,6 +15,8 @@ import (
 	"github.com/km0/km0/internal/cli"
 )
 
+// Not parallel: t.Setenv, for the environment the flag set
+// ($KM0_DATABASE_URL) reads in this process.
 func TestHelpNeverPrintsTheDatabaseURL(t *testing.T) {
 	t.Setenv("KM0_DATABASE_URL", "postgres://km0:s3cret@db/km0")
 	fs := cli.NewFlags("x", "test")
@@ -31,6 +33,10 @@ func TestHelpNeverPrintsTheDatabaseURL(t *testing.T) {
 }
 
 // Every command's --help with secrets in the environment prints none of them.
+//
+// Not parallel: t.Setenv, for the environment every command's --help reads in
+// this process; and captureStderr swaps os.Stdout and os.Stderr of the whole
+// test binary.
 func TestNoHelpPrintsASecretFromTheEnvironment(t *testing.T) {
 	for _, v := range []string{"KM0_DATABASE_URL", "KM0_AMQP_URL", "KM0_DLQ_WEBHOOK", "KM0_PASSARELLA_URL", "KM0_DLQ_ADMIN_TOKEN", "KM0_CATALEG_DATABASE_URL", "KM0_AMQP_MANAGEMENT_URL"} {
 		t.Setenv(v, "postgres://km0:s3cret@db/km0")
@@ -78,6 +84,7 @@ func captureStderr(t *testing.T, f func()) string {
 // A malformed RabbitMQ URL is refused with an error that does not echo its
 // password (url.Parse's error quotes the whole URL).
 func TestMalformedAMQPURLErrorHidesThePassword(t *testing.T) {
+	t.Parallel()
 	for _, u := range []string{"amqp://guest:s3cret@[bad/", "amqp://guest:s3cret@host:abc/", "amqp://guest:s3cret@127.0.0.1:5672/%zz"} {
 		err := bench.Run(context.Background(), []string{"rpc", "--amqp-url", u, "--n", "1", "--kafka=false"})
 		if err == nil {
@@ -91,6 +98,9 @@ func TestMalformedAMQPURLErrorHidesThePassword(t *testing.T) {
 
 // `km0 X --help` succeeds (main exits 0) for every command, also those
 // whose first argument is a subcommand or a name (schema, serve, outbox, dlq, bench).
+//
+// Not parallel: captureStderr swaps os.Stdout and os.Stderr of the whole test
+// binary.
 func TestEveryCommandHelpSucceeds(t *testing.T) {
 	for name, c := range commands {
 		var err error
@@ -105,6 +115,7 @@ func TestEveryCommandHelpSucceeds(t *testing.T) {
 // refused, not ignored (the service would listen on a random port instead).
 // The context only bounds a hang.
 func TestUpRefusesMalformedHTTPAddrs(t *testing.T) {
+	t.Parallel()
 	for _, v := range []string{"comandes:8080", "comandez=:8080", "=:8080", "comandes="} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := runServices(ctx, "up", []string{"comandes"}, []string{"--database-url", "postgres://postgres@127.0.0.1:1/postgres",
@@ -118,6 +129,9 @@ func TestUpRefusesMalformedHTTPAddrs(t *testing.T) {
 
 // `km0 bench relay|latency` refuse a --batch or --workers the relay would not
 // use as given (0 is the relay's adaptive default, reported as "adaptive").
+//
+// Not parallel: captureStderr swaps os.Stdout and os.Stderr of the whole test
+// binary.
 func TestBenchRefusesBatchAndWorkersOutOfRange(t *testing.T) {
 	for _, c := range []struct {
 		fn   func(context.Context, []string) error

@@ -241,6 +241,9 @@ func TestCommandsRefuseABadKafkaSecurityNamingTheCause(t *testing.T) {
 
 // --help lists every Kafka security flag and no default of a secret: not
 // the password of $KM0_KAFKA_SASL_PASSWORD.
+//
+// Not parallel: t.Setenv, for the environment the flag set ($KM0_KAFKA_*)
+// reads in this process.
 func TestKafkaSecurityFlagsHelpShowsNoSecret(t *testing.T) {
 	t.Setenv("KM0_KAFKA_SASL_PASSWORD", password)
 	t.Setenv("KM0_KAFKA_TLS", "true")

@@ -58,6 +58,7 @@ func startKafkaCommand(t *testing.T, addr string, args ...string) (stop func()) 
 // `km0 kafka --data-dir DIR` keeps its topics, records and committed group
 // offsets across a clean stop (SIGTERM) and a restart on the same address.
 func TestKafkaCommandDataDirSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	dir, addr := t.TempDir(), freeAddr(t)
 	const topic, group, n = "km0.test.persist", "km0-test-group", 50
 	ctx := context.Background()
@@ -169,6 +170,7 @@ func TestKafkaCommandDataDirSurvivesRestart(t *testing.T) {
 // `km0 kafka --partitions N` with N < 1 is refused, not replaced by 6 while
 // the banner repeats the bad number. The context only bounds a hang.
 func TestKafkaCommandRefusesBadPartitions(t *testing.T) {
+	t.Parallel()
 	for _, p := range []string{"0", "-3"} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := runKafka(ctx, []string{"--addr", "127.0.0.1:0", "--partitions", p})

@@ -32,6 +32,7 @@ func lagSample() *lag.Snapshot {
 // partition, the caught-up partitions of a .retry topic in one line; never
 // a Go slice or map.
 func TestLagOutput(t *testing.T) {
+	t.Parallel()
 	var b bytes.Buffer
 	printLag(&b, lagSample(), false)
 	want := `OUTBOX    PENDING  OLDEST
@@ -74,6 +75,7 @@ note: ` + lag.NoteNoManagement + "\n"
 // oldest unconfirmed message's age (? when a relay streams from the slot),
 // the retained WAL and the slot's status, beside a table outbox.
 func TestLagOutputWAL(t *testing.T) {
+	t.Parallel()
 	s := &lag.Snapshot{Outboxes: []lag.OutboxLag{
 		{Name: "comandes", Pending: 2, OldestSeconds: 90},
 		{Name: "repartiment", Err: "its database does not answer"},

@@ -19,6 +19,7 @@ import (
 // --batch and stray arguments before touching the database, and on a
 // migrated outbox deletes only the published rows past the retention.
 func TestOutboxPruneCommand(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	ctx := context.Background()
 	base := []string{"prune", "--database-url", pgtest.URL(), "--schema", s.Name}
@@ -64,6 +65,7 @@ func TestOutboxPruneCommand(t *testing.T) {
 // `km0 relay --prune-older-than 1h` prunes at start: rows published two
 // hours ago go, the pending ones are published and stay (marked just now).
 func TestRelayCommandPrunesWithPruneOlderThan(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}})
 	ctx := context.Background()

@@ -19,6 +19,9 @@ import (
 // behind each, one released by id, then the rest with --all, a second release
 // refused as not parked; prune refuses the WAL mode; the table mode's
 // listing points to the WAL one.
+//
+// Not parallel: captureStderr swaps os.Stdout and os.Stderr of the whole test
+// binary.
 func TestOutboxParkedAndReleaseCommandsInWALMode(t *testing.T) {
 	s := pgtest.NewMigratedSchema(t)
 	ctx := context.Background()

@@ -27,6 +27,7 @@ import (
 
 // --mode and the flags of each mode are checked before anything connects.
 func TestRelayCommandRefusesBadModeFlags(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		args []string
 		want string
@@ -52,6 +53,7 @@ func TestRelayCommandRefusesBadModeFlags(t *testing.T) {
 // The machine's server has wal_level = replica: `km0 relay --mode cdc`
 // refuses at once with the setting named, before it waits for any broker.
 func TestRelayCommandCDCRefusesWithoutLogicalWALLevel(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -66,6 +68,7 @@ func TestRelayCommandCDCRefusesWithoutLogicalWALLevel(t *testing.T) {
 // publishes what is pending and what is written while it runs, marks it,
 // and leaves its slot and publication under the documented default names.
 func TestRelayCommandCDCPublishesAndMarks(t *testing.T) {
+	t.Parallel()
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("a private PostgreSQL cluster is required: %v", err)
@@ -143,6 +146,7 @@ func TestRelayCommandCDCPublishesAndMarks(t *testing.T) {
 // pass, and `km0 relay --outbox wal` (--mode cdc implied) publishes them in
 // order, with no outbox row written.
 func TestMigrateAndRelayCommandsRunAWALModeOutbox(t *testing.T) {
+	t.Parallel()
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("a private PostgreSQL cluster is required: %v", err)
@@ -218,6 +222,7 @@ func TestMigrateAndRelayCommandsRunAWALModeOutbox(t *testing.T) {
 // refused), the polling relay both, adaptive by default; a WAL-mode outbox
 // no pruning or deleting.
 func TestRelayStartLineShowsEachModesOwnSettings(t *testing.T) {
+	t.Parallel()
 	attrs := func(a []any) map[string]any {
 		m := map[string]any{}
 		for i := 0; i+1 < len(a); i += 2 {
@@ -242,6 +247,8 @@ func TestRelayStartLineShowsEachModesOwnSettings(t *testing.T) {
 
 // `km0 relay --help` describes both modes and the WAL-mode outbox, not
 // polling alone.
+//
+// Not parallel: it swaps os.Stderr of the whole test binary.
 func TestRelayHelpDescribesEveryMode(t *testing.T) {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -266,6 +273,9 @@ func TestRelayHelpDescribesEveryMode(t *testing.T) {
 // `km0 serve --outbox wal` implies --relay cdc, and refuses --relay polling;
 // on the machine's replica-level server it fails with wal_level named
 // (creating the service's slot), before anything is written.
+//
+// Not parallel: t.Setenv, for the environment runServe ($KM0_DATABASE_URL)
+// reads in this process.
 func TestServeOutboxWALImpliesTheCDCRelay(t *testing.T) {
 	t.Setenv("KM0_DATABASE_URL", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

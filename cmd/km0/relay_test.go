@@ -25,6 +25,7 @@ import (
 // same claim → confirm → mark rule: every row arrives once, with the contract
 // headers, and ends marked.
 func TestRelayCommandToRabbitMQExchange(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	conn := amqptest.Dial(t)
 	exchange, queue := amqptest.Name("km0.test.relay"), amqptest.Name("km0.test.relay.q")
@@ -106,6 +107,7 @@ func TestRelayCommandToRabbitMQExchange(t *testing.T) {
 // is sent (so no later row of its aggregate can overtake it in a chunk), and
 // the other rows flow.
 func TestRelayCommandParksRowsOverTheTopicsLimit(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
 	ctx := context.Background()
@@ -149,6 +151,7 @@ func enqueueSized(t *testing.T, s *pgtest.Schema, aggs []string, sizes []int) {
 // it: the outbox keeps only what is pending, here a parked row and the row
 // of its aggregate behind it.
 func TestRelayCommandDeletePublishedKeepsOnlyPendingRows(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 20_000})
 	ctx := context.Background()
@@ -177,6 +180,7 @@ func TestRelayCommandDeletePublishedKeepsOnlyPendingRows(t *testing.T) {
 // its partition. 300 rows of ~2 kB of one aggregate under a 10 kB limit: all
 // published, none parked, in commit order.
 func TestRelayCommandKeepsBatchesWithinTheTopicsLimit(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}, MaxMessageBytes: 10_000})
 	ctx := context.Background()
@@ -217,6 +221,7 @@ func TestRelayCommandKeepsBatchesWithinTheTopicsLimit(t *testing.T) {
 // became the default). --batch 0 and --workers 0 are the adaptive defaults,
 // not errors. The context only bounds a hang.
 func TestRelayCommandRefusesBadNumbersAtOnce(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	for _, bad := range [][]string{{"--batch", "-5"}, {"--batch", "10001"}, {"--workers", "-1"},
 		{"--workers", "65"}, {"--partitions", "-2"}, {"--poll", "-1s"}, {"--poll", "0s"}, {"--prune-older-than", "-1s"},

@@ -96,6 +96,7 @@ func (g *gitFixture) mustFail(want string, args ...string) string {
 }
 
 func TestSchemaCheckAgainstMergeBase(t *testing.T) {
+	t.Parallel()
 	g := newGitFixture(t)
 	g.write("schemas/embed.go", "package schemas\n")
 	g.write("schemas/comanda.creada/v1.json", cliV1)
@@ -143,6 +144,7 @@ func TestSchemaCheckAgainstMergeBase(t *testing.T) {
 // A breaking change that already landed is invisible to a comparison with
 // HEAD, and caught by --history, which names the commit.
 func TestSchemaCheckHistory(t *testing.T) {
+	t.Parallel()
 	g := newGitFixture(t)
 	g.write("schemas/comanda.creada/v1.json", cliV1)
 	g.commit("v1")
@@ -163,6 +165,7 @@ func TestSchemaCheckHistory(t *testing.T) {
 // With a single commit and no main to compare with, the tree is validated:
 // every schema must compile and be a tolerant reader.
 func TestSchemaCheckSingleCommitValidatesTheTree(t *testing.T) {
+	t.Parallel()
 	g := newGitFixture(t)
 	g.write("schemas/comanda.creada/v1.json", cliV1)
 	g.commit("v1")
@@ -176,6 +179,7 @@ func TestSchemaCheckSingleCommitValidatesTheTree(t *testing.T) {
 }
 
 func TestSchemaCommandUsage(t *testing.T) {
+	t.Parallel()
 	if err := runSchema(context.Background(), nil); !errors.Is(err, cli.ErrUsage) {
 		t.Fatalf("no subcommand: %v", err)
 	}

@@ -49,6 +49,7 @@ func parseSecret(def string, args ...string) (v, printed string, err error) {
 // --NAME-file; either flag replaces the environment, both at once are
 // refused, and no error quotes the credential.
 func TestSecretStringForms(t *testing.T) {
+	t.Parallel()
 	env, cmdline, file := "postgres://u:"+password+"@env/db", "postgres://u:"+password+"@cli/db", "postgres://u:"+password+"@file/db"
 	path := writeFile(t, "db-url", "\n  "+file+"\n")
 	for _, c := range []struct {
@@ -106,6 +107,9 @@ func parseOutboxes(args ...string) (vals map[string]string, keys []string, print
 // newline or ; separated) and a file form (--outbox-file, a line each);
 // the command line replaces the environment, and a malformed entry is
 // refused without being quoted.
+//
+// Not parallel: t.Setenv, for the environment the lag flags ($KM0_OUTBOXES)
+// reads in this process.
 func TestOutboxForms(t *testing.T) {
 	u := func(db string) string { return "postgres://u:" + password + "@h/" + db }
 	t.Setenv(outboxesEnv, "comandes="+u("c")+"; inventari = "+u("i")+"\n\npagaments="+u("p")+"\n")
@@ -156,6 +160,10 @@ func withPassword(t *testing.T, u string) string {
 // km0 lag measures outboxes named in $KM0_OUTBOXES and in --outbox-file,
 // and neither its output nor its logs show their password, also when a
 // database does not answer.
+//
+// Not parallel: t.Setenv, for the environment km0 lag ($KM0_OUTBOXES) reads
+// in this process; and captureStderr swaps os.Stdout and os.Stderr of the
+// whole test binary.
 func TestLagCommandOutboxesFromTheEnvironmentAndAFile(t *testing.T) {
 	brokers, s := lagFixture(t)
 	dbURL := withPassword(t, s.URL)
@@ -197,6 +205,9 @@ func TestLagCommandOutboxesFromTheEnvironmentAndAFile(t *testing.T) {
 
 // km0 migrate works with its database URL in --database-url-file, and says
 // nothing of the password.
+//
+// Not parallel: captureStderr swaps os.Stdout and os.Stderr of the whole test
+// binary.
 func TestMigrateDatabaseURLFromAFile(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	path := writeFile(t, "db-url", withPassword(t, pgtest.URL())+"\n")
@@ -216,6 +227,7 @@ func TestMigrateDatabaseURLFromAFile(t *testing.T) {
 // km0 dlq's --amqp-url-file selects RabbitMQ as --amqp-url does (and so
 // asks for --queue); $KM0_AMQP_URL alone does not.
 func TestDLQAMQPURLFileSelectsRabbitMQ(t *testing.T) {
+	t.Parallel()
 	path := writeFile(t, "amqp-url", "amqp://u:"+password+"@127.0.0.1:5672/\n")
 	var out, errOut bytes.Buffer
 	c := &dlqcli.CLI{Out: &out, ErrOut: &errOut, In: strings.NewReader(""), Now: time.Now}

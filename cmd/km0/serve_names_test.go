@@ -9,6 +9,9 @@ import (
 
 // `km0 serve foo` names the unknown service before it asks for a database
 // (none is configured here: the database error would come first otherwise).
+//
+// Not parallel: t.Setenv, for the environment runServe (the database URLs)
+// reads in this process.
 func TestServeUnknownServiceIsNamedBeforeTheDatabase(t *testing.T) {
 	t.Setenv("KM0_DATABASE_URL", "")
 	t.Setenv("KM0_FOO_DATABASE_URL", "")
@@ -24,6 +27,9 @@ func TestServeUnknownServiceIsNamedBeforeTheDatabase(t *testing.T) {
 // `--http` names a server this process runs, or it is refused before any
 // database is asked: pagaments has no HTTP API, and a service another
 // process runs would otherwise be silently ignored.
+//
+// Not parallel: t.Setenv, for the environment runServices ($KM0_DATABASE_URL)
+// reads in this process.
 func TestHTTPAddrsNamesOnlyServersThisProcessRuns(t *testing.T) {
 	t.Setenv("KM0_DATABASE_URL", "")
 	for _, c := range []struct {
@@ -58,6 +64,9 @@ func TestHTTPAddrsNamesOnlyServersThisProcessRuns(t *testing.T) {
 // command's own (main prints "km0 up: "): not "system: comandes: svc: …".
 // A configuration error carries none (not "system: …"), and names the known
 // values as a list, not a printed Go slice.
+//
+// Not parallel: t.Setenv, for the environment runServices
+// ($KM0_COMANDES_DATABASE_URL) reads in this process.
 func TestUpErrorHasOnePrefixPerLayer(t *testing.T) {
 	t.Setenv("KM0_COMANDES_DATABASE_URL", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -23,6 +23,9 @@ const testSigningKeyEnv = requestreply.SigningKeyEnv + "=clau-de-prova-dels-proc
 // that accepts unsigned requests), and so does any with a 16-byte key;
 // `km0 serve comandes` without --authorize needs none (checked by the rest
 // of the configuration, which then fails on the unreachable database).
+//
+// Not parallel: t.Setenv, for the environment runServe (the signing key, the
+// database URL) reads in this process.
 func TestServeRefusesToStartWithoutASigningKey(t *testing.T) {
 	t.Setenv("KM0_DATABASE_URL", "")
 	own := []string{"--service-database-url", "postgres://postgres@127.0.0.1:1/qualsevol", "--brokers", "127.0.0.1:1"}
@@ -84,6 +87,9 @@ func TestServeAcceptUnsignedRequestsStartsAndShowsIt(t *testing.T) {
 // km0 up, which runs comandes and pagaments in one process, generates a
 // random key of its own when none is set (fresh each start); km0 serve
 // generates none (its peers could not share it); a key set is used as is.
+//
+// Not parallel: t.Setenv, for the environment signingKey reads in this
+// process.
 func TestUpGeneratesASigningKeyServeDoesNot(t *testing.T) {
 	t.Setenv(requestreply.SigningKeyEnv, "")
 	a, errA := signingKey("up", false)

@@ -101,6 +101,7 @@ func runKm0Combined(t *testing.T, env []string, args ...string) (string, error) 
 // marked. A CA that did not sign the server's certificate fails km0 migrate
 // at once, naming the cause.
 func TestMigrateAndRelayOverTLS(t *testing.T) {
+	t.Parallel()
 	tc := startTLSCluster(t)
 	rabbit := amqptest.NewTLSBroker(t, true)
 	client := rabbit.CA.Client(t, "km0-relay")

@@ -39,6 +39,7 @@ func tourBlocks(t *testing.T) []string {
 // database suffix of its own for "tour", and ./km0 the test binary (instead
 // of go build). What each step prints is checked.
 func TestTourRunsAsWritten(t *testing.T) {
+	t.Parallel()
 	blocks := tourBlocks(t)
 	if len(blocks) != 7 {
 		t.Fatalf("docs/tour.md has %d sh blocks, want 7 (the test checks each step's output)", len(blocks))

@@ -32,6 +32,7 @@ import (
 // /claus, and pausing cataleg's group from /consumidors reaches the service
 // (its /salut lists the group under pausats) until it is resumed.
 func TestUpConsoleShowsEveryServicesBlockedKeysAndPauses(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t, system.DomainTopics()...)
 	sfx := make([]byte, 4)
 	_, _ = rand.Read(sfx)

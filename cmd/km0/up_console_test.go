@@ -32,6 +32,7 @@ import (
 // does: with --max-lag 2 --alert-for 0s, a consumer group 4 records behind
 // gets one "alerta" notice on the DLQ webhook.
 func TestUpConsoleAlertsOnLag(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t, system.DomainTopics()...)
 	cl := kafkatest.Client(t, b, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	ctx := context.Background()
@@ -91,6 +92,7 @@ func TestUpConsoleAlertsOnLag(t *testing.T) {
 // Thresholds without a console to watch them are refused before anything
 // is connected.
 func TestUpRefusesLagThresholdsWithoutConsole(t *testing.T) {
+	t.Parallel()
 	err := runServices(context.Background(), "up", system.Services, []string{"--max-lag", "5", "--brokers", "127.0.0.1:1"})
 	if err == nil || !strings.Contains(err.Error(), "--console") {
 		t.Fatalf("km0 up --max-lag without --console: %v", err)
@@ -102,6 +104,7 @@ func TestUpRefusesLagThresholdsWithoutConsole(t *testing.T) {
 // it (never the token itself), the console's /dlq/ API refuses every read
 // without it and answers with it, and a clean stop removes the file.
 func TestUpConsoleWithoutTokenMakesOneForTheRun(t *testing.T) {
+	t.Parallel()
 	b := kafkatest.New(t, system.DomainTopics()...)
 	sfx := make([]byte, 4)
 	_, _ = rand.Read(sfx)

@@ -21,6 +21,7 @@ import (
 // by its slot: /lag.json has comandes with its slot (the default of its
 // database), not rows. On a cluster of its own (wal_level = logical).
 func TestUpConsoleShowsWALOutboxes(t *testing.T) {
+	t.Parallel()
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("a private PostgreSQL cluster is required: %v", err)

@@ -56,6 +56,7 @@ func TestVersionCommandPrintsModuleVersionCommitAndGo(t *testing.T) {
 // Deployment (deploy/kubernetes/relay.yaml) beside /metrics: 200 with the
 // relay's name, "ok" and the version.
 func TestRelayServesItsProbePathBesideMetrics(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewMigratedSchema(t)
 	b := kafkatest.NewWith(t, kafkaembed.Config{Topics: []string{"comandes.esdeveniments"}})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
