@@ -39,6 +39,7 @@ func TestLagCommandOverTLS(t *testing.T) {
 			"--amqp-management-url", mgmtURL, "--amqp-tls-ca-file", ca, "--amqp-tls-server-name", b.ServerName}, args...))
 		return out.String(), errOut.String(), err
 	}
+	waitUnacked(t, mgmtPlain, amqptest.URL(), q, 3)
 	var snap lag.Snapshot
 	testkit.Eventually(t, 30*time.Second, "3 unacked in km0 lag --json over TLS", func() bool {
 		out, errOut, err := run(b.CA.CertFile, "--json")
