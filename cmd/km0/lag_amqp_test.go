@@ -35,8 +35,7 @@ func TestLagCommandUnackedFromTheAMQPURL(t *testing.T) {
 			return amqptest.OnVHost(amqptest.URL(), amqptest.NewVHostNamed(t, "km0/lagcmd"))
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
+		t.Run(tc.name, func(t *testing.T) { // not parallel: those would wait behind every test of the package
 			amqpURL := tc.url(t)
 			q := amqptest.UnackedQueueAt(t, amqpURL, "km0.lagcmd", 1, 3)
 			flags := []string{"--brokers", "", "--amqp-url", amqpURL, "--queue", q}

@@ -21,6 +21,7 @@ import (
 	"github.com/km0/km0/internal/services/comandes"
 	"github.com/km0/km0/internal/services/system"
 	"github.com/km0/km0/internal/testkit"
+	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
 // runMainEnv makes the test binary run km0's main instead of the tests, so
@@ -152,48 +153,62 @@ func waitGroup(t *testing.T, adm *kadm.Client, group, what string, ok func(kadm.
 // SIGKILLed once its consumer group is stable, a second one is started, and
 // it is sent SIGTERM while its JoinGroup waits for the dead member (the
 // group is PreparingRebalance). Each service, on a database of its own.
+//
+// The services' subtests run at once from goroutines of their own (t.Run
+// allows it) rather than as parallel subtests: those would wait for a
+// parallel slot behind every other test of the package, and their waits for
+// a rebalance would end the run alone.
 func TestServeStopsWithinTheGraceWhileARebalanceWaitsForADeadMember(t *testing.T) {
 	t.Parallel()
 	b := kafkatest.New(t, system.DomainTopics()...)
 	adm := kadm.NewClient(kafkatest.Client(t, b))
 	sem := make(chan struct{}, 3) // processes at once: the machine is small
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for i, service := range system.Services {
 		group := system.ConsumerNames[i]
-		t.Run(service, func(t *testing.T) {
-			t.Parallel()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			env := []string{serviceDatabaseEnv(service) + "=" + pgtest.NewDatabase(t), testSigningKeyEnv}
-			args := []string{"serve", service, "--brokers", strings.Join(b.Addrs(), ",")}
-			first := startKm0(t, env, args...)
-			first.waitRunning(t, 60*time.Second)
-			waitGroup(t, adm, group, "stable with one member", func(g kadm.DescribedGroup) bool {
-				return g.State == "Stable" && len(g.Members) == 1
-			})
-			if err := first.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			<-first.exited
-			second := startKm0(t, env, args...)
-			second.waitRunning(t, 60*time.Second)
-			waitGroup(t, adm, group, "rebalancing", func(g kadm.DescribedGroup) bool { return g.State == "PreparingRebalance" })
-			start := time.Now()
-			if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case <-second.exited:
-			case <-time.After(system.ShutdownGraceDefault + 5*time.Second):
-				t.Fatalf("km0 serve %s still running %v after SIGTERM\n%s", service, time.Since(start), second.log())
-			}
-			took := time.Since(start)
-			log := second.log()
-			if second.err != nil || took > system.ShutdownGraceDefault || strings.Contains(log, "leaving them behind") {
-				t.Fatalf("km0 serve %s: exit %v after %v (grace %v)\n%s", service, second.err, took, system.ShutdownGraceDefault, log)
-			}
-			t.Logf("km0 serve %s stopped %v after SIGTERM", service, took.Round(time.Millisecond))
-		})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.Run(service, func(t *testing.T) { serveStopsWithinTheGrace(t, sem, adm, b, service, group) })
+		}()
 	}
+}
+
+// serveStopsWithinTheGrace is the subtest of service, whose consumer group
+// is group, for TestServeStopsWithinTheGraceWhileARebalanceWaitsForADeadMember.
+func serveStopsWithinTheGrace(t *testing.T, sem chan struct{}, adm *kadm.Client, b *kafkaembed.Broker, service, group string) {
+	sem <- struct{}{}
+	defer func() { <-sem }()
+	env := []string{serviceDatabaseEnv(service) + "=" + pgtest.NewDatabase(t), testSigningKeyEnv}
+	args := []string{"serve", service, "--brokers", strings.Join(b.Addrs(), ",")}
+	first := startKm0(t, env, args...)
+	first.waitRunning(t, 60*time.Second)
+	waitGroup(t, adm, group, "stable with one member", func(g kadm.DescribedGroup) bool {
+		return g.State == "Stable" && len(g.Members) == 1
+	})
+	if err := first.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-first.exited
+	second := startKm0(t, env, args...)
+	second.waitRunning(t, 60*time.Second)
+	waitGroup(t, adm, group, "rebalancing", func(g kadm.DescribedGroup) bool { return g.State == "PreparingRebalance" })
+	start := time.Now()
+	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-second.exited:
+	case <-time.After(system.ShutdownGraceDefault + 5*time.Second):
+		t.Fatalf("km0 serve %s still running %v after SIGTERM\n%s", service, time.Since(start), second.log())
+	}
+	took := time.Since(start)
+	log := second.log()
+	if second.err != nil || took > system.ShutdownGraceDefault || strings.Contains(log, "leaving them behind") {
+		t.Fatalf("km0 serve %s: exit %v after %v (grace %v)\n%s", service, second.err, took, system.ShutdownGraceDefault, log)
+	}
+	t.Logf("km0 serve %s stopped %v after SIGTERM", service, took.Round(time.Millisecond))
 }
 
 // Renames that are malformed, of names the contract does not have, or into
