@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,8 +42,21 @@ func TestMain(m *testing.M) {
 	if os.Getenv(replicationFactorEnv) == "" {
 		_ = os.Setenv(replicationFactorEnv, "1")
 	}
+	// Most tests here wait on km0 processes, brokers and PostgreSQL rather
+	// than compute: run more of them at once than -test.parallel's default
+	// (GOMAXPROCS, 2 on a small machine), unless the flag is given.
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), parallelDefault)))
+	}
 	os.Exit(m.Run())
 }
+
+// parallelDefault is how many parallel tests of this package run at once
+// when -test.parallel is not given.
+const parallelDefault = 8
 
 // replicationFactorEnv is the environment fallback of --kafka-replication-factor.
 const replicationFactorEnv = "KM0_KAFKA_REPLICATION_FACTOR"
@@ -215,6 +231,9 @@ func serveStopsWithinTheGrace(t *testing.T, sem chan struct{}, adm *kadm.Client,
 // names Kafka refuses are refused before anything is connected, naming the
 // flag or the name; a service without any database is refused naming its
 // variable. The context only bounds a hang.
+//
+// Not parallel: t.Setenv, for the environment runServe (the database URLs)
+// reads in this process.
 func TestServeRefusesBadRenamesAndAMissingDatabase(t *testing.T) {
 	t.Setenv("KM0_DATABASE_URL", "")
 	t.Setenv("KM0_CATALEG_DATABASE_URL", "")
