@@ -42,6 +42,13 @@ func TestMain(m *testing.M) {
 	if os.Getenv(replicationFactorEnv) == "" {
 		_ = os.Setenv(replicationFactorEnv, "1")
 	}
+	// The km0 processes the tests start are this binary: built with -race,
+	// each would sleep a second at exit (the race runtime's atexit_sleep_ms,
+	// to catch races of the exit itself), a second of wall time for every
+	// process a test waits for. A race they hit still fails them (exit 66).
+	if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
+		_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	}
 	// Most tests here wait on km0 processes, brokers and PostgreSQL rather
 	// than compute: run more of them at once than -test.parallel's default
 	// (GOMAXPROCS, 2 on a small machine), unless the flag is given.
