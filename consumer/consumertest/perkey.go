@@ -206,7 +206,13 @@ func (w *world) failingHead(t *testing.T, key string, ok *atomic.Bool, hooks fau
 		return effect(ctx, tx, m)
 	}
 	w.b.Publish(t, head)
-	r := w.run(w.perKey(h), hooks)
+	// The head must still be retrying when the test sets ok, however long a
+	// loaded machine takes to get there: with the suite's 3 attempts (30 and
+	// 60 ms apart) it was dead-lettered first now and then, and no copy came
+	// back to reach the crash point. The waits stay capped by BackoffMax.
+	cfg := w.perKey(h)
+	cfg.MaxAttempts = 1000
+	r := w.run(cfg, hooks)
 	testkit.Eventually(t, 30*time.Second, "the head blocks its key", func() bool { b, _ := w.storeRows(); return b == 1 })
 	return head, r, h
 }
@@ -375,7 +381,9 @@ func perKeyCrashReleasedFailure(t *testing.T, w *world) {
 		return effect(ctx, tx, m)
 	}
 	w.b.Publish(t, head, b1, b2)
-	r := w.run(w.perKey(h), faults.Consumer[*consumer.Message]{
+	cfg := w.perKey(h)
+	cfg.MaxAttempts = 1000 // the head still retrying when ok is set (see failingHead)
+	r := w.run(cfg, faults.Consumer[*consumer.Message]{
 		AfterCommit: func(ctx context.Context, ms []*consumer.Message) error {
 			if isID(ms, head) && ok.Load() && b1Fails.Load() > 0 {
 				return faults.ErrCrashed
