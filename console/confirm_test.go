@@ -1,16 +1,12 @@
 package console_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
-	"github.com/km0/km0/internal/testkit"
 )
 
 // A confirmation acts on exactly the letters its dry run listed. The dry run
@@ -39,14 +35,7 @@ func TestReplayConfirmationActsOnTheLettersTheDryRunListed(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("replay: %d", resp.StatusCode)
 	}
-	var st console.JobStatus
-	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
-		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
-		if err := json.Unmarshal([]byte(body), &st); err != nil {
-			t.Fatalf("job status: %v: %s", err, body)
-		}
-		return st.State != "running"
-	})
+	st := br.waitJob(loc)
 
 	if st.State != "done" || st.Total != 4 || st.Republished != 4 || st.Arrived != 2 {
 		t.Fatalf("job: %+v; want 4 of 4 republished and 2 arrived since", st)

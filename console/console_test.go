@@ -1,18 +1,15 @@
 package console_test
 
 import (
-	"encoding/json"
 	"net"
 	"net/http"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
-	"github.com/km0/km0/internal/testkit"
 )
 
 const (
@@ -170,14 +167,7 @@ func TestReplayGroupJob(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(loc, "/feina?id=") {
 		t.Fatalf("replay: %d %q", resp.StatusCode, loc)
 	}
-	var st console.JobStatus
-	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
-		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
-		if err := json.Unmarshal([]byte(body), &st); err != nil {
-			t.Fatalf("job status: %v: %s", err, body)
-		}
-		return st.State != "running"
-	})
+	st := br.waitJob(loc)
 
 	if st.State != "done" || st.Total != 250 || st.Republished != 250 || st.Failed != 0 {
 		t.Fatalf("job: %+v", st)

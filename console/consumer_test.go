@@ -1,16 +1,12 @@
 package console_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/km0/km0/console"
-	"github.com/km0/km0/internal/testkit"
 )
 
 // One failure class in two consumers is two failure groups, each with its
@@ -52,14 +48,7 @@ func TestGroupsByConsumer(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(loc, "/feina?id=") {
 		t.Fatalf("replay: %d %q", resp.StatusCode, loc)
 	}
-	var st console.JobStatus
-	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
-		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
-		if err := json.Unmarshal([]byte(body), &st); err != nil {
-			t.Fatalf("job status: %v: %s", err, body)
-		}
-		return st.State != "running"
-	})
+	st := br.waitJob(loc)
 
 	if st.State != "done" || st.Total != 3 || st.Republished != 3 {
 		t.Fatalf("job: %+v", st)

@@ -1,16 +1,12 @@
 package console_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/km0/km0/console"
-	"github.com/km0/km0/internal/testkit"
 )
 
 // total is the overview's letter count.
@@ -101,14 +97,7 @@ func TestFilterFormNarrowsGroupsAndActions(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("replay: %d", resp.StatusCode)
 	}
-	var st console.JobStatus
-	testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
-		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
-		if err := json.Unmarshal([]byte(body), &st); err != nil {
-			t.Fatalf("job status: %v: %s", err, body)
-		}
-		return st.State != "running"
-	})
+	st := br.waitJob(loc)
 
 	if st.State != "done" || st.Total != 2 || st.Republished != 2 || !strings.Contains(st.Selection, "dead at or after") {
 		t.Fatalf("job: %+v", st)

@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/km0/km0/console"
 	"github.com/km0/km0/dlq"
-	"github.com/km0/km0/internal/testkit"
 )
 
 // copies writes two copies of one letter (one event dead twice in consumer
@@ -107,14 +105,7 @@ func TestReplayOfAFoldedRowReplaysOneCopy(t *testing.T) {
 		if resp.StatusCode != http.StatusSeeOther {
 			t.Fatalf("replay: %d", resp.StatusCode)
 		}
-		var st console.JobStatus
-		testkit.Eventually(t, 60*time.Second, "the replay job", func() bool {
-			_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
-			if err := json.Unmarshal([]byte(body), &st); err != nil {
-				t.Fatalf("job status: %v: %s", err, body)
-			}
-			return st.State != "running"
-		})
+		st := br.waitJob(loc)
 		if _, body := br.get(loc); !strings.Contains(body, `<p id="job-copies"><b>`+itoa(copies)+`</b>`) {
 			t.Fatalf("the job page does not count the copy:\n%s", body)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/kafkatest"
 	"github.com/km0/km0/internal/pgtest"
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/internal/testlog"
 	"github.com/km0/km0/migrate"
 )
@@ -207,6 +208,21 @@ func (br *browser) do(method, path string, form url.Values, hdr ...string) (*htt
 func (br *browser) get(path string) (*http.Response, string) { return br.do(http.MethodGet, path, nil) }
 func (br *browser) post(path string, form url.Values) (*http.Response, string) {
 	return br.do(http.MethodPost, path, form)
+}
+
+// waitJob follows the replay job at loc (a /feina?id= address) through
+// /feina.json until it no longer runs, and returns its last status.
+func (br *browser) waitJob(loc string) console.JobStatus {
+	br.t.Helper()
+	var st console.JobStatus
+	testkit.Eventually(br.t, 60*time.Second, "the replay job", func() bool {
+		_, body := br.get(strings.Replace(loc, "/feina?", "/feina.json?", 1))
+		if err := json.Unmarshal([]byte(body), &st); err != nil {
+			br.t.Fatalf("job status: %v: %s", err, body)
+		}
+		return st.State != "running"
+	})
+	return st
 }
 
 // login logs in and returns the CSRF token of the session.
