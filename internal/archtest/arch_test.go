@@ -50,7 +50,18 @@ func isBroker(path string) bool {
 // module, with their non-test imports and dependencies.
 func list(t *testing.T, root string) map[string]pkg {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,Deps", "./...")
+	pkgs := map[string]pkg{}
+	for _, p := range goList[pkg](t, root, "ImportPath,Imports,Deps", "./...") {
+		pkgs[rel(p.ImportPath)] = p
+	}
+	return pkgs
+}
+
+// goList runs `go list -json=fields args...` from the module root and
+// decodes each package into a T.
+func goList[T any](t *testing.T, root, fields string, args ...string) []T {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list", "-json=" + fields}, args...)...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	var stderr bytes.Buffer
@@ -59,16 +70,16 @@ func list(t *testing.T, root string) map[string]pkg {
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, stderr.String())
 	}
-	pkgs := map[string]pkg{}
+	var pkgs []T
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for {
-		var p pkg
+		var p T
 		if err := dec.Decode(&p); err == io.EOF {
 			break
 		} else if err != nil {
 			t.Fatal(err)
 		}
-		pkgs[rel(p.ImportPath)] = p
+		pkgs = append(pkgs, p)
 	}
 	return pkgs
 }

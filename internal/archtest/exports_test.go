@@ -1,15 +1,10 @@
 package archtest
 
 import (
-	"bytes"
-	"encoding/json"
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io"
 	"maps"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -42,27 +37,7 @@ type srcPkg struct {
 // listSources runs `go list -json` on args from the module root.
 func listSources(t *testing.T, root string, args ...string) []srcPkg {
 	t.Helper()
-	cmd := exec.Command("go", append([]string{"list", "-e", "-json=ImportPath,Name,Dir,GoFiles,CgoFiles,TestGoFiles,XTestGoFiles,Imports,TestImports,XTestImports"}, args...)...)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, stderr.String())
-	}
-	var pkgs []srcPkg
-	dec := json.NewDecoder(bytes.NewReader(out))
-	for {
-		var p srcPkg
-		if err := dec.Decode(&p); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		pkgs = append(pkgs, p)
-	}
-	return pkgs
+	return goList[srcPkg](t, root, "ImportPath,Name,Dir,GoFiles,CgoFiles,TestGoFiles,XTestGoFiles,Imports,TestImports,XTestImports", append([]string{"-e"}, args...)...)
 }
 
 // isPublic says whether a package (relative to the module) is part of the
