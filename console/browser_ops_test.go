@@ -34,13 +34,17 @@ func waitJS(t *testing.T, ctx context.Context, what, js string) {
 	testkit.Eventually(t, 30*time.Second, "browser: "+what, func() bool { return eval[bool](t, ctx, js) })
 }
 
+// screenshot saves the page as an artifact. A screenshot is not an
+// assertion: one that fails (a capture caught by a reload of the page never
+// returns) is logged and the test goes on to its checks.
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	png, err := chromedp.Run(sctx, chromedp.FullScreenshot(100))
 	if err != nil {
-		t.Fatalf("screenshot %s: %v", name, err)
+		t.Logf("screenshot %s not saved: %v", name, err)
+		return
 	}
 	saveArtifact(t, name, png)
 }
@@ -162,8 +166,10 @@ func TestBrowserOperations(t *testing.T) {
 		t.Fatalf("dry run: %q, want 4 (inventari's letters only)", n)
 	}
 	step(t, ctx, "confirm", chromedp.Click(chromedp.CSS("#confirm-replay")), chromedp.WaitVisible(chromedp.CSS("#job")))
-	screenshot(t, ctx, "03-replay-job.png")
 	waitJS(t, ctx, "the job done", `(document.getElementById("job") || {dataset: {}}).dataset.state === "done"`)
+	// After the job ended: while it runs, the page reloads itself when the
+	// state changes, and a capture caught by that reload never returns.
+	screenshot(t, ctx, "03-replay-job-done.png")
 	if n := b.pending(t); n != 3 {
 		t.Fatalf("pending after replaying inventari's group: %d, want repartiment's 3", n)
 	}

@@ -188,13 +188,7 @@ func TestBrowserReplayGroup(t *testing.T) {
 	if n := b.records(t, comandesRetry); n != 3 || b.pending(t) != 2 {
 		t.Fatalf("after the replay: %d records on %s, %d pending; want 3 and 2", n, comandes, b.pending(t))
 	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	png, err := chromedp.Run(sctx, chromedp.FullScreenshot(100))
-	cancel()
-	if err != nil {
-		t.Fatalf("screenshot: %v", err)
-	}
-	saveArtifact(t, "console-after-replay.png", png)
+	screenshot(t, ctx, "console-after-replay.png")
 
 	// Logged out again: no sample, no links.
 	step(t, ctx, "log out", chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#login-link")))
