@@ -24,15 +24,12 @@ import (
 // it measures nothing.
 func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 	t.Parallel()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	exe := km0Bin()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, exe, "bench", "relay", "--mode", "cdc", "--database-url", pgtest.URL(),
 		"--n", "2000", "--rounds", "2", "--latency-rate", "200", "--latency-seconds", "0.5")
-	cmd.Env = append(os.Environ(), envRunMain+"=1")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {
@@ -74,15 +71,12 @@ func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 // keeps the harness from rotting; it measures nothing.
 func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 	t.Parallel()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	exe := km0Bin()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, exe, "bench", "relay", "--mode", "cdc", "--outbox", "wal", "--database-url", pgtest.URL(),
 		"--n", "800", "--rounds", "1", "--latency-rate", "200", "--latency-seconds", "0.5")
-	cmd.Env = append(os.Environ(), envRunMain+"=1")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {

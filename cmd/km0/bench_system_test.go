@@ -16,20 +16,6 @@ import (
 	"github.com/km0/km0/internal/pgtest"
 )
 
-// envRunMain makes the test binary run km0's main instead of the tests, so
-// that a test can start it as the km0 binary (os.Executable is the test
-// binary: `km0 bench system` starts its processes from it). An init, not a
-// TestMain, so that it composes with any TestMain of the package; it runs
-// after the inits of the non-test files, which register the commands.
-const envRunMain = "KM0_TEST_RUN_MAIN"
-
-func init() {
-	if os.Getenv(envRunMain) == "1" {
-		main()
-		os.Exit(0)
-	}
-}
-
 // `km0 bench system` end to end with tiny numbers: every part runs its real
 // processes (km0 kafka, km0 relay, km0 serve inventari and pagaments, the
 // ports), prints JSON lines whose counts match what was asked, and leaves no
@@ -60,16 +46,13 @@ func TestBenchSystemEndToEnd(t *testing.T) {
 	}
 	before := benchDBs()
 
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	exe := km0Bin()
 	parts := []string{"relay"}
 	// A km0 without --service-database-url uses km0_<service> of the server:
 	// the benchmark refuses to touch one that exists (it may be someone's),
 	// so those parts run only where it is absent.
 	helpCmd := exec.Command(exe, "serve", "inventari", "--help")
-	helpCmd.Env = append(os.Environ(), envRunMain+"=1")
+	helpCmd.Env = append(os.Environ(), runMainEnv+"=1")
 	help, _ := helpCmd.CombinedOutput()
 	for _, svc := range []string{"inventari", "pagaments"} {
 		var exists bool
@@ -87,7 +70,7 @@ func TestBenchSystemEndToEnd(t *testing.T) {
 	cmd := exec.CommandContext(ctx, exe, "bench", "system", "--only", strings.Join(parts, ","), "--n", "300", "--rounds", "1",
 		"--rr-serial", "20", "--rr-requests", "200", "--rr-callers", "8", "--timeout", "2m",
 		"--database-url", admin, "--amqp-url", amqpURL)
-	cmd.Env = append(os.Environ(), envRunMain+"=1")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

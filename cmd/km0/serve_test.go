@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -27,27 +28,26 @@ import (
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
 
-// runMainEnv makes the test binary run km0's main instead of the tests, so
-// that tests can start real km0 processes without building a binary.
+// runMainEnv makes the test binary run km0's main instead of the tests
+// (KM0_TEST_KM0_RACE=1 starts it as km0; a process km0 starts from its own
+// executable then is this binary too).
 const runMainEnv = "KM0_TEST_RUN_MAIN"
 
-func TestMain(m *testing.M) {
+// An init, not TestMain, so that it runs before any test code; it runs after
+// the inits of the non-test files, which register the commands.
+func init() {
 	if os.Getenv(runMainEnv) == "1" {
 		main()
 		os.Exit(0)
 	}
+}
+
+func TestMain(m *testing.M) {
 	// The tests' brokers are one-node kfakes: the topics km0 processes and
 	// the commands run in-process create take replication factor 1 (the
 	// default 3 is refused by one node; TestRelayDefaultReplicationFactor).
 	if os.Getenv(replicationFactorEnv) == "" {
 		_ = os.Setenv(replicationFactorEnv, "1")
-	}
-	// The km0 processes the tests start are this binary: built with -race,
-	// each would sleep a second at exit (the race runtime's atexit_sleep_ms,
-	// to catch races of the exit itself), a second of wall time for every
-	// process a test waits for. A race they hit still fails them (exit 66).
-	if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
-		_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	}
 	// Most tests here wait on km0 processes, brokers and PostgreSQL rather
 	// than compute: run more of them at once than -test.parallel's default
@@ -58,8 +58,50 @@ func TestMain(m *testing.M) {
 	if !given {
 		_ = flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), parallelDefault)))
 	}
-	os.Exit(m.Run())
+	os.Exit(runWithKm0(m))
 }
+
+// runWithKm0 runs the tests with the km0 binary they start in km0Path.
+// That is the km0 binary as users build it, without the race detector: the
+// code it runs is raced in-process by the tests of its packages, and
+// race-built processes took a third of this package's CPU.
+// KM0_TEST_KM0_RACE=1 starts this race-built test binary instead; it then
+// runs with atexit_sleep_ms=0 (else each process would sleep a second at
+// exit to catch races of the exit itself), and a race it hits still fails
+// the test (exit 66).
+func runWithKm0(m *testing.M) int {
+	if os.Getenv(raceChildrenEnv) == "1" {
+		km0Path = os.Args[0]
+		if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
+			_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+		}
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "km0-cmd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer os.RemoveAll(dir)
+	km0Path = filepath.Join(dir, "km0")
+	if out, err := exec.Command("go", "build", "-o", km0Path, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building the km0 binary the tests start: %v\n%s", err, out)
+		return 2
+	}
+	return m.Run()
+}
+
+// raceChildrenEnv set to 1 makes the tests start this race-built test
+// binary as km0 instead of a plain build of the command.
+const raceChildrenEnv = "KM0_TEST_KM0_RACE"
+
+// km0Path is the km0 binary the tests start (TestMain sets it).
+var km0Path string
+
+// km0Bin is the km0 binary the tests start. It runs km0's main either way:
+// a plain build is km0, and this test binary does with KM0_TEST_RUN_MAIN=1,
+// which startKm0 and the other starters set.
+func km0Bin() string { return km0Path }
 
 // parallelDefault is how many parallel tests of this package run at once
 // when -test.parallel is not given.
@@ -105,7 +147,7 @@ func (w lockedWriter) Write(b []byte) (int, error) {
 // own environment); it is SIGKILLed at cleanup if still running.
 func startKm0(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
+	cmd := exec.Command(km0Bin(), args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KM0_DATABASE_URL=") && !strings.HasPrefix(kv, "KM0_KAFKA_BROKERS=") {
 			cmd.Env = append(cmd.Env, kv)
