@@ -177,6 +177,22 @@ func (b *bundle) pending(t testing.TB) int {
 	return b.count(t, "SELECT count(*) FROM outbox WHERE publicat_en IS NULL")
 }
 
+// unconfirmedInserts counts the inserts the slot would stream again: its
+// decoded changes after confirmed_flush_lsn, peeked (not consumed) once the
+// slot is free.
+func (b *bundle) unconfirmedInserts(t testing.TB) int {
+	t.Helper()
+	n := -1
+	var last error
+	testkit.Eventually(t, 10*time.Second, "the slot to be free to peek", func() bool {
+		last = b.s.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+			'proto_version', '1', 'publication_names', $2) WHERE get_byte(data, 0) = ascii('I')`,
+			b.slot(), cdc.DefaultPublication(b.s.Names())).Scan(&n)
+		return last == nil
+	})
+	return n
+}
+
 // confirmedLSN is the slot's confirmed_flush_lsn as a number (0: no slot).
 func (b *bundle) confirmedLSN(t testing.TB) int64 {
 	t.Helper()

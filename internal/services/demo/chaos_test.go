@@ -27,6 +27,7 @@ import (
 // 409) and, before dead members were expired, left cataleg's group without
 // progress for ~40 s.
 func TestChaosShortForm(t *testing.T) {
+	t.Parallel()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("the go tool is needed to build km0 for the chaos run: %v", err)

@@ -25,6 +25,7 @@ import (
 // call and the commit, gateway 503s and hangs, maps 503s), and then checks
 // every invariant of the report and its key numbers.
 func TestSystemDemoReconciles(t *testing.T) {
+	t.Parallel()
 	checkDemo(t, demo.Config{})
 }
 
