@@ -96,16 +96,27 @@ func Name(prefix string) string {
 // QueueLen returns the number of ready messages in queue.
 func QueueLen(t testing.TB, conn *amqp.Conn, queue string) int {
 	t.Helper()
-	var n int
+	return inspect(t, conn, queue).Messages
+}
+
+// QueueConsumers returns the number of consumers of queue.
+func QueueConsumers(t testing.TB, conn *amqp.Conn, queue string) int {
+	t.Helper()
+	return inspect(t, conn, queue).Consumers
+}
+
+func inspect(t testing.TB, conn *amqp.Conn, queue string) amqp091.Queue {
+	t.Helper()
+	var q amqp091.Queue
 	err := conn.Do(context.Background(), func(ch *amqp091.Channel) error {
-		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-		n = q.Messages
+		var err error
+		q, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return q
 }
 
 // DeleteQueuesAtCleanup deletes the queues names returns, when the test ends,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,7 +77,7 @@ func TestOrderedModeKeepsOrderPerKeyAcrossInstancesAndFailover(t *testing.T) {
 	if rows != keys*perKey || distinct != keys*perKey {
 		t.Fatalf("effects: %d rows, %d distinct; want %d", rows, distinct, keys*perKey)
 	}
-	r, err := b.pool.Query(ctx, `SELECT clau, array_agg(seq ORDER BY n), array_agg(DISTINCT instancia) FROM efectes GROUP BY clau`)
+	r, err := b.pool.Query(ctx, `SELECT clau, array_agg(seq ORDER BY n), array_agg(DISTINCT instancia), array_agg(instancia ORDER BY n) FROM efectes GROUP BY clau`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +85,7 @@ func TestOrderedModeKeepsOrderPerKeyAcrossInstancesAndFailover(t *testing.T) {
 		Key   string
 		Seqs  []int32
 		Insts []int32
+		By    []int32 // the instance of each effect, in their order
 	}
 	got, err := pgx.CollectRows(r, pgx.RowToStructByPos[keyRow])
 	if err != nil {
@@ -99,7 +101,7 @@ func TestOrderedModeKeepsOrderPerKeyAcrossInstancesAndFailover(t *testing.T) {
 	active := map[int32]bool{}
 	for _, k := range got {
 		if !slices.Equal(k.Seqs, want) {
-			t.Fatalf("key %s processed in order %v", k.Key, k.Seqs)
+			t.Fatalf("key %s processed in order %v by instances %v", k.Key, k.Seqs, k.By)
 		}
 		for _, inst := range k.Insts {
 			active[inst] = true
@@ -107,5 +109,95 @@ func TestOrderedModeKeepsOrderPerKeyAcrossInstancesAndFailover(t *testing.T) {
 	}
 	if len(active) != instances {
 		t.Fatalf("instances that processed messages: %v; want all %d (shards spread over instances)", active, instances)
+	}
+}
+
+// Ordered mode, an instance leaving while a new standby arrives: instance
+// 0 is the only consumer of its shard and is stopped while its handler is
+// held inside a batch, with more deliveries pushed to its channel behind
+// it; instance 1 then subscribes to the shard (a standby that starts while
+// the other leaves, as in a rolling restart). Only when instance 1 had a
+// second to take messages is the handler let go. The leaving instance must
+// stay the shard's active consumer until its channel closed (and the broker
+// requeued what it held, in place): every key is applied in order. With a
+// basic.cancel at the stop (before the fix), the queue made instance 1
+// active at once and it applied later events of the held keys first.
+func TestOrderedModeLeavingInstanceIsNotOvertakenByAStandbyArriving(t *testing.T) {
+	t.Parallel()
+	const shards, keys, perKey = 2, 20, 20
+	b := setup(t)
+	ctx := context.Background()
+	held, release := make(chan struct{}), make(chan struct{})
+	var holdOnce sync.Once
+	config := func(i int, conn *amqp.Conn) consumerConfig {
+		cfg := b.consumerConfig(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if i == 0 {
+				holdOnce.Do(func() { close(held); <-release })
+			}
+			return recordEffect(ctx, tx, m, i)
+		})
+		cfg.Conn, cfg.Shards, cfg.Instance, cfg.Instances, cfg.StandbyDelay, cfg.Prefetch = conn, shards, i, 2, 10*time.Millisecond, 50
+		cfg.ShutdownTimeout = time.Minute
+		return cfg
+	}
+	pub, err := amqp.NewPublisher(ctx, b.conn, amqp.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch []*transport.Message
+	for seq := range perKey {
+		for k := range keys {
+			batch = append(batch, event(t, b.queue, fmt.Sprintf("P-2026-%06d", k), seq))
+		}
+	}
+	// The topology first (the source declares it), then the messages, then
+	// instance 0 alone.
+	_, stopFirst := startConsumer(t, config(0, b.conn))
+	if err := (amqp.ShardedPublisher{Next: pub, Shards: shards}).Publish(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("instance 0 took no message")
+	}
+	stopped := make(chan struct{})
+	go func() { stopFirst(); close(stopped) }()
+	// Windows for the wrong thing to happen (nothing to wait for when it
+	// does not): the stop under way, then instance 1's chance to overtake.
+	time.Sleep(200 * time.Millisecond)
+	_, _ = startConsumer(t, config(1, amqptest.Dial(t)))
+	time.Sleep(time.Second)
+	close(release)
+	<-stopped
+	testkit.Eventually(t, 60*time.Second, "every effect", func() bool { n, _ := countEffects(t, b.db); return n >= keys*perKey })
+	rows, distinct := countEffects(t, b.db)
+	if rows != keys*perKey || distinct != keys*perKey {
+		t.Fatalf("effects: %d rows, %d distinct; want %d", rows, distinct, keys*perKey)
+	}
+	r, err := b.pool.Query(ctx, `SELECT clau, array_agg(seq ORDER BY n), array_agg(instancia ORDER BY n) FROM efectes GROUP BY clau ORDER BY clau`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type keyRow struct {
+		Key  string
+		Seqs []int32
+		By   []int32
+	}
+	got, err := pgx.CollectRows(r, pgx.RowToStructByPos[keyRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := 0
+	for _, k := range got {
+		if !slices.IsSorted(k.Seqs) {
+			if bad == 0 {
+				t.Errorf("key %s processed in order %v by instances %v", k.Key, k.Seqs, k.By)
+			}
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of %d keys out of order", bad, keys)
 	}
 }

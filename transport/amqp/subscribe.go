@@ -36,9 +36,12 @@ type SubscribeConfig struct {
 // channel closes. Acks are coalesced (see acker): d.Ack records the ack and
 // one goroutine sends basic.ack(multiple) for each run of settled tags. When the channel or the connection fails, Subscribe opens
 // a new channel (waiting for the Conn to reconnect) and consumes again: the
-// unacknowledged deliveries come back marked redelivered. On ctx end it
-// cancels the consumer, lets the workers finish the deliveries they hold, and
-// returns nil. It returns ErrConnClosed if the Conn is closed.
+// unacknowledged deliveries come back marked redelivered. On ctx end the
+// workers take no new delivery and finish the ones they hold; then the
+// channel closes (without a basic.cancel first, which on a single-active-
+// consumer queue would let the next consumer overtake what this channel
+// still held) and Subscribe returns nil. It returns ErrConnClosed if the
+// Conn is closed.
 func (c *Conn) Subscribe(ctx context.Context, cfg SubscribeConfig, fn func(ctx context.Context, d *amqp.Delivery)) error {
 	return c.subscribe(ctx, cfg, 1, func(ctx context.Context, ds []*amqp.Delivery) { fn(ctx, ds[0]) })
 }
@@ -165,8 +168,14 @@ func (c *Conn) consumeOnce(ctx context.Context, ch *amqp.Channel, cfg SubscribeC
 	var cause error
 	select {
 	case <-ctx.Done():
-		// Stop taking new deliveries; the workers finish the one they hold.
-		_ = ch.Cancel(tag, false)
+		// Stop taking new deliveries; the workers finish the ones they
+		// hold, and the caller closes the channel. No basic.cancel first:
+		// on a queue with x-single-active-consumer, a cancel activates the
+		// next consumer at once, while the deliveries pushed to this
+		// channel and not yet handled are still held here; it would take
+		// the messages behind them, later events of their keys, first.
+		// Closing the channel requeues them in place before the queue
+		// activates the next consumer.
 		close(stop)
 		<-workersDone
 		return nil
