@@ -151,6 +151,7 @@ func seq(from, to int) []int {
 // order with 8 concurrent writers on 200 aggregates: a backlog first, so the
 // claims grow, then writers that go on while the relay drains.
 func TestDefaultsKeepCommitOrderWithEightWriters(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	w := newWriters(t, b, 200)
 	var c claims

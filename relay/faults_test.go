@@ -20,6 +20,7 @@ import (
 // rolls back and backs off, rows wait in the outbox; once Kafka is back every
 // event arrives, and each aggregate's events are in commit order.
 func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	w := newWriters(t, b, 100)
 	cfg := b.config()
@@ -94,6 +95,7 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // server three times while writers commit; the relay reconnects by itself and
 // nothing is lost or reordered.
 func TestReconnectsAfterSessionsAreTerminated(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	w := newWriters(t, b, 200)
 	cfg := b.config()

@@ -39,6 +39,7 @@ import (
 // each (the services' pools carry default_query_exec_mode=cache_describe,
 // as docs/deploying.md says for PgBouncer before 1.21).
 func TestRelayBehindPgBouncer(t *testing.T) {
+	t.Parallel()
 	c, err := pgcluster.Start(pgcluster.Options{})
 	if err != nil {
 		t.Fatal(err)

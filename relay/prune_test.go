@@ -131,6 +131,7 @@ func TestPruneRefusesBadSettings(t *testing.T) {
 // DELETE); every event must reach the topic once in commit order, the table
 // must end with rows pruned, and the metrics must count them.
 func TestPruneWhileTheRelayAndWritersRunLosesNothing(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	w := newWriters(t, b, 200)
 	cfg := b.config()

@@ -221,6 +221,7 @@ func TestCommitOrderBeatsTransactionStartOrder(t *testing.T) {
 // under load. Nothing is missing and each aggregate's events are in commit
 // order.
 func TestTwoRelaysEightWritersKeepCommitOrder(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	w := newWriters(t, b, 1000)
 	cfg := b.config()

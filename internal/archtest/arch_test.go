@@ -136,6 +136,7 @@ func violations(t *testing.T, pkgs map[string]pkg) map[string]string {
 // the change that removes it; an exception that no longer occurs must be
 // deleted, so what it held is enforced from then on.
 func TestPackageMap(t *testing.T) {
+	t.Parallel()
 	root := root(t)
 	pkgs := list(t, root)
 	found := violations(t, pkgs)
@@ -163,6 +164,7 @@ func TestPackageMap(t *testing.T) {
 // TestLayoutMetrics logs issue 22's measures of the layout. It fails only
 // when a measure cannot be taken.
 func TestLayoutMetrics(t *testing.T) {
+	t.Parallel()
 	root := root(t)
 	pkgs := list(t, root)
 	for _, name := range []string{"consumer", "dlq", "lag", "relay", "outbox", "inbox"} {

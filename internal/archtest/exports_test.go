@@ -280,6 +280,7 @@ func parseFiles(t *testing.T, fset *token.FileSet, dir string, names ...[]string
 // counts as the package), and toward unused for a name a caller reaches
 // without writing it (a type only inferred from a call's result).
 func TestUnusedExportedNames(t *testing.T) {
+	t.Parallel()
 	root := root(t)
 	pkgs := listSources(t, root, "./...")
 	fset := token.NewFileSet()

@@ -18,6 +18,7 @@ import (
 // TLS listener (a proxy with a certificate of the test's own CA) in front of
 // the machine's RabbitMQ.
 func TestConformanceSuitesOverTLS(t *testing.T) {
+	t.Parallel()
 	amqptest.RunSuitesOverTLS(t, "^(TestPublisherConformance|TestConsumerConformance)$", 3*time.Minute)
 }
 

@@ -251,6 +251,7 @@ func TestEmbeddedKeepsProducerSequencesAcrossASIGKILL(t *testing.T) {
 // (no producer state after the SIGKILL) it failed 6 runs out of 6, with 164
 // to 563 of 3,601 records first seen out of order and 40 to 337 copies.
 func TestPublisherKeepsKeyOrderAcrossBrokerSIGKILLs(t *testing.T) {
+	t.Parallel()
 	const rounds, perRound = 12, 300
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -27,6 +27,7 @@ import (
 // km0_consumer_paused gauge is 1, and an estoc.actualitzat published meanwhile
 // is not applied; once resumed it is, exactly once.
 func TestPausedGroupTakesNoBatchUntilResumed(t *testing.T) {
+	t.Parallel()
 	sys, b := startOne(t, cataleg.Name)
 	t.Cleanup(sys.Close)
 	ctx := context.Background()

@@ -27,6 +27,7 @@ import (
 // in-memory recorder; the test follows parent ids from cataleg back to the
 // request.
 func TestOneTraceFromPostComandesToCataleg(t *testing.T) {
+	t.Parallel()
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	prev := otel.GetTracerProvider()

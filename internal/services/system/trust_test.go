@@ -38,6 +38,7 @@ import (
 // 409 that is not stored under its Idempotency-Key, never the other request's
 // decision.
 func TestForgedAuthorisationsDecideNoOrder(t *testing.T) {
+	t.Parallel()
 	key := string(testKey)
 	sys, b := startWith(t, []string{comandes.Name, pagaments.Name}, func(c *system.Config) { c.Authorize = true })
 	t.Cleanup(sys.Close)
@@ -101,6 +102,7 @@ var testKey = []byte("clau-de-prova-compartida-32-bytes")
 // comes after them: an order of 9,000 EUR (the limit is 2,000) is answered
 // 402, and nothing is created or charged.
 func TestRogueApprovalCreatesAndChargesNothing(t *testing.T) {
+	t.Parallel()
 	sys, b := startWith(t, []string{comandes.Name, pagaments.Name}, func(c *system.Config) { c.Authorize = true })
 	t.Cleanup(sys.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
