@@ -3,6 +3,7 @@ package console_test
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -81,15 +82,18 @@ func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Ac
 	}
 }
 
+// text is the text of the element sel selects, read in the page in one
+// step: a page that refreshes itself replaces its live parts, and a
+// node-by-node read (chromedp.Text) can find a node that is gone when it
+// asks for its text.
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	s, err := chromedp.Run(sctx, chromedp.Text(chromedp.CSS(sel)))
-	if err != nil {
-		t.Fatalf("browser: text of %s: %v", sel, err)
+	q, _ := json.Marshal(sel)
+	s := eval[*string](t, ctx, `(e => e ? e.innerText : null)(document.querySelector(`+string(q)+`))`)
+	if s == nil {
+		t.Fatalf("browser: no element %s", sel)
 	}
-	return strings.TrimSpace(s)
+	return strings.TrimSpace(*s)
 }
 
 func eval[T any](t *testing.T, ctx context.Context, js string) T {
