@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
-	"github.com/km0/km0/inbox"
 	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
@@ -80,10 +80,10 @@ func benchLatency(ctx context.Context, args []string) error {
 }
 
 // latency writes n events at rate (each in its own transaction, from 8
-// writers), runs the relay given and a consumer that records each event with
-// Inbox.Process and then commits its offset, and measures for each event the
-// time from the writer's COMMIT returning to the consumer's offset commit
-// returning.
+// writers), runs the relay given and km0's consumer (inbox, a transaction
+// per batch, its own pool: startConsumer), and measures for each event the
+// time from the writer's COMMIT returning to the COMMIT of the consumer's
+// transaction that applied it returning.
 func (e *benchEnv) latency(ctx context.Context, bench string, rate, n int,
 	runRelay func(ctx context.Context, names migrate.Names, topic string, picked func(id string), acked transport.Publisher) error) (map[string]any, error) {
 	return e.latencyMode(ctx, outbox.ModeTable, bench, rate, n, runRelay)
@@ -140,15 +140,10 @@ func (e *benchEnv) latencyMode(ctx context.Context, mode outbox.Mode, bench stri
 	wg.Go(func() { relayErr <- runRelay(ctx, s.Names, topic, picked, acked) })
 
 	progress := make(chan struct{}, 1)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...), kgo.ConsumerGroup(s.Names.Schema),
-		kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
+	consumerErr := make(chan error, 1)
+	if err := e.startConsumer(ctx, &wg, s.Names, topic, &mu, consumed, progress, consumerErr); err != nil {
 		return nil, err
 	}
-	defer cl.Close()
-	in := inbox.New(inbox.Config{Names: s.Names})
-	consumerErr := make(chan error, 1)
-	wg.Go(func() { consumerErr <- consume(ctx, cl, e.pool, in, &mu, consumed, progress) })
 
 	ob := outbox.New(outbox.Config{Names: s.Names, Mode: mode})
 	write := func(ctx context.Context, i int) error {
@@ -296,81 +291,50 @@ func pct(xs []float64, p float64) float64 {
 	return round2(xs[min(len(xs)-1, int(p*float64(len(xs))))])
 }
 
-// consume is the benchmark's consumer: one goroutine per partition records
-// each of its records with Inbox.Process in its own transaction, in offset
-// order, then commits their offsets; the time after that commit is the
-// record's end.
-func consume(ctx context.Context, cl *kgo.Client, db inbox.Beginner, in *inbox.Inbox, mu *sync.Mutex,
-	consumed map[string]time.Time, progress chan struct{}) error {
-	errc := make(chan error, 1)
-	fail := func(err error) {
-		select {
-		case errc <- err:
-		default:
-		}
+// startConsumer runs km0's consumer (what users run) on topic, in a
+// consumer group and with a pool of its own (a consuming service's), the
+// inbox in names, one transaction per batch; an event counts as consumed
+// when the transaction that applied it committed (Config.OnCommit), before
+// the offset commit. Its error, if it stops early, goes to errc.
+func (e *benchEnv) startConsumer(ctx context.Context, wg *sync.WaitGroup, names migrate.Names, topic string, mu *sync.Mutex,
+	consumed map[string]time.Time, progress chan struct{}, errc chan error) error {
+	pcfg := e.pool.Config().Copy()
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
 	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	parts := map[int32]chan []*kgo.Record{}
-	defer func() {
-		for _, ch := range parts {
-			close(ch)
-		}
-	}()
-	work := func(ch chan []*kgo.Record) {
-		for recs := range ch {
-			ids := make([]string, 0, len(recs))
-			for _, r := range recs {
-				env, err := envelope.Decode(r.Value)
-				if err == nil {
-					_, err = in.Process(ctx, db, "bench.latencia", env.ID, func(pgx.Tx) error { return nil })
-				}
-				if err != nil {
-					fail(err)
-					return
-				}
-				ids = append(ids, env.ID)
-			}
-			if err := cl.CommitRecords(ctx, recs...); err != nil {
-				fail(err)
-				return
-			}
+	src, err := kafka.NewSource(kafka.SourceConfig{Brokers: e.addrs, Group: names.Schema, Topics: []string{topic}})
+	if err != nil {
+		pool.Close()
+		return err
+	}
+	c, err := consumer.New(consumer.Config{
+		Source: src,
+		Pool:   pool, Names: names, Name: "bench.latencia", Logger: e.log,
+		Handle: func(context.Context, pgx.Tx, *consumer.Message) error { return nil },
+		OnCommit: func(_ context.Context, msgs []*consumer.Message) {
 			now := time.Now()
 			mu.Lock()
-			for _, id := range ids {
-				consumed[id] = now
+			for _, m := range msgs {
+				consumed[m.Envelope.ID] = now
 			}
 			mu.Unlock()
 			select {
 			case progress <- struct{}{}:
 			default:
 			}
-		}
+		},
+	})
+	if err != nil {
+		pool.Close()
+		return err
 	}
-	for {
-		fetches := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			return nil
+	wg.Go(func() {
+		defer pool.Close()
+		if err := c.Run(ctx); err != nil && ctx.Err() == nil {
+			errc <- err
 		}
-		select {
-		case err := <-errc:
-			return err
-		default:
-		}
-		if err := fetches.Err0(); err != nil {
-			return err
-		}
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
-				return
-			}
-			ch, ok := parts[p.Partition]
-			if !ok {
-				ch = make(chan []*kgo.Record, 1024)
-				parts[p.Partition] = ch
-				wg.Go(func() { work(ch) })
-			}
-			ch <- p.Records
-		})
-	}
+	})
+	return nil
 }

@@ -169,7 +169,7 @@ func (e *benchEnv) latencyWAL(ctx context.Context, sides []walSide, rounds, rate
 		}
 	}
 	sum := map[string]any{"bench": "latency_wal_vs_cdc_vs_polling", "rate": rate, "events": n, "rounds": rounds,
-		"what": "commit → consumer commit (inbox.Process of each record in its own transaction, then the offset commit); " +
+		"what": "commit → consumer commit (km0's consumer with its inbox, one transaction per batch, its own pool; the COMMIT that applied the event); " +
 			"broker_ack: commit → the broker's confirmation to the relay; medians of the rounds",
 		"load_average": loadAverage()}
 	for _, side := range sides {
