@@ -19,8 +19,13 @@ import (
 // the cluster lost its replicas) while 4 writers keep committing; the relay
 // rolls back and backs off, rows wait in the outbox; once Kafka is back every
 // event arrives, and each aggregate's events are in commit order.
+//
+// Not parallel: run beside the other tests during a cold build of the
+// whole suite it once found 8 of 100 aggregates with an event first
+// published after a later one (e.g. [1 2 3 4 5 7 8 6 9 …]); 18 runs under
+// CPU load did not repeat it. Until that is traced it runs alone, as it
+// always had.
 func TestKafkaOutageUnderLoadLosesNothingAndKeepsOrder(t *testing.T) {
-	t.Parallel()
 	b := setup(t)
 	w := newWriters(t, b, 100)
 	cfg := b.config()
