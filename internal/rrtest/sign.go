@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/km0/km0/internal/testkit"
 	"github.com/km0/km0/requestreply"
 )
 
@@ -136,6 +137,9 @@ func rogueReplies(t *testing.T, start SignedTransport) {
 	if answered() == 0 {
 		t.Fatal("no rogue answered: the proof proves nothing")
 	}
+	// A rogue's reply may still be on its way when the last request
+	// returned: wait for the requester to have read (and dropped) each.
+	testkit.Eventually(t, 10*time.Second, "every rogue reply dropped", func() bool { return dropped() >= answered() })
 	if got, want := dropped(), answered(); got != want {
 		t.Fatalf("dropped %d replies, want the %d the rogues wrote", got, want)
 	}

@@ -2,6 +2,7 @@ package amqp_test
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -87,7 +88,9 @@ func TestDialOverTLSFailsFastNamingTheCause(t *testing.T) {
 		{"unknown CA", *load(amqp.TLSFiles{CAFile: other.CertFile, CertFile: client.CertFile, KeyFile: client.KeyFile}), "certificate signed by unknown authority"},
 		{"wrong server name", *load(amqp.TLSFiles{CAFile: b.CA.CertFile, CertFile: client.CertFile, KeyFile: client.KeyFile, ServerName: "rabbitmq.elsewhere.test"}),
 			"not rabbitmq.elsewhere.test"},
-		{"no client certificate", *load(amqp.TLSFiles{CAFile: b.CA.CertFile}), "certificate required"},
+		// The broker's alert (TLS 1.3: after the client's handshake) or,
+		// when the closed connection beat it, Dial's hint.
+		{"no client certificate", *load(amqp.TLSFiles{CAFile: b.CA.CertFile}), "certificate required|may require a client certificate"},
 		{"TLS on amqp://", plain, "use amqps://"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -100,7 +103,7 @@ func TestDialOverTLSFailsFastNamingTheCause(t *testing.T) {
 				conn.Close()
 				t.Fatal("Dial succeeded")
 			}
-			if !strings.Contains(err.Error(), c.want) {
+			if !regexp.MustCompile(c.want).MatchString(err.Error()) {
 				t.Fatalf("want an error naming %q, got: %v", c.want, err)
 			}
 			if strings.Contains(err.Error(), "guest:guest") {
