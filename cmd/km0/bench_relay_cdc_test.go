@@ -24,7 +24,7 @@ import (
 // it measures nothing.
 func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 	t.Parallel()
-	exe := km0Bin()
+	exe := km0Bin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, exe, "bench", "relay", "--mode", "cdc", "--database-url", pgtest.URL(),
@@ -71,7 +71,7 @@ func TestBenchRelayCDCModeEndToEnd(t *testing.T) {
 // keeps the harness from rotting; it measures nothing.
 func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 	t.Parallel()
-	exe := km0Bin()
+	exe := km0Bin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, exe, "bench", "relay", "--mode", "cdc", "--outbox", "wal", "--database-url", pgtest.URL(),

@@ -46,7 +46,7 @@ func TestBenchSystemEndToEnd(t *testing.T) {
 	}
 	before := benchDBs()
 
-	exe := km0Bin()
+	exe := km0Bin(t)
 	parts := []string{"relay"}
 	// A km0 without --service-database-url uses km0_<service> of the server:
 	// the benchmark refuses to touch one that exists (it may be someone's),

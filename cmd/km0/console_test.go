@@ -346,7 +346,7 @@ func TestLagMaxLagZeroExitStatus(t *testing.T) {
 	brokers, s := lagFixture(t)
 	exit := func(args ...string) (int, string) {
 		t.Helper()
-		cmd := exec.Command(km0Bin(), append([]string{"lag", "--brokers", brokers, "--outbox", "comandes=" + s.URL, "--outbox-schema", s.Name}, args...)...)
+		cmd := exec.Command(km0Bin(t), append([]string{"lag", "--brokers", brokers, "--outbox", "comandes=" + s.URL, "--outbox-schema", s.Name}, args...)...)
 		cmd.Env = append(os.Environ(), runMainEnv+"=1", outboxesEnv+"=")
 		var errOut bytes.Buffer
 		cmd.Stderr = &errOut

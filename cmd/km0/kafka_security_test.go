@@ -62,7 +62,7 @@ func runKm0(t *testing.T, env []string, args ...string) (stdout, stderr string, 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // bounds a hang only
 	defer cancel()
-	cmd := exec.CommandContext(ctx, km0Bin(), args...)
+	cmd := exec.CommandContext(ctx, km0Bin(t), args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KM0_") {
 			cmd.Env = append(cmd.Env, kv)

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -49,6 +50,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(replicationFactorEnv) == "" {
 		_ = os.Setenv(replicationFactorEnv, "1")
 	}
+	if os.Getenv(raceChildrenEnv) == "1" && !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
+		_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	}
 	// Most tests here wait on km0 processes, brokers and PostgreSQL rather
 	// than compute: run more of them at once than -test.parallel's default
 	// (GOMAXPROCS, 2 on a small machine), unless the flag is given.
@@ -61,47 +65,56 @@ func TestMain(m *testing.M) {
 	os.Exit(runWithKm0(m))
 }
 
-// runWithKm0 runs the tests with the km0 binary they start in km0Path.
-// That is the km0 binary as users build it, without the race detector: the
-// code it runs is raced in-process by the tests of its packages, and
-// race-built processes took a third of this package's CPU.
-// KM0_TEST_KM0_RACE=1 starts this race-built test binary instead; it then
-// runs with atexit_sleep_ms=0 (else each process would sleep a second at
-// exit to catch races of the exit itself), and a race it hits still fails
-// the test (exit 66).
+// runWithKm0 runs the tests and removes the km0 binary km0Bin built, if
+// any.
 func runWithKm0(m *testing.M) int {
-	if os.Getenv(raceChildrenEnv) == "1" {
-		km0Path = os.Args[0]
-		if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
-			_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-		}
-		return m.Run()
+	code := m.Run()
+	if dir := builtDir.Load(); dir != nil {
+		_ = os.RemoveAll(*dir)
 	}
-	dir, err := os.MkdirTemp("", "km0-cmd-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer os.RemoveAll(dir)
-	km0Path = filepath.Join(dir, "km0")
-	if out, err := exec.Command("go", "build", "-o", km0Path, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the km0 binary the tests start: %v\n%s", err, out)
-		return 2
-	}
-	return m.Run()
+	return code
 }
 
 // raceChildrenEnv set to 1 makes the tests start this race-built test
 // binary as km0 instead of a plain build of the command.
 const raceChildrenEnv = "KM0_TEST_KM0_RACE"
 
-// km0Path is the km0 binary the tests start (TestMain sets it).
-var km0Path string
+// builtDir is the directory of the km0 binary km0Bin built.
+var builtDir atomic.Pointer[string]
 
-// km0Bin is the km0 binary the tests start. It runs km0's main either way:
-// a plain build is km0, and this test binary does with KM0_TEST_RUN_MAIN=1,
-// which startKm0 and the other starters set.
-func km0Bin() string { return km0Path }
+// buildKm0 builds the km0 binary once, for the first test that starts one.
+var buildKm0 = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "km0-cmd-test-")
+	if err != nil {
+		return "", err
+	}
+	builtDir.Store(&dir)
+	bin := filepath.Join(dir, "km0")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the km0 binary the tests start: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// km0Bin is the km0 binary the tests start: the command as users build it,
+// without the race detector (built once, by the first test that asks). The
+// code it runs is raced in-process by the tests of its packages, and
+// race-built processes took a third of this package's CPU.
+// KM0_TEST_KM0_RACE=1 makes it this race-built test binary instead, which
+// runs km0's main with KM0_TEST_RUN_MAIN=1 (the starters set it) and with
+// atexit_sleep_ms=0 (else each process would sleep a second at exit); a
+// race it hits still fails the test (exit 66).
+func km0Bin(t testing.TB) string {
+	t.Helper()
+	if os.Getenv(raceChildrenEnv) == "1" {
+		return os.Args[0]
+	}
+	bin, err := buildKm0()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
 
 // parallelDefault is how many parallel tests of this package run at once
 // when -test.parallel is not given.
@@ -147,7 +160,7 @@ func (w lockedWriter) Write(b []byte) (int, error) {
 // own environment); it is SIGKILLed at cleanup if still running.
 func startKm0(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(km0Bin(), args...)
+	cmd := exec.Command(km0Bin(t), args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KM0_DATABASE_URL=") && !strings.HasPrefix(kv, "KM0_KAFKA_BROKERS=") {
 			cmd.Env = append(cmd.Env, kv)

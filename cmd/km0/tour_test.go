@@ -55,7 +55,7 @@ func TestTourRunsAsWritten(t *testing.T) {
 		t.Fatalf("the tour's first command is not %q:\n%s", build, blocks[0])
 	}
 	dir := t.TempDir()
-	shim := fmt.Sprintf("#!/bin/sh\n%s=1 exec %q \"$@\"\n", runMainEnv, km0Bin())
+	shim := fmt.Sprintf("#!/bin/sh\n%s=1 exec %q \"$@\"\n", runMainEnv, km0Bin(t))
 	if err := os.WriteFile(filepath.Join(dir, "km0"), []byte(shim), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,6 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -154,8 +153,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 			u, _ := amqp.ParseURI(cfg.URL)
 			return nil, fmt.Errorf("%w: RabbitMQ at %s refused user %q (403 ACCESS_REFUSED: check the user and its password)", ErrLoginRefused, redact.URL(cfg.URL), u.Username)
 		}
-		if cfg.TLS != nil && len(cfg.TLS.Certificates) == 0 && cfg.TLS.GetClientCertificate == nil &&
-			!strings.Contains(err.Error(), "certificate required") && errors.Is(err, amqp.ErrClosed) {
+		if cfg.TLS != nil && len(cfg.TLS.Certificates) == 0 && cfg.TLS.GetClientCertificate == nil && errors.Is(err, amqp.ErrClosed) {
 			// TLS 1.3 checks the client's certificate after the client's
 			// side of the handshake: the broker's alert naming the cause
 			// may be lost to the connection it closes.

@@ -77,20 +77,7 @@ func TestOrderedModeKeepsOrderPerKeyAcrossInstancesAndFailover(t *testing.T) {
 	if rows != keys*perKey || distinct != keys*perKey {
 		t.Fatalf("effects: %d rows, %d distinct; want %d", rows, distinct, keys*perKey)
 	}
-	r, err := b.pool.Query(ctx, `SELECT clau, array_agg(seq ORDER BY n), array_agg(DISTINCT instancia), array_agg(instancia ORDER BY n) FROM efectes GROUP BY clau`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type keyRow struct {
-		Key   string
-		Seqs  []int32
-		Insts []int32
-		By    []int32 // the instance of each effect, in their order
-	}
-	got, err := pgx.CollectRows(r, pgx.RowToStructByPos[keyRow])
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := effectsByKey(t, b)
 	if len(got) != keys {
 		t.Fatalf("%d keys processed, want %d", len(got), keys)
 	}
@@ -103,7 +90,7 @@ func TestOrderedModeKeepsOrderPerKeyAcrossInstancesAndFailover(t *testing.T) {
 		if !slices.Equal(k.Seqs, want) {
 			t.Fatalf("key %s processed in order %v by instances %v", k.Key, k.Seqs, k.By)
 		}
-		for _, inst := range k.Insts {
+		for _, inst := range k.By {
 			active[inst] = true
 		}
 	}
@@ -175,21 +162,8 @@ func TestOrderedModeLeavingInstanceIsNotOvertakenByAStandbyArriving(t *testing.T
 	if rows != keys*perKey || distinct != keys*perKey {
 		t.Fatalf("effects: %d rows, %d distinct; want %d", rows, distinct, keys*perKey)
 	}
-	r, err := b.pool.Query(ctx, `SELECT clau, array_agg(seq ORDER BY n), array_agg(instancia ORDER BY n) FROM efectes GROUP BY clau ORDER BY clau`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type keyRow struct {
-		Key  string
-		Seqs []int32
-		By   []int32
-	}
-	got, err := pgx.CollectRows(r, pgx.RowToStructByPos[keyRow])
-	if err != nil {
-		t.Fatal(err)
-	}
 	bad := 0
-	for _, k := range got {
+	for _, k := range effectsByKey(t, b) {
 		if !slices.IsSorted(k.Seqs) {
 			if bad == 0 {
 				t.Errorf("key %s processed in order %v by instances %v", k.Key, k.Seqs, k.By)
@@ -200,4 +174,25 @@ func TestOrderedModeLeavingInstanceIsNotOvertakenByAStandbyArriving(t *testing.T
 	if bad > 0 {
 		t.Fatalf("%d of %d keys out of order", bad, keys)
 	}
+}
+
+// keyEffects are the effects of one key, in the order they were applied.
+type keyEffects struct {
+	Key  string
+	Seqs []int32 // the events' seq
+	By   []int32 // the instance that applied each
+}
+
+// effectsByKey reads the efectes table by key, in key order.
+func effectsByKey(t *testing.T, b *bundle) []keyEffects {
+	t.Helper()
+	r, err := b.pool.Query(context.Background(), `SELECT clau, array_agg(seq ORDER BY n), array_agg(instancia ORDER BY n) FROM efectes GROUP BY clau ORDER BY clau`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(r, pgx.RowToStructByPos[keyEffects])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
