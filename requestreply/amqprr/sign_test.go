@@ -45,13 +45,13 @@ func TestSigning(t *testing.T) {
 				return rrtest.Signed{
 					Service: queue,
 					Refused: func() int64 { return srv.Stats().Unauthenticated },
-					Requester: func(key []byte) (requestreply.Requester, func() int64) {
+					Requester: func(key []byte) (requestreply.Requester, func() int64, func() int64) {
 						cl, err := amqprr.NewClient(ctx, amqprr.ClientConfig{Conn: conn, SigningKey: key, DirectReplyTo: direct})
 						if err != nil {
 							t.Fatal(err)
 						}
 						t.Cleanup(func() { _ = cl.Close() })
-						return cl, cl.DroppedReplies
+						return cl, cl.DroppedReplies, cl.LateReplies
 					},
 					Rogue: func(key, body []byte) func() int64 { return rogue(t, conn, queue, key, body) },
 				}

@@ -40,13 +40,13 @@ func TestSigning(t *testing.T) {
 		return rrtest.Signed{
 			Service: kafkarr.TopicDefault,
 			Refused: func() int64 { return srv.Stats().Unauthenticated },
-			Requester: func(key []byte) (requestreply.Requester, func() int64) {
+			Requester: func(key []byte) (requestreply.Requester, func() int64, func() int64) {
 				cl, err := kafkarr.NewClient(ctx, kafkarr.ClientConfig{Brokers: b.Addrs(), SigningKey: key})
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { _ = cl.Close() })
-				return cl, cl.DroppedReplies
+				return cl, cl.DroppedReplies, cl.LateReplies
 			},
 			Rogue: func(key, body []byte) func() int64 { return rogue(t, b, key, body) },
 		}
