@@ -420,25 +420,24 @@ func (c *Consumer) tryTx(ctx context.Context, msgs []*item, whole bool) (failAt 
 	case <-ctx.Done():
 		return 0, nil, nil, ctx.Err()
 	}
-	tx, err := c.cfg.Pool.Begin(ctx)
-	if err != nil {
-		return 0, nil, nil, fmt.Errorf("begin: %w", err)
+	tx, fresh, keysErr, err := c.begin(ctx, msgs)
+	if tx != nil {
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	var fresh map[string]bool
-	if !c.cfg.NoInbox {
-		if fresh, err = c.recordKeys(ctx, tx, msgs); err != nil {
-			if pgerr.DataRefused(err) {
-				// A key the database refuses as data (class 22 data
-				// exception, 54 limit exceeded) fails again on every try:
-				// find whose, as for a refused COMMIT, so it reaches the DLQ.
-				if len(msgs) == 1 {
-					return 0, outcome.Permanent(fmt.Errorf("idempotency key refused: %w", err)), nil, nil
-				}
-				return len(msgs) / 2, err, nil, nil
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if keysErr != nil {
+		if pgerr.DataRefused(keysErr) {
+			// A key the database refuses as data (class 22 data exception,
+			// 54 limit exceeded) fails again on every try: find whose, as
+			// for a refused COMMIT, so it reaches the DLQ.
+			if len(msgs) == 1 {
+				return 0, outcome.Permanent(fmt.Errorf("idempotency key refused: %w", keysErr)), nil, nil
 			}
-			return 0, nil, nil, err
+			return len(msgs) / 2, keysErr, nil, nil
 		}
+		return 0, nil, nil, keysErr
 	}
 	var todo []*item
 	for _, it := range msgs {
@@ -586,30 +585,76 @@ func overtakes(todo []*item, refused []failure) bool {
 	return false
 }
 
-// recordKeys inserts the keys of msgs and returns the ids that were new.
-func (c *Consumer) recordKeys(ctx context.Context, tx pgx.Tx, msgs []*item) (map[string]bool, error) {
+// begin starts the transaction of msgs on a connection of the pool and,
+// with the inbox, records their keys in it; BEGIN and the keys' INSERT reach
+// the server together, in one round trip (pgx.Batch.BeginTx). It returns the
+// transaction (nil when none could be started; the caller rolls it back), the
+// keys that were new (nil without the inbox), the INSERT's error in keysErr,
+// and in err an error before it: no connection, or BEGIN failed.
+func (c *Consumer) begin(ctx context.Context, msgs []*item) (tx pgx.Tx, fresh map[string]bool, keysErr, err error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	if !c.cfg.NoInbox {
+		b.Queue(c.insertKeys, sortedKeys(msgs), c.cfg.Name)
+	}
+	br := c.cfg.Pool.SendBatch(ctx, b)
+	tx = br.Tx()
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close() // the same error
+		return tx, nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	if !c.cfg.NoInbox {
+		rows, qerr := br.Query()
+		if qerr == nil {
+			fresh, qerr = collectFresh(rows, len(msgs))
+		}
+		if qerr != nil {
+			_ = br.Close() // the same error
+			return tx, nil, fmt.Errorf("record keys: %w", qerr), nil
+		}
+	}
+	if err := br.Close(); err != nil {
+		return tx, nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	return tx, fresh, nil, nil
+}
+
+// sortedKeys returns the idempotency keys of msgs in one lock order for
+// every transaction (bulkInsertSQL).
+func sortedKeys(msgs []*item) []string {
 	ids := make([]string, len(msgs))
 	for i, it := range msgs {
 		ids[i] = it.msg.idempotencyKey
 	}
-	slices.Sort(ids) // one lock order for every transaction (bulkInsertSQL)
-	rows, err := tx.Query(ctx, c.insertKeys, ids, c.cfg.Name)
+	slices.Sort(ids)
+	return ids
+}
+
+// recordKeys inserts the keys of msgs and returns the ids that were new.
+func (c *Consumer) recordKeys(ctx context.Context, tx pgx.Tx, msgs []*item) (map[string]bool, error) {
+	rows, err := tx.Query(ctx, c.insertKeys, sortedKeys(msgs), c.cfg.Name)
 	if err != nil {
 		return nil, fmt.Errorf("record keys: %w", err)
 	}
-	fresh := make(map[string]bool, len(msgs))
+	fresh, err := collectFresh(rows, len(msgs))
+	if err != nil {
+		return nil, fmt.Errorf("record keys: %w", err)
+	}
+	return fresh, nil
+}
+
+// collectFresh reads the ids the keys' INSERT returned: those that were new.
+func collectFresh(rows pgx.Rows, n int) (map[string]bool, error) {
+	fresh := make(map[string]bool, n)
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("record keys: %w", err)
+			return nil, err
 		}
 		fresh[id] = true
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("record keys: %w", err)
-	}
-	return fresh, nil
+	return fresh, rows.Err()
 }
 
 // errBatchFailed: HandleBatch or HandleBatchOutcomes failed; the batch runs

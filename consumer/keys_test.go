@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/km0/km0/consumer"
@@ -41,6 +43,61 @@ func TestUnstorableEventIDIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 		t.Fatalf("retried %d (want 0), effects %d (want 10)", st.Retried, b.effects())
 	}
 }
+
+// The transaction's BEGIN travels with the keys' INSERT in one round trip
+// (pgx.Batch.BeginTx), also on a pool in the simple protocol (what a
+// PgBouncer in transaction mode needs): keys are recorded, a redelivered id
+// is absorbed as a duplicate, an unstorable key is dead-lettered, and no
+// BEGIN is sent alone (tracer: a standalone "begin" statement fails it).
+func TestBeginTravelsWithTheKeysAlsoInTheSimpleProtocol(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pcfg := b.s.Pool.Config().Copy()
+	pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	tr := &beginCounter{}
+	pcfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var recs []*kgo.Record
+	for i := range 8 {
+		recs = append(recs, newEvent(fmt.Sprintf("P-%d", i%3), comanda{ID: "P-1", N: i}).record())
+	}
+	recs = append(recs, recs[2], recs[6]) // redelivered: the same ids again
+	v := `{"id_esdeveniment":"nul\u0000id","tipus":"comanda.creada","versio":1,"dades":{"id":"P-1","linies":[]}}`
+	recs = append(recs, &kgo.Record{Topic: topic, Key: []byte("P-1"), Value: []byte(v),
+		Headers: []kgo.RecordHeader{{Key: "tipus", Value: []byte("comanda.creada")}}})
+	b.publish(recs...)
+	cfg := b.config(effect)
+	cfg.Pool = pool
+	st := b.runUntil(cfg, "8 processed, 2 duplicates, 1 dead-lettered", func(s consumer.Stats) bool {
+		return s.Processed == 8 && s.Duplicates == 2 && s.DeadLettered == 1
+	})
+	if st.Retried != 0 || b.effects() != 8 {
+		t.Fatalf("retried %d (want 0), effects %d (want 8)", st.Retried, b.effects())
+	}
+	if n := b.count(`SELECT count(*) FROM `+pgx.Identifier{b.s.Name, b.s.Names().Processats}.Sanitize()+` WHERE consumidor = $1`, name); n != 8 {
+		t.Fatalf("%d keys recorded, want 8", n)
+	}
+	if n := tr.alone.Load(); n != 0 {
+		t.Fatalf("%d BEGINs sent on their own, want 0: each goes with the keys' INSERT", n)
+	}
+}
+
+// beginCounter counts BEGIN statements sent on their own (Conn.Begin), not
+// as the first query of a batch.
+type beginCounter struct{ alone atomic.Int64 }
+
+func (c *beginCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.EqualFold(strings.TrimSpace(d.SQL), "begin") {
+		c.alone.Add(1)
+	}
+	return ctx
+}
+
+func (c *beginCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // A handler that swallows a failed statement returns nil on an aborted
 // transaction; COMMIT then rolls back. The message fails on its own (retry,
