@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
+	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/cdc"
+	"github.com/km0/km0/transport/kafka"
 )
 
 func init() { registerBench("commit", benchCommit) }
@@ -46,6 +48,9 @@ func benchCommit(ctx context.Context, args []string) error {
 	aggs := fs.Int("aggregates", 1000, "distinct agregat_id values")
 	rounds := fs.Int("rounds", 1, "repeat, rotating the order of the sides; the summary gives the medians")
 	sidesFlag := fs.String("sides", commitSidesDflt, "comma-separated sides: "+commitSidesDflt)
+	brokers := benchBrokersFlag(fs)
+	withRelay := fs.Bool("relay", true, "run each outbox side's relay while it writes, with its defaults (the table's: km0 relay, polling with LISTEN; "+
+		"wal: km0 relay --outbox wal), publishing to --brokers; plain has none")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -68,17 +73,26 @@ func benchCommit(ctx context.Context, args []string) error {
 			defer cluster.Stop()
 		}
 	}
-	pool, err := cli.OpenPool(ctx, url, int32(*writers+2))
-	if err != nil {
-		return err
+	var env *benchEnv
+	if *withRelay {
+		var err error
+		if env, err = newBenchEnv(ctx, url, *brokers, int32(*writers+8)); err != nil {
+			return err
+		}
+	} else {
+		pool, err := cli.OpenPool(ctx, url, int32(*writers+2))
+		if err != nil {
+			return err
+		}
+		env = &benchEnv{pool: pool}
 	}
-	defer pool.Close()
+	defer env.close()
 	load0 := loadAverage()
 	med := map[string]map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {
 		for i := range sides {
 			side := sides[(i+round-1)%len(sides)]
-			res, err := commitSide(ctx, pool, side, *rate, *writers, *aggs, time.Duration(*seconds*float64(time.Second)))
+			res, err := commitSide(ctx, env, side, *rate, *writers, *aggs, time.Duration(*seconds*float64(time.Second)))
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", round, side, err)
 			}
@@ -93,7 +107,9 @@ func benchCommit(ctx context.Context, args []string) error {
 		}
 	}
 	out := map[string]any{"bench": "commit", "rate": *rate, "writers": *writers, "seconds": *seconds, "aggregates": *aggs, "rounds": *rounds,
-		"what":                "one event a transaction, BEGIN → COMMIT returned, each writer paced at rate/writers; medians of the rounds; no relay running",
+		"what": "one event a transaction, BEGIN → COMMIT returned, each writer paced at rate/writers; medians of the rounds; " +
+			map[bool]string{true: "each outbox side's relay running (plain: none)", false: "no relay running"}[*withRelay],
+		"relay":               *withRelay,
 		"server":              map[bool]string{true: "private cluster (wal_level = logical, fsync on)", false: "--database-url"}[cluster != nil],
 		"load_average_before": load0, "load_average_after": loadAverage()}
 	for _, s := range sides {
@@ -107,7 +123,8 @@ func benchCommit(ctx context.Context, args []string) error {
 }
 
 // commitSide runs one side on a fresh schema and returns its result line.
-func commitSide(ctx context.Context, pool *pgxpool.Pool, side string, rate, writers, aggs int, d time.Duration) (map[string]any, error) {
+func commitSide(ctx context.Context, env *benchEnv, side string, rate, writers, aggs int, d time.Duration) (map[string]any, error) {
+	pool := env.pool
 	s, err := newBenchSchema(ctx, pool, migrate.Outbox)
 	if err != nil {
 		return nil, err
@@ -157,6 +174,30 @@ func commitSide(ctx context.Context, pool *pgxpool.Pool, side string, rate, writ
 			_, _ = pool.Exec(c, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{slot}.Sanitize())
 		}()
 		ob = outbox.New(outbox.Config{Names: s.Names, Mode: outbox.ModeWAL, Slot: slot})
+	}
+	if env.cl != nil && side != commitPlain {
+		topic := "bench." + s.Names.Schema
+		dropTopic, err := env.topic(ctx, topic)
+		if err != nil {
+			return nil, err
+		}
+		defer dropTopic()
+		rcfg := relay.Config{Pool: pool, Names: s.Names, Publisher: kafka.NewPublisher(env.cl), Topic: topic, Origin: "comandes", Logger: env.log}
+		var stop func() error
+		if side == commitWAL {
+			r, err := cdc.New(cdc.Config{Config: rcfg, WAL: true})
+			if err != nil {
+				return nil, err
+			}
+			stop = background(ctx, r.Run, r.Close)
+		} else {
+			r, err := relay.New(rcfg)
+			if err != nil {
+				return nil, err
+			}
+			stop = background(ctx, r.Run, r.Close)
+		}
+		defer func() { _ = stop() }()
 	}
 	lat := make([][]time.Duration, writers)
 	errs := make([]error, writers)

@@ -15,9 +15,11 @@ import (
 	"github.com/km0/km0/contract"
 	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/cli"
+	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
+	"github.com/km0/km0/relay/cdc"
 	"github.com/km0/km0/transport"
 	"github.com/km0/km0/transport/kafka"
 )
@@ -30,6 +32,8 @@ func benchLatency(ctx context.Context, args []string) error {
 	seconds := fs.Float64("seconds", 5, "how long to write")
 	workers := fs.Int("workers", 0, "km0 relay: claim workers; 0 (the relay's default) adapts to the backlog")
 	baseline := fs.Bool("baseline", false, "also measure the straight Go port of the reference polling relay loop")
+	mode := fs.String("outbox", "table", "table: the outbox table and km0 relay (polling); wal: the WAL-mode outbox and km0 relay --outbox wal, "+
+		"on --database-url's server if it has wal_level = logical, else on a private cluster started from "+pgcluster.BinDirDefault)
 	profile := cpuProfileFlag(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -42,15 +46,52 @@ func benchLatency(ctx context.Context, args []string) error {
 	if *rate <= 0 || *seconds <= 0 {
 		return errors.New("--rate and --seconds must be positive")
 	}
+	if *mode != "table" && *mode != "wal" {
+		return fmt.Errorf("--outbox %q: want table or wal", *mode)
+	}
+	url := *dbURL
+	if *mode == "wal" {
+		if *workers != 0 || *baseline {
+			return errors.New("--outbox wal: --workers and --baseline are the polling relay's")
+		}
+		u, cluster, err := logicalServer(ctx, url)
+		if err != nil {
+			return err
+		}
+		if cluster != nil {
+			defer cluster.Stop()
+		}
+		url = u
+	}
 	if err := relay.CheckSizes(0, *workers, "--batch", "--workers"); err != nil {
 		return err
 	}
-	env, err := newBenchEnv(ctx, *dbURL, *brokers, 16)
+	env, err := newBenchEnv(ctx, url, *brokers, 16)
 	if err != nil {
 		return err
 	}
 	defer env.close()
 	n := int(float64(*rate) * *seconds)
+	if *mode == "wal" {
+		res, err := env.latencyMode(ctx, outbox.ModeWAL, "latency_wal", *rate, n, func(ctx context.Context, names migrate.Names, topic string, picked func(id string), pub transport.Publisher) error {
+			r, err := cdc.New(cdc.Config{WAL: true, Config: relay.Config{Pool: env.pool, Names: names, Publisher: pub,
+				Topic: topic, Origin: "comandes", Logger: env.log,
+				Transform: func(_ *outbox.Row, e *envelope.Envelope) ([]*envelope.Envelope, error) {
+					picked(e.ID)
+					return []*envelope.Envelope{e}, nil
+				}}})
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			return r.Run(ctx)
+		})
+		if err != nil {
+			return err
+		}
+		emit(res)
+		return nil
+	}
 	res, err := env.latency(ctx, "latency", *rate, n, func(ctx context.Context, names migrate.Names, topic string, picked func(id string), pub transport.Publisher) error {
 		r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: pub,
 			Topic: topic, Origin: "comandes", Workers: *workers, Logger: env.log,
@@ -125,6 +166,7 @@ func (e *benchEnv) latencyMode(ctx context.Context, mode outbox.Mode, bench stri
 	var mu sync.Mutex
 	committed := map[string]time.Time{}
 	consumed := map[string]time.Time{}
+	handled := map[string]time.Time{}  // when the consumer's handler got the event, in its transaction
 	pickedAt := map[string]time.Time{} // when the relay built the record (km0 only)
 	picked := func(id string) {
 		now := time.Now()
@@ -141,7 +183,7 @@ func (e *benchEnv) latencyMode(ctx context.Context, mode outbox.Mode, bench stri
 
 	progress := make(chan struct{}, 1)
 	consumerErr := make(chan error, 1)
-	if err := e.startConsumer(ctx, &wg, s.Names, topic, &mu, consumed, progress, consumerErr); err != nil {
+	if err := e.startConsumer(ctx, &wg, s.Names, topic, &mu, consumed, handled, progress, consumerErr); err != nil {
 		return nil, err
 	}
 
@@ -190,6 +232,7 @@ func (e *benchEnv) latencyMode(ctx context.Context, mode outbox.Mode, bench stri
 	clear(consumed)
 	clear(pickedAt)
 	clear(ackedAt)
+	clear(handled)
 	mu.Unlock()
 
 	m := startMeter()
@@ -228,7 +271,7 @@ func (e *benchEnv) latencyMode(ctx context.Context, mode outbox.Mode, bench stri
 	_, cpu, rss := m.stop()
 
 	mu.Lock()
-	lat, pick, ack := make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
+	lat, pick, ack, hand := make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
 	for id, c := range committed {
 		if d, ok := consumed[id]; ok {
 			lat = append(lat, float64(d.Sub(c).Microseconds())/1000)
@@ -238,6 +281,9 @@ func (e *benchEnv) latencyMode(ctx context.Context, mode outbox.Mode, bench stri
 		}
 		if a, ok := ackedAt[id]; ok {
 			ack = append(ack, float64(a.Sub(c).Microseconds())/1000)
+		}
+		if h, ok := handled[id]; ok {
+			hand = append(hand, float64(h.Sub(c).Microseconds())/1000)
 		}
 	}
 	mu.Unlock()
@@ -253,6 +299,9 @@ func (e *benchEnv) latencyMode(ctx context.Context, mode outbox.Mode, bench stri
 	}
 	if len(ack) > 0 { // commit → the broker confirmed the record to the relay
 		res["broker_ack_p50_ms"], res["broker_ack_p99_ms"] = pct(ack, 0.50), pct(ack, 0.99)
+	}
+	if len(hand) > 0 { // commit → the consumer's handler got it (its COMMIT follows)
+		res["consumer_handle_p50_ms"], res["consumer_handle_p99_ms"] = pct(hand, 0.50), pct(hand, 0.99)
 	}
 	return res, nil
 }
@@ -297,7 +346,7 @@ func pct(xs []float64, p float64) float64 {
 // when the transaction that applied it committed (Config.OnCommit), before
 // the offset commit. Its error, if it stops early, goes to errc.
 func (e *benchEnv) startConsumer(ctx context.Context, wg *sync.WaitGroup, names migrate.Names, topic string, mu *sync.Mutex,
-	consumed map[string]time.Time, progress chan struct{}, errc chan error) error {
+	consumed, handled map[string]time.Time, progress chan struct{}, errc chan error) error {
 	pcfg := e.pool.Config().Copy()
 	pcfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
@@ -312,7 +361,15 @@ func (e *benchEnv) startConsumer(ctx context.Context, wg *sync.WaitGroup, names 
 	c, err := consumer.New(consumer.Config{
 		Source: src,
 		Pool:   pool, Names: names, Name: "bench.latencia", Logger: e.log,
-		Handle: func(context.Context, pgx.Tx, *consumer.Message) error { return nil },
+		Handle: func(_ context.Context, _ pgx.Tx, m *consumer.Message) error {
+			now := time.Now()
+			mu.Lock()
+			if _, dup := handled[m.Envelope.ID]; !dup {
+				handled[m.Envelope.ID] = now
+			}
+			mu.Unlock()
+			return nil
+		},
 		OnCommit: func(_ context.Context, msgs []*consumer.Message) {
 			now := time.Now()
 			mu.Lock()

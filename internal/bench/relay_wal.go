@@ -120,7 +120,7 @@ func benchRelayWAL(ctx context.Context, dbURL, brokers string, n, aggs, rounds, 
 // latencyWAL runs the latency of each side, rounds rotating the order, and
 // prints one line per side and round, then the medians side by side.
 func (e *benchEnv) latencyWAL(ctx context.Context, sides []walSide, rounds, rate, n int) error {
-	keys := []string{"p50_ms", "p99_ms", "broker_ack_p50_ms", "broker_ack_p99_ms"}
+	keys := []string{"p50_ms", "p99_ms", "broker_ack_p50_ms", "broker_ack_p99_ms", "consumer_handle_p50_ms", "consumer_handle_p99_ms"}
 	lat := map[string]map[string][]float64{}
 	for round := 1; round <= rounds; round++ {
 		for i := range sides {
