@@ -65,20 +65,34 @@ func isReserved(name string) bool {
 func checkHeaders(h map[string]string) error {
 	total := 0
 	for k, v := range h {
-		switch {
-		case k == "":
-			return fmt.Errorf("%w: header with an empty name", ErrInvalid)
-		case isReserved(k):
-			return fmt.Errorf("%w: header %q is reserved by km0", ErrInvalid, k)
-		case len(k) > MaxHeaderNameBytes:
-			return fmt.Errorf("%w: header name %.40q… is %d bytes, over the limit of %d", ErrInvalid, k, len(k), MaxHeaderNameBytes)
-		case !utf8.ValidString(k) || strings.IndexByte(k, 0) >= 0:
-			return fmt.Errorf("%w: header name %q is not valid UTF-8 without NUL", ErrInvalid, k)
-		case !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0:
-			return fmt.Errorf("%w: header %q: value is not valid UTF-8 without NUL", ErrInvalid, k)
+		if err := checkHeader(k, v); err != nil {
+			return err
 		}
 		total += len(k) + len(v)
 	}
+	return checkTotal(total)
+}
+
+// checkHeader is checkHeaders for one entry, without the total.
+func checkHeader(k, v string) error {
+	switch {
+	case k == "":
+		return fmt.Errorf("%w: header with an empty name", ErrInvalid)
+	case isReserved(k):
+		return fmt.Errorf("%w: header %q is reserved by km0", ErrInvalid, k)
+	case len(k) > MaxHeaderNameBytes:
+		return fmt.Errorf("%w: header name %.40q… is %d bytes, over the limit of %d", ErrInvalid, k, len(k), MaxHeaderNameBytes)
+	case !utf8.ValidString(k) || strings.IndexByte(k, 0) >= 0:
+		return fmt.Errorf("%w: header name %q is not valid UTF-8 without NUL", ErrInvalid, k)
+	case !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0:
+		return fmt.Errorf("%w: header %q: value is not valid UTF-8 without NUL", ErrInvalid, k)
+	}
+	return nil
+}
+
+// checkTotal refuses headers of total bytes (names and values) over
+// MaxHeadersBytes.
+func checkTotal(total int) error {
 	if total > MaxHeadersBytes {
 		return fmt.Errorf("%w: headers are %d bytes, over the limit of %d", ErrInvalid, total, MaxHeadersBytes)
 	}
@@ -93,41 +107,102 @@ func checkHeaders(h map[string]string) error {
 // never published as ""), a name is reserved, or the whole is over MaxHeadersBytes
 // (then every entry is dropped). A relay logs that error and publishes the
 // event with the entries returned: bad metadata never holds back an event.
-func DecodeHeaders(raw []byte) (map[string]string, error) {
+func DecodeHeaders(raw []byte) (map[string]string, error) { return decodeHeaders(raw, true) }
+
+// decodeHeaders is DecodeHeaders, trying scanHeaders first when fast is set
+// (the tests compare both paths).
+func decodeHeaders(raw []byte, fast bool) (map[string]string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil {
-		return nil, fmt.Errorf("%w: capcaleres is not a JSON object of strings: %v", ErrInvalid, err)
-	}
-	if fields == nil {
-		return nil, nil
-	}
-	h := make(map[string]string, len(fields))
-	var errs []error
-	for k, rv := range fields {
-		var v string
-		// json.Unmarshal reads null into a string as "" without an error:
-		// only a JSON string is a header value (CONTRACT.md), so a null is
-		// dropped like a number, a bool or an object.
-		if len(rv) == 0 || rv[0] != '"' || json.Unmarshal(rv, &v) != nil {
-			errs = append(errs, fmt.Errorf("%w: capcaleres %q is not a string", ErrInvalid, k))
-			continue
-		}
-		if err := checkHeaders(map[string]string{k: v}); err != nil {
+	h, errs, total := map[string]string{}, []error(nil), 0
+	keep := func(k, v string) {
+		if err := checkHeader(k, v); err != nil {
 			errs = append(errs, err)
-			continue
+			return
+		}
+		if old, dup := h[k]; dup { // the last of duplicate names counts, as in encoding/json
+			total -= len(k) + len(old)
 		}
 		h[k] = v
+		total += len(k) + len(v)
 	}
-	if err := checkHeaders(h); err != nil { // only the total can fail here
+	if !fast || !scanHeaders(raw, keep) {
+		clear(h)
+		errs, total = nil, 0
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &fields); err != nil {
+			return nil, fmt.Errorf("%w: capcaleres is not a JSON object of strings: %v", ErrInvalid, err)
+		}
+		if fields == nil {
+			return nil, nil
+		}
+		for k, rv := range fields {
+			var v string
+			// json.Unmarshal reads null into a string as "" without an
+			// error: only a JSON string is a header value (CONTRACT.md), so
+			// a null is dropped like a number, a bool or an object.
+			if len(rv) == 0 || rv[0] != '"' || json.Unmarshal(rv, &v) != nil {
+				errs = append(errs, fmt.Errorf("%w: capcaleres %q is not a string", ErrInvalid, k))
+				continue
+			}
+			keep(k, v)
+		}
+	}
+	if err := checkTotal(total); err != nil {
 		return nil, errors.Join(append(errs, err)...)
 	}
 	if len(h) == 0 {
 		h = nil
 	}
 	return h, errors.Join(errs...)
+}
+
+// scanHeaders is DecodeHeaders' fast path: a JSON object whose names and
+// values are all strings without escapes (what json.Marshal writes for
+// ordinary headers, a traceparent among them, and PostgreSQL's jsonb text
+// with its spaces), names all different, read
+// without reflection; keep gets each entry in order. It reports false,
+// having called keep for nothing, for anything else, which encoding/json
+// then reads.
+func scanHeaders(raw []byte, keep func(k, v string)) bool {
+	b, ok := cut(trimSpace(raw), "{")
+	if !ok {
+		return false
+	}
+	type entry struct{ k, v []byte }
+	var entries [8]entry
+	es := entries[:0]
+	for b = trimSpace(b); len(b) > 0 && b[0] != '}'; b = trimSpace(b) {
+		if len(es) > 0 {
+			if b, ok = cut(b, ","); !ok {
+				return false
+			}
+		}
+		var k, v []byte
+		if k, b, ok = scanString(trimSpace(b)); !ok {
+			return false
+		}
+		if b, ok = cut(trimSpace(b), ":"); !ok {
+			return false
+		}
+		if v, b, ok = scanString(trimSpace(b)); !ok {
+			return false
+		}
+		for _, e := range es {
+			if string(e.k) == string(k) {
+				return false // duplicate names: encoding/json's path decides
+			}
+		}
+		es = append(es, entry{k, v})
+	}
+	if len(b) == 0 || len(trimSpace(b[1:])) != 0 {
+		return false
+	}
+	for _, e := range es {
+		keep(string(e.k), string(e.v))
+	}
+	return true
 }
 
 // AppendHeaders appends the entries of h to hs as message headers, in name

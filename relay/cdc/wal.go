@@ -215,8 +215,9 @@ func (rd *reader) walMessage(m *pglogrepl.LogicalDecodingMessage) (outbox.Row, b
 			"relay", rd.r.q.payload, "lsn", m.LSN.String())
 		return outbox.Row{}, false
 	}
-	content := append([]byte(nil), m.Content...) // m.Content points into the receive buffer
-	row, hdrErr, err := outbox.DecodeWAL(content)
+	// m.Content points into the receive buffer; the row DecodeWAL returns
+	// refers to none of it.
+	row, hdrErr, err := outbox.DecodeWAL(m.Content)
 	if err != nil {
 		rd.r.cfg.Logger.Error("cdc: message with the outbox's prefix skipped: its content is not an event",
 			"relay", rd.r.q.payload, "lsn", m.LSN.String(), "err", err)
