@@ -588,9 +588,10 @@ func overtakes(todo []*item, refused []failure) bool {
 // begin starts the transaction of msgs on a connection of the pool and,
 // with the inbox, records their keys in it; BEGIN and the keys' INSERT reach
 // the server together, in one round trip (pgx.Batch.BeginTx). It returns the
-// transaction (nil when none could be started; the caller rolls it back), the
-// keys that were new (nil without the inbox), the INSERT's error in keysErr,
-// and in err an error before it: no connection, or BEGIN failed.
+// transaction, which the caller rolls back (a no-op once committed, or when
+// none could be started: pgx then returns it closed), the keys that were new
+// (nil without the inbox), the INSERT's error in keysErr, and in err an error
+// before it: no connection, or BEGIN failed.
 func (c *Consumer) begin(ctx context.Context, msgs []*item) (tx pgx.Tx, fresh map[string]bool, keysErr, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
