@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,6 +39,8 @@ func benchLatency(ctx context.Context, args []string) error {
 	baseline := fs.Bool("baseline", false, "also measure the straight Go port of the reference polling relay loop")
 	mode := fs.String("outbox", "table", "table: the outbox table and km0 relay (polling); wal: the WAL-mode outbox and km0 relay --outbox wal, "+
 		"on --database-url's server if it has wal_level = logical, else on a private cluster started from "+pgcluster.BinDirDefault)
+	proc := fs.Bool("relay-process", false, "run km0 relay as a process of its own, as users run it, instead of in this process beside the writers and the consumer; "+
+		"relay_pickup and broker_ack are then not measured")
 	profile := cpuProfileFlag(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -72,6 +79,27 @@ func benchLatency(ctx context.Context, args []string) error {
 	}
 	defer env.close()
 	n := int(float64(*rate) * *seconds)
+	if *proc {
+		if *baseline {
+			return errors.New("--relay-process: --baseline runs in this process only")
+		}
+		om, bench, extra := outbox.ModeTable, "latency_process", []string(nil)
+		if *workers != 0 {
+			extra = []string{"--workers", strconv.Itoa(*workers)}
+		}
+		if *mode == "wal" {
+			om, bench, extra = outbox.ModeWAL, "latency_wal_process", []string{"--outbox", "wal"}
+		}
+		res, err := env.latencyMode(ctx, om, bench, *rate, n, func(ctx context.Context, names migrate.Names, topic string, _ func(string), _ transport.Publisher) error {
+			return runRelayProcess(ctx, url, env.addrs, names, topic, extra...)
+		})
+		if err != nil {
+			return err
+		}
+		res["relay"] = "km0 relay " + strings.Join(extra, " ") + ", its own process"
+		emit(res)
+		return nil
+	}
 	if *mode == "wal" {
 		res, err := env.latencyMode(ctx, outbox.ModeWAL, "latency_wal", *rate, n, func(ctx context.Context, names migrate.Names, topic string, picked func(id string), pub transport.Publisher) error {
 			r, err := cdc.New(cdc.Config{WAL: true, Config: relay.Config{Pool: env.pool, Names: names, Publisher: pub,
@@ -116,6 +144,30 @@ func benchLatency(ctx context.Context, args []string) error {
 			return err
 		}
 		emit(res)
+	}
+	return nil
+}
+
+// runRelayProcess runs this binary's km0 relay on names' outbox (the
+// database at url, env KM0_DATABASE_URL) and topic until ctx ends, then
+// stops it with SIGTERM. Its output is returned with its error if it stops
+// by itself.
+func runRelayProcess(ctx context.Context, url string, brokers []string, names migrate.Names, topic string, extra ...string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	args := append([]string{"relay", "--brokers", strings.Join(brokers, ","), "--topic", topic, "--origin", "comandes",
+		"--schema", names.Schema}, extra...)
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = append(os.Environ(), "KM0_DATABASE_URL="+url)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	out := &tailBuffer{max: 16 << 10}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Run(); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("km0 relay: %w\n%s", err, out)
 	}
 	return nil
 }
