@@ -116,6 +116,35 @@ func TestBenchRelayWALSidesEndToEnd(t *testing.T) {
 	}
 }
 
+// `km0 bench latency --outbox wal --relay-process` with tiny numbers, as a
+// process: the WAL-mode writers, km0 relay --outbox wal as a process of its
+// own (stopped at the end), km0's consumer; one line with every event
+// measured, the consumer's handler before its COMMIT, and no relay pickup
+// (another process's). It keeps the harness from rotting; it measures
+// nothing.
+func TestBenchLatencyWALRelayProcessEndToEnd(t *testing.T) {
+	t.Parallel()
+	exe := km0Bin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe, "bench", "latency", "--outbox", "wal", "--relay-process", "--database-url", pgtest.URL(),
+		"--rate", "200", "--seconds", "0.5")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("km0 bench latency --outbox wal --relay-process: %v\n%s", err, stderr.String())
+	}
+	var m map[string]any
+	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &m); err != nil {
+		t.Fatalf("not one JSON line: %q", out.String())
+	}
+	if m["bench"] != "latency_wal_process" || m["events"] != float64(100) || m["p99_ms"] == nil || m["consumer_handle_p50_ms"] == nil ||
+		m["relay_pickup_p50_ms"] != nil || m["p50_ms"].(float64) > m["p99_ms"].(float64) {
+		t.Fatalf("line %v; stderr:\n%s", m, stderr.String())
+	}
+}
+
 // benchCmd is `km0 bench name` as a function of its flags.
 func benchCmd(name string) func(context.Context, []string) error {
 	return func(ctx context.Context, args []string) error { return bench.Run(ctx, append([]string{name}, args...)) }

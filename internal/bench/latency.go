@@ -56,6 +56,9 @@ func benchLatency(ctx context.Context, args []string) error {
 	if *mode != "table" && *mode != "wal" {
 		return fmt.Errorf("--outbox %q: want table or wal", *mode)
 	}
+	if *proc && *baseline {
+		return errors.New("--relay-process: --baseline runs in this process only")
+	}
 	url := *dbURL
 	if *mode == "wal" {
 		if *workers != 0 || *baseline {
@@ -80,9 +83,6 @@ func benchLatency(ctx context.Context, args []string) error {
 	defer env.close()
 	n := int(float64(*rate) * *seconds)
 	if *proc {
-		if *baseline {
-			return errors.New("--relay-process: --baseline runs in this process only")
-		}
 		om, bench, extra := outbox.ModeTable, "latency_process", []string(nil)
 		if *workers != 0 {
 			extra = []string{"--workers", strconv.Itoa(*workers)}

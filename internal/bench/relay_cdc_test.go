@@ -26,6 +26,25 @@ func TestBenchRelayRefusesBadModeFlags(t *testing.T) {
 	}
 }
 
+// `km0 bench latency` refuses what its --outbox and --relay-process do not
+// take, before it connects anywhere.
+func TestBenchLatencyRefusesBadFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--outbox", "disk"}, `--outbox "disk"`},
+		{[]string{"--outbox", "wal", "--workers", "2"}, "the polling relay's"},
+		{[]string{"--outbox", "wal", "--baseline"}, "the polling relay's"},
+		{[]string{"--relay-process", "--baseline"}, "this process only"},
+	} {
+		err := benchLatency(context.Background(), append([]string{"--database-url", "postgres://nobody@127.0.0.1:1/x"}, c.args...))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("km0 bench latency %v: %v, want an error with %q", c.args, err, c.want)
+		}
+	}
+}
+
 // `km0 bench relay --mode cdc` on a given server of this machine (here the
 // shared one; with wal_level = logical the bench runs on it directly)
 // measures the server's CPU from /proc, so server_cpu_us_per_event is
