@@ -600,9 +600,16 @@ func (c *Consumer) begin(ctx context.Context, msgs []*item) (tx pgx.Tx, fresh ma
 	}
 	br := c.cfg.Pool.SendBatch(ctx, b)
 	tx = br.Tx()
-	if _, err := br.Exec(); err != nil {
+	if _, berr := br.Exec(); berr != nil {
 		_ = br.Close() // the same error
-		return tx, nil, nil, fmt.Errorf("begin: %w", err)
+		if !c.cfg.NoInbox && pgerr.DataRefused(berr) {
+			// BEGIN itself is never refused as data: in the simple protocol
+			// the batch is one query string, which the server checks whole
+			// (its encoding) before it runs any statement, so a key it
+			// refuses fails the batch at BEGIN's result.
+			return tx, nil, fmt.Errorf("record keys: %w", berr), nil
+		}
+		return tx, nil, nil, fmt.Errorf("begin: %w", berr)
 	}
 	if !c.cfg.NoInbox {
 		rows, qerr := br.Query()
@@ -614,8 +621,8 @@ func (c *Consumer) begin(ctx context.Context, msgs []*item) (tx pgx.Tx, fresh ma
 			return tx, nil, fmt.Errorf("record keys: %w", qerr), nil
 		}
 	}
-	if err := br.Close(); err != nil {
-		return tx, nil, nil, fmt.Errorf("begin: %w", err)
+	if cerr := br.Close(); cerr != nil {
+		return tx, nil, nil, fmt.Errorf("begin: %w", cerr)
 	}
 	return tx, fresh, nil, nil
 }

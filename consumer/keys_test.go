@@ -15,6 +15,7 @@ import (
 
 	"github.com/km0/km0/consumer"
 	"github.com/km0/km0/contract"
+	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/outcome"
 	"github.com/km0/km0/transport/kafka/kafkaembed"
 )
@@ -47,7 +48,7 @@ func TestUnstorableEventIDIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 // The transaction's BEGIN travels with the keys' INSERT in one round trip
 // (pgx.Batch.BeginTx), also on a pool in the simple protocol (what a
 // PgBouncer in transaction mode needs): keys are recorded, a redelivered id
-// is absorbed as a duplicate, an unstorable key is dead-lettered, and no
+// is absorbed as a duplicate, unstorable keys are dead-lettered, and no
 // BEGIN is sent alone (tracer: a standalone "begin" statement fails it).
 func TestBeginTravelsWithTheKeysAlsoInTheSimpleProtocol(t *testing.T) {
 	t.Parallel()
@@ -69,11 +70,24 @@ func TestBeginTravelsWithTheKeysAlsoInTheSimpleProtocol(t *testing.T) {
 	v := `{"id_esdeveniment":"nul\u0000id","tipus":"comanda.creada","versio":1,"dades":{"id":"P-1","linies":[]}}`
 	recs = append(recs, &kgo.Record{Topic: topic, Key: []byte("P-1"), Value: []byte(v),
 		Headers: []kgo.RecordHeader{{Key: "tipus", Value: []byte("comanda.creada")}}})
+	// A key PostgreSQL refuses as data (invalid UTF-8, from a decoder of
+	// the application's): in the simple protocol the server refuses the
+	// whole batch, BEGIN included, and it must still reach the DLQ at its
+	// first attempt, not be retried as an outage.
+	badUTF8 := newEvent("P-2", comanda{ID: "P-2", N: 99})
+	recs = append(recs, badUTF8.record())
 	b.publish(recs...)
 	cfg := b.config(effect)
 	cfg.Pool = pool
-	st := b.runUntil(cfg, "8 processed, 2 duplicates, 1 dead-lettered", func(s consumer.Stats) bool {
-		return s.Processed == 8 && s.Duplicates == 2 && s.DeadLettered == 1
+	cfg.Decode = func(v []byte) (*envelope.Envelope, error) {
+		e, err := envelope.Decoder{}.Decode(v)
+		if err == nil && e.ID == badUTF8.id {
+			e.ID += "\xff"
+		}
+		return e, err
+	}
+	st := b.runUntil(cfg, "8 processed, 2 duplicates, 2 dead-lettered", func(s consumer.Stats) bool {
+		return s.Processed == 8 && s.Duplicates == 2 && s.DeadLettered == 2
 	})
 	if st.Retried != 0 || b.effects() != 8 {
 		t.Fatalf("retried %d (want 0), effects %d (want 8)", st.Retried, b.effects())
