@@ -116,13 +116,18 @@ func decodeHeaders(raw []byte, fast bool) (map[string]string, error) {
 		return nil, nil
 	}
 	h, errs, total := map[string]string{}, []error(nil), 0
+	// keep takes one entry (names are distinct on both paths: scanHeaders
+	// leaves duplicates to encoding/json, whose map keeps the last). An
+	// entry over the total limit on its own is dropped alone, so the others
+	// (a traceparent) are still published.
 	keep := func(k, v string) {
-		if err := checkHeader(k, v); err != nil {
+		err := checkHeader(k, v)
+		if err == nil {
+			err = checkTotal(len(k) + len(v))
+		}
+		if err != nil {
 			errs = append(errs, err)
 			return
-		}
-		if old, dup := h[k]; dup { // the last of duplicate names counts, as in encoding/json
-			total -= len(k) + len(old)
 		}
 		h[k] = v
 		total += len(k) + len(v)

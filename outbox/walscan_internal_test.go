@@ -165,3 +165,16 @@ func compareHeaderPaths(t *testing.T, raw []byte) {
 		t.Fatalf("capcaleres %q:\nfast %v, %v\nslow %v, %v", raw, fh, fe, sh, se)
 	}
 }
+
+// An entry over MaxHeadersBytes on its own is dropped alone, on both paths:
+// the other entries (the trace context) are still published.
+func TestDecodeHeadersDropsAnOversizedEntryAlone(t *testing.T) {
+	t.Parallel()
+	raw := []byte(`{"traceparent":"00-1","gran":"` + strings.Repeat("v", MaxHeadersBytes) + `"}`)
+	for _, fast := range []bool{true, false} {
+		h, err := decodeHeaders(raw, fast)
+		if !reflect.DeepEqual(h, map[string]string{"traceparent": "00-1"}) || err == nil || !strings.Contains(err.Error(), "over the limit") {
+			t.Fatalf("fast %v: %v, %v; want the traceparent kept and the big entry's error", fast, h, err)
+		}
+	}
+}
