@@ -96,7 +96,7 @@ func benchLatency(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		res["relay"] = "km0 relay " + strings.Join(extra, " ") + ", its own process"
+		res["relay"] = strings.TrimSpace("km0 relay "+strings.Join(extra, " ")) + ", its own process"
 		emit(res)
 		return nil
 	}
@@ -165,11 +165,19 @@ func runRelayProcess(ctx context.Context, url string, brokers []string, names mi
 	cmd.WaitDelay = 10 * time.Second
 	out := &tailBuffer{max: 16 << 10}
 	cmd.Stdout, cmd.Stderr = out, out
+	// Pdeathsig fires when the thread that started the child ends, not
+	// only the process: good enough for a benchmark's child, which should
+	// not outlive it in any case.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Run(); err != nil && ctx.Err() == nil {
+	err = cmd.Run()
+	switch {
+	case ctx.Err() != nil:
+		return nil
+	case err != nil:
 		return fmt.Errorf("km0 relay: %w\n%s", err, out)
+	default:
+		return fmt.Errorf("km0 relay exited by itself\n%s", out)
 	}
-	return nil
 }
 
 // latency writes n events at rate (each in its own transaction, from 8
