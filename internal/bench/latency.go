@@ -103,11 +103,7 @@ func benchLatency(ctx context.Context, args []string) error {
 	if *mode == "wal" {
 		res, err := env.latencyMode(ctx, outbox.ModeWAL, "latency_wal", *rate, n, func(ctx context.Context, names migrate.Names, topic string, picked func(id string), pub transport.Publisher) error {
 			r, err := cdc.New(cdc.Config{WAL: true, Config: relay.Config{Pool: env.pool, Names: names, Publisher: pub,
-				Topic: topic, Origin: "comandes", Logger: env.log,
-				Transform: func(_ *outbox.Row, e *envelope.Envelope) ([]*envelope.Envelope, error) {
-					picked(e.ID)
-					return []*envelope.Envelope{e}, nil
-				}}})
+				Topic: topic, Origin: "comandes", Logger: env.log, Transform: pickedTransform(picked)}})
 			if err != nil {
 				return err
 			}
@@ -122,11 +118,7 @@ func benchLatency(ctx context.Context, args []string) error {
 	}
 	res, err := env.latency(ctx, "latency", *rate, n, func(ctx context.Context, names migrate.Names, topic string, picked func(id string), pub transport.Publisher) error {
 		r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: pub,
-			Topic: topic, Origin: "comandes", Workers: *workers, Logger: env.log,
-			Transform: func(_ *outbox.Row, e *envelope.Envelope) ([]*envelope.Envelope, error) {
-				picked(e.ID)
-				return []*envelope.Envelope{e}, nil
-			}})
+			Topic: topic, Origin: "comandes", Workers: *workers, Logger: env.log, Transform: pickedTransform(picked)})
 		if err != nil {
 			return err
 		}
@@ -146,6 +138,16 @@ func benchLatency(ctx context.Context, args []string) error {
 		emit(res)
 	}
 	return nil
+}
+
+// pickedTransform is the relays' Transform in the latency runs: it tells
+// picked when the relay has claimed and encoded each event, and changes
+// nothing.
+func pickedTransform(picked func(id string)) func(*outbox.Row, *envelope.Envelope) ([]*envelope.Envelope, error) {
+	return func(_ *outbox.Row, e *envelope.Envelope) ([]*envelope.Envelope, error) {
+		picked(e.ID)
+		return []*envelope.Envelope{e}, nil
+	}
 }
 
 // runRelayProcess runs this binary's km0 relay on names' outbox (the

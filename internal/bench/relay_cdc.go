@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/internal/cli"
 	"github.com/km0/km0/internal/pgcluster"
 	"github.com/km0/km0/migrate"
@@ -145,10 +144,7 @@ func benchRelayCDC(ctx context.Context, dbURL, brokers string, n, aggs, rounds, 
 		for _, side := range order {
 			res, err := env.latency(ctx, "latency_"+strings.TrimPrefix(side, "relay_"), latRate, ln,
 				func(ctx context.Context, names migrate.Names, topic string, picked func(id string), pub transport.Publisher) error {
-					tr := func(_ *outbox.Row, e *envelope.Envelope) ([]*envelope.Envelope, error) {
-						picked(e.ID)
-						return []*envelope.Envelope{e}, nil
-					}
+					tr := pickedTransform(picked)
 					if side == benchPolling {
 						r, err := relay.New(relay.Config{Pool: env.pool, Names: names, Publisher: pub,
 							Topic: topic, Origin: "comandes", Workers: workers, Logger: env.log, Transform: tr, DeletePublished: del})

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/km0/km0/envelope"
 	"github.com/km0/km0/migrate"
 	"github.com/km0/km0/outbox"
 	"github.com/km0/km0/relay"
@@ -127,10 +126,7 @@ func (e *benchEnv) latencyWAL(ctx context.Context, sides []walSide, rounds, rate
 			side := sides[(i+round-1)%len(sides)]
 			res, err := e.latencyMode(ctx, side.mode, "latency_"+strings.TrimPrefix(side.name, "relay_"), rate, n,
 				func(ctx context.Context, names migrate.Names, topic string, picked func(id string), pub transport.Publisher) error {
-					tr := func(_ *outbox.Row, env *envelope.Envelope) ([]*envelope.Envelope, error) {
-						picked(env.ID)
-						return []*envelope.Envelope{env}, nil
-					}
+					tr := pickedTransform(picked)
 					if side.port {
 						return runPort(ctx, e, names, topic, false)
 					}
