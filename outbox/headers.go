@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -171,27 +172,27 @@ func decodeHeaders(raw []byte, fast bool) (map[string]string, error) {
 // having called keep for nothing, for anything else, which encoding/json
 // then reads.
 func scanHeaders(raw []byte, keep func(k, v string)) bool {
-	b, ok := cut(trimSpace(raw), "{")
+	b, ok := bytes.CutPrefix(bytes.TrimLeft(raw, jsonSpace), []byte("{"))
 	if !ok {
 		return false
 	}
 	type entry struct{ k, v []byte }
 	var entries [8]entry
 	es := entries[:0]
-	for b = trimSpace(b); len(b) > 0 && b[0] != '}'; b = trimSpace(b) {
+	for b = bytes.TrimLeft(b, jsonSpace); len(b) > 0 && b[0] != '}'; b = bytes.TrimLeft(b, jsonSpace) {
 		if len(es) > 0 {
-			if b, ok = cut(b, ","); !ok {
+			if b, ok = bytes.CutPrefix(b, []byte(",")); !ok {
 				return false
 			}
 		}
 		var k, v []byte
-		if k, b, ok = scanString(trimSpace(b)); !ok {
+		if k, b, ok = scanString(bytes.TrimLeft(b, jsonSpace)); !ok {
 			return false
 		}
-		if b, ok = cut(trimSpace(b), ":"); !ok {
+		if b, ok = bytes.CutPrefix(bytes.TrimLeft(b, jsonSpace), []byte(":")); !ok {
 			return false
 		}
-		if v, b, ok = scanString(trimSpace(b)); !ok {
+		if v, b, ok = scanString(bytes.TrimLeft(b, jsonSpace)); !ok {
 			return false
 		}
 		for _, e := range es {
@@ -201,7 +202,7 @@ func scanHeaders(raw []byte, keep func(k, v string)) bool {
 		}
 		es = append(es, entry{k, v})
 	}
-	if len(b) == 0 || len(trimSpace(b[1:])) != 0 {
+	if len(b) == 0 || len(bytes.TrimLeft(b[1:], jsonSpace)) != 0 {
 		return false
 	}
 	for _, e := range es {

@@ -23,7 +23,7 @@ import (
 func scanWAL(content []byte) (c walContent, ok bool) {
 	b := content
 	var s []byte
-	if b, ok = cut(b, `{"v":`); !ok {
+	if b, ok = bytes.CutPrefix(b, []byte(`{"v":`)); !ok {
 		return c, false
 	}
 	if c.V, b, ok = scanInt(b); !ok {
@@ -33,7 +33,7 @@ func scanWAL(content []byte) (c walContent, ok bool) {
 		name string
 		dst  *string
 	}{{`,"id":`, &c.ID}, {`,"agregat":`, &c.Aggregate}, {`,"agregat_id":`, &c.AggID}, {`,"tipus":`, &c.Type}} {
-		if b, ok = cut(b, m.name); !ok {
+		if b, ok = bytes.CutPrefix(b, []byte(m.name)); !ok {
 			return c, false
 		}
 		if s, b, ok = scanString(b); !ok {
@@ -41,26 +41,26 @@ func scanWAL(content []byte) (c walContent, ok bool) {
 		}
 		*m.dst = string(s)
 	}
-	if b, ok = cut(b, `,"versio":`); !ok {
+	if b, ok = bytes.CutPrefix(b, []byte(`,"versio":`)); !ok {
 		return c, false
 	}
 	if c.Version, b, ok = scanInt(b); !ok {
 		return c, false
 	}
-	if b, ok = cut(b, `,"creat_en":`); !ok {
+	if b, ok = bytes.CutPrefix(b, []byte(`,"creat_en":`)); !ok {
 		return c, false
 	}
 	if s, b, ok = scanString(b); !ok {
 		return c, false
 	}
 	c.CreatedAt = string(s)
-	if b, ok = cut(b, `,"carrega":`); !ok {
+	if b, ok = bytes.CutPrefix(b, []byte(`,"carrega":`)); !ok {
 		return c, false
 	}
 	if c.Payload, b, ok = scanValue(b); !ok {
 		return c, false
 	}
-	if rest, has := cut(b, `,"capcaleres":`); has {
+	if rest, has := bytes.CutPrefix(b, []byte(`,"capcaleres":`)); has {
 		if c.Headers, b, ok = scanValue(rest); !ok {
 			return c, false
 		}
@@ -69,14 +69,6 @@ func scanWAL(content []byte) (c walContent, ok bool) {
 		return c, false
 	}
 	return c, true
-}
-
-// cut returns b after prefix, and whether b began with it.
-func cut(b []byte, prefix string) ([]byte, bool) {
-	if len(b) < len(prefix) || string(b[:len(prefix)]) != prefix {
-		return b, false
-	}
-	return b[len(prefix):], true
 }
 
 // scanInt reads a JSON integer of up to 9 digits, without sign (versio and
@@ -119,21 +111,16 @@ func scanString(b []byte) (s, rest []byte, ok bool) {
 // scanValue reads one JSON object or array and returns a copy of it once json.Valid
 // accepts it.
 func scanValue(b []byte) (v json.RawMessage, rest []byte, ok bool) {
-	b = trimSpace(b) // a payload is written as given: white space around it stays
+	b = bytes.TrimLeft(b, jsonSpace) // a payload is written as given: white space around it stays
 	n := skipValue(b)
 	if n <= 0 || !json.Valid(b[:n]) {
 		return nil, b, false
 	}
-	return bytes.Clone(b[:n]), trimSpace(b[n:]), true
+	return bytes.Clone(b[:n]), bytes.TrimLeft(b[n:], jsonSpace), true
 }
 
-// trimSpace returns b without its leading JSON white space.
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {
-		b = b[1:]
-	}
-	return b
-}
+// jsonSpace is JSON's white space, the cutset of bytes.TrimLeft.
+const jsonSpace = " \t\n\r"
 
 // skipValue returns the length of the JSON object or array at the start
 // of b, or 0 when it cannot tell (anything else, or unbalanced): brackets
